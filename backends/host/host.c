@@ -1,0 +1,98 @@
+/* The host backend: kDLCPU, device 0 only. Memory comes from the library's
+ * allocation hook, copies from the host strided gather. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "converters/host/gather.h"
+
+static int32_t host_count(void) { return 1; }
+
+/* First "model name" in /proc/cpuinfo, else a generic name. */
+static void cpu_name(char *buf, size_t len) {
+  snprintf(buf, len, "host CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f == NULL) return;
+  char line[256];
+  while (fgets(line, sizeof line, f) != NULL) {
+    char *colon = strchr(line, ':');
+    if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
+      colon += 1 + (colon[1] == ' ');
+      colon[strcspn(colon, "\n")] = '\0';
+      snprintf(buf, len, "%s", colon);
+      break;
+    }
+  }
+  fclose(f);
+}
+
+/* MemAvailable from /proc/meminfo (what could be allocated without
+ * swapping), else the kernel's free page count. */
+static uint64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f != NULL) {
+    char line[128];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f) != NULL) {
+      if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        fclose(f);
+        return (uint64_t)kib * 1024u;
+      }
+    }
+    fclose(f);
+  }
+  long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+static ab_status host_info(int32_t id, struct ab_device_info *out) {
+  (void)id;
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  cpu_name(out->name, sizeof out->name);
+  out->total_memory = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+  out->free_memory = mem_available();
+  return AB_OK;
+}
+
+static ab_status host_alloc(int32_t id, size_t bytes, void **out) {
+  (void)id;
+  void *p = ab__aligned_alloc(AB_ALIGNMENT, bytes);
+  if (p == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cpu:0: cannot allocate %zu bytes of host memory", bytes);
+  *out = p;
+  return AB_OK;
+}
+
+static void host_free(int32_t id, void *ptr, size_t bytes) {
+  (void)id;
+  (void)bytes;
+  ab__free(ptr);
+}
+
+static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream) {
+  int64_t st[AB_MAX_NDIM];
+  const size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
+  (void)stream;
+  int64_t acc = 1;
+  for (int32_t i = from->ndim - 1; i >= 0; i--) {
+    int64_t elems = from->strides ? from->strides[i] : acc;
+    st[i] = elems * (int64_t)es;
+    if (!from->strides) acc *= from->shape[i];
+  }
+  ab__host_gather((char *)to->data + to->byte_offset, (const char *)from->data + from->byte_offset,
+                  from->ndim, from->shape, st, es);
+  return AB_OK;
+}
+
+const struct ab_backend ab__backend_host = {
+  .device_type = kDLCPU,
+  .name = "host",
+  .caps = AB_CAP_HOST_ACCESSIBLE,
+  .init = NULL,
+  .shutdown = NULL,
+  .device_count = host_count,
+  .device_info = host_info,
+  .alloc = host_alloc,
+  .free = host_free,
+  .copy = host_copy,
+};

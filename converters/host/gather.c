@@ -1,0 +1,291 @@
+/* The host strided gather. Strategy, chosen per call after the dims are
+ * simplified (size-1 dims dropped, dims that are contiguous with their
+ * inner neighbour merged), so that many layouts reduce to few cases:
+ *   1. one contiguous run                       -> one memcpy
+ *   2. contiguous innermost dim                 -> memcpy per row
+ *   3. some outer dim is contiguous in the source (a permuted layout:
+ *      transposes, HWC -> CHW)                  -> blocked 2-D transpose
+ *   4. anything else (broadcast, reversed, gaps)-> strided element loop
+ * Element moves are bit copies specialised for 1, 2, 4, 8 and 16 bytes. */
+#include <string.h>
+
+#include "arraybridge/arraybridge.h"
+#include "gather.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+typedef struct dims {
+  int n;
+  int64_t shape[AB_MAX_NDIM];
+  int64_t st[AB_MAX_NDIM]; /* source byte strides */
+} dims;
+
+static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
+  d->n = 0;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] == 1) continue;
+    if (d->n > 0 && d->st[d->n - 1] == st[i] * shape[i]) {
+      d->shape[d->n - 1] *= shape[i];
+      d->st[d->n - 1] = st[i];
+    } else {
+      d->shape[d->n] = shape[i];
+      d->st[d->n] = st[i];
+      d->n++;
+    }
+  }
+}
+
+/* ---- strided element loops -------------------------------------------- */
+
+#define DEFINE_STRIDED(N)                                                        \
+  static void strided_##N(char *d, const char *s, int64_t n, int64_t st) {       \
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * (N), s + i * st, (N));        \
+  }
+DEFINE_STRIDED(1)
+DEFINE_STRIDED(2)
+DEFINE_STRIDED(4)
+DEFINE_STRIDED(8)
+DEFINE_STRIDED(16)
+
+static void strided_any(char *d, const char *s, int64_t n, int64_t st, size_t es) {
+  switch (es) {
+  case 1: strided_1(d, s, n, st); return;
+  case 2: strided_2(d, s, n, st); return;
+  case 4: strided_4(d, s, n, st); return;
+  case 8: strided_8(d, s, n, st); return;
+  case 16: strided_16(d, s, n, st); return;
+  default:
+    for (int64_t i = 0; i < n; i++) memcpy(d + (size_t)i * es, s + i * st, es);
+  }
+}
+
+/* ---- odometer over the outer dims --------------------------------------
+ * Calls fn for every index of dims[0..n) except those listed in `skip`,
+ * with the matching source and destination byte offsets. */
+typedef void (*visit_fn)(void *ctx, char *d, const char *s);
+
+static void for_outer(const dims *d, const int64_t *dst_st, uint64_t skip, char *dst,
+                      const char *src, visit_fn fn, void *ctx) {
+  int64_t idx[AB_MAX_NDIM] = {0};
+  int k[AB_MAX_NDIM], m = 0;
+  for (int i = 0; i < d->n; i++)
+    if (!(skip >> i & 1)) k[m++] = i;
+  for (;;) {
+    fn(ctx, dst, src);
+    int j = m - 1;
+    for (; j >= 0; j--) {
+      int i = k[j];
+      if (++idx[i] < d->shape[i]) {
+        src += d->st[i];
+        dst += dst_st[i];
+        break;
+      }
+      src -= d->st[i] * (d->shape[i] - 1);
+      dst -= dst_st[i] * (d->shape[i] - 1);
+      idx[i] = 0;
+    }
+    if (j < 0) return;
+  }
+}
+
+/* ---- case 2: contiguous rows ------------------------------------------ */
+
+struct rows_ctx { size_t row_bytes; };
+static void visit_row(void *ctx, char *d, const char *s) {
+  memcpy(d, s, ((struct rows_ctx *)ctx)->row_bytes);
+}
+
+/* ---- case 4: strided rows --------------------------------------------- */
+
+struct strided_ctx { int64_t n, st; size_t es; };
+static void visit_strided(void *ctx, char *d, const char *s) {
+  struct strided_ctx *c = ctx;
+  strided_any(d, s, c->n, c->st, c->es);
+}
+
+/* ---- case 3: blocked 2-D transpose ------------------------------------
+ * dst[a][b] = src[a][b] where, in bytes, dst(a, b) = a * dsa + b * es and
+ * src(a, b) = a * es + b * sb: `a` is contiguous in the source, `b` in the
+ * destination. Tiles keep both sides in L1. */
+#define TILE 32
+
+#if defined(__SSE2__)
+/* 4x4 tile of 4-byte elements: four source rows (fixed b, a..a+3) become
+ * four destination rows (fixed a, b..b+3). */
+static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128 r0 = _mm_loadu_ps((const float *)(const void *)(s + 0 * sb));
+  __m128 r1 = _mm_loadu_ps((const float *)(const void *)(s + 1 * sb));
+  __m128 r2 = _mm_loadu_ps((const float *)(const void *)(s + 2 * sb));
+  __m128 r3 = _mm_loadu_ps((const float *)(const void *)(s + 3 * sb));
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps((float *)(void *)(d + 0 * dsa), r0);
+  _mm_storeu_ps((float *)(void *)(d + 1 * dsa), r1);
+  _mm_storeu_ps((float *)(void *)(d + 2 * dsa), r2);
+  _mm_storeu_ps((float *)(void *)(d + 3 * dsa), r3);
+}
+/* 2x2 tile of 8-byte elements. */
+static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+  __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(s + sb));
+  _mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi64(r0, r1));
+  _mm_storeu_si128((__m128i *)(void *)(d + dsa), _mm_unpackhi_epi64(r0, r1));
+}
+#endif
+
+#define DEFINE_TILE(N)                                                             \
+  static void tile_##N(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, \
+                       int64_t nb) {                                               \
+    for (int64_t a = 0; a < na; a++)                                               \
+      for (int64_t b = 0; b < nb; b++)                                             \
+        memcpy(d + a * dsa + b * (N), s + a * (N) + b * sb, (N));                  \
+  }
+DEFINE_TILE(1)
+DEFINE_TILE(2)
+DEFINE_TILE(4)
+DEFINE_TILE(8)
+DEFINE_TILE(16)
+
+static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
+                     size_t es) {
+  switch (es) {
+  case 1: tile_1(d, dsa, s, sb, na, nb); return;
+  case 2: tile_2(d, dsa, s, sb, na, nb); return;
+  case 4:
+#if defined(__SSE2__)
+    if (na == TILE && nb == TILE) {
+      for (int64_t b = 0; b < TILE; b += 4)
+        for (int64_t a = 0; a < TILE; a += 4) tr4x4_32(d + a * dsa + b * 4, dsa, s + a * 4 + b * sb, sb);
+      return;
+    }
+#endif
+    tile_4(d, dsa, s, sb, na, nb);
+    return;
+  case 8:
+#if defined(__SSE2__)
+    if (na == TILE && nb == TILE) {
+      for (int64_t b = 0; b < TILE; b += 2)
+        for (int64_t a = 0; a < TILE; a += 2) tr2x2_64(d + a * dsa + b * 8, dsa, s + a * 8 + b * sb, sb);
+      return;
+    }
+#endif
+    tile_8(d, dsa, s, sb, na, nb);
+    return;
+  case 16: tile_16(d, dsa, s, sb, na, nb); return;
+  default:
+    for (int64_t a = 0; a < na; a++)
+      for (int64_t b = 0; b < nb; b++) memcpy(d + a * dsa + (size_t)b * es, s + (size_t)a * es + b * sb, es);
+  }
+}
+
+/* Few rows (a small channel count, as in HWC -> CHW): deinterleave each
+ * source pixel into `na` destination planes, a block of pixels at a time. */
+#define DEFINE_PLANES(N)                                                              \
+  static void planes_##N(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, \
+                         int64_t nb) {                                                \
+    for (int64_t a = 0; a < na; a++) {                                                \
+      char *dp = d + a * dsa;                                                         \
+      const char *sp = s + a * (N);                                                   \
+      for (int64_t b = 0; b < nb; b++) memcpy(dp + b * (N), sp + b * sb, (N));        \
+    }                                                                                 \
+  }
+DEFINE_PLANES(1)
+DEFINE_PLANES(2)
+DEFINE_PLANES(4)
+
+/* Specialised 3- and 4-channel byte deinterleave with fixed strides, which
+ * the compiler vectorises (a variable stride defeats it). */
+static void deint3_u8(char *d, int64_t dsa, const char *s, int64_t nb) {
+  unsigned char *restrict p0 = (unsigned char *)d, *restrict p1 = p0 + dsa, *restrict p2 = p1 + dsa;
+  const unsigned char *restrict q = (const unsigned char *)s;
+  for (int64_t b = 0; b < nb; b++) {
+    p0[b] = q[3 * b];
+    p1[b] = q[3 * b + 1];
+    p2[b] = q[3 * b + 2];
+  }
+}
+static void deint4_u8(char *d, int64_t dsa, const char *s, int64_t nb) {
+  unsigned char *restrict p0 = (unsigned char *)d, *restrict p1 = p0 + dsa, *restrict p2 = p1 + dsa,
+                          *restrict p3 = p2 + dsa;
+  const unsigned char *restrict q = (const unsigned char *)s;
+  for (int64_t b = 0; b < nb; b++) {
+    p0[b] = q[4 * b];
+    p1[b] = q[4 * b + 1];
+    p2[b] = q[4 * b + 2];
+    p3[b] = q[4 * b + 3];
+  }
+}
+
+struct transpose_ctx {
+  int64_t na, nb, dsa, sb;
+  size_t es;
+};
+
+static void visit_transpose(void *ctx, char *d, const char *s) {
+  const struct transpose_ctx *c = ctx;
+  const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
+  const size_t es = c->es;
+  if (na <= 4 && (int64_t)es * na == sb && es == 1 && (na == 3 || na == 4)) {
+    if (na == 3) deint3_u8(d, dsa, s, nb);
+    else deint4_u8(d, dsa, s, nb);
+    return;
+  }
+  if (na <= 4 && (es == 1 || es == 2 || es == 4)) {
+    /* Blocks of pixels so the na output streams and the input stay cached. */
+    for (int64_t b0 = 0; b0 < nb; b0 += 4096) {
+      int64_t m = nb - b0 < 4096 ? nb - b0 : 4096;
+      char *dd = d + b0 * (int64_t)es;
+      const char *ss = s + b0 * sb;
+      if (es == 1) planes_1(dd, dsa, ss, sb, na, m);
+      else if (es == 2) planes_2(dd, dsa, ss, sb, na, m);
+      else planes_4(dd, dsa, ss, sb, na, m);
+    }
+    return;
+  }
+  for (int64_t a0 = 0; a0 < na; a0 += TILE) {
+    int64_t ma = na - a0 < TILE ? na - a0 : TILE;
+    for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
+      int64_t mb = nb - b0 < TILE ? nb - b0 : TILE;
+      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
+    }
+  }
+}
+
+void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
+                     const int64_t *byte_strides, size_t elsize) {
+  dims d;
+  int64_t dst_st[AB_MAX_NDIM];
+  const int64_t es = (int64_t)elsize;
+
+  for (int32_t i = 0; i < ndim; i++)
+    if (shape[i] == 0) return;
+  simplify(&d, ndim, shape, byte_strides);
+  if (d.n == 0 || (d.n == 1 && d.st[0] == es)) {
+    memcpy(dst, src, (size_t)(d.n == 0 ? 1 : d.shape[0]) * elsize);
+    return;
+  }
+  {
+    int64_t acc = es;
+    for (int i = d.n - 1; i >= 0; i--) {
+      dst_st[i] = acc;
+      acc *= d.shape[i];
+    }
+  }
+  const int last = d.n - 1;
+  if (d.st[last] == es) {
+    struct rows_ctx c = {(size_t)(d.shape[last] * es)};
+    for_outer(&d, dst_st, 1ull << last, dst, src, visit_row, &c);
+    return;
+  }
+  int j = -1;
+  for (int i = last - 1; i >= 0; i--)
+    if (d.st[i] == es) { j = i; break; }
+  if (j >= 0) {
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize};
+    for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
+    return;
+  }
+  struct strided_ctx c = {d.shape[last], d.st[last], elsize};
+  for_outer(&d, dst_st, 1ull << last, dst, src, visit_strided, &c);
+}

@@ -1,0 +1,84 @@
+/* The backend interface: one `const struct ab_backend` per memory-space
+ * family (backends/host, later backends/cuda and backends/opencl), filled
+ * with designated initialisers and registered in src/device.c.
+ *
+ * Contract
+ *  - Identity first: device_type and name are never NULL/0.
+ *  - A NULL operation means "not supported". Only the wrappers in
+ *    src/device.c call through the table; they turn NULL into
+ *    AB_ERR_UNSUPPORTED with a message, so nobody else tests the pointers.
+ *  - `id` arguments are always in [0, device_count()), checked by the core.
+ *  - Every operation may be called from any thread at any time after init
+ *    returned AB_OK; a backend guards its own state.
+ *  - A failing operation sets the detail message (AB_FAIL) naming the
+ *    native error (cudaError_t, cl_int) and returns the status.
+ *  - Memory: alloc returns `bytes` (> 0) of device memory aligned to at least
+ *    AB_ALIGNMENT in *out, or AB_ERR_OUT_OF_MEMORY. For device types whose
+ *    DLTensor.data is a handle (OpenCL cl_mem), *out is that handle. free
+ *    gets the same pointer and size back and cannot fail.
+ *  - Copies take tensor descriptions (TVM's DeviceCopyDataFromTo): `from`
+ *    may have any strides the core validated; `to` is compact row-major and
+ *    of the same shape and dtype. Both are on this backend's devices.
+ *    `stream` is the caller's ab_convert_opts.stream (NULL = default) and
+ *    the copy is complete, as seen from the host, when the call returns.
+ */
+#ifndef AB_BACKEND_H
+#define AB_BACKEND_H
+
+#include "internal.h"
+
+/* Alignment of every data block the library allocates (DLPack asks for
+ * 256 bytes, as CUDA gives). */
+#define AB_ALIGNMENT 256
+
+/* Capability bits. */
+enum {
+  /* Host code may read and write this memory through DLTensor.data. */
+  AB_CAP_HOST_ACCESSIBLE = 1u << 0,
+};
+
+struct ab_backend {
+  DLDeviceType device_type;
+  const char *name;
+  uint32_t caps;
+
+  /* Called once, lazily, before any other operation; may be NULL. A
+   * failure means zero devices, never a crash: the core logs it and keeps
+   * the message for ab_device_info/convert on that type. */
+  ab_status (*init)(void);
+  /* Releases everything init and later calls created; may be NULL. */
+  void (*shutdown)(void);
+
+  /* Number of devices after init; never negative. Never NULL. */
+  int32_t (*device_count)(void);
+  ab_status (*device_info)(int32_t id, struct ab_device_info *out);
+
+  ab_status (*alloc)(int32_t id, size_t bytes, void **out);
+  void (*free)(int32_t id, void *ptr, size_t bytes);
+
+  ab_status (*copy)(const DLTensor *from, DLTensor *to, void *stream);
+};
+
+extern const struct ab_backend ab__backend_host;
+
+/* ---- registry and wrappers (device.c) --------------------------------- */
+
+/* Initialises the backends once (thread-safe, lazily). */
+void ab__ensure_init(void);
+
+/* The backend serving `type`, or NULL if none is built in. */
+const struct ab_backend *ab__backend_for(DLDeviceType type);
+
+/* Checks a device named by a caller. `what` names it in messages ("src",
+ * "target"). A target may carry AB_DEVICE_AUTO, which is resolved here
+ * into *resolved. On success *be is the backend. */
+ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
+                           DLDevice *resolved, const struct ab_backend **be);
+
+/* Wrappers that are the only callers of the table; they add the fault hook
+ * on allocations and turn NULL operations into AB_ERR_UNSUPPORTED. */
+ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
+void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
+ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream);
+
+#endif /* AB_BACKEND_H */

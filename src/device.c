@@ -1,0 +1,172 @@
+/* Backend registry, lazy initialisation, device checks and the wrappers
+ * that are the only callers of the backend tables. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+
+/* Adding a backend is one line here (plus its folder). */
+static const struct ab_backend *const backends[] = {
+  &ab__backend_host,
+};
+#define NBACKENDS (sizeof backends / sizeof backends[0])
+
+static atomic_bool inited;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool backend_up[NBACKENDS];
+static char backend_why[NBACKENDS][256]; /* why a backend has no devices */
+
+void ab__ensure_init(void) {
+  if (AB_LIKELY(atomic_load_explicit(&inited, memory_order_acquire))) return;
+  pthread_mutex_lock(&init_lock);
+  if (!atomic_load_explicit(&inited, memory_order_relaxed)) {
+    for (size_t i = 0; i < NBACKENDS; i++) {
+      ab_status st = backends[i]->init ? backends[i]->init() : AB_OK;
+      backend_up[i] = st == AB_OK;
+      if (st != AB_OK) {
+        snprintf(backend_why[i], sizeof backend_why[i], "%s", ab_last_error());
+        AB_LOG(AB_LOG_INFO, "backend %s has no devices: %s", backends[i]->name, backend_why[i]);
+      }
+    }
+    atomic_store_explicit(&inited, true, memory_order_release);
+  }
+  pthread_mutex_unlock(&init_lock);
+}
+
+void ab_shutdown(void) {
+  pthread_mutex_lock(&init_lock);
+  if (atomic_load_explicit(&inited, memory_order_relaxed)) {
+    for (size_t i = NBACKENDS; i-- > 0;) {
+      if (backend_up[i] && backends[i]->shutdown) backends[i]->shutdown();
+      backend_up[i] = false;
+    }
+    atomic_store_explicit(&inited, false, memory_order_release);
+  }
+  pthread_mutex_unlock(&init_lock);
+}
+
+static int backend_index(DLDeviceType type) {
+  for (size_t i = 0; i < NBACKENDS; i++)
+    if (backends[i]->device_type == type) return (int)i;
+  return -1;
+}
+
+const struct ab_backend *ab__backend_for(DLDeviceType type) {
+  int i = backend_index(type);
+  return i < 0 ? NULL : backends[i];
+}
+
+const char *ab_device_type_name(DLDeviceType type) {
+  switch ((int)type) {
+  case 1: return "cpu";
+  case 2: return "cuda";
+  case 3: return "cuda_host";
+  case 4: return "opencl";
+  case 7: return "vulkan";
+  case 8: return "metal";
+  case 9: return "vpi";
+  case 10: return "rocm";
+  case 11: return "rocm_host";
+  case 12: return "ext_dev";
+  case 13: return "cuda_managed";
+  case 14: return "oneapi";
+  case 15: return "webgpu";
+  case 16: return "hexagon";
+  case 17: return "maia";
+  case 18: return "trn";
+  default: return "unknown";
+  }
+}
+
+static int32_t count_of(int i) {
+  ab__ensure_init();
+  return backend_up[i] ? backends[i]->device_count() : 0;
+}
+
+int32_t ab_device_count(DLDeviceType type) {
+  int i = backend_index(type);
+  return i < 0 ? 0 : count_of(i);
+}
+
+static ab_status info_of(const struct ab_backend *be, int32_t id, struct ab_device_info *out) {
+  if (be->device_info == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot describe its devices", be->name);
+  struct ab_device_info tmp;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.device.device_type = be->device_type;
+  tmp.device.device_id = id;
+  snprintf(tmp.backend, sizeof tmp.backend, "%s", be->name);
+  tmp.host_accessible = (be->caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  AB_FORWARD(be->device_info(id, &tmp));
+  *out = tmp;
+  return AB_OK;
+}
+
+ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
+                           DLDevice *resolved, const struct ab_backend **be) {
+  const char *tname = ab_device_type_name(dev.device_type);
+  if (strcmp(tname, "unknown") == 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s device type %d is not a DLPack device type",
+                   what, (int)dev.device_type);
+  int i = backend_index(dev.device_type);
+  if (i < 0)
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 ": no %s backend is built into this library",
+                   what, tname, dev.device_id, tname);
+  int32_t n = count_of(i);
+  if (n == 0)
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 ": no %s devices (%s)", what, tname,
+                   dev.device_id, tname, backend_why[i][0] ? backend_why[i] : "none found");
+  if (dev.device_id == AB_DEVICE_AUTO && is_target) {
+    /* The device with the most free memory; ties go to the lowest id. */
+    int32_t best = 0;
+    uint64_t best_free = 0;
+    for (int32_t id = 0; id < n; id++) {
+      struct ab_device_info info;
+      if (info_of(backends[i], id, &info) == AB_OK && (id == 0 || info.free_memory > best_free)) {
+        best = id;
+        best_free = info.free_memory;
+      }
+    }
+    dev.device_id = best;
+  } else if (dev.device_id < 0) {
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s device id %" PRId32 " is negative%s", what,
+                   dev.device_id, is_target ? " (AB_DEVICE_AUTO is -1)" : "");
+  } else if (dev.device_id >= n) {
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 " does not exist: %" PRId32 " %s device%s (ids 0..%" PRId32 ")",
+                   what, tname, dev.device_id, n, tname, n == 1 ? "" : "s", n - 1);
+  }
+  if (resolved) *resolved = dev;
+  if (be) *be = backends[i];
+  return AB_OK;
+}
+
+ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
+  const struct ab_backend *be;
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
+  return info_of(be, dev.device_id, out);
+}
+
+/* ---- the only callers of the table ------------------------------------ */
+
+ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out) {
+  if (be->alloc == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot allocate memory", be->name);
+  if (ab__fault_check())
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "%s:%" PRId32 ": allocation of %zu bytes failed (injected fault)",
+                   ab_device_type_name(be->device_type), id, bytes);
+  return be->alloc(id, bytes, out);
+}
+
+void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes) {
+  if (be->free != NULL) be->free(id, ptr, bytes);
+}
+
+ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream) {
+  if (be->copy == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
+  return be->copy(from, to, stream);
+}

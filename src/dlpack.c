@@ -1,0 +1,298 @@
+/* Validation of DLPack input, and the DLManagedTensorVersioned objects the
+ * library hands out: their layout, their deleter, and the legacy wrappers.
+ * Nothing here reads tensor data. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dlpack.h"
+
+/* DLPack type codes by number: the values are part of the DLPack ABI, and
+ * naming them here lets a 1.0 header (which lacks the float8 names) still
+ * accept tensors from 1.1+ producers. */
+enum {
+  CODE_INT = 0, CODE_UINT = 1, CODE_FLOAT = 2, CODE_OPAQUE = 3, CODE_BFLOAT = 4,
+  CODE_COMPLEX = 5, CODE_BOOL = 6,
+  CODE_FLOAT8_FIRST = 7, /* e3m4, e4m3, e4m3b11fnuz, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz, e8m0fnu */
+  CODE_FLOAT8_LAST = 14,
+  CODE_FLOAT6_E2M3FN = 15, CODE_FLOAT6_E3M2FN = 16, CODE_FLOAT4_E2M1FN = 17,
+  CODE_COUNT = 18
+};
+
+static const char *const code_names[CODE_COUNT] = {
+  "int", "uint", "float", "opaque_handle", "bfloat", "complex", "bool",
+  "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+  "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+  "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+};
+
+const char *ab__dtype_name(DLDataType dt, char *buf, size_t len) {
+  int n;
+  if (dt.code < CODE_COUNT) {
+    bool sized = dt.code <= CODE_BOOL && dt.code != CODE_OPAQUE;
+    n = sized ? snprintf(buf, len, "%s%u", code_names[dt.code], (unsigned)dt.bits)
+              : snprintf(buf, len, "%s(bits %u)", code_names[dt.code], (unsigned)dt.bits);
+  } else {
+    n = snprintf(buf, len, "code %u bits %u", (unsigned)dt.code, (unsigned)dt.bits);
+  }
+  if (dt.lanes != 1 && n > 0 && (size_t)n < len)
+    snprintf(buf + n, len - (size_t)n, "x%u", (unsigned)dt.lanes);
+  return buf;
+}
+
+/* Whether (code, bits) names a DLPack type at all, sub-byte ones included. */
+static bool bits_valid(uint8_t code, unsigned bits) {
+  switch (code) {
+  case CODE_INT:
+  case CODE_UINT:
+    return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16 || bits == 32 || bits == 64;
+  case CODE_FLOAT: return bits == 16 || bits == 32 || bits == 64;
+  case CODE_BFLOAT: return bits == 16;
+  case CODE_COMPLEX: return bits == 32 || bits == 64 || bits == 128;
+  case CODE_BOOL: return bits == 8;
+  case CODE_FLOAT6_E2M3FN:
+  case CODE_FLOAT6_E3M2FN: return bits == 6;
+  case CODE_FLOAT4_E2M1FN: return bits == 4;
+  default: return code >= CODE_FLOAT8_FIRST && code <= CODE_FLOAT8_LAST && bits == 8;
+  }
+}
+
+ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize) {
+  char name[48];
+  if (dt.code >= CODE_COUNT)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "%s dtype code %u is not a DLPack type code (known: 0..%d)",
+                   what, (unsigned)dt.code, CODE_COUNT - 1);
+  if (dt.bits == 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s has bits == 0", what,
+                   code_names[dt.code]);
+  if (dt.lanes == 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s has lanes == 0", what,
+                   ab__dtype_name(dt, name, sizeof name));
+  if (dt.code == CODE_OPAQUE)
+    return AB_FAIL(AB_ERR_UNSUPPORTED,
+                   "%s dtype is an opaque handle, which has no meaning across memory spaces", what);
+  if (dt.code == CODE_BOOL && dt.bits != 8)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "%s dtype bool has bits == %u; DLPack bool is 8 bits", what, (unsigned)dt.bits);
+  if (!bits_valid(dt.code, dt.bits))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s does not exist (bad bits for code %s)",
+                   what, ab__dtype_name(dt, name, sizeof name), code_names[dt.code]);
+  /* Sub-byte elements (int4, float4_e2m1fn, float6) are real DLPack types
+   * that this version cannot address element by element. */
+  if (dt.bits % 8 != 0)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "%s dtype %s is a sub-byte type, not supported", what,
+                   ab__dtype_name(dt, name, sizeof name));
+  *elsize = (size_t)(dt.bits / 8u) * dt.lanes;
+  return AB_OK;
+}
+
+ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
+                         const char *what, ab__layout *lay) {
+  ab__layout l = {0};
+  int64_t numel = 1, nbytes;
+
+  if (ndim < 0 || ndim > AB_MAX_NDIM)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s ndim is %" PRId32 "; must be in [0, %d]",
+                   what, ndim, AB_MAX_NDIM);
+  if (ndim > 0 && shape == NULL)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s shape is NULL with ndim %" PRId32, what, ndim);
+  AB_FORWARD(ab__check_dtype(dtype, what, &l.elsize));
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s shape[%" PRId32 "] is %" PRId64 "; must be >= 0",
+                     what, i, shape[i]);
+    if (shape[i] == 0) numel = 0;
+  }
+  /* A zero-size tensor addresses no memory whatever its other dims are, so
+   * the product (and its overflow check) is only taken when none is 0. */
+  for (int32_t i = 0; numel != 0 && i < ndim; i++) {
+    if (ab__mul_overflow_i64(numel, shape[i], &numel))
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s element count overflows int64 at shape[%" PRId32 "] = %" PRId64,
+                     what, i, shape[i]);
+  }
+  if (ab__mul_overflow_i64(numel, (int64_t)l.elsize, &nbytes) || (uint64_t)nbytes > SIZE_MAX)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s byte size (%" PRId64 " elements x %zu bytes) overflows",
+                   what, numel, l.elsize);
+  l.numel = numel;
+  l.nbytes = (size_t)nbytes;
+  l.compact = true;
+  l.max_off = numel > 0 ? nbytes - (int64_t)l.elsize : 0;
+  *lay = l;
+  return AB_OK;
+}
+
+ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay) {
+  ab__layout l;
+
+  if (t == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  AB_FORWARD(ab__check_shape(t->ndim, t->shape, t->dtype, what, &l));
+  int64_t numel = l.numel;
+  if (numel > 0) {
+    if (t->data == NULL)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s->data is NULL but the tensor has %" PRId64 " elements",
+                     what, numel);
+    if (t->strides != NULL) {
+      int64_t expect = 1;
+      l.max_off = 0;
+      for (int32_t i = t->ndim - 1; i >= 0; i--) {
+        int64_t n = t->shape[i], s = t->strides[i], span;
+        if (n == 1) continue; /* a size-1 dim may carry any stride */
+        if (s != expect) l.compact = false;
+        if (ab__mul_overflow_i64(n - 1, s, &span) ||
+            ab__mul_overflow_i64(span, (int64_t)l.elsize, &span) ||
+            (span >= 0 ? ab__add_overflow_i64(l.max_off, span, &l.max_off)
+                       : ab__add_overflow_i64(l.min_off, span, &l.min_off)))
+          return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                         "%s byte extent overflows int64 at dim %" PRId32 " (shape %" PRId64 ", stride %" PRId64 ")",
+                         what, i, n, s);
+        expect *= n; /* cannot overflow: bounded by numel */
+      }
+    }
+    /* The addressed range must not wrap around the address space (for
+     * handle-based memory this is the offset range within the buffer). */
+    uint64_t base = (uint64_t)(uintptr_t)t->data, start, end;
+    if (t->byte_offset > (uint64_t)INT64_MAX || __builtin_add_overflow(base, t->byte_offset, &start) ||
+        __builtin_add_overflow(start, (uint64_t)l.max_off + l.elsize, &end) ||
+        (uint64_t)0 - (uint64_t)l.min_off > start)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                     "%s addresses bytes outside the address space (data %p, byte_offset %" PRIu64
+                     ", extent [%" PRId64 ", %" PRId64 "])",
+                     what, t->data, t->byte_offset, l.min_off, l.max_off + (int64_t)l.elsize);
+  }
+  *lay = l;
+  return AB_OK;
+}
+
+/* ---- tensors the library owns ----------------------------------------- */
+
+static void tensor_deleter(DLManagedTensorVersioned *self) {
+  if (self != NULL) ab__tensor_discard((struct ab__tensor *)self);
+}
+
+void ab__tensor_discard(struct ab__tensor *t) {
+  if (t == NULL) return;
+  if (t->block != NULL)
+    ab__dev_free(t->be, t->mt.dl_tensor.device.device_id, t->block, t->block_bytes);
+  ab__free(t);
+}
+
+ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
+                         DLDataType dtype, struct ab__tensor **out) {
+  size_t extra = 2 * (size_t)ndim * sizeof(int64_t);
+  struct ab__tensor *t = ab__malloc(sizeof *t + extra);
+  if (t == NULL)
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory for a tensor header",
+                   sizeof *t + extra);
+  memset(t, 0, sizeof *t);
+  int64_t *sh = t->dims, *st = t->dims + ndim, stride = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) {
+    sh[i] = shape[i];
+    st[i] = stride;
+    stride *= shape[i] > 1 ? shape[i] : 1;
+  }
+  t->mt.version.major = DLPACK_MAJOR_VERSION;
+  t->mt.version.minor = DLPACK_MINOR_VERSION;
+  t->mt.manager_ctx = t;
+  t->mt.deleter = tensor_deleter;
+  t->mt.flags = 0;
+  t->mt.dl_tensor.data = NULL;
+  t->mt.dl_tensor.device = dev;
+  t->mt.dl_tensor.ndim = ndim;
+  t->mt.dl_tensor.dtype = dtype;
+  t->mt.dl_tensor.shape = ndim > 0 ? sh : NULL;
+  t->mt.dl_tensor.strides = ndim > 0 ? st : NULL;
+  t->mt.dl_tensor.byte_offset = 0;
+  *out = t;
+  return AB_OK;
+}
+
+ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be, size_t nbytes) {
+  if (nbytes == 0) return AB_OK;
+  void *p = NULL;
+  AB_FORWARD(ab__dev_alloc(be, t->mt.dl_tensor.device.device_id, nbytes, &p));
+  t->be = be;
+  t->block = p;
+  t->block_bytes = nbytes;
+  t->mt.dl_tensor.data = p;
+  return AB_OK;
+}
+
+/* ---- legacy wrappers --------------------------------------------------- */
+
+/* A versioned tensor that owns a legacy one, and the reverse. Each deleter
+ * runs the wrapped tensor's deleter once and frees the wrapper. */
+struct from_legacy {
+  DLManagedTensorVersioned v;
+  DLManagedTensor *orig;
+};
+struct to_legacy {
+  DLManagedTensor l;
+  DLManagedTensorVersioned *orig;
+};
+
+static void from_legacy_deleter(DLManagedTensorVersioned *self) {
+  struct from_legacy *w = (struct from_legacy *)self;
+  if (w->orig->deleter != NULL) w->orig->deleter(w->orig);
+  ab__free(w);
+}
+
+static void to_legacy_deleter(DLManagedTensor *self) {
+  struct to_legacy *w = (struct to_legacy *)self;
+  if (w->orig->deleter != NULL) w->orig->deleter(w->orig);
+  ab__free(w);
+}
+
+ab_status ab_from_legacy(DLManagedTensor *legacy, DLManagedTensorVersioned **out) {
+  if (legacy == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "legacy is NULL");
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  /* Undo our own to_legacy wrapper instead of stacking a second one, so
+   * tensors that ping-pong between old and new consumers stay one level. */
+  if (legacy->deleter == to_legacy_deleter) {
+    struct to_legacy *w = (struct to_legacy *)legacy;
+    DLManagedTensorVersioned *orig = w->orig;
+    orig->dl_tensor = w->l.dl_tensor;
+    ab__free(w);
+    *out = orig;
+    return AB_OK;
+  }
+  struct from_legacy *w = ab__malloc(sizeof *w);
+  if (w == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a versioned wrapper", sizeof *w);
+  memset(w, 0, sizeof *w);
+  w->v.version.major = DLPACK_MAJOR_VERSION;
+  w->v.version.minor = DLPACK_MINOR_VERSION;
+  w->v.manager_ctx = w;
+  w->v.deleter = from_legacy_deleter;
+  w->v.flags = 0;
+  w->v.dl_tensor = legacy->dl_tensor;
+  w->orig = legacy;
+  *out = &w->v;
+  return AB_OK;
+}
+
+ab_status ab_to_legacy(DLManagedTensorVersioned *versioned, DLManagedTensor **out) {
+  if (versioned == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "versioned is NULL");
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  if (versioned->version.major != 1)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "versioned tensor has DLPack major version %u; only 1 is understood",
+                   (unsigned)versioned->version.major);
+  if (versioned->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "versioned tensor is read-only, which a legacy DLManagedTensor cannot express");
+  if (versioned->deleter == from_legacy_deleter) {
+    struct from_legacy *w = (struct from_legacy *)versioned;
+    DLManagedTensor *orig = w->orig;
+    orig->dl_tensor = w->v.dl_tensor;
+    ab__free(w);
+    *out = orig;
+    return AB_OK;
+  }
+  struct to_legacy *w = ab__malloc(sizeof *w);
+  if (w == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a legacy wrapper", sizeof *w);
+  memset(w, 0, sizeof *w);
+  w->l.dl_tensor = versioned->dl_tensor;
+  w->l.manager_ctx = w;
+  w->l.deleter = to_legacy_deleter;
+  w->orig = versioned;
+  *out = &w->l;
+  return AB_OK;
+}

@@ -1,0 +1,56 @@
+/* DLPack validation, export and ownership (dlpack.c). */
+#ifndef AB_DLPACK_H
+#define AB_DLPACK_H
+
+#include "backend.h"
+
+/* What validation learnt about a tensor. Offsets are in bytes, relative to
+ * data + byte_offset: the addressed bytes are [min_off, max_off + elsize). */
+typedef struct ab__layout {
+  size_t elsize;   /* bytes per element (bits / 8 * lanes) */
+  int64_t numel;
+  size_t nbytes;   /* numel * elsize */
+  bool compact;    /* row-major compact (NULL strides count; empty tensors too) */
+  int64_t min_off;
+  int64_t max_off;
+} ab__layout;
+
+/* Validates a dtype; on success *elsize is its element size in bytes.
+ * `what` names it in messages. */
+ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize);
+
+/* Human name of a dtype ("float32", "uint8x4", "code 99 bits 8") into buf. */
+const char *ab__dtype_name(DLDataType dt, char *buf, size_t len);
+
+/* Validates ndim, shape and dtype, and fills *lay as for a compact tensor. */
+ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
+                         const char *what, ab__layout *lay);
+
+/* Validates shape, dtype, strides, data and offsets of `t` (not its device;
+ * see ab__check_device) without reading its data. `what` names it. */
+ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay);
+
+/* The managed tensors the library makes: one allocation holds the struct,
+ * the bookkeeping and the shape and strides arrays. */
+struct ab__tensor {
+  DLManagedTensorVersioned mt; /* first: the deleter casts self back */
+  const struct ab_backend *be; /* owner of block; NULL for views */
+  void *block;                 /* data allocation owned by this tensor */
+  size_t block_bytes;
+  int64_t dims[];              /* shape[ndim] then strides[ndim] */
+};
+
+/* Allocates the metadata of a tensor on `dev` with compact strides, data
+ * NULL, flags 0. Owned by the caller until exported; release an unexported
+ * one with ab__tensor_discard. */
+ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
+                         DLDataType dtype, struct ab__tensor **out);
+
+/* Gives `t` a data block of `nbytes` from backend `be` (none when 0). */
+ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be,
+                                size_t nbytes);
+
+/* Frees a tensor and its block; what the deleter does. */
+void ab__tensor_discard(struct ab__tensor *t);
+
+#endif /* AB_DLPACK_H */

@@ -1,0 +1,55 @@
+/* Status codes and the thread-local detail message. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+#define AB_ERRBUF_SIZE 512
+
+static _Thread_local char errbuf[AB_ERRBUF_SIZE];
+
+const char *ab_status_str(ab_status status) {
+  switch (status) {
+#define AB_STATUS_STR_(name, value, msg) case AB_##name: return msg;
+    AB_STATUS_MAP(AB_STATUS_STR_)
+#undef AB_STATUS_STR_
+  }
+  return "unknown status";
+}
+
+const char *ab_status_name(ab_status status) {
+  switch (status) {
+#define AB_STATUS_NAME_(name, value, msg) case AB_##name: return "AB_" #name;
+    AB_STATUS_MAP(AB_STATUS_NAME_)
+#undef AB_STATUS_NAME_
+  }
+  return "AB_UNKNOWN_STATUS";
+}
+
+const char *ab_last_error(void) { return errbuf; }
+
+ab_status ab__fail_at(const char *file, int line, ab_status status,
+                      const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  va_end(ap);
+#ifdef AB_DEBUG
+  AB_LOG(AB_LOG_DEBUG, "%s:%d: %s: %s", file, line, ab_status_name(status), errbuf);
+#else
+  (void)file;
+  (void)line;
+#endif
+  AB_LOG(AB_LOG_INFO, "%s: %s", ab_status_name(status), errbuf);
+  return status;
+}
+
+void ab__trace(const char *file, int line, ab_status status) {
+#ifdef AB_DEBUG
+  AB_LOG(AB_LOG_DEBUG, "  forwarded %s at %s:%d", ab_status_name(status), file, line);
+#else
+  (void)file;
+  (void)line;
+  (void)status;
+#endif
+}

@@ -1,0 +1,83 @@
+/* Internal declarations shared by the core (src/), the backends and the
+ * converters. Names start with ab__. Never installed. */
+#ifndef AB_INTERNAL_H
+#define AB_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arraybridge/arraybridge.h"
+
+#if defined(__GNUC__)
+#  define AB_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#  define AB_LIKELY(x) __builtin_expect(!!(x), 1)
+#  define AB_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#  define AB_PRINTF(f, a)
+#  define AB_LIKELY(x) (x)
+#  define AB_UNLIKELY(x) (x)
+#endif
+
+/* ---- errors (error.c) ------------------------------------------------- */
+
+/* Records the detail message for ab_last_error() and returns `status`, so a
+ * failure reads `return AB_FAIL(AB_ERR_..., "fmt", ...)`. In debug builds
+ * (AB_DEBUG) the file and line are logged too. */
+ab_status ab__fail_at(const char *file, int line, ab_status status,
+                      const char *fmt, ...) AB_PRINTF(4, 5);
+#define AB_FAIL(status, ...) ab__fail_at(__FILE__, __LINE__, (status), __VA_ARGS__)
+
+/* Forwards a non-OK status to the caller; the message is already set. */
+#define AB_FORWARD(expr)                                   \
+  do {                                                     \
+    ab_status ab__fwd_ = (expr);                           \
+    if (AB_UNLIKELY(ab__fwd_ != AB_OK)) {                  \
+      ab__trace(__FILE__, __LINE__, ab__fwd_);             \
+      return ab__fwd_;                                     \
+    }                                                      \
+  } while (0)
+
+void ab__trace(const char *file, int line, ab_status status);
+
+/* ---- logging (log.c) -------------------------------------------------- */
+
+enum ab__log_level { AB_LOG_OFF = 0, AB_LOG_ERROR, AB_LOG_WARN, AB_LOG_INFO, AB_LOG_DEBUG };
+/* Level from AB_LOG_LEVEL (off, error, warn, info, debug), read once. */
+int ab__log_level(void);
+void ab__log(int level, const char *fmt, ...) AB_PRINTF(2, 3);
+#define AB_LOG(level, ...) \
+  do { if (ab__log_level() >= (level)) ab__log((level), __VA_ARGS__); } while (0)
+
+/* ---- host allocation hook (alloc.c) ----------------------------------- */
+
+/* Every host allocation of the library goes through these, so the fault
+ * hook below sees it and the live count stays true. */
+void *ab__malloc(size_t n);
+void *ab__calloc(size_t count, size_t n);
+/* `align` is a power of two >= sizeof(void *). Free with ab__free. */
+void *ab__aligned_alloc(size_t align, size_t n);
+void ab__free(void *p);
+
+/* Fault injection, shared by host and device allocations: every allocation
+ * point calls ab__fault_check() first and fails as out of memory when it
+ * returns true. Test-only control below; zero cost beyond one atomic load
+ * when disarmed. */
+bool ab__fault_check(void);
+/* Make the nth allocation from now fail (1 = the next); 0 disarms. */
+void ab__fault_arm(long nth);
+/* How many faults were injected since the last ab__fault_arm. */
+long ab__fault_injected(void);
+/* Host blocks currently allocated through ab__malloc & co. */
+long ab__alloc_live(void);
+
+/* ---- checked arithmetic ----------------------------------------------- */
+
+static inline bool ab__mul_overflow_i64(int64_t a, int64_t b, int64_t *r) {
+  return __builtin_mul_overflow(a, b, r);
+}
+static inline bool ab__add_overflow_i64(int64_t a, int64_t b, int64_t *r) {
+  return __builtin_add_overflow(a, b, r);
+}
+
+#endif /* AB_INTERNAL_H */

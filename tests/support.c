@@ -1,0 +1,61 @@
+#include "support.h"
+
+#include <string.h>
+
+void fill_pattern(void *p, size_t n, uint32_t seed) {
+  unsigned char *b = p;
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b[i] = (unsigned char)(x >> 7);
+  }
+}
+
+size_t elsize_of(DLDataType d) { return (size_t)(d.bits / 8u) * d.lanes; }
+
+int64_t numel_of(int32_t ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+void reference_gather(const DLTensor *t, void *dst) {
+  size_t es = elsize_of(t->dtype);
+  int64_t n = numel_of(t->ndim, t->shape);
+  int64_t idx[AB_MAX_NDIM] = {0};
+  int64_t st[AB_MAX_NDIM];
+  int64_t acc = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    st[i] = t->strides ? t->strides[i] : acc;
+    acc *= t->shape[i];
+  }
+  const char *base = (const char *)t->data + t->byte_offset;
+  for (int64_t e = 0; e < n; e++) {
+    int64_t off = 0;
+    for (int32_t i = 0; i < t->ndim; i++) off += idx[i] * st[i];
+    memcpy((char *)dst + e * (int64_t)es, base + off * (int64_t)es, es);
+    for (int32_t i = t->ndim - 1; i >= 0; i--) {
+      if (++idx[i] < t->shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src) {
+  const DLTensor *t = &r->dl_tensor;
+  if (r->version.major != 1) return 0;
+  if (!(r->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) return 0;
+  if (t->ndim != src->ndim) return 0;
+  if (t->ndim > 0 && (t->strides == NULL || t->shape == NULL)) return 0;
+  if (t->shape == src->shape || (t->strides != NULL && t->strides == src->strides)) return 0;
+  int64_t acc = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != src->shape[i]) return 0;
+    if (t->shape[i] != 1 && t->strides[i] != acc) return 0;
+    acc *= t->shape[i] > 1 ? t->shape[i] : 1;
+  }
+  if (t->data != NULL && ((uintptr_t)t->data % 256) != 0) return 0;
+  return 1;
+}

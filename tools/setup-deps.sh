@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs what building and testing arraybridge needs, from Debian's packages.
+# Idempotent and quick when everything is present: apt-get runs only when a
+# package is missing.
+#
+# The DLPack header must be >= 1.0. Debian bookworm ships 0.6, so when the
+# system header is older we download libdlpack-dev from a newer Debian suite
+# (AB_DLPACK_SUITE, default "trixie") with a private apt configuration that
+# leaves the system's sources untouched, and unpack it into .deps/dlpack
+# (AB_DEPS_DIR), where CMake looks first.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+deps=${AB_DEPS_DIR:-$root/.deps}
+suite=${AB_DLPACK_SUITE:-trixie}
+packages=(build-essential cmake pkg-config libcriterion-dev)
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup-deps: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+dlpack_major() {
+  sed -n 's/^#define DLPACK_MAJOR_VERSION \([0-9]*\).*/\1/p' "$1" 2>/dev/null | head -n1 || true
+}
+
+sys_major=$(dlpack_major /usr/include/dlpack/dlpack.h)
+if [ -n "$sys_major" ] && [ "$sys_major" -ge 1 ]; then
+  exit 0  # the system header is new enough; CMake finds it there
+fi
+if [ -f "$deps/dlpack/usr/include/dlpack/dlpack.h" ]; then
+  exit 0
+fi
+
+echo "setup-deps: fetching libdlpack-dev from Debian $suite (system header is ${sys_major:-absent}, need >= 1.0)"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+  > "$work/sources.list"
+apt_opts=(-q -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
+          -o "APT::Sandbox::User=$(id -un)")
+apt-get "${apt_opts[@]}" update >/dev/null
+(cd "$work" && apt-get "${apt_opts[@]}" download libdlpack-dev >/dev/null)
+mkdir -p "$deps/dlpack.tmp"
+dpkg-deb -x "$work"/libdlpack-dev_*.deb "$deps/dlpack.tmp"
+major=$(dlpack_major "$deps/dlpack.tmp/usr/include/dlpack/dlpack.h")
+if [ -z "$major" ] || [ "$major" -lt 1 ]; then
+  echo "setup-deps: libdlpack-dev from $suite is not >= 1.0" >&2
+  rm -rf "$deps/dlpack.tmp"
+  exit 1
+fi
+rm -rf "$deps/dlpack"
+mv "$deps/dlpack.tmp" "$deps/dlpack"
+echo "setup-deps: DLPack header $(sed -n 's/^#define DLPACK_MINOR_VERSION \([0-9]*\).*/'"$major"'.\1/p' "$deps/dlpack/usr/include/dlpack/dlpack.h") in $deps/dlpack"
