@@ -69,8 +69,8 @@ void ab__ensure_init(void);
 /* The backend serving `type`, or NULL if none is built in. */
 const struct ab_backend *ab__backend_for(DLDeviceType type);
 
-/* Checks a device named by a caller. `what` names it in messages ("src",
- * "target"). A target may carry AB_DEVICE_AUTO, which is resolved here
+/* Checks a device named by a caller. `what` names it in messages ("src
+ * device", "target device"). A target may carry AB_DEVICE_AUTO, which is resolved here
  * into *resolved. On success *be is the backend. */
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be);

@@ -91,8 +91,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   AB_FORWARD(read_opts(opts, &o));
   AB_FORWARD(ab__check_tensor(src, "src", &lay));
-  AB_FORWARD(ab__check_device(src->device, "src", false, &sdev, &sbe));
-  AB_FORWARD(ab__check_device(target, "target", true, &tdev, &tbe));
+  AB_FORWARD(ab__check_device(src->device, "src device", false, &sdev, &sbe));
+  AB_FORWARD(ab__check_device(target, "target device", true, &tdev, &tbe));
 
   ab__route_query q = {
     .src = sdev,
@@ -142,5 +142,5 @@ ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDa
 ab_status ab_tensor_validate(const DLTensor *t) {
   ab__layout lay;
   AB_FORWARD(ab__check_tensor(t, "tensor", &lay));
-  return ab__check_device(t->device, "tensor", false, NULL, NULL);
+  return ab__check_device(t->device, "tensor device", false, NULL, NULL);
 }

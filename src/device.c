@@ -109,15 +109,15 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be) {
   const char *tname = ab_device_type_name(dev.device_type);
   if (strcmp(tname, "unknown") == 0)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s device type %d is not a DLPack device type",
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s type %d is not a DLPack device type",
                    what, (int)dev.device_type);
   int i = backend_index(dev.device_type);
   if (i < 0)
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 ": no %s backend is built into this library",
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s backend is built into this library",
                    what, tname, dev.device_id, tname);
   int32_t n = count_of(i);
   if (n == 0)
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 ": no %s devices (%s)", what, tname,
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s devices (%s)", what, tname,
                    dev.device_id, tname, backend_why[i][0] ? backend_why[i] : "none found");
   if (dev.device_id == AB_DEVICE_AUTO && is_target) {
     /* The device with the most free memory; ties go to the lowest id. */
@@ -132,10 +132,10 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
     }
     dev.device_id = best;
   } else if (dev.device_id < 0) {
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s device id %" PRId32 " is negative%s", what,
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s id %" PRId32 " is negative%s", what,
                    dev.device_id, is_target ? " (AB_DEVICE_AUTO is -1)" : "");
   } else if (dev.device_id >= n) {
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s device %s:%" PRId32 " does not exist: %" PRId32 " %s device%s (ids 0..%" PRId32 ")",
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 " does not exist: %" PRId32 " %s device%s (ids 0..%" PRId32 ")",
                    what, tname, dev.device_id, n, tname, n == 1 ? "" : "s", n - 1);
   }
   if (resolved) *resolved = dev;

@@ -1,5 +1,6 @@
 #include "support.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void fill_pattern(void *p, size_t n, uint32_t seed) {
@@ -58,4 +59,43 @@ int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src) {
   }
   if (t->data != NULL && ((uintptr_t)t->data % 256) != 0) return 0;
   return 1;
+}
+
+int64_t first_diff_vs_reference(const DLTensor *src, const DLManagedTensorVersioned *r) {
+  size_t n = (size_t)numel_of(src->ndim, src->shape) * elsize_of(src->dtype);
+  if (n == 0) return -1;
+  unsigned char *want = malloc(n);
+  if (want == NULL) return 0;
+  reference_gather(src, want);
+  const unsigned char *got = (const unsigned char *)r->dl_tensor.data + r->dl_tensor.byte_offset;
+  int64_t diff = -1;
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != want[i]) {
+      diff = (int64_t)i;
+      break;
+    }
+  free(want);
+  return diff;
+}
+
+uint64_t checksum(const void *p, size_t n) {
+  const unsigned char *b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t rng_next(test_rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+int64_t rng_between(test_rng *r, int64_t lo, int64_t hi) {
+  uint64_t span = (uint64_t)(hi - lo) + 1u;
+  return lo + (int64_t)(rng_next(r) % span);
 }

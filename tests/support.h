@@ -32,4 +32,35 @@ int64_t numel_of(int32_t ndim, const int64_t *shape);
  * version 1, shape equal to src's. Returns 1 if all hold. */
 int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src);
 
+/* Compares a result's bytes with reference_gather(src): -1 when every byte
+ * matches (or both are empty), else the index of the first differing byte. */
+int64_t first_diff_vs_reference(const DLTensor *src, const DLManagedTensorVersioned *r);
+
+/* FNV-1a 64 of n bytes, to prove a buffer was not written. */
+uint64_t checksum(const void *p, size_t n);
+
+/* A small seeded generator (splitmix64) so random cases replay exactly. */
+typedef struct test_rng {
+  uint64_t s;
+} test_rng;
+uint64_t rng_next(test_rng *r);
+/* Uniform in [lo, hi] (inclusive). */
+int64_t rng_between(test_rng *r, int64_t lo, int64_t hi);
+
+/* A value no library call may write into an output: tests preset *out to it
+ * and check it is still there after a failure. */
+#define SENTINEL_OUT ((DLManagedTensorVersioned *)(uintptr_t)0x5e41e1005e41e100ull)
+
+/* Sanitizer builds run the same cases with smaller iteration counts. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#  define AB_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#    define AB_TEST_SANITIZED 1
+#  endif
+#endif
+#ifndef AB_TEST_SANITIZED
+#  define AB_TEST_SANITIZED 0
+#endif
+
 #endif

@@ -12,9 +12,6 @@
 #include "arraybridge/arraybridge.h"
 #include "gather.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 typedef struct dims {
   int n;
@@ -108,10 +105,15 @@ static void visit_strided(void *ctx, char *d, const char *s) {
 /* ---- case 3: blocked 2-D transpose ------------------------------------
  * dst[a][b] = src[a][b] where, in bytes, dst(a, b) = a * dsa + b * es and
  * src(a, b) = a * es + b * sb: `a` is contiguous in the source, `b` in the
- * destination. Tiles keep both sides in L1. */
-#define TILE 32
+ * destination. 64 x 64 tiles keep both sides cached; inside a tile,
+ * register micro-kernels transpose 8 x 8 (AVX) or 4 x 4 (SSE) blocks of
+ * 4-byte elements and 2 x 2 blocks of 8-byte ones. Measured on the 2-core
+ * CI machine (bench/results): 64-row strips beat 16 and 32. */
+#define TILE 64
 
-#if defined(__SSE2__)
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86_KERNELS 1
 /* 4x4 tile of 4-byte elements: four source rows (fixed b, a..a+3) become
  * four destination rows (fixed a, b..b+3). */
 static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -124,6 +126,25 @@ static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
   _mm_storeu_ps((float *)(void *)(d + 1 * dsa), r1);
   _mm_storeu_ps((float *)(void *)(d + 2 * dsa), r2);
   _mm_storeu_ps((float *)(void *)(d + 3 * dsa), r3);
+}
+/* 8x8 tile of 4-byte elements with AVX (unpack, shuffle, lane permute). */
+__attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps((const float *)(const void *)(s + i * sb));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i + 0] = _mm256_shuffle_ps(t[i + 0], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i + 0], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps((float *)(void *)(d + i * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps((float *)(void *)(d + (i + 4) * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
 }
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -147,30 +168,39 @@ DEFINE_TILE(4)
 DEFINE_TILE(8)
 DEFINE_TILE(16)
 
+typedef void (*micro_fn)(char *d, int64_t dsa, const char *s, int64_t sb);
+
+/* Runs a k x k micro-kernel over the largest k-aligned part of an na x nb
+ * tile, and the scalar tile on the ragged right and bottom edges. */
+static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
+                       int64_t es, int64_t k, micro_fn micro,
+                       void (*scalar)(char *, int64_t, const char *, int64_t, int64_t, int64_t)) {
+  int64_t ka = na - na % k, kb = nb - nb % k;
+  for (int64_t a = 0; a < ka; a += k)
+    for (int64_t b = 0; b < kb; b += k) micro(d + a * dsa + b * es, dsa, s + a * es + b * sb, sb);
+  if (kb < nb) scalar(d + kb * es, dsa, s + kb * sb, sb, ka, nb - kb);
+  if (ka < na) scalar(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb);
+}
+
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                      size_t es) {
   switch (es) {
   case 1: tile_1(d, dsa, s, sb, na, nb); return;
   case 2: tile_2(d, dsa, s, sb, na, nb); return;
   case 4:
-#if defined(__SSE2__)
-    if (na == TILE && nb == TILE) {
-      for (int64_t b = 0; b < TILE; b += 4)
-        for (int64_t a = 0; a < TILE; a += 4) tr4x4_32(d + a * dsa + b * 4, dsa, s + a * 4 + b * sb, sb);
-      return;
-    }
-#endif
+#ifdef HAVE_X86_KERNELS
+    if (__builtin_cpu_supports("avx")) tile_micro(d, dsa, s, sb, na, nb, 4, 8, tr8x8_32, tile_4);
+    else tile_micro(d, dsa, s, sb, na, nb, 4, 4, tr4x4_32, tile_4);
+#else
     tile_4(d, dsa, s, sb, na, nb);
+#endif
     return;
   case 8:
-#if defined(__SSE2__)
-    if (na == TILE && nb == TILE) {
-      for (int64_t b = 0; b < TILE; b += 2)
-        for (int64_t a = 0; a < TILE; a += 2) tr2x2_64(d + a * dsa + b * 8, dsa, s + a * 8 + b * sb, sb);
-      return;
-    }
-#endif
+#ifdef HAVE_X86_KERNELS
+    tile_micro(d, dsa, s, sb, na, nb, 8, 2, tr2x2_64, tile_8);
+#else
     tile_8(d, dsa, s, sb, na, nb);
+#endif
     return;
   case 16: tile_16(d, dsa, s, sb, na, nb); return;
   default:
@@ -194,27 +224,73 @@ DEFINE_PLANES(1)
 DEFINE_PLANES(2)
 DEFINE_PLANES(4)
 
-/* Specialised 3- and 4-channel byte deinterleave with fixed strides, which
- * the compiler vectorises (a variable stride defeats it). */
-static void deint3_u8(char *d, int64_t dsa, const char *s, int64_t nb) {
-  unsigned char *restrict p0 = (unsigned char *)d, *restrict p1 = p0 + dsa, *restrict p2 = p1 + dsa;
-  const unsigned char *restrict q = (const unsigned char *)s;
-  for (int64_t b = 0; b < nb; b++) {
-    p0[b] = q[3 * b];
-    p1[b] = q[3 * b + 1];
-    p2[b] = q[3 * b + 2];
-  }
+/* Specialised 3- and 4-channel byte deinterleave (packed HWC -> planes).
+ * The portable loop is what the compiler makes of it; on x86-64 with SSSE3
+ * (every x86-64 CPU since about 2008, checked at run time) each group of 16
+ * pixels is C loads, C*C byte shuffles and ORs, and C stores. */
+static void deint_u8_scalar(unsigned char *const *p, const unsigned char *q, int64_t nb, int C) {
+  for (int64_t b = 0; b < nb; b++)
+    for (int c = 0; c < C; c++) p[c][b] = q[C * b + c];
 }
-static void deint4_u8(char *d, int64_t dsa, const char *s, int64_t nb) {
-  unsigned char *restrict p0 = (unsigned char *)d, *restrict p1 = p0 + dsa, *restrict p2 = p1 + dsa,
-                          *restrict p3 = p2 + dsa;
-  const unsigned char *restrict q = (const unsigned char *)s;
-  for (int64_t b = 0; b < nb; b++) {
-    p0[b] = q[4 * b];
-    p1[b] = q[4 * b + 1];
-    p2[b] = q[4 * b + 2];
-    p3[b] = q[4 * b + 3];
+
+#ifdef HAVE_X86_KERNELS
+__attribute__((target("ssse3"))) static void deint_u8_ssse3(unsigned char *const *p,
+                                                            const unsigned char *q, int64_t nb,
+                                                            int C) {
+  /* mask[c][k]: lane i takes input byte C*i+c when it lies in vector k. */
+  _Alignas(16) signed char m[4][4][16];
+  __m128i mk[4][4];
+  for (int c = 0; c < C; c++)
+    for (int k = 0; k < C; k++) {
+      for (int i = 0; i < 16; i++) {
+        int src = C * i + c;
+        m[c][k][i] = (signed char)(src / 16 == k ? src % 16 : -128);
+      }
+      mk[c][k] = _mm_load_si128((const __m128i *)(const void *)m[c][k]);
+    }
+  int64_t b = 0;
+  if (C == 3) {
+    for (; b + 16 <= nb; b += 16) {
+      const unsigned char *s = q + 3 * b;
+      __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+      __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+      __m128i v2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+      for (int c = 0; c < 3; c++) {
+        __m128i r = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, mk[c][0]), _mm_shuffle_epi8(v1, mk[c][1])),
+                                 _mm_shuffle_epi8(v2, mk[c][2]));
+        _mm_storeu_si128((__m128i *)(void *)(p[c] + b), r);
+      }
+    }
+  } else {
+    for (; b + 16 <= nb; b += 16) {
+      const unsigned char *s = q + 4 * b;
+      __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+      __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+      __m128i v2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+      __m128i v3 = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+      for (int c = 0; c < 4; c++) {
+        __m128i r = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, mk[c][0]), _mm_shuffle_epi8(v1, mk[c][1])),
+                                 _mm_or_si128(_mm_shuffle_epi8(v2, mk[c][2]), _mm_shuffle_epi8(v3, mk[c][3])));
+        _mm_storeu_si128((__m128i *)(void *)(p[c] + b), r);
+      }
+    }
   }
+  unsigned char *tail[4];
+  for (int c = 0; c < C; c++) tail[c] = p[c] + b;
+  deint_u8_scalar(tail, q + C * b, nb - b, C);
+}
+#endif
+
+static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
+  unsigned char *p[4];
+  for (int c = 0; c < C; c++) p[c] = (unsigned char *)d + c * dsa;
+#ifdef HAVE_X86_KERNELS
+  if (__builtin_cpu_supports("ssse3")) {
+    deint_u8_ssse3(p, (const unsigned char *)s, nb, C);
+    return;
+  }
+#endif
+  deint_u8_scalar(p, (const unsigned char *)s, nb, C);
 }
 
 struct transpose_ctx {
@@ -227,8 +303,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
   const size_t es = c->es;
   if (na <= 4 && (int64_t)es * na == sb && es == 1 && (na == 3 || na == 4)) {
-    if (na == 3) deint3_u8(d, dsa, s, nb);
-    else deint4_u8(d, dsa, s, nb);
+    deint_u8(d, dsa, s, nb, (int)na);
     return;
   }
   if (na <= 4 && (es == 1 || es == 2 || es == 4)) {
@@ -243,10 +318,11 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     }
     return;
   }
-  for (int64_t a0 = 0; a0 < na; a0 += TILE) {
-    int64_t ma = na - a0 < TILE ? na - a0 : TILE;
-    for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
-      int64_t mb = nb - b0 < TILE ? nb - b0 : TILE;
+  /* Strips of TILE source rows (b), walked along their contiguous length. */
+  for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
+    int64_t mb = nb - b0 < TILE ? nb - b0 : TILE;
+    for (int64_t a0 = 0; a0 < na; a0 += TILE) {
+      int64_t ma = na - a0 < TILE ? na - a0 : TILE;
       tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
     }
   }

@@ -1,0 +1,175 @@
+/* Host benchmarks: every speed is printed beside a baseline measured in the
+ * same run (memcpy), because shared machines are noisy; per-call overheads
+ * beside malloc + memcpy + free of the same size.
+ *
+ *   bench_host [--quick]
+ *
+ * Each figure is the median of several repetitions. "GB/s" counts the
+ * tensor's bytes once (as memcpy's size argument does). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "arraybridge/arraybridge.h"
+#include "converters/host/gather.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return v[n / 2];
+}
+
+static int reps = 11;
+static volatile unsigned sink;
+
+typedef void (*job_fn)(void *ctx);
+
+/* Median seconds of one run of fn. */
+static double time_job(job_fn fn, void *ctx) {
+  double t[64];
+  fn(ctx); /* warm up: page faults, caches */
+  for (int i = 0; i < reps; i++) {
+    double t0 = now();
+    fn(ctx);
+    t[i] = now() - t0;
+  }
+  return median(t, reps);
+}
+
+struct mc { void *dst; const void *src; size_t n; };
+static void job_memcpy(void *p) {
+  struct mc *c = p;
+  memcpy(c->dst, c->src, c->n);
+  sink += ((unsigned char *)c->dst)[c->n / 2];
+}
+
+struct mcf { const void *src; size_t n; };
+static void job_memcpy_fresh(void *p) {
+  struct mcf *c = p;
+  void *d = NULL;
+  if (posix_memalign(&d, 256, c->n) != 0) abort();
+  memcpy(d, c->src, c->n);
+  sink += ((unsigned char *)d)[c->n / 2];
+  free(d);
+}
+
+struct cv { DLTensor t; ab_convert_opts o; };
+static void job_convert(void *p) {
+  struct cv *c = p;
+  DLManagedTensorVersioned *r;
+  if (ab_convert_memory(&c->t, (DLDevice){kDLCPU, 0}, &c->o, &r) != AB_OK) {
+    fprintf(stderr, "bench: %s\n", ab_last_error());
+    exit(1);
+  }
+  sink += ((unsigned char *)r->dl_tensor.data)[0];
+  r->deleter(r);
+}
+
+struct gk { void *dst; const DLTensor *t; int64_t st[8]; size_t es; };
+static void job_gather(void *p) {
+  struct gk *c = p;
+  ab__host_gather(c->dst, c->t->data, c->t->ndim, c->t->shape, c->st, c->es);
+  sink += ((unsigned char *)c->dst)[0];
+}
+
+static void row(const char *what, size_t bytes, double secs, double base_secs) {
+  printf("%-44s %9.2f GB/s   %5.2fx memcpy\n", what, (double)bytes / secs / 1e9, base_secs / secs);
+}
+
+static void bench_layout(const char *name, DLTensor *t, size_t bytes, void *dst, double base) {
+  struct cv c = {*t, AB_CONVERT_OPTS_INIT};
+  c.o.copy = AB_COPY_ALWAYS;
+  struct gk g = {dst, t, {0}, (size_t)(t->dtype.bits / 8) * t->dtype.lanes};
+  for (int i = 0; i < t->ndim; i++) g.st[i] = t->strides[i] * (int64_t)g.es;
+  char label[96];
+  snprintf(label, sizeof label, "%s: gather kernel (warm dst)", name);
+  row(label, bytes, time_job(job_gather, &g), base);
+  snprintf(label, sizeof label, "%s: ab_convert_memory (alloc+copy)", name);
+  row(label, bytes, time_job(job_convert, &c), base);
+}
+
+static double per_call_ns(job_fn fn, void *ctx, long iters) {
+  double t[64];
+  for (int r = 0; r < reps; r++) {
+    double t0 = now();
+    for (long i = 0; i < iters; i++) fn(ctx);
+    t[r] = (now() - t0) / (double)iters * 1e9;
+  }
+  return median(t, reps);
+}
+
+int main(int argc, char **argv) {
+  int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  if (quick) reps = 3;
+  const int64_t N = quick ? 1024 : 4096;
+  const int64_t H = quick ? 540 : 2160, W = quick ? 960 : 3840, C = 3;
+
+  printf("arraybridge %s host benchmark%s: median of %d runs\n\n", ab_version_string(),
+         quick ? " (quick)" : "", reps);
+
+  /* -- contiguous and 2-D transpose, N x N float32 -- */
+  size_t nb = (size_t)(N * N) * 4;
+  float *a = aligned_alloc(256, nb), *b = aligned_alloc(256, nb);
+  for (int64_t i = 0; i < N * N; i++) a[i] = (float)i;
+  memset(b, 0, nb);
+  struct mc m = {b, a, nb};
+  double base = time_job(job_memcpy, &m);
+  struct mcf mf = {a, nb};
+  char label[96];
+  snprintf(label, sizeof label, "memcpy %lldx%lld f32 (baseline)", (long long)N, (long long)N);
+  row(label, nb, base, base);
+  row("malloc + memcpy + free (fresh pages)", nb, time_job(job_memcpy_fresh, &mf), base);
+
+  int64_t shape[2] = {N, N}, cstr[2] = {N, 1}, tstr[2] = {1, N};
+  DLTensor contig = {a, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, cstr, 0};
+  bench_layout("contiguous f32", &contig, nb, b, base);
+  DLTensor tr = {a, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, tstr, 0};
+  bench_layout("transpose f32", &tr, nb, b, base);
+
+  /* -- HWC -> CHW, uint8: the logical CHW view of an HWC image -- */
+  size_t ib = (size_t)(H * W * C);
+  unsigned char *img = aligned_alloc(256, ib), *out = aligned_alloc(256, ib);
+  for (size_t i = 0; i < ib; i++) img[i] = (unsigned char)(i * 7);
+  memset(out, 0, ib);
+  struct mc mi = {out, img, ib};
+  double ibase = time_job(job_memcpy, &mi);
+  snprintf(label, sizeof label, "memcpy %lldx%lldx3 u8 (baseline)", (long long)H, (long long)W);
+  printf("\n");
+  row(label, ib, ibase, ibase);
+  int64_t ishape[3] = {C, H, W}, istr[3] = {1, W * C, C};
+  DLTensor hwc = {img, {kDLCPU, 0}, 3, {kDLUInt, 8, 1}, ishape, istr, 0};
+  bench_layout("HWC->CHW u8", &hwc, ib, out, ibase);
+
+  /* -- per-call overheads -- */
+  printf("\n");
+  int64_t small_shape[1] = {1024};
+  DLTensor small = {a, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, small_shape, NULL, 0};
+  struct cv view = {small, AB_CONVERT_OPTS_INIT};
+  struct cv copy = {small, AB_CONVERT_OPTS_INIT};
+  copy.o.copy = AB_COPY_ALWAYS;
+  struct mcf small_base = {a, 4096};
+  long iters = quick ? 20000 : 200000;
+  double v_ns = per_call_ns(job_convert, &view, iters);
+  double c_ns = per_call_ns(job_convert, &copy, iters);
+  double m_ns = per_call_ns(job_memcpy_fresh, &small_base, iters);
+  printf("%-44s %9.1f ns/call\n", "zero-copy convert (view + deleter)", v_ns);
+  printf("%-44s %9.1f ns/call   %5.2fx malloc+memcpy+free\n", "4 KiB copy convert (+ deleter)", c_ns, m_ns / c_ns);
+  printf("%-44s %9.1f ns/call\n", "malloc + memcpy + free 4 KiB (baseline)", m_ns);
+
+  free(a);
+  free(b);
+  free(img);
+  free(out);
+  return sink == 12345 ? 2 : 0;
+}

@@ -1,0 +1,59 @@
+# Installs the build tree into a scratch prefix, then configures, builds and
+# runs tests/consumer against it with find_package(arraybridge), once with
+# the shared and once with the static library.
+# Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR, CMAKE_C_COMPILER, LIBDIR.
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+
+run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+# The installed tree must carry its own DLPack >= 1.0 header.
+if(NOT EXISTS "${prefix}/include/arraybridge/third_party/dlpack/dlpack.h")
+  message(FATAL_ERROR "installed tree lacks include/arraybridge/third_party/dlpack/dlpack.h")
+endif()
+foreach(kind shared static)
+  set(b "${WORK_DIR}/build-${kind}")
+  run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${b}" "-DCMAKE_PREFIX_PATH=${prefix}"
+      "-DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}" "-DCONSUMER_LINK=${kind}")
+  run(${CMAKE_COMMAND} --build "${b}")
+  run("${b}/consumer")
+endforeach()
+
+# The same program built by hand with pkg-config's flags.
+find_program(PKG_CONFIG pkg-config REQUIRED)
+set(ENV{PKG_CONFIG_PATH} "${prefix}/${LIBDIR}/pkgconfig")
+execute_process(COMMAND ${PKG_CONFIG} --cflags --libs arraybridge
+  OUTPUT_VARIABLE pcflags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config --cflags --libs arraybridge failed")
+endif()
+separate_arguments(pcflags UNIX_COMMAND "${pcflags}")
+run(${CMAKE_C_COMPILER} -std=c11 "${SOURCE_DIR}/main.c" -o "${WORK_DIR}/consumer-pc" ${pcflags}
+    "-Wl,-rpath,${prefix}/${LIBDIR}")
+run("${WORK_DIR}/consumer-pc")
+
+# Only ab_ symbols may be exported from the shared library.
+find_program(NM nm REQUIRED)
+execute_process(COMMAND ${NM} -D --defined-only "${prefix}/${LIBDIR}/libarraybridge.so"
+  OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
+string(REGEX MATCHALL "[^\n]+" lines "${syms}")
+set(bad "")
+set(count 0)
+foreach(line ${lines})
+  string(REGEX REPLACE "^.* " "" name "${line}")
+  if(NOT name MATCHES "^ab_[a-z]" )
+    list(APPEND bad "${name}")
+  endif()
+  math(EXPR count "${count} + 1")
+endforeach()
+if(bad OR count EQUAL 0)
+  message(FATAL_ERROR "libarraybridge.so exports non-ab_ symbols (or none): ${bad}")
+endif()
+message(STATUS "libarraybridge.so exports ${count} symbols, all ab_*")
