@@ -189,7 +189,9 @@ ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
   for (int32_t i = ndim - 1; i >= 0; i--) {
     sh[i] = shape[i];
     st[i] = stride;
-    stride *= shape[i] > 1 ? shape[i] : 1;
+    /* Only an empty tensor can overflow here (validation skips the product
+     * of its other dims); its strides address nothing, so saturate. */
+    if (ab__mul_overflow_i64(stride, shape[i] > 1 ? shape[i] : 1, &stride)) stride = INT64_MAX;
   }
   t->mt.version.major = DLPACK_MAJOR_VERSION;
   t->mt.version.minor = DLPACK_MINOR_VERSION;

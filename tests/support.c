@@ -17,6 +17,9 @@ void fill_pattern(void *p, size_t n, uint32_t seed) {
 size_t elsize_of(DLDataType d) { return (size_t)(d.bits / 8u) * d.lanes; }
 
 int64_t numel_of(int32_t ndim, const int64_t *shape) {
+  /* an empty tensor's other dims may multiply past int64 */
+  for (int32_t i = 0; i < ndim; i++)
+    if (shape[i] == 0) return 0;
   int64_t n = 1;
   for (int32_t i = 0; i < ndim; i++) n *= shape[i];
   return n;
@@ -25,6 +28,7 @@ int64_t numel_of(int32_t ndim, const int64_t *shape) {
 void reference_gather(const DLTensor *t, void *dst) {
   size_t es = elsize_of(t->dtype);
   int64_t n = numel_of(t->ndim, t->shape);
+  if (n == 0) return;
   int64_t idx[AB_MAX_NDIM] = {0};
   int64_t st[AB_MAX_NDIM];
   int64_t acc = 1;
@@ -50,13 +54,16 @@ int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src) {
   if (!(r->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) return 0;
   if (t->ndim != src->ndim) return 0;
   if (t->ndim > 0 && (t->strides == NULL || t->shape == NULL)) return 0;
-  if (t->shape == src->shape || (t->strides != NULL && t->strides == src->strides)) return 0;
+  /* its own arrays (a scalar has none to share) */
+  if (t->ndim > 0 && (t->shape == src->shape || t->strides == src->strides)) return 0;
   int64_t acc = 1;
+  int overflowed = 0; /* only an empty tensor's dims can overflow; past that, strides are free */
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != src->shape[i]) return 0;
-    if (t->shape[i] != 1 && t->strides[i] != acc) return 0;
-    acc *= t->shape[i] > 1 ? t->shape[i] : 1;
+    if (!overflowed && t->shape[i] != 1 && t->strides[i] != acc) return 0;
+    if (__builtin_mul_overflow(acc, t->shape[i] > 1 ? t->shape[i] : 1, &acc)) overflowed = 1;
   }
+  if (numel_of(t->ndim, t->shape) == 0 && t->data != NULL) return 0;
   if (t->data != NULL && ((uintptr_t)t->data % 256) != 0) return 0;
   return 1;
 }

@@ -29,7 +29,8 @@ size_t elsize_of(DLDataType d);
 int64_t numel_of(int32_t ndim, const int64_t *shape);
 
 /* Checks a result's invariants as a copy: compact strides, IS_COPIED,
- * version 1, shape equal to src's. Returns 1 if all hold. */
+ * version 1, shape equal to src's, its own shape and strides arrays, data
+ * 256-aligned (NULL when empty). Returns 1 if all hold. */
 int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src);
 
 /* Compares a result's bytes with reference_gather(src): -1 when every byte

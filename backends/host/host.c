@@ -76,7 +76,9 @@ static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream) {
   int64_t acc = 1;
   for (int32_t i = from->ndim - 1; i >= 0; i--) {
     int64_t elems = from->strides ? from->strides[i] : acc;
-    st[i] = elems * (int64_t)es;
+    /* A size-1 dim may carry any stride, even one that overflows in bytes;
+     * it addresses nothing, so its byte stride is 0. Others were validated. */
+    st[i] = from->shape[i] == 1 ? 0 : elems * (int64_t)es;
     if (!from->strides) acc *= from->shape[i];
   }
   ab__host_gather((char *)to->data + to->byte_offset, (const char *)from->data + from->byte_offset,

@@ -7,6 +7,7 @@
  *      transposes, HWC -> CHW)                  -> blocked 2-D transpose
  *   4. anything else (broadcast, reversed, gaps)-> strided element loop
  * Element moves are bit copies specialised for 1, 2, 4, 8 and 16 bytes. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "arraybridge/arraybridge.h"
@@ -22,8 +23,9 @@ typedef struct dims {
 static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
   d->n = 0;
   for (int32_t i = 0; i < ndim; i++) {
+    int64_t span;
     if (shape[i] == 1) continue;
-    if (d->n > 0 && d->st[d->n - 1] == st[i] * shape[i]) {
+    if (d->n > 0 && !__builtin_mul_overflow(st[i], shape[i], &span) && d->st[d->n - 1] == span) {
       d->shape[d->n - 1] *= shape[i];
       d->st[d->n - 1] = st[i];
     } else {
@@ -105,11 +107,18 @@ static void visit_strided(void *ctx, char *d, const char *s) {
 /* ---- case 3: blocked 2-D transpose ------------------------------------
  * dst[a][b] = src[a][b] where, in bytes, dst(a, b) = a * dsa + b * es and
  * src(a, b) = a * es + b * sb: `a` is contiguous in the source, `b` in the
- * destination. 64 x 64 tiles keep both sides cached; inside a tile,
- * register micro-kernels transpose 8 x 8 (AVX) or 4 x 4 (SSE) blocks of
- * 4-byte elements and 2 x 2 blocks of 8-byte ones. Measured on the 2-core
- * CI machine (bench/results): 64-row strips beat 16 and 32. */
-#define TILE 64
+ * destination. The source is walked in strips of TILE_B rows, each cut into
+ * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
+ * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements and 2 x 2 blocks of 8-byte
+ * ones. Large outputs use non-temporal stores, as memcpy does, so the
+ * destination is not read for ownership and does not evict the source.
+ * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
+ * beat 16 and 32, and streaming stores take 4096^2 f32 from ~0.6x to ~0.8x
+ * of memcpy. */
+#define TILE_A 64
+#define TILE_B 128
+/* Outputs at least this large are written with streaming stores. */
+#define NT_THRESHOLD ((size_t)4 << 20)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -127,8 +136,10 @@ static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
   _mm_storeu_ps((float *)(void *)(d + 2 * dsa), r2);
   _mm_storeu_ps((float *)(void *)(d + 3 * dsa), r3);
 }
-/* 8x8 tile of 4-byte elements with AVX (unpack, shuffle, lane permute). */
-__attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const char *s, int64_t sb) {
+/* 8x8 tile of 4-byte elements with AVX (unpack, shuffle, lane permute).
+ * `nt`: streaming stores; d and dsa are then multiples of 32. */
+__attribute__((target("avx"))) static inline void tr8x8_32_mode(char *d, int64_t dsa, const char *s,
+                                                                 int64_t sb, int nt) {
   __m256 r[8], t[8], u[8];
   for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps((const float *)(const void *)(s + i * sb));
   for (int i = 0; i < 8; i += 2) {
@@ -142,9 +153,23 @@ __attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const 
     u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
   }
   for (int i = 0; i < 4; i++) {
-    _mm256_storeu_ps((float *)(void *)(d + i * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps((float *)(void *)(d + (i + 4) * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    __m256 lo = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    __m256 hi = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    float *p = (float *)(void *)(d + i * dsa), *q = (float *)(void *)(d + (i + 4) * dsa);
+    if (nt) {
+      _mm256_stream_ps(p, lo);
+      _mm256_stream_ps(q, hi);
+    } else {
+      _mm256_storeu_ps(p, lo);
+      _mm256_storeu_ps(q, hi);
+    }
   }
+}
+__attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const char *s, int64_t sb) {
+  tr8x8_32_mode(d, dsa, s, sb, 0);
+}
+__attribute__((target("avx"))) static void tr8x8_32_nt(char *d, int64_t dsa, const char *s, int64_t sb) {
+  tr8x8_32_mode(d, dsa, s, sb, 1);
 }
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -183,15 +208,17 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
 }
 
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
-                     size_t es) {
+                     size_t es, bool nt) {
   switch (es) {
   case 1: tile_1(d, dsa, s, sb, na, nb); return;
   case 2: tile_2(d, dsa, s, sb, na, nb); return;
   case 4:
 #ifdef HAVE_X86_KERNELS
-    if (__builtin_cpu_supports("avx")) tile_micro(d, dsa, s, sb, na, nb, 4, 8, tr8x8_32, tile_4);
+    if (__builtin_cpu_supports("avx"))
+      tile_micro(d, dsa, s, sb, na, nb, 4, 8, nt ? tr8x8_32_nt : tr8x8_32, tile_4);
     else tile_micro(d, dsa, s, sb, na, nb, 4, 4, tr4x4_32, tile_4);
 #else
+    (void)nt;
     tile_4(d, dsa, s, sb, na, nb);
 #endif
     return;
@@ -296,6 +323,7 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
 struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
+  bool nt; /* streaming stores allowed (large output) */
 };
 
 static void visit_transpose(void *ctx, char *d, const char *s) {
@@ -318,12 +346,14 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     }
     return;
   }
-  /* Strips of TILE source rows (b), walked along their contiguous length. */
-  for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
-    int64_t mb = nb - b0 < TILE ? nb - b0 : TILE;
-    for (int64_t a0 = 0; a0 < na; a0 += TILE) {
-      int64_t ma = na - a0 < TILE ? na - a0 : TILE;
-      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
+  /* Streaming stores need every 8-element store 32-byte aligned: tiles
+   * start at multiples of 8 elements, so d and dsa decide. */
+  const bool nt = c->nt && ((uintptr_t)d % 32 == 0) && dsa % 32 == 0;
+  for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
+    int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
+    for (int64_t a0 = 0; a0 < na; a0 += TILE_A) {
+      int64_t ma = na - a0 < TILE_A ? na - a0 : TILE_A;
+      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es, nt);
     }
   }
 }
@@ -358,8 +388,13 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize};
+    int64_t total = d.shape[0] * dst_st[0];
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize,
+                              (size_t)total >= NT_THRESHOLD};
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
+#ifdef HAVE_X86_KERNELS
+    if (c.nt) _mm_sfence(); /* order the streaming stores before the caller's */
+#endif
     return;
   }
   struct strided_ctx c = {d.shape[last], d.st[last], elsize};

@@ -1,0 +1,172 @@
+/* The route planner as a pure function: hand-built descriptions of source,
+ * target and capabilities in, steps (or the reason there are none) out.
+ * Devices here need not exist: the planner never asks a backend. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "route.h"
+#include "support.h"
+
+#define DEV(type, id) ((DLDevice){(type), (id)})
+
+static ab__route_query query(DLDevice src, DLDevice dst) {
+  ab__route_query q;
+  memset(&q, 0, sizeof q);
+  q.src = src;
+  q.dst = dst;
+  q.src_caps = src.device_type == kDLCPU ? AB_CAP_HOST_ACCESSIBLE : 0;
+  q.dst_caps = dst.device_type == kDLCPU ? AB_CAP_HOST_ACCESSIBLE : 0;
+  q.same_dtype = true;
+  q.src_compact = true;
+  q.copy = AB_COPY_IF_NEEDED;
+  q.flags = 0;
+  return q;
+}
+
+static int dev_eq(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
+
+static void assert_one_step(const ab__route_query *q, ab__step_kind kind, DLDeviceType via, const char *what) {
+  ab__plan plan;
+  memset(&plan, 0xee, sizeof plan);
+  ab__route_query before = *q;
+  ab_status st = ab__plan_route(q, &plan);
+  cr_assert_eq(st, AB_OK, "%s: %s (%s)", what, ab_status_name(st), ab_last_error());
+  cr_assert(memcmp(&before, q, sizeof *q) == 0, "%s: the query was modified", what);
+  cr_assert_eq(plan.nsteps, 1, "%s: %d steps", what, plan.nsteps);
+  cr_assert_eq(plan.steps[0].kind, kind, "%s: step kind %d, want %d", what, (int)plan.steps[0].kind, (int)kind);
+  cr_assert(dev_eq(plan.steps[0].from, q->src), "%s: step starts at %d:%d", what, plan.steps[0].from.device_type,
+            plan.steps[0].from.device_id);
+  cr_assert(dev_eq(plan.steps[0].to, q->dst), "%s: step ends at %d:%d", what, plan.steps[0].to.device_type,
+            plan.steps[0].to.device_id);
+  cr_assert_eq(plan.steps[0].via, via, "%s: via %d, want %d", what, (int)plan.steps[0].via, (int)via);
+}
+
+static void assert_no_route(const ab__route_query *q, ab_status want, const char *word, const char *what) {
+  ab__plan plan, before;
+  memset(&plan, 0xee, sizeof plan);
+  before = plan;
+  ab_status st = ab__plan_route(q, &plan);
+  cr_assert_eq(st, want, "%s: %s, want %s (%s)", what, ab_status_name(st), ab_status_name(want), ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), word), "%s: message \"%s\" does not mention \"%s\"", what,
+                     ab_last_error(), word);
+  cr_assert(memcmp(&plan, &before, sizeof plan) == 0, "%s: the plan was written on failure", what);
+}
+
+Test(route, same_device_same_dtype_compact_is_a_view) {
+  ab__route_query q = query(CPU0, CPU0);
+  assert_one_step(&q, AB_STEP_VIEW, kDLCPU, "cpu:0 -> cpu:0");
+  q.copy = AB_COPY_NEVER;
+  assert_one_step(&q, AB_STEP_VIEW, kDLCPU, "cpu:0 -> cpu:0, COPY_NEVER");
+  /* the same holds on devices this machine lacks */
+  ab__route_query g = query(DEV(kDLCUDA, 3), DEV(kDLCUDA, 3));
+  assert_one_step(&g, AB_STEP_VIEW, kDLCUDA, "cuda:3 -> cuda:3");
+  ab__route_query o = query(DEV(kDLOpenCL, 1), DEV(kDLOpenCL, 1));
+  assert_one_step(&o, AB_STEP_VIEW, kDLOpenCL, "opencl:1 -> opencl:1");
+}
+
+Test(route, copy_always_copies_within_the_backend) {
+  ab__route_query q = query(CPU0, CPU0);
+  q.copy = AB_COPY_ALWAYS;
+  assert_one_step(&q, AB_STEP_COPY, kDLCPU, "cpu:0 -> cpu:0, COPY_ALWAYS");
+  q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  q.src_compact = false;
+  assert_one_step(&q, AB_STEP_COPY, kDLCPU, "cpu:0 -> cpu:0, COPY_ALWAYS, strided view allowed");
+  ab__route_query g = query(DEV(kDLCUDA, 0), DEV(kDLCUDA, 0));
+  g.copy = AB_COPY_ALWAYS;
+  assert_one_step(&g, AB_STEP_COPY, kDLCUDA, "cuda:0 -> cuda:0, COPY_ALWAYS");
+}
+
+Test(route, non_compact_source_is_copied_unless_strided_views_are_allowed) {
+  ab__route_query q = query(CPU0, CPU0);
+  q.src_compact = false;
+  assert_one_step(&q, AB_STEP_COPY, kDLCPU, "non-compact, IF_NEEDED");
+  q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  assert_one_step(&q, AB_STEP_VIEW, kDLCPU, "non-compact, IF_NEEDED, strided view allowed");
+  q.copy = AB_COPY_NEVER;
+  assert_one_step(&q, AB_STEP_VIEW, kDLCPU, "non-compact, NEVER, strided view allowed");
+  /* READ_ONLY does not change the route */
+  q.flags |= AB_CONVERT_READ_ONLY;
+  assert_one_step(&q, AB_STEP_VIEW, kDLCPU, "non-compact, NEVER, strided view, read-only");
+}
+
+Test(route, other_device_of_the_same_type_is_one_backend_copy) {
+  ab__route_query q = query(DEV(kDLCUDA, 0), DEV(kDLCUDA, 1));
+  assert_one_step(&q, AB_STEP_COPY, kDLCUDA, "cuda:0 -> cuda:1");
+  /* a strided view cannot cross devices */
+  q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  q.src_compact = false;
+  assert_one_step(&q, AB_STEP_COPY, kDLCUDA, "cuda:0 -> cuda:1, strided");
+}
+
+Test(route, copy_never_needing_a_copy_is_copy_required_with_the_reason) {
+  ab__route_query q = query(CPU0, DEV(kDLCPU, 1));
+  q.copy = AB_COPY_NEVER;
+  assert_no_route(&q, AB_ERR_COPY_REQUIRED, "another device", "NEVER, cpu:0 -> cpu:1");
+  assert_no_route(&q, AB_ERR_COPY_REQUIRED, "cpu:1", "NEVER, cpu:0 -> cpu:1 names the target");
+  ab__route_query x = query(DEV(kDLCUDA, 0), DEV(kDLOpenCL, 1));
+  x.copy = AB_COPY_NEVER;
+  assert_no_route(&x, AB_ERR_COPY_REQUIRED, "another device", "NEVER, cuda:0 -> opencl:1");
+
+  ab__route_query d = query(CPU0, CPU0);
+  d.copy = AB_COPY_NEVER;
+  d.same_dtype = false;
+  assert_no_route(&d, AB_ERR_COPY_REQUIRED, "dtype", "NEVER, dtype change");
+
+  ab__route_query s = query(CPU0, CPU0);
+  s.copy = AB_COPY_NEVER;
+  s.src_compact = false;
+  assert_no_route(&s, AB_ERR_COPY_REQUIRED, "compact", "NEVER, non-compact");
+  assert_no_route(&s, AB_ERR_COPY_REQUIRED, "AB_CONVERT_ALLOW_STRIDED_VIEW", "NEVER, non-compact names the flag");
+}
+
+Test(route, dtype_change_is_unsupported) {
+  ab__route_query q = query(CPU0, CPU0);
+  q.same_dtype = false;
+  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, IF_NEEDED");
+  q.copy = AB_COPY_ALWAYS;
+  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, ALWAYS");
+  /* with a strided view allowed it is still no view */
+  q.copy = AB_COPY_IF_NEEDED;
+  q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, strided view allowed");
+}
+
+Test(route, cross_type_routes_are_unsupported_for_now) {
+  static const struct {
+    DLDevice src, dst;
+    const char *from, *to;
+  } cases[] = {
+    {{kDLCUDA, 0}, {kDLOpenCL, 1}, "cuda:0", "opencl:1"},
+    {{kDLCPU, 0}, {kDLCUDA, 0}, "cpu:0", "cuda:0"},
+    {{kDLCUDA, 2}, {kDLCPU, 0}, "cuda:2", "cpu:0"},
+    {{kDLOpenCL, 0}, {kDLCUDAHost, 0}, "opencl:0", "cuda_host:0"},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (int copy = 0; copy < 2; copy++) {
+      ab__route_query q = query(cases[k].src, cases[k].dst);
+      q.copy = copy ? AB_COPY_ALWAYS : AB_COPY_IF_NEEDED;
+      char what[64];
+      snprintf(what, sizeof what, "%s -> %s, copy=%d", cases[k].from, cases[k].to, copy);
+      assert_no_route(&q, AB_ERR_UNSUPPORTED, cases[k].from, what);
+      assert_no_route(&q, AB_ERR_UNSUPPORTED, cases[k].to, what);
+    }
+  }
+}
+
+Test(route, planning_is_deterministic) {
+  ab__route_query qs[4] = {query(CPU0, CPU0), query(CPU0, CPU0), query(DEV(kDLCUDA, 0), DEV(kDLCUDA, 1)),
+                           query(CPU0, CPU0)};
+  qs[1].copy = AB_COPY_ALWAYS;
+  qs[3].src_compact = false;
+  for (int k = 0; k < 4; k++) {
+    ab__plan a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0xff, sizeof b);
+    cr_assert_eq(ab__plan_route(&qs[k], &a), AB_OK);
+    cr_assert_eq(ab__plan_route(&qs[k], &b), AB_OK);
+    cr_assert_eq(a.nsteps, b.nsteps);
+    cr_assert(memcmp(a.steps, b.steps, (size_t)a.nsteps * sizeof a.steps[0]) == 0, "query %d planned two ways", k);
+  }
+}
