@@ -7,16 +7,40 @@
 #include "internal.h"
 
 static atomic_long fault_countdown; /* 0 = disarmed */
+static atomic_bool fault_persistent;  /* keep failing once triggered */
+static atomic_bool fault_tripped;
 static atomic_long fault_hits;
-static atomic_long live_blocks;
+/* The live-block count is striped over cache lines, a stripe per thread
+ * (round-robin), so that threads allocating at once do not bounce one
+ * counter between cores; the count is the sum over stripes (a block freed
+ * on another thread than it was allocated on moves between stripes). */
+#define LIVE_STRIPES 64
+static struct {
+  _Alignas(64) atomic_long n;
+} live[LIVE_STRIPES];
+static atomic_uint next_stripe;
+static _Thread_local int my_stripe = -1;
+
+static atomic_long *live_slot(void) {
+  if (AB_UNLIKELY(my_stripe < 0))
+    my_stripe = (int)(atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) % LIVE_STRIPES);
+  return &live[my_stripe].n;
+}
 
 bool ab__fault_check(void) {
   long n = atomic_load_explicit(&fault_countdown, memory_order_relaxed);
-  if (AB_LIKELY(n == 0)) return false;
+  if (AB_LIKELY(n == 0)) {
+    if (AB_UNLIKELY(atomic_load_explicit(&fault_tripped, memory_order_relaxed))) {
+      atomic_fetch_add(&fault_hits, 1);
+      return true;
+    }
+    return false;
+  }
   /* Count down; the caller that takes it from 1 to 0 fails. */
   while (n > 0) {
     if (atomic_compare_exchange_weak(&fault_countdown, &n, n - 1)) {
       if (n == 1) {
+        if (atomic_load(&fault_persistent)) atomic_store(&fault_tripped, true);
         atomic_fetch_add(&fault_hits, 1);
         return true;
       }
@@ -26,17 +50,27 @@ bool ab__fault_check(void) {
   return false;
 }
 
-void ab__fault_arm(long nth) {
+static void arm(long nth, bool persistent) {
+  atomic_store(&fault_countdown, 0);
+  atomic_store(&fault_tripped, false);
   atomic_store(&fault_hits, 0);
+  atomic_store(&fault_persistent, persistent);
   atomic_store(&fault_countdown, nth < 0 ? 0 : nth);
 }
 
+void ab__fault_arm(long nth) { arm(nth, false); }
+void ab__fault_arm_persistent(long nth) { arm(nth, true); }
+
 long ab__fault_injected(void) { return atomic_load(&fault_hits); }
 
-long ab__alloc_live(void) { return atomic_load(&live_blocks); }
+long ab__alloc_live(void) {
+  long sum = 0;
+  for (int i = 0; i < LIVE_STRIPES; i++) sum += atomic_load(&live[i].n);
+  return sum;
+}
 
 static void *counted(void *p) {
-  if (p != NULL) atomic_fetch_add_explicit(&live_blocks, 1, memory_order_relaxed);
+  if (p != NULL) atomic_fetch_add_explicit(live_slot(), 1, memory_order_relaxed);
   return p;
 }
 
@@ -52,13 +86,12 @@ void *ab__calloc(size_t count, size_t n) {
 
 void *ab__aligned_alloc(size_t align, size_t n) {
   void *p = NULL;
-  if (ab__fault_check()) return NULL;
   if (posix_memalign(&p, align, n ? n : 1) != 0) return NULL;
   return counted(p);
 }
 
 void ab__free(void *p) {
   if (p == NULL) return;
-  atomic_fetch_sub_explicit(&live_blocks, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit(live_slot(), 1, memory_order_relaxed);
   free(p);
 }

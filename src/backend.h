@@ -75,6 +75,10 @@ const struct ab_backend *ab__backend_for(DLDeviceType type);
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be);
 
+/* Total and free memory of a device, 0 when unknown. Never fails and
+ * leaves the thread's error message as it was. */
+void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);
+
 /* Wrappers that are the only callers of the table; they add the fault hook
  * on allocations and turn NULL operations into AB_ERR_UNSUPPORTED. */
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend.h"
+#include "pool.h"
 
 /* Adding a backend is one line here (plus its folder). */
 static const struct ab_backend *const backends[] = {
@@ -23,11 +23,16 @@ void ab__ensure_init(void) {
   if (AB_LIKELY(atomic_load_explicit(&inited, memory_order_acquire))) return;
   pthread_mutex_lock(&init_lock);
   if (!atomic_load_explicit(&inited, memory_order_relaxed)) {
+    char saved[AB_ERRBUF_SIZE];
+    ab__save_error(saved);
     for (size_t i = 0; i < NBACKENDS; i++) {
       ab_status st = backends[i]->init ? backends[i]->init() : AB_OK;
       backend_up[i] = st == AB_OK;
       if (st != AB_OK) {
+        /* The reason is kept for NO_DEVICE messages; the caller's own
+         * (successful) call must not see it in ab_last_error(). */
         snprintf(backend_why[i], sizeof backend_why[i], "%s", ab_last_error());
+        ab__restore_error(saved);
         AB_LOG(AB_LOG_INFO, "backend %s has no devices: %s", backends[i]->name, backend_why[i]);
       }
     }
@@ -37,6 +42,7 @@ void ab__ensure_init(void) {
 }
 
 void ab_shutdown(void) {
+  ab__pool_shutdown();
   pthread_mutex_lock(&init_lock);
   if (atomic_load_explicit(&inited, memory_order_relaxed)) {
     for (size_t i = NBACKENDS; i-- > 0;) {
@@ -120,9 +126,12 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s devices (%s)", what, tname,
                    dev.device_id, tname, backend_why[i][0] ? backend_why[i] : "none found");
   if (dev.device_id == AB_DEVICE_AUTO && is_target) {
-    /* The device with the most free memory; ties go to the lowest id. */
+    /* The device with the most free memory; ties go to the lowest id. A
+     * device that cannot say is skipped without touching the message. */
     int32_t best = 0;
     uint64_t best_free = 0;
+    char saved[AB_ERRBUF_SIZE];
+    ab__save_error(saved);
     for (int32_t id = 0; id < n; id++) {
       struct ab_device_info info;
       if (info_of(backends[i], id, &info) == AB_OK && (id == 0 || info.free_memory > best_free)) {
@@ -130,6 +139,7 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
         best_free = info.free_memory;
       }
     }
+    ab__restore_error(saved);
     dev.device_id = best;
   } else if (dev.device_id < 0) {
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s id %" PRId32 " is negative%s", what,
@@ -148,6 +158,19 @@ ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
   return info_of(be, dev.device_id, out);
+}
+
+void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b) {
+  struct ab_device_info info;
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
+  if (info_of(be, id, &info) == AB_OK) {
+    *free_b = info.free_memory;
+    *total_b = info.total_memory;
+  } else {
+    *free_b = *total_b = 0;
+  }
+  ab__restore_error(saved);
 }
 
 /* ---- the only callers of the table ------------------------------------ */

@@ -149,16 +149,21 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
         expect *= n; /* cannot overflow: bounded by numel */
       }
     }
-    /* The addressed range must not wrap around the address space (for
-     * handle-based memory this is the offset range within the buffer). */
-    uint64_t base = (uint64_t)(uintptr_t)t->data, start, end;
-    if (t->byte_offset > (uint64_t)INT64_MAX || __builtin_add_overflow(base, t->byte_offset, &start) ||
+    /* The addressed range must be one that an object can span (at most
+     * PTRDIFF_MAX bytes, so the gather's pointer arithmetic is defined) and
+     * must not wrap around the address space. The backends whose data is a
+     * handle (OpenCL cl_mem) check offsets within the buffer themselves. */
+    uint64_t base = (uint64_t)(uintptr_t)t->data, start, end, span;
+    /* max_off >= 0 >= min_off, so the difference fits in uint64 */
+    if (__builtin_add_overflow((uint64_t)l.max_off - (uint64_t)l.min_off, (uint64_t)l.elsize, &span) ||
+        span > (uint64_t)PTRDIFF_MAX || t->byte_offset > (uint64_t)INT64_MAX ||
+        __builtin_add_overflow(base, t->byte_offset, &start) ||
         __builtin_add_overflow(start, (uint64_t)l.max_off + l.elsize, &end) ||
         (uint64_t)0 - (uint64_t)l.min_off > start)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                     "%s addresses bytes outside the address space (data %p, byte_offset %" PRIu64
-                     ", extent [%" PRId64 ", %" PRId64 "])",
-                     what, t->data, t->byte_offset, l.min_off, l.max_off + (int64_t)l.elsize);
+                     "%s addresses bytes outside any possible buffer (data %p, byte_offset %" PRIu64
+                     ", extent [%" PRId64 ", %" PRId64 "] + %zu)",
+                     what, t->data, t->byte_offset, l.min_off, l.max_off, l.elsize);
   }
   *lay = l;
   return AB_OK;
@@ -172,8 +177,7 @@ static void tensor_deleter(DLManagedTensorVersioned *self) {
 
 void ab__tensor_discard(struct ab__tensor *t) {
   if (t == NULL) return;
-  if (t->block != NULL)
-    ab__dev_free(t->be, t->mt.dl_tensor.device.device_id, t->block, t->block_bytes);
+  if (t->block != NULL) ab__pool_free(t->block);
   ab__free(t);
 }
 
@@ -211,12 +215,10 @@ ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
 
 ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be, size_t nbytes) {
   if (nbytes == 0) return AB_OK;
-  void *p = NULL;
-  AB_FORWARD(ab__dev_alloc(be, t->mt.dl_tensor.device.device_id, nbytes, &p));
-  t->be = be;
-  t->block = p;
-  t->block_bytes = nbytes;
-  t->mt.dl_tensor.data = p;
+  ab__block *b;
+  AB_FORWARD(ab__pool_alloc(be, t->mt.dl_tensor.device, nbytes, &b));
+  t->block = b;
+  t->mt.dl_tensor.data = b->ptr;
   return AB_OK;
 }
 
@@ -280,6 +282,10 @@ ab_status ab_to_legacy(DLManagedTensorVersioned *versioned, DLManagedTensor **ou
                    (unsigned)versioned->version.major);
   if (versioned->flags & DLPACK_FLAG_BITMASK_READ_ONLY)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "versioned tensor is read-only, which a legacy DLManagedTensor cannot express");
+  /* DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (DLPack 1.1; by value, as
+   * the 1.0 header lacks the name): the layout legacy readers would misread. */
+  if (versioned->flags & (UINT64_C(1) << 2))
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "versioned tensor has padded sub-byte elements (IS_SUBBYTE_TYPE_PADDED), which a legacy DLManagedTensor cannot express");
   if (versioned->deleter == from_legacy_deleter) {
     struct from_legacy *w = (struct from_legacy *)versioned;
     DLManagedTensor *orig = w->orig;

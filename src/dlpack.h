@@ -2,7 +2,7 @@
 #ifndef AB_DLPACK_H
 #define AB_DLPACK_H
 
-#include "backend.h"
+#include "pool.h"
 
 /* What validation learnt about a tensor. Offsets are in bytes, relative to
  * data + byte_offset: the addressed bytes are [min_off, max_off + elsize). */
@@ -34,9 +34,7 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
  * the bookkeeping and the shape and strides arrays. */
 struct ab__tensor {
   DLManagedTensorVersioned mt; /* first: the deleter casts self back */
-  const struct ab_backend *be; /* owner of block; NULL for views */
-  void *block;                 /* data allocation owned by this tensor */
-  size_t block_bytes;
+  ab__block *block;            /* data owned by this tensor; NULL for views */
   int64_t dims[];              /* shape[ndim] then strides[ndim] */
 };
 
@@ -46,11 +44,12 @@ struct ab__tensor {
 ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
                          DLDataType dtype, struct ab__tensor **out);
 
-/* Gives `t` a data block of `nbytes` from backend `be` (none when 0). */
+/* Gives `t` a data block of `nbytes` from its device's pool, which backend
+ * `be` serves (none when 0). */
 ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be,
                                 size_t nbytes);
 
-/* Frees a tensor and its block; what the deleter does. */
+/* Frees a tensor and returns its block to the pool; what the deleter does. */
 void ab__tensor_discard(struct ab__tensor *t);
 
 #endif /* AB_DLPACK_H */

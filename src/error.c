@@ -1,10 +1,9 @@
 /* Status codes and the thread-local detail message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
-
-#define AB_ERRBUF_SIZE 512
 
 static _Thread_local char errbuf[AB_ERRBUF_SIZE];
 
@@ -27,6 +26,9 @@ const char *ab_status_name(ab_status status) {
 }
 
 const char *ab_last_error(void) { return errbuf; }
+
+void ab__save_error(char saved[AB_ERRBUF_SIZE]) { memcpy(saved, errbuf, AB_ERRBUF_SIZE); }
+void ab__restore_error(const char saved[AB_ERRBUF_SIZE]) { memcpy(errbuf, saved, AB_ERRBUF_SIZE); }
 
 ab_status ab__fail_at(const char *file, int line, ab_status status,
                       const char *fmt, ...) {

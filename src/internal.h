@@ -40,6 +40,12 @@ ab_status ab__fail_at(const char *file, int line, ab_status status,
 
 void ab__trace(const char *file, int line, ab_status status);
 
+/* For internal calls that may fail without the public call failing: keep
+ * the caller-visible message across them. */
+#define AB_ERRBUF_SIZE 512
+void ab__save_error(char saved[AB_ERRBUF_SIZE]);
+void ab__restore_error(const char saved[AB_ERRBUF_SIZE]);
+
 /* ---- logging (log.c) -------------------------------------------------- */
 
 enum ab__log_level { AB_LOG_OFF = 0, AB_LOG_ERROR, AB_LOG_WARN, AB_LOG_INFO, AB_LOG_DEBUG };
@@ -55,7 +61,9 @@ void ab__log(int level, const char *fmt, ...) AB_PRINTF(2, 3);
  * hook below sees it and the live count stays true. */
 void *ab__malloc(size_t n);
 void *ab__calloc(size_t count, size_t n);
-/* `align` is a power of two >= sizeof(void *). Free with ab__free. */
+/* `align` is a power of two >= sizeof(void *). Free with ab__free. For the
+ * host backend's data blocks: it does not consult the fault injector, which
+ * ab__dev_alloc has already asked, so one block is one fault point. */
 void *ab__aligned_alloc(size_t align, size_t n);
 void ab__free(void *p);
 
@@ -66,10 +74,15 @@ void ab__free(void *p);
 bool ab__fault_check(void);
 /* Make the nth allocation from now fail (1 = the next); 0 disarms. */
 void ab__fault_arm(long nth);
+/* The same, but every allocation from the nth on fails until disarmed. */
+void ab__fault_arm_persistent(long nth);
 /* How many faults were injected since the last ab__fault_arm. */
 long ab__fault_injected(void);
 /* Host blocks currently allocated through ab__malloc & co. */
 long ab__alloc_live(void);
+/* The same after returning every pool's cached blocks to its backend, not
+ * counting the pools themselves (pool.c): what a leak check compares. */
+long ab__alloc_live_settled(void);
 
 /* ---- checked arithmetic ----------------------------------------------- */
 

@@ -46,7 +46,7 @@ static void expect_convert_fails(const DLTensor *src, DLDevice target, const ab_
   uint64_t before = bytes ? checksum(bytes, nbytes) : 0;
   DLTensor copy_of_src;
   if (src) copy_of_src = *src;
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   prime_last_error();
   DLManagedTensorVersioned *out = SENTINEL_OUT;
   ab_status st = ab_convert_memory(src, target, opts, &out);
@@ -56,7 +56,7 @@ static void expect_convert_fails(const DLTensor *src, DLDevice target, const ab_
   cr_assert_eq(out, SENTINEL_OUT, "%s: *out was written on failure", what);
   if (bytes) cr_assert_eq(checksum(bytes, nbytes), before, "%s: source bytes changed", what);
   if (src) cr_assert(memcmp(&copy_of_src, src, sizeof *src) == 0, "%s: the DLTensor was modified", what);
-  cr_assert_eq(ab__alloc_live(), live, "%s: leaked %ld blocks", what, ab__alloc_live() - live);
+  cr_assert_eq(ab__alloc_live_settled(), live, "%s: leaked %ld blocks", what, ab__alloc_live_settled() - live);
 }
 
 /* ab_tensor_validate on a tensor that ab_convert_memory rejects. */
@@ -85,13 +85,13 @@ Test(bad_input, null_src_is_invalid) {
 Test(bad_input, null_out_is_invalid) {
   DLTensor t = good_tensor();
   uint64_t before = checksum(g_buf, sizeof g_buf);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   prime_last_error();
   cr_assert_eq(ab_convert_memory(&t, CPU0, NULL, NULL), AB_ERR_INVALID_ARGUMENT);
   assert_message("NULL out", "out");
   assert_message("NULL out", "NULL");
   cr_assert_eq(checksum(g_buf, sizeof g_buf), before);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 /* ---- ndim and shape ------------------------------------------------------ */
@@ -357,7 +357,7 @@ Test(bad_input, different_opts_dtype_is_unsupported) {
 
 static void expect_alloc_fails(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType d, ab_status want,
                                const char *word, const char *what) {
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   prime_last_error();
   DLManagedTensorVersioned *out = SENTINEL_OUT;
   ab_status st = ab_tensor_alloc(dev, ndim, shape, d, &out);
@@ -365,7 +365,7 @@ static void expect_alloc_fails(DLDevice dev, int32_t ndim, const int64_t *shape,
                ab_last_error());
   assert_message(what, word);
   cr_assert_eq(out, SENTINEL_OUT, "%s: *out was written", what);
-  cr_assert_eq(ab__alloc_live(), live, "%s: leaked", what);
+  cr_assert_eq(ab__alloc_live_settled(), live, "%s: leaked", what);
 }
 
 Test(bad_input, tensor_alloc_rejects_bad_shapes_dtypes_devices_and_null_out) {

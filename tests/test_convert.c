@@ -65,7 +65,7 @@ static void assert_compact_strides(const DLTensor *v, const char *what) {
 Test(convert, if_needed_on_compact_cpu_tensor_returns_a_view) {
   struct fixture f;
   fixture_init(&f);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *r = NULL;
   ab_convert_opts o = {.copy = AB_COPY_IF_NEEDED};
   cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
@@ -81,7 +81,7 @@ Test(convert, if_needed_on_compact_cpu_tensor_returns_a_view) {
   f.shape[0] = 4;
   r->deleter(r);
   /* deleting the view freed the view and nothing of the source */
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
   float *heap = malloc(24 * sizeof(float));
   cr_assert_not_null(heap);
   for (int i = 0; i < 24; i++) heap[i] = (float)i;
@@ -116,7 +116,7 @@ Test(convert, compact_explicit_strides_also_give_a_view_with_own_strides) {
 Test(convert, copy_always_returns_an_owned_aligned_compact_copy) {
   struct fixture f;
   fixture_init(&f);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *r = NULL;
   ab_convert_opts o = {.copy = AB_COPY_ALWAYS};
   cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
@@ -135,7 +135,7 @@ Test(convert, copy_always_returns_an_owned_aligned_compact_copy) {
   memset(r->dl_tensor.data, 0, 24 * sizeof(float));
   cr_assert_eq(f.buf[3], 1.5f * 3 - 7.0f);
   r->deleter(r);
-  cr_assert_eq(ab__alloc_live(), live, "the copy's deleter leaked");
+  cr_assert_eq(ab__alloc_live_settled(), live, "the copy's deleter leaked");
 }
 
 Test(convert, non_compact_source_with_if_needed_is_copied) {
@@ -179,13 +179,13 @@ Test(convert, copy_never_on_non_compact_fails_with_copy_required_and_leaves_out)
   fixture_init(&f);
   int64_t shape[2] = {6, 4}, strides[2] = {1, 6};
   DLTensor t = {f.buf, CPU0, 2, dt(kDLFloat, 32, 1), shape, strides, 0};
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   ab_convert_opts o = {.copy = AB_COPY_NEVER};
   DLManagedTensorVersioned *r = SENTINEL_OUT;
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_ERR_COPY_REQUIRED);
   cr_assert_eq(r, SENTINEL_OUT, "*out was written on failure");
   cr_assert_not_null(strstr(ab_last_error(), "compact"), "message: %s", ab_last_error());
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
   /* on a compact source COPY_NEVER is a view */
   cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   assert_view_of(r, &f.t, "COPY_NEVER on compact");
@@ -314,7 +314,7 @@ Test(convert, target_auto_on_cpu_resolves_to_cpu_0) {
 /* ---- ab_tensor_alloc ----------------------------------------------------- */
 
 Test(convert, tensor_alloc_gives_a_writable_compact_aligned_tensor) {
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   int64_t shape[3] = {3, 4, 5};
   DLManagedTensorVersioned *r = NULL;
   cr_assert_eq(ab_tensor_alloc(CPU0, 3, shape, dt(kDLFloat, 32, 1), &r), AB_OK, "%s", ab_last_error());
@@ -339,11 +339,11 @@ Test(convert, tensor_alloc_gives_a_writable_compact_aligned_tensor) {
   shape[0] = 7; /* the tensor keeps its own copy */
   cr_assert_eq(t->shape[0], 3);
   r->deleter(r);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 Test(convert, tensor_alloc_handles_empty_scalar_and_auto_device) {
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   int64_t shape[2] = {4, 0};
   DLManagedTensorVersioned *r = NULL;
   cr_assert_eq(ab_tensor_alloc(CPU0, 2, shape, dt(kDLUInt, 8, 1), &r), AB_OK, "%s", ab_last_error());
@@ -372,7 +372,7 @@ Test(convert, tensor_alloc_handles_empty_scalar_and_auto_device) {
                ab_last_error());
   cr_assert_eq(r->dl_tensor.device.device_id, 0);
   r->deleter(r);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 /* ---- devices ----------------------------------------------------------- */
@@ -432,7 +432,7 @@ Test(convert, device_type_names) {
 Test(convert, shutdown_then_reuse_reinitialises) {
   struct fixture f;
   fixture_init(&f);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   for (int round = 0; round < 3; round++) {
     DLManagedTensorVersioned *r = NULL;
     ab_convert_opts o = {.copy = AB_COPY_ALWAYS};
@@ -444,7 +444,7 @@ Test(convert, shutdown_then_reuse_reinitialises) {
     ab_shutdown();
   }
   ab_shutdown(); /* twice in a row is harmless */
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 /* ---- status strings, errors, version --------------------------------- */

@@ -32,7 +32,7 @@ static int sweep(struct op *op) {
   int faults = 0, n;
   uint64_t sum = op->src_bytes ? checksum(op->src_bytes, op->src_len) : 0;
   for (n = 1; n < MAX_N; n++) {
-    long live = ab__alloc_live();
+    long live = ab__alloc_live_settled();
     void *out = OUT_SENTINEL;
     ab__fault_arm(n);
     ab_status st = op->run(op, &out);
@@ -50,7 +50,7 @@ static int sweep(struct op *op) {
                          op->name, n, ab_last_error());
       if (op->cleanup) op->cleanup(op);
     }
-    cr_assert_eq(ab__alloc_live(), live, "%s, N=%d: %ld blocks leaked", op->name, n, ab__alloc_live() - live);
+    cr_assert_eq(ab__alloc_live_settled(), live, "%s, N=%d: %ld blocks leaked", op->name, n, ab__alloc_live_settled() - live);
     if (op->src_bytes)
       cr_assert_eq(checksum(op->src_bytes, op->src_len), sum, "%s, N=%d: source changed", op->name, n);
     if (injected == 0) {

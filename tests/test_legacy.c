@@ -74,7 +74,7 @@ Test(legacy, from_legacy_shares_everything_and_its_deleter_runs_the_original_onc
   struct producer p;
   producer_init(&p);
   DLManagedTensor l = make_legacy(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *v = NULL;
   cr_assert_eq(ab_from_legacy(&l, &v), AB_OK, "%s", ab_last_error());
   cr_assert_not_null(v);
@@ -87,14 +87,14 @@ Test(legacy, from_legacy_shares_everything_and_its_deleter_runs_the_original_onc
   cr_assert_eq(((float *)v->dl_tensor.data)[4], 4.25f);
   v->deleter(v);
   cr_assert_eq(p.deleted, 1, "original deleter ran %d times", p.deleted);
-  cr_assert_eq(ab__alloc_live(), live, "the wrapper leaked");
+  cr_assert_eq(ab__alloc_live_settled(), live, "the wrapper leaked");
 }
 
 Test(legacy, to_legacy_shares_everything_and_its_deleter_runs_the_original_once) {
   struct producer p;
   producer_init(&p);
   DLManagedTensorVersioned v = make_versioned(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensor *l = NULL;
   cr_assert_eq(ab_to_legacy(&v, &l), AB_OK, "%s", ab_last_error());
   cr_assert_not_null(l);
@@ -104,7 +104,7 @@ Test(legacy, to_legacy_shares_everything_and_its_deleter_runs_the_original_once)
   cr_assert_eq(p.deleted, 0);
   l->deleter(l);
   cr_assert_eq(p.deleted, 1, "original deleter ran %d times", p.deleted);
-  cr_assert_eq(ab__alloc_live(), live, "the wrapper leaked");
+  cr_assert_eq(ab__alloc_live_settled(), live, "the wrapper leaked");
 }
 
 /* ---- round trips -------------------------------------------------------- */
@@ -113,7 +113,7 @@ Test(legacy, legacy_to_versioned_to_legacy_gives_back_the_original) {
   struct producer p;
   producer_init(&p);
   DLManagedTensor l = make_legacy(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *v = NULL;
   DLManagedTensor *back = NULL;
   cr_assert_eq(ab_from_legacy(&l, &v), AB_OK, "%s", ab_last_error());
@@ -121,7 +121,7 @@ Test(legacy, legacy_to_versioned_to_legacy_gives_back_the_original) {
   cr_assert_eq(back, &l, "round trip gave %p, not the original %p", (void *)back, (void *)&l);
   cr_assert_eq(back->deleter, legacy_deleter, "the original's deleter was replaced");
   cr_assert_eq(p.deleted, 0, "unwrapping ran the deleter");
-  cr_assert_eq(ab__alloc_live(), live, "the unwrapped wrapper was not freed");
+  cr_assert_eq(ab__alloc_live_settled(), live, "the unwrapped wrapper was not freed");
   back->deleter(back);
   cr_assert_eq(p.deleted, 1);
 }
@@ -130,7 +130,7 @@ Test(legacy, versioned_to_legacy_to_versioned_gives_back_the_original) {
   struct producer p;
   producer_init(&p);
   DLManagedTensorVersioned v = make_versioned(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensor *l = NULL;
   DLManagedTensorVersioned *back = NULL;
   cr_assert_eq(ab_to_legacy(&v, &l), AB_OK, "%s", ab_last_error());
@@ -138,7 +138,7 @@ Test(legacy, versioned_to_legacy_to_versioned_gives_back_the_original) {
   cr_assert_eq(back, &v, "round trip gave %p, not the original %p", (void *)back, (void *)&v);
   cr_assert_eq(back->deleter, versioned_deleter);
   cr_assert_eq(p.deleted, 0);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
   back->deleter(back);
   cr_assert_eq(p.deleted, 1);
 }
@@ -149,20 +149,20 @@ Test(legacy, ping_pong_stays_one_level_deep) {
   struct producer p;
   producer_init(&p);
   DLManagedTensor l = make_legacy(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *v = NULL;
   DLManagedTensor *cur = &l;
   for (int hop = 0; hop < 10; hop++) {
     cr_assert_eq(ab_from_legacy(cur, &v), AB_OK, "hop %d: %s", hop, ab_last_error());
-    cr_assert_eq(ab__alloc_live(), live + 1, "hop %d: %ld wrappers alive", hop, ab__alloc_live() - live);
+    cr_assert_eq(ab__alloc_live_settled(), live + 1, "hop %d: %ld wrappers alive", hop, ab__alloc_live_settled() - live);
     cr_assert_eq(ab_to_legacy(v, &cur), AB_OK, "hop %d: %s", hop, ab_last_error());
     cr_assert_eq(cur, &l, "hop %d: not unwrapped", hop);
-    cr_assert_eq(ab__alloc_live(), live);
+    cr_assert_eq(ab__alloc_live_settled(), live);
   }
   cr_assert_eq(ab_from_legacy(cur, &v), AB_OK);
   v->deleter(v);
   cr_assert_eq(p.deleted, 1, "original deleter ran %d times", p.deleted);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 /* ---- failures leave ownership with the caller ------------------------- */
@@ -172,7 +172,7 @@ Test(legacy, null_arguments_are_invalid_and_keep_ownership) {
   producer_init(&p);
   DLManagedTensor l = make_legacy(&p);
   DLManagedTensorVersioned v = make_versioned(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensorVersioned *vo = SENTINEL_OUT;
   DLManagedTensor *lo = (DLManagedTensor *)(uintptr_t)0x5e41e100u;
   cr_assert_eq(ab_from_legacy(NULL, &vo), AB_ERR_INVALID_ARGUMENT);
@@ -186,7 +186,7 @@ Test(legacy, null_arguments_are_invalid_and_keep_ownership) {
   cr_assert_eq(ab_to_legacy(&v, NULL), AB_ERR_INVALID_ARGUMENT);
   cr_assert_not_null(strstr(ab_last_error(), "out"), "%s", ab_last_error());
   cr_assert_eq(p.deleted, 0, "a failed call ran a deleter");
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
   /* the caller still owns both and can still convert them */
   cr_assert_eq(ab_from_legacy(&l, &vo), AB_OK);
   vo->deleter(vo);
@@ -196,7 +196,7 @@ Test(legacy, null_arguments_are_invalid_and_keep_ownership) {
 Test(legacy, to_legacy_refuses_read_only_and_other_major_versions) {
   struct producer p;
   producer_init(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensor *lo = (DLManagedTensor *)(uintptr_t)0x5e41e100u;
 
   DLManagedTensorVersioned ro = make_versioned(&p);
@@ -214,7 +214,7 @@ Test(legacy, to_legacy_refuses_read_only_and_other_major_versions) {
     cr_assert_eq((uintptr_t)lo, 0x5e41e100u, "*out written on failure");
   }
   cr_assert_eq(p.deleted, 0, "a refused tensor was deleted");
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
   /* still the caller's: deleting it is the caller's job and works */
   ro.deleter(&ro);
   cr_assert_eq(p.deleted, 1);
@@ -229,13 +229,13 @@ Test(legacy, to_legacy_refuses_read_only_and_other_major_versions) {
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   cr_assert_eq(ab_to_legacy(r, &lo), AB_ERR_UNSUPPORTED);
   r->deleter(r);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 Test(legacy, null_original_deleters_are_allowed) {
   struct producer p;
   producer_init(&p);
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   DLManagedTensor l = make_legacy(&p);
   l.deleter = NULL;
   DLManagedTensorVersioned *v = NULL;
@@ -243,7 +243,7 @@ Test(legacy, null_original_deleters_are_allowed) {
   cr_assert_not_null(v->deleter, "the wrapper needs a deleter of its own");
   assert_same_tensor(&v->dl_tensor, &l.dl_tensor, "from_legacy, NULL deleter");
   v->deleter(v);
-  cr_assert_eq(ab__alloc_live(), live, "wrapper leaked");
+  cr_assert_eq(ab__alloc_live_settled(), live, "wrapper leaked");
 
   DLManagedTensorVersioned vv = make_versioned(&p);
   vv.deleter = NULL;
@@ -251,14 +251,14 @@ Test(legacy, null_original_deleters_are_allowed) {
   cr_assert_eq(ab_to_legacy(&vv, &lo), AB_OK, "%s", ab_last_error());
   cr_assert_not_null(lo->deleter);
   lo->deleter(lo);
-  cr_assert_eq(ab__alloc_live(), live, "wrapper leaked");
+  cr_assert_eq(ab__alloc_live_settled(), live, "wrapper leaked");
   cr_assert_eq(p.deleted, 0);
 }
 
 /* ---- with the library's own tensors ----------------------------------- */
 
 Test(legacy, converted_tensor_exported_as_legacy_frees_everything) {
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   double buf[12];
   for (int i = 0; i < 12; i++) buf[i] = i * 0.5;
   int64_t shape[2] = {4, 3}, strides[2] = {1, 4};
@@ -277,7 +277,7 @@ Test(legacy, converted_tensor_exported_as_legacy_frees_everything) {
       cr_assert_eq(l->dl_tensor.data, (void *)buf);
     }
     l->deleter(l);
-    cr_assert_eq(ab__alloc_live(), live, "copy=%d: %ld blocks left", copy, ab__alloc_live() - live);
+    cr_assert_eq(ab__alloc_live_settled(), live, "copy=%d: %ld blocks left", copy, ab__alloc_live_settled() - live);
   }
   /* and back: legacy of a converted tensor, re-imported, is the tensor */
   ab_convert_opts o = {.copy = AB_COPY_ALWAYS};
@@ -288,7 +288,7 @@ Test(legacy, converted_tensor_exported_as_legacy_frees_everything) {
   cr_assert_eq(ab_from_legacy(l, &again), AB_OK);
   cr_assert_eq(again, r, "re-import did not unwrap");
   again->deleter(again);
-  cr_assert_eq(ab__alloc_live(), live);
+  cr_assert_eq(ab__alloc_live_settled(), live);
 }
 
 /* A legacy tensor from another producer goes through ab_convert_memory

@@ -27,7 +27,7 @@ static DLDataType dtype_of_size(size_t es) {
 static void check_copy_mode(const DLTensor *t, ab_copy_mode copy, const void *src_buf,
                             size_t src_bytes, const char *what) {
   uint64_t before = src_buf ? checksum(src_buf, src_bytes) : 0;
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   ab_convert_opts o = {.copy = copy};
   DLManagedTensorVersioned *r = NULL;
   cr_assert_eq(ab_convert_memory(t, CPU0, &o, &r), AB_OK, "%s: %s", what, ab_last_error());
@@ -41,7 +41,7 @@ static void check_copy_mode(const DLTensor *t, ab_copy_mode copy, const void *sr
   cr_assert_eq(diff, -1, "%s: byte %lld differs from the reference gather", what, (long long)diff);
   if (src_buf) cr_assert_eq(checksum(src_buf, src_bytes), before, "%s: source was written", what);
   r->deleter(r);
-  cr_assert_eq(ab__alloc_live(), live, "%s: deleter leaked", what);
+  cr_assert_eq(ab__alloc_live_settled(), live, "%s: deleter leaked", what);
 }
 
 static void check_copy(const DLTensor *t, const void *src_buf, size_t src_bytes, const char *what) {

@@ -130,7 +130,7 @@ static void *worker_main(void *arg) {
 
 static void run_workers(int n) {
   /* No library call before the threads start: they race the lazy init. */
-  long live = ab__alloc_live();
+  long live = ab__alloc_live_settled();
   pthread_t th[8];
   struct worker w[8];
   pthread_barrier_t start;
@@ -151,7 +151,7 @@ static void run_workers(int n) {
     cr_assert_gt(w[i].views, ITERS / 5, "thread %d ran %ld views", i, w[i].views);
     cr_assert_gt(w[i].errors, ITERS / 5, "thread %d ran %ld errors", i, w[i].errors);
   }
-  cr_assert_eq(ab__alloc_live(), live, "%ld blocks leaked", ab__alloc_live() - live);
+  cr_assert_eq(ab__alloc_live_settled(), live, "%ld blocks leaked", ab__alloc_live_settled() - live);
 }
 
 Test(threads, two_threads_mixed_conversions_are_correct, .timeout = 60) { run_workers(2); }

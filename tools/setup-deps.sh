@@ -25,7 +25,7 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup-deps: installing ${missing[*]}"
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
 dlpack_major() {
@@ -36,7 +36,8 @@ sys_major=$(dlpack_major /usr/include/dlpack/dlpack.h)
 if [ -n "$sys_major" ] && [ "$sys_major" -ge 1 ]; then
   exit 0  # the system header is new enough; CMake finds it there
 fi
-if [ -f "$deps/dlpack/usr/include/dlpack/dlpack.h" ]; then
+# Already fetched from the suite asked for: nothing to do.
+if [ -f "$deps/dlpack/usr/include/dlpack/dlpack.h" ] && [ "$(cat "$deps/dlpack/.suite" 2>/dev/null)" = "$suite" ]; then
   exit 0
 fi
 
@@ -59,6 +60,7 @@ if [ -z "$major" ] || [ "$major" -lt 1 ]; then
   rm -rf "$deps/dlpack.tmp"
   exit 1
 fi
+echo "$suite" > "$deps/dlpack.tmp/.suite"
 rm -rf "$deps/dlpack"
 mv "$deps/dlpack.tmp" "$deps/dlpack"
 echo "setup-deps: DLPack header $(sed -n 's/^#define DLPACK_MINOR_VERSION \([0-9]*\).*/'"$major"'.\1/p' "$deps/dlpack/usr/include/dlpack/dlpack.h") in $deps/dlpack"

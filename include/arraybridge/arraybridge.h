@@ -12,7 +12,7 @@
  *    value and the device involved.
  *  - The caller keeps ownership of everything it passes in, unless the
  *    comment says "takes ownership", and then only on success.
- *  - All functions are thread-safe.
+ *  - All functions are thread-safe, except ab_shutdown (see there).
  */
 #ifndef ARRAYBRIDGE_ARRAYBRIDGE_H
 #define ARRAYBRIDGE_ARRAYBRIDGE_H
@@ -26,9 +26,10 @@
 #error "arraybridge needs DLPack >= 1.0 (dlpack/dlpack.h); Debian bookworm's libdlpack-dev is 0.6"
 #endif
 
-/* DLPack 1.0 declares the struct without a typedef (1.1 adds one); C11 and
- * C++ both allow repeating an identical typedef, so this is safe with both. */
+/* DLPack 1.0 declares the struct without a typedef (1.1 adds one). */
+#if DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION < 1
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,8 +126,9 @@ struct ab_device_info {
 };
 
 /* Fills *out for `dev`. AB_ERR_NO_DEVICE when the device does not exist
- * (type not built in, or id out of range); AB_ERR_INVALID_ARGUMENT for a
- * NULL out or an unknown device type. */
+ * (type not built in, or id past the last device); AB_ERR_INVALID_ARGUMENT
+ * for a NULL out, an unknown device type or a negative id (AB_DEVICE_AUTO
+ * included: ask about a concrete device). */
 AB_API ab_status ab_device_info(DLDevice dev, struct ab_device_info *out);
 
 /* Short lower-case name of a device type ("cpu", "cuda", "cuda_host",
@@ -187,7 +189,8 @@ typedef struct ab_convert_opts {
  * out:    on success *out is a new DLManagedTensorVersioned owned by the
  *         caller, who must call (*out)->deleter(*out) exactly once.
  *
- * A copy is compact row-major, with non-NULL strides (DLPack 1.2), its own
+ * A copy is compact row-major, with non-NULL strides when ndim > 0 (DLPack
+ * 1.2; a scalar has NULL shape and strides), its own
  * shape and strides arrays, data aligned to 256 bytes (NULL when the tensor
  * has no elements), and flags DLPACK_FLAG_BITMASK_IS_COPIED.
  *
@@ -209,7 +212,7 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
 /* Allocates an owned, compact row-major tensor of `shape` (ndim entries;
  * may be NULL when ndim == 0) and `dtype` on `dev` (device_id may be
  * AB_DEVICE_AUTO). The contents are
- * uninitialised. strides are non-NULL, flags are 0. The caller calls
+ * uninitialised. strides are non-NULL when ndim > 0, flags are 0. The caller calls
  * (*out)->deleter(*out) exactly once. */
 AB_API ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim,
                                  const int64_t *shape, DLDataType dtype,
@@ -225,23 +228,129 @@ AB_API ab_status ab_tensor_validate(const DLTensor *t);
  * copying data. On success the new tensor takes ownership of `legacy`:
  * calling the new tensor's deleter runs legacy->deleter exactly once (if it
  * is not NULL). The new tensor shares `legacy`'s shape and strides arrays;
- * its flags are 0. On failure the caller still owns `legacy`. */
+ * its flags are 0, except that a tensor which ab_to_legacy made is
+ * unwrapped: the original versioned tensor comes back, flags included. On
+ * failure the caller still owns `legacy`. */
 AB_API ab_status ab_from_legacy(DLManagedTensor *legacy,
                                 DLManagedTensorVersioned **out);
 
 /* Wraps a DLManagedTensorVersioned as a legacy DLManagedTensor without
  * copying data, taking ownership of `versioned` on success in the same way.
  * Fails with AB_ERR_UNSUPPORTED when versioned->version.major is not 1 or
- * when the tensor is read-only (legacy DLPack cannot say so); the caller
- * then still owns `versioned`. */
+ * when the tensor is read-only or has padded sub-byte elements (legacy
+ * DLPack cannot say so); the caller then still owns `versioned`. */
 AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
                               DLManagedTensor **out);
 
+/* ---- memory pools --------------------------------------------------------
+ *
+ * Every device (DLDevice; the host is cpu:0) has a caching pool, created on
+ * first use. Data blocks of tensors the library makes come from it, and a
+ * tensor's deleter gives its block back to the pool for reuse instead of to
+ * the driver. Sizes are rounded to size classes: multiples of 256 bytes up
+ * to 4 KiB, then 8 classes per power of two (at most 12.5% rounding) up to
+ * 32 MiB, then multiples of 2 MiB. See docs/pools.md.
+ *
+ * When an allocation fails, or would take the pool's reserved bytes past its
+ * limit, the pool (1) uses any cached block big enough, (2) returns its
+ * cached blocks to the driver and retries, (3) calls the registered OOM
+ * callbacks, releases what they gave back, and retries, for at most
+ * AB_OOM_MAX_CALLBACK_ROUNDS rounds while they report progress, and then
+ * (4) fails with AB_ERR_OUT_OF_MEMORY and a message with the numbers. */
+
+/* A gauge: the value now and its highest value since the last reset. */
+typedef struct ab_gauge {
+  uint64_t current;
+  uint64_t peak;
+} ab_gauge;
+
+/* The statistics of one pool, listed once here. Gauges, in bytes:
+ *   in_use_bytes     blocks held by live tensors (rounded sizes)
+ *   requested_bytes  what those tensors asked for (before rounding)
+ *   reserved_bytes   obtained from the driver: in use plus cached
+ * Counters, since the pool was created:
+ *   allocations, frees      blocks handed out and given back
+ *   cache_hits, cache_misses  allocations served from the cache or not
+ *   backend_allocs, backend_frees  raw driver allocations and releases
+ *   oom_retries      retries after a failed or over-limit allocation
+ *   oom_failures     allocations that failed with AB_ERR_OUT_OF_MEMORY
+ *   trims            ab_pool_trim calls and OOM cache releases */
+#define AB_POOL_GAUGE_FIELDS(F) F(in_use_bytes) F(requested_bytes) F(reserved_bytes)
+#define AB_POOL_COUNTER_FIELDS(F)                                               \
+  F(allocations) F(frees) F(cache_hits) F(cache_misses) F(backend_allocs)       \
+  F(backend_frees) F(oom_retries) F(oom_failures) F(trims)
+
+struct ab_pool_stats {
+  /* The caller sets size = sizeof(struct ab_pool_stats); the library fills
+   * at most that many bytes (fields are only ever appended) and sets size
+   * to the number it filled. */
+  uint32_t size;
+  DLDevice device;
+  uint64_t limit_bytes;   /* 0 = no limit */
+  uint64_t cached_blocks; /* blocks waiting in the cache */
+#define AB_POOL_GAUGE_DECL_(name) ab_gauge name;
+  AB_POOL_GAUGE_FIELDS(AB_POOL_GAUGE_DECL_)
+#undef AB_POOL_GAUGE_DECL_
+#define AB_POOL_COUNTER_DECL_(name) uint64_t name;
+  AB_POOL_COUNTER_FIELDS(AB_POOL_COUNTER_DECL_)
+#undef AB_POOL_COUNTER_DECL_
+};
+
+/* Fills *out with `dev`'s pool statistics (all zero but device if nothing
+ * was allocated there yet). AB_ERR_INVALID_ARGUMENT for NULL out or
+ * out->size == 0; AB_ERR_NO_DEVICE for a device that does not exist. */
+AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
+
+/* Sets every gauge's peak to its current value. */
+AB_API ab_status ab_pool_reset_peak(DLDevice dev);
+
+/* Writes a human-readable table of the pool's statistics (like PyTorch's
+ * memory_summary) into buf, NUL-terminated and truncated to len bytes. */
+AB_API ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len);
+
+/* Returns every cached, unused block of `dev`'s pool to the driver (what
+ * torch.cuda.empty_cache() does). Blocks held by live tensors stay. */
+AB_API ab_status ab_pool_trim(DLDevice dev);
+
+/* ab_pool_trim on every pool that exists. */
+AB_API void ab_pool_trim_all(void);
+
+/* Caps the bytes `dev`'s pool may reserve from the driver; 0 removes the
+ * cap. Lowering it below what is reserved frees nothing by itself: later
+ * allocations go through the OOM sequence until the pool fits. The
+ * environment variable AB_MEMORY_LIMIT sets limits at first use, e.g.
+ * "cuda:0=8GiB,opencl:1=512MiB,cpu=2GiB" (a type without ":id" means every
+ * device of that type; see docs/pools.md). */
+AB_API ab_status ab_set_memory_limit(DLDevice dev, size_t bytes);
+
+/* An OOM callback: asked to free memory on `dev` because `requested` bytes
+ * could not be allocated; returns how many bytes it believes it freed (0 =
+ * nothing). Called on the allocating thread with no library lock held, so
+ * it may delete tensors. It must not itself allocate from the library. */
+typedef size_t (*ab_oom_callback)(DLDevice dev, size_t requested, void *user);
+
+/* The most rounds of callbacks one allocation runs while they report
+ * progress but the allocation still fails. */
+#define AB_OOM_MAX_CALLBACK_ROUNDS 4
+/* The most callbacks registered at once. */
+#define AB_OOM_MAX_CALLBACKS 32
+
+/* Registers fn(user) to run, in registration order, during the OOM
+ * sequence. AB_ERR_INVALID_ARGUMENT for NULL fn or a pair already
+ * registered; AB_ERR_UNSUPPORTED past AB_OOM_MAX_CALLBACKS. */
+AB_API ab_status ab_register_oom_callback(ab_oom_callback fn, void *user);
+
+/* Removes a registered (fn, user) pair; AB_ERR_INVALID_ARGUMENT if absent.
+ * A callback already running on another thread may still finish. */
+AB_API ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user);
+
 /* ---- lifetime --------------------------------------------------------- */
 
-/* Releases the library's global state (backend contexts, caches). Optional;
- * call it after every tensor the library made has been deleted and no other
- * thread is inside the library. The library re-initialises on next use. */
+/* Releases the library's global state (pools and their cached blocks,
+ * backend contexts). Optional; call it after every tensor the library made
+ * has been deleted and no other thread is inside the library. Limits set
+ * with ab_set_memory_limit are forgotten; OOM callbacks stay registered.
+ * The library re-initialises on next use. */
 AB_API void ab_shutdown(void);
 
 #ifdef __cplusplus

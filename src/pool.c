@@ -1,0 +1,694 @@
+/* Per-device caching pools: size classes, reuse, statistics, limits, trim
+ * and the OOM sequence. Backends only allocate and free raw blocks.
+ *
+ * Locking: one mutex per pool, held only for bookkeeping. Backend calls,
+ * host allocations of descriptors and OOM callbacks run with no pool lock
+ * held, so a callback may delete tensors (whose deleters take the lock) and
+ * a slow driver free (cudaFree synchronises) does not stall other threads.
+ * Pools live in a fixed table of atomic pointers indexed by device type and
+ * id, created with a compare-and-swap: no lock is shared across devices. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+/* ---- size classes --------------------------------------------------------
+ * Up to 4 KiB: multiples of 256 B (16 classes; the allocation alignment, so
+ * rounding costs nothing in alignment). Up to 32 MiB: 8 classes per power of
+ * two, so rounding wastes at most 12.5% (never the 2x of power-of-two
+ * rounding, PyTorch issue 95823). Above: multiples of 2 MiB, cached in one
+ * list and reused best-fit when the waste stays under 12.5%. Blocks are not
+ * split: a cached block serves one size class, which keeps free/alloc O(1)
+ * and device memory free of unsplittable-segment fragmentation; the OOM
+ * sequence returns cached blocks to the driver before failing. */
+#define SMALL_STEP ((size_t)256)
+#define SMALL_MAX ((size_t)4096)
+#define SMALL_CLASSES 16
+#define GEO_MAX ((size_t)32 << 20)
+#define GEO_FIRST_LOG 12 /* 2^12 < size <= 2^13 is the first geometric octave */
+#define GEO_LAST_LOG 24  /* 2^24 < size <= 2^25 the last */
+#define NCLASSES (SMALL_CLASSES + (GEO_LAST_LOG - GEO_FIRST_LOG + 1) * 8)
+#define LARGE_STEP ((size_t)2 << 20)
+
+static int log2_floor(size_t x) { return 63 - __builtin_clzll((unsigned long long)x); }
+
+size_t ab__pool_round(size_t bytes) {
+  if (bytes == 0) return 0;
+  if (bytes <= SMALL_MAX) return (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP;
+  if (bytes <= GEO_MAX) {
+    int k = log2_floor(bytes - 1); /* 2^k < bytes <= 2^(k+1) */
+    size_t step = (size_t)1 << (k - 3);
+    return (bytes + step - 1) / step * step;
+  }
+  if (bytes > SIZE_MAX - LARGE_STEP) return 0;
+  return (bytes + LARGE_STEP - 1) / LARGE_STEP * LARGE_STEP;
+}
+
+/* Bin of a rounded size, or -1 for the large list. */
+static int class_index(size_t size) {
+  if (size <= SMALL_MAX) return (int)(size / SMALL_STEP) - 1;
+  if (size > GEO_MAX) return -1;
+  int k = log2_floor(size - 1);
+  size_t step = (size_t)1 << (k - 3);
+  int j = (int)((size - ((size_t)1 << k)) / step); /* 1..8 */
+  return SMALL_CLASSES + (k - GEO_FIRST_LOG) * 8 + (j - 1);
+}
+
+/* ---- pools ------------------------------------------------------------- */
+
+struct ab__pool {
+  pthread_mutex_t lock;
+  const struct ab_backend *be;
+  DLDevice dev;
+  struct ab_pool_stats st; /* guarded by lock */
+  ab__block *bins[NCLASSES];
+  ab__block *large;
+};
+
+#define MAX_TYPES 32
+#define MAX_IDS 128
+static _Atomic(struct ab__pool *) table[MAX_TYPES][MAX_IDS];
+
+static void gauge_add(ab_gauge *g, uint64_t v) {
+  g->current += v;
+  if (g->current > g->peak) g->peak = g->current;
+}
+
+/* ---- AB_MEMORY_LIMIT ------------------------------------------------------ */
+
+struct limit_rule {
+  int type;   /* DLDeviceType */
+  int32_t id; /* -1 = every device of the type */
+  uint64_t bytes;
+};
+#define MAX_RULES 64
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool env_parsed;
+static int nrules;
+static struct limit_rule rules[MAX_RULES];
+static char env_error[256];
+
+/* "512MiB", "8GiB", "2GB", "1048576": binary (KiB..TiB, also K/M/G/T) and
+ * decimal (KB..TB) suffixes, optional "B". */
+static bool parse_size(const char *s, size_t n, uint64_t *out) {
+  static const struct { const char *suffix; uint64_t mult; } units[] = {
+    {"", 1}, {"B", 1},
+    {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
+    {"M", 1ull << 20}, {"MiB", 1ull << 20}, {"MB", 1000000ull},
+    {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000ull},
+    {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull},
+  };
+  size_t i = 0;
+  uint64_t v = 0;
+  if (n == 0 || s[0] < '0' || s[0] > '9') return false;
+  for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+    if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, (uint64_t)(s[i] - '0'), &v))
+      return false;
+  }
+  for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+    size_t len = strlen(units[u].suffix);
+    if (len == n - i && strncmp(s + i, units[u].suffix, len) == 0)
+      return !__builtin_mul_overflow(v, units[u].mult, out);
+  }
+  return false;
+}
+
+static int type_from_name(const char *s, size_t n) {
+  for (int t = 1; t < MAX_TYPES; t++) {
+    const char *name = ab_device_type_name((DLDeviceType)t);
+    if (strcmp(name, "unknown") != 0 && strlen(name) == n && strncmp(name, s, n) == 0) return t;
+  }
+  return -1;
+}
+
+/* Parses "type[:id]=size,..." into rules, or fills env_error. */
+static void parse_env(const char *v) {
+  nrules = 0;
+  env_error[0] = '\0';
+  if (v == NULL || *v == '\0') return;
+  const char *p = v;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    const char *eq = memchr(p, '=', n), *colon = memchr(p, ':', n);
+    struct limit_rule r = {0, -1, 0};
+    if (eq == NULL) {
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\" has no '=' (want type[:id]=size, e.g. cuda:0=8GiB)",
+               (int)n, p);
+      return;
+    }
+    if (colon != NULL && colon > eq) colon = NULL;
+    r.type = type_from_name(p, (size_t)((colon ? colon : eq) - p));
+    if (r.type < 0) {
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": unknown device type \"%.*s\" (cpu, cuda, cuda_host, opencl, ...)",
+               (int)n, p, (int)((colon ? colon : eq) - p), p);
+      return;
+    }
+    if (colon != NULL) {
+      char *e;
+      char idbuf[16];
+      size_t idlen = (size_t)(eq - colon - 1);
+      long id = -1;
+      if (idlen > 0 && idlen < sizeof idbuf) {
+        memcpy(idbuf, colon + 1, idlen);
+        idbuf[idlen] = '\0';
+        id = strtol(idbuf, &e, 10);
+        if (*e != '\0' || idbuf[0] == '-' || idbuf[0] == '+') id = -1;
+      }
+      if (id < 0 || id >= MAX_IDS) {
+        snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": device id must be 0..%d",
+                 (int)n, p, MAX_IDS - 1);
+        return;
+      }
+      r.id = (int32_t)id;
+    }
+    if (!parse_size(eq + 1, (size_t)(p + n - eq - 1), &r.bytes)) {
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": size \"%.*s\" is not a byte count like 512MiB, 8GiB or 1000000",
+               (int)n, p, (int)(p + n - eq - 1), eq + 1);
+      return;
+    }
+    if (nrules == MAX_RULES) {
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT has more than %d entries", MAX_RULES);
+      return;
+    }
+    rules[nrules++] = r;
+    p += n + (end != NULL);
+  }
+}
+
+/* The limit for dev from AB_MEMORY_LIMIT (later entries win), read once. */
+static ab_status env_limit(DLDevice dev, uint64_t *out) {
+  pthread_mutex_lock(&env_lock);
+  if (!env_parsed) {
+    parse_env(getenv("AB_MEMORY_LIMIT"));
+    env_parsed = true;
+    if (env_error[0]) AB_LOG(AB_LOG_ERROR, "%s", env_error);
+  }
+  *out = 0;
+  for (int i = 0; i < nrules; i++)
+    if (rules[i].type == (int)dev.device_type && (rules[i].id < 0 || rules[i].id == dev.device_id))
+      *out = rules[i].bytes;
+  bool bad = env_error[0] != '\0';
+  pthread_mutex_unlock(&env_lock);
+  if (bad) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s", env_error);
+  return AB_OK;
+}
+
+void ab__pool_reload_env(void) {
+  pthread_mutex_lock(&env_lock);
+  env_parsed = false;
+  pthread_mutex_unlock(&env_lock);
+}
+
+/* The pool of a checked device, created on first use. */
+static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__pool **out) {
+  if ((unsigned)dev.device_type >= MAX_TYPES || dev.device_id < 0 || dev.device_id >= MAX_IDS)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "%s:%" PRId32 ": pools cover device ids 0..%d only",
+                   ab_device_type_name(dev.device_type), dev.device_id, MAX_IDS - 1);
+  _Atomic(struct ab__pool *) *slot = &table[dev.device_type][dev.device_id];
+  struct ab__pool *p = atomic_load_explicit(slot, memory_order_acquire);
+  if (AB_LIKELY(p != NULL)) {
+    *out = p;
+    return AB_OK;
+  }
+  uint64_t limit;
+  AB_FORWARD(env_limit(dev, &limit));
+  p = ab__calloc(1, sizeof *p);
+  if (p == NULL)
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory for the pool of %s:%" PRId32,
+                   sizeof *p, ab_device_type_name(dev.device_type), dev.device_id);
+  pthread_mutex_init(&p->lock, NULL);
+  p->be = be;
+  p->dev = dev;
+  p->st.device = dev;
+  p->st.limit_bytes = limit;
+  struct ab__pool *expected = NULL;
+  if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel,
+                                               memory_order_acquire)) {
+    pthread_mutex_destroy(&p->lock); /* another thread won the race */
+    ab__free(p);
+    p = expected;
+  }
+  *out = p;
+  return AB_OK;
+}
+
+/* ---- cache ---------------------------------------------------------------- */
+
+/* Takes a cached block for a rounded size, under the lock. With `any_fit`
+ * any bigger block will do (the OOM path: never fail while a block that
+ * fits sits in the cache); otherwise only the size's own class, or for the
+ * large list a best fit within 12.5%. */
+static ab__block *take_cached(struct ab__pool *p, size_t size, bool any_fit) {
+  int c = class_index(size);
+  ab__block *b = NULL, **link = NULL;
+  if (c >= 0) {
+    for (int i = c; i < NCLASSES && (i == c || any_fit); i++) {
+      if (p->bins[i] != NULL) {
+        link = &p->bins[i];
+        break;
+      }
+    }
+  }
+  if (link == NULL && (c < 0 || any_fit)) {
+    size_t best = SIZE_MAX, bound = any_fit ? SIZE_MAX : size + size / 8;
+    for (ab__block **l = &p->large; *l != NULL; l = &(*l)->next) {
+      if ((*l)->size >= size && (*l)->size <= bound && (*l)->size < best) {
+        best = (*l)->size;
+        link = l;
+      }
+    }
+  }
+  if (link == NULL) return NULL;
+  b = *link;
+  *link = b->next;
+  b->next = NULL;
+  p->st.cached_blocks--;
+  return b;
+}
+
+static void put_cached(struct ab__pool *p, ab__block *b) {
+  int c = class_index(b->size);
+  ab__block **head = c >= 0 ? &p->bins[c] : &p->large;
+  b->next = *head;
+  *head = b;
+  p->st.cached_blocks++;
+}
+
+/* Returns every cached block to the backend; the bookkeeping under the
+ * lock, the driver calls after it. Returns the bytes released. */
+static uint64_t release_cache(struct ab__pool *p) {
+  ab__block *list = NULL;
+  uint64_t bytes = 0, n = 0;
+  pthread_mutex_lock(&p->lock);
+  for (int i = 0; i <= NCLASSES; i++) {
+    ab__block **head = i < NCLASSES ? &p->bins[i] : &p->large;
+    while (*head != NULL) {
+      ab__block *b = *head;
+      *head = b->next;
+      b->next = list;
+      list = b;
+      bytes += b->size;
+      n++;
+    }
+  }
+  p->st.cached_blocks = 0;
+  p->st.reserved_bytes.current -= bytes;
+  p->st.backend_frees += n;
+  p->st.trims++;
+  pthread_mutex_unlock(&p->lock);
+  while (list != NULL) {
+    ab__block *next = list->next;
+    ab__dev_free(p->be, p->dev.device_id, list->ptr, list->size);
+    ab__free(list);
+    list = next;
+  }
+  return bytes;
+}
+
+/* ---- growing ------------------------------------------------------------- */
+
+/* Why the last grow attempt failed, for the final OOM message. */
+struct grow_fail {
+  bool over_limit;
+  char driver[200];
+};
+
+/* A new block of `size` from the backend, within the limit. Statuses:
+ * AB_OK, AB_ERR_OUT_OF_MEMORY (limit or driver; retryable), or another
+ * backend error (not retried). */
+static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct grow_fail *why) {
+  ab__block *b = ab__malloc(sizeof *b);
+  if (b == NULL) {
+    why->over_limit = false;
+    snprintf(why->driver, sizeof why->driver, "no host memory for a %zu-byte block descriptor", sizeof *b);
+    return AB_ERR_OUT_OF_MEMORY;
+  }
+  /* Reserve first, so that concurrent growers cannot pass the limit. */
+  pthread_mutex_lock(&p->lock);
+  uint64_t limit = p->st.limit_bytes, reserved = p->st.reserved_bytes.current;
+  if (limit != 0 && (reserved > limit || size > limit - reserved)) {
+    pthread_mutex_unlock(&p->lock);
+    ab__free(b);
+    why->over_limit = true;
+    return AB_ERR_OUT_OF_MEMORY;
+  }
+  p->st.reserved_bytes.current += size;
+  pthread_mutex_unlock(&p->lock);
+
+  void *ptr = NULL;
+  ab_status st = ab__dev_alloc(p->be, p->dev.device_id, size, &ptr);
+  pthread_mutex_lock(&p->lock);
+  if (st == AB_OK) {
+    p->st.backend_allocs++;
+    if (p->st.reserved_bytes.current > p->st.reserved_bytes.peak)
+      p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
+  } else {
+    p->st.reserved_bytes.current -= size;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (st != AB_OK) {
+    ab__free(b);
+    why->over_limit = false;
+    snprintf(why->driver, sizeof why->driver, "%s", ab_last_error());
+    return st;
+  }
+  memset(b, 0, sizeof *b);
+  b->ptr = ptr;
+  b->size = size;
+  b->pool = p;
+  *out = b;
+  return AB_OK;
+}
+
+/* ---- OOM callbacks ------------------------------------------------------- */
+
+struct callback {
+  ab_oom_callback fn;
+  void *user;
+};
+static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct callback callbacks[AB_OOM_MAX_CALLBACKS];
+static int ncallbacks;
+
+ab_status ab_register_oom_callback(ab_oom_callback fn, void *user) {
+  ab_status st = AB_OK;
+  if (fn == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "fn is NULL");
+  pthread_mutex_lock(&cb_lock);
+  for (int i = 0; i < ncallbacks; i++)
+    if (callbacks[i].fn == fn && callbacks[i].user == user)
+      st = AB_FAIL(AB_ERR_INVALID_ARGUMENT, "this OOM callback is already registered with this user pointer");
+  if (st == AB_OK && ncallbacks == AB_OOM_MAX_CALLBACKS)
+    st = AB_FAIL(AB_ERR_UNSUPPORTED, "already %d OOM callbacks registered (AB_OOM_MAX_CALLBACKS)",
+                 AB_OOM_MAX_CALLBACKS);
+  if (st == AB_OK) callbacks[ncallbacks++] = (struct callback){fn, user};
+  pthread_mutex_unlock(&cb_lock);
+  return st;
+}
+
+ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user) {
+  pthread_mutex_lock(&cb_lock);
+  for (int i = 0; i < ncallbacks; i++) {
+    if (callbacks[i].fn == fn && callbacks[i].user == user) {
+      memmove(&callbacks[i], &callbacks[i + 1], (size_t)(ncallbacks - i - 1) * sizeof callbacks[0]);
+      ncallbacks--;
+      pthread_mutex_unlock(&cb_lock);
+      return AB_OK;
+    }
+  }
+  pthread_mutex_unlock(&cb_lock);
+  return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "this OOM callback is not registered with this user pointer");
+}
+
+/* Runs every callback once, in registration order, on a snapshot taken
+ * under the lock and called without it. Returns the bytes they report;
+ * *called is how many ran. */
+static uint64_t run_callbacks(DLDevice dev, size_t requested, int *called) {
+  struct callback snap[AB_OOM_MAX_CALLBACKS];
+  int n;
+  uint64_t freed = 0;
+  pthread_mutex_lock(&cb_lock);
+  n = ncallbacks;
+  *called = n;
+  memcpy(snap, callbacks, (size_t)n * sizeof snap[0]);
+  pthread_mutex_unlock(&cb_lock);
+  for (int i = 0; i < n; i++) {
+    size_t f = snap[i].fn(dev, requested, snap[i].user);
+    freed = f > UINT64_MAX - freed ? UINT64_MAX : freed + f;
+  }
+  return freed;
+}
+
+/* ---- allocation ----------------------------------------------------------- */
+
+static void fmt_bytes(char *buf, size_t len, uint64_t b) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)b;
+  int i = 0;
+  while (v >= 1024.0 && i < 5) {
+    v /= 1024.0;
+    i++;
+  }
+  if (i == 0) snprintf(buf, len, "%" PRIu64 " B", b);
+  else snprintf(buf, len, "%.1f %s", v, u[i]);
+}
+
+/* The allocation was counted as a miss in ab__pool_alloc; served from the
+ * cache after all, it is a hit instead (each allocation counts once, so
+ * hits + misses stays the number of allocations asked of the pool). Under
+ * the lock. */
+static void count_late_hit(struct ab__pool *p) {
+  p->st.cache_misses--;
+  p->st.cache_hits++;
+}
+
+/* Steps 1-4 of the OOM sequence (see the public header). */
+static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab__block **out,
+                              struct grow_fail *why) {
+  int retries = 0, rounds = 0;
+  ab_status st = AB_ERR_OUT_OF_MEMORY;
+
+  for (;;) {
+    /* A cached block that fits, whatever its class, before anything else. */
+    pthread_mutex_lock(&p->lock);
+    ab__block *b = take_cached(p, size, true);
+    if (b != NULL) count_late_hit(p);
+    pthread_mutex_unlock(&p->lock);
+    if (b != NULL) {
+      *out = b;
+      return AB_OK;
+    }
+    if (retries > 0) {
+      /* Retried after a cache release already: ask the callbacks. */
+      if (rounds == AB_OOM_MAX_CALLBACK_ROUNDS) break;
+      int called;
+      uint64_t freed = run_callbacks(p->dev, bytes, &called);
+      if (called == 0) break; /* none registered: no round ran */
+      rounds++;
+      if (freed == 0) break;
+      /* What they freed may have come back to this cache: look again. */
+      pthread_mutex_lock(&p->lock);
+      b = take_cached(p, size, true);
+      if (b != NULL) count_late_hit(p);
+      pthread_mutex_unlock(&p->lock);
+      if (b != NULL) {
+        *out = b;
+        return AB_OK;
+      }
+    }
+    release_cache(p);
+    retries++;
+    pthread_mutex_lock(&p->lock);
+    p->st.oom_retries++;
+    pthread_mutex_unlock(&p->lock);
+    st = grow(p, size, out, why);
+    if (st != AB_ERR_OUT_OF_MEMORY) return st;
+  }
+
+  uint64_t dfree, dtotal;
+  ab__dev_meminfo(p->be, p->dev.device_id, &dfree, &dtotal);
+  pthread_mutex_lock(&p->lock);
+  p->st.oom_failures++;
+  struct ab_pool_stats s = p->st;
+  pthread_mutex_unlock(&p->lock);
+  char req[24], blk[24], used[24], res[24], lim[24], fr[24], tot[24];
+  fmt_bytes(req, sizeof req, bytes);
+  fmt_bytes(blk, sizeof blk, size);
+  fmt_bytes(used, sizeof used, s.in_use_bytes.current);
+  fmt_bytes(res, sizeof res, s.reserved_bytes.current);
+  if (s.limit_bytes) fmt_bytes(lim, sizeof lim, s.limit_bytes);
+  else snprintf(lim, sizeof lim, "none");
+  if (dtotal) {
+    fmt_bytes(fr, sizeof fr, dfree);
+    fmt_bytes(tot, sizeof tot, dtotal);
+  } else {
+    snprintf(fr, sizeof fr, "unknown");
+    snprintf(tot, sizeof tot, "unknown");
+  }
+  return AB_FAIL(AB_ERR_OUT_OF_MEMORY,
+                 "%s:%" PRId32 ": out of memory allocating %zu bytes (%s, block %s): %s; in use %s, "
+                 "reserved %s, limit %s, device free %s of %s; %d retr%s after releasing the cache, "
+                 "%d callback round%s",
+                 ab_device_type_name(p->dev.device_type), p->dev.device_id, bytes, req, blk,
+                 why->over_limit ? "the memory limit would be exceeded" : why->driver, used, res, lim,
+                 fr, tot, retries, retries == 1 ? "y" : "ies", rounds, rounds == 1 ? "" : "s");
+}
+
+/* A block goes to a caller: under the lock. */
+static void account_use(struct ab__pool *p, ab__block *b, size_t bytes) {
+  b->requested = bytes;
+  p->st.allocations++;
+  gauge_add(&p->st.in_use_bytes, b->size);
+  gauge_add(&p->st.requested_bytes, bytes);
+}
+
+ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes, ab__block **out) {
+  struct ab__pool *p;
+  size_t size = ab__pool_round(bytes);
+  if (size == 0)
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "%s:%" PRId32 ": cannot allocate %zu bytes: too large",
+                   ab_device_type_name(dev.device_type), dev.device_id, bytes);
+  AB_FORWARD(pool_get(be, dev, &p));
+
+  /* The hit path takes the lock once: find, unlink and account. */
+  pthread_mutex_lock(&p->lock);
+  ab__block *b = take_cached(p, size, false);
+  if (b != NULL) {
+    p->st.cache_hits++;
+    account_use(p, b, bytes);
+    pthread_mutex_unlock(&p->lock);
+    *out = b;
+    return AB_OK;
+  }
+  p->st.cache_misses++;
+  pthread_mutex_unlock(&p->lock);
+
+  struct grow_fail why = {false, ""};
+  ab_status st = grow(p, size, &b, &why);
+  if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, &b, &why);
+  if (st != AB_OK) return st;
+  pthread_mutex_lock(&p->lock);
+  account_use(p, b, bytes);
+  pthread_mutex_unlock(&p->lock);
+  *out = b;
+  return AB_OK;
+}
+
+void ab__pool_free(ab__block *b) {
+  struct ab__pool *p = b->pool;
+  pthread_mutex_lock(&p->lock);
+  p->st.frees++;
+  p->st.in_use_bytes.current -= b->size;
+  p->st.requested_bytes.current -= b->requested;
+  put_cached(p, b);
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- public API ------------------------------------------------------------ */
+
+static ab_status pool_of(DLDevice dev, struct ab__pool **out) {
+  const struct ab_backend *be;
+  AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
+  return pool_get(be, dev, out);
+}
+
+ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {
+  struct ab__pool *p;
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  if (out->size == 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out->size is 0; set it to sizeof(struct ab_pool_stats)");
+  AB_FORWARD(pool_of(dev, &p));
+  pthread_mutex_lock(&p->lock);
+  struct ab_pool_stats s = p->st;
+  pthread_mutex_unlock(&p->lock);
+  size_t n = out->size < sizeof s ? out->size : sizeof s;
+  s.size = (uint32_t)n;
+  memcpy(out, &s, n);
+  return AB_OK;
+}
+
+ab_status ab_pool_reset_peak(DLDevice dev) {
+  struct ab__pool *p;
+  AB_FORWARD(pool_of(dev, &p));
+  pthread_mutex_lock(&p->lock);
+#define AB_RESET_PEAK_(name) p->st.name.peak = p->st.name.current;
+  AB_POOL_GAUGE_FIELDS(AB_RESET_PEAK_)
+#undef AB_RESET_PEAK_
+  pthread_mutex_unlock(&p->lock);
+  return AB_OK;
+}
+
+ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  if (buf == NULL || len == 0) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "buf is NULL or len is 0");
+  AB_FORWARD(ab_pool_stats(dev, &s));
+  char cur[24], peak[24], lim[24];
+  size_t off = 0;
+  int n;
+#define AB_APPEND_(...)                                                   \
+  do {                                                                    \
+    n = snprintf(buf + off, len - off, __VA_ARGS__);                      \
+    if (n < 0 || (size_t)n >= len - off) return AB_OK; /* truncated */    \
+    off += (size_t)n;                                                     \
+  } while (0)
+  if (s.limit_bytes) fmt_bytes(lim, sizeof lim, s.limit_bytes);
+  else snprintf(lim, sizeof lim, "none");
+  AB_APPEND_("arraybridge pool %s:%" PRId32 " (limit %s)\n", ab_device_type_name(s.device.device_type),
+             s.device.device_id, lim);
+  AB_APPEND_("  %-16s %14s %14s\n", "", "current", "peak");
+#define AB_GAUGE_ROW_(name)                                                \
+  fmt_bytes(cur, sizeof cur, s.name.current);                              \
+  fmt_bytes(peak, sizeof peak, s.name.peak);                               \
+  AB_APPEND_("  %-16s %14s %14s\n", #name, cur, peak);
+  AB_POOL_GAUGE_FIELDS(AB_GAUGE_ROW_)
+#undef AB_GAUGE_ROW_
+  fmt_bytes(cur, sizeof cur, s.reserved_bytes.current - s.in_use_bytes.current);
+  AB_APPEND_("  %-16s %14s   in %" PRIu64 " blocks\n", "cached", cur, s.cached_blocks);
+  uint64_t asked = s.cache_hits + s.cache_misses;
+  AB_APPEND_("  cache hit rate   %13.1f%%\n", asked ? 100.0 * (double)s.cache_hits / (double)asked : 0.0);
+#define AB_COUNTER_ROW_(name) AB_APPEND_("  %-16s %14" PRIu64 "\n", #name, s.name);
+  AB_POOL_COUNTER_FIELDS(AB_COUNTER_ROW_)
+#undef AB_COUNTER_ROW_
+#undef AB_APPEND_
+  return AB_OK;
+}
+
+ab_status ab_pool_trim(DLDevice dev) {
+  struct ab__pool *p;
+  AB_FORWARD(pool_of(dev, &p));
+  release_cache(p);
+  return AB_OK;
+}
+
+void ab_pool_trim_all(void) {
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++) {
+      struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
+      if (p != NULL) release_cache(p);
+    }
+}
+
+ab_status ab_set_memory_limit(DLDevice dev, size_t bytes) {
+  struct ab__pool *p;
+  AB_FORWARD(pool_of(dev, &p));
+  pthread_mutex_lock(&p->lock);
+  p->st.limit_bytes = bytes;
+  pthread_mutex_unlock(&p->lock);
+  return AB_OK;
+}
+
+void ab__pool_shutdown(void) {
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++) {
+      struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
+      if (p == NULL) continue;
+      release_cache(p);
+      pthread_mutex_lock(&p->lock);
+      uint64_t in_use = p->st.in_use_bytes.current;
+      pthread_mutex_unlock(&p->lock);
+      if (in_use != 0) {
+        /* Live tensors still point at this pool: keep it (their deleters
+         * will return their blocks to it). */
+        AB_LOG(AB_LOG_WARN, "ab_shutdown: %s:%d still has %" PRIu64 " bytes in use; its pool is kept",
+               ab_device_type_name((DLDeviceType)t), i, in_use);
+        continue;
+      }
+      atomic_store_explicit(&table[t][i], NULL, memory_order_release);
+      pthread_mutex_destroy(&p->lock);
+      ab__free(p);
+    }
+  ab__pool_reload_env();
+}
+
+long ab__alloc_live_settled(void) {
+  long pools = 0;
+  ab_pool_trim_all();
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++)
+      if (atomic_load_explicit(&table[t][i], memory_order_acquire) != NULL) pools++;
+  return ab__alloc_live() - pools;
+}

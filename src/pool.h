@@ -1,0 +1,38 @@
+/* Per-device caching pools (pool.c): the only way the core allocates device
+ * memory. Backends supply raw alloc/free; caching, limits, statistics and
+ * the OOM sequence live here, once. */
+#ifndef AB_POOL_H
+#define AB_POOL_H
+
+#include "backend.h"
+
+struct ab__pool;
+
+/* A block handed out by a pool. `ptr` is the device pointer (or handle);
+ * the descriptor is host memory owned by the pool. */
+typedef struct ab__block {
+  void *ptr;
+  size_t size;      /* rounded size class, what the backend allocated */
+  size_t requested; /* what the caller asked for */
+  struct ab__pool *pool;
+  struct ab__block *next; /* free-list link while cached */
+} ab__block;
+
+/* Allocates `bytes` (> 0) on dev from its pool, running the OOM sequence
+ * when needed. On failure nothing is allocated and the message is set. */
+ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes, ab__block **out);
+
+/* Gives a block back to its pool's cache. Never fails. */
+void ab__pool_free(ab__block *b);
+
+/* The size a request is rounded to (its size class). */
+size_t ab__pool_round(size_t bytes);
+
+/* Trims and destroys every pool (ab_shutdown); pools that still have
+ * blocks in use are trimmed and kept. */
+void ab__pool_shutdown(void);
+
+/* Re-reads AB_MEMORY_LIMIT on the next pool creation (tests). */
+void ab__pool_reload_env(void);
+
+#endif
