@@ -179,6 +179,25 @@ Test(bad_input, range_wrapping_below_address_zero_is_invalid) {
   expect_tensor_rejected(&t2, AB_ERR_INVALID_ARGUMENT, "byte_offset", "byte_offset near 2^64");
 }
 
+Test(bad_input, extent_larger_than_any_buffer_is_invalid) {
+  /* Regression (review of the foundation): shape {2}, stride INT64_MAX
+   * addresses data + 2^63 - 1, which does not wrap the 64-bit space but no
+   * buffer can reach; it used to pass validation and crash the gather. */
+  int64_t shape[1] = {2}, strides[1] = {INT64_MAX};
+  good_tensor();
+  DLTensor t = {g_buf, CPU0, 1, dt(kDLInt, 8, 1), shape, strides, 0};
+  expect_tensor_rejected(&t, AB_ERR_INVALID_ARGUMENT, "buffer", "stride INT64_MAX, shape 2");
+  /* The same with byte_offset INT64_MAX: the message's extent must be
+   * formatted without signed overflow (UBSan would abort the test). */
+  t.byte_offset = (uint64_t)INT64_MAX;
+  expect_tensor_rejected(&t, AB_ERR_INVALID_ARGUMENT, "buffer", "stride and byte_offset INT64_MAX");
+  /* Reversed: a negative extent larger than PTRDIFF_MAX. */
+  int64_t neg[1] = {INT64_MIN + 1};
+  t.strides = neg;
+  t.byte_offset = 0;
+  expect_tensor_rejected(&t, AB_ERR_INVALID_ARGUMENT, "buffer", "stride INT64_MIN + 1, shape 2");
+}
+
 Test(bad_input, null_data_with_elements_is_invalid) {
   DLTensor t = good_tensor();
   t.data = NULL;
