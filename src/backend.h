@@ -57,9 +57,29 @@ struct ab_backend {
   void (*free)(int32_t id, void *ptr, size_t bytes);
 
   ab_status (*copy)(const DLTensor *from, DLTensor *to, void *stream);
+  /* Whether copy() handles this source and destination (both this
+   * backend's devices); NULL means always. The host's copy takes any
+   * strides; OpenCL's only compact sources within one context. */
+  bool (*can_copy)(const DLTensor *from, DLDevice to, bool from_compact);
+
+  /* For memory host code cannot address (NULL for host-accessible
+   * backends). Contiguous transfers between host memory and the device
+   * data `handle` at byte `offset`, complete on return:
+   *   write: `bytes` from host `src` into the device;
+   *   read:  `bytes` from the device into host `dst`.
+   * `id` is the device the tensor names. */
+  ab_status (*write)(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream);
+  ab_status (*read)(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream);
+  /* Checks that bytes [begin, end) lie inside the buffer `handle` (which
+   * may come from another library), before anything touches it;
+   * AB_ERR_INVALID_ARGUMENT otherwise. */
+  ab_status (*check_range)(int32_t id, const void *handle, uint64_t begin, uint64_t end);
 };
 
 extern const struct ab_backend ab__backend_host;
+#ifdef AB_HAVE_OPENCL
+extern const struct ab_backend ab__backend_opencl;
+#endif
 
 /* ---- registry and wrappers (device.c) --------------------------------- */
 
@@ -84,5 +104,12 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
 ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream);
+bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact);
+ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
+                        const void *src, size_t bytes, void *stream);
+ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
+                       void *dst, size_t bytes, void *stream);
+ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
+                              uint64_t begin, uint64_t end);
 
 #endif /* AB_BACKEND_H */

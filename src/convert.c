@@ -63,13 +63,93 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
   return AB_OK;
 }
 
+/* A staging buffer of the host pool, for routes through host memory. */
+static ab_status stage_alloc(size_t bytes, ab__block **out) {
+  return ab__pool_alloc(ab__backend_for(kDLCPU), (DLDevice){kDLCPU, 0}, bytes, out);
+}
+
+/* Runs the copy steps of a plan from `src` into the compact tensor `dst`.
+ * `cur` describes where the bytes are after each step. Staging blocks come
+ * from the host pool and go back to it whatever happens. */
+static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
+                           DLTensor *dst, void *stream) {
+  const struct ab_backend *host = ab__backend_for(kDLCPU);
+  ab__block *stage[AB_MAX_STEPS] = {NULL};
+  int nstage = 0;
+  DLTensor cur = *src;
+  ab_status st = AB_OK;
+
+  for (int i = 0; i < plan->nsteps && st == AB_OK; i++) {
+    const ab__step *s = &plan->steps[i];
+    const bool last = i == plan->nsteps - 1;
+    /* Where a step that produces compact host bytes puts them. */
+    void *out_bytes = NULL;
+    if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK ||
+        (s->kind == AB_STEP_DOWNLOAD && lay->compact)) {
+      if (last) {
+        out_bytes = (char *)dst->data + dst->byte_offset;
+      } else {
+        st = stage_alloc(lay->nbytes, &stage[nstage]);
+        if (st != AB_OK) break;
+        out_bytes = stage[nstage++]->ptr;
+      }
+    }
+    switch (s->kind) {
+    case AB_STEP_COPY:
+      st = ab__dev_copy(ab__backend_for(s->via), &cur, dst, stream);
+      break;
+    case AB_STEP_PACK:
+    case AB_STEP_UNPACK: {
+      DLTensor to = cur;
+      to.device = (DLDevice){kDLCPU, 0};
+      to.data = out_bytes;
+      to.byte_offset = 0;
+      to.strides = NULL;
+      st = ab__dev_copy(host, &cur, &to, NULL);
+      cur = to;
+      break;
+    }
+    case AB_STEP_DOWNLOAD: {
+      const struct ab_backend *be = ab__backend_for(s->via);
+      if (lay->compact) {
+        st = ab__dev_read(be, cur.device.device_id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream);
+        cur.data = out_bytes;
+        cur.byte_offset = 0;
+        cur.strides = NULL;
+      } else {
+        /* Only the bytes the strides address, then a host gather (UNPACK). */
+        uint64_t extent = (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize;
+        st = stage_alloc((size_t)extent, &stage[nstage]);
+        if (st != AB_OK) break;
+        void *buf = stage[nstage++]->ptr;
+        st = ab__dev_read(be, cur.device.device_id, cur.data, cur.byte_offset + (uint64_t)lay->min_off, buf,
+                          (size_t)extent, stream);
+        cur.data = buf;
+        cur.byte_offset = (uint64_t)0 - (uint64_t)lay->min_off;
+      }
+      cur.device = (DLDevice){kDLCPU, 0};
+      break;
+    }
+    case AB_STEP_UPLOAD:
+      st = ab__dev_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
+                         (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
+      break;
+    default:
+      st = AB_FAIL(AB_ERR_INTERNAL, "plan step %d has unknown kind %d", i, (int)s->kind);
+    }
+  }
+  while (nstage > 0) ab__pool_free(stage[--nstage]);
+  return st;
+}
+
 static ab_status export_copy(const DLTensor *src, const ab__layout *lay, DLDevice dev,
-                             const struct ab_backend *be, void *stream, struct ab__tensor **out) {
+                             const struct ab_backend *be, const ab__plan *plan, void *stream,
+                             struct ab__tensor **out) {
   struct ab__tensor *t;
   ab_status st;
   AB_FORWARD(ab__tensor_new(dev, src->ndim, src->shape, src->dtype, &t));
   st = ab__tensor_alloc_data(t, be, lay->nbytes);
-  if (st == AB_OK && lay->numel > 0) st = ab__dev_copy(be, src, &t->mt.dl_tensor, stream);
+  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, &t->mt.dl_tensor, stream);
   if (st != AB_OK) {
     ab__tensor_discard(t);
     return st;
@@ -77,6 +157,20 @@ static ab_status export_copy(const DLTensor *src, const ab__layout *lay, DLDevic
   t->mt.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
   *out = t;
   return AB_OK;
+}
+
+/* A tensor in memory host code cannot address (an OpenCL buffer) must keep
+ * its addressed bytes inside its buffer, which only the backend can see. */
+static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, const struct ab_backend *be,
+                                    DLDevice dev) {
+  int64_t begin;
+  if (lay->numel == 0 || (be->caps & AB_CAP_HOST_ACCESSIBLE)) return AB_OK;
+  if (__builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "src addresses bytes before the start of its buffer (byte_offset %" PRIu64 ", extent from %" PRId64 ")",
+                   src->byte_offset, lay->min_off);
+  uint64_t end = src->byte_offset + (uint64_t)lay->max_off + lay->elsize;
+  return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, end);
 }
 
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
@@ -93,6 +187,7 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   AB_FORWARD(ab__check_tensor(src, "src", &lay));
   AB_FORWARD(ab__check_device(src->device, "src device", false, &sdev, &sbe));
   AB_FORWARD(ab__check_device(target, "target device", true, &tdev, &tbe));
+  AB_FORWARD(check_handle_range(src, &lay, sbe, sdev));
 
   ab__route_query q = {
     .src = sdev,
@@ -103,16 +198,14 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     .src_compact = lay.compact,
     .copy = o.copy,
     .flags = o.flags,
+    .direct = sbe == tbe && ab__dev_can_copy(sbe, src, tdev, lay.compact),
   };
   AB_FORWARD(ab__plan_route(&q, &plan));
 
-  /* Single-step plans only, until staged routes exist. */
-  const ab__step *s = &plan.steps[0];
-  if (plan.nsteps != 1) return AB_FAIL(AB_ERR_INTERNAL, "plan has %d steps; expected 1", plan.nsteps);
-  if (s->kind == AB_STEP_VIEW) {
+  if (plan.steps[0].kind == AB_STEP_VIEW) {
     AB_FORWARD(export_view(src, &lay, tdev, &t));
   } else {
-    AB_FORWARD(export_copy(src, &lay, tdev, ab__backend_for(s->via), o.stream, &t));
+    AB_FORWARD(export_copy(src, &lay, tdev, tbe, &plan, o.stream, &t));
   }
   if (o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -141,6 +234,9 @@ ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDa
 
 ab_status ab_tensor_validate(const DLTensor *t) {
   ab__layout lay;
+  const struct ab_backend *be;
+  DLDevice dev;
   AB_FORWARD(ab__check_tensor(t, "tensor", &lay));
-  return ab__check_device(t->device, "tensor device", false, NULL, NULL);
+  AB_FORWARD(ab__check_device(t->device, "tensor device", false, &dev, &be));
+  return check_handle_range(t, &lay, be, dev);
 }

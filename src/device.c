@@ -11,6 +11,9 @@
 /* Adding a backend is one line here (plus its folder). */
 static const struct ab_backend *const backends[] = {
   &ab__backend_host,
+#ifdef AB_HAVE_OPENCL
+  &ab__backend_opencl,
+#endif
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
@@ -192,4 +195,29 @@ ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTens
   if (be->copy == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
   return be->copy(from, to, stream);
+}
+
+bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact) {
+  if (be->copy == NULL) return false;
+  return be->can_copy == NULL || be->can_copy(from, to, from_compact);
+}
+
+ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
+                        const void *src, size_t bytes, void *stream) {
+  if (be->write == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write from host memory", be->name);
+  return be->write(id, handle, offset, src, bytes, stream);
+}
+
+ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
+                       void *dst, size_t bytes, void *stream) {
+  if (be->read == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read into host memory", be->name);
+  return be->read(id, handle, offset, dst, bytes, stream);
+}
+
+ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
+                              uint64_t begin, uint64_t end) {
+  if (be->check_range == NULL) return AB_OK; /* host memory: the producer's contract */
+  return be->check_range(id, handle, begin, end);
 }

@@ -1,6 +1,5 @@
-/* The route planner. Today's routes: a view, or one copy within a backend.
- * Cross-backend routes (staging through pinned host memory, peer copies)
- * join here as the CUDA and OpenCL backends land. */
+/* The route planner: which steps move a tensor from one memory space to
+ * another. Pure: it sees only the query. */
 #include <inttypes.h>
 
 #include "backend.h"
@@ -10,14 +9,31 @@ static bool same_device(DLDevice a, DLDevice b) {
   return a.device_type == b.device_type && a.device_id == b.device_id;
 }
 
-ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan) {
+static void add(ab__plan *plan, ab__step_kind kind, DLDevice from, DLDevice to, DLDeviceType via) {
+  plan->steps[plan->nsteps++] = (ab__step){kind, from, to, via};
+}
+
+/* Plans into a local plan: *out is written only on success. */
+static ab_status plan_route(const ab__route_query *q, ab__plan *plan);
+
+ab_status ab__plan_route(const ab__route_query *q, ab__plan *out) {
+  ab__plan plan;
+  AB_FORWARD(plan_route(q, &plan));
+  *out = plan;
+  return AB_OK;
+}
+
+static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   const bool here = same_device(q->src, q->dst);
   const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
   const bool viewable = here && q->same_dtype && layout_ok;
+  const bool src_host = (q->src_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  const bool dst_host = (q->dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  const DLDevice host = {kDLCPU, 0};
 
+  plan->nsteps = 0;
   if (viewable && q->copy != AB_COPY_ALWAYS) {
-    plan->nsteps = 1;
-    plan->steps[0] = (ab__step){AB_STEP_VIEW, q->src, q->dst, q->dst.device_type};
+    add(plan, AB_STEP_VIEW, q->src, q->dst, q->dst.device_type);
     return AB_OK;
   }
   if (q->copy == AB_COPY_NEVER) {
@@ -30,12 +46,21 @@ ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan) {
   }
   if (!q->same_dtype)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "dtype conversion is not supported yet; request the source dtype");
-  if (q->src.device_type == q->dst.device_type) {
-    plan->nsteps = 1;
-    plan->steps[0] = (ab__step){AB_STEP_COPY, q->src, q->dst, q->src.device_type};
+  if (q->direct || (src_host && dst_host && q->src.device_type == q->dst.device_type)) {
+    add(plan, AB_STEP_COPY, q->src, q->dst, q->src.device_type);
     return AB_OK;
   }
-  return AB_FAIL(AB_ERR_UNSUPPORTED, "no route from %s:%" PRId32 " to %s:%" PRId32 " in this build",
-                 ab_device_type_name(q->src.device_type), q->src.device_id,
-                 ab_device_type_name(q->dst.device_type), q->dst.device_id);
+  if (src_host && dst_host)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "no route from %s:%" PRId32 " to %s:%" PRId32 " in this build",
+                   ab_device_type_name(q->src.device_type), q->src.device_id,
+                   ab_device_type_name(q->dst.device_type), q->dst.device_id);
+  /* Through host memory. */
+  if (src_host) {
+    if (!q->src_compact) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);
+  } else {
+    add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
+    if (!q->src_compact) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);
+  }
+  if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);
+  return AB_OK;
 }

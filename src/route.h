@@ -7,8 +7,13 @@
 #include "internal.h"
 
 typedef enum ab__step_kind {
-  AB_STEP_VIEW = 1, /* alias src's bytes; nothing moves */
-  AB_STEP_COPY = 2, /* one backend copy, strided src -> compact dst */
+  AB_STEP_VIEW = 1,     /* alias src's bytes; nothing moves */
+  AB_STEP_COPY = 2,     /* one backend copy, src -> compact dst, same backend */
+  AB_STEP_PACK = 3,     /* host gather of a strided host tensor into a compact host buffer */
+  AB_STEP_UPLOAD = 4,   /* compact host bytes -> device */
+  AB_STEP_DOWNLOAD = 5, /* device -> host: the whole compact tensor, or the
+                         * byte extent a strided one addresses */
+  AB_STEP_UNPACK = 6,   /* host gather of a downloaded strided extent into compact bytes */
 } ab__step_kind;
 
 typedef struct ab__step {
@@ -31,9 +36,16 @@ typedef struct ab__route_query {
   bool src_compact;            /* source is compact row-major */
   ab_copy_mode copy;
   uint32_t flags;              /* AB_CONVERT_* */
+  /* The backend can copy this source to dst itself (same backend; for
+   * OpenCL: same context and a compact source). */
+  bool direct;
 } ab__route_query;
 
-/* Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
+/* Routes: a view; one backend copy when `direct`; otherwise through host
+ * memory: [PACK] UPLOAD into a device, DOWNLOAD [UNPACK] out of one, or
+ * DOWNLOAD [UNPACK] UPLOAD between two devices that cannot copy directly.
+ * Host-accessible memory is never downloaded or uploaded.
+ * Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */
 ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan);
 

@@ -22,6 +22,8 @@ static ab__route_query query(DLDevice src, DLDevice dst) {
   q.src_compact = true;
   q.copy = AB_COPY_IF_NEEDED;
   q.flags = 0;
+  /* As if the backend could copy between any two of its devices. */
+  q.direct = src.device_type == dst.device_type;
   return q;
 }
 
@@ -133,25 +135,64 @@ Test(route, dtype_change_is_unsupported) {
   assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, strided view allowed");
 }
 
-Test(route, cross_type_routes_are_unsupported_for_now) {
-  static const struct {
-    DLDevice src, dst;
-    const char *from, *to;
-  } cases[] = {
-    {{kDLCUDA, 0}, {kDLOpenCL, 1}, "cuda:0", "opencl:1"},
-    {{kDLCPU, 0}, {kDLCUDA, 0}, "cpu:0", "cuda:0"},
-    {{kDLCUDA, 2}, {kDLCPU, 0}, "cuda:2", "cpu:0"},
-    {{kDLOpenCL, 0}, {kDLCUDAHost, 0}, "opencl:0", "cuda_host:0"},
-  };
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    for (int copy = 0; copy < 2; copy++) {
-      ab__route_query q = query(cases[k].src, cases[k].dst);
-      q.copy = copy ? AB_COPY_ALWAYS : AB_COPY_IF_NEEDED;
-      char what[64];
-      snprintf(what, sizeof what, "%s -> %s, copy=%d", cases[k].from, cases[k].to, copy);
-      assert_no_route(&q, AB_ERR_UNSUPPORTED, cases[k].from, what);
-      assert_no_route(&q, AB_ERR_UNSUPPORTED, cases[k].to, what);
-    }
+/* Checks a multi-step plan: kinds, and which backend runs each step. */
+static void assert_steps(const ab__route_query *q, int n, const ab__step_kind *kinds, const DLDeviceType *via,
+                         const char *what) {
+  ab__plan plan;
+  memset(&plan, 0xee, sizeof plan);
+  ab_status st = ab__plan_route(q, &plan);
+  cr_assert_eq(st, AB_OK, "%s: %s (%s)", what, ab_status_name(st), ab_last_error());
+  cr_assert_eq(plan.nsteps, n, "%s: %d steps, want %d", what, plan.nsteps, n);
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(plan.steps[i].kind, kinds[i], "%s: step %d is kind %d, want %d", what, i, (int)plan.steps[i].kind,
+                 (int)kinds[i]);
+    cr_assert_eq(plan.steps[i].via, via[i], "%s: step %d via %d, want %d", what, i, (int)plan.steps[i].via,
+                 (int)via[i]);
+  }
+  cr_assert(dev_eq(plan.steps[0].from, q->src), "%s: the first step does not start at the source", what);
+  cr_assert(dev_eq(plan.steps[n - 1].to, q->dst) || (q->dst_caps & AB_CAP_HOST_ACCESSIBLE),
+            "%s: the last step does not end at the target", what);
+}
+
+Test(route, host_to_device_uploads_after_packing_a_strided_source) {
+  ab__route_query q = query(CPU0, DEV(kDLCUDA, 0));
+  assert_steps(&q, 1, (ab__step_kind[]){AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCUDA}, "cpu -> cuda, compact");
+  q.src_compact = false;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_PACK, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, kDLCUDA},
+               "cpu -> cuda, strided");
+}
+
+Test(route, device_to_host_downloads_then_unpacks_a_strided_source) {
+  ab__route_query q = query(DEV(kDLCUDA, 2), CPU0);
+  assert_steps(&q, 1, (ab__step_kind[]){AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLCUDA}, "cuda:2 -> cpu, compact");
+  q.src_compact = false;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK}, (DLDeviceType[]){kDLCUDA, kDLCPU},
+               "cuda:2 -> cpu, strided");
+}
+
+Test(route, devices_that_cannot_copy_directly_go_through_host) {
+  ab__route_query q = query(DEV(kDLCUDA, 0), DEV(kDLOpenCL, 1));
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCUDA, kDLOpenCL},
+               "cuda:0 -> opencl:1, compact");
+  q.src_compact = false;
+  assert_steps(&q, 3, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK, AB_STEP_UPLOAD},
+               (DLDeviceType[]){kDLCUDA, kDLCPU, kDLOpenCL}, "cuda:0 -> opencl:1, strided");
+  /* Same backend, but the backend says no (OpenCL across contexts). */
+  ab__route_query o = query(DEV(kDLOpenCL, 0), DEV(kDLOpenCL, 1));
+  o.direct = false;
+  assert_steps(&o, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "opencl:0 -> opencl:1, not direct");
+  o.direct = true;
+  assert_steps(&o, 1, (ab__step_kind[]){AB_STEP_COPY}, (DLDeviceType[]){kDLOpenCL}, "opencl:0 -> opencl:1, direct");
+}
+
+Test(route, host_accessible_spaces_of_different_backends_have_no_route_yet) {
+  ab__route_query q = query(CPU0, DEV(kDLCUDAHost, 0));
+  q.dst_caps = AB_CAP_HOST_ACCESSIBLE;
+  for (int copy = 0; copy < 2; copy++) {
+    q.copy = copy ? AB_COPY_ALWAYS : AB_COPY_IF_NEEDED;
+    assert_no_route(&q, AB_ERR_UNSUPPORTED, "cpu:0", "cpu -> cuda_host");
+    assert_no_route(&q, AB_ERR_UNSUPPORTED, "cuda_host:0", "cpu -> cuda_host");
   }
 }
 
