@@ -13,7 +13,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps=${AB_DEPS_DIR:-$root/.deps}
 suite=${AB_DLPACK_SUITE:-trixie}
-packages=(build-essential cmake pkg-config libcriterion-dev)
+packages=(build-essential cmake pkg-config libcriterion-dev
+          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd)
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

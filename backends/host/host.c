@@ -52,6 +52,7 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
   cpu_name(out->name, sizeof out->name);
   out->total_memory = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
   out->free_memory = mem_available();
+  out->unified_memory = 1;
   return AB_OK;
 }
 

@@ -119,10 +119,16 @@ struct ab_device_info {
   DLDevice device;
   char name[128];     /* e.g. the CPU model, "NVIDIA H100 80GB HBM3" */
   char backend[16];   /* "host", "cuda", "opencl" */
+  char vendor[64];    /* "" when the backend does not say */
+  char version[64];   /* driver/platform version string, "" when unknown */
   uint64_t total_memory;
   uint64_t free_memory;
-  /* Memory of this device is directly addressable by host code. */
+  uint64_t max_alloc_size; /* largest single allocation, 0 = unknown */
+  /* tensor data of this device is a host pointer host code may use */
   int host_accessible;
+  /* the device's memory is physically the host's (OpenCL CPU devices,
+   * integrated GPUs), even when data is an opaque handle */
+  int unified_memory;
 };
 
 /* Fills *out for `dev`. AB_ERR_NO_DEVICE when the device does not exist

@@ -1,0 +1,325 @@
+/* The OpenCL backend: kDLOpenCL devices through the ICD loader.
+ *
+ * Numbering: device ids flatten every platform's devices, in platform order
+ * (as clGetPlatformIDs returns them) and then device order within each
+ * platform, after the filters AB_OPENCL_PLATFORM (a case-insensitive
+ * substring of the platform name) and AB_OPENCL_DEVICE_TYPE (all, gpu, cpu,
+ * accelerator; default all). The numbering is stable for a given machine,
+ * driver set and environment.
+ *
+ * Memory: DLTensor.data of a kDLOpenCL tensor is a cl_mem buffer and
+ * byte_offset a byte offset into it. Buffers made by other libraries are
+ * accepted: their context is looked up with clGetMemObjectInfo.
+ *
+ * One context per platform holds its devices, with one in-order queue per
+ * device; both are created on first use under a lock and released by
+ * ab_shutdown. Every transfer is complete when the call returns.
+ */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#define MAX_PLATFORMS 16
+#define MAX_DEVICES 64
+
+struct platform {
+  cl_platform_id id;
+  cl_context ctx; /* lazily */
+  int first, count; /* its devices in the flat table */
+};
+
+struct device {
+  cl_device_id id;
+  int platform;
+  cl_command_queue queue; /* lazily */
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct platform platforms[MAX_PLATFORMS];
+static struct device devices[MAX_DEVICES];
+static int nplatforms, ndevices;
+
+static const char *cl_err_name(cl_int e) {
+  switch (e) {
+  case CL_SUCCESS: return "CL_SUCCESS";
+  case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+  case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+  case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+  case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+  case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+  case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+  case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
+  case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+  case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+  case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+  case CL_INVALID_OPERATION: return "CL_INVALID_OPERATION";
+  case CL_MEM_COPY_OVERLAP: return "CL_MEM_COPY_OVERLAP";
+  case -1001: return "CL_PLATFORM_NOT_FOUND_KHR (no OpenCL driver installed)";
+  default: return "unknown OpenCL error";
+  }
+}
+
+static bool is_oom(cl_int e) {
+  return e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_RESOURCES || e == CL_OUT_OF_HOST_MEMORY;
+}
+
+/* Turns an OpenCL error into a status with the native code in the message. */
+static ab_status fail_cl(cl_int e, int32_t id, const char *call) {
+  return AB_FAIL(is_oom(e) ? AB_ERR_OUT_OF_MEMORY : AB_ERR_BACKEND, "opencl:%" PRId32 ": %s failed: %s (%d)", id,
+                 call, cl_err_name(e), (int)e);
+}
+
+static bool contains_nocase(const char *hay, const char *needle) {
+  size_t n = strlen(needle);
+  for (; *hay; hay++) {
+    size_t i = 0;
+    while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+    if (i == n) return true;
+  }
+  return n == 0;
+}
+
+static ab_status device_type_filter(cl_device_type *out) {
+  const char *v = getenv("AB_OPENCL_DEVICE_TYPE");
+  if (v == NULL || *v == '\0' || strcmp(v, "all") == 0) *out = CL_DEVICE_TYPE_ALL;
+  else if (strcmp(v, "gpu") == 0) *out = CL_DEVICE_TYPE_GPU;
+  else if (strcmp(v, "cpu") == 0) *out = CL_DEVICE_TYPE_CPU;
+  else if (strcmp(v, "accelerator") == 0) *out = CL_DEVICE_TYPE_ACCELERATOR;
+  else
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "AB_OPENCL_DEVICE_TYPE=\"%s\" is not one of all, gpu, cpu, accelerator", v);
+  return AB_OK;
+}
+
+static ab_status cl_init(void) {
+  cl_platform_id ids[MAX_PLATFORMS];
+  cl_uint n = 0;
+  cl_device_type type = CL_DEVICE_TYPE_ALL;
+  const char *want = getenv("AB_OPENCL_PLATFORM");
+
+  nplatforms = ndevices = 0;
+  AB_FORWARD(device_type_filter(&type));
+  cl_int e = clGetPlatformIDs(MAX_PLATFORMS, ids, &n);
+  if (e != CL_SUCCESS || n == 0)
+    return AB_FAIL(AB_ERR_NO_DEVICE, "no OpenCL platform: clGetPlatformIDs gave %s (%d), %u platforms", cl_err_name(e),
+                   (int)e, (unsigned)n);
+  if (n > MAX_PLATFORMS) n = MAX_PLATFORMS;
+  for (cl_uint p = 0; p < n; p++) {
+    char name[256] = "";
+    clGetPlatformInfo(ids[p], CL_PLATFORM_NAME, sizeof name, name, NULL);
+    if (want != NULL && !contains_nocase(name, want)) continue;
+    cl_device_id devs[MAX_DEVICES];
+    cl_uint nd = 0;
+    if (clGetDeviceIDs(ids[p], type, MAX_DEVICES, devs, &nd) != CL_SUCCESS || nd == 0) continue;
+    struct platform *pl = &platforms[nplatforms];
+    pl->id = ids[p];
+    pl->ctx = NULL;
+    pl->first = ndevices;
+    pl->count = 0;
+    for (cl_uint d = 0; d < nd && ndevices < MAX_DEVICES; d++) {
+      devices[ndevices] = (struct device){devs[d], nplatforms, NULL};
+      ndevices++;
+      pl->count++;
+    }
+    nplatforms++;
+  }
+  if (ndevices == 0)
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%u OpenCL platform%s but no device matched (AB_OPENCL_PLATFORM=%s, AB_OPENCL_DEVICE_TYPE=%s)",
+                   (unsigned)n, n == 1 ? "" : "s", want ? want : "(unset)",
+                   getenv("AB_OPENCL_DEVICE_TYPE") ? getenv("AB_OPENCL_DEVICE_TYPE") : "(unset)");
+  return AB_OK;
+}
+
+static void cl_shutdown(void) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < ndevices; i++)
+    if (devices[i].queue) clReleaseCommandQueue(devices[i].queue);
+  for (int p = 0; p < nplatforms; p++)
+    if (platforms[p].ctx) clReleaseContext(platforms[p].ctx);
+  nplatforms = ndevices = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+static int32_t cl_count(void) { return ndevices; }
+
+/* The context and queue of a device, created on first use. */
+static ab_status get_queue(int32_t id, cl_context *ctx, cl_command_queue *q) {
+  cl_int e = CL_SUCCESS;
+  struct device *d = &devices[id];
+  struct platform *p = &platforms[d->platform];
+  pthread_mutex_lock(&lock);
+  if (p->ctx == NULL) {
+    cl_device_id ids[MAX_DEVICES];
+    for (int i = 0; i < p->count; i++) ids[i] = devices[p->first + i].id;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)p->id, 0};
+    p->ctx = clCreateContext(props, (cl_uint)p->count, ids, NULL, NULL, &e);
+    if (e != CL_SUCCESS) p->ctx = NULL;
+  }
+  if (e == CL_SUCCESS && d->queue == NULL) {
+    d->queue = clCreateCommandQueue(p->ctx, d->id, 0, &e);
+    if (e != CL_SUCCESS) d->queue = NULL;
+  }
+  *ctx = p->ctx;
+  *q = d->queue;
+  pthread_mutex_unlock(&lock);
+  if (e != CL_SUCCESS) return fail_cl(e, id, p->ctx ? "clCreateCommandQueue" : "clCreateContext");
+  return AB_OK;
+}
+
+static void info_str(cl_device_id d, cl_device_info what, char *buf, size_t len) {
+  if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS) snprintf(buf, len, "?");
+}
+
+static ab_status cl_info(int32_t id, struct ab_device_info *out) {
+  cl_device_id d = devices[id].id;
+  char name[128], vendor[64], version[64];
+  cl_ulong global = 0;
+  cl_bool unified = CL_FALSE;
+  info_str(d, CL_DEVICE_NAME, name, sizeof name);
+  info_str(d, CL_DEVICE_VENDOR, vendor, sizeof vendor);
+  info_str(d, CL_DEVICE_VERSION, version, sizeof version);
+  clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+  clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
+  snprintf(out->name, sizeof out->name, "%s", name);
+  snprintf(out->vendor, sizeof out->vendor, "%s", vendor);
+  snprintf(out->version, sizeof out->version, "%s", version);
+  clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof out->max_alloc_size, &out->max_alloc_size, NULL);
+  out->total_memory = global;
+  out->free_memory = 0; /* OpenCL 1.2 cannot say */
+  out->unified_memory = unified == CL_TRUE;
+  return AB_OK;
+}
+
+static ab_status cl_alloc(int32_t id, size_t bytes, void **out) {
+  cl_context ctx;
+  cl_command_queue q;
+  cl_int e;
+  AB_FORWARD(get_queue(id, &ctx, &q));
+  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &e);
+  if (e == CL_INVALID_BUFFER_SIZE) {
+    cl_ulong max = 0;
+    clGetDeviceInfo(devices[id].id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max, &max, NULL);
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": %zu bytes is more than one buffer may hold (%llu)", id,
+                   bytes, (unsigned long long)max);
+  }
+  if (e != CL_SUCCESS) return fail_cl(e, id, "clCreateBuffer");
+  *out = m;
+  return AB_OK;
+}
+
+static void cl_free(int32_t id, void *ptr, size_t bytes) {
+  (void)id;
+  (void)bytes;
+  clReleaseMemObject((cl_mem)ptr);
+}
+
+/* The queue to use for a buffer on device `id`: the caller's stream if
+ * given; ours when the buffer lives in our context; otherwise a temporary
+ * queue on the buffer's own context (a foreign cl_mem). *tmp is then set
+ * and must be released. */
+static ab_status queue_for(int32_t id, cl_mem m, void *stream, cl_command_queue *q, bool *tmp) {
+  cl_context ours, theirs = NULL;
+  *tmp = false;
+  if (stream != NULL) {
+    *q = (cl_command_queue)stream;
+    return AB_OK;
+  }
+  AB_FORWARD(get_queue(id, &ours, q));
+  cl_int e = clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL);
+  if (e != CL_SUCCESS) return fail_cl(e, id, "clGetMemObjectInfo(CL_MEM_CONTEXT)");
+  if (theirs == ours) return AB_OK;
+  *q = clCreateCommandQueue(theirs, devices[id].id, 0, &e);
+  if (e != CL_SUCCESS)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opencl:%" PRId32 ": the buffer's context does not contain this device (clCreateCommandQueue: %s)", id,
+                   cl_err_name(e));
+  *tmp = true;
+  return AB_OK;
+}
+
+static ab_status cl_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
+  cl_command_queue q;
+  bool tmp;
+  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
+  cl_int e = clEnqueueWriteBuffer(q, (cl_mem)handle, CL_TRUE, (size_t)offset, bytes, src, 0, NULL, NULL);
+  if (tmp) clReleaseCommandQueue(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueWriteBuffer");
+}
+
+static ab_status cl_read(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream) {
+  cl_command_queue q;
+  bool tmp;
+  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
+  cl_int e = clEnqueueReadBuffer(q, (cl_mem)handle, CL_TRUE, (size_t)offset, bytes, dst, 0, NULL, NULL);
+  if (tmp) clReleaseCommandQueue(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBuffer");
+}
+
+static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
+  size_t size = 0;
+  cl_mem_object_type type = 0;
+  cl_int e = clGetMemObjectInfo((cl_mem)handle, CL_MEM_TYPE, sizeof type, &type, NULL);
+  if (e == CL_SUCCESS) e = clGetMemObjectInfo((cl_mem)handle, CL_MEM_SIZE, sizeof size, &size, NULL);
+  if (e != CL_SUCCESS)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opencl:%" PRId32 ": data %p is not a cl_mem buffer (%s)", id, handle,
+                   cl_err_name(e));
+  if (type != CL_MEM_OBJECT_BUFFER)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opencl:%" PRId32 ": data is an OpenCL image, not a buffer", id);
+  if (end > size)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opencl:%" PRId32 ": the tensor addresses bytes [%" PRIu64 ", %" PRIu64 ") of a %zu-byte buffer", id,
+                   begin, end, size);
+  return AB_OK;
+}
+
+/* Same-device or same-context copies of a compact source: one
+ * clEnqueueCopyBuffer on the destination's queue. */
+static bool cl_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
+  if (!from_compact) return false;
+  cl_context theirs = NULL;
+  if (clGetMemObjectInfo((cl_mem)from->data, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL) != CL_SUCCESS)
+    return false;
+  int p = devices[to.device_id].platform;
+  pthread_mutex_lock(&lock);
+  cl_context ours = platforms[p].ctx;
+  pthread_mutex_unlock(&lock);
+  return ours != NULL && theirs == ours;
+}
+
+static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
+  cl_context ctx;
+  cl_command_queue q;
+  int32_t id = to->device.device_id;
+  size_t bytes = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
+  for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
+  AB_FORWARD(get_queue(id, &ctx, &q));
+  if (stream != NULL) q = (cl_command_queue)stream;
+  cl_int e = clEnqueueCopyBuffer(q, (cl_mem)from->data, (cl_mem)to->data, (size_t)from->byte_offset,
+                                 (size_t)to->byte_offset, bytes, 0, NULL, NULL);
+  if (e == CL_SUCCESS) e = clFinish(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueCopyBuffer");
+}
+
+const struct ab_backend ab__backend_opencl = {
+  .device_type = kDLOpenCL,
+  .name = "opencl",
+  .caps = 0,
+  .init = cl_init,
+  .shutdown = cl_shutdown,
+  .device_count = cl_count,
+  .device_info = cl_info,
+  .alloc = cl_alloc,
+  .free = cl_free,
+  .copy = cl_copy,
+  .can_copy = cl_can_copy,
+  .write = cl_write,
+  .read = cl_read,
+  .check_range = cl_check_range,
+};

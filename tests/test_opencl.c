@@ -1,0 +1,410 @@
+/* The OpenCL backend on real devices (PoCL in CI, with
+ * POCL_DEVICES="pthread pthread" giving two). Every test skips, saying why,
+ * when the devices it needs are absent; the test registered with an empty
+ * OCL_ICD_VENDORS directory checks that absence is handled. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef AB_HAVE_OPENCL
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+#endif
+
+#include "internal.h"
+#include "support.h"
+
+#define CL(i) ((DLDevice){kDLOpenCL, (i)})
+
+static void need_devices(int n) {
+  int32_t have = ab_device_count(kDLOpenCL);
+  if (have < n) {
+    struct ab_device_info info;
+    ab_device_info(CL(0), &info);
+    cr_skip_test("needs %d OpenCL device%s, have %d: %s", n, n == 1 ? "" : "s", (int)have, ab_last_error());
+  }
+}
+
+static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy) {
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = copy;
+  DLManagedTensorVersioned *r = NULL;
+  ab_status st = ab_convert_memory(src, to, &o, &r);
+  cr_assert_eq(st, AB_OK, "convert to %s:%d: %s (%s)", ab_device_type_name(to.device_type), (int)to.device_id,
+               ab_status_name(st), ab_last_error());
+  return r;
+}
+
+/* Pool of a device back to nothing in use, and every driver buffer freed
+ * after a trim: no cl_mem leaked. */
+static void assert_pool_clean(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK);
+  cr_assert_eq(s.in_use_bytes.current, 0, "%s:%d still has %llu bytes in use", ab_device_type_name(dev.device_type),
+               (int)dev.device_id, (unsigned long long)s.in_use_bytes.current);
+  cr_assert_eq(ab_pool_trim(dev), AB_OK);
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK);
+  cr_assert_eq(s.backend_allocs, s.backend_frees, "driver buffers leaked: %llu allocated, %llu freed",
+               (unsigned long long)s.backend_allocs, (unsigned long long)s.backend_frees);
+  cr_assert_eq(s.reserved_bytes.current, 0);
+}
+
+Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
+  if (getenv("AB_TEST_EXPECT_NO_OPENCL") == NULL)
+    cr_skip_test("only meaningful with OCL_ICD_VENDORS pointing at an empty directory (the opencl_absent test)");
+  cr_assert_eq(ab_device_count(kDLOpenCL), 0);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CL(0), NULL, &r), AB_ERR_NO_DEVICE);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "opencl"), "message: %s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "OpenCL platform"), "message: %s", ab_last_error());
+}
+
+Test(opencl, device_info_describes_each_device) {
+  need_devices(1);
+  for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) {
+    struct ab_device_info info;
+    cr_assert_eq(ab_device_info(CL(i), &info), AB_OK, "%s", ab_last_error());
+    cr_assert_str_eq(info.backend, "opencl");
+    cr_assert_neq(info.name[0], '\0');
+    cr_assert_neq(info.vendor[0], '\0');
+    cr_assert_not_null(strstr(info.version, "OpenCL"), "version \"%s\"", info.version);
+    cr_assert_gt(info.total_memory, 0);
+    cr_assert_gt(info.max_alloc_size, 0);
+    cr_assert_leq(info.max_alloc_size, info.total_memory);
+    cr_assert_eq(info.host_accessible, 0, "cl_mem data is a handle, never a host pointer");
+  }
+}
+
+Test(opencl, out_of_range_ids_are_refused) {
+  need_devices(1);
+  int32_t n = ab_device_count(kDLOpenCL);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CL(n), NULL, &r), AB_ERR_NO_DEVICE);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "does not exist"), "%s", ab_last_error());
+  DLTensor bad = t;
+  bad.device = CL(-3);
+  cr_assert_eq(ab_convert_memory(&bad, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(r, SENTINEL_OUT);
+}
+
+/* Every byte-sized dtype: host -> opencl:0 -> opencl:1 (or :0 again) -> host. */
+Test(opencl, round_trip_of_every_dtype_is_bit_exact) {
+  need_devices(1);
+  int32_t second = ab_device_count(kDLOpenCL) > 1 ? 1 : 0;
+  const DLDataType types[] = {
+    {kDLInt, 8, 1},    {kDLInt, 16, 1},  {kDLInt, 32, 1},     {kDLInt, 64, 1},  {kDLUInt, 8, 1},
+    {kDLUInt, 16, 1},  {kDLUInt, 32, 1}, {kDLUInt, 64, 1},    {kDLFloat, 16, 1}, {kDLFloat, 32, 1},
+    {kDLFloat, 64, 1}, {kDLBfloat, 16, 1}, {kDLComplex, 64, 1}, {kDLComplex, 128, 1}, {kDLBool, 8, 1},
+    {10, 8, 1} /* float8_e4m3fn */, {kDLFloat, 32, 4},
+  };
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+    int64_t shape[2] = {7, 13};
+    size_t n = (size_t)(7 * 13) * elsize_of(types[k]);
+    void *src = malloc(n);
+    fill_pattern(src, n, (uint32_t)k + 1);
+    DLTensor t = {src, CPU0, 2, types[k], shape, NULL, 0};
+    DLManagedTensorVersioned *a = convert_ok(&t, CL(0), AB_COPY_IF_NEEDED);
+    /* data is a cl_mem handle, so no alignment check here */
+    cr_assert(a->flags & DLPACK_FLAG_BITMASK_IS_COPIED, "dtype %zu: not flagged as a copy", k);
+    cr_assert(a->dl_tensor.strides && a->dl_tensor.strides[0] == 13 && a->dl_tensor.strides[1] == 1,
+              "dtype %zu: not compact", k);
+    cr_assert_eq(a->dl_tensor.byte_offset, 0);
+    cr_assert_eq(a->dl_tensor.device.device_type, kDLOpenCL);
+    DLManagedTensorVersioned *b = convert_ok(&a->dl_tensor, CL(second), AB_COPY_ALWAYS);
+    DLManagedTensorVersioned *c = convert_ok(&b->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+    cr_assert_eq(memcmp(c->dl_tensor.data, src, n), 0, "dtype %zu differs after the round trip", k);
+    c->deleter(c);
+    b->deleter(b);
+    a->deleter(a);
+    free(src);
+  }
+  assert_pool_clean(CL(0));
+}
+
+/* Strided host sources are packed before the upload; strided OpenCL
+ * sources are downloaded as their extent and gathered on the host. The
+ * same layout is applied to host memory and to a buffer holding the same
+ * bytes, and both results must equal the reference gather. */
+static void check_layout(const char *what, DLDataType type, int32_t ndim, const int64_t *shape,
+                         const int64_t *strides, uint64_t byte_offset, size_t buf_bytes, int64_t data_shift) {
+  char *host = malloc(buf_bytes);
+  fill_pattern(host, buf_bytes, (uint32_t)buf_bytes);
+  int64_t n = numel_of(ndim, shape);
+  size_t out_bytes = (size_t)n * elsize_of(type);
+  char *want = malloc(out_bytes ? out_bytes : 1);
+
+  DLTensor h = {host + data_shift, CPU0, ndim, type, (int64_t *)shape, (int64_t *)strides, byte_offset};
+  reference_gather(&h, want);
+
+  /* host (strided) -> opencl:0 -> host */
+  DLManagedTensorVersioned *up = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+  DLManagedTensorVersioned *down = convert_ok(&up->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(memcmp(down->dl_tensor.data, want, out_bytes), 0, "%s: host -> opencl -> host differs", what);
+  down->deleter(down);
+  up->deleter(up);
+
+  /* the whole buffer on opencl:0, then the same layout over the cl_mem */
+  int64_t flat[1] = {(int64_t)buf_bytes};
+  DLTensor whole = {host, CPU0, 1, dt(kDLUInt, 8, 1), flat, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL(0), AB_COPY_ALWAYS);
+  DLTensor d = h;
+  d.device = CL(0);
+  d.data = dev->dl_tensor.data;
+  d.byte_offset = byte_offset + (uint64_t)data_shift;
+  cr_assert_eq(ab_tensor_validate(&d), AB_OK, "%s: %s", what, ab_last_error());
+  DLManagedTensorVersioned *back = convert_ok(&d, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(memcmp(back->dl_tensor.data, want, out_bytes), 0, "%s: strided opencl -> host differs", what);
+  if (ab_device_count(kDLOpenCL) > 1) {
+    DLManagedTensorVersioned *other = convert_ok(&d, CL(1), AB_COPY_IF_NEEDED);
+    DLManagedTensorVersioned *check = convert_ok(&other->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+    cr_assert_eq(memcmp(check->dl_tensor.data, want, out_bytes), 0, "%s: strided opencl:0 -> opencl:1 differs", what);
+    check->deleter(check);
+    other->deleter(other);
+  }
+  back->deleter(back);
+  dev->deleter(dev);
+  free(want);
+  free(host);
+}
+
+Test(opencl, strided_negative_broadcast_offset_and_empty_layouts_survive) {
+  need_devices(1);
+  /* transposed 2-D f32 */
+  int64_t s2[2] = {31, 17}, t2[2] = {1, 31};
+  check_layout("transpose", dt(kDLFloat, 32, 1), 2, s2, t2, 0, 31 * 17 * 4, 0);
+  /* HWC image seen as CHW */
+  int64_t s3[3] = {3, 20, 24}, t3[3] = {1, 24 * 3, 3};
+  check_layout("HWC->CHW", dt(kDLUInt, 8, 1), 3, s3, t3, 0, 20 * 24 * 3, 0);
+  /* reversed rows and columns: data points at the last element */
+  int64_t sr[2] = {9, 11}, tr[2] = {-11, -1};
+  check_layout("reversed", dt(kDLInt, 16, 1), 2, sr, tr, 0, 9 * 11 * 2, (9 * 11 - 1) * 2);
+  /* broadcast rows */
+  int64_t sb[2] = {5, 40}, tb[2] = {0, 1};
+  check_layout("broadcast", dt(kDLFloat, 64, 1), 2, sb, tb, 0, 40 * 8, 0);
+  /* a crop with byte_offset */
+  int64_t sc[2] = {6, 7}, tc[2] = {50, 1};
+  check_layout("crop+offset", dt(kDLUInt, 32, 1), 2, sc, tc, 4 * (50 * 3 + 5), 50 * 20 * 4, 0);
+  /* zero-size */
+  int64_t sz[2] = {0, 5};
+  float dummy[1];
+  DLTensor z = {dummy, CPU0, 2, dt(kDLFloat, 32, 1), sz, NULL, 0};
+  DLManagedTensorVersioned *r = convert_ok(&z, CL(0), AB_COPY_IF_NEEDED);
+  cr_assert_null(r->dl_tensor.data);
+  DLManagedTensorVersioned *r2 = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(r2->dl_tensor.shape[0], 0);
+  r2->deleter(r2);
+  r->deleter(r);
+  assert_pool_clean(CL(0));
+}
+
+Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
+  need_devices(1);
+  uint8_t bytes[64] = {0};
+  int64_t flat[1] = {64};
+  DLTensor whole = {bytes, CPU0, 1, dt(kDLUInt, 8, 1), flat, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL(0), AB_COPY_ALWAYS);
+  /* The pool rounds 64 bytes up to 256: the buffer is what the driver has. */
+  int64_t shape[1] = {300};
+  DLTensor t = {dev->dl_tensor.data, CL(0), 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "buffer"), "%s", ab_last_error());
+  /* negative strides reaching before byte 0 */
+  int64_t s2[1] = {4}, st2[1] = {-1};
+  DLTensor u = {dev->dl_tensor.data, CL(0), 1, dt(kDLUInt, 8, 1), s2, st2, 2};
+  cr_assert_eq(ab_convert_memory(&u, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(ab_last_error(), "before the start"), "%s", ab_last_error());
+  cr_assert_eq(ab_tensor_validate(&u), AB_ERR_INVALID_ARGUMENT);
+  u.byte_offset = 3; /* bytes 0..3: fine */
+  cr_assert_eq(ab_tensor_validate(&u), AB_OK, "%s", ab_last_error());
+  dev->deleter(dev);
+}
+
+#ifdef AB_HAVE_OPENCL
+/* A cl_mem made by another library, in its own context, read with a
+ * non-zero byte_offset. */
+Test(opencl, a_foreign_buffer_with_a_byte_offset_is_imported) {
+  need_devices(1);
+  cl_platform_id p;
+  cl_device_id d;
+  cl_int e;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
+  cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cl_command_queue q = clCreateCommandQueue(ctx, d, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  uint8_t bytes[1024];
+  fill_pattern(bytes, sizeof bytes, 77);
+  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof bytes, bytes, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+
+  int64_t shape[2] = {10, 20}, strides[2] = {40, 2}; /* every other int16 of 10 rows */
+  DLTensor t = {m, CL(0), 2, dt(kDLInt, 16, 1), shape, strides, 96};
+  DLTensor h = t;
+  h.device = CPU0;
+  h.data = bytes;
+  char want[400];
+  reference_gather(&h, want);
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(memcmp(r->dl_tensor.data, want, sizeof want), 0, "strided foreign buffer read wrongly");
+  r->deleter(r);
+  /* compact, same device: IF_NEEDED is a view of the foreign buffer */
+  int64_t s1[1] = {500};
+  DLTensor c = {m, CL(0), 1, dt(kDLUInt, 8, 1), s1, NULL, 24};
+  DLManagedTensorVersioned *view = convert_ok(&c, CL(0), AB_COPY_IF_NEEDED);
+  cr_assert_eq(view->dl_tensor.data, (void *)m);
+  cr_assert_eq(view->dl_tensor.byte_offset, 24);
+  cr_assert_eq(view->flags & DLPACK_FLAG_BITMASK_IS_COPIED, 0);
+  view->deleter(view);
+  /* a copy into our context cannot use clEnqueueCopyBuffer across
+   * contexts: it goes through the host */
+  DLManagedTensorVersioned *mine = convert_ok(&c, CL(0), AB_COPY_ALWAYS);
+  cr_assert(mine->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
+  cr_assert_neq(mine->dl_tensor.data, (void *)m);
+  DLManagedTensorVersioned *back = convert_ok(&mine->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(memcmp(back->dl_tensor.data, bytes + 24, 500), 0);
+  back->deleter(back);
+  mine->deleter(mine);
+  clReleaseMemObject(m);
+  clReleaseCommandQueue(q);
+  clReleaseContext(ctx);
+}
+#endif
+
+/* A pool holding cached buffers under a limit: the cache is released to
+ * make room and the allocation succeeds. */
+Test(opencl, a_full_cache_is_trimmed_to_make_room) {
+  need_devices(1);
+  cr_assert_eq(ab_set_memory_limit(CL(0), 3 << 20), AB_OK);
+  int64_t a[1] = {2 << 20}, b[1] = {(5 << 20) / 2};
+  DLManagedTensorVersioned *t = NULL;
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, a, dt(kDLUInt, 8, 1), &t), AB_OK, "%s", ab_last_error());
+  t->deleter(t); /* 2 MiB now cached */
+  struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+  ab_pool_stats(CL(0), &before);
+  cr_assert_eq(before.reserved_bytes.current, 2 << 20);
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, b, dt(kDLUInt, 8, 1), &t), AB_OK, "%s", ab_last_error());
+  ab_pool_stats(CL(0), &after);
+  cr_assert_gt(after.oom_retries, before.oom_retries);
+  cr_assert_eq(after.backend_frees, before.backend_frees + 1, "the cached buffer was not released");
+  cr_assert_leq(after.reserved_bytes.peak, 3 << 20);
+  t->deleter(t);
+  /* and past the limit it fails, with the numbers */
+  int64_t big[1] = {4 << 20};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, big, dt(kDLUInt, 8, 1), &r), AB_ERR_OUT_OF_MEMORY);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "opencl:0"), "%s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "limit"), "%s", ab_last_error());
+  assert_pool_clean(CL(0));
+}
+
+/* The fault sweep over the OpenCL routes, both modes. */
+static void sweep(bool persistent) {
+  int64_t shape[2] = {33, 19}, strides[2] = {1, 33};
+  float *v = malloc(sizeof(float) * 33 * 19);
+  fill_pattern(v, sizeof(float) * 33 * 19, 5);
+  uint64_t sum = checksum(v, sizeof(float) * 33 * 19);
+  DLTensor h = {v, CPU0, 2, dt(kDLFloat, 32, 1), shape, strides, 0};
+  float want[33 * 19];
+  reference_gather(&h, want);
+  int32_t other = ab_device_count(kDLOpenCL) > 1 ? 1 : 0;
+  int faults = 0, failures = 0;
+  int n;
+  for (n = 1; n < 500; n++) {
+    ab_shutdown();
+    long live = ab__alloc_live_settled();
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    DLManagedTensorVersioned *a = SENTINEL_OUT, *b = SENTINEL_OUT, *c = SENTINEL_OUT;
+    if (persistent) ab__fault_arm_persistent(n);
+    else ab__fault_arm(n);
+    ab_status st = ab_convert_memory(&h, CL(0), &o, &a);
+    if (st == AB_OK) st = ab_convert_memory(&a->dl_tensor, CL(other), &o, &b);
+    if (st == AB_OK) st = ab_convert_memory(&b->dl_tensor, CPU0, &o, &c);
+    long injected = ab__fault_injected();
+    ab__fault_arm(0);
+    if (st == AB_OK) {
+      cr_assert_eq(memcmp(c->dl_tensor.data, want, sizeof want), 0, "N=%d: wrong result", n);
+    } else {
+      cr_assert_eq(st, AB_ERR_OUT_OF_MEMORY, "N=%d: %s (%s)", n, ab_status_name(st), ab_last_error());
+      cr_assert_gt(injected, 0);
+      failures++;
+    }
+    if (c != SENTINEL_OUT) c->deleter(c);
+    if (b != SENTINEL_OUT) b->deleter(b);
+    if (a != SENTINEL_OUT) a->deleter(a);
+    cr_assert_eq(checksum(v, sizeof(float) * 33 * 19), sum, "N=%d: source changed", n);
+    assert_pool_clean(CL(0));
+    assert_pool_clean(CL(other));
+    assert_pool_clean(CPU0);
+    cr_assert_eq(ab__alloc_live_settled(), live, "N=%d: %ld host blocks leaked", n, ab__alloc_live_settled() - live);
+    if (injected == 0) break;
+    faults++;
+  }
+  cr_assert_lt(n, 500);
+  cr_assert_geq(faults, 6, "only %d fault points on the OpenCL routes", faults);
+  if (persistent) cr_assert_eq(failures, faults, "a persistent fault was survived");
+  free(v);
+}
+
+Test(opencl, fault_sweep_transient) {
+  need_devices(1);
+  sweep(false);
+}
+
+Test(opencl, fault_sweep_persistent) {
+  need_devices(1);
+  sweep(true);
+}
+
+struct worker {
+  int id;
+  int errors;
+};
+
+static void *work(void *arg) {
+  struct worker *w = arg;
+  int32_t ndev = ab_device_count(kDLOpenCL);
+  for (int it = 0; it < 150; it++) {
+    int64_t shape[2] = {8 + it % 5, 16 + w->id}, strides[2] = {1, 8 + it % 5};
+    int64_t n = shape[0] * shape[1];
+    uint32_t *v = malloc((size_t)n * 4);
+    uint32_t *want = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) v[i] = (uint32_t)(w->id * 1000003u + it * 7919u + (uint32_t)i);
+    DLTensor h = {v, CPU0, 2, dt(kDLUInt, 32, 1), shape, strides, 0};
+    reference_gather(&h, want);
+    DLManagedTensorVersioned *a = NULL, *b = NULL;
+    if (ab_convert_memory(&h, CL(it % ndev), NULL, &a) != AB_OK ||
+        ab_convert_memory(&a->dl_tensor, CPU0, NULL, &b) != AB_OK || memcmp(b->dl_tensor.data, want, (size_t)n * 4))
+      w->errors++;
+    if (b) b->deleter(b);
+    if (a) a->deleter(a);
+    free(v);
+    free(want);
+  }
+  return NULL;
+}
+
+Test(opencl, two_threads_convert_to_both_devices_at_once) {
+  need_devices(1);
+  pthread_t th[2];
+  struct worker w[2] = {{0, 0}, {1, 0}};
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, work, &w[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  cr_assert_eq(w[0].errors + w[1].errors, 0, "%d and %d wrong conversions", w[0].errors, w[1].errors);
+  for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) assert_pool_clean(CL(i));
+}
