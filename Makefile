@@ -6,6 +6,10 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
+# PoCL (the OpenCL CPU driver setup-deps installs) shows two devices, so the
+# demo and the tests can exercise device-to-device routes.
+export POCL_DEVICES ?= pthread pthread
+
 .PHONY: all deps build demo test test-normal test-asan bench install clean
 
 all: build
@@ -37,6 +41,7 @@ test-asan: deps
 bench: build
 	$(BUILD)/bench/bench_host
 	$(BUILD)/bench/bench_pool
+	if [ -x $(BUILD)/bench/bench_opencl ]; then $(BUILD)/bench/bench_opencl; fi
 
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

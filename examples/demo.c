@@ -13,7 +13,7 @@ static const DLDeviceType kinds[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL};
 static int failures;
 
 static void check(int ok, const char *what) {
-  printf("  %-58s %s\n", what, ok ? "ok" : "MISMATCH");
+  printf("  %-62s %s\n", what, ok ? "ok" : "MISMATCH");
   if (!ok) failures++;
 }
 
@@ -32,9 +32,10 @@ static void list_devices(void) {
     for (int32_t i = 0; i < n; i++) {
       struct ab_device_info info;
       DLDevice d = {kinds[k], i};
-      if (ab_device_info(d, &info) == AB_OK)
-        printf("  %s:%" PRId32 "  %s  (%.1f GiB, %.1f GiB free)\n", name, i, info.name,
-               (double)info.total_memory / (1u << 30), (double)info.free_memory / (1u << 30));
+      if (ab_device_info(d, &info) != AB_OK) continue;
+      printf("  %s:%" PRId32 "  %s  (%.1f GiB", name, i, info.name, (double)info.total_memory / (1u << 30));
+      if (info.free_memory) printf(", %.1f GiB free", (double)info.free_memory / (1u << 30));
+      printf(")\n");
     }
   }
 }
@@ -108,6 +109,39 @@ static void demo_round_trips(void) {
       if (there) there->deleter(there);
     }
   }
+  /* and through every device in turn: device-to-device routes */
+  DLManagedTensorVersioned *cur = NULL;
+  char path[256] = "cpu:0";
+  int hops = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (int32_t i = 0; i < ab_device_count(kinds[k]); i++) {
+      DLManagedTensorVersioned *next = NULL;
+      const DLTensor *from = cur ? &cur->dl_tensor : &src;
+      if (ab_convert_memory(from, (DLDevice){kinds[k], i}, &always, &next) != AB_OK) {
+        printf("  error: %s\n", ab_last_error());
+        failures++;
+        break;
+      }
+      if (cur) cur->deleter(cur);
+      cur = next;
+      hops++;
+      size_t len = strlen(path);
+      snprintf(path + len, sizeof path - len, " -> %s:%" PRId32, ab_device_type_name(kinds[k]), i);
+    }
+  }
+  if (cur != NULL && hops > 1) {
+    DLManagedTensorVersioned *back = NULL;
+    if (ab_convert_memory(&cur->dl_tensor, (DLDevice){kDLCPU, 0}, &always, &back) == AB_OK) {
+      size_t len = strlen(path);
+      snprintf(path + len, sizeof path - len, " -> cpu:0");
+      check(memcmp(back->dl_tensor.data, v, sizeof(float) * N) == 0, path);
+      back->deleter(back);
+    } else {
+      printf("  error: %s\n", ab_last_error());
+      failures++;
+    }
+  }
+  if (cur) cur->deleter(cur);
   free(v);
 }
 
