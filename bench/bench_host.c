@@ -11,24 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include "arraybridge/arraybridge.h"
 #include "converters/host/gather.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
-}
 
 static int reps = 11;
 static volatile unsigned sink;
@@ -40,11 +26,11 @@ static double time_job(job_fn fn, void *ctx) {
   double t[64];
   fn(ctx); /* warm up: page faults, caches */
   for (int i = 0; i < reps; i++) {
-    double t0 = now();
+    double t0 = bench_now();
     fn(ctx);
-    t[i] = now() - t0;
+    t[i] = bench_now() - t0;
   }
-  return median(t, reps);
+  return bench_median(t, reps);
 }
 
 struct mc { void *dst; const void *src; size_t n; };
@@ -102,11 +88,11 @@ static void bench_layout(const char *name, DLTensor *t, size_t bytes, void *dst,
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
   double t[64];
   for (int r = 0; r < reps; r++) {
-    double t0 = now();
+    double t0 = bench_now();
     for (long i = 0; i < iters; i++) fn(ctx);
-    t[r] = (now() - t0) / (double)iters * 1e9;
+    t[r] = (bench_now() - t0) / (double)iters * 1e9;
   }
-  return median(t, reps);
+  return bench_median(t, reps);
 }
 
 int main(int argc, char **argv) {

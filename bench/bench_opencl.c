@@ -12,18 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include <arraybridge/arraybridge.h>
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int reps = 9;
 
@@ -31,12 +22,11 @@ static int reps = 9;
   ({                                                     \
     double v_[64];                                       \
     for (int r_ = 0; r_ < reps; r_++) {                  \
-      double t0_ = now();                                \
+      double t0_ = bench_now();                          \
       expr;                                              \
-      v_[r_] = now() - t0_;                              \
+      v_[r_] = bench_now() - t0_;                        \
     }                                                    \
-    qsort(v_, (size_t)reps, sizeof v_[0], cmp_d);        \
-    v_[reps / 2];                                        \
+    bench_median(v_, reps);                              \
   })
 
 static void die(const char *what) {

@@ -11,19 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include "backend.h"
 #include "pool.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 enum kind { POOL, TENSOR, MALLOC, RAW };
 static const char *kind_name[] = {"pool hit (ab__pool_alloc+free)", "ab_tensor_alloc + deleter",
@@ -44,7 +35,7 @@ static void *run(void *arg) {
   const struct ab_backend *be = ab__backend_for(kDLCPU);
   int64_t shape[1] = {(int64_t)j->size};
   DLDataType u8 = {kDLUInt, 8, 1};
-  double t0 = now();
+  double t0 = bench_now();
   for (long i = 0; i < j->iters; i++) {
     switch (j->kind) {
     case POOL: {
@@ -79,7 +70,7 @@ static void *run(void *arg) {
     }
     }
   }
-  j->ns = (now() - t0) / (double)j->iters * 1e9;
+  j->ns = (bench_now() - t0) / (double)j->iters * 1e9;
   return NULL;
 }
 
@@ -101,8 +92,7 @@ static double measure(enum kind k, size_t size, long iters, int threads, int rep
     }
     v[r] = sum / threads;
   }
-  qsort(v, (size_t)reps, sizeof v[0], cmp_d);
-  return v[reps / 2];
+  return bench_median(v, reps);
 }
 
 int main(int argc, char **argv) {
