@@ -137,9 +137,12 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
     ab__save_error(saved);
     for (int32_t id = 0; id < n; id++) {
       struct ab_device_info info;
-      if (info_of(backends[i], id, &info) == AB_OK && (id == 0 || info.free_memory > best_free)) {
+      if (info_of(backends[i], id, &info) != AB_OK) continue;
+      /* OpenCL cannot say how much is free: total memory stands in. */
+      uint64_t avail = info.free_memory ? info.free_memory : info.total_memory;
+      if (id == 0 || avail > best_free) {
         best = id;
-        best_free = info.free_memory;
+        best_free = avail;
       }
     }
     ab__restore_error(saved);

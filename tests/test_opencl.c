@@ -408,3 +408,25 @@ Test(opencl, two_threads_convert_to_both_devices_at_once) {
   cr_assert_eq(w[0].errors + w[1].errors, 0, "%d and %d wrong conversions", w[0].errors, w[1].errors);
   for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) assert_pool_clean(CL(i));
 }
+
+Test(opencl, auto_picks_a_device_by_memory) {
+  need_devices(1);
+  uint64_t best = 0;
+  int32_t want = 0;
+  for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) {
+    struct ab_device_info info;
+    cr_assert_eq(ab_device_info(CL(i), &info), AB_OK);
+    uint64_t avail = info.free_memory ? info.free_memory : info.total_memory;
+    if (i == 0 || avail > best) {
+      best = avail;
+      want = i;
+    }
+  }
+  float v[3] = {1, 2, 3};
+  int64_t shape[1] = {3};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = convert_ok(&t, CL(AB_DEVICE_AUTO), AB_COPY_IF_NEEDED);
+  cr_assert_eq(r->dl_tensor.device.device_type, kDLOpenCL);
+  cr_assert_eq(r->dl_tensor.device.device_id, want);
+  r->deleter(r);
+}

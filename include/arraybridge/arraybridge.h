@@ -107,7 +107,9 @@ AB_API const char *ab_last_error(void);
 #define AB_MAX_NDIM 64
 
 /* A target device_id that lets the library choose: the device of that type
- * with the most free memory. Not valid in a source tensor. */
+ * with the most free memory (total memory where the backend cannot tell
+ * free memory, as OpenCL cannot; ties go to the lowest id). Not valid in a
+ * source tensor. */
 #define AB_DEVICE_AUTO (-1)
 
 /* Number of devices of a type: kDLCPU is always 1; a type whose backend is
