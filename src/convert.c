@@ -198,7 +198,9 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     .src_compact = lay.compact,
     .copy = o.copy,
     .flags = o.flags,
-    .direct = sbe == tbe && ab__dev_can_copy(sbe, src, tdev, lay.compact),
+    /* An empty tensor moves nothing, and its data need not be a buffer the
+     * backend could inspect. */
+    .direct = sbe == tbe && (lay.numel == 0 || ab__dev_can_copy(sbe, src, tdev, lay.compact)),
   };
   AB_FORWARD(ab__plan_route(&q, &plan));
 

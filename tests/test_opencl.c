@@ -430,3 +430,92 @@ Test(opencl, auto_picks_a_device_by_memory) {
   cr_assert_eq(r->dl_tensor.device.device_id, want);
   r->deleter(r);
 }
+
+/* An empty tensor addresses nothing, so its data need not be a buffer: no
+ * OpenCL call may look at it (regression: one did, and crashed). */
+Test(opencl, an_empty_tensor_with_any_data_is_never_dereferenced) {
+  need_devices(1);
+  int64_t shape[2] = {0, 4};
+  DLTensor z = {(void *)(uintptr_t)0x1234, CL(0), 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_tensor_validate(&z), AB_OK, "%s", ab_last_error());
+  DLManagedTensorVersioned *v = convert_ok(&z, CL(0), AB_COPY_IF_NEEDED);
+  cr_assert_eq(v->dl_tensor.data, z.data, "a view keeps data");
+  v->deleter(v);
+  DLManagedTensorVersioned *c = convert_ok(&z, CL(ab_device_count(kDLOpenCL) - 1), AB_COPY_ALWAYS);
+  cr_assert_null(c->dl_tensor.data);
+  c->deleter(c);
+  DLManagedTensorVersioned *h = convert_ok(&z, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(h->dl_tensor.shape[0], 0);
+  h->deleter(h);
+}
+
+#ifdef AB_HAVE_OPENCL
+/* opts.stream: a queue of the result's context is used; a queue of another
+ * context is finished first and the transfer still happens. */
+Test(opencl, a_callers_queue_is_used_or_finished) {
+  need_devices(1);
+  uint32_t v[64];
+  for (int i = 0; i < 64; i++) v[i] = (uint32_t)(i * 2654435761u);
+  int64_t shape[1] = {64};
+  DLTensor t = {v, CPU0, 1, dt(kDLUInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *first = convert_ok(&t, CL(0), AB_COPY_IF_NEEDED);
+  cl_context ours;
+  cl_device_id devs[64], dev;
+  cl_int e;
+  cr_assert_eq(clGetMemObjectInfo((cl_mem)first->dl_tensor.data, CL_MEM_CONTEXT, sizeof ours, &ours, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetContextInfo(ours, CL_CONTEXT_DEVICES, sizeof devs, devs, NULL), CL_SUCCESS);
+  dev = devs[0]; /* opencl:0: the first device of the first platform */
+  cl_command_queue same = clCreateCommandQueue(ours, dev, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  /* a separate context on the same device */
+  cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cl_command_queue foreign = clCreateCommandQueue(other, dev, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cl_command_queue queues[2] = {same, foreign};
+  for (int k = 0; k < 2; k++) {
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.stream = queues[k];
+    DLManagedTensorVersioned *up = NULL, *down = NULL;
+    cr_assert_eq(ab_convert_memory(&t, CL(0), &o, &up), AB_OK, "queue %d: %s", k, ab_last_error());
+    o.copy = AB_COPY_ALWAYS;
+    DLManagedTensorVersioned *dup = NULL;
+    cr_assert_eq(ab_convert_memory(&up->dl_tensor, CL(0), &o, &dup), AB_OK, "queue %d: %s", k, ab_last_error());
+    cr_assert_eq(ab_convert_memory(&dup->dl_tensor, CPU0, &o, &down), AB_OK, "queue %d: %s", k, ab_last_error());
+    cr_assert_eq(memcmp(down->dl_tensor.data, v, sizeof v), 0, "queue %d: wrong data", k);
+    down->deleter(down);
+    dup->deleter(dup);
+    up->deleter(up);
+  }
+  clReleaseCommandQueue(foreign);
+  clReleaseContext(other);
+  clReleaseCommandQueue(same);
+  first->deleter(first);
+}
+
+/* A buffer of a context that lacks the named device: validation says so,
+ * as the conversion does. */
+Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
+  need_devices(2);
+  cl_platform_id p;
+  cl_device_id d[2];
+  cl_int e;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 2, d, NULL), CL_SUCCESS);
+  cl_context ctx = clCreateContext(NULL, 1, &d[1], NULL, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 256, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  int64_t shape[1] = {16};
+  DLTensor t = {m, CL(0), 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  cr_assert_eq(ab_tensor_validate(&t), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(ab_last_error(), "context"), "%s", ab_last_error());
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(r, SENTINEL_OUT);
+  t.device = CL(1);
+  cr_assert_eq(ab_tensor_validate(&t), AB_OK, "%s", ab_last_error());
+  clReleaseMemObject(m);
+  clReleaseContext(ctx);
+}
+#endif

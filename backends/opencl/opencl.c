@@ -220,20 +220,43 @@ static void cl_free(int32_t id, void *ptr, size_t bytes) {
   clReleaseMemObject((cl_mem)ptr);
 }
 
-/* The queue to use for a buffer on device `id`: the caller's stream if
- * given; ours when the buffer lives in our context; otherwise a temporary
- * queue on the buffer's own context (a foreign cl_mem). *tmp is then set
- * and must be released. */
+/* The caller's stream if it belongs to `ctx`. A stream of another context
+ * cannot touch this buffer (our result buffers live in our own context):
+ * it is finished first, so that work the caller queued on it is ordered
+ * before ours, and our queue is used instead. */
+static ab_status use_stream(int32_t id, cl_context ctx, void *stream, cl_command_queue *q) {
+  cl_context sctx = NULL;
+  cl_command_queue s = (cl_command_queue)stream;
+  cl_int e = clGetCommandQueueInfo(s, CL_QUEUE_CONTEXT, sizeof sctx, &sctx, NULL);
+  if (e != CL_SUCCESS)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opencl:%" PRId32 ": opts->stream is not a cl_command_queue (%s)", id,
+                   cl_err_name(e));
+  if (sctx == ctx) {
+    *q = s;
+    return AB_OK;
+  }
+  e = clFinish(s);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clFinish(opts->stream)");
+}
+
+/* The queue to use for a buffer on device `id`: the caller's stream when
+ * it belongs to the buffer's context; ours when the buffer lives in our
+ * context; otherwise a temporary queue on the buffer's own context (a
+ * foreign cl_mem). *tmp is then set and must be released. */
 static ab_status queue_for(int32_t id, cl_mem m, void *stream, cl_command_queue *q, bool *tmp) {
   cl_context ours, theirs = NULL;
   *tmp = false;
-  if (stream != NULL) {
-    *q = (cl_command_queue)stream;
-    return AB_OK;
-  }
   AB_FORWARD(get_queue(id, &ours, q));
   cl_int e = clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL);
   if (e != CL_SUCCESS) return fail_cl(e, id, "clGetMemObjectInfo(CL_MEM_CONTEXT)");
+  if (stream != NULL) {
+    cl_command_queue s = *q;
+    AB_FORWARD(use_stream(id, theirs, stream, &s));
+    if (s == (cl_command_queue)stream) {
+      *q = s;
+      return AB_OK;
+    }
+  }
   if (theirs == ours) return AB_OK;
   *q = clCreateCommandQueue(theirs, devices[id].id, 0, &e);
   if (e != CL_SUCCESS)
@@ -272,6 +295,19 @@ static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, 
                    cl_err_name(e));
   if (type != CL_MEM_OBJECT_BUFFER)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opencl:%" PRId32 ": data is an OpenCL image, not a buffer", id);
+  /* The device the tensor names must be one of the buffer's context. */
+  cl_context ctx = NULL;
+  cl_uint n = 0;
+  cl_device_id in_ctx[MAX_DEVICES];
+  e = clGetMemObjectInfo((cl_mem)handle, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL);
+  if (e == CL_SUCCESS) e = clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL);
+  if (e == CL_SUCCESS && n <= MAX_DEVICES) e = clGetContextInfo(ctx, CL_CONTEXT_DEVICES, sizeof in_ctx, in_ctx, NULL);
+  if (e != CL_SUCCESS) return fail_cl(e, id, "clGetContextInfo");
+  bool found = false;
+  for (cl_uint i = 0; i < n && i < MAX_DEVICES; i++) found |= in_ctx[i] == devices[id].id;
+  if (!found)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opencl:%" PRId32 ": the tensor's buffer belongs to a context without this device", id);
   if (end > size)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "opencl:%" PRId32 ": the tensor addresses bytes [%" PRIu64 ", %" PRIu64 ") of a %zu-byte buffer", id,
@@ -300,7 +336,7 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
   size_t bytes = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
   for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
   AB_FORWARD(get_queue(id, &ctx, &q));
-  if (stream != NULL) q = (cl_command_queue)stream;
+  if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
   cl_int e = clEnqueueCopyBuffer(q, (cl_mem)from->data, (cl_mem)to->data, (size_t)from->byte_offset,
                                  (size_t)to->byte_offset, bytes, 0, NULL, NULL);
   if (e == CL_SUCCESS) e = clFinish(q);
