@@ -70,6 +70,11 @@ struct ab_backend {
    * `id` is the device the tensor names. */
   ab_status (*write)(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream);
   ab_status (*read)(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream);
+  /* A rectangle read into compact host memory: region[0] contiguous bytes
+   * per row, region[1] rows `row_pitch` bytes apart, region[2] slices
+   * `slice_pitch` bytes apart, starting at byte `offset`. May be NULL. */
+  ab_status (*read_rect)(int32_t id, const void *handle, uint64_t offset, const size_t region[3],
+                         size_t row_pitch, size_t slice_pitch, void *dst, void *stream);
   /* Checks that bytes [begin, end) lie inside the buffer `handle` (which
    * may come from another library), before anything touches it;
    * AB_ERR_INVALID_ARGUMENT otherwise. */
@@ -109,6 +114,16 @@ ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, u
                         const void *src, size_t bytes, void *stream);
 ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
                        void *dst, size_t bytes, void *stream);
+/* Whether backend `be` can read this tensor's layout in one rectangle
+ * transfer; fills rect (region, pitches, first byte relative to
+ * data + byte_offset) when it can. */
+typedef struct ab__rect {
+  size_t region[3];
+  size_t row_pitch, slice_pitch;
+} ab__rect;
+bool ab__rect_of(const struct ab_backend *be, const DLTensor *t, size_t elsize, ab__rect *rect);
+ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
+                            const ab__rect *rect, void *dst, void *stream);
 ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
                               uint64_t begin, uint64_t end);
 

@@ -72,7 +72,7 @@ static ab_status stage_alloc(size_t bytes, ab__block **out) {
  * `cur` describes where the bytes are after each step. Staging blocks come
  * from the host pool and go back to it whatever happens. */
 static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
-                           DLTensor *dst, void *stream) {
+                           const ab__rect *rect, DLTensor *dst, void *stream) {
   const struct ab_backend *host = ab__backend_for(kDLCPU);
   ab__block *stage[AB_MAX_STEPS] = {NULL};
   int nstage = 0;
@@ -85,7 +85,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
     if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK ||
-        (s->kind == AB_STEP_DOWNLOAD && lay->compact)) {
+        (s->kind == AB_STEP_DOWNLOAD && (lay->compact || rect != NULL))) {
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
       } else {
@@ -116,6 +116,12 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         cur.data = out_bytes;
         cur.byte_offset = 0;
         cur.strides = NULL;
+      } else if (rect != NULL) {
+        /* Rows of contiguous bytes: one rectangle read, already compact. */
+        st = ab__dev_read_rect(be, cur.device.device_id, cur.data, cur.byte_offset, rect, out_bytes, stream);
+        cur.data = out_bytes;
+        cur.byte_offset = 0;
+        cur.strides = NULL;
       } else {
         /* Only the bytes the strides address, then a host gather (UNPACK). */
         uint64_t extent = (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize;
@@ -142,14 +148,14 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   return st;
 }
 
-static ab_status export_copy(const DLTensor *src, const ab__layout *lay, DLDevice dev,
+static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, DLDevice dev,
                              const struct ab_backend *be, const ab__plan *plan, void *stream,
                              struct ab__tensor **out) {
   struct ab__tensor *t;
   ab_status st;
   AB_FORWARD(ab__tensor_new(dev, src->ndim, src->shape, src->dtype, &t));
   st = ab__tensor_alloc_data(t, be, lay->nbytes);
-  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, &t->mt.dl_tensor, stream);
+  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, rect, &t->mt.dl_tensor, stream);
   if (st != AB_OK) {
     ab__tensor_discard(t);
     return st;
@@ -180,6 +186,7 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   const struct ab_backend *sbe, *tbe;
   DLDevice sdev, tdev;
   ab__plan plan;
+  ab__rect rect;
   struct ab__tensor *t = NULL;
 
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
@@ -201,13 +208,14 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     /* An empty tensor moves nothing, and its data need not be a buffer the
      * backend could inspect. */
     .direct = sbe == tbe && (lay.numel == 0 || ab__dev_can_copy(sbe, src, tdev, lay.compact)),
+    .src_rect = !lay.compact && lay.numel > 0 && ab__rect_of(sbe, src, lay.elsize, &rect),
   };
   AB_FORWARD(ab__plan_route(&q, &plan));
 
   if (plan.steps[0].kind == AB_STEP_VIEW) {
     AB_FORWARD(export_view(src, &lay, tdev, &t));
   } else {
-    AB_FORWARD(export_copy(src, &lay, tdev, tbe, &plan, o.stream, &t));
+    AB_FORWARD(export_copy(src, &lay, q.src_rect ? &rect : NULL, tdev, tbe, &plan, o.stream, &t));
   }
   if (o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;

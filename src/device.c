@@ -224,3 +224,49 @@ ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const voi
   if (be->check_range == NULL) return AB_OK; /* host memory: the producer's contract */
   return be->check_range(id, handle, begin, end);
 }
+
+bool ab__rect_of(const struct ab_backend *be, const DLTensor *t, size_t elsize, ab__rect *rect) {
+  int64_t shape[3], stride[3]; /* bytes; outermost first */
+  int n = 0;
+  if (be->read_rect == NULL || t->strides == NULL) return false;
+  /* Dims of size 1 say nothing; neighbours that are contiguous merge. */
+  for (int32_t i = 0; i < t->ndim; i++) {
+    int64_t sh = t->shape[i], st;
+    if (sh == 1) continue;
+    if (__builtin_mul_overflow(t->strides[i], (int64_t)elsize, &st) || st <= 0) return false;
+    if (n > 0 && stride[n - 1] == st * sh) {
+      shape[n - 1] *= sh;
+      stride[n - 1] = st;
+      continue;
+    }
+    if (n == 3) return false;
+    shape[n] = sh;
+    stride[n] = st;
+    n++;
+  }
+  if (n == 0 || stride[n - 1] != (int64_t)elsize) return false;
+  /* Pad to 3 dims: [slices, rows, row bytes]. */
+  int64_t s3[3] = {1, 1, 1}, p3[3] = {0, 0, 0};
+  for (int k = 0; k < n; k++) {
+    s3[3 - n + k] = shape[k];
+    p3[3 - n + k] = stride[k];
+  }
+  size_t row_bytes = (size_t)s3[2] * elsize;
+  size_t row_pitch = s3[1] > 1 ? (size_t)p3[1] : row_bytes;
+  size_t slice_pitch = s3[0] > 1 ? (size_t)p3[0] : row_pitch * (size_t)s3[1];
+  /* OpenCL's rule: rows may not overlap, slices may not overlap. */
+  if (row_pitch < row_bytes || slice_pitch < row_pitch * (size_t)s3[1]) return false;
+  rect->region[0] = row_bytes;
+  rect->region[1] = (size_t)s3[1];
+  rect->region[2] = (size_t)s3[0];
+  rect->row_pitch = row_pitch;
+  rect->slice_pitch = slice_pitch;
+  return true;
+}
+
+ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
+                            const ab__rect *rect, void *dst, void *stream) {
+  if (be->read_rect == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read rectangles", be->name);
+  return be->read_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, dst, stream);
+}

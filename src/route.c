@@ -59,7 +59,7 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
     if (!q->src_compact) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);
   } else {
     add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
-    if (!q->src_compact) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);
+    if (!q->src_compact && !q->src_rect) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);
   }
   if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);
   return AB_OK;

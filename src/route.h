@@ -11,8 +11,9 @@ typedef enum ab__step_kind {
   AB_STEP_COPY = 2,     /* one backend copy, src -> compact dst, same backend */
   AB_STEP_PACK = 3,     /* host gather of a strided host tensor into a compact host buffer */
   AB_STEP_UPLOAD = 4,   /* compact host bytes -> device */
-  AB_STEP_DOWNLOAD = 5, /* device -> host: the whole compact tensor, or the
-                         * byte extent a strided one addresses */
+  AB_STEP_DOWNLOAD = 5, /* device -> host: the whole compact tensor; a
+                         * strided one as one rectangle read (src_rect) or as
+                         * the byte extent its strides address */
   AB_STEP_UNPACK = 6,   /* host gather of a downloaded strided extent into compact bytes */
 } ab__step_kind;
 
@@ -39,6 +40,9 @@ typedef struct ab__route_query {
   /* The backend can copy this source to dst itself (same backend; for
    * OpenCL: same context and a compact source). */
   bool direct;
+  /* A strided source the source backend can read into compact host memory
+   * in one rectangle transfer (rows of contiguous bytes, up to 3-D). */
+  bool src_rect;
 } ab__route_query;
 
 /* Routes: a view; one backend copy when `direct`; otherwise through host

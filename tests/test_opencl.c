@@ -519,3 +519,42 @@ Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
   clReleaseContext(ctx);
 }
 #endif
+
+/* Crops (rows of contiguous bytes, up to 3-D) come down in one rectangle
+ * read straight into the result: no staging block, not the whole extent. */
+Test(opencl, crops_are_read_as_rectangles_without_staging) {
+  need_devices(1);
+  int64_t s3[3] = {2, 3, 5}, t3[3] = {200, 20, 1};
+  check_layout("3-D crop", dt(kDLUInt, 16, 1), 3, s3, t3, 2 * 7, 2 * 400, 0);
+  int64_t s4[4] = {2, 2, 3, 5}, t4[4] = {900, 300, 20, 1}; /* 4 dims: the extent route */
+  check_layout("4-D crop", dt(kDLUInt, 8, 1), 4, s4, t4, 3, 2000, 0);
+
+  /* a 16 x 16 crop of a 1024 x 1024 float image */
+  size_t n = 1024 * 1024 * 4;
+  float *img = malloc(n);
+  fill_pattern(img, n, 9);
+  int64_t flat[1] = {(int64_t)n};
+  DLTensor whole = {img, CPU0, 1, dt(kDLUInt, 8, 1), flat, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL(0), AB_COPY_ALWAYS);
+  int64_t shape[2] = {16, 16}, strides[2] = {1024, 1};
+  DLTensor crop = {dev->dl_tensor.data, CL(0), 2, dt(kDLFloat, 32, 1), shape, strides, 4 * (1024 * 100 + 200)};
+  DLTensor hcrop = crop;
+  hcrop.device = CPU0;
+  hcrop.data = img;
+  float want[256];
+  reference_gather(&hcrop, want);
+  ab_pool_trim(CPU0);
+  ab_pool_reset_peak(CPU0);
+  struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+  ab_pool_stats(CPU0, &before);
+  DLManagedTensorVersioned *r = convert_ok(&crop, CPU0, AB_COPY_IF_NEEDED);
+  ab_pool_stats(CPU0, &after);
+  cr_assert_eq(memcmp(r->dl_tensor.data, want, sizeof want), 0, "crop read wrongly");
+  cr_assert_eq(after.allocations - before.allocations, 1, "%llu host blocks for a crop: staged, not a rectangle read",
+               (unsigned long long)(after.allocations - before.allocations));
+  cr_assert_lt(after.reserved_bytes.peak, 64 << 10, "the crop pulled %llu bytes to the host",
+               (unsigned long long)after.reserved_bytes.peak);
+  r->deleter(r);
+  dev->deleter(dev);
+  free(img);
+}

@@ -168,6 +168,14 @@ Test(route, device_to_host_downloads_then_unpacks_a_strided_source) {
   q.src_compact = false;
   assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK}, (DLDeviceType[]){kDLCUDA, kDLCPU},
                "cuda:2 -> cpu, strided");
+  /* rows of contiguous bytes: one rectangle read lands compact */
+  q.src_rect = true;
+  assert_steps(&q, 1, (ab__step_kind[]){AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLCUDA}, "cuda:2 -> cpu, rect");
+  ab__route_query x = query(DEV(kDLOpenCL, 0), DEV(kDLCUDA, 0));
+  x.src_compact = false;
+  x.src_rect = true;
+  assert_steps(&x, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLOpenCL, kDLCUDA},
+               "opencl -> cuda, rect");
 }
 
 Test(route, devices_that_cannot_copy_directly_go_through_host) {

@@ -285,6 +285,18 @@ static ab_status cl_read(int32_t id, const void *handle, uint64_t offset, void *
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBuffer");
 }
 
+static ab_status cl_read_rect(int32_t id, const void *handle, uint64_t offset, const size_t region[3],
+                              size_t row_pitch, size_t slice_pitch, void *dst, void *stream) {
+  cl_command_queue q;
+  bool tmp;
+  const size_t origin[3] = {(size_t)offset, 0, 0}, host_origin[3] = {0, 0, 0};
+  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
+  cl_int e = clEnqueueReadBufferRect(q, (cl_mem)handle, CL_TRUE, origin, host_origin, region, row_pitch, slice_pitch,
+                                     region[0], region[0] * region[1], dst, 0, NULL, NULL);
+  if (tmp) clReleaseCommandQueue(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBufferRect");
+}
+
 static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
   size_t size = 0;
   cl_mem_object_type type = 0;
@@ -357,5 +369,6 @@ const struct ab_backend ab__backend_opencl = {
   .can_copy = cl_can_copy,
   .write = cl_write,
   .read = cl_read,
+  .read_rect = cl_read_rect,
   .check_range = cl_check_range,
 };
