@@ -68,6 +68,11 @@ struct ab__pool {
   struct ab_pool_stats st; /* guarded by lock */
   ab__block *bins[NCLASSES];
   ab__block *large;
+  /* Left behind by ab_shutdown while tensors still held blocks: out of the
+   * table (a fresh pool serves the device after re-initialisation), its
+   * blocks go back to the driver as they are freed, and the last one
+   * destroys it. */
+  bool orphaned;
 };
 
 #define MAX_TYPES 32
@@ -574,8 +579,21 @@ void ab__pool_free(ab__block *b) {
   p->st.frees++;
   p->st.in_use_bytes.current -= b->size;
   p->st.requested_bytes.current -= b->requested;
-  put_cached(p, b);
+  if (AB_LIKELY(!p->orphaned)) {
+    put_cached(p, b);
+    pthread_mutex_unlock(&p->lock);
+    return;
+  }
+  p->st.reserved_bytes.current -= b->size;
+  p->st.backend_frees++;
+  bool last = p->st.in_use_bytes.current == 0;
   pthread_mutex_unlock(&p->lock);
+  ab__dev_free(p->be, p->dev.device_id, b->ptr, b->size);
+  ab__free(b);
+  if (last) {
+    pthread_mutex_destroy(&p->lock);
+    ab__free(p);
+  }
 }
 
 /* ---- public API ------------------------------------------------------------ */
@@ -680,14 +698,17 @@ void ab__pool_shutdown(void) {
       pthread_mutex_lock(&p->lock);
       uint64_t in_use = p->st.in_use_bytes.current;
       pthread_mutex_unlock(&p->lock);
+      atomic_store_explicit(&table[t][i], NULL, memory_order_release);
       if (in_use != 0) {
-        /* Live tensors still point at this pool: keep it (their deleters
-         * will return their blocks to it). */
-        AB_LOG(AB_LOG_WARN, "ab_shutdown: %s:%d still has %" PRIu64 " bytes in use; its pool is kept",
+        /* Live tensors still point at this pool: it outlives the table,
+         * and their deleters release its blocks and then the pool. */
+        AB_LOG(AB_LOG_WARN, "ab_shutdown: %s:%d still has %" PRIu64 " bytes in use; they are released when deleted",
                ab_device_type_name((DLDeviceType)t), i, in_use);
+        pthread_mutex_lock(&p->lock);
+        p->orphaned = true;
+        pthread_mutex_unlock(&p->lock);
         continue;
       }
-      atomic_store_explicit(&table[t][i], NULL, memory_order_release);
       pthread_mutex_destroy(&p->lock);
       ab__free(p);
     }

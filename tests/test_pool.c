@@ -1238,3 +1238,25 @@ Test(pool, every_pool_function_rejects_a_missing_device) {
   cr_assert_eq(s.limit_bytes, 0);
   cr_assert_eq(s.allocations, 0);
 }
+
+/* ab_shutdown with a tensor still alive (tolerated): the device gets a
+ * fresh pool, the old block never comes back into circulation, and
+ * deleting the tensor releases its block and the old pool. */
+Test(pool, shutdown_with_a_live_tensor_orphans_its_pool) {
+  long live = ab__alloc_live_settled();
+  DLManagedTensorVersioned *old = alloc_bytes(64 * KiB);
+  check_writable(old, 64 * KiB, 0x5a);
+  ab_shutdown();
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.allocations, 0, "ab_shutdown kept the pool in service");
+  cr_assert_eq(s.in_use_bytes.current, 0);
+  DLManagedTensorVersioned *fresh = alloc_bytes(64 * KiB);
+  check_writable(old, 64 * KiB, 0xa5); /* still the caller's */
+  drop(old);
+  s = get_stats();
+  cr_assert_eq(s.in_use_bytes.current, ab__pool_round(64 * KiB), "the old block was counted in the new pool");
+  cr_assert_eq(s.frees, 0);
+  cr_assert_eq(s.cached_blocks, 0, "the orphaned block went into the new pool's cache");
+  drop(fresh);
+  cr_assert_eq(ab__alloc_live_settled(), live, "%ld blocks leaked", ab__alloc_live_settled() - live);
+}

@@ -356,7 +356,8 @@ AB_API ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user);
 
 /* Releases the library's global state (pools and their cached blocks,
  * backend contexts). Optional; call it after every tensor the library made
- * has been deleted and no other thread is inside the library. Limits set
+ * has been deleted and no other thread is inside the library. (A tensor
+ * still alive is tolerated: its memory is released when it is deleted.) Limits set
  * with ab_set_memory_limit are forgotten; OOM callbacks stay registered.
  * The library re-initialises on next use. */
 AB_API void ab_shutdown(void);
