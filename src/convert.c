@@ -111,29 +111,25 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     }
     case AB_STEP_DOWNLOAD: {
       const struct ab_backend *be = ab__backend_for(s->via);
-      if (lay->compact) {
-        st = ab__dev_read(be, cur.device.device_id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream);
-        cur.data = out_bytes;
-        cur.byte_offset = 0;
-        cur.strides = NULL;
-      } else if (rect != NULL) {
-        /* Rows of contiguous bytes: one rectangle read, already compact. */
-        st = ab__dev_read_rect(be, cur.device.device_id, cur.data, cur.byte_offset, rect, out_bytes, stream);
-        cur.data = out_bytes;
-        cur.byte_offset = 0;
-        cur.strides = NULL;
-      } else {
+      const int32_t id = cur.device.device_id;
+      cur.device = (DLDevice){kDLCPU, 0};
+      if (out_bytes == NULL) {
         /* Only the bytes the strides address, then a host gather (UNPACK). */
         uint64_t extent = (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize;
         st = stage_alloc((size_t)extent, &stage[nstage]);
         if (st != AB_OK) break;
         void *buf = stage[nstage++]->ptr;
-        st = ab__dev_read(be, cur.device.device_id, cur.data, cur.byte_offset + (uint64_t)lay->min_off, buf,
-                          (size_t)extent, stream);
+        st = ab__dev_read(be, id, cur.data, cur.byte_offset + (uint64_t)lay->min_off, buf, (size_t)extent, stream);
         cur.data = buf;
         cur.byte_offset = (uint64_t)0 - (uint64_t)lay->min_off;
+        break;
       }
-      cur.device = (DLDevice){kDLCPU, 0};
+      /* Compact, or rows of contiguous bytes in one rectangle read. */
+      st = lay->compact ? ab__dev_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
+                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
+      cur.data = out_bytes;
+      cur.byte_offset = 0;
+      cur.strides = NULL;
       break;
     }
     case AB_STEP_UPLOAD:
