@@ -79,13 +79,15 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   DLTensor cur = *src;
   ab_status st = AB_OK;
 
+  bool cur_compact = lay->compact;
+
   for (int i = 0; i < plan->nsteps && st == AB_OK; i++) {
     const ab__step *s = &plan->steps[i];
     const bool last = i == plan->nsteps - 1;
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
     if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK ||
-        (s->kind == AB_STEP_DOWNLOAD && (lay->compact || rect != NULL))) {
+        (s->kind == AB_STEP_DOWNLOAD && (cur_compact || rect != NULL))) {
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
       } else {
@@ -95,9 +97,25 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       }
     }
     switch (s->kind) {
-    case AB_STEP_COPY:
-      st = ab__dev_copy(ab__backend_for(s->via), &cur, dst, stream);
+    case AB_STEP_COPY: {
+      const struct ab_backend *be = ab__backend_for(s->via);
+      if (last) {
+        st = ab__dev_copy(be, &cur, dst, stream);
+        break;
+      }
+      /* A gather on the source's device into a staging buffer there. */
+      st = ab__pool_alloc(be, s->to, lay->nbytes, &stage[nstage]);
+      if (st != AB_OK) break;
+      DLTensor to = cur;
+      to.device = s->to;
+      to.data = stage[nstage++]->ptr;
+      to.byte_offset = 0;
+      to.strides = NULL;
+      st = ab__dev_copy(be, &cur, &to, stream);
+      cur = to;
+      cur_compact = true;
       break;
+    }
     case AB_STEP_PACK:
     case AB_STEP_UNPACK: {
       DLTensor to = cur;
@@ -107,6 +125,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       to.strides = NULL;
       st = ab__dev_copy(host, &cur, &to, NULL);
       cur = to;
+      cur_compact = true;
       break;
     }
     case AB_STEP_DOWNLOAD: {
@@ -125,11 +144,12 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         break;
       }
       /* Compact, or rows of contiguous bytes in one rectangle read. */
-      st = lay->compact ? ab__dev_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
-                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
+      st = cur_compact ? ab__dev_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
+                       : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
       cur.data = out_bytes;
       cur.byte_offset = 0;
       cur.strides = NULL;
+      cur_compact = true;
       break;
     }
     case AB_STEP_UPLOAD:
@@ -205,6 +225,10 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
      * backend could inspect. */
     .direct = sbe == tbe && (lay.numel == 0 || ab__dev_can_copy(sbe, src, tdev, lay.compact)),
     .src_rect = !lay.compact && lay.numel > 0 && ab__rect_of(sbe, src, lay.elsize, &rect),
+    .src_gather = !lay.compact && lay.numel > 0 && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+                  ab__dev_can_copy(sbe, src, sdev, false),
+    .nbytes = lay.nbytes,
+    .extent = lay.numel > 0 ? (uint64_t)lay.max_off - (uint64_t)lay.min_off + lay.elsize : 0,
   };
   AB_FORWARD(ab__plan_route(&q, &plan));
 

@@ -58,8 +58,10 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   if (src_host) {
     if (!q->src_compact) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);
   } else {
+    const bool gather = !q->src_compact && !q->src_rect && q->src_gather && q->extent > q->nbytes;
+    if (gather) add(plan, AB_STEP_COPY, q->src, q->src, q->src.device_type);
     add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
-    if (!q->src_compact && !q->src_rect) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);
+    if (!q->src_compact && !q->src_rect && !gather) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);
   }
   if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);
   return AB_OK;

@@ -43,6 +43,12 @@ typedef struct ab__route_query {
   /* A strided source the source backend can read into compact host memory
    * in one rectangle transfer (rows of contiguous bytes, up to 3-D). */
   bool src_rect;
+  /* The source backend can gather this strided source into a compact
+   * buffer on its own device (an OpenCL kernel). */
+  bool src_gather;
+  /* Bytes of the tensor, and bytes its strides span: a gather moves the
+   * first over the link, a raw download the second. */
+  uint64_t nbytes, extent;
 } ab__route_query;
 
 /* Routes: a view; one backend copy when `direct`; otherwise through host

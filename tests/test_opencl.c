@@ -16,6 +16,7 @@
 #endif
 
 #include "internal.h"
+#include "pool.h"
 #include "support.h"
 
 #define CL(i) ((DLDevice){kDLOpenCL, (i)})
@@ -557,4 +558,60 @@ Test(opencl, crops_are_read_as_rectangles_without_staging) {
   r->deleter(r);
   dev->deleter(dev);
   free(img);
+}
+
+/* Sparse strided sources are gathered by a kernel on their device and only
+ * the tensor's bytes cross to the host; odd element sizes and offsets that
+ * do not suit a typed move use the byte kernel. */
+Test(opencl, sparse_sources_are_gathered_on_the_device) {
+  need_devices(1);
+  size_t n = 1 << 20;
+  unsigned char *buf = malloc(n);
+  fill_pattern(buf, n, 31);
+  int64_t flat[1] = {(int64_t)n};
+  DLTensor whole = {buf, CPU0, 1, dt(kDLUInt, 8, 1), flat, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL(0), AB_COPY_ALWAYS);
+  static const struct {
+    DLDataType type;
+    int64_t shape[2], strides[2];
+    uint64_t offset;
+  } cases[] = {
+    {{kDLFloat, 32, 1}, {64, 100}, {1000, 10}, 4 * 7},  /* every 10th float of 64 rows */
+    {{kDLFloat, 64, 1}, {50, 20}, {-200, 9}, 8 * 11000}, /* reversed rows, gaps */
+    {{kDLUInt, 8, 3}, {40, 30}, {300, 7}, 5},            /* 3-byte elements */
+    {{kDLInt, 32, 1}, {30, 30}, {700, 3}, 6},            /* misaligned for a typed move */
+    {{kDLComplex, 128, 1}, {10, 12}, {60, 4}, 16 * 3},   /* 16-byte elements */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    DLTensor t = {dev->dl_tensor.data, CL(0), 2, cases[k].type, (int64_t *)cases[k].shape,
+                  (int64_t *)cases[k].strides, cases[k].offset};
+    DLTensor h = t;
+    h.device = CPU0;
+    h.data = buf;
+    size_t bytes = (size_t)numel_of(2, t.shape) * elsize_of(t.dtype);
+    unsigned char *want = malloc(bytes);
+    reference_gather(&h, want);
+    ab_pool_trim(CPU0);
+    ab_pool_reset_peak(CPU0);
+    DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_IF_NEEDED);
+    cr_assert_eq(memcmp(r->dl_tensor.data, want, bytes), 0, "case %zu: gathered wrongly", k);
+    struct ab_pool_stats s = {.size = sizeof s};
+    ab_pool_stats(CPU0, &s);
+    cr_assert_leq(s.reserved_bytes.peak, ab__pool_round(bytes) + 4096,
+                  "case %zu: %llu host bytes for a %zu-byte tensor: the extent was staged", k,
+                  (unsigned long long)s.reserved_bytes.peak, bytes);
+    r->deleter(r);
+    /* and device to device within the context, by the same kernel */
+    if (ab_device_count(kDLOpenCL) > 1) {
+      DLManagedTensorVersioned *o = convert_ok(&t, CL(1), AB_COPY_IF_NEEDED);
+      DLManagedTensorVersioned *b = convert_ok(&o->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+      cr_assert_eq(memcmp(b->dl_tensor.data, want, bytes), 0, "case %zu: opencl:0 -> opencl:1 wrong", k);
+      b->deleter(b);
+      o->deleter(o);
+    }
+    free(want);
+  }
+  dev->deleter(dev);
+  free(buf);
+  assert_pool_clean(CL(0));
 }

@@ -178,6 +178,28 @@ Test(route, device_to_host_downloads_then_unpacks_a_strided_source) {
                "opencl -> cuda, rect");
 }
 
+Test(route, a_sparse_device_source_is_gathered_where_it_is) {
+  ab__route_query q = query(DEV(kDLOpenCL, 1), CPU0);
+  q.src_compact = false;
+  q.src_gather = true;
+  q.nbytes = 1000;
+  q.extent = 100000;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_COPY, AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "sparse opencl -> cpu");
+  /* the copy runs on the source's own device */
+  ab__plan plan;
+  cr_assert_eq(ab__plan_route(&q, &plan), AB_OK);
+  cr_assert(dev_eq(plan.steps[0].to, DEV(kDLOpenCL, 1)));
+  /* dense enough (broadcast, transposes): the extent is no larger, so no kernel */
+  q.extent = 1000;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "dense strided opencl -> cpu");
+  /* a rectangle read wins over both */
+  q.extent = 100000;
+  q.src_rect = true;
+  assert_steps(&q, 1, (ab__step_kind[]){AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL}, "rect opencl -> cpu");
+}
+
 Test(route, devices_that_cannot_copy_directly_go_through_host) {
   ab__route_query q = query(DEV(kDLCUDA, 0), DEV(kDLOpenCL, 1));
   assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCUDA, kDLOpenCL},

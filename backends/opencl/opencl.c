@@ -30,11 +30,22 @@
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
 
+/* The gather kernels, one per element width (1, 2, 4, 8, 16 bytes). */
+#define NKERNELS 5
+
 struct platform {
   cl_platform_id id;
   cl_context ctx; /* lazily */
   int first, count; /* its devices in the flat table */
+  /* converters/opencl/gather.cl, built on first need; a failed build is
+   * remembered (strided copies then go through the host) */
+  cl_program prog;
+  cl_kernel gather[NKERNELS];
+  bool prog_failed;
 };
+
+extern const char ab__opencl_gather_cl[];
+extern const size_t ab__opencl_gather_cl_len;
 
 struct device {
   cl_device_id id;
@@ -123,6 +134,9 @@ static ab_status cl_init(void) {
     pl->ctx = NULL;
     pl->first = ndevices;
     pl->count = 0;
+    pl->prog = NULL;
+    pl->prog_failed = false;
+    for (int k = 0; k < NKERNELS; k++) pl->gather[k] = NULL;
     for (cl_uint d = 0; d < nd && ndevices < MAX_DEVICES; d++) {
       devices[ndevices] = (struct device){devs[d], nplatforms, NULL};
       ndevices++;
@@ -139,6 +153,11 @@ static ab_status cl_init(void) {
 
 static void cl_shutdown(void) {
   pthread_mutex_lock(&lock);
+  for (int p = 0; p < nplatforms; p++) {
+    for (int k = 0; k < NKERNELS; k++)
+      if (platforms[p].gather[k]) clReleaseKernel(platforms[p].gather[k]);
+    if (platforms[p].prog) clReleaseProgram(platforms[p].prog);
+  }
   for (int i = 0; i < ndevices; i++)
     if (devices[i].queue) clReleaseCommandQueue(devices[i].queue);
   for (int p = 0; p < nplatforms; p++)
@@ -327,28 +346,163 @@ static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, 
   return AB_OK;
 }
 
-/* Same-device or same-context copies of a compact source: one
- * clEnqueueCopyBuffer on the destination's queue. */
+/* ---- gather kernels --------------------------------------------------- */
+
+/* A source layout as the kernel takes it: up to 8 dims after dropping
+ * size-1 dims and merging contiguous neighbours, in units of the element
+ * width `w` (the element size, or 1 byte when the offset or the size does
+ * not suit a typed move, with the element's bytes as an extra inner dim). */
+struct klayout {
+  int n, k; /* dims, kernel index */
+  cl_long8 shape, stride;
+  uint64_t offset; /* in units of w */
+  uint64_t count;  /* elements of width w */
+};
+
+static int width_index(size_t w) {
+  switch (w) {
+  case 1: return 0;
+  case 2: return 1;
+  case 4: return 2;
+  case 8: return 3;
+  case 16: return 4;
+  default: return -1;
+  }
+}
+
+static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
+  size_t es = (size_t)(t->dtype.bits / 8u) * t->dtype.lanes, w = es;
+  int64_t shape[AB_MAX_NDIM + 1], stride[AB_MAX_NDIM + 1];
+  int n = 0;
+  if (width_index(es) < 0 || t->byte_offset % es != 0) w = 1;
+  int64_t scale = (int64_t)(es / w);
+  if (t->strides == NULL) return false; /* compact: clEnqueueCopyBuffer's job */
+  for (int32_t i = 0; i < t->ndim; i++) {
+    int64_t sh = t->shape[i], st = t->strides[i];
+    if (sh == 1) continue;
+    int64_t span;
+    st *= scale; /* validated: (sh - 1) * st * es fits, and sh >= 2 */
+    if (n > 0 && !__builtin_mul_overflow(st, sh, &span) && stride[n - 1] == span) {
+      shape[n - 1] *= sh;
+      stride[n - 1] = st;
+    } else {
+      shape[n] = sh;
+      stride[n] = st;
+      n++;
+    }
+  }
+  if (scale > 1) { /* the element's bytes, contiguous */
+    if (n > 0 && stride[n - 1] == scale) {
+      shape[n - 1] *= scale;
+      stride[n - 1] = 1;
+    } else {
+      shape[n] = scale;
+      stride[n] = 1;
+      n++;
+    }
+  }
+  if (n > 8) return false;
+  memset(kl, 0, sizeof *kl);
+  kl->n = n;
+  kl->k = width_index(w);
+  kl->offset = t->byte_offset / w;
+  kl->count = 1;
+  for (int i = 0; i < n; i++) {
+    kl->shape.s[i] = shape[i];
+    kl->stride.s[i] = stride[i];
+    kl->count *= (uint64_t)shape[i];
+  }
+  for (int i = n; i < 8; i++) kl->shape.s[i] = 1;
+  return true;
+}
+
+/* The platform's gather kernels, built on first use; false when they
+ * cannot be (no compiler in the driver, for instance). Under `lock`. */
+static bool kernels_ready(struct platform *p) {
+  if (p->prog != NULL) return true;
+  if (p->prog_failed || p->ctx == NULL) return false;
+  const char *src = ab__opencl_gather_cl;
+  size_t len = ab__opencl_gather_cl_len;
+  cl_int e;
+  cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
+  if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
+  static const char *names[NKERNELS] = {"ab_gather_1", "ab_gather_2", "ab_gather_4", "ab_gather_8", "ab_gather_16"};
+  for (int k = 0; k < NKERNELS && e == CL_SUCCESS; k++) p->gather[k] = clCreateKernel(prog, names[k], &e);
+  if (e != CL_SUCCESS) {
+    AB_LOG(AB_LOG_WARN, "OpenCL gather kernels unavailable (%s, %d): strided copies go through the host",
+           cl_err_name(e), (int)e);
+    for (int k = 0; k < NKERNELS; k++)
+      if (p->gather[k]) clReleaseKernel(p->gather[k]), p->gather[k] = NULL;
+    if (prog) clReleaseProgram(prog);
+    p->prog_failed = true;
+    return false;
+  }
+  p->prog = prog;
+  return true;
+}
+
+/* Copies within one context: a compact source with clEnqueueCopyBuffer, a
+ * strided one (up to 8 dims after merging) with the gather kernel. */
 static bool cl_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
-  if (!from_compact) return false;
   cl_context theirs = NULL;
+  struct klayout kl;
   if (clGetMemObjectInfo((cl_mem)from->data, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL) != CL_SUCCESS)
     return false;
-  int p = devices[to.device_id].platform;
+  struct platform *p = &platforms[devices[to.device_id].platform];
   pthread_mutex_lock(&lock);
-  cl_context ours = platforms[p].ctx;
+  bool ok = p->ctx != NULL && theirs == p->ctx && (from_compact || (kernel_layout(from, &kl) && kernels_ready(p)));
   pthread_mutex_unlock(&lock);
-  return ours != NULL && theirs == ours;
+  return ok;
+}
+
+static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q) {
+  struct klayout kl;
+  struct platform *p = &platforms[devices[id].platform];
+  if (!kernel_layout(from, &kl))
+    return AB_FAIL(AB_ERR_INTERNAL, "opencl:%" PRId32 ": gather asked for a layout the kernel cannot take", id);
+  size_t w = (size_t)1 << kl.k; /* kernels 0..4 move 1, 2, 4, 8, 16 bytes */
+  cl_ulong src_off = kl.offset, dst_off = to->byte_offset / w, n = kl.count;
+  cl_int ndim = kl.n;
+  cl_mem src = (cl_mem)from->data, dst = (cl_mem)to->data;
+  size_t local = 64, global = (size_t)((n + local - 1) / local * local);
+  cl_int e;
+  /* Arguments are captured at enqueue: the lock keeps two threads from
+   * interleaving their clSetKernelArg calls on the shared kernel. */
+  pthread_mutex_lock(&lock);
+  if (!kernels_ready(p)) {
+    pthread_mutex_unlock(&lock);
+    return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the gather kernels could not be built", id);
+  }
+  cl_kernel k = p->gather[kl.k];
+  e = clSetKernelArg(k, 0, sizeof src, &src);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof dst, &dst);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 4, sizeof ndim, &ndim);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof kl.shape, &kl.shape);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof kl.stride, &kl.stride);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
+  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, &local, 0, NULL, NULL);
+  pthread_mutex_unlock(&lock);
+  if (e == CL_SUCCESS) e = clFinish(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "the gather kernel");
 }
 
 static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
   cl_context ctx;
   cl_command_queue q;
   int32_t id = to->device.device_id;
+  bool compact = true;
   size_t bytes = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
-  for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
+  int64_t expect = 1;
+  for (int32_t i = from->ndim - 1; i >= 0; i--) {
+    if (from->strides && from->shape[i] != 1 && from->strides[i] != expect) compact = false;
+    expect *= from->shape[i];
+  }
   AB_FORWARD(get_queue(id, &ctx, &q));
   if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
+  if (!compact) return gather(id, from, to, q);
+  for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
   cl_int e = clEnqueueCopyBuffer(q, (cl_mem)from->data, (cl_mem)to->data, (size_t)from->byte_offset,
                                  (size_t)to->byte_offset, bytes, 0, NULL, NULL);
   if (e == CL_SUCCESS) e = clFinish(q);
