@@ -35,6 +35,10 @@
 enum {
   /* Host code may read and write this memory through DLTensor.data. */
   AB_CAP_HOST_ACCESSIBLE = 1u << 0,
+  /* Per device (device_caps): the device's memory is the host's RAM (an
+   * OpenCL CPU device), so moving bytes to the host is a memcpy while its
+   * kernels are slow: the planner prefers host-side work there. */
+  AB_CAP_UNIFIED_MEMORY = 1u << 1,
 };
 
 struct ab_backend {
@@ -51,6 +55,8 @@ struct ab_backend {
 
   /* Number of devices after init; never negative. Never NULL. */
   int32_t (*device_count)(void);
+  /* Per-device capability bits (AB_CAP_UNIFIED_MEMORY); may be NULL. */
+  uint32_t (*device_caps)(int32_t id);
   ab_status (*device_info)(int32_t id, struct ab_device_info *out);
 
   ab_status (*alloc)(int32_t id, size_t bytes, void **out);
@@ -75,6 +81,11 @@ struct ab_backend {
    * `slice_pitch` bytes apart, starting at byte `offset`. May be NULL. */
   ab_status (*read_rect)(int32_t id, const void *handle, uint64_t offset, const size_t region[3],
                          size_t row_pitch, size_t slice_pitch, void *dst, void *stream);
+  /* The reverse: a rectangle of host memory at `src` (rows `row_pitch`,
+   * slices `slice_pitch` bytes apart) into compact device bytes at
+   * `offset`. May be NULL. */
+  ab_status (*write_rect)(int32_t id, void *handle, uint64_t offset, const size_t region[3], size_t row_pitch,
+                          size_t slice_pitch, const void *src, void *stream);
   /* Checks that bytes [begin, end) lie inside the buffer `handle` (which
    * may come from another library), before anything touches it;
    * AB_ERR_INVALID_ARGUMENT otherwise. */
@@ -114,14 +125,21 @@ ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, u
                         const void *src, size_t bytes, void *stream);
 ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
                        void *dst, size_t bytes, void *stream);
-/* Whether backend `be` can read this tensor's layout in one rectangle
- * transfer; fills rect (region, pitches, first byte relative to
- * data + byte_offset) when it can. */
+/* Whether this tensor's layout is one rectangle transfer: rows of
+ * contiguous bytes (up to 3-D after merging dims, positive strides, rows
+ * and slices not overlapping), starting at data + byte_offset. Fills rect
+ * when it is. Whether a backend can do rectangles is its read_rect /
+ * write_rect. */
 typedef struct ab__rect {
   size_t region[3];
   size_t row_pitch, slice_pitch;
 } ab__rect;
-bool ab__rect_of(const struct ab_backend *be, const DLTensor *t, size_t elsize, ab__rect *rect);
+bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect);
+bool ab__dev_has_read_rect(const struct ab_backend *be);
+uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id);
+bool ab__dev_has_write_rect(const struct ab_backend *be);
+ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
+                             const ab__rect *rect, const void *src, void *stream);
 ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
                             const ab__rect *rect, void *dst, void *stream);
 ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,

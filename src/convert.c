@@ -153,8 +153,12 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       break;
     }
     case AB_STEP_UPLOAD:
-      st = ab__dev_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
-                         (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
+      if (cur_compact)
+        st = ab__dev_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
+                           (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
+      else /* a host crop, written as one rectangle */
+        st = ab__dev_write_rect(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset, rect,
+                                (const char *)cur.data + cur.byte_offset, stream);
       break;
     default:
       st = AB_FAIL(AB_ERR_INTERNAL, "plan step %d has unknown kind %d", i, (int)s->kind);
@@ -215,8 +219,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   ab__route_query q = {
     .src = sdev,
     .dst = tdev,
-    .src_caps = sbe->caps,
-    .dst_caps = tbe->caps,
+    .src_caps = ab__dev_caps(sbe, sdev.device_id),
+    .dst_caps = ab__dev_caps(tbe, tdev.device_id),
     .same_dtype = o.dtype.bits == 0 || dtype_eq(o.dtype, src->dtype),
     .src_compact = lay.compact,
     .copy = o.copy,
@@ -224,7 +228,9 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     /* An empty tensor moves nothing, and its data need not be a buffer the
      * backend could inspect. */
     .direct = sbe == tbe && (lay.numel == 0 || ab__dev_can_copy(sbe, src, tdev, lay.compact)),
-    .src_rect = !lay.compact && lay.numel > 0 && ab__rect_of(sbe, src, lay.elsize, &rect),
+    .src_rect = !lay.compact && lay.numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay.elsize, &rect),
+    .dst_rect = !lay.compact && lay.numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
+                ab__rect_of(src, lay.elsize, &rect),
     .src_gather = !lay.compact && lay.numel > 0 && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
                   ab__dev_can_copy(sbe, src, sdev, false),
     .nbytes = lay.nbytes,
@@ -235,7 +241,7 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   if (plan.steps[0].kind == AB_STEP_VIEW) {
     AB_FORWARD(export_view(src, &lay, tdev, &t));
   } else {
-    AB_FORWARD(export_copy(src, &lay, q.src_rect ? &rect : NULL, tdev, tbe, &plan, o.stream, &t));
+    AB_FORWARD(export_copy(src, &lay, q.src_rect || q.dst_rect ? &rect : NULL, tdev, tbe, &plan, o.stream, &t));
   }
   if (o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;

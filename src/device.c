@@ -225,10 +225,10 @@ ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const voi
   return be->check_range(id, handle, begin, end);
 }
 
-bool ab__rect_of(const struct ab_backend *be, const DLTensor *t, size_t elsize, ab__rect *rect) {
+bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
   int64_t shape[3], stride[3]; /* bytes; outermost first */
   int n = 0;
-  if (be->read_rect == NULL || t->strides == NULL) return false;
+  if (t->strides == NULL) return false;
   /* Dims of size 1 say nothing; neighbours that are contiguous merge. */
   for (int32_t i = 0; i < t->ndim; i++) {
     int64_t sh = t->shape[i], st;
@@ -269,4 +269,18 @@ ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void 
   if (be->read_rect == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read rectangles", be->name);
   return be->read_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, dst, stream);
+}
+
+bool ab__dev_has_read_rect(const struct ab_backend *be) { return be->read_rect != NULL; }
+bool ab__dev_has_write_rect(const struct ab_backend *be) { return be->write_rect != NULL; }
+
+ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
+                             const ab__rect *rect, const void *src, void *stream) {
+  if (be->write_rect == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write rectangles", be->name);
+  return be->write_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, src, stream);
+}
+
+uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id) {
+  return be->caps | (be->device_caps ? be->device_caps(id) : 0);
 }

@@ -56,9 +56,15 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
                    ab_device_type_name(q->dst.device_type), q->dst.device_id);
   /* Through host memory. */
   if (src_host) {
-    if (!q->src_compact) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);
+    if (!q->src_compact && !(q->dst_rect && !dst_host)) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);
   } else {
-    const bool gather = !q->src_compact && !q->src_rect && q->src_gather && q->extent > q->nbytes;
+    /* A gather kernel moves fewer bytes over the link; on a device whose
+     * memory is the host's the link is a memcpy and kernels are slow
+     * (bench/results/2026-11-22-opencl.md), so only a very sparse source
+     * is worth one there. */
+    const uint64_t worth = (q->src_caps & AB_CAP_UNIFIED_MEMORY) ? 16 : 1;
+    const bool gather = !q->src_compact && !q->src_rect && q->src_gather && q->nbytes <= UINT64_MAX / worth &&
+                        q->extent > q->nbytes * worth;
     if (gather) add(plan, AB_STEP_COPY, q->src, q->src, q->src.device_type);
     add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
     if (!q->src_compact && !q->src_rect && !gather) add(plan, AB_STEP_UNPACK, host, host, kDLCPU);

@@ -10,7 +10,7 @@ typedef enum ab__step_kind {
   AB_STEP_VIEW = 1,     /* alias src's bytes; nothing moves */
   AB_STEP_COPY = 2,     /* one backend copy, src -> compact dst, same backend */
   AB_STEP_PACK = 3,     /* host gather of a strided host tensor into a compact host buffer */
-  AB_STEP_UPLOAD = 4,   /* compact host bytes -> device */
+  AB_STEP_UPLOAD = 4,   /* host bytes -> device: compact, or one rectangle (dst_rect) */
   AB_STEP_DOWNLOAD = 5, /* device -> host: the whole compact tensor; a
                          * strided one as one rectangle read (src_rect) or as
                          * the byte extent its strides address */
@@ -43,6 +43,9 @@ typedef struct ab__route_query {
   /* A strided source the source backend can read into compact host memory
    * in one rectangle transfer (rows of contiguous bytes, up to 3-D). */
   bool src_rect;
+  /* A strided host source the target backend can write into its compact
+   * buffer in one rectangle transfer. */
+  bool dst_rect;
   /* The source backend can gather this strided source into a compact
    * buffer on its own device (an OpenCL kernel). */
   bool src_gather;

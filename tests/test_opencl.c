@@ -557,6 +557,18 @@ Test(opencl, crops_are_read_as_rectangles_without_staging) {
                (unsigned long long)after.reserved_bytes.peak);
   r->deleter(r);
   dev->deleter(dev);
+
+  /* the reverse: a host crop goes up as one rectangle write, no packing */
+  DLTensor hup = hcrop;
+  ab_pool_trim(CPU0);
+  ab_pool_stats(CPU0, &before);
+  DLManagedTensorVersioned *up = convert_ok(&hup, CL(0), AB_COPY_IF_NEEDED);
+  ab_pool_stats(CPU0, &after);
+  cr_assert_eq(after.allocations, before.allocations, "the crop was packed in a host staging buffer");
+  DLManagedTensorVersioned *down = convert_ok(&up->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  cr_assert_eq(memcmp(down->dl_tensor.data, want, sizeof want), 0, "crop written wrongly");
+  down->deleter(down);
+  up->deleter(up);
   free(img);
 }
 
@@ -576,11 +588,13 @@ Test(opencl, sparse_sources_are_gathered_on_the_device) {
     int64_t shape[2], strides[2];
     uint64_t offset;
   } cases[] = {
-    {{kDLFloat, 32, 1}, {64, 100}, {1000, 10}, 4 * 7},  /* every 10th float of 64 rows */
-    {{kDLFloat, 64, 1}, {50, 20}, {-200, 9}, 8 * 11000}, /* reversed rows, gaps */
-    {{kDLUInt, 8, 3}, {40, 30}, {300, 7}, 5},            /* 3-byte elements */
+    /* all over 16x sparser than dense, so even a device whose memory is
+     * the host's (PoCL) takes the kernel */
+    {{kDLFloat, 32, 1}, {64, 100}, {2000, 10}, 4 * 7},   /* every 10th float of 64 rows */
+    {{kDLFloat, 64, 1}, {50, 20}, {-400, 9}, 8 * 20000}, /* reversed rows, gaps */
+    {{kDLUInt, 8, 3}, {40, 30}, {600, 7}, 5},            /* 3-byte elements */
     {{kDLInt, 32, 1}, {30, 30}, {700, 3}, 6},            /* misaligned for a typed move */
-    {{kDLComplex, 128, 1}, {10, 12}, {60, 4}, 16 * 3},   /* 16-byte elements */
+    {{kDLComplex, 128, 1}, {10, 12}, {300, 4}, 16 * 3},  /* 16-byte elements */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     DLTensor t = {dev->dl_tensor.data, CL(0), 2, cases[k].type, (int64_t *)cases[k].shape,

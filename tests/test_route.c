@@ -160,6 +160,9 @@ Test(route, host_to_device_uploads_after_packing_a_strided_source) {
   q.src_compact = false;
   assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_PACK, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, kDLCUDA},
                "cpu -> cuda, strided");
+  /* a crop the target writes as one rectangle needs no packing */
+  q.dst_rect = true;
+  assert_steps(&q, 1, (ab__step_kind[]){AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCUDA}, "cpu -> cuda, rect");
 }
 
 Test(route, device_to_host_downloads_then_unpacks_a_strided_source) {
@@ -194,6 +197,15 @@ Test(route, a_sparse_device_source_is_gathered_where_it_is) {
   q.extent = 1000;
   assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
                "dense strided opencl -> cpu");
+  /* memory that is the host's: only a very sparse source is worth a kernel */
+  q.src_caps = AB_CAP_UNIFIED_MEMORY;
+  q.extent = 10000;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_UNPACK}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "10x sparse, unified memory");
+  q.extent = 100000;
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_COPY, AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "100x sparse, unified memory");
+  q.src_caps = 0;
   /* a rectangle read wins over both */
   q.extent = 100000;
   q.src_rect = true;

@@ -51,6 +51,7 @@ struct device {
   cl_device_id id;
   int platform;
   cl_command_queue queue; /* lazily */
+  bool unified;           /* CL_DEVICE_HOST_UNIFIED_MEMORY */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -138,7 +139,9 @@ static ab_status cl_init(void) {
     pl->prog_failed = false;
     for (int k = 0; k < NKERNELS; k++) pl->gather[k] = NULL;
     for (cl_uint d = 0; d < nd && ndevices < MAX_DEVICES; d++) {
-      devices[ndevices] = (struct device){devs[d], nplatforms, NULL};
+      cl_bool unified = CL_FALSE;
+      clGetDeviceInfo(devs[d], CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
+      devices[ndevices] = (struct device){devs[d], nplatforms, NULL, unified == CL_TRUE};
       ndevices++;
       pl->count++;
     }
@@ -167,6 +170,8 @@ static void cl_shutdown(void) {
 }
 
 static int32_t cl_count(void) { return ndevices; }
+
+static uint32_t cl_device_caps(int32_t id) { return devices[id].unified ? AB_CAP_UNIFIED_MEMORY : 0; }
 
 /* The context and queue of a device, created on first use. */
 static ab_status get_queue(int32_t id, cl_context *ctx, cl_command_queue *q) {
@@ -314,6 +319,18 @@ static ab_status cl_read_rect(int32_t id, const void *handle, uint64_t offset, c
                                      region[0], region[0] * region[1], dst, 0, NULL, NULL);
   if (tmp) clReleaseCommandQueue(q);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBufferRect");
+}
+
+static ab_status cl_write_rect(int32_t id, void *handle, uint64_t offset, const size_t region[3], size_t row_pitch,
+                               size_t slice_pitch, const void *src, void *stream) {
+  cl_command_queue q;
+  bool tmp;
+  const size_t origin[3] = {(size_t)offset, 0, 0}, host_origin[3] = {0, 0, 0};
+  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
+  cl_int e = clEnqueueWriteBufferRect(q, (cl_mem)handle, CL_TRUE, origin, host_origin, region, region[0],
+                                      region[0] * region[1], row_pitch, slice_pitch, src, 0, NULL, NULL);
+  if (tmp) clReleaseCommandQueue(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueWriteBufferRect");
 }
 
 static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
@@ -516,6 +533,7 @@ const struct ab_backend ab__backend_opencl = {
   .init = cl_init,
   .shutdown = cl_shutdown,
   .device_count = cl_count,
+  .device_caps = cl_device_caps,
   .device_info = cl_info,
   .alloc = cl_alloc,
   .free = cl_free,
@@ -524,5 +542,6 @@ const struct ab_backend ab__backend_opencl = {
   .write = cl_write,
   .read = cl_read,
   .read_rect = cl_read_rect,
+  .write_rect = cl_write_rect,
   .check_range = cl_check_range,
 };
