@@ -65,7 +65,8 @@ struct ab_backend {
   ab_status (*copy)(const DLTensor *from, DLTensor *to, void *stream);
   /* Whether copy() handles this source and destination (both this
    * backend's devices); NULL means always. The host's copy takes any
-   * strides; OpenCL's only compact sources within one context. */
+   * strides; OpenCL's takes sources within one context: compact ones, and
+   * strided ones its gather kernel can take. */
   bool (*can_copy)(const DLTensor *from, DLDevice to, bool from_compact);
 
   /* For memory host code cannot address (NULL for host-accessible
@@ -127,7 +128,8 @@ ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *hand
                        void *dst, size_t bytes, void *stream);
 /* Whether this tensor's layout is one rectangle transfer: rows of
  * contiguous bytes (up to 3-D after merging dims, positive strides, rows
- * and slices not overlapping), starting at data + byte_offset. Fills rect
+ * and slices not overlapping, the slice pitch a multiple of the row pitch),
+ * starting at data + byte_offset. Fills rect
  * when it is. Whether a backend can do rectangles is its read_rect /
  * write_rect. */
 typedef struct ab__rect {

@@ -231,11 +231,13 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     .src_rect = !lay.compact && lay.numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay.elsize, &rect),
     .dst_rect = !lay.compact && lay.numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
                 ab__rect_of(src, lay.elsize, &rect),
-    .src_gather = !lay.compact && lay.numel > 0 && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
-                  ab__dev_can_copy(sbe, src, sdev, false),
     .nbytes = lay.nbytes,
     .extent = lay.numel > 0 ? (uint64_t)lay.max_off - (uint64_t)lay.min_off + lay.elsize : 0,
   };
+  /* Asking a backend whether it can gather may build its kernels: ask only
+   * when the plan could use a gather (strided, no rectangle, sparse). */
+  if (!lay.compact && lay.numel > 0 && !q.src_rect && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) && q.extent > q.nbytes)
+    q.src_gather = ab__dev_can_copy(sbe, src, sdev, false);
   AB_FORWARD(ab__plan_route(&q, &plan));
 
   if (plan.steps[0].kind == AB_STEP_VIEW) {

@@ -234,7 +234,8 @@ bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
     int64_t sh = t->shape[i], st;
     if (sh == 1) continue;
     if (__builtin_mul_overflow(t->strides[i], (int64_t)elsize, &st) || st <= 0) return false;
-    if (n > 0 && stride[n - 1] == st * sh) {
+    int64_t span;
+    if (n > 0 && !__builtin_mul_overflow(st, sh, &span) && stride[n - 1] == span) {
       shape[n - 1] *= sh;
       stride[n - 1] = st;
       continue;
@@ -254,8 +255,9 @@ bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
   size_t row_bytes = (size_t)s3[2] * elsize;
   size_t row_pitch = s3[1] > 1 ? (size_t)p3[1] : row_bytes;
   size_t slice_pitch = s3[0] > 1 ? (size_t)p3[0] : row_pitch * (size_t)s3[1];
-  /* OpenCL's rule: rows may not overlap, slices may not overlap. */
-  if (row_pitch < row_bytes || slice_pitch < row_pitch * (size_t)s3[1]) return false;
+  /* OpenCL's rules: rows and slices may not overlap, and the slice pitch is
+   * a whole number of row pitches. */
+  if (row_pitch < row_bytes || slice_pitch < row_pitch * (size_t)s3[1] || slice_pitch % row_pitch != 0) return false;
   rect->region[0] = row_bytes;
   rect->region[1] = (size_t)s3[1];
   rect->region[2] = (size_t)s3[0];

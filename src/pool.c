@@ -587,8 +587,12 @@ void ab__pool_free(ab__block *b) {
   p->st.reserved_bytes.current -= b->size;
   p->st.backend_frees++;
   bool last = p->st.in_use_bytes.current == 0;
+  /* Read before unlocking: once unlocked, the thread freeing the last
+   * block may destroy the pool. */
+  const struct ab_backend *be = p->be;
+  int32_t id = p->dev.device_id;
   pthread_mutex_unlock(&p->lock);
-  ab__dev_free(p->be, p->dev.device_id, b->ptr, b->size);
+  ab__dev_free(be, id, b->ptr, b->size);
   ab__free(b);
   if (last) {
     pthread_mutex_destroy(&p->lock);

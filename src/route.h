@@ -38,7 +38,8 @@ typedef struct ab__route_query {
   ab_copy_mode copy;
   uint32_t flags;              /* AB_CONVERT_* */
   /* The backend can copy this source to dst itself (same backend; for
-   * OpenCL: same context and a compact source). */
+   * OpenCL: one context, and a compact source or one its gather kernel
+   * takes). */
   bool direct;
   /* A strided source the source backend can read into compact host memory
    * in one rectangle transfer (rows of contiguous bytes, up to 3-D). */

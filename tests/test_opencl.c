@@ -527,6 +527,10 @@ Test(opencl, crops_are_read_as_rectangles_without_staging) {
   need_devices(1);
   int64_t s3[3] = {2, 3, 5}, t3[3] = {200, 20, 1};
   check_layout("3-D crop", dt(kDLUInt, 16, 1), 3, s3, t3, 2 * 7, 2 * 400, 0);
+  /* a slice pitch that is not a whole number of row pitches: OpenCL's
+   * rectangles cannot say it, so another route (regression) */
+  int64_t sp[3] = {2, 3, 4}, tp[3] = {25, 6, 1};
+  check_layout("3-D crop, odd slice pitch", dt(kDLUInt, 8, 1), 3, sp, tp, 0, 64, 0);
   int64_t s4[4] = {2, 2, 3, 5}, t4[4] = {900, 300, 20, 1}; /* 4 dims: the extent route */
   check_layout("4-D crop", dt(kDLUInt, 8, 1), 4, s4, t4, 3, 2000, 0);
 
@@ -628,4 +632,18 @@ Test(opencl, sparse_sources_are_gathered_on_the_device) {
   dev->deleter(dev);
   free(buf);
   assert_pool_clean(CL(0));
+}
+
+/* Regression: a layout whose merged stride overflows int64 when multiplied
+ * out must not be merged (UBSan caught the rectangle check doing it). */
+Test(opencl, rectangle_check_survives_overflowing_strides) {
+  need_devices(1);
+  uint8_t v[4] = {1, 2, 3, 4};
+  int64_t shape[2] = {2, 2}, strides[2] = {1, (int64_t)1 << 62};
+  DLTensor t = {v, CPU0, 2, dt(kDLUInt, 8, 1), shape, strides, 0};
+  ab_convert_opts never = {.copy = AB_COPY_NEVER};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  ab_status st = ab_convert_memory(&t, CL(0), &never, &r);
+  cr_assert_neq(st, AB_OK);
+  cr_assert_eq(r, SENTINEL_OUT);
 }

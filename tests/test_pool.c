@@ -1260,3 +1260,33 @@ Test(pool, shutdown_with_a_live_tensor_orphans_its_pool) {
   drop(fresh);
   cr_assert_eq(ab__alloc_live_settled(), live, "%ld blocks leaked", ab__alloc_live_settled() - live);
 }
+
+struct orphan_job {
+  DLManagedTensorVersioned *t;
+  pthread_barrier_t *go;
+};
+
+static void *orphan_delete(void *arg) {
+  struct orphan_job *j = arg;
+  pthread_barrier_wait(j->go);
+  j->t->deleter(j->t);
+  return NULL;
+}
+
+/* Regression: two threads deleting the last tensors of an orphaned pool at
+ * once; the one not freeing the last block read the pool after the other
+ * had destroyed it (ASan/TSan). */
+Test(pool, concurrent_deletes_from_an_orphaned_pool_are_safe) {
+  long live = ab__alloc_live_settled();
+  for (int it = 0; it < 50; it++) {
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 2);
+    struct orphan_job jobs[2] = {{alloc_bytes(4 * KiB), &go}, {alloc_bytes(8 * KiB), &go}};
+    ab_shutdown();
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, orphan_delete, &jobs[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+  }
+  cr_assert_eq(ab__alloc_live_settled(), live, "%ld blocks leaked", ab__alloc_live_settled() - live);
+}

@@ -481,7 +481,7 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
   cl_ulong src_off = kl.offset, dst_off = to->byte_offset / w, n = kl.count;
   cl_int ndim = kl.n;
   cl_mem src = (cl_mem)from->data, dst = (cl_mem)to->data;
-  size_t local = 64, global = (size_t)((n + local - 1) / local * local);
+  size_t global = (size_t)n; /* the driver picks the work-group size */
   cl_int e;
   /* Arguments are captured at enqueue: the lock keeps two threads from
    * interleaving their clSetKernelArg calls on the shared kernel. */
@@ -499,7 +499,7 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof kl.shape, &kl.shape);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof kl.stride, &kl.stride);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
-  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, &local, 0, NULL, NULL);
+  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
   if (e == CL_SUCCESS) e = clFinish(q);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "the gather kernel");
