@@ -10,7 +10,11 @@ CMAKE_ARGS ?=
 # demo and the tests can exercise device-to-device routes.
 export POCL_DEVICES ?= pthread pthread
 
-.PHONY: all deps build demo test test-normal test-asan bench install clean
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
+
+.PHONY: all deps build demo test test-normal test-asan bench install clean fuzz
 
 all: build
 
@@ -35,7 +39,7 @@ test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_SANITIZE=address,undefined -DAB_BUILD_TESTS=ON \
 	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure --no-tests=error -j $(JOBS)
 
 bench: build
@@ -46,5 +50,16 @@ bench: build
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
 
+# Each fuzz target runs FUZZ_SECONDS with libFuzzer under ASan+UBSan; new
+# inputs go to $(FUZZ_BUILD)/corpus-*, crashes to $(FUZZ_BUILD)/crash-*.
+fuzz: deps
+	@test -n "$(FUZZ_CC)" || { echo "make fuzz needs clang (apt-get install clang)"; exit 1; }
+	CC=$(FUZZ_CC) cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_FUZZ=ON \
+	  -DAB_SANITIZE=address,undefined -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF -DAB_WITH_OPENCL=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_convert
+	mkdir -p $(FUZZ_BUILD)/corpus-convert
+	ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/tests/fuzz_convert -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_BUILD)/ \
+	  $(FUZZ_BUILD)/corpus-convert tests/fuzz/corpus/convert
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -445,3 +445,15 @@ Test(bad_input, edge_cases_that_are_valid_return_ok) {
   cr_assert_eq(ab_convert_memory(&t64, CPU0, &always, &r), AB_OK, "%s", ab_last_error());
   r->deleter(r);
 }
+
+/* Found by fuzzing: a broadcast tensor is cheap to describe and impossible
+ * to copy. The copy must fail as out of memory, with the numbers, not
+ * crash or abort (the sanitizer tier runs with allocator_may_return_null). */
+Test(bad_input, a_copy_too_large_for_memory_is_out_of_memory) {
+  uint8_t one = 7;
+  int64_t shape[2] = {(int64_t)1 << 30, (int64_t)1 << 10}, strides[2] = {0, 0}; /* 1 TiB of one byte */
+  DLTensor t = {&one, CPU0, 2, dt(kDLUInt, 8, 1), shape, strides, 0};
+  ab_convert_opts always = {.copy = AB_COPY_ALWAYS};
+  expect_convert_fails(&t, CPU0, &always, AB_ERR_OUT_OF_MEMORY, "1099511627776 bytes", &one, 1, "1 TiB broadcast");
+  assert_message("1 TiB broadcast", "cpu:0");
+}
