@@ -3,6 +3,7 @@
 #   make test   install what is missing, build, run every test tier
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
@@ -14,7 +15,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan bench install clean fuzz
+.PHONY: all deps build demo test test-normal test-asan test-tsan bench install clean fuzz
 
 all: build
 
@@ -29,8 +30,10 @@ demo: build
 	$(BUILD)/examples/ab_demo
 
 # The whole suite: the normal build, then the same tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run).
-test: test-normal test-asan
+# AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run), then
+# the thread stress under ThreadSanitizer (Criterion cannot run under TSan,
+# so that tier is the stress program alone).
+test: test-normal test-asan test-tsan
 
 test-normal: build
 	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)
@@ -41,6 +44,12 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure --no-tests=error -j $(JOBS)
+
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_SANITIZE=thread -DAB_BUILD_TESTS=ON \
+	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target stress_threads
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads$$'
 
 bench: build
 	$(BUILD)/bench/bench_host
@@ -62,4 +71,4 @@ fuzz: deps
 	  $(FUZZ_BUILD)/corpus-convert tests/fuzz/corpus/convert
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
