@@ -68,6 +68,16 @@ static ab_status stage_alloc(size_t bytes, ab__block **out) {
   return ab__pool_alloc(ab__backend_for(kDLCPU), (DLDevice){kDLCPU, 0}, bytes, out);
 }
 
+/* The compact tensor of t's shape and dtype at `data` on `dev`. */
+static DLTensor compact_at(const DLTensor *t, DLDevice dev, void *data) {
+  DLTensor c = *t;
+  c.device = dev;
+  c.data = data;
+  c.byte_offset = 0;
+  c.strides = NULL;
+  return c;
+}
+
 /* Runs the copy steps of a plan from `src` into the compact tensor `dst`.
  * `cur` describes where the bytes are after each step. Staging blocks come
  * from the host pool and go back to it whatever happens. */
@@ -106,11 +116,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       /* A gather on the source's device into a staging buffer there. */
       st = ab__pool_alloc(be, s->to, lay->nbytes, &stage[nstage]);
       if (st != AB_OK) break;
-      DLTensor to = cur;
-      to.device = s->to;
-      to.data = stage[nstage++]->ptr;
-      to.byte_offset = 0;
-      to.strides = NULL;
+      DLTensor to = compact_at(&cur, s->to, stage[nstage++]->ptr);
       st = ab__dev_copy(be, &cur, &to, stream);
       cur = to;
       cur_compact = true;
@@ -118,11 +124,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     }
     case AB_STEP_PACK:
     case AB_STEP_UNPACK: {
-      DLTensor to = cur;
-      to.device = (DLDevice){kDLCPU, 0};
-      to.data = out_bytes;
-      to.byte_offset = 0;
-      to.strides = NULL;
+      DLTensor to = compact_at(&cur, (DLDevice){kDLCPU, 0}, out_bytes);
       st = ab__dev_copy(host, &cur, &to, NULL);
       cur = to;
       cur_compact = true;
@@ -146,9 +148,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       /* Compact, or rows of contiguous bytes in one rectangle read. */
       st = cur_compact ? ab__dev_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
-      cur.data = out_bytes;
-      cur.byte_offset = 0;
-      cur.strides = NULL;
+      cur = compact_at(&cur, cur.device, out_bytes);
       cur_compact = true;
       break;
     }

@@ -291,46 +291,68 @@ static ab_status queue_for(int32_t id, cl_mem m, void *stream, cl_command_queue 
   return AB_OK;
 }
 
-static ab_status cl_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
+/* One blocking transfer between host memory and a buffer, on the queue
+ * queue_for picks. Rectangles are compact on one side: the device side for
+ * writes (host pitches given), the host side for reads (device pitches). */
+enum xfer_kind { XFER_WRITE, XFER_READ, XFER_WRITE_RECT, XFER_READ_RECT };
+
+struct xfer {
+  enum xfer_kind kind;
+  uint64_t offset;      /* bytes into the buffer */
+  size_t bytes;         /* plain transfers */
+  const size_t *region; /* rectangles: row bytes, rows, slices */
+  size_t row_pitch, slice_pitch;
+  void *host;
+};
+
+static ab_status transfer(int32_t id, cl_mem m, void *stream, const struct xfer *x) {
+  static const char *calls[] = {"clEnqueueWriteBuffer", "clEnqueueReadBuffer", "clEnqueueWriteBufferRect",
+                                "clEnqueueReadBufferRect"};
+  const size_t origin[3] = {(size_t)x->offset, 0, 0}, host_origin[3] = {0, 0, 0};
   cl_command_queue q;
   bool tmp;
-  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
-  cl_int e = clEnqueueWriteBuffer(q, (cl_mem)handle, CL_TRUE, (size_t)offset, bytes, src, 0, NULL, NULL);
+  cl_int e = CL_INVALID_VALUE;
+  AB_FORWARD(queue_for(id, m, stream, &q, &tmp));
+  switch (x->kind) {
+  case XFER_WRITE:
+    e = clEnqueueWriteBuffer(q, m, CL_TRUE, (size_t)x->offset, x->bytes, x->host, 0, NULL, NULL);
+    break;
+  case XFER_READ:
+    e = clEnqueueReadBuffer(q, m, CL_TRUE, (size_t)x->offset, x->bytes, x->host, 0, NULL, NULL);
+    break;
+  case XFER_WRITE_RECT:
+    e = clEnqueueWriteBufferRect(q, m, CL_TRUE, origin, host_origin, x->region, x->region[0],
+                                 x->region[0] * x->region[1], x->row_pitch, x->slice_pitch, x->host, 0, NULL, NULL);
+    break;
+  case XFER_READ_RECT:
+    e = clEnqueueReadBufferRect(q, m, CL_TRUE, origin, host_origin, x->region, x->row_pitch, x->slice_pitch,
+                                x->region[0], x->region[0] * x->region[1], x->host, 0, NULL, NULL);
+    break;
+  }
   if (tmp) clReleaseCommandQueue(q);
-  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueWriteBuffer");
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, calls[x->kind]);
+}
+
+static ab_status cl_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
+  struct xfer x = {XFER_WRITE, offset, bytes, NULL, 0, 0, (void *)src};
+  return transfer(id, (cl_mem)handle, stream, &x);
 }
 
 static ab_status cl_read(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream) {
-  cl_command_queue q;
-  bool tmp;
-  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
-  cl_int e = clEnqueueReadBuffer(q, (cl_mem)handle, CL_TRUE, (size_t)offset, bytes, dst, 0, NULL, NULL);
-  if (tmp) clReleaseCommandQueue(q);
-  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBuffer");
+  struct xfer x = {XFER_READ, offset, bytes, NULL, 0, 0, dst};
+  return transfer(id, (cl_mem)handle, stream, &x);
 }
 
 static ab_status cl_read_rect(int32_t id, const void *handle, uint64_t offset, const size_t region[3],
                               size_t row_pitch, size_t slice_pitch, void *dst, void *stream) {
-  cl_command_queue q;
-  bool tmp;
-  const size_t origin[3] = {(size_t)offset, 0, 0}, host_origin[3] = {0, 0, 0};
-  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
-  cl_int e = clEnqueueReadBufferRect(q, (cl_mem)handle, CL_TRUE, origin, host_origin, region, row_pitch, slice_pitch,
-                                     region[0], region[0] * region[1], dst, 0, NULL, NULL);
-  if (tmp) clReleaseCommandQueue(q);
-  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueReadBufferRect");
+  struct xfer x = {XFER_READ_RECT, offset, 0, region, row_pitch, slice_pitch, dst};
+  return transfer(id, (cl_mem)handle, stream, &x);
 }
 
 static ab_status cl_write_rect(int32_t id, void *handle, uint64_t offset, const size_t region[3], size_t row_pitch,
                                size_t slice_pitch, const void *src, void *stream) {
-  cl_command_queue q;
-  bool tmp;
-  const size_t origin[3] = {(size_t)offset, 0, 0}, host_origin[3] = {0, 0, 0};
-  AB_FORWARD(queue_for(id, (cl_mem)handle, stream, &q, &tmp));
-  cl_int e = clEnqueueWriteBufferRect(q, (cl_mem)handle, CL_TRUE, origin, host_origin, region, region[0],
-                                      region[0] * region[1], row_pitch, slice_pitch, src, 0, NULL, NULL);
-  if (tmp) clReleaseCommandQueue(q);
-  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueWriteBufferRect");
+  struct xfer x = {XFER_WRITE_RECT, offset, 0, region, row_pitch, slice_pitch, (void *)src};
+  return transfer(id, (cl_mem)handle, stream, &x);
 }
 
 static ab_status cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
