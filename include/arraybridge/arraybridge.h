@@ -180,7 +180,9 @@ typedef struct ab_convert_opts {
    * from the source's is AB_ERR_UNSUPPORTED in this version. */
   DLDataType dtype;
   /* Backend stream (cudaStream_t, cl_command_queue) or NULL for the default;
-   * ignored by the host backend. */
+   * ignored by the host backend. The call returns when the data has
+   * arrived either way; an OpenCL queue of another context than a buffer's
+   * is finished first (docs/guide.md, OpenCL). */
   void *stream;
 } ab_convert_opts;
 
@@ -199,8 +201,10 @@ typedef struct ab_convert_opts {
  *
  * A copy is compact row-major, with non-NULL strides when ndim > 0 (DLPack
  * 1.2; a scalar has NULL shape and strides), its own
- * shape and strides arrays, data aligned to 256 bytes (NULL when the tensor
- * has no elements), and flags DLPACK_FLAG_BITMASK_IS_COPIED.
+ * shape and strides arrays, byte_offset 0, data NULL when the tensor has no
+ * elements, and flags DLPACK_FLAG_BITMASK_IS_COPIED. Host data is aligned
+ * to 256 bytes (4096 from 64 KiB up); on OpenCL, data is a cl_mem buffer of
+ * the library's context.
  *
  * A view (AB_COPY_IF_NEEDED or AB_COPY_NEVER when src is already acceptable
  * on target: same device, same dtype, compact or AB_CONVERT_ALLOW_STRIDED_VIEW)
