@@ -148,8 +148,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * validate them, do not convert. The out-of-memory path for impossible
    * sizes is bad_input::a_copy_too_large_for_memory_is_out_of_memory. */
   if (v == AB_OK && safe) {
+    /* A zero dim makes any other dims valid, so multiply with a cap. */
     __int128 total = es;
-    for (int32_t i = 0; i < t.ndim; i++) total *= t.shape[i];
+    for (int32_t i = 0; i < t.ndim; i++)
+      if (t.shape[i] == 0) total = 0;
+    for (int32_t i = 0; i < t.ndim && total != 0 && total <= ((__int128)1 << 20); i++) total *= t.shape[i];
     if (total > ((__int128)1 << 20)) safe = 0;
   }
   long live = ab__alloc_live_settled();
