@@ -58,8 +58,10 @@ static void fail(const char *what) {
  * bits; false when empty. */
 static int extent(const DLTensor *t, size_t es, __int128 *lo, __int128 *hi) {
   __int128 a = 0, b = 0, acc = 1;
-  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+  /* Empty first: with a zero dim the others may multiply past any range. */
+  for (int32_t i = 0; i < t->ndim; i++)
     if (t->shape[i] == 0) return 0;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
     __int128 st = t->strides ? t->strides[i] : acc;
     if (!t->strides) acc *= t->shape[i];
     if (t->shape[i] == 1) continue;
