@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "converters/host/gather.h"
 
 /* Adding a backend is one line here (plus its folder). */
 static const struct ab_backend *const backends[] = {
@@ -226,25 +227,17 @@ ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const voi
 }
 
 bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
-  int64_t shape[3], stride[3]; /* bytes; outermost first */
-  int n = 0;
+  int64_t bytes[AB_MAX_NDIM], shape[AB_MAX_NDIM], stride[AB_MAX_NDIM]; /* outermost first */
   if (t->strides == NULL) return false;
-  /* Dims of size 1 say nothing; neighbours that are contiguous merge. */
+  /* Byte strides; a size-1 dim's stride says nothing (and may be huge). */
   for (int32_t i = 0; i < t->ndim; i++) {
-    int64_t sh = t->shape[i], st;
-    if (sh == 1) continue;
-    if (__builtin_mul_overflow(t->strides[i], (int64_t)elsize, &st) || st <= 0) return false;
-    int64_t span;
-    if (n > 0 && !__builtin_mul_overflow(st, sh, &span) && stride[n - 1] == span) {
-      shape[n - 1] *= sh;
-      stride[n - 1] = st;
-      continue;
-    }
-    if (n == 3) return false;
-    shape[n] = sh;
-    stride[n] = st;
-    n++;
+    bytes[i] = 0;
+    if (t->shape[i] != 1 && __builtin_mul_overflow(t->strides[i], (int64_t)elsize, &bytes[i])) return false;
   }
+  int n = ab__merge_dims(t->ndim, t->shape, bytes, shape, stride);
+  if (n > 3) return false;
+  for (int k = 0; k < n; k++)
+    if (stride[k] <= 0) return false;
   if (n == 0 || stride[n - 1] != (int64_t)elsize) return false;
   /* Pad to 3 dims: [slices, rows, row bytes]. */
   int64_t s3[3] = {1, 1, 1}, p3[3] = {0, 0, 0};

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "converters/host/gather.h"
 
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
@@ -416,20 +417,10 @@ static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
   if (width_index(es) < 0 || t->byte_offset % es != 0) w = 1;
   int64_t scale = (int64_t)(es / w);
   if (t->strides == NULL) return false; /* compact: clEnqueueCopyBuffer's job */
-  for (int32_t i = 0; i < t->ndim; i++) {
-    int64_t sh = t->shape[i], st = t->strides[i];
-    if (sh == 1) continue;
-    int64_t span;
-    st *= scale; /* validated: (sh - 1) * st * es fits, and sh >= 2 */
-    if (n > 0 && !__builtin_mul_overflow(st, sh, &span) && stride[n - 1] == span) {
-      shape[n - 1] *= sh;
-      stride[n - 1] = st;
-    } else {
-      shape[n] = sh;
-      stride[n] = st;
-      n++;
-    }
-  }
+  int64_t units[AB_MAX_NDIM];
+  for (int32_t i = 0; i < t->ndim; i++)
+    units[i] = t->shape[i] == 1 ? 0 : t->strides[i] * scale; /* validated: (sh - 1) * st * es fits */
+  n = ab__merge_dims(t->ndim, t->shape, units, shape, stride);
   if (scale > 1) { /* the element's bytes, contiguous */
     if (n > 0 && stride[n - 1] == scale) {
       shape[n - 1] *= scale;

@@ -20,20 +20,26 @@ typedef struct dims {
   int64_t st[AB_MAX_NDIM]; /* source byte strides */
 } dims;
 
-static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
-  d->n = 0;
+int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,
+                   int64_t *out_strides) {
+  int n = 0;
   for (int32_t i = 0; i < ndim; i++) {
     int64_t span;
     if (shape[i] == 1) continue;
-    if (d->n > 0 && !__builtin_mul_overflow(st[i], shape[i], &span) && d->st[d->n - 1] == span) {
-      d->shape[d->n - 1] *= shape[i];
-      d->st[d->n - 1] = st[i];
+    if (n > 0 && !__builtin_mul_overflow(strides[i], shape[i], &span) && out_strides[n - 1] == span) {
+      out_shape[n - 1] *= shape[i];
+      out_strides[n - 1] = strides[i];
     } else {
-      d->shape[d->n] = shape[i];
-      d->st[d->n] = st[i];
-      d->n++;
+      out_shape[n] = shape[i];
+      out_strides[n] = strides[i];
+      n++;
     }
   }
+  return n;
+}
+
+static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
+  d->n = ab__merge_dims(ndim, shape, st, d->shape, d->st);
 }
 
 /* ---- strided element loops -------------------------------------------- */
