@@ -198,8 +198,16 @@ static ab_status get_queue(int32_t id, cl_context *ctx, cl_command_queue *q) {
   return AB_OK;
 }
 
+/* A device string, cut to fit: clGetDeviceInfo refuses a buffer shorter
+ * than the whole string (PoCL's version string runs past 64 bytes). */
 static void info_str(cl_device_id d, cl_device_info what, char *buf, size_t len) {
-  if (clGetDeviceInfo(d, what, len, buf, NULL) != CL_SUCCESS) snprintf(buf, len, "?");
+  char full[1024];
+  if (clGetDeviceInfo(d, what, sizeof full, full, NULL) != CL_SUCCESS) {
+    snprintf(buf, len, "?");
+    return;
+  }
+  full[sizeof full - 1] = '\0';
+  snprintf(buf, len, "%.*s", (int)len - 1, full);
 }
 
 static ab_status cl_info(int32_t id, struct ab_device_info *out) {
