@@ -45,6 +45,10 @@ struct ab_backend {
   DLDeviceType device_type;
   const char *name;
   uint32_t caps;
+  /* Host-accessible memory this backend's transfers are fastest from and
+   * into (CUDA: kDLCUDAHost, page-locked), used for staging buffers of
+   * routes through host memory; 0 = plain host memory. */
+  DLDeviceType staging;
 
   /* Called once, lazily, before any other operation; may be NULL. A
    * failure means zero devices, never a crash: the core logs it and keeps
@@ -97,6 +101,9 @@ extern const struct ab_backend ab__backend_host;
 #ifdef AB_HAVE_OPENCL
 extern const struct ab_backend ab__backend_opencl;
 #endif
+#ifdef AB_HAVE_CUDA
+extern const struct ab_backend ab__backend_cuda, ab__backend_cuda_host, ab__backend_cuda_managed;
+#endif
 
 /* ---- registry and wrappers (device.c) --------------------------------- */
 
@@ -139,6 +146,10 @@ typedef struct ab__rect {
 bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect);
 bool ab__dev_has_read_rect(const struct ab_backend *be);
 uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id);
+/* Whether two backends belong to one driver family (they share a name, as
+ * cuda, cuda_host and cuda_managed do), so that a stream of one means
+ * something to the other. */
+bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b);
 bool ab__dev_has_write_rect(const struct ab_backend *be);
 ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
                              const ab__rect *rect, const void *src, void *stream);

@@ -1,5 +1,7 @@
 /* ab_convert_memory: validate -> plan -> allocate -> execute -> export. */
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend.h"
@@ -63,9 +65,19 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
   return AB_OK;
 }
 
-/* A staging buffer of the host pool, for routes through host memory. */
-static ab_status stage_alloc(size_t bytes, ab__block **out) {
-  return ab__pool_alloc(ab__backend_for(kDLCPU), (DLDevice){kDLCPU, 0}, bytes, out);
+/* A staging buffer for routes through host memory, from the pool of
+ * `staging` (pinned memory when a backend asks for it), else from the
+ * plain host pool: pageable staging is slower, not wrong. */
+static ab_status stage_alloc(DLDevice staging, size_t bytes, ab__block **out) {
+  const struct ab_backend *host = ab__backend_for(kDLCPU);
+  if (staging.device_type != kDLCPU) {
+    char saved[AB_ERRBUF_SIZE];
+    ab__save_error(saved);
+    if (ab__pool_alloc(ab__backend_for(staging.device_type), staging, bytes, out) == AB_OK) return AB_OK;
+    AB_LOG(AB_LOG_DEBUG, "pinned staging of %zu bytes failed (%s); staging in pageable memory", bytes, ab_last_error());
+    ab__restore_error(saved);
+  }
+  return ab__pool_alloc(host, (DLDevice){kDLCPU, 0}, bytes, out);
 }
 
 /* The compact tensor of t's shape and dtype at `data` on `dev`. */
@@ -82,7 +94,8 @@ static DLTensor compact_at(const DLTensor *t, DLDevice dev, void *data) {
  * `cur` describes where the bytes are after each step. Staging blocks come
  * from the host pool and go back to it whatever happens. */
 static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
-                           const ab__rect *rect, DLTensor *dst, void *stream) {
+                           const ab__rect *rect, DLTensor *dst, DLDevice staging,
+                           const struct ab_backend *stream_be, void *stream_arg) {
   const struct ab_backend *host = ab__backend_for(kDLCPU);
   ab__block *stage[AB_MAX_STEPS] = {NULL};
   int nstage = 0;
@@ -94,6 +107,9 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   for (int i = 0; i < plan->nsteps && st == AB_OK; i++) {
     const ab__step *s = &plan->steps[i];
     const bool last = i == plan->nsteps - 1;
+    /* The caller's stream is given only to steps of the backend family it
+     * belongs to (a cl_command_queue means nothing to CUDA). */
+    void *stream = ab__same_family(ab__backend_for(s->via), stream_be) ? stream_arg : NULL;
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
     if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK ||
@@ -101,7 +117,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
       } else {
-        st = stage_alloc(lay->nbytes, &stage[nstage]);
+        st = stage_alloc(staging, lay->nbytes, &stage[nstage]);
         if (st != AB_OK) break;
         out_bytes = stage[nstage++]->ptr;
       }
@@ -137,7 +153,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       if (out_bytes == NULL) {
         /* Only the bytes the strides address, then a host gather (UNPACK). */
         uint64_t extent = (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize;
-        st = stage_alloc((size_t)extent, &stage[nstage]);
+        st = stage_alloc(staging, (size_t)extent, &stage[nstage]);
         if (st != AB_OK) break;
         void *buf = stage[nstage++]->ptr;
         st = ab__dev_read(be, id, cur.data, cur.byte_offset + (uint64_t)lay->min_off, buf, (size_t)extent, stream);
@@ -169,13 +185,13 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
 }
 
 static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, DLDevice dev,
-                             const struct ab_backend *be, const ab__plan *plan, void *stream,
-                             struct ab__tensor **out) {
+                             const struct ab_backend *be, const ab__plan *plan, DLDevice staging,
+                             const struct ab_backend *stream_be, void *stream, struct ab__tensor **out) {
   struct ab__tensor *t;
   ab_status st;
   AB_FORWARD(ab__tensor_new(dev, src->ndim, src->shape, src->dtype, &t));
   st = ab__tensor_alloc_data(t, be, lay->nbytes);
-  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, rect, &t->mt.dl_tensor, stream);
+  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, rect, &t->mt.dl_tensor, staging, stream_be, stream);
   if (st != AB_OK) {
     ab__tensor_discard(t);
     return st;
@@ -199,54 +215,183 @@ static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, 
   return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, end);
 }
 
-ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
-                            DLManagedTensorVersioned **out) {
+/* Everything decided before a byte moves: the validated source, both
+ * devices and backends, and the plan. */
+struct prepared {
   ab_convert_opts o;
   ab__layout lay;
   const struct ab_backend *sbe, *tbe;
   DLDevice sdev, tdev;
+  ab__route_query q;
   ab__plan plan;
   ab__rect rect;
-  struct ab__tensor *t = NULL;
+};
 
-  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
-  AB_FORWARD(read_opts(opts, &o));
-  AB_FORWARD(ab__check_tensor(src, "src", &lay));
-  AB_FORWARD(ab__check_device(src->device, "src device", false, &sdev, &sbe));
-  AB_FORWARD(ab__check_device(target, "target device", true, &tdev, &tbe));
-  AB_FORWARD(check_handle_range(src, &lay, sbe, sdev));
+static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, struct prepared *p) {
+  AB_FORWARD(read_opts(opts, &p->o));
+  AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
+  AB_FORWARD(ab__check_device(src->device, "src device", false, &p->sdev, &p->sbe));
+  AB_FORWARD(ab__check_device(target, "target device", true, &p->tdev, &p->tbe));
+  AB_FORWARD(check_handle_range(src, &p->lay, p->sbe, p->sdev));
 
-  ab__route_query q = {
-    .src = sdev,
-    .dst = tdev,
-    .src_caps = ab__dev_caps(sbe, sdev.device_id),
-    .dst_caps = ab__dev_caps(tbe, tdev.device_id),
-    .same_dtype = o.dtype.bits == 0 || dtype_eq(o.dtype, src->dtype),
-    .src_compact = lay.compact,
-    .copy = o.copy,
-    .flags = o.flags,
+  const ab__layout *lay = &p->lay;
+  const struct ab_backend *sbe = p->sbe, *tbe = p->tbe;
+  p->q = (ab__route_query){
+    .src = p->sdev,
+    .dst = p->tdev,
+    .src_caps = ab__dev_caps(sbe, p->sdev.device_id),
+    .dst_caps = ab__dev_caps(tbe, p->tdev.device_id),
+    .same_dtype = p->o.dtype.bits == 0 || dtype_eq(p->o.dtype, src->dtype),
+    .src_compact = lay->compact,
+    .copy = p->o.copy,
+    .flags = p->o.flags,
     /* An empty tensor moves nothing, and its data need not be a buffer the
      * backend could inspect. */
-    .direct = sbe == tbe && (lay.numel == 0 || ab__dev_can_copy(sbe, src, tdev, lay.compact)),
-    .src_rect = !lay.compact && lay.numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay.elsize, &rect),
-    .dst_rect = !lay.compact && lay.numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
-                ab__rect_of(src, lay.elsize, &rect),
-    .nbytes = lay.nbytes,
-    .extent = lay.numel > 0 ? (uint64_t)lay.max_off - (uint64_t)lay.min_off + lay.elsize : 0,
+    .direct = sbe == tbe && (lay->numel == 0 || ab__dev_can_copy(sbe, src, p->tdev, lay->compact)),
+    .src_rect = !lay->compact && lay->numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay->elsize, &p->rect),
+    .dst_rect = !lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
+                ab__rect_of(src, lay->elsize, &p->rect),
+    .nbytes = lay->nbytes,
+    .extent = lay->numel > 0 ? (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize : 0,
   };
   /* Asking a backend whether it can gather may build its kernels: ask only
    * when the plan could use a gather (strided, no rectangle, sparse). */
-  if (!lay.compact && lay.numel > 0 && !q.src_rect && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) && q.extent > q.nbytes)
-    q.src_gather = ab__dev_can_copy(sbe, src, sdev, false);
-  AB_FORWARD(ab__plan_route(&q, &plan));
+  if (!lay->compact && lay->numel > 0 && !p->q.src_rect && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+      p->q.extent > p->q.nbytes)
+    p->q.src_gather = ab__dev_can_copy(sbe, src, p->sdev, false);
+  return ab__plan_route(&p->q, &p->plan);
+}
 
-  if (plan.steps[0].kind == AB_STEP_VIEW) {
-    AB_FORWARD(export_view(src, &lay, tdev, &t));
-  } else {
-    AB_FORWARD(export_copy(src, &lay, q.src_rect || q.dst_rect ? &rect : NULL, tdev, tbe, &plan, o.stream, &t));
+/* Where bytes that cross through host memory wait: the target's preferred
+ * staging memory (CUDA: pinned, so its DMA needs no driver bounce), else
+ * the source's, else plain host memory. */
+static DLDevice staging_device(const struct prepared *p) {
+  const struct ab_backend *sides[2] = {p->tbe, p->sbe};
+  for (int i = 0; i < 2; i++) {
+    DLDeviceType type = sides[i]->staging;
+    if (type != 0 && ab_device_count(type) > 0) return (DLDevice){type, 0};
   }
-  if (o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  return (DLDevice){kDLCPU, 0};
+}
+
+ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
+                            DLManagedTensorVersioned **out) {
+  struct prepared p;
+  struct ab__tensor *t = NULL;
+
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  AB_FORWARD(prepare(src, target, opts, &p));
+  if (p.plan.steps[0].kind == AB_STEP_VIEW) {
+    AB_FORWARD(export_view(src, &p.lay, p.tdev, &t));
+  } else {
+    /* opts.stream belongs to the target's backend, or to the source's when
+     * the target is plain host memory. */
+    const struct ab_backend *stream_be = p.tdev.device_type == kDLCPU ? p.sbe : p.tbe;
+    AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, p.tdev, p.tbe, &p.plan,
+                           staging_device(&p), stream_be, p.o.stream, &t));
+  }
+  if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
+  return AB_OK;
+}
+
+/* ---- ab_explain_route ------------------------------------------------------ */
+
+struct text {
+  char *buf;
+  size_t len, at; /* at may pass len: the text is then cut */
+};
+
+static void AB_PRINTF(2, 3) put(struct text *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = t->at < t->len ? t->len - t->at : 0;
+  int n = vsnprintf(room ? t->buf + t->at : NULL, room, fmt, ap);
+  va_end(ap);
+  if (n > 0) t->at += (size_t)n;
+}
+
+static void put_dev(struct text *t, DLDevice d) {
+  put(t, "%s:%" PRId32, ab_device_type_name(d.device_type), d.device_id);
+}
+
+static void explain_step(struct text *t, const struct prepared *p, const ab__step *s, DLDevice staging) {
+  const bool first = s == &p->plan.steps[0], last = s == &p->plan.steps[p->plan.nsteps - 1];
+  switch (s->kind) {
+  case AB_STEP_VIEW:
+    put(t, "view: no bytes move; the result aliases the source's memory%s",
+        p->lay.compact ? "" : " with the source's strides");
+    return;
+  case AB_STEP_COPY:
+    if (!last) {
+      put(t, "gather on ");
+      put_dev(t, s->from);
+      put(t, " into a compact %" PRIu64 "-byte buffer there (the %" PRIu64 "-byte span need not cross the link)",
+          p->q.nbytes, p->q.extent);
+    } else if (s->via == kDLCPU && s->from.device_type != kDLCPU) {
+      put(t, "host copy ");
+      put_dev(t, s->from);
+      put(t, " -> ");
+      put_dev(t, s->to);
+      put(t, " (both host-addressable)");
+    } else {
+      put(t, "%s copy ", ab__backend_for(s->via)->name);
+      put_dev(t, s->from);
+      put(t, " -> ");
+      put_dev(t, s->to);
+      put(t, "%s", p->lay.compact ? "" : " (strided source)");
+    }
+    return;
+  case AB_STEP_PACK:
+    put(t, "pack on the host: gather the strided source into compact ");
+    put_dev(t, last ? p->tdev : staging);
+    put(t, " memory");
+    return;
+  case AB_STEP_UNPACK:
+    put(t, "unpack on the host: gather the downloaded span into compact bytes");
+    return;
+  case AB_STEP_DOWNLOAD:
+    put(t, "download ");
+    put_dev(t, s->from);
+    put(t, " -> ");
+    put_dev(t, last ? p->tdev : staging);
+    if (!first || p->lay.compact)
+      put(t, ", %" PRIu64 " bytes", p->q.nbytes);
+    else if (p->q.src_rect)
+      put(t, ", %" PRIu64 " bytes as one rectangle of %zu-byte rows", p->q.nbytes, p->rect.region[0]);
+    else
+      put(t, ", the %" PRIu64 "-byte span the strides address", p->q.extent);
+    return;
+  case AB_STEP_UPLOAD:
+    put(t, "upload ");
+    put_dev(t, first ? p->sdev : staging);
+    put(t, " -> ");
+    put_dev(t, s->to);
+    if (p->q.dst_rect && first)
+      put(t, ", %" PRIu64 " bytes as one rectangle of %zu-byte rows", p->q.nbytes, p->rect.region[0]);
+    else
+      put(t, ", %" PRIu64 " bytes", p->q.nbytes);
+    return;
+  }
+  put(t, "step of unknown kind %d", (int)s->kind);
+}
+
+ab_status ab_explain_route(const DLTensor *src, DLDevice target, char *buf, size_t len) {
+  struct prepared p;
+  if (buf == NULL && len > 0) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "buf is NULL but len is %zu", len);
+  AB_FORWARD(prepare(src, target, NULL, &p));
+  struct text t = {buf, len, 0};
+  put_dev(&t, p.sdev);
+  put(&t, " -> ");
+  put_dev(&t, p.tdev);
+  put(&t, ": %" PRIu64 " bytes, %s source, %d step%s\n", p.q.nbytes, p.lay.compact ? "compact" : "strided",
+      p.plan.nsteps, p.plan.nsteps == 1 ? "" : "s");
+  const DLDevice staging = staging_device(&p);
+  for (int i = 0; i < p.plan.nsteps; i++) {
+    put(&t, "  %d. ", i + 1);
+    explain_step(&t, &p, &p.plan.steps[i], staging);
+    put(&t, "\n");
+  }
   return AB_OK;
 }
 

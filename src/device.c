@@ -12,6 +12,9 @@
 /* Adding a backend is one line here (plus its folder). */
 static const struct ab_backend *const backends[] = {
   &ab__backend_host,
+#ifdef AB_HAVE_CUDA
+  &ab__backend_cuda, &ab__backend_cuda_host, &ab__backend_cuda_managed,
+#endif
 #ifdef AB_HAVE_OPENCL
   &ab__backend_opencl,
 #endif
@@ -278,4 +281,8 @@ ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *hand
 
 uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id) {
   return be->caps | (be->device_caps ? be->device_caps(id) : 0);
+}
+
+bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b) {
+  return a == b || (a != NULL && b != NULL && strcmp(a->name, b->name) == 0);
 }

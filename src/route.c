@@ -46,14 +46,16 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   }
   if (!q->same_dtype)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "dtype conversion is not supported yet; request the source dtype");
-  if (q->direct || (src_host && dst_host && q->src.device_type == q->dst.device_type)) {
+  if (q->direct) {
     add(plan, AB_STEP_COPY, q->src, q->dst, q->src.device_type);
     return AB_OK;
   }
-  if (src_host && dst_host)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "no route from %s:%" PRId32 " to %s:%" PRId32 " in this build",
-                   ab_device_type_name(q->src.device_type), q->src.device_id,
-                   ab_device_type_name(q->dst.device_type), q->dst.device_id);
+  if (src_host && dst_host) {
+    /* Two host-addressable memories (pageable, pinned, managed): a host
+     * gather reads and writes them all. */
+    add(plan, AB_STEP_COPY, q->src, q->dst, kDLCPU);
+    return AB_OK;
+  }
   /* Through host memory. */
   if (src_host) {
     if (!q->src_compact && !(q->dst_rect && !dst_host)) add(plan, AB_STEP_PACK, q->src, host, kDLCPU);

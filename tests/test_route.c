@@ -228,14 +228,24 @@ Test(route, devices_that_cannot_copy_directly_go_through_host) {
   assert_steps(&o, 1, (ab__step_kind[]){AB_STEP_COPY}, (DLDeviceType[]){kDLOpenCL}, "opencl:0 -> opencl:1, direct");
 }
 
-Test(route, host_accessible_spaces_of_different_backends_have_no_route_yet) {
-  ab__route_query q = query(CPU0, DEV(kDLCUDAHost, 0));
-  q.dst_caps = AB_CAP_HOST_ACCESSIBLE;
-  for (int copy = 0; copy < 2; copy++) {
-    q.copy = copy ? AB_COPY_ALWAYS : AB_COPY_IF_NEEDED;
-    assert_no_route(&q, AB_ERR_UNSUPPORTED, "cpu:0", "cpu -> cuda_host");
-    assert_no_route(&q, AB_ERR_UNSUPPORTED, "cuda_host:0", "cpu -> cuda_host");
-  }
+Test(route, host_accessible_spaces_of_different_backends_are_one_host_copy) {
+  /* Pageable, pinned and managed memory are all host-addressable: one host
+   * gather moves between any two, strided or not, whichever backends own
+   * them (and even when their own backends cannot copy). */
+  const DLDeviceType types[] = {kDLCPU, kDLCUDAHost, kDLCUDAManaged};
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 3; b++) {
+      if (a == 0 && b == 0) continue;
+      ab__route_query q = query(DEV(types[a], 0), DEV(types[b], 0));
+      q.src_caps = q.dst_caps = AB_CAP_HOST_ACCESSIBLE;
+      q.direct = false;
+      q.copy = AB_COPY_ALWAYS;
+      char what[64];
+      snprintf(what, sizeof what, "%s -> %s", ab_device_type_name(types[a]), ab_device_type_name(types[b]));
+      assert_one_step(&q, AB_STEP_COPY, kDLCPU, what);
+      q.src_compact = false;
+      assert_one_step(&q, AB_STEP_COPY, kDLCPU, what);
+    }
 }
 
 Test(route, planning_is_deterministic) {
@@ -252,4 +262,55 @@ Test(route, planning_is_deterministic) {
     cr_assert_eq(a.nsteps, b.nsteps);
     cr_assert(memcmp(a.steps, b.steps, (size_t)a.nsteps * sizeof a.steps[0]) == 0, "query %d planned two ways", k);
   }
+}
+
+/* ---- ab_explain_route: the plan in words, from the real library ---------- */
+
+Test(explain, names_devices_bytes_and_each_step) {
+  static float x[64 * 64];
+  int64_t shape[2] = {32, 32}, rows[2] = {64, 1}, cols[2] = {1, 64};
+  DLTensor t = {x, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  char buf[512];
+  cr_assert_eq(ab_explain_route(&t, CPU0, buf, sizeof buf), AB_OK, "%s", ab_last_error());
+  cr_assert_not_null(strstr(buf, "cpu:0 -> cpu:0: 4096 bytes, compact source, 1 step\n"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "1. view"), "%s", buf);
+  t.strides = cols;
+  cr_assert_eq(ab_explain_route(&t, CPU0, buf, sizeof buf), AB_OK);
+  cr_assert_not_null(strstr(buf, "strided source"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "1. host copy"), "%s", buf);
+  if (ab_device_count(kDLOpenCL) == 0) cr_skip_test("the upload plans need an OpenCL device");
+  const DLDevice cl = {kDLOpenCL, 0};
+  t.strides = rows; /* a crop: one rectangle write */
+  cr_assert_eq(ab_explain_route(&t, cl, buf, sizeof buf), AB_OK);
+  cr_assert_not_null(strstr(buf, "1. upload cpu:0 -> opencl:0, 4096 bytes as one rectangle of 128-byte rows"), "%s",
+                     buf);
+  t.strides = cols; /* a transpose: packed first */
+  cr_assert_eq(ab_explain_route(&t, cl, buf, sizeof buf), AB_OK);
+  cr_assert_not_null(strstr(buf, "2 steps"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "1. pack on the host"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "2. upload cpu:0 -> opencl:0, 4096 bytes\n"), "%s", buf);
+}
+
+Test(explain, cuts_like_snprintf_and_fails_like_convert) {
+  float x[4] = {0};
+  int64_t shape[1] = {4};
+  DLTensor t = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  char full[256], cut[12];
+  cr_assert_eq(ab_explain_route(&t, CPU0, full, sizeof full), AB_OK);
+  memset(cut, 'x', sizeof cut);
+  cr_assert_eq(ab_explain_route(&t, CPU0, cut, sizeof cut), AB_OK);
+  cr_assert_eq(cut[sizeof cut - 1], '\0', "a cut text is terminated");
+  cr_assert(strncmp(cut, full, sizeof cut - 1) == 0, "a cut text is a prefix: \"%s\" of \"%s\"", cut, full);
+  cr_assert_eq(ab_explain_route(&t, CPU0, NULL, 0), AB_OK, "len 0 writes nothing");
+  cr_assert_eq(ab_explain_route(&t, CPU0, NULL, 8), AB_ERR_INVALID_ARGUMENT);
+
+  /* What ab_convert_memory refuses, the explainer refuses the same way,
+   * without touching buf. */
+  memset(cut, 'x', sizeof cut);
+  shape[0] = -1;
+  cr_assert_eq(ab_explain_route(&t, CPU0, cut, sizeof cut), AB_ERR_INVALID_ARGUMENT);
+  shape[0] = 4;
+  cr_assert_eq(ab_explain_route(&t, (DLDevice){kDLCPU, 3}, cut, sizeof cut), AB_ERR_NO_DEVICE);
+  cr_assert_eq(ab_explain_route(NULL, CPU0, cut, sizeof cut), AB_ERR_INVALID_ARGUMENT);
+  for (size_t i = 0; i < sizeof cut; i++) cr_assert_eq(cut[i], 'x', "buf written on failure at %zu", i);
 }

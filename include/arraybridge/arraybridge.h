@@ -131,6 +131,10 @@ struct ab_device_info {
   /* the device's memory is physically the host's (OpenCL CPU devices,
    * integrated GPUs), even when data is an opaque handle */
   int unified_memory;
+  /* CUDA devices: the compute capability as major * 10 + minor (90 for
+   * sm_90) and the PCI bus id ("0000:1b:00.0"); 0 and "" elsewhere */
+  int compute_capability;
+  char pci_bus_id[32];
 };
 
 /* Fills *out for `dev`. AB_ERR_NO_DEVICE when the device does not exist
@@ -220,6 +224,19 @@ typedef struct ab_convert_opts {
 AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
                                    const ab_convert_opts *opts,
                                    DLManagedTensorVersioned **out);
+
+/* Writes into buf a description of the plan ab_convert_memory(src, target,
+ * NULL, ...) would run: the devices, the byte count, and each step (views,
+ * backend copies, host packs, uploads and downloads, with the memory they
+ * stage in), one per line. Nothing is allocated on any device and no byte
+ * of src is read. For users who want to know why a transfer is slow.
+ *
+ * buf/len: as snprintf: at most len bytes including the terminating NUL;
+ * a longer text is cut. buf may be NULL only when len is 0.
+ * Returns AB_OK, or the status ab_convert_memory would fail with before
+ * moving data (invalid tensor, missing device, no route); buf is then
+ * not written. */
+AB_API ab_status ab_explain_route(const DLTensor *src, DLDevice target, char *buf, size_t len);
 
 /* Allocates an owned, compact row-major tensor of `shape` (ndim entries;
  * may be NULL when ndim == 0) and `dtype` on `dev` (device_id may be

@@ -1,0 +1,368 @@
+/* The CUDA backend, through the CUDA runtime (cudart, linked statically so
+ * that the library loads on machines without the toolkit or a driver).
+ *
+ * Three memory spaces, one backend object each, all served by this file:
+ *   kDLCUDA         device memory of cuda:<gpu_id> (cudaMalloc)
+ *   kDLCUDAHost     page-locked host memory (cudaHostAlloc, portable to
+ *                   every device); device_id 0
+ *   kDLCUDAManaged  unified memory (cudaMallocManaged); device_id 0
+ * The last two are host-accessible: the core moves them with host copies
+ * and uploads/downloads them like any host memory, which the driver then
+ * moves by DMA without staging.
+ *
+ * No driver, a driver older than the runtime, or no device all mean zero
+ * devices of each type, and the cudart error text is kept for the
+ * AB_ERR_NO_DEVICE message. Nothing here aborts.
+ *
+ * Streams: ab_convert_opts.stream is a cudaStream_t; NULL is the legacy
+ * default stream, and the DLPack values 1 (legacy default) and 2
+ * (per-thread default) are cudart's own cudaStreamLegacy and
+ * cudaStreamPerThread, so they pass through. Every copy is queued on that
+ * stream and the stream is synchronised before the call returns.
+ *
+ * The caller's current device is saved and restored around every call that
+ * needs another one: the library never leaves a cudaSetDevice behind.
+ */
+#include <cuda_runtime_api.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int ndev;             /* devices, 0 when none or no driver */
+static char why[256];        /* why there are none */
+
+static void probe(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(why, sizeof why, "cudaGetDeviceCount: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    (void)cudaGetLastError(); /* leave no error behind for the caller's own checks */
+    n = 0;
+  } else if (n == 0) {
+    snprintf(why, sizeof why, "the CUDA driver reports no devices");
+  }
+  ndev = n;
+}
+
+static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
+  (void)cudaGetLastError(); /* clear the non-sticky error state */
+  ab_status st = e == cudaErrorMemoryAllocation ? AB_ERR_OUT_OF_MEMORY
+               : e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer ? AB_ERR_INVALID_ARGUMENT
+               : AB_ERR_BACKEND;
+  return AB_FAIL(st, "cuda:%" PRId32 ": %s failed: %s (%s)", id, what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static ab_status cuda_init(void) {
+  pthread_once(&once, probe);
+  if (ndev == 0) return AB_FAIL(AB_ERR_NO_DEVICE, "%s", why);
+  return AB_OK;
+}
+
+static int32_t cuda_count(void) { return ndev; }
+/* Pinned and managed memory are one space each, device_id 0. */
+static int32_t space_count(void) { return ndev > 0 ? 1 : 0; }
+
+/* Makes `id` current, remembering the caller's device in *prev. */
+static ab_status enter(int32_t id, int *prev) {
+  cudaError_t e = cudaGetDevice(prev);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaGetDevice");
+  if (*prev == id) return AB_OK;
+  e = cudaSetDevice(id);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaSetDevice");
+}
+
+static void leave(int32_t id, int prev) {
+  if (prev != id) (void)cudaSetDevice(prev);
+}
+
+/* Waits for `stream`, returning the first error of the copy or the wait. */
+static ab_status finish(cudaError_t e, int32_t id, const char *what, void *stream) {
+  if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, what);
+}
+
+static ab_status cuda_info(int32_t id, struct ab_device_info *out) {
+  struct cudaDeviceProp p;
+  int prev, drv = 0;
+  cudaError_t e = cudaGetDeviceProperties(&p, id);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaGetDeviceProperties");
+  snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof out->name - 1, p.name);
+  snprintf(out->vendor, sizeof out->vendor, "NVIDIA");
+  (void)cudaDriverGetVersion(&drv);
+  snprintf(out->version, sizeof out->version, "CUDA driver %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10,
+           CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+  out->compute_capability = p.major * 10 + p.minor;
+  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    out->pci_bus_id[0] = '\0';
+  }
+  out->total_memory = p.totalGlobalMem;
+  out->max_alloc_size = p.totalGlobalMem;
+  out->unified_memory = p.integrated != 0;
+  /* Free memory needs the device's context (created here if need be). */
+  AB_FORWARD(enter(id, &prev));
+  size_t fr = 0, tot = 0;
+  e = cudaMemGetInfo(&fr, &tot);
+  leave(id, prev);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaMemGetInfo");
+  out->free_memory = fr;
+  return AB_OK;
+}
+
+static uint32_t cuda_device_caps(int32_t id) {
+  int integrated = 0;
+  if (cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, id) != cudaSuccess) (void)cudaGetLastError();
+  return integrated ? AB_CAP_UNIFIED_MEMORY : 0;
+}
+
+static ab_status space_info(const char *name, struct ab_device_info *out) {
+  snprintf(out->name, sizeof out->name, "%s", name);
+  snprintf(out->vendor, sizeof out->vendor, "NVIDIA");
+  snprintf(out->version, sizeof out->version, "CUDA runtime %d.%d", CUDART_VERSION / 1000,
+           CUDART_VERSION % 1000 / 10);
+  return AB_OK;
+}
+
+static ab_status host_info(int32_t id, struct ab_device_info *out) {
+  (void)id;
+  return space_info("CUDA page-locked host memory", out);
+}
+
+static ab_status managed_info(int32_t id, struct ab_device_info *out) {
+  (void)id;
+  return space_info("CUDA managed memory", out);
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static ab_status cuda_alloc(int32_t id, size_t bytes, void **out) {
+  int prev;
+  void *p = NULL;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaMalloc(&p, bytes);
+  leave(id, prev);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaMalloc");
+  *out = p;
+  return AB_OK;
+}
+
+static void cuda_free(int32_t id, void *ptr, size_t bytes) {
+  int prev;
+  (void)bytes;
+  if (enter(id, &prev) != AB_OK) return;
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  leave(id, prev);
+}
+
+static ab_status pinned_alloc(int32_t id, size_t bytes, void **out) {
+  void *p = NULL;
+  /* Portable: page-locked for every device, not only the current one. */
+  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaHostAlloc");
+  *out = p;
+  return AB_OK;
+}
+
+static void pinned_free(int32_t id, void *ptr, size_t bytes) {
+  (void)id;
+  (void)bytes;
+  if (cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static ab_status managed_alloc(int32_t id, size_t bytes, void **out) {
+  void *p = NULL;
+  cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaMallocManaged");
+  *out = p;
+  return AB_OK;
+}
+
+static void managed_free(int32_t id, void *ptr, size_t bytes) {
+  (void)id;
+  (void)bytes;
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* ---- transfers ----------------------------------------------------------- */
+
+static size_t compact_bytes(const DLTensor *t, bool *compact) {
+  size_t bytes = (size_t)(t->dtype.bits / 8u) * t->dtype.lanes;
+  int64_t expect = 1;
+  *compact = true;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) *compact = false;
+    expect *= t->shape[i];
+  }
+  for (int32_t i = 0; i < t->ndim; i++) bytes *= (size_t)t->shape[i];
+  return bytes;
+}
+
+/* Rectangles: region[2] slices of region[1] rows of region[0] bytes, one
+ * cudaMemcpy2DAsync per slice; the pitched side is `pitched`. */
+static cudaError_t copy_rect(char *dst, size_t dpitch, size_t dslice, const char *src, size_t spitch, size_t sslice,
+                             const size_t region[3], enum cudaMemcpyKind kind, void *stream) {
+  cudaError_t e = cudaSuccess;
+  for (size_t z = 0; z < region[2] && e == cudaSuccess; z++)
+    e = cudaMemcpy2DAsync(dst + z * dslice, dpitch, src + z * sslice, spitch, region[0], region[1], kind,
+                          (cudaStream_t)stream);
+  return e;
+}
+
+static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
+  const int32_t sid = from->device.device_id, did = to->device.device_id;
+  const char *src = (const char *)from->data + from->byte_offset;
+  char *dst = (char *)to->data + to->byte_offset;
+  bool compact;
+  size_t bytes = compact_bytes(from, &compact);
+  int prev;
+  cudaError_t e;
+  const char *what;
+
+  AB_FORWARD(enter(did, &prev));
+  if (compact && sid == did) {
+    what = "cudaMemcpyAsync (device to device)";
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+  } else if (compact) {
+    /* Peer access when enabled, else the driver stages through the host. */
+    what = "cudaMemcpyPeerAsync";
+    e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
+  } else {
+    /* can_copy admitted only one-device rectangles. */
+    ab__rect r;
+    size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
+    if (!ab__rect_of(from, es, &r)) {
+      leave(did, prev);
+      return AB_FAIL(AB_ERR_INTERNAL, "cuda:%" PRId32 ": strided copy of a layout that is not a rectangle", sid);
+    }
+    what = "cudaMemcpy2DAsync (device to device)";
+    e = copy_rect(dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
+                  cudaMemcpyDeviceToDevice, stream);
+  }
+  ab_status st = finish(e, did, what, stream);
+  leave(did, prev);
+  return st;
+}
+
+static bool cuda_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
+  ab__rect r;
+  if (from_compact) return true;
+  return from->device.device_id == to.device_id &&
+         ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r);
+}
+
+static ab_status cuda_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaMemcpyAsync((char *)handle + offset, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  ab_status st = finish(e, id, "cudaMemcpyAsync (host to device)", stream);
+  leave(id, prev);
+  return st;
+}
+
+static ab_status cuda_read(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaMemcpyAsync(dst, (const char *)handle + offset, bytes, cudaMemcpyDefault,
+                                  (cudaStream_t)stream);
+  ab_status st = finish(e, id, "cudaMemcpyAsync (device to host)", stream);
+  leave(id, prev);
+  return st;
+}
+
+static ab_status cuda_read_rect(int32_t id, const void *handle, uint64_t offset, const size_t region[3],
+                                size_t row_pitch, size_t slice_pitch, void *dst, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = copy_rect(dst, region[0], region[0] * region[1], (const char *)handle + offset, row_pitch,
+                            slice_pitch, region, cudaMemcpyDefault, stream);
+  ab_status st = finish(e, id, "cudaMemcpy2DAsync (device to host)", stream);
+  leave(id, prev);
+  return st;
+}
+
+static ab_status cuda_write_rect(int32_t id, void *handle, uint64_t offset, const size_t region[3], size_t row_pitch,
+                                 size_t slice_pitch, const void *src, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = copy_rect((char *)handle + offset, region[0], region[0] * region[1], src, row_pitch, slice_pitch,
+                            region, cudaMemcpyDefault, stream);
+  ab_status st = finish(e, id, "cudaMemcpy2DAsync (host to device)", stream);
+  leave(id, prev);
+  return st;
+}
+
+/* The runtime cannot tell an allocation's size, but it can tell whose
+ * memory the first and last addressed bytes are: a host pointer or another
+ * device's memory labelled cuda:<id> is caught here, before any copy. */
+static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
+  const uint64_t at[2] = {begin, end - 1};
+  for (int k = 0; k < 2; k++) {
+    struct cudaPointerAttributes a;
+    const char *p = (const char *)handle + at[k];
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)", id,
+                     handle, at[k], cudaGetErrorName(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                     "cuda:%" PRId32 ": data %p + %" PRIu64 " is %s memory, not device memory (label it %s)", id,
+                     handle, at[k], a.type == cudaMemoryTypeHost ? "page-locked host" : "unregistered host",
+                     a.type == cudaMemoryTypeHost ? "kDLCUDAHost" : "kDLCPU");
+    if (a.type == cudaMemoryTypeDevice && a.device != id)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " belongs to cuda:%d", id, handle,
+                     at[k], a.device);
+  }
+  return AB_OK;
+}
+
+const struct ab_backend ab__backend_cuda = {
+  .device_type = kDLCUDA,
+  .name = "cuda",
+  .caps = 0,
+  .staging = kDLCUDAHost,
+  .init = cuda_init,
+  .device_count = cuda_count,
+  .device_caps = cuda_device_caps,
+  .device_info = cuda_info,
+  .alloc = cuda_alloc,
+  .free = cuda_free,
+  .copy = cuda_copy,
+  .can_copy = cuda_can_copy,
+  .write = cuda_write,
+  .read = cuda_read,
+  .read_rect = cuda_read_rect,
+  .write_rect = cuda_write_rect,
+  .check_range = cuda_check_range,
+};
+
+/* Host-accessible: copies between them and any host memory are the host
+ * backend's, so only memory and identity are here. */
+const struct ab_backend ab__backend_cuda_host = {
+  .device_type = kDLCUDAHost,
+  .name = "cuda",
+  .caps = AB_CAP_HOST_ACCESSIBLE,
+  .init = cuda_init,
+  .device_count = space_count,
+  .device_info = host_info,
+  .alloc = pinned_alloc,
+  .free = pinned_free,
+};
+
+const struct ab_backend ab__backend_cuda_managed = {
+  .device_type = kDLCUDAManaged,
+  .name = "cuda",
+  .caps = AB_CAP_HOST_ACCESSIBLE,
+  .init = cuda_init,
+  .device_count = space_count,
+  .device_info = managed_info,
+  .alloc = managed_alloc,
+  .free = managed_free,
+};

@@ -1,0 +1,389 @@
+/* The CUDA backend. Built wherever the toolkit is (CI has it, without a
+ * GPU or driver): there the absence tests run for real and every device
+ * test skips, saying why. On a machine with a GPU the same binary runs
+ * them all. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef AB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "backend.h"
+#include "internal.h"
+#include "support.h"
+
+#define CUDA(i) ((DLDevice){kDLCUDA, (i)})
+#define PINNED ((DLDevice){kDLCUDAHost, 0})
+#define MANAGED ((DLDevice){kDLCUDAManaged, 0})
+
+static void need_devices(int n) {
+#ifndef AB_HAVE_CUDA
+  cr_skip_test("this build has no CUDA backend (toolkit not found at configure time)");
+#endif
+  int32_t have = ab_device_count(kDLCUDA);
+  if (have < n) {
+    struct ab_device_info info;
+    ab_device_info(CUDA(0), &info);
+    cr_skip_test("needs %d CUDA device%s, have %d: %s", n, n == 1 ? "" : "s", (int)have, ab_last_error());
+  }
+}
+
+static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy, void *stream) {
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = copy;
+  o.stream = stream;
+  DLManagedTensorVersioned *r = NULL;
+  ab_status st = ab_convert_memory(src, to, &o, &r);
+  cr_assert_eq(st, AB_OK, "convert %s:%d -> %s:%d: %s (%s)", ab_device_type_name(src->device.device_type),
+               (int)src->device.device_id, ab_device_type_name(to.device_type), (int)to.device_id,
+               ab_status_name(st), ab_last_error());
+  cr_assert_eq(r->dl_tensor.device.device_type, to.device_type);
+  return r;
+}
+
+/* Every block back in its pool and, after a trim, every driver allocation
+ * freed. */
+static void assert_pool_clean(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(s.in_use_bytes.current, 0, "%s:%d still has %llu bytes in use", ab_device_type_name(dev.device_type),
+               (int)dev.device_id, (unsigned long long)s.in_use_bytes.current);
+  cr_assert_eq(ab_pool_trim(dev), AB_OK);
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK);
+  cr_assert_eq(s.backend_allocs, s.backend_frees, "driver allocations leaked: %llu made, %llu freed",
+               (unsigned long long)s.backend_allocs, (unsigned long long)s.backend_frees);
+}
+
+/* ---- without a device ------------------------------------------------- */
+
+Test(cuda, no_device_means_zero_devices_and_the_runtime_reason) {
+#ifndef AB_HAVE_CUDA
+  cr_skip_test("this build has no CUDA backend (toolkit not found at configure time)");
+#endif
+  if (ab_device_count(kDLCUDA) > 0) cr_skip_test("a CUDA device is present: absence cannot be tested here");
+  cr_assert_eq(ab_device_count(kDLCUDAHost), 0, "pinned memory without a device");
+  cr_assert_eq(ab_device_count(kDLCUDAManaged), 0, "managed memory without a device");
+
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  const DLDevice targets[] = {CUDA(0), CUDA(AB_DEVICE_AUTO), PINNED, MANAGED};
+  for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+    DLManagedTensorVersioned *r = (DLManagedTensorVersioned *)(uintptr_t)0x1;
+    ab_status st = ab_convert_memory(&t, targets[i], NULL, &r);
+    cr_assert_eq(st, AB_ERR_NO_DEVICE, "target %d:%d: %s", targets[i].device_type, (int)targets[i].device_id,
+                 ab_status_name(st));
+    cr_assert_eq((uintptr_t)r, 0x1, "out was written on failure");
+    /* The message carries cudart's own words, so a user can tell "no
+     * driver" from "no device". */
+    cr_assert_not_null(strstr(ab_last_error(), "cudaGetDeviceCount"), "message: %s", ab_last_error());
+    cr_assert_not_null(strstr(ab_last_error(), "cudaError"), "message: %s", ab_last_error());
+  }
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info(CUDA(0), &info), AB_ERR_NO_DEVICE);
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_tensor_alloc(PINNED, 1, shape, dt(kDLFloat, 32, 1), &r), AB_ERR_NO_DEVICE);
+  cr_assert_null(r);
+
+  /* A source that claims to be on a missing GPU is refused before its data
+   * pointer is looked at. */
+  DLTensor g = {(void *)(uintptr_t)0xdead0000, CUDA(0), 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_convert_memory(&g, CPU0, NULL, &r), AB_ERR_NO_DEVICE);
+  cr_assert_null(r);
+
+  /* Host work is unaffected and leaves no CUDA error in the message. */
+  r = convert_ok(&t, CPU0, AB_COPY_ALWAYS, NULL);
+  cr_assert(memcmp(r->dl_tensor.data, x, sizeof x) == 0);
+  r->deleter(r);
+}
+
+Test(cuda, three_memory_spaces_are_registered_under_one_family) {
+#ifndef AB_HAVE_CUDA
+  cr_skip_test("this build has no CUDA backend (toolkit not found at configure time)");
+#else
+  const struct ab_backend *d = ab__backend_for(kDLCUDA), *h = ab__backend_for(kDLCUDAHost),
+                          *m = ab__backend_for(kDLCUDAManaged);
+  cr_assert(d && h && m, "a CUDA memory space has no backend");
+  cr_assert(ab__same_family(d, h) && ab__same_family(d, m), "a cudaStream_t must reach every CUDA space");
+  cr_assert(!ab__same_family(d, ab__backend_for(kDLCPU)));
+  cr_assert(h->caps & AB_CAP_HOST_ACCESSIBLE, "pinned memory is host memory");
+  cr_assert(m->caps & AB_CAP_HOST_ACCESSIBLE, "managed memory is host-addressable");
+  cr_assert(!(d->caps & AB_CAP_HOST_ACCESSIBLE), "device memory is not host memory");
+#endif
+}
+
+/* ---- with a device -------------------------------------------------------- */
+
+Test(cuda, device_info_names_the_gpu) {
+  need_devices(1);
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA); i++) {
+    struct ab_device_info info;
+    cr_assert_eq(ab_device_info(CUDA(i), &info), AB_OK, "%s", ab_last_error());
+    cr_assert_str_eq(info.backend, "cuda");
+    cr_assert_neq(info.name[0], '\0');
+    cr_assert_geq(info.compute_capability, 50, "compute capability %d", info.compute_capability);
+    cr_assert_neq(info.pci_bus_id[0], '\0');
+    cr_assert_gt(info.total_memory, 0);
+    cr_assert_gt(info.free_memory, 0);
+    cr_assert_leq(info.free_memory, info.total_memory);
+    cr_assert_eq(info.host_accessible, 0);
+  }
+}
+
+#ifdef AB_HAVE_CUDA
+static int current_device(void) {
+  int d = -1;
+  cr_assert_eq(cudaGetDevice(&d), cudaSuccess);
+  return d;
+}
+#endif
+
+Test(cuda, round_trips_are_exact_at_every_size) {
+  need_devices(1);
+  const int64_t sizes[] = {0, 1, 3, 4097, (int64_t)1 << 20, ((int64_t)64 << 20) + 5};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    int64_t shape[1] = {sizes[k]};
+    unsigned char *buf = malloc((size_t)sizes[k] + 1);
+    fill_pattern(buf, (size_t)sizes[k], (uint32_t)k + 7);
+    DLTensor h = {buf, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+    cr_assert(is_compact_copy_of(g, &h));
+    cr_assert_eq(g->dl_tensor.device.device_id, 0);
+    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+    cr_assert_eq(first_diff_vs_reference(&h, back), -1, "%lld bytes differ after the round trip",
+                 (long long)sizes[k]);
+    back->deleter(back);
+    g->deleter(g);
+    free(buf);
+  }
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, strided_sources_arrive_compact_both_ways) {
+  need_devices(1);
+  /* A 3-channel crop (rows of contiguous bytes: a rectangle) and a
+   * transpose (not one) of a 37 x 53 x 3 u16 image. */
+  enum { H = 37, W = 53, C = 3 };
+  uint16_t *img = malloc(sizeof(uint16_t) * H * W * C);
+  fill_pattern(img, sizeof(uint16_t) * H * W * C, 11);
+  int64_t full[3] = {H, W, C};
+  DLTensor whole = {img, CPU0, 3, dt(kDLUInt, 16, 1), full, NULL, 0};
+  int64_t crop_shape[3] = {20, 30, 3}, crop_strides[3] = {W * C, C, 1};
+  DLTensor crop = {img, CPU0, 3, dt(kDLUInt, 16, 1), crop_shape, crop_strides, sizeof(uint16_t) * (5 * W * C + 7 * C)};
+  int64_t tr_shape[3] = {W, H, C}, tr_strides[3] = {C, W * C, 1};
+  DLTensor tr = {img, CPU0, 3, dt(kDLUInt, 16, 1), tr_shape, tr_strides, 0};
+
+  const DLTensor *cases[] = {&crop, &tr};
+  for (int c = 0; c < 2; c++) {
+    /* host strided -> device */
+    DLManagedTensorVersioned *g = convert_ok(cases[c], CUDA(0), AB_COPY_IF_NEEDED, NULL);
+    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+    cr_assert_eq(first_diff_vs_reference(cases[c], back), -1, "case %d: host strided -> cuda", c);
+    back->deleter(back);
+    g->deleter(g);
+  }
+  /* device strided -> host and -> device: the same views over a device copy
+   * of the whole image. */
+  DLManagedTensorVersioned *gw = convert_ok(&whole, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  for (int c = 0; c < 2; c++) {
+    DLTensor view = *cases[c];
+    view.data = gw->dl_tensor.data;
+    view.device = CUDA(0);
+    DLManagedTensorVersioned *h = convert_ok(&view, CPU0, AB_COPY_IF_NEEDED, NULL);
+    cr_assert_eq(first_diff_vs_reference(cases[c], h), -1, "case %d: cuda strided -> host", c);
+    h->deleter(h);
+    DLManagedTensorVersioned *d = convert_ok(&view, CUDA(0), AB_COPY_ALWAYS, NULL);
+    cr_assert(is_compact_copy_of(d, &view));
+    h = convert_ok(&d->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+    cr_assert_eq(first_diff_vs_reference(cases[c], h), -1, "case %d: cuda strided -> cuda compact", c);
+    h->deleter(h);
+    d->deleter(d);
+  }
+  gw->deleter(gw);
+  free(img);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, same_device_view_and_copy) {
+  need_devices(1);
+  int32_t x[1000];
+  int64_t shape[1] = {1000};
+  fill_pattern(x, sizeof x, 3);
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *v = convert_ok(&g->dl_tensor, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(v->dl_tensor.data, g->dl_tensor.data, "same device, same dtype: a view");
+  cr_assert_eq(v->flags & DLPACK_FLAG_BITMASK_IS_COPIED, 0);
+  DLManagedTensorVersioned *c = convert_ok(&g->dl_tensor, CUDA(0), AB_COPY_ALWAYS, NULL);
+  cr_assert_neq(c->dl_tensor.data, g->dl_tensor.data);
+  g->deleter(g);
+  DLManagedTensorVersioned *back = convert_ok(&c->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0);
+  back->deleter(back);
+  c->deleter(c);
+  v->deleter(v);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, pinned_and_managed_memory_are_sources_and_targets) {
+  need_devices(1);
+  double x[777];
+  int64_t shape[1] = {777};
+  fill_pattern(x, sizeof x, 5);
+  DLTensor h = {x, CPU0, 1, dt(kDLFloat, 64, 1), shape, NULL, 0};
+  /* cpu -> pinned -> cuda -> managed -> cpu; pinned and managed data are
+   * host pointers, checked directly. */
+  DLManagedTensorVersioned *p = convert_ok(&h, PINNED, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(p->dl_tensor.data, x, sizeof x) == 0);
+  DLManagedTensorVersioned *g = convert_ok(&p->dl_tensor, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *m = convert_ok(&g->dl_tensor, MANAGED, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(m->dl_tensor.data, x, sizeof x) == 0);
+  DLManagedTensorVersioned *back = convert_ok(&m->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0);
+  DLManagedTensorVersioned *g2 = convert_ok(&m->dl_tensor, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *p2 = convert_ok(&g2->dl_tensor, PINNED, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(p2->dl_tensor.data, x, sizeof x) == 0);
+  DLManagedTensorVersioned *all[] = {p, g, m, back, g2, p2};
+  for (int i = 0; i < 6; i++) all[i]->deleter(all[i]);
+  assert_pool_clean(PINNED);
+  assert_pool_clean(MANAGED);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, the_callers_current_device_and_stream_are_respected) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  const int n = ab_device_count(kDLCUDA);
+  const int mine = n - 1;
+  cr_assert_eq(cudaSetDevice(mine), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess);
+  float x[256];
+  int64_t shape[1] = {256};
+  fill_pattern(x, sizeof x, 9);
+  DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  for (int d = 0; d < n; d++) {
+    /* On a one-device machine this still proves the stream path. */
+    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(d), AB_COPY_IF_NEEDED, d == mine ? (void *)s : NULL);
+    cr_assert_eq(current_device(), mine, "the library left cuda:%d current", current_device());
+    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, d == mine ? (void *)s : NULL);
+    cr_assert_eq(current_device(), mine);
+    cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0);
+    back->deleter(back);
+    g->deleter(g);
+  }
+  /* DLPack's stream values 1 (legacy default) and 2 (per-thread default). */
+  for (uintptr_t v = 1; v <= 2; v++) {
+    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, (void *)v);
+    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, (void *)v);
+    cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0, "stream value %u", (unsigned)v);
+    back->deleter(back);
+    g->deleter(g);
+  }
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+#endif
+}
+
+Test(cuda, copies_between_two_gpus) {
+  need_devices(2);
+  int64_t shape[2] = {300, 301};
+  uint8_t *x = malloc(300 * 301);
+  fill_pattern(x, 300 * 301, 21);
+  DLTensor h = {x, CPU0, 2, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *b = convert_ok(&a->dl_tensor, CUDA(1), AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(b->dl_tensor.device.device_id, 1);
+  DLManagedTensorVersioned *back = convert_ok(&b->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(first_diff_vs_reference(&h, back), -1);
+  /* A row-strided view on cuda:0 to cuda:1 (through the host). */
+  int64_t vshape[2] = {100, 301}, vstrides[2] = {3 * 301, 1};
+  DLTensor v = a->dl_tensor;
+  v.shape = vshape;
+  v.strides = vstrides;
+  DLTensor hv = h;
+  hv.shape = vshape;
+  hv.strides = vstrides;
+  DLManagedTensorVersioned *c = convert_ok(&v, CUDA(1), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *cb = convert_ok(&c->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(first_diff_vs_reference(&hv, cb), -1);
+  DLManagedTensorVersioned *all[] = {a, b, back, c, cb};
+  for (int i = 0; i < 5; i++) all[i]->deleter(all[i]);
+  free(x);
+  assert_pool_clean(CUDA(0));
+  assert_pool_clean(CUDA(1));
+}
+
+Test(cuda, memory_that_is_not_the_labelled_device_is_refused) {
+  need_devices(1);
+  float x[16] = {0};
+  int64_t shape[1] = {16};
+  /* A host array labelled as GPU memory. */
+  DLTensor lie = {x, CUDA(0), 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_convert_memory(&lie, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_null(r);
+  cr_assert_not_null(strstr(ab_last_error(), "not device memory"), "%s", ab_last_error());
+  if (ab_device_count(kDLCUDA) >= 2) {
+    DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+    DLTensor wrong = g->dl_tensor;
+    wrong.device = CUDA(1);
+    cr_assert_eq(ab_convert_memory(&wrong, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+    cr_assert_not_null(strstr(ab_last_error(), "belongs to cuda:0"), "%s", ab_last_error());
+    g->deleter(g);
+  }
+}
+
+Test(cuda, out_of_memory_is_reported_and_recovered_from) {
+  need_devices(1);
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info(CUDA(0), &info), AB_OK);
+  /* More than the device has: cudaMalloc fails, the pool's retry runs, the
+   * error names the device and sizes, and the next allocation works (the
+   * runtime's error state was cleared). */
+  int64_t shape[1] = {(int64_t)(info.total_memory * 2)};
+  DLManagedTensorVersioned *r = NULL;
+  ab_status st = ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r);
+  cr_assert_eq(st, AB_ERR_OUT_OF_MEMORY, "%s: %s", ab_status_name(st), ab_last_error());
+  cr_assert_null(r);
+  cr_assert_not_null(strstr(ab_last_error(), "cuda:0"), "%s", ab_last_error());
+  shape[0] = 4096;
+  cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  /* A limit is honoured the same way. */
+  cr_assert_eq(ab_set_memory_limit(CUDA(0), (size_t)1 << 20), AB_OK);
+  shape[0] = (int64_t)4 << 20;
+  cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r), AB_ERR_OUT_OF_MEMORY);
+  cr_assert_eq(ab_set_memory_limit(CUDA(0), 0), AB_OK);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, auto_picks_an_existing_gpu) {
+  need_devices(1);
+  int64_t shape[1] = {10};
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_tensor_alloc(CUDA(AB_DEVICE_AUTO), 1, shape, dt(kDLInt, 64, 1), &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(r->dl_tensor.device.device_type, kDLCUDA);
+  cr_assert(r->dl_tensor.device.device_id >= 0 && r->dl_tensor.device.device_id < ab_device_count(kDLCUDA));
+  r->deleter(r);
+}
+
+Test(cuda, to_and_from_opencl_through_the_host) {
+  need_devices(1);
+  if (ab_device_count(kDLOpenCL) < 1) cr_skip_test("needs an OpenCL device as well: %d", ab_device_count(kDLOpenCL));
+  int16_t x[4000];
+  int64_t shape[2] = {40, 100};
+  fill_pattern(x, sizeof x, 13);
+  DLTensor h = {x, CPU0, 2, dt(kDLInt, 16, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *c = convert_ok(&g->dl_tensor, (DLDevice){kDLOpenCL, 0}, AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *g2 = convert_ok(&c->dl_tensor, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *back = convert_ok(&g2->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0);
+  DLManagedTensorVersioned *all[] = {g, c, g2, back};
+  for (int i = 0; i < 4; i++) all[i]->deleter(all[i]);
+}
