@@ -32,6 +32,10 @@
 #include <string.h>
 
 #include "backend.h"
+#include "converters/host/gather.h"
+#ifdef AB_HAVE_CUDA_KERNELS
+#include "converters/cuda/gather.h"
+#endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int ndev;             /* devices, 0 when none or no driver */
@@ -214,6 +218,21 @@ static cudaError_t copy_rect(char *dst, size_t dpitch, size_t dslice, const char
   return e;
 }
 
+/* Any strided layout on the current device, by converters/cuda's kernel
+ * over the merged dims. */
+static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size_t es, void *stream) {
+#ifdef AB_HAVE_CUDA_KERNELS
+  int64_t bytes[AB_MAX_NDIM], shape[AB_MAX_NDIM], stride[AB_MAX_NDIM];
+  for (int32_t i = 0; i < from->ndim; i++)
+    bytes[i] = from->shape[i] == 1 ? 0 : from->strides[i] * (int64_t)es; /* validated: no overflow */
+  int n = ab__merge_dims(from->ndim, from->shape, bytes, shape, stride);
+  return ab__cuda_gather(dst, src, n, shape, stride, es, (cudaStream_t)stream);
+#else
+  (void)dst, (void)src, (void)from, (void)es, (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
 static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
   const int32_t sid = from->device.device_id, did = to->device.device_id;
   const char *src = (const char *)from->data + from->byte_offset;
@@ -233,16 +252,18 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
     what = "cudaMemcpyPeerAsync";
     e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
   } else {
-    /* can_copy admitted only one-device rectangles. */
+    /* can_copy admitted one-device strided sources only: a rectangle, else
+     * the gather kernel. */
     ab__rect r;
     size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
-    if (!ab__rect_of(from, es, &r)) {
-      leave(did, prev);
-      return AB_FAIL(AB_ERR_INTERNAL, "cuda:%" PRId32 ": strided copy of a layout that is not a rectangle", sid);
+    if (ab__rect_of(from, es, &r)) {
+      what = "cudaMemcpy2DAsync (device to device)";
+      e = copy_rect(dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
+                    cudaMemcpyDeviceToDevice, stream);
+    } else {
+      what = "the gather kernel";
+      e = gather(dst, src, from, es, stream);
     }
-    what = "cudaMemcpy2DAsync (device to device)";
-    e = copy_rect(dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
-                  cudaMemcpyDeviceToDevice, stream);
   }
   ab_status st = finish(e, did, what, stream);
   leave(did, prev);
@@ -252,8 +273,13 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
 static bool cuda_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
   ab__rect r;
   if (from_compact) return true;
-  return from->device.device_id == to.device_id &&
-         ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r);
+  if (from->device.device_id != to.device_id) return false;
+#ifdef AB_HAVE_CUDA_KERNELS
+  (void)r;
+  return true;
+#else
+  return ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r);
+#endif
 }
 
 static ab_status cuda_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
