@@ -1,10 +1,13 @@
 /* Backend registry, lazy initialisation, device checks and the wrappers
  * that are the only callers of the backend tables. */
+#include <ctype.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "pool.h"
 #include "converters/host/gather.h"
@@ -285,4 +288,94 @@ uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id) {
 
 bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b) {
   return a == b || (a != NULL && b != NULL && strcmp(a->name, b->name) == 0);
+}
+
+/* ---- device strings and the best device ---------------------------------- */
+
+/* Writes `text` into buf for a message: at most 40 characters, anything
+ * unprintable as '?'. */
+static void quote(const char *text, char *buf, size_t len) {
+  size_t n = 0;
+  for (; text[n] != '\0' && n + 4 < len && n < 40; n++) buf[n] = isprint((unsigned char)text[n]) ? text[n] : '?';
+  if (text[n] != '\0') {
+    memcpy(buf + n, "...", 3);
+    n += 3;
+  }
+  buf[n] = '\0';
+}
+
+ab_status ab_parse_device(const char *text, DLDevice *out) {
+  char q[48];
+  if (text == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string is NULL");
+  if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
+  quote(text, q, sizeof q);
+  const char *colon = strchr(text, ':');
+  size_t tlen = colon ? (size_t)(colon - text) : strlen(text);
+  int type = -1;
+  for (int t = 1; t <= 40 && type < 0; t++) {
+    const char *name = ab_device_type_name((DLDeviceType)t);
+    if (strcmp(name, "unknown") != 0 && strlen(name) == tlen && strncasecmp(name, text, tlen) == 0) type = t;
+  }
+  if (type < 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "device string \"%s\": unknown device type (cpu, cuda, cuda_host, cuda_managed, opencl, ...)", q);
+  int64_t id = 0;
+  if (colon != NULL) {
+    const char *d = colon + 1;
+    if (strcasecmp(d, "auto") == 0) {
+      id = AB_DEVICE_AUTO;
+    } else {
+      if (*d == '\0')
+        return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string \"%s\": nothing after ':' (want an id or auto)", q);
+      for (; *d != '\0'; d++) {
+        if (*d < '0' || *d > '9')
+          return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string \"%s\": the id must be a decimal number or auto", q);
+        id = id * 10 + (*d - '0');
+        if (id > INT32_MAX)
+          return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string \"%s\": id is larger than %d", q, INT32_MAX);
+      }
+    }
+  }
+  out->device_type = (DLDeviceType)type;
+  out->device_id = (int32_t)id;
+  return AB_OK;
+}
+
+/* The id of the largest OpenCL device that is not host memory, or -1. */
+static int32_t discrete_opencl(void) {
+  const struct ab_backend *be = ab__backend_for(kDLOpenCL);
+  int32_t best = -1;
+  uint64_t best_total = 0;
+  if (be == NULL) return -1;
+  for (int32_t id = 0; id < ab_device_count(kDLOpenCL); id++) {
+    struct ab_device_info info;
+    if (info_of(be, id, &info) != AB_OK || info.unified_memory) continue;
+    if (best < 0 || info.total_memory > best_total) {
+      best = id;
+      best_total = info.total_memory;
+    }
+  }
+  return best;
+}
+
+DLDevice ab_best_device(void) {
+  char saved[AB_ERRBUF_SIZE];
+  DLDevice dev = {kDLCPU, 0}, want;
+  ab__save_error(saved);
+  const char *env = getenv("AB_DEFAULT_DEVICE");
+  if (env != NULL && *env != '\0') {
+    if (ab_parse_device(env, &want) == AB_OK && ab__check_device(want, "AB_DEFAULT_DEVICE", true, &want, NULL) == AB_OK) {
+      ab__restore_error(saved);
+      return want;
+    }
+    AB_LOG(AB_LOG_WARN, "AB_DEFAULT_DEVICE ignored: %s", ab_last_error());
+  }
+  int32_t cl;
+  if (ab_device_count(kDLCUDA) > 0 &&
+      ab__check_device((DLDevice){kDLCUDA, AB_DEVICE_AUTO}, "best device", true, &want, NULL) == AB_OK)
+    dev = want;
+  else if ((cl = discrete_opencl()) >= 0)
+    dev = (DLDevice){kDLOpenCL, cl};
+  ab__restore_error(saved);
+  return dev;
 }

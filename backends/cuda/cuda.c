@@ -41,6 +41,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int ndev;             /* devices, 0 when none or no driver */
 static char why[256];        /* why there are none */
 
+/* Peer access, per ordered pair (to, from): 0 not yet asked, 1 enabled,
+ * 2 unavailable or disabled by AB_CUDA_PEER=0. Asked once, under a lock. */
+#define MAX_PEERS 64
+static pthread_mutex_t peer_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char peer[MAX_PEERS][MAX_PEERS];
+
 static void probe(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -233,6 +239,29 @@ static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size
 #endif
 }
 
+/* Lets device `to` reach `from`'s memory directly, once per ordered pair;
+ * called with `to` current. cudaMemcpyPeerAsync is correct either way (the
+ * driver stages through the host without it), so a refusal is only logged.
+ * AB_CUDA_PEER=0 keeps it off: on some PCIe systems staging beats P2P. */
+static void ensure_peer(int32_t to, int32_t from) {
+  if (to >= MAX_PEERS || from >= MAX_PEERS) return;
+  pthread_mutex_lock(&peer_lock);
+  if (peer[to][from] == 0) {
+    const char *env = getenv("AB_CUDA_PEER");
+    int can = 0;
+    peer[to][from] = 2;
+    if (env != NULL && strcmp(env, "0") == 0) {
+      AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: peer access disabled by AB_CUDA_PEER=0", (int)from, (int)to);
+    } else if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess && can) {
+      cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);
+      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) peer[to][from] = 1;
+      else AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: cudaDeviceEnablePeerAccess: %s", (int)from, (int)to, cudaGetErrorName(e));
+    }
+    (void)cudaGetLastError(); /* AlreadyEnabled and refusals are not the caller's errors */
+  }
+  pthread_mutex_unlock(&peer_lock);
+}
+
 static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
   const int32_t sid = from->device.device_id, did = to->device.device_id;
   const char *src = (const char *)from->data + from->byte_offset;
@@ -250,6 +279,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
   } else if (compact) {
     /* Peer access when enabled, else the driver stages through the host. */
     what = "cudaMemcpyPeerAsync";
+    ensure_peer(did, sid);
     e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
   } else {
     /* can_copy admitted one-device strided sources only: a rectangle, else

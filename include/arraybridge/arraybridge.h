@@ -147,6 +147,23 @@ AB_API ab_status ab_device_info(DLDevice dev, struct ab_device_info *out);
  * "opencl", ...); "unknown" for values DLPack does not define. Static. */
 AB_API const char *ab_device_type_name(DLDeviceType type);
 
+/* Parses a device string: a type name as ab_device_type_name gives it
+ * (case-insensitive), optionally followed by ":" and a decimal id or
+ * "auto" (AB_DEVICE_AUTO): "cpu", "cuda:1", "opencl:0", "cuda:auto".
+ * Without an id the device is 0. Only the syntax is checked, not whether
+ * the device exists (ab_device_info tells that).
+ * On success writes *out; AB_ERR_INVALID_ARGUMENT (out untouched, the
+ * message quotes the string and says what is wrong) otherwise. */
+AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
+
+/* The best device for work: the AB_DEFAULT_DEVICE environment variable
+ * when it is set and names a device that exists (a device string, read at
+ * every call); else the CUDA device with the most free memory; else the
+ * OpenCL device with the most memory that is not the host's own RAM (a
+ * GPU); else cpu:0. For the "cuda if available else cpu" pattern. Never
+ * fails; never leaves an error message behind. */
+AB_API DLDevice ab_best_device(void);
+
 /* ---- conversion ------------------------------------------------------- */
 
 /* Copy semantics of ab_convert_memory, as the array API's

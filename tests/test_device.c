@@ -1,0 +1,121 @@
+/* Device strings (ab_parse_device) and the best-device choice
+ * (ab_best_device), as Python's "cuda:1" and "cuda if available else cpu"
+ * need them. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+static DLDevice parse_ok(const char *s) {
+  DLDevice d = {(DLDeviceType)99, 99};
+  ab_status st = ab_parse_device(s, &d);
+  cr_assert_eq(st, AB_OK, "\"%s\": %s (%s)", s, ab_status_name(st), ab_last_error());
+  return d;
+}
+
+static void parse_bad(const char *s, const char *word) {
+  DLDevice d = {(DLDeviceType)99, 99};
+  ab_status st = ab_parse_device(s, &d);
+  cr_assert_eq(st, AB_ERR_INVALID_ARGUMENT, "\"%s\" was accepted as %d:%d", s ? s : "(null)", (int)d.device_type,
+               (int)d.device_id);
+  cr_assert(d.device_type == (DLDeviceType)99 && d.device_id == 99, "\"%s\": out written on failure", s);
+  cr_assert_not_null(strstr(ab_last_error(), word), "\"%s\": message \"%s\" lacks \"%s\"", s ? s : "(null)",
+                     ab_last_error(), word);
+}
+
+Test(device, strings_name_every_type_with_an_optional_id) {
+  const DLDeviceType types[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLCUDAManaged, kDLROCM, kDLVulkan};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    char s[64];
+    const char *name = ab_device_type_name(types[i]);
+    DLDevice d = parse_ok(name);
+    cr_assert(d.device_type == types[i] && d.device_id == 0, "\"%s\" -> %d:%d", name, d.device_type, d.device_id);
+    snprintf(s, sizeof s, "%s:17", name);
+    d = parse_ok(s);
+    cr_assert(d.device_type == types[i] && d.device_id == 17, "\"%s\"", s);
+  }
+  DLDevice d = parse_ok("CUDA:3");
+  cr_assert(d.device_type == kDLCUDA && d.device_id == 3, "case-insensitive type");
+  d = parse_ok("cuda:auto");
+  cr_assert_eq(d.device_id, AB_DEVICE_AUTO);
+  d = parse_ok("opencl:2147483647");
+  cr_assert_eq(d.device_id, 2147483647);
+}
+
+Test(device, malformed_strings_are_refused_with_the_reason) {
+  parse_bad(NULL, "NULL");
+  parse_bad("", "unknown device type");
+  parse_bad("gpu", "unknown device type");
+  parse_bad("cuda_", "unknown device type");
+  parse_bad(":0", "unknown device type");
+  parse_bad(" cpu", "unknown device type");
+  parse_bad("unknown", "unknown device type");
+  parse_bad("cuda:", "nothing after ':'");
+  parse_bad("cuda:-1", "decimal");
+  parse_bad("cuda:+1", "decimal");
+  parse_bad("cuda:1 ", "decimal");
+  parse_bad("cuda:1:2", "decimal");
+  parse_bad("cuda:0x1", "decimal");
+  parse_bad("opencl:2147483648", "larger than");
+  parse_bad("opencl:99999999999999999999999", "larger than");
+  /* The message quotes the string, cut and made printable. */
+  parse_bad("cu\x01" "da", "\"cu?da\"");
+  char longs[200];
+  memset(longs, 'x', sizeof longs - 1);
+  longs[sizeof longs - 1] = '\0';
+  parse_bad(longs, "...");
+  cr_assert_lt(strlen(ab_last_error()), 200, "the message quotes a cut string");
+  DLDevice d;
+  cr_assert_eq(ab_parse_device("cpu", NULL), AB_ERR_INVALID_ARGUMENT);
+  (void)d;
+}
+
+Test(device, best_device_prefers_an_existing_choice_then_accelerators_then_cpu) {
+  unsetenv("AB_DEFAULT_DEVICE");
+  DLDevice best = ab_best_device();
+  if (ab_device_count(kDLCUDA) > 0) {
+    cr_assert_eq(best.device_type, kDLCUDA, "a CUDA device exists but %s was chosen",
+                 ab_device_type_name(best.device_type));
+  } else {
+    /* PoCL's devices are the host's RAM: not accelerators. */
+    int discrete = 0;
+    for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) {
+      struct ab_device_info info;
+      cr_assert_eq(ab_device_info((DLDevice){kDLOpenCL, i}, &info), AB_OK);
+      discrete |= !info.unified_memory;
+    }
+    cr_assert_eq(best.device_type, discrete ? kDLOpenCL : kDLCPU, "chose %s", ab_device_type_name(best.device_type));
+  }
+  /* The environment wins when it names a device that exists, and leaves no
+   * message behind when it does not. */
+  setenv("AB_DEFAULT_DEVICE", "cpu:0", 1);
+  best = ab_best_device();
+  cr_assert(best.device_type == kDLCPU && best.device_id == 0);
+  if (ab_device_count(kDLOpenCL) >= 2) {
+    setenv("AB_DEFAULT_DEVICE", "opencl:1", 1);
+    best = ab_best_device();
+    cr_assert(best.device_type == kDLOpenCL && best.device_id == 1, "got %s:%d",
+              ab_device_type_name(best.device_type), (int)best.device_id);
+  }
+  const char *bad[] = {"cuda:99", "opencl:99", "nonsense", "cpu:1"};
+  unsetenv("AB_DEFAULT_DEVICE");
+  DLDevice plain = ab_best_device();
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("AB_DEFAULT_DEVICE", bad[i], 1);
+    float x = 1;
+    DLTensor t = {&x, CPU0, 0, dt(kDLFloat, 32, 1), NULL, NULL, 0};
+    cr_assert_eq(ab_tensor_validate(&t), AB_OK);
+    /* a known message before the call */
+    DLDevice ignored;
+    cr_assert_eq(ab_parse_device("marker-type", &ignored), AB_ERR_INVALID_ARGUMENT);
+    char before[512];
+    snprintf(before, sizeof before, "%s", ab_last_error());
+    best = ab_best_device();
+    cr_assert(best.device_type == plain.device_type && best.device_id == plain.device_id,
+              "AB_DEFAULT_DEVICE=%s changed the choice", bad[i]);
+    cr_assert_str_eq(ab_last_error(), before, "AB_DEFAULT_DEVICE=%s left a message", bad[i]);
+  }
+  unsetenv("AB_DEFAULT_DEVICE");
+}
