@@ -57,6 +57,7 @@ bench: build
 	$(BUILD)/bench/bench_host
 	$(BUILD)/bench/bench_pool
 	if [ -x $(BUILD)/bench/bench_opencl ]; then $(BUILD)/bench/bench_opencl; fi
+	if [ -x $(BUILD)/bench/bench_cuda ]; then $(BUILD)/bench/bench_cuda; fi
 
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
