@@ -95,6 +95,21 @@ struct ab_backend {
    * may come from another library), before anything touches it;
    * AB_ERR_INVALID_ARGUMENT otherwise. */
   ab_status (*check_range)(int32_t id, const void *handle, uint64_t begin, uint64_t end);
+
+  /* The staging ring (src/staging.c), for backends whose transfers from
+   * pageable memory are slow and whose `staging` memory is fast. All of
+   * these or none. The async transfers take host memory of the staging
+   * type only, are queued on `stream` in order and return at once; a
+   * fence recorded on the stream after them completes when they have.
+   *   host_is_staged: whether host pointer p already is staging memory
+   *                   (pinned or registered): then no ring is needed. */
+  ab_status (*write_async)(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream);
+  ab_status (*read_async)(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream);
+  ab_status (*fence_new)(int32_t id, void **fence);
+  ab_status (*fence_record)(int32_t id, void *fence, void *stream);
+  ab_status (*fence_wait)(void *fence);
+  void (*fence_free)(void *fence);
+  bool (*host_is_staged)(const void *p);
 };
 
 extern const struct ab_backend ab__backend_host;
@@ -155,6 +170,26 @@ ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *hand
                              const ab__rect *rect, const void *src, void *stream);
 ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
                             const ab__rect *rect, void *dst, void *stream);
+/* The staging ring (staging.c): a compact transfer between pageable host
+ * memory and the device `id` of `be`, through a ring of chunks of the
+ * backend's staging memory: the host copy into chunk k overlaps the DMA of
+ * chunk k-1. Falls back to be->write / be->read when the backend has no
+ * ring operations, the host memory already is staging memory, the transfer
+ * is below AB_STAGING_MIN bytes, or no chunk can be allocated. Complete on
+ * return, like write/read. */
+ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset, const void *src,
+                           size_t bytes, void *stream);
+ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
+                          size_t bytes, void *stream);
+/* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
+ * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
+ * direct), read once; ab__staging_reload_env re-reads them (tests). */
+struct ab__staging_config {
+  size_t chunk, count, min;
+};
+struct ab__staging_config ab__staging_config(void);
+void ab__staging_reload_env(void);
+
 ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
                               uint64_t begin, uint64_t end);
 

@@ -162,7 +162,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         break;
       }
       /* Compact, or rows of contiguous bytes in one rectangle read. */
-      st = cur_compact ? ab__dev_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
+      st = cur_compact ? ab__staged_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
       cur = compact_at(&cur, cur.device, out_bytes);
       cur_compact = true;
@@ -170,8 +170,8 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     }
     case AB_STEP_UPLOAD:
       if (cur_compact)
-        st = ab__dev_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
-                           (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
+        st = ab__staged_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
+                              (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
       else /* a host crop, written as one rectangle */
         st = ab__dev_write_rect(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset, rect,
                                 (const char *)cur.data + cur.byte_offset, stream);

@@ -84,6 +84,11 @@ long ab__alloc_live(void);
  * counting the pools themselves (pool.c): what a leak check compares. */
 long ab__alloc_live_settled(void);
 
+/* A byte count from an environment variable (pool.c): "512MiB", "8GiB",
+ * "2GB", "1048576" (binary and decimal suffixes, optional "B"), n chars of
+ * s. False when malformed or overflowing. */
+bool ab__parse_size(const char *s, size_t n, uint64_t *out);
+
 /* ---- checked arithmetic ----------------------------------------------- */
 
 static inline bool ab__mul_overflow_i64(int64_t a, int64_t b, int64_t *r) {

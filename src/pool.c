@@ -100,7 +100,7 @@ static char env_error[256];
 
 /* "512MiB", "8GiB", "2GB", "1048576": binary (KiB..TiB, also K/M/G/T) and
  * decimal (KB..TB) suffixes, optional "B". */
-static bool parse_size(const char *s, size_t n, uint64_t *out) {
+bool ab__parse_size(const char *s, size_t n, uint64_t *out) {
   static const struct { const char *suffix; uint64_t mult; } units[] = {
     {"", 1}, {"B", 1},
     {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
@@ -172,7 +172,7 @@ static void parse_env(const char *v) {
       }
       r.id = (int32_t)id;
     }
-    if (!parse_size(eq + 1, (size_t)(p + n - eq - 1), &r.bytes)) {
+    if (!ab__parse_size(eq + 1, (size_t)(p + n - eq - 1), &r.bytes)) {
       snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": size \"%.*s\" is not a byte count like 512MiB, 8GiB or 1000000",
                (int)n, p, (int)(p + n - eq - 1), eq + 1);
       return;

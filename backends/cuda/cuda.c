@@ -65,6 +65,7 @@ static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
   ab_status st = e == cudaErrorMemoryAllocation ? AB_ERR_OUT_OF_MEMORY
                : e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer ? AB_ERR_INVALID_ARGUMENT
                : AB_ERR_BACKEND;
+  if (id < 0) return AB_FAIL(st, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
   return AB_FAIL(st, "cuda:%" PRId32 ": %s failed: %s (%s)", id, what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
@@ -353,6 +354,66 @@ static ab_status cuda_write_rect(int32_t id, void *handle, uint64_t offset, cons
   return st;
 }
 
+/* ---- the staging ring's operations (src/staging.c) ------------------------ */
+
+static ab_status cuda_write_async(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes,
+                                  void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaMemcpyAsync((char *)handle + offset, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  leave(id, prev);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaMemcpyAsync (staged, host to device)");
+}
+
+static ab_status cuda_read_async(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes,
+                                 void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaMemcpyAsync(dst, (const char *)handle + offset, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  leave(id, prev);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaMemcpyAsync (staged, device to host)");
+}
+
+/* Fences are events without timing (the cheap kind), on device `id`. */
+static ab_status cuda_fence_new(int32_t id, void **fence) {
+  int prev;
+  cudaEvent_t ev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  leave(id, prev);
+  if (e != cudaSuccess) return fail_cuda(e, id, "cudaEventCreateWithFlags");
+  *fence = ev;
+  return AB_OK;
+}
+
+static ab_status cuda_fence_record(int32_t id, void *fence, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaEventRecord((cudaEvent_t)fence, (cudaStream_t)stream);
+  leave(id, prev);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaEventRecord");
+}
+
+static ab_status cuda_fence_wait(void *fence) {
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)fence);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, "cudaEventSynchronize");
+}
+
+static void cuda_fence_free(void *fence) {
+  if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Page-locked (cudaHostAlloc) or registered (cudaHostRegister) memory:
+ * DMA reaches it directly. */
+static bool cuda_host_is_staged(const void *p) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeManaged;
+}
+
 /* The runtime cannot tell an allocation's size, but it can tell whose
  * memory the first and last addressed bytes are: a host pointer or another
  * device's memory labelled cuda:<id> is caught here, before any copy. */
@@ -397,6 +458,13 @@ const struct ab_backend ab__backend_cuda = {
   .read_rect = cuda_read_rect,
   .write_rect = cuda_write_rect,
   .check_range = cuda_check_range,
+  .write_async = cuda_write_async,
+  .read_async = cuda_read_async,
+  .fence_new = cuda_fence_new,
+  .fence_record = cuda_fence_record,
+  .fence_wait = cuda_fence_wait,
+  .fence_free = cuda_fence_free,
+  .host_is_staged = cuda_host_is_staged,
 };
 
 /* Host-accessible: copies between them and any host memory are the host

@@ -1,0 +1,186 @@
+/* The staging ring: pageable host memory <-> device through a few chunks
+ * of the backend's staging memory (CUDA: page-locked), so that the host
+ * copy of chunk k overlaps the DMA of its neighbours. Without it a
+ * transfer from pageable memory is staged by the driver, one bounce buffer
+ * at a time, or runs at pageable DMA speed.
+ *
+ *   write: for chunk k: wait until chunk slot k % K is free (its fence),
+ *          memcpy host -> slot, queue the async write, record the fence.
+ *   read:  queue the reads of the first K chunks; then for chunk k: wait
+ *          for its fence, memcpy slot -> host, queue chunk k + K into it.
+ * All transfers go on the caller's stream, in order; the call returns when
+ * every byte has arrived. Chunks come from the staging memory's pool (so
+ * they are reused across calls) and go back to it only after every
+ * transfer that touches them has completed, failure or not.
+ *
+ * Settings (environment, read once): AB_STAGING_CHUNK (default 4MiB),
+ * AB_STAGING_CHUNKS (default 3, 2..16), AB_STAGING_MIN (default 1MiB:
+ * smaller transfers go direct, where a ring's fences cost more than they
+ * save). The defaults are provisional until bench_cuda measures them on a
+ * GPU (docs/guide.md). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "pool.h"
+
+#define MAX_CHUNKS 16
+
+static pthread_mutex_t cfg_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool cfg_read;
+static struct ab__staging_config cfg;
+
+static size_t env_size(const char *name, const char *example, size_t dflt, size_t lo, size_t hi) {
+  const char *v = getenv(name);
+  uint64_t x;
+  if (v == NULL || *v == '\0') return dflt;
+  if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
+    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a number from %zu to %zu (e.g. %s); using %zu", name, v, lo, hi,
+           example, dflt);
+    return dflt;
+  }
+  return (size_t)x;
+}
+
+struct ab__staging_config ab__staging_config(void) {
+  pthread_mutex_lock(&cfg_lock);
+  if (!cfg_read) {
+    cfg.chunk = env_size("AB_STAGING_CHUNK", "4MiB", (size_t)4 << 20, 4096, (size_t)1 << 30);
+    cfg.count = env_size("AB_STAGING_CHUNKS", "3", 3, 2, MAX_CHUNKS);
+    cfg.min = env_size("AB_STAGING_MIN", "1MiB", (size_t)1 << 20, 0, SIZE_MAX);
+    cfg_read = true;
+  }
+  struct ab__staging_config c = cfg;
+  pthread_mutex_unlock(&cfg_lock);
+  return c;
+}
+
+void ab__staging_reload_env(void) {
+  pthread_mutex_lock(&cfg_lock);
+  cfg_read = false;
+  pthread_mutex_unlock(&cfg_lock);
+}
+
+struct ring {
+  const struct ab_backend *be;
+  int32_t id;
+  size_t n;                     /* slots */
+  ab__block *chunk[MAX_CHUNKS];
+  void *fence[MAX_CHUNKS];
+  bool busy[MAX_CHUNKS];        /* a transfer on the slot may be in flight */
+};
+
+/* Waits for every slot still in flight (their errors are the transfers'
+ * errors: the first one is returned), then gives everything back. */
+static ab_status ring_close(struct ring *r, ab_status st) {
+  for (size_t i = 0; i < r->n; i++) {
+    if (r->busy[i]) {
+      ab_status w = r->be->fence_wait(r->fence[i]);
+      if (st == AB_OK) st = w;
+    }
+    if (r->fence[i] != NULL) r->be->fence_free(r->fence[i]);
+    if (r->chunk[i] != NULL) ab__pool_free(r->chunk[i]);
+  }
+  return st;
+}
+
+/* Sets up the slots; false when the ring cannot be had (no staging memory
+ * left, no fences): the caller then transfers directly, which is slower
+ * but right, and the thread's message is left as it was. */
+static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, size_t bytes, size_t *chunk) {
+  struct ab__staging_config c = ab__staging_config();
+  const struct ab_backend *sbe = ab__backend_for(be->staging);
+  const DLDevice sdev = {be->staging, 0};
+  char saved[AB_ERRBUF_SIZE];
+  memset(r, 0, sizeof *r);
+  r->be = be;
+  r->id = id;
+  /* A transfer shorter than the whole ring is cut into `count` pieces (of
+   * at least 64 KiB, page-rounded) so that it still overlaps. */
+  *chunk = c.chunk;
+  if (bytes / c.count < c.chunk) {
+    size_t piece = (bytes + c.count - 1) / c.count;
+    piece = (piece + 4095) & ~(size_t)4095;
+    *chunk = piece < ((size_t)64 << 10) ? (size_t)64 << 10 : piece;
+    if (*chunk > c.chunk) *chunk = c.chunk;
+  }
+  r->n = (bytes + *chunk - 1) / *chunk;
+  if (r->n > c.count) r->n = c.count;
+  if (sbe == NULL || ab_device_count(be->staging) == 0) return false;
+  ab__save_error(saved);
+  for (size_t i = 0; i < r->n; i++) {
+    size_t want = bytes < *chunk ? bytes : *chunk;
+    if (ab__pool_alloc(sbe, sdev, want, &r->chunk[i]) != AB_OK || be->fence_new(id, &r->fence[i]) != AB_OK) {
+      AB_LOG(AB_LOG_DEBUG, "staging ring for %zu bytes not available (%s): direct transfer", bytes, ab_last_error());
+      (void)ring_close(r, AB_OK);
+      ab__restore_error(saved);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Whether a transfer of `bytes` at host address `host` should take the ring. */
+static bool wanted(const struct ab_backend *be, const void *host, size_t bytes) {
+  if (be->write_async == NULL || be->staging == 0) return false;
+  if (bytes < ab__staging_config().min) return false;
+  return !be->host_is_staged(host);
+}
+
+ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset, const void *src,
+                           size_t bytes, void *stream) {
+  struct ring r;
+  size_t chunk;
+  if (!wanted(be, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
+    return ab__dev_write(be, id, handle, offset, src, bytes, stream);
+  ab_status st = AB_OK;
+  for (size_t done = 0, k = 0; done < bytes && st == AB_OK; k++) {
+    const size_t i = k % r.n, len = bytes - done < chunk ? bytes - done : chunk;
+    if (r.busy[i]) {
+      r.busy[i] = false;
+      st = be->fence_wait(r.fence[i]);
+      if (st != AB_OK) break;
+    }
+    memcpy(r.chunk[i]->ptr, (const char *)src + done, len);
+    st = be->write_async(id, handle, offset + done, r.chunk[i]->ptr, len, stream);
+    if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
+    /* Even a failed queueing may have started the copy: wait before reuse. */
+    r.busy[i] = true;
+    done += len;
+  }
+  return ring_close(&r, st);
+}
+
+ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
+                          size_t bytes, void *stream) {
+  struct ring r;
+  size_t chunk;
+  if (!wanted(be, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
+    return ab__dev_read(be, id, handle, offset, dst, bytes, stream);
+  const size_t nchunks = (bytes + chunk - 1) / chunk;
+  ab_status st = AB_OK;
+  /* Chunk k lives in slot k % n; queue_read(k) starts it. */
+#define CHUNK_LEN(k) ((k) == nchunks - 1 ? bytes - (k) * chunk : chunk)
+  for (size_t k = 0; k < r.n && st == AB_OK; k++) {
+    st = be->read_async(id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream);
+    if (st == AB_OK) st = be->fence_record(id, r.fence[k], stream);
+    r.busy[k] = true;
+  }
+  for (size_t k = 0; k < nchunks && st == AB_OK; k++) {
+    const size_t i = k % r.n;
+    r.busy[i] = false;
+    st = be->fence_wait(r.fence[i]);
+    if (st != AB_OK) break;
+    memcpy((char *)dst + k * chunk, r.chunk[i]->ptr, CHUNK_LEN(k));
+    const size_t next = k + r.n;
+    if (next < nchunks) {
+      st = be->read_async(id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream);
+      if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
+      r.busy[i] = true;
+    }
+  }
+#undef CHUNK_LEN
+  return ring_close(&r, st);
+}
