@@ -200,10 +200,13 @@ typedef struct ab_convert_opts {
   /* Result dtype; bits == 0 keeps the source dtype. A dtype that differs
    * from the source's is AB_ERR_UNSUPPORTED in this version. */
   DLDataType dtype;
-  /* Backend stream (cudaStream_t, cl_command_queue) or NULL for the default;
-   * ignored by the host backend. The call returns when the data has
-   * arrived either way; an OpenCL queue of another context than a buffer's
-   * is finished first (docs/guide.md, OpenCL). */
+  /* Backend stream (cudaStream_t, cl_command_queue) or NULL for the default
+   * (CUDA: the legacy default stream; the DLPack values 1 and 2 are
+   * cudaStreamLegacy and cudaStreamPerThread). It belongs to the target's
+   * backend, or to the source's when the target is cpu, and is given only
+   * to that backend's steps; ignored by the host backend. The call returns
+   * when the data has arrived either way; an OpenCL queue of another
+   * context than a buffer's is finished first (docs/guide.md). */
   void *stream;
 } ab_convert_opts;
 
