@@ -435,7 +435,7 @@ Test(cuda, gather_kernel_mapping_matches_the_reference) {
     snprintf(what, sizeof what, "transpose at byte 1, elsize %lld", (long long)e);
     check_emulated(&t, what);
     /* negative strides (flip both axes), starting at the last element */
-    int64_t n2[2] = {-17, -1};
+    int64_t n2[2] = {-1, -17};
     t.strides = n2;
     t.byte_offset = (uint64_t)((12 * 17 + 16) * e);
     snprintf(what, sizeof what, "flipped, elsize %lld", (long long)e);
