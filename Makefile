@@ -4,6 +4,8 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+PY_BUILD   ?= build-python
+PYTHON     ?= python3
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
@@ -17,7 +19,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan bench install clean fuzz
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-python bench install clean fuzz
 
 all: build
 
@@ -35,7 +37,7 @@ demo: build
 # AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run), then
 # the thread stress under ThreadSanitizer (Criterion cannot run under TSan,
 # so that tier is the stress program alone).
-test: test-normal test-asan test-tsan
+test: test-normal test-asan test-tsan test-python
 
 test-normal: build
 	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)
@@ -52,6 +54,16 @@ test-tsan: deps
 	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target stress_threads
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads$$'
+
+# The Python module against NumPy 2.x from PyPI, in a venv of its own:
+# pip builds the C library with CMake (into $(PY_BUILD)/lib) and the
+# extension; pytest runs from outside python/ so the installed package is
+# the one imported.
+test-python: deps
+	$(PYTHON) -m venv $(PY_BUILD)/venv
+	$(PY_BUILD)/venv/bin/pip install -q -r python/requirements-test.txt
+	AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib $(PY_BUILD)/venv/bin/pip install -q --force-reinstall --no-deps ./python
+	cd $(PY_BUILD) && venv/bin/python -m pytest -q $(CURDIR)/python/tests
 
 bench: build
 	$(BUILD)/bench/bench_host
@@ -76,4 +88,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) python/build python/*.egg-info

@@ -16,6 +16,14 @@ suite=${AB_DLPACK_SUITE:-trixie}
 packages=(build-essential cmake pkg-config libcriterion-dev
           ocl-icd-opencl-dev opencl-headers pocl-opencl-icd)
 
+# The Python module (python/, tested by make test) needs a CPython with its
+# headers and venv; Debian's python3 has them in separate packages.
+has_python_dev='import os, sys, sysconfig, venv, ensurepip
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+if ! command -v python3 >/dev/null || ! python3 -c "$has_python_dev" 2>/dev/null; then
+  packages+=(python3 python3-dev python3-venv)
+fi
+
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 

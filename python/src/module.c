@@ -1,0 +1,813 @@
+/* arraybridge._arraybridge: the CPython extension over the C library.
+ *
+ * Ownership in one place:
+ *  - A Tensor owns exactly one DLManagedTensorVersioned (`mt`) and calls its
+ *    deleter once, when the Tensor is deallocated. When `mt` is a view of
+ *    another managed tensor (a zero-copy result of ab_convert_memory), the
+ *    Tensor also owns that one (`base`) and deletes it after `mt`.
+ *  - Importing (from_dlpack) takes the producer's managed tensor out of its
+ *    capsule and renames the capsule "used_...", as DLPack requires; from
+ *    then on the Tensor owns it.
+ *  - Exporting (__dlpack__) puts a new managed tensor in a capsule: either a
+ *    fresh copy (owning its memory) or a view whose manager_ctx holds a
+ *    reference to the Tensor. The capsule's destructor calls the deleter
+ *    only if no consumer renamed the capsule; view deleters take the GIL to
+ *    drop their reference, and do nothing with Python once the interpreter
+ *    is finalising.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "arraybridge/arraybridge.h"
+
+#define VERSIONED_NAME "dltensor_versioned"
+#define LEGACY_NAME "dltensor"
+#define USED_VERSIONED_NAME "used_dltensor_versioned"
+#define USED_LEGACY_NAME "used_dltensor"
+
+/* ---- errors --------------------------------------------------------------- */
+
+static PyObject *raise_status(ab_status st) {
+  PyObject *exc;
+  switch (st) {
+  case AB_ERR_INVALID_ARGUMENT:
+  case AB_ERR_NO_DEVICE: exc = PyExc_ValueError; break;
+  case AB_ERR_COPY_REQUIRED:
+  case AB_ERR_UNSUPPORTED: exc = PyExc_BufferError; break;
+  case AB_ERR_OUT_OF_MEMORY: exc = PyExc_MemoryError; break;
+  default: exc = PyExc_RuntimeError; break;
+  }
+  PyErr_Format(exc, "%s (%s)", ab_last_error(), ab_status_name(st));
+  return NULL;
+}
+
+static int interpreter_alive(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+/* ---- devices and dtypes as Python values ---------------------------------- */
+
+/* A device from a string ("cuda:1"), a (type, id) tuple, or None (cpu:0
+ * when allow_none). */
+static int device_from_object(PyObject *o, DLDevice *out) {
+  if (PyUnicode_Check(o)) {
+    const char *s = PyUnicode_AsUTF8(o);
+    if (s == NULL) return -1;
+    ab_status st = ab_parse_device(s, out);
+    if (st != AB_OK) {
+      raise_status(st);
+      return -1;
+    }
+    return 0;
+  }
+  if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2) {
+    long type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
+    if (type == -1 && PyErr_Occurred()) return -1;
+    long id = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+    if (id == -1 && PyErr_Occurred()) return -1;
+    if (type < 0 || type > INT32_MAX || id < INT32_MIN || id > INT32_MAX) {
+      PyErr_Format(PyExc_ValueError, "device (%ld, %ld) is out of range", type, id);
+      return -1;
+    }
+    out->device_type = (DLDeviceType)type;
+    out->device_id = (int32_t)id;
+    return 0;
+  }
+  PyErr_Format(PyExc_TypeError, "device must be a string like \"cuda:0\" or a (type, id) tuple, not %.100s",
+               Py_TYPE(o)->tp_name);
+  return -1;
+}
+
+static PyObject *device_string(DLDevice d) {
+  return PyUnicode_FromFormat("%s:%d", ab_device_type_name(d.device_type), (int)d.device_id);
+}
+
+static const struct {
+  const char *name;
+  uint8_t code, bits;
+} dtype_names[] = {
+  {"bool", kDLBool, 8},        {"int8", kDLInt, 8},         {"int16", kDLInt, 16},
+  {"int32", kDLInt, 32},       {"int64", kDLInt, 64},       {"uint8", kDLUInt, 8},
+  {"uint16", kDLUInt, 16},     {"uint32", kDLUInt, 32},     {"uint64", kDLUInt, 64},
+  {"float16", kDLFloat, 16},   {"float32", kDLFloat, 32},   {"float64", kDLFloat, 64},
+  {"bfloat16", kDLBfloat, 16}, {"complex64", kDLComplex, 64}, {"complex128", kDLComplex, 128},
+};
+#define NDTYPES (sizeof dtype_names / sizeof dtype_names[0])
+
+static PyObject *dtype_string(DLDataType t) {
+  for (size_t i = 0; i < NDTYPES; i++)
+    if (dtype_names[i].code == t.code && dtype_names[i].bits == t.bits) {
+      if (t.lanes == 1) return PyUnicode_FromString(dtype_names[i].name);
+      return PyUnicode_FromFormat("%sx%u", dtype_names[i].name, (unsigned)t.lanes);
+    }
+  return PyUnicode_FromFormat("dtype(code=%u, bits=%u, lanes=%u)", (unsigned)t.code, (unsigned)t.bits,
+                              (unsigned)t.lanes);
+}
+
+/* A dtype from a name ("float32"), or from anything whose str() is one
+ * (numpy.dtype, numpy.float32's dtype). */
+static int dtype_from_object(PyObject *o, DLDataType *out) {
+  PyObject *s = PyObject_Str(o);
+  if (s == NULL) return -1;
+  const char *name = PyUnicode_AsUTF8(s);
+  if (name == NULL) {
+    Py_DECREF(s);
+    return -1;
+  }
+  for (size_t i = 0; i < NDTYPES; i++)
+    if (strcmp(name, dtype_names[i].name) == 0) {
+      out->code = dtype_names[i].code;
+      out->bits = dtype_names[i].bits;
+      out->lanes = 1;
+      Py_DECREF(s);
+      return 0;
+    }
+  PyErr_Format(PyExc_ValueError, "unknown dtype \"%s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, "
+               "complex64/128)", name);
+  Py_DECREF(s);
+  return -1;
+}
+
+/* ---- the Tensor type -------------------------------------------------------- */
+
+typedef struct {
+  PyObject_HEAD
+  DLManagedTensorVersioned *mt;   /* owned */
+  DLManagedTensorVersioned *base; /* owned when mt is a view of it, else NULL */
+  PyObject *weakrefs;
+} TensorObject;
+
+static PyTypeObject TensorType;
+
+static void release(DLManagedTensorVersioned *m) {
+  if (m != NULL && m->deleter != NULL) m->deleter(m);
+}
+
+/* Wraps owned tensors into a new Tensor; on failure deletes them. */
+static PyObject *tensor_new_owning(DLManagedTensorVersioned *mt, DLManagedTensorVersioned *base) {
+  TensorObject *t = PyObject_New(TensorObject, &TensorType);
+  if (t == NULL) {
+    release(mt);
+    release(base);
+    return NULL;
+  }
+  t->mt = mt;
+  t->base = base;
+  t->weakrefs = NULL;
+  return (PyObject *)t;
+}
+
+static void tensor_dealloc(TensorObject *self) {
+  if (self->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+  DLManagedTensorVersioned *mt = self->mt, *base = self->base;
+  self->mt = self->base = NULL;
+  /* A producer's deleter may call back into Python (NumPy's drops a
+   * reference): we hold the GIL here, as it expects. */
+  release(mt);
+  release(base);
+  PyObject_Del(self);
+}
+
+static const DLTensor *dl(TensorObject *self) { return &self->mt->dl_tensor; }
+
+static PyObject *tensor_shape(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLTensor *t = dl(self);
+  PyObject *tup = PyTuple_New(t->ndim);
+  if (tup == NULL) return NULL;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    PyObject *v = PyLong_FromLongLong(t->shape[i]);
+    if (v == NULL) {
+      Py_DECREF(tup);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(tup, i, v);
+  }
+  return tup;
+}
+
+/* Strides in elements, as DLPack counts them (compact ones when the tensor
+ * has none). */
+static PyObject *tensor_strides(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLTensor *t = dl(self);
+  PyObject *tup = PyTuple_New(t->ndim);
+  if (tup == NULL) return NULL;
+  int64_t acc = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    PyObject *v = PyLong_FromLongLong(t->strides ? t->strides[i] : acc);
+    if (v == NULL) {
+      Py_DECREF(tup);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(tup, i, v);
+    acc *= t->shape[i];
+  }
+  return tup;
+}
+
+static PyObject *tensor_dtype(TensorObject *self, void *closure) {
+  (void)closure;
+  return dtype_string(dl(self)->dtype);
+}
+
+static PyObject *tensor_device(TensorObject *self, void *closure) {
+  (void)closure;
+  return device_string(dl(self)->device);
+}
+
+static PyObject *tensor_nbytes(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLTensor *t = dl(self);
+  unsigned long long n = ((unsigned long long)t->dtype.bits * t->dtype.lanes + 7) / 8;
+  for (int32_t i = 0; i < t->ndim; i++) n *= (unsigned long long)t->shape[i];
+  return PyLong_FromUnsignedLongLong(n);
+}
+
+static PyObject *tensor_readonly(TensorObject *self, void *closure) {
+  (void)closure;
+  return PyBool_FromLong((self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
+}
+
+static PyObject *tensor_data_ptr(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLTensor *t = dl(self);
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)t->data + t->byte_offset);
+}
+
+static PyObject *tensor_repr(TensorObject *self) {
+  PyObject *shape = tensor_shape(self, NULL), *dtype = tensor_dtype(self, NULL), *dev = tensor_device(self, NULL);
+  PyObject *r = NULL;
+  if (shape && dtype && dev) r = PyUnicode_FromFormat("arraybridge.Tensor(shape=%R, dtype=%U, device=%U)", shape, dtype, dev);
+  Py_XDECREF(shape);
+  Py_XDECREF(dtype);
+  Py_XDECREF(dev);
+  return r;
+}
+
+/* ---- export ------------------------------------------------------------------- */
+
+/* A view of a Tensor for a consumer: it keeps the Tensor alive. */
+struct view_export {
+  DLManagedTensorVersioned mt;
+  PyObject *owner;
+};
+
+static void drop_owner(PyObject *owner) {
+  if (!interpreter_alive()) return; /* at shutdown: leak the reference, never touch Python */
+  PyGILState_STATE g = PyGILState_Ensure();
+  Py_DECREF(owner);
+  PyGILState_Release(g);
+}
+
+static void view_export_deleter(DLManagedTensorVersioned *m) {
+  struct view_export *v = (struct view_export *)m;
+  drop_owner(v->owner);
+  PyMem_RawFree(v);
+}
+
+struct legacy_view_export {
+  DLManagedTensor mt;
+  PyObject *owner;
+};
+
+static void legacy_view_export_deleter(DLManagedTensor *m) {
+  struct legacy_view_export *v = (struct legacy_view_export *)m;
+  drop_owner(v->owner);
+  PyMem_RawFree(v);
+}
+
+static void capsule_destructor(PyObject *cap) {
+  /* A capsule a consumer took is renamed "used_..."; only an unconsumed
+   * one still owns its tensor. Keep any exception in flight. */
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
+    if (m != NULL && m->deleter != NULL) m->deleter(m);
+  } else if (PyCapsule_IsValid(cap, LEGACY_NAME)) {
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, LEGACY_NAME);
+    if (m != NULL && m->deleter != NULL) m->deleter(m);
+  }
+  PyErr_Restore(type, value, tb);
+}
+
+static PyObject *capsule_versioned(DLManagedTensorVersioned *m) {
+  PyObject *cap = PyCapsule_New(m, VERSIONED_NAME, capsule_destructor);
+  if (cap == NULL) release(m);
+  return cap;
+}
+
+static PyObject *capsule_legacy(DLManagedTensor *m) {
+  PyObject *cap = PyCapsule_New(m, LEGACY_NAME, capsule_destructor);
+  if (cap == NULL && m->deleter) m->deleter(m);
+  return cap;
+}
+
+/* Exports a fresh, owned tensor (a copy made for this consumer). */
+static PyObject *export_owned(DLManagedTensorVersioned *m, int versioned) {
+  if (versioned) return capsule_versioned(m);
+  DLManagedTensor *legacy;
+  ab_status st = ab_to_legacy(m, &legacy);
+  if (st != AB_OK) {
+    release(m);
+    return raise_status(st);
+  }
+  return capsule_legacy(legacy);
+}
+
+static PyObject *export_view(TensorObject *self, int versioned) {
+  const DLTensor *t = dl(self);
+  if (versioned) {
+    struct view_export *v = PyMem_RawCalloc(1, sizeof *v);
+    if (v == NULL) return PyErr_NoMemory();
+    v->mt.version.major = DLPACK_MAJOR_VERSION;
+    v->mt.version.minor = DLPACK_MINOR_VERSION;
+    v->mt.dl_tensor = *t; /* shape and strides stay the Tensor's, alive while it is */
+    v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+    v->mt.manager_ctx = v;
+    v->mt.deleter = view_export_deleter;
+    Py_INCREF(self);
+    v->owner = (PyObject *)self;
+    return capsule_versioned(&v->mt);
+  }
+  if (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+    PyErr_SetString(PyExc_BufferError,
+                    "this tensor is read-only and the consumer asked for a legacy (unversioned) DLPack capsule, "
+                    "which cannot say so; ask with max_version=(1, 0) or make a copy");
+    return NULL;
+  }
+  struct legacy_view_export *v = PyMem_RawCalloc(1, sizeof *v);
+  if (v == NULL) return PyErr_NoMemory();
+  v->mt.dl_tensor = *t;
+  v->mt.manager_ctx = v;
+  v->mt.deleter = legacy_view_export_deleter;
+  Py_INCREF(self);
+  v->owner = (PyObject *)self;
+  return capsule_legacy(&v->mt);
+}
+
+/* copy=None/True/False as -1/1/0; -2 when truth testing raised. */
+static int copy_arg(PyObject *copy) {
+  if (copy == Py_None) return -1;
+  int v = PyObject_IsTrue(copy);
+  return v < 0 ? -2 : v;
+}
+
+static int is_cpu_like(DLDeviceType t) { return t == kDLCPU || t == kDLCUDAHost; }
+
+static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+  PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream, &max_version, &dl_device,
+                                   &copy))
+    return NULL;
+  const DLTensor *t = dl(self);
+  if (stream != Py_None) {
+    if (is_cpu_like(t->device.device_type)) {
+      PyErr_SetString(PyExc_ValueError, "stream must be None for a tensor in host memory");
+      return NULL;
+    }
+    if (!PyLong_Check(stream)) {
+      PyErr_SetString(PyExc_TypeError, "stream must be None or an integer");
+      return NULL;
+    }
+    /* The data of every Tensor is complete when the Tensor exists (the
+     * library synchronises before returning), so any consumer stream may
+     * use it at once: nothing to wait for. */
+  }
+  int versioned = 0;
+  if (max_version != Py_None) {
+    if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2) {
+      PyErr_SetString(PyExc_TypeError, "max_version must be None or a (major, minor) tuple");
+      return NULL;
+    }
+    long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
+    if (major == -1 && PyErr_Occurred()) return NULL;
+    versioned = major >= 1;
+  }
+  int want_copy = copy_arg(copy);
+  if (want_copy == -2) return NULL;
+  DLDevice target = t->device;
+  if (dl_device != Py_None && device_from_object(dl_device, &target) < 0) return NULL;
+  const int moves = target.device_type != t->device.device_type || target.device_id != t->device.device_id;
+  if (!moves && want_copy != 1) return export_view(self, versioned);
+
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = want_copy == 0 ? AB_COPY_NEVER : AB_COPY_ALWAYS;
+  DLManagedTensorVersioned *m;
+  ab_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = ab_convert_memory(t, target, &o, &m);
+  Py_END_ALLOW_THREADS
+  if (st != AB_OK) return raise_status(st);
+  return export_owned(m, versioned);
+}
+
+static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused) {
+  (void)unused;
+  const DLTensor *t = dl(self);
+  return Py_BuildValue("(ii)", (int)t->device.device_type, (int)t->device.device_id);
+}
+
+static PyMethodDef tensor_methods[] = {
+  {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+   "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+   "Exports the tensor as a DLPack capsule: versioned (\"dltensor_versioned\") when max_version allows 1.x,\n"
+   "legacy (\"dltensor\") otherwise. A view unless dl_device names another device or copy=True."},
+  {"__dlpack_device__", (PyCFunction)tensor_dlpack_device, METH_NOARGS,
+   "__dlpack_device__()\n--\n\nThe (device_type, device_id) pair of DLPack."},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef tensor_getset[] = {
+  {"shape", (getter)tensor_shape, NULL, "tuple of ints", NULL},
+  {"strides", (getter)tensor_strides, NULL, "strides in elements (DLPack's unit), tuple of ints", NULL},
+  {"dtype", (getter)tensor_dtype, NULL, "element type as a string, e.g. 'float32'", NULL},
+  {"device", (getter)tensor_device, NULL, "device string, e.g. 'cuda:0'", NULL},
+  {"nbytes", (getter)tensor_nbytes, NULL, "bytes of the elements", NULL},
+  {"readonly", (getter)tensor_readonly, NULL, "whether the producer marked the data read-only", NULL},
+  {"data_ptr", (getter)tensor_data_ptr, NULL, "address of the first element (data + byte_offset)", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TensorType = {
+  PyVarObject_HEAD_INIT(NULL, 0)
+  .tp_name = "arraybridge.Tensor",
+  .tp_doc = "A DLPack tensor owned by arraybridge. Made by from_dlpack and convert_memory; exchange it with\n"
+            "NumPy, PyTorch, CuPy or JAX through __dlpack__.",
+  .tp_basicsize = sizeof(TensorObject),
+  /* No GC: a Tensor holds no Python references (its exports hold it). */
+  .tp_flags = Py_TPFLAGS_DEFAULT,
+  .tp_dealloc = (destructor)tensor_dealloc,
+  .tp_repr = (reprfunc)tensor_repr,
+  .tp_methods = tensor_methods,
+  .tp_getset = tensor_getset,
+  .tp_weaklistoffset = offsetof(TensorObject, weakrefs),
+};
+
+/* ---- import ------------------------------------------------------------------- */
+
+/* Takes the managed tensor out of a producer's capsule (renaming it, so
+ * that the capsule no longer owns it). */
+static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
+  if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
+    if (m == NULL) return -1;
+    if (m->version.major != 1) {
+      /* Not ours to read: leave it to the capsule, which deletes it. */
+      PyErr_Format(PyExc_BufferError, "the producer's DLPack version %u.%u is not 1.x", m->version.major,
+                   m->version.minor);
+      return -1;
+    }
+    if (PyCapsule_SetName(cap, USED_VERSIONED_NAME) < 0) return -1;
+    *out = m;
+    return 0;
+  }
+  if (PyCapsule_IsValid(cap, LEGACY_NAME)) {
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, LEGACY_NAME);
+    if (m == NULL) return -1;
+    /* Consumed first: from here on m is ours, whatever happens. */
+    if (PyCapsule_SetName(cap, USED_LEGACY_NAME) < 0) return -1;
+    DLManagedTensorVersioned *v;
+    ab_status st = ab_from_legacy(m, &v);
+    if (st != AB_OK) { /* still ours, not wrapped: delete it */
+      if (m->deleter != NULL) m->deleter(m);
+      raise_status(st);
+      return -1;
+    }
+    *out = v;
+    return 0;
+  }
+  if (PyCapsule_CheckExact(cap)) {
+    const char *name = PyCapsule_GetName(cap);
+    PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
+                 name ? name : "(null)");
+  } else {
+    PyErr_Format(PyExc_TypeError, "__dlpack__ returned %.100s, not a capsule", Py_TYPE(cap)->tp_name);
+  }
+  return -1;
+}
+
+/* Calls x.__dlpack__: first asking for a versioned capsule, then, for
+ * producers that do not know max_version (TypeError), the legacy way. */
+static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev) {
+  PyObject *meth = PyObject_GetAttrString(x, "__dlpack__");
+  if (meth == NULL) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%.100s does not support DLPack (no __dlpack__)", Py_TYPE(x)->tp_name);
+    return NULL;
+  }
+  PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+  if (kwargs == NULL) {
+    Py_DECREF(meth);
+    return NULL;
+  }
+  /* On CUDA, ask the producer to make its data ready for the legacy default
+   * stream, the one the library uses by default (DLPack: stream=1). */
+  if (producer_dev.device_type == kDLCUDA || producer_dev.device_type == kDLCUDAManaged) {
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || PyDict_SetItemString(kwargs, "stream", one) < 0) {
+      Py_XDECREF(one);
+      Py_DECREF(kwargs);
+      Py_DECREF(meth);
+      return NULL;
+    }
+    Py_DECREF(one);
+  }
+  PyObject *empty = PyTuple_New(0);
+  PyObject *cap = empty ? PyObject_Call(meth, empty, kwargs) : NULL;
+  if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear();
+    PyDict_DelItemString(kwargs, "max_version");
+    cap = PyObject_Call(meth, empty, kwargs);
+  }
+  Py_XDECREF(empty);
+  Py_DECREF(kwargs);
+  Py_DECREF(meth);
+  return cap;
+}
+
+static int producer_device(PyObject *x, DLDevice *out) {
+  out->device_type = kDLCPU;
+  out->device_id = 0;
+  if (!PyObject_HasAttrString(x, "__dlpack_device__")) return 0;
+  PyObject *r = PyObject_CallMethod(x, "__dlpack_device__", NULL);
+  if (r == NULL) return -1;
+  int rc = device_from_object(r, out);
+  Py_DECREF(r);
+  return rc;
+}
+
+/* The core of from_dlpack and convert_memory: import x, then move or copy
+ * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
+ * 1 always. */
+static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype) {
+  DLManagedTensorVersioned *mt;
+  if (PyObject_TypeCheck(x, &TensorType)) {
+    /* Our own tensor: a view export of it, owned by the new Tensor. */
+    PyObject *cap = export_view((TensorObject *)x, 1);
+    if (cap == NULL) return NULL;
+    int rc = take_capsule(cap, &mt);
+    Py_DECREF(cap);
+    if (rc < 0) return NULL;
+  } else {
+    DLDevice pdev;
+    if (producer_device(x, &pdev) < 0) return NULL;
+    PyObject *cap = call_dlpack(x, pdev);
+    if (cap == NULL) return NULL;
+    int rc = take_capsule(cap, &mt);
+    Py_DECREF(cap);
+    if (rc < 0) return NULL;
+  }
+  ab_status st = ab_tensor_validate(&mt->dl_tensor);
+  if (st != AB_OK) {
+    release(mt);
+    return raise_status(st);
+  }
+  const DLTensor *t = &mt->dl_tensor;
+  const int moves = target != NULL && (target->device_type != t->device.device_type ||
+                                       target->device_id != t->device.device_id);
+  const int recast = dtype != NULL && (dtype->code != t->dtype.code || dtype->bits != t->dtype.bits ||
+                                       dtype->lanes != t->dtype.lanes);
+  if (!moves && !recast && copy != 1) return tensor_new_owning(mt, NULL);
+
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
+  /* A strided tensor on its own device may stay a view. */
+  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  if (dtype != NULL) o.dtype = *dtype;
+  DLManagedTensorVersioned *out;
+  Py_BEGIN_ALLOW_THREADS
+  st = ab_convert_memory(t, target ? *target : t->device, &o, &out);
+  Py_END_ALLOW_THREADS
+  if (st != AB_OK) {
+    release(mt);
+    return raise_status(st);
+  }
+  if (out->flags & DLPACK_FLAG_BITMASK_IS_COPIED) {
+    release(mt);
+    return tensor_new_owning(out, NULL);
+  }
+  /* A view: it borrows mt's memory, so the Tensor keeps mt too. */
+  out->flags |= mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+  return tensor_new_owning(out, mt);
+}
+
+static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"x", "device", "copy", NULL};
+  PyObject *x, *device = Py_None, *copy = Py_None;
+  (void)mod;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:from_dlpack", kwlist, &x, &device, &copy)) return NULL;
+  DLDevice target;
+  if (device != Py_None && device_from_object(device, &target) < 0) return NULL;
+  int c = copy_arg(copy);
+  if (c == -2) return NULL;
+  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL);
+}
+
+static PyObject *py_convert_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"x", "target", "gpu_id", "dtype", "copy", NULL};
+  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None;
+  (void)mod;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OO:convert_memory", kwlist, &x, &target_o, &gpu_id, &dtype_o,
+                                   &copy))
+    return NULL;
+  DLDevice target;
+  if (device_from_object(target_o, &target) < 0) return NULL;
+  if (gpu_id != Py_None) {
+    long id = PyLong_AsLong(gpu_id);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    if (id < AB_DEVICE_AUTO || id > INT32_MAX) {
+      PyErr_Format(PyExc_ValueError, "gpu_id %ld is out of range (>= 0, or -1 for the device with most free memory)",
+                   id);
+      return NULL;
+    }
+    target.device_id = (int32_t)id;
+  }
+  DLDataType dtype;
+  if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
+  int c = copy_arg(copy);
+  if (c == -2) return NULL;
+  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype);
+}
+
+/* ---- module functions ------------------------------------------------------------ */
+
+static PyObject *py_devices(PyObject *mod, PyObject *unused) {
+  (void)mod, (void)unused;
+  static const DLDeviceType types[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged, kDLOpenCL};
+  PyObject *list = PyList_New(0);
+  if (list == NULL) return NULL;
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+    for (int32_t i = 0; i < ab_device_count(types[k]); i++) {
+      PyObject *s = device_string((DLDevice){types[k], i});
+      if (s == NULL || PyList_Append(list, s) < 0) {
+        Py_XDECREF(s);
+        Py_DECREF(list);
+        return NULL;
+      }
+      Py_DECREF(s);
+    }
+  return list;
+}
+
+static PyObject *py_device_info(PyObject *mod, PyObject *device) {
+  (void)mod;
+  DLDevice d;
+  struct ab_device_info info;
+  if (device_from_object(device, &d) < 0) return NULL;
+  ab_status st = ab_device_info(d, &info);
+  if (st != AB_OK) return raise_status(st);
+  PyObject *dev = device_string(info.device);
+  if (dev == NULL) return NULL;
+  return Py_BuildValue("{s:N,s:s,s:s,s:s,s:s,s:K,s:K,s:K,s:O,s:O,s:i,s:s}", "device", dev, "name", info.name,
+                       "backend", info.backend, "vendor", info.vendor, "version", info.version, "total_memory",
+                       (unsigned long long)info.total_memory, "free_memory", (unsigned long long)info.free_memory,
+                       "max_alloc_size", (unsigned long long)info.max_alloc_size, "host_accessible",
+                       info.host_accessible ? Py_True : Py_False, "unified_memory",
+                       info.unified_memory ? Py_True : Py_False, "compute_capability", info.compute_capability,
+                       "pci_bus_id", info.pci_bus_id);
+}
+
+static PyObject *py_memory_stats(PyObject *mod, PyObject *device) {
+  (void)mod;
+  DLDevice d;
+  struct ab_pool_stats s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  if (device_from_object(device, &d) < 0) return NULL;
+  ab_status st = ab_pool_stats(d, &s);
+  if (st != AB_OK) return raise_status(st);
+  PyObject *dict = PyDict_New();
+  if (dict == NULL) return NULL;
+#define PUT(key, value)                                                  \
+  do {                                                                   \
+    PyObject *v_ = (value);                                              \
+    if (v_ == NULL || PyDict_SetItemString(dict, (key), v_) < 0) {       \
+      Py_XDECREF(v_);                                                    \
+      Py_DECREF(dict);                                                   \
+      return NULL;                                                       \
+    }                                                                    \
+    Py_DECREF(v_);                                                       \
+  } while (0)
+#define GAUGE(name) \
+  PUT(#name, Py_BuildValue("{s:K,s:K}", "current", (unsigned long long)s.name.current, "peak", \
+                           (unsigned long long)s.name.peak));
+#define COUNTER(name) PUT(#name, PyLong_FromUnsignedLongLong((unsigned long long)s.name));
+  AB_POOL_GAUGE_FIELDS(GAUGE)
+  AB_POOL_COUNTER_FIELDS(COUNTER)
+  PUT("limit_bytes", PyLong_FromUnsignedLongLong((unsigned long long)s.limit_bytes));
+  PUT("cached_blocks", PyLong_FromUnsignedLongLong((unsigned long long)s.cached_blocks));
+#undef GAUGE
+#undef COUNTER
+#undef PUT
+  return dict;
+}
+
+static PyObject *py_empty_cache(PyObject *mod, PyObject *args) {
+  PyObject *device = Py_None;
+  (void)mod;
+  if (!PyArg_ParseTuple(args, "|O:empty_cache", &device)) return NULL;
+  if (device == Py_None) {
+    ab_pool_trim_all();
+    Py_RETURN_NONE;
+  }
+  DLDevice d;
+  if (device_from_object(device, &d) < 0) return NULL;
+  ab_status st = ab_pool_trim(d);
+  if (st != AB_OK) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_set_memory_limit(PyObject *mod, PyObject *args) {
+  PyObject *device;
+  unsigned long long bytes;
+  (void)mod;
+  if (!PyArg_ParseTuple(args, "OK:set_memory_limit", &device, &bytes)) return NULL;
+  DLDevice d;
+  if (device_from_object(device, &d) < 0) return NULL;
+  if (bytes > SIZE_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "bytes does not fit in size_t");
+    return NULL;
+  }
+  ab_status st = ab_set_memory_limit(d, (size_t)bytes);
+  if (st != AB_OK) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
+  (void)mod, (void)unused;
+  return device_string(ab_best_device());
+}
+
+static PyObject *py_explain_route(PyObject *mod, PyObject *args) {
+  PyObject *x, *target_o;
+  (void)mod;
+  if (!PyArg_ParseTuple(args, "OO:explain_route", &x, &target_o)) return NULL;
+  DLDevice target;
+  if (device_from_object(target_o, &target) < 0) return NULL;
+  PyObject *t = import_and_convert(x, NULL, -1, NULL); /* a zero-copy import */
+  if (t == NULL) return NULL;
+  char buf[2048];
+  ab_status st = ab_explain_route(&((TensorObject *)t)->mt->dl_tensor, target, buf, sizeof buf);
+  Py_DECREF(t);
+  if (st != AB_OK) return raise_status(st);
+  return PyUnicode_FromString(buf);
+}
+
+static PyMethodDef module_methods[] = {
+  {"from_dlpack", (PyCFunction)(void (*)(void))py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
+   "from_dlpack(x, /, *, device=None, copy=None)\n--\n\n"
+   "A Tensor with the data of any DLPack producer (an object with __dlpack__), zero-copy when it can be.\n"
+   "device: a string ('cpu', 'cuda:1', 'opencl:0') or (type, id) tuple; another device than x's copies there.\n"
+   "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed)."},
+  {"convert_memory", (PyCFunction)(void (*)(void))py_convert_memory, METH_VARARGS | METH_KEYWORDS,
+   "convert_memory(x, target, gpu_id=None, *, dtype=None, copy=None)\n--\n\n"
+   "Moves x (any DLPack producer) to target ('cpu', 'cuda', 'opencl:1', ...); gpu_id sets the device id\n"
+   "(-1: the device with the most free memory). Returns a Tensor."},
+  {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
+  {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
+  {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
+  {"empty_cache", py_empty_cache, METH_VARARGS,
+   "empty_cache(device=None)\n--\n\nReturns cached, unused blocks of one device's pool (all pools when None) to "
+   "the driver."},
+  {"set_memory_limit", py_set_memory_limit, METH_VARARGS,
+   "set_memory_limit(device, bytes)\n--\n\nCaps the bytes a device's pool may reserve (0 = no limit)."},
+  {"best_device", py_best_device, METH_NOARGS,
+   "best_device()\n--\n\nThe best device for work: a CUDA GPU, else an OpenCL GPU, else 'cpu:0' "
+   "(AB_DEFAULT_DEVICE overrides)."},
+  {"explain_route", py_explain_route, METH_VARARGS,
+   "explain_route(x, target)\n--\n\nHow convert_memory would move x to target, step by step."},
+  {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+  PyModuleDef_HEAD_INIT,
+  .m_name = "arraybridge._arraybridge",
+  .m_doc = "CPython bindings of the arraybridge C library.",
+  .m_size = -1,
+  .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__arraybridge(void) {
+  if (PyType_Ready(&TensorType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&moduledef);
+  if (m == NULL) return NULL;
+  Py_INCREF(&TensorType);
+  if (PyModule_AddObject(m, "Tensor", (PyObject *)&TensorType) < 0 ||
+      PyModule_AddStringConstant(m, "__version__", ab_version_string()) < 0 ||
+      PyModule_AddIntConstant(m, "DEVICE_AUTO", AB_DEVICE_AUTO) < 0) {
+    Py_DECREF(&TensorType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

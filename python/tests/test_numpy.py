@@ -1,0 +1,368 @@
+"""arraybridge against NumPy 2.x: zero-copy exchange both ways, ownership of
+DLPack capsules, every dtype and layout NumPy can export, and round trips
+through OpenCL (PoCL in CI: POCL_DEVICES="pthread pthread" gives two
+devices)."""
+import gc
+import sys
+import weakref
+
+import numpy as np
+import pytest
+
+import arraybridge as ab
+
+KDLCPU, KDLOPENCL = 1, 4
+
+
+def addr(a):
+    return a.__array_interface__["data"][0]
+
+
+def opencl(n=1):
+    have = sum(d.startswith("opencl:") for d in ab.devices())
+    if have < n:
+        pytest.skip("needs %d OpenCL device(s), have %d (PoCL: apt-get install pocl-opencl-icd)" % (n, have))
+
+
+class LegacyProducer:
+    """A producer that knows only the pre-1.0 protocol (no max_version)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+class LegacyCapsule:
+    """Hands NumPy the legacy capsule a legacy consumer would get from t."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, **kwargs):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class SameCapsule:
+    """Offers one capsule every time it is asked."""
+
+    def __init__(self, cap, device):
+        self.cap, self.device = cap, device
+
+    def __dlpack__(self, **kwargs):
+        return self.cap
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def capsule_name(cap):
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get(cap).decode()
+
+
+# ---- zero-copy -----------------------------------------------------------------
+
+
+def test_numpy_to_arraybridge_shares_memory_and_writes_show_through():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = ab.from_dlpack(a)
+    assert t.data_ptr == addr(a)
+    assert (t.shape, t.strides, t.dtype, t.device, t.nbytes) == ((3, 4), (4, 1), "float32", "cpu:0", 48)
+    b = np.from_dlpack(t)
+    assert addr(b) == addr(a)
+    b[1, 2] = -7
+    assert a[1, 2] == -7
+    a[0, 0] = 99
+    assert b[0, 0] == 99
+
+
+def test_arraybridge_to_numpy_shares_the_copy_it_made():
+    opencl()
+    a = np.arange(10, dtype=np.int64)
+    back = ab.convert_memory(ab.convert_memory(a, "opencl:0"), "cpu")
+    n1, n2 = np.from_dlpack(back), np.from_dlpack(back)
+    assert addr(n1) == addr(n2) == back.data_ptr
+    n1[3] = 1234
+    assert n2[3] == 1234
+    assert a[3] == 3
+
+
+def test_read_only_arrays_stay_read_only():
+    a = np.arange(6, dtype=np.uint16)
+    a.flags.writeable = False
+    t = ab.from_dlpack(a)
+    assert t.readonly
+    b = np.from_dlpack(t)
+    assert not b.flags.writeable
+    assert addr(b) == addr(a)
+    with pytest.raises(BufferError, match="read-only"):
+        t.__dlpack__()  # a legacy consumer cannot be told
+    c = ab.from_dlpack(a, copy=True)
+    assert not c.readonly and c.data_ptr != addr(a)
+
+
+# ---- dtypes and layouts -----------------------------------------------------------
+
+
+CASES = {
+    "0-d": lambda: np.array(3.5, dtype=np.float64),
+    "zero-size": lambda: np.zeros((3, 0, 2), dtype=np.int32),
+    "bool": lambda: np.array([True, False, True, True]),
+    "complex64": lambda: (np.arange(6) + 1j * np.arange(6)).astype(np.complex64),
+    "complex128": lambda: np.arange(5) * (1 - 2j),
+    "float16": lambda: np.linspace(-2, 2, 9).astype(np.float16),
+    "int8": lambda: np.arange(-5, 5, dtype=np.int8),
+    "uint64": lambda: np.array([0, 2**64 - 1, 12345], dtype=np.uint64),
+    "non-contiguous": lambda: np.arange(60, dtype=np.float32).reshape(6, 10)[::2, 1:8:3],
+    "negative-stride": lambda: np.arange(20, dtype=np.int16)[::-1],
+    "transposed": lambda: np.arange(24, dtype=np.float64).reshape(2, 3, 4).transpose(2, 0, 1),
+    "broadcast": lambda: np.broadcast_to(np.arange(4, dtype=np.uint8), (3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_layout_imports_zero_copy_and_exports_back(name):
+    a = CASES[name]()
+    t = ab.from_dlpack(a)
+    assert t.shape == a.shape
+    assert t.dtype == ("bool" if a.dtype == np.bool_ else str(a.dtype))
+    b = np.from_dlpack(t)
+    assert b.dtype == a.dtype and b.shape == a.shape
+    np.testing.assert_array_equal(b, a)
+    if a.size:
+        assert addr(b) == addr(a)
+        # element strides, as DLPack counts them
+        assert tuple(s // a.itemsize for s in b.strides) == tuple(s // a.itemsize for s in a.strides)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_round_trip_through_opencl_is_bit_exact(name):
+    opencl()
+    a = CASES[name]()
+    g = ab.convert_memory(a, "opencl:0")
+    assert g.device == "opencl:0" and g.shape == a.shape
+    back = np.from_dlpack(ab.convert_memory(g, "cpu"))
+    assert back.dtype == a.dtype and back.shape == a.shape
+    assert back.tobytes() == np.ascontiguousarray(a).tobytes()
+
+
+def test_nan_payloads_and_signed_zeros_survive_bit_exact():
+    opencl(2)
+    bits = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000, 0x00000001], dtype=np.uint32)
+    a = bits.view(np.float32)
+    g = ab.convert_memory(ab.convert_memory(a, "opencl:0"), "opencl:1")
+    back = np.from_dlpack(ab.convert_memory(g, "cpu"))
+    assert back.view(np.uint32).tolist() == bits.tolist()
+
+
+def test_gpu_id_and_device_tuples_choose_the_device():
+    opencl(2)
+    a = np.arange(8.0)
+    assert ab.convert_memory(a, "opencl", gpu_id=1).device == "opencl:1"
+    assert ab.convert_memory(a, "opencl", 0).device == "opencl:0"
+    assert ab.from_dlpack(a, device=(KDLOPENCL, 1)).device == "opencl:1"
+    t = ab.convert_memory(a, "opencl:auto")
+    assert t.device in ("opencl:0", "opencl:1")
+
+
+# ---- copies ---------------------------------------------------------------------
+
+
+def test_copy_modes():
+    a = np.arange(16, dtype=np.int32)
+    assert ab.from_dlpack(a, copy=False).data_ptr == addr(a)
+    c = ab.from_dlpack(a, copy=True)
+    assert c.data_ptr != addr(a)
+    np.testing.assert_array_equal(np.from_dlpack(c), a)
+    opencl()
+    with pytest.raises(BufferError, match="copy is needed"):
+        ab.from_dlpack(a, device="opencl:0", copy=False)
+    t = ab.from_dlpack(a)
+    with pytest.raises(BufferError):
+        t.__dlpack__(max_version=(1, 0), dl_device=(KDLOPENCL, 0), copy=False)
+    # dl_device elsewhere makes a copy there, owned by the capsule
+    cap = t.__dlpack__(max_version=(1, 0), dl_device=(KDLOPENCL, 0))
+    assert capsule_name(cap) == "dltensor_versioned"
+    g = ab.from_dlpack(SameCapsule(cap, (KDLOPENCL, 0)))
+    assert g.device == "opencl:0"
+    np.testing.assert_array_equal(np.from_dlpack(ab.convert_memory(g, "cpu")), a)
+    # copy=True on the same device
+    n = np.from_dlpack(SameCapsule(t.__dlpack__(max_version=(1, 0), copy=True), (KDLCPU, 0)))
+    assert addr(n) != addr(a)
+    np.testing.assert_array_equal(n, a)
+
+
+def test_a_dtype_change_is_refused_with_both_names():
+    with pytest.raises(BufferError, match="dtype"):
+        ab.convert_memory(np.arange(3, dtype=np.uint8), "cpu", dtype="float32")
+    assert ab.convert_memory(np.arange(3, dtype=np.uint8), "cpu", dtype=np.dtype("uint8")).dtype == "uint8"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ab.convert_memory(np.arange(3), "cpu", dtype="float24")
+
+
+# ---- the protocol -----------------------------------------------------------------
+
+
+def test_legacy_producers_and_consumers():
+    a = np.arange(9, dtype=np.float64).reshape(3, 3)
+    t = ab.from_dlpack(LegacyProducer(a))
+    assert t.data_ptr == addr(a)
+    cap = t.__dlpack__()
+    assert capsule_name(cap) == "dltensor"
+    assert capsule_name(t.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(t.__dlpack__(max_version=(0, 8))) == "dltensor"
+    b = np.from_dlpack(LegacyCapsule(t))
+    assert addr(b) == addr(a)
+    np.testing.assert_array_equal(b, a)
+    assert t.__dlpack_device__() == (KDLCPU, 0)
+
+
+def test_a_consumed_capsule_cannot_be_consumed_twice():
+    a = np.arange(5)
+    cap = a.__dlpack__(max_version=(1, 0))
+    holder = SameCapsule(cap, (KDLCPU, 0))
+    t = ab.from_dlpack(holder)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    with pytest.raises(BufferError, match="already consumed"):
+        ab.from_dlpack(holder)
+    np.testing.assert_array_equal(np.from_dlpack(t), a)
+    legacy = a.__dlpack__()
+    ab.from_dlpack(SameCapsule(legacy, (KDLCPU, 0)))
+    assert capsule_name(legacy) == "used_dltensor"
+    with pytest.raises(BufferError):
+        ab.from_dlpack(SameCapsule(legacy, (KDLCPU, 0)))
+
+
+def test_each_deleter_runs_exactly_once():
+    a = np.arange(7, dtype=np.float32)
+    t = ab.from_dlpack(a)
+    alive = weakref.ref(t)
+    # an exported view keeps the Tensor alive until its consumer lets go
+    b = np.from_dlpack(t)
+    del t
+    gc.collect()
+    assert alive() is not None
+    del b
+    gc.collect()
+    assert alive() is None
+    # an unconsumed capsule's destructor runs the deleter
+    t = ab.from_dlpack(a)
+    alive = weakref.ref(t)
+    caps = [t.__dlpack__(max_version=(1, 0)), t.__dlpack__()]
+    del t
+    gc.collect()
+    assert alive() is not None
+    del caps
+    gc.collect()
+    assert alive() is None
+    # NumPy's own producer reference is dropped once ours is gone
+    base = np.arange(3)
+    before = sys.getrefcount(base)
+    t = ab.from_dlpack(base)
+    assert sys.getrefcount(base) > before
+    del t
+    gc.collect()
+    assert sys.getrefcount(base) == before
+
+
+def test_reference_counts_return_to_their_start_after_many_round_trips():
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    base = sys.getrefcount(a)
+    for _ in range(2000):
+        t = ab.from_dlpack(a)
+        b = np.from_dlpack(t)
+        c = ab.from_dlpack(b.T, copy=True)
+        np.from_dlpack(c)
+        del t, b, c
+    gc.collect()
+    assert sys.getrefcount(a) == base
+    assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == 0
+
+
+def test_stream_must_be_none_for_host_memory():
+    t = ab.from_dlpack(np.arange(3))
+    with pytest.raises(ValueError, match="stream"):
+        t.__dlpack__(stream=1)
+    with pytest.raises(TypeError):
+        t.__dlpack__(max_version=3)
+
+
+def test_non_producers_are_type_errors():
+    with pytest.raises(TypeError, match="DLPack"):
+        ab.from_dlpack([1, 2, 3])
+
+    class Bad:
+        def __dlpack__(self, **kw):
+            return "not a capsule"
+
+    with pytest.raises(TypeError, match="not a capsule"):
+        ab.from_dlpack(Bad())
+
+
+# ---- devices and pools ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["", "gpu", "cuda:", "cuda:-1", "opencl:x", "cpu:0:0", " cpu"])
+def test_malformed_device_strings_raise_value_error(bad):
+    with pytest.raises(ValueError, match="device string"):
+        ab.convert_memory(np.arange(3), bad)
+
+
+def test_missing_devices_raise_value_error_naming_them():
+    with pytest.raises(ValueError, match="opencl:99"):
+        ab.convert_memory(np.arange(3), "opencl:99")
+    with pytest.raises(ValueError, match="cpu:3"):
+        ab.device_info("cpu:3")
+    if not any(d.startswith("cuda:") for d in ab.devices()):
+        with pytest.raises(ValueError, match="no cuda devices"):
+            ab.convert_memory(np.arange(3), "cuda", gpu_id=0)
+    with pytest.raises(TypeError):
+        ab.device_info(3.5)
+
+
+def test_devices_device_info_and_best_device():
+    devs = ab.devices()
+    assert devs[0] == "cpu:0"
+    info = ab.device_info("cpu")
+    assert info["device"] == "cpu:0" and info["host_accessible"] and info["total_memory"] > 0
+    for d in devs:
+        assert ab.device_info(d)["device"] == d
+    assert ab.best_device() in devs
+
+
+def test_memory_stats_limits_and_empty_cache():
+    opencl()
+    ab.empty_cache()
+    ab.set_memory_limit("opencl:0", 1 << 20)
+    try:
+        with pytest.raises(MemoryError, match="opencl:0"):
+            ab.convert_memory(np.zeros(1 << 19), "opencl:0")  # 4 MiB
+        small = ab.convert_memory(np.zeros(1000), "opencl:0")
+        s = ab.memory_stats("opencl:0")
+        assert s["limit_bytes"] == 1 << 20
+        assert s["in_use_bytes"]["current"] >= 8000
+        assert s["oom_failures"] >= 1
+        del small
+        assert ab.memory_stats("opencl:0")["in_use_bytes"]["current"] == 0
+        ab.empty_cache("opencl:0")
+        assert ab.memory_stats("opencl:0")["reserved_bytes"]["current"] == 0
+    finally:
+        ab.set_memory_limit("opencl:0", 0)
+
+
+def test_explain_route_describes_the_plan():
+    opencl()
+    text = ab.explain_route(np.arange(12.0).reshape(3, 4).T, "opencl:0")
+    assert text.startswith("cpu:0 -> opencl:0: 96 bytes, strided source")
+    assert "upload" in text
