@@ -5,8 +5,21 @@
 #include <string.h>
 
 #include "backend.h"
+#include "converters/host/convert.h"
+#include "converters/host/gather.h"
 #include "dlpack.h"
 #include "route.h"
+
+/* What a conversion does to the elements (none when !active): the result's
+ * shape, dtype and size, the axis order and the element op. */
+typedef struct conv {
+  bool active;
+  int32_t perm[AB_MAX_NDIM];
+  int64_t out_shape[AB_MAX_NDIM];
+  DLDataType out_dtype;
+  size_t out_nbytes;
+  ab__cast_op op;
+} conv;
 
 const char *ab_version_string(void) { return AB_VERSION_STRING; }
 unsigned ab_version_number(void) { return AB_VERSION_NUMBER; }
@@ -19,9 +32,12 @@ static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
   memset(o, 0, sizeof *o);
   if (in == NULL) return AB_OK;
   size_t size = in->size == 0 ? OPTS_V0_1_SIZE : in->size;
-  if (size < OPTS_V0_1_SIZE)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->size is %" PRIu32 "; must be 0 or >= %zu",
-                   in->size, OPTS_V0_1_SIZE);
+  /* The size of a version's struct, or more (a newer header): a size in
+   * between would cut a field in two. */
+  if (size != OPTS_V0_1_SIZE && size < sizeof *o)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opts->size is %" PRIu32 "; must be 0, %zu (version 0.1) or >= %zu (sizeof(ab_convert_opts))",
+                   in->size, OPTS_V0_1_SIZE, sizeof *o);
   if (size > sizeof *o) {
     /* A caller built against a newer header: fine as long as it left every
      * field this version does not know at zero (the default). */
@@ -93,8 +109,33 @@ static DLTensor compact_at(const DLTensor *t, DLDevice dev, void *data) {
 /* Runs the copy steps of a plan from `src` into the compact tensor `dst`.
  * `cur` describes where the bytes are after each step. Staging blocks come
  * from the host pool and go back to it whatever happens. */
+/* The CONVERT step: host bytes `cur` (any strides) into compact `out`,
+ * permuted, cast and scaled as cv says. */
+static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
+  const size_t es = (size_t)(cur->dtype.bits / 8u) * cur->dtype.lanes;
+  int64_t bst[AB_MAX_NDIM], shape[AB_MAX_NDIM], pst[AB_MAX_NDIM];
+  int64_t acc = 1;
+  for (int32_t i = cur->ndim - 1; i >= 0; i--) {
+    int64_t elems = cur->strides ? cur->strides[i] : acc;
+    bst[i] = cur->shape[i] == 1 ? 0 : elems * (int64_t)es; /* validated: no overflow */
+    acc *= cur->shape[i];
+  }
+  ab__cast_op op = cv->op;
+  op.channel_dim = -1;
+  for (int32_t i = 0; i < cur->ndim; i++) {
+    shape[i] = cur->shape[cv->perm[i]];
+    pst[i] = bst[cv->perm[i]];
+    if (cv->op.channel_dim >= 0 && cv->perm[i] == cv->op.channel_dim) op.channel_dim = i;
+  }
+  const char *from = (const char *)cur->data + cur->byte_offset;
+  if (!op.affine && op.from.code == op.to.code && op.from.bits == op.to.bits && op.from.lanes == op.to.lanes)
+    ab__host_gather(out, from, cur->ndim, shape, pst, es); /* a pure permutation: the fast gather */
+  else
+    ab__host_convert(out, from, cur->ndim, shape, pst, &op);
+}
+
 static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
-                           const ab__rect *rect, DLTensor *dst, DLDevice staging,
+                           const ab__rect *rect, const conv *cv, DLTensor *dst, DLDevice staging,
                            const struct ab_backend *stream_be, void *stream_arg) {
   const struct ab_backend *host = ab__backend_for(kDLCPU);
   ab__block *stage[AB_MAX_STEPS] = {NULL};
@@ -112,12 +153,12 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     void *stream = ab__same_family(ab__backend_for(s->via), stream_be) ? stream_arg : NULL;
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
-    if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK ||
+    if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK || s->kind == AB_STEP_CONVERT ||
         (s->kind == AB_STEP_DOWNLOAD && (cur_compact || rect != NULL))) {
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
       } else {
-        st = stage_alloc(staging, lay->nbytes, &stage[nstage]);
+        st = stage_alloc(staging, s->kind == AB_STEP_CONVERT ? cv->out_nbytes : lay->nbytes, &stage[nstage]);
         if (st != AB_OK) break;
         out_bytes = stage[nstage++]->ptr;
       }
@@ -168,10 +209,16 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       cur_compact = true;
       break;
     }
+    case AB_STEP_CONVERT:
+      convert_host(&cur, cv, out_bytes);
+      cur = compact_at(dst, (DLDevice){kDLCPU, 0}, out_bytes); /* the result's shape and dtype from here */
+      cur_compact = true;
+      break;
     case AB_STEP_UPLOAD:
       if (cur_compact)
         st = ab__staged_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
-                              (const char *)cur.data + cur.byte_offset, lay->nbytes, stream);
+                              (const char *)cur.data + cur.byte_offset, cv->active ? cv->out_nbytes : lay->nbytes,
+                              stream);
       else /* a host crop, written as one rectangle */
         st = ab__dev_write_rect(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset, rect,
                                 (const char *)cur.data + cur.byte_offset, stream);
@@ -184,14 +231,16 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   return st;
 }
 
-static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, DLDevice dev,
-                             const struct ab_backend *be, const ab__plan *plan, DLDevice staging,
+static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, const conv *cv,
+                             DLDevice dev, const struct ab_backend *be, const ab__plan *plan, DLDevice staging,
                              const struct ab_backend *stream_be, void *stream, struct ab__tensor **out) {
   struct ab__tensor *t;
   ab_status st;
-  AB_FORWARD(ab__tensor_new(dev, src->ndim, src->shape, src->dtype, &t));
-  st = ab__tensor_alloc_data(t, be, lay->nbytes);
-  if (st == AB_OK && lay->numel > 0) st = run_steps(plan, src, lay, rect, &t->mt.dl_tensor, staging, stream_be, stream);
+  AB_FORWARD(ab__tensor_new(dev, src->ndim, cv->active ? cv->out_shape : src->shape,
+                            cv->active ? cv->out_dtype : src->dtype, &t));
+  st = ab__tensor_alloc_data(t, be, cv->active ? cv->out_nbytes : lay->nbytes);
+  if (st == AB_OK && lay->numel > 0)
+    st = run_steps(plan, src, lay, rect, cv, &t->mt.dl_tensor, staging, stream_be, stream);
   if (st != AB_OK) {
     ab__tensor_discard(t);
     return st;
@@ -225,7 +274,57 @@ struct prepared {
   ab__route_query q;
   ab__plan plan;
   ab__rect rect;
+  conv cv;
 };
+
+/* The conversion opts ask for, checked against the source. */
+static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, const ab_convert_opts *o, conv *cv) {
+  char a[48], b[48];
+  memset(cv, 0, sizeof *cv);
+  const bool affine = (o->flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)) != 0;
+  cv->out_dtype = o->dtype.bits == 0 ? src->dtype : o->dtype;
+  bool reorder = false;
+  if (o->permute != NULL) {
+    bool seen[AB_MAX_NDIM] = {false};
+    for (int32_t i = 0; i < src->ndim; i++) {
+      int32_t p = o->permute[i];
+      if (p < 0 || p >= src->ndim || seen[p])
+        return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                       "opts->permute[%" PRId32 "] is %" PRId32 "; want each of 0..%" PRId32 " exactly once", i, p,
+                       src->ndim - 1);
+      seen[p] = true;
+      reorder |= p != i && src->shape[p] != 1;
+    }
+  }
+  for (int32_t i = 0; i < src->ndim; i++) cv->perm[i] = o->permute ? o->permute[i] : i;
+  cv->op.channel_dim = -1;
+  if (o->flags & AB_CONVERT_PER_CHANNEL) {
+    if (o->channel_axis < 0 || o->channel_axis >= src->ndim)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->channel_axis is %" PRId32 "; src has %" PRId32 " dims",
+                     o->channel_axis, src->ndim);
+    cv->op.channel_dim = o->channel_axis;
+    cv->op.channel_scale = o->channel_scale;
+    cv->op.channel_offset = o->channel_offset;
+  }
+  if (!dtype_eq(cv->out_dtype, src->dtype) || affine || reorder) {
+    if (!ab__cast_supported(src->dtype, cv->out_dtype, affine))
+      return AB_FAIL(AB_ERR_UNSUPPORTED, "cannot convert %s to %s%s", ab__dtype_name(src->dtype, a, sizeof a),
+                     ab__dtype_name(cv->out_dtype, b, sizeof b),
+                     affine ? " with scale/offset" : "");
+    cv->active = true;
+  }
+  for (int32_t i = 0; i < src->ndim; i++) cv->out_shape[i] = src->shape[cv->perm[i]];
+  ab__layout out;
+  AB_FORWARD(ab__check_shape(src->ndim, cv->out_shape, cv->out_dtype, "result", &out));
+  (void)lay;
+  cv->out_nbytes = out.nbytes;
+  cv->op.from = src->dtype;
+  cv->op.to = cv->out_dtype;
+  cv->op.affine = affine;
+  cv->op.scale = o->scale;
+  cv->op.offset = o->offset;
+  return AB_OK;
+}
 
 static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, struct prepared *p) {
   AB_FORWARD(read_opts(opts, &p->o));
@@ -233,6 +332,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
   AB_FORWARD(ab__check_device(src->device, "src device", false, &p->sdev, &p->sbe));
   AB_FORWARD(ab__check_device(target, "target device", true, &p->tdev, &p->tbe));
   AB_FORWARD(check_handle_range(src, &p->lay, p->sbe, p->sdev));
+  AB_FORWARD(read_conversion(src, &p->lay, &p->o, &p->cv));
 
   const ab__layout *lay = &p->lay;
   const struct ab_backend *sbe = p->sbe, *tbe = p->tbe;
@@ -242,6 +342,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
     .src_caps = ab__dev_caps(sbe, p->sdev.device_id),
     .dst_caps = ab__dev_caps(tbe, p->tdev.device_id),
     .same_dtype = p->o.dtype.bits == 0 || dtype_eq(p->o.dtype, src->dtype),
+    .convert = p->cv.active,
     .src_compact = lay->compact,
     .copy = p->o.copy,
     .flags = p->o.flags,
@@ -287,8 +388,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     /* opts.stream belongs to the target's backend, or to the source's when
      * the target is plain host memory. */
     const struct ab_backend *stream_be = p.tdev.device_type == kDLCPU ? p.sbe : p.tbe;
-    AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, p.tdev, p.tbe, &p.plan,
-                           staging_device(&p), stream_be, p.o.stream, &t));
+    AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, &p.cv, p.tdev, p.tbe,
+                           &p.plan, staging_device(&p), stream_be, p.o.stream, &t));
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -350,6 +451,16 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
   case AB_STEP_UNPACK:
     put(t, "unpack on the host: gather the downloaded span into compact bytes");
     return;
+  case AB_STEP_CONVERT: {
+    char a[48], b[48];
+    put(t, "convert on the host: %s -> %s", ab__dtype_name(p->cv.op.from, a, sizeof a),
+        ab__dtype_name(p->cv.op.to, b, sizeof b));
+    if (p->cv.op.affine) put(t, p->cv.op.channel_dim >= 0 ? ", scaled per channel" : ", scaled");
+    put(t, " into compact ");
+    put_dev(t, last ? p->tdev : staging);
+    put(t, " memory");
+    return;
+  }
   case AB_STEP_DOWNLOAD:
     put(t, "download ");
     put_dev(t, s->from);

@@ -26,7 +26,7 @@ ab_status ab__plan_route(const ab__route_query *q, ab__plan *out) {
 static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   const bool here = same_device(q->src, q->dst);
   const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
-  const bool viewable = here && q->same_dtype && layout_ok;
+  const bool viewable = here && q->same_dtype && !q->convert && layout_ok;
   const bool src_host = (q->src_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
   const bool dst_host = (q->dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
   const DLDevice host = {kDLCPU, 0};
@@ -39,13 +39,21 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   if (q->copy == AB_COPY_NEVER) {
     const char *why = !here ? "the target is another device"
                     : !q->same_dtype ? "the dtype changes"
+                    : q->convert ? "the elements are converted (scale, offset or axis order)"
                     : "the source is not compact (set AB_CONVERT_ALLOW_STRIDED_VIEW to accept a strided view)";
     return AB_FAIL(AB_ERR_COPY_REQUIRED, "AB_COPY_NEVER given but a copy is needed: %s (%s:%" PRId32 " -> %s:%" PRId32 ")",
                    why, ab_device_type_name(q->src.device_type), q->src.device_id,
                    ab_device_type_name(q->dst.device_type), q->dst.device_id);
   }
-  if (!q->same_dtype)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "dtype conversion is not supported yet; request the source dtype");
+  if (q->convert || !q->same_dtype) {
+    /* Conversions run on the host for now: the bytes come to host memory
+     * (as they are, strided or not), are converted into compact ones, and
+     * go on to the target. */
+    if (!src_host) add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
+    add(plan, AB_STEP_CONVERT, src_host ? q->src : host, dst_host ? q->dst : host, kDLCPU);
+    if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);
+    return AB_OK;
+  }
   if (q->direct) {
     add(plan, AB_STEP_COPY, q->src, q->dst, q->src.device_type);
     return AB_OK;

@@ -15,6 +15,7 @@ typedef enum ab__step_kind {
                          * strided one as one rectangle read (src_rect) or as
                          * the byte extent its strides address */
   AB_STEP_UNPACK = 6,   /* host gather of a downloaded strided extent into compact bytes */
+  AB_STEP_CONVERT = 7,  /* host conversion (dtype, affine, axis order) of host bytes into compact ones */
 } ab__step_kind;
 
 typedef struct ab__step {
@@ -34,6 +35,9 @@ typedef struct ab__route_query {
   DLDevice src, dst;           /* both resolved (no AB_DEVICE_AUTO) */
   uint32_t src_caps, dst_caps; /* AB_CAP_* of their backends */
   bool same_dtype;             /* requested dtype equals the source's */
+  /* Elements change on the way: another dtype, an affine map or another
+   * axis order (implies !viewable). */
+  bool convert;
   bool src_compact;            /* source is compact row-major */
   ab_copy_mode copy;
   uint32_t flags;              /* AB_CONVERT_* */

@@ -353,14 +353,28 @@ Test(bad_input, invalid_opts_dtype_is_invalid) {
   expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "lanes", g_buf, sizeof g_buf, "opts dtype lanes 0");
 }
 
-Test(bad_input, different_opts_dtype_is_unsupported) {
+Test(bad_input, dtype_pairs_that_cannot_convert_are_unsupported_naming_both) {
   DLTensor t = good_tensor();
-  ab_convert_opts o = {.dtype = dt(kDLFloat, 64, 1)};
-  expect_convert_fails(&t, CPU0, &o, AB_ERR_UNSUPPORTED, "dtype", g_buf, sizeof g_buf, "float32 -> float64");
-  o.copy = AB_COPY_ALWAYS;
-  expect_convert_fails(&t, CPU0, &o, AB_ERR_UNSUPPORTED, "dtype", g_buf, sizeof g_buf,
-                       "float32 -> float64, COPY_ALWAYS");
-  /* with COPY_NEVER, the conversion would need a copy first */
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLComplex, 64, 1);
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_UNSUPPORTED, "float32 to complex64", g_buf, sizeof g_buf,
+                       "float32 -> complex64");
+  o.dtype = dt(kDLFloat, 32, 4);
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_UNSUPPORTED, "float32x4", g_buf, sizeof g_buf, "float32 -> float32x4");
+  o.dtype = dt(10, 8, 1); /* float8_e4m3fn (DLPack 1.1 code 10): a DLPack type, not converted */
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_UNSUPPORTED, "float32 to", g_buf, sizeof g_buf, "float32 -> float8");
+  o.dtype = dt(kDLFloat, 64, 1);
+  o.flags = AB_CONVERT_AFFINE;
+  DLTensor c = t;
+  c.dtype = dt(kDLComplex, 64, 1);
+  c.shape = (int64_t[]){12};
+  c.ndim = 1;
+  o.dtype = dt(kDLComplex, 128, 1);
+  expect_convert_fails(&c, CPU0, &o, AB_ERR_UNSUPPORTED, "with scale/offset", g_buf, sizeof g_buf,
+                       "complex affine");
+  /* with COPY_NEVER, a conversion is a copy first */
+  o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 64, 1);
   o.copy = AB_COPY_NEVER;
   expect_convert_fails(&t, CPU0, &o, AB_ERR_COPY_REQUIRED, "dtype", g_buf, sizeof g_buf,
                        "float32 -> float64, COPY_NEVER");
@@ -370,6 +384,22 @@ Test(bad_input, different_opts_dtype_is_unsupported) {
   DLManagedTensorVersioned *r = NULL;
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   r->deleter(r);
+}
+
+Test(bad_input, bad_permutations_and_channel_axes_are_invalid) {
+  DLTensor t = good_tensor();
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  const int32_t *perms[] = {(int32_t[]){0, 0}, (int32_t[]){1, 2}, (int32_t[]){-1, 0}};
+  for (int i = 0; i < 3; i++) {
+    o.permute = perms[i];
+    expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "permute", g_buf, sizeof g_buf, "bad permutation");
+  }
+  o.permute = NULL;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 2;
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "channel_axis", g_buf, sizeof g_buf, "axis 2 of 2-D");
+  o.channel_axis = -1;
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "channel_axis", g_buf, sizeof g_buf, "axis -1");
 }
 
 /* ---- ab_tensor_alloc -------------------------------------------------- */

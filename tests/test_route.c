@@ -123,18 +123,6 @@ Test(route, copy_never_needing_a_copy_is_copy_required_with_the_reason) {
   assert_no_route(&s, AB_ERR_COPY_REQUIRED, "AB_CONVERT_ALLOW_STRIDED_VIEW", "NEVER, non-compact names the flag");
 }
 
-Test(route, dtype_change_is_unsupported) {
-  ab__route_query q = query(CPU0, CPU0);
-  q.same_dtype = false;
-  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, IF_NEEDED");
-  q.copy = AB_COPY_ALWAYS;
-  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, ALWAYS");
-  /* with a strided view allowed it is still no view */
-  q.copy = AB_COPY_IF_NEEDED;
-  q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
-  assert_no_route(&q, AB_ERR_UNSUPPORTED, "dtype", "dtype change, strided view allowed");
-}
-
 /* Checks a multi-step plan: kinds, and which backend runs each step. */
 static void assert_steps(const ab__route_query *q, int n, const ab__step_kind *kinds, const DLDeviceType *via,
                          const char *what) {
@@ -261,6 +249,43 @@ Test(route, planning_is_deterministic) {
     cr_assert_eq(ab__plan_route(&qs[k], &b), AB_OK);
     cr_assert_eq(a.nsteps, b.nsteps);
     cr_assert(memcmp(a.steps, b.steps, (size_t)a.nsteps * sizeof a.steps[0]) == 0, "query %d planned two ways", k);
+  }
+}
+
+Test(route, conversions_run_on_the_host_between_transfers) {
+  const DLDevice cl0 = DEV(kDLOpenCL, 0), cl1 = DEV(kDLOpenCL, 1);
+  for (int k = 0; k < 2; k++) {
+    ab__route_query q = query(CPU0, CPU0);
+    /* a dtype change, then an affine map or permutation alone */
+    q.same_dtype = k == 0;
+    q.convert = true;
+    q.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* never a view all the same */
+    assert_one_step(&q, AB_STEP_CONVERT, kDLCPU, "cpu -> cpu");
+    q.src_compact = false;
+    assert_one_step(&q, AB_STEP_CONVERT, kDLCPU, "cpu strided -> cpu");
+    ab__route_query up = q;
+    up.dst = cl0;
+    up.dst_caps = 0;
+    up.direct = false;
+    assert_steps(&up, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, kDLOpenCL},
+                 "cpu -> opencl");
+    ab__route_query down = query(cl0, CPU0);
+    down.same_dtype = q.same_dtype;
+    down.convert = true;
+    assert_steps(&down, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT},
+                 (DLDeviceType[]){kDLOpenCL, kDLCPU}, "opencl -> cpu");
+    /* even where the backend could copy directly, the host converts */
+    ab__route_query dd = query(cl0, cl1);
+    dd.same_dtype = q.same_dtype;
+    dd.convert = true;
+    assert_steps(&dd, 3, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT, AB_STEP_UPLOAD},
+                 (DLDeviceType[]){kDLOpenCL, kDLCPU, kDLOpenCL}, "opencl -> opencl");
+    dd.dst = cl0;
+    assert_steps(&dd, 3, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT, AB_STEP_UPLOAD},
+                 (DLDeviceType[]){kDLOpenCL, kDLCPU, kDLOpenCL}, "opencl:0 -> itself");
+    /* COPY_NEVER says why */
+    q.copy = AB_COPY_NEVER;
+    assert_no_route(&q, AB_ERR_COPY_REQUIRED, k == 0 ? "converted" : "dtype changes", "convert, NEVER");
   }
 }
 

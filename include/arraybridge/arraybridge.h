@@ -180,10 +180,15 @@ enum {
    * source (any strides) on the same device as a view with its strides. */
   AB_CONVERT_ALLOW_STRIDED_VIEW = 1u << 0,
   /* Mark the result DLPACK_FLAG_BITMASK_READ_ONLY. */
-  AB_CONVERT_READ_ONLY = 1u << 1
+  AB_CONVERT_READ_ONLY = 1u << 1,
+  /* Apply y = x * opts.scale + opts.offset to every element. */
+  AB_CONVERT_AFFINE = 1u << 2,
+  /* Apply y = x * channel_scale[c] + channel_offset[c] along
+   * opts.channel_axis (replaces scale/offset). */
+  AB_CONVERT_PER_CHANNEL = 1u << 3
 };
 #define AB_CONVERT_KNOWN_FLAGS \
-  ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY))
+  ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL))
 
 /* Options of ab_convert_memory. A NULL pointer and an all-zero struct both
  * mean the defaults (copy if needed, keep the dtype, default stream).
@@ -197,8 +202,11 @@ typedef struct ab_convert_opts {
   uint32_t size;      /* 0 or sizeof(ab_convert_opts) */
   uint32_t flags;     /* AB_CONVERT_* bits */
   ab_copy_mode copy;
-  /* Result dtype; bits == 0 keeps the source dtype. A dtype that differs
-   * from the source's is AB_ERR_UNSUPPORTED in this version. */
+  /* Result dtype; bits == 0 keeps the source dtype. Another dtype is
+   * converted on the way: the rules (rounding half to even, saturation,
+   * NaN to 0 for integers, float16/bfloat16 rounding) are in docs/guide.md,
+   * "Converting on the way"; complex converts only to complex, and a pair
+   * the library cannot convert is AB_ERR_UNSUPPORTED naming both. */
   DLDataType dtype;
   /* Backend stream (cudaStream_t, cl_command_queue) or NULL for the default
    * (CUDA: the legacy default stream; the DLPack values 1 and 2 are
@@ -208,9 +216,28 @@ typedef struct ab_convert_opts {
    * when the data has arrived either way; an OpenCL queue of another
    * context than a buffer's is finished first (docs/guide.md). */
   void *stream;
+
+  /* ---- since 0.2: read only when size covers them ---- */
+
+  /* Result axis i is source axis permute[i] (NumPy's transpose(axes)):
+   * {2, 0, 1} turns an HWC image into CHW. NULL keeps the order; otherwise
+   * src->ndim distinct entries in [0, ndim), read during the call only.
+   * The result is compact in the new order. */
+  const int32_t *permute;
+  /* With AB_CONVERT_AFFINE: y = x * scale + offset. */
+  double scale, offset;
+  /* With AB_CONVERT_PER_CHANNEL: y = x * channel_scale[c] + channel_offset[c]
+   * where c is the element's index along source axis channel_axis; arrays
+   * of src->shape[channel_axis] entries, NULL for all 1 / all 0, read
+   * during the call only. Mean/std normalisation of a 0..255 image is
+   * scale = 1 / (255 * std), offset = -mean / std. */
+  int32_t channel_axis;
+  const double *channel_scale;
+  const double *channel_offset;
 } ab_convert_opts;
 
-#define AB_CONVERT_OPTS_INIT {sizeof(ab_convert_opts), 0, AB_COPY_IF_NEEDED, {0, 0, 0}, NULL}
+#define AB_CONVERT_OPTS_INIT \
+  {sizeof(ab_convert_opts), 0, AB_COPY_IF_NEEDED, {0, 0, 0}, NULL, NULL, 0, 0, 0, NULL, NULL}
 
 /* Returns a tensor with the contents of `src` on `target`.
  *

@@ -1,0 +1,340 @@
+/* Host element conversion (see convert.h for the rules). One pass over
+ * the source in the destination's row-major order; the element loop is
+ * chosen once per call from the (source, result) pair. */
+#include <string.h>
+
+#include "arraybridge/arraybridge.h"
+#include "convert.h"
+
+/* ---- float16 and bfloat16 ------------------------------------------------ */
+
+/* (v >> shift) rounded to nearest, ties to even; shift in 1..63. */
+static uint64_t rne_shift(uint64_t v, int shift) {
+  uint64_t q = v >> shift, rem = v & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+  return q + (rem > half || (rem == half && (q & 1)));
+}
+
+/* A double to a narrow binary float with `mbits` mantissa bits, exponent
+ * bias `bias` and all-ones exponent field `emax`: one rounding. */
+static uint16_t narrow_from_double(double x, int mbits, int bias, unsigned emax) {
+  uint64_t b;
+  memcpy(&b, &x, sizeof b);
+  const uint16_t sign = (uint16_t)((b >> 63) << 15);
+  const int exp = (int)((b >> 52) & 0x7ff);
+  const uint64_t man = b & ((1ull << 52) - 1);
+  if (exp == 0x7ff) /* inf, or NaN kept quiet with the top of its payload */
+    return (uint16_t)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (unsigned)(man >> (53 - mbits)) : 0));
+  if (exp == 0) return sign; /* zero, or a double subnormal: far below the narrow type's range */
+  const int e = exp - 1023 + bias;
+  if (e >= 1) {
+    uint64_t r = rne_shift(((uint64_t)e << 52) | man, 52 - mbits);
+    return (uint16_t)(sign | (r >= ((uint64_t)emax << mbits) ? (uint64_t)emax << mbits : r));
+  }
+  const int shift = 52 - mbits + 1 - e; /* to the subnormal's unit */
+  if (shift > 63) return sign;
+  return (uint16_t)(sign | rne_shift(man | (1ull << 52), shift));
+}
+
+static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
+  const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
+  double v;
+  if (e == emax) {
+    v = m ? __builtin_nan("") : __builtin_inf();
+  } else {
+    /* m * 2^(1 - bias - mbits) for subnormals, (2^mbits + m) * 2^(e - bias - mbits) otherwise: exact. */
+    int p = (e ? (int)e : 1) - bias - mbits;
+    v = (double)(e ? (1u << mbits) + m : m);
+    while (p > 0) v *= 2, p--;
+    while (p < 0) v *= 0.5, p++;
+  }
+  return (h >> 15) ? -v : v;
+}
+
+uint16_t ab__half_from_double(double x) { return narrow_from_double(x, 10, 15, 31); }
+uint16_t ab__half_from_float(float x) { return narrow_from_double((double)x, 10, 15, 31); }
+double ab__half_to_double(uint16_t h) { return narrow_to_double(h, 10, 15, 31); }
+uint16_t ab__bf16_from_double(double x) { return narrow_from_double(x, 7, 127, 255); }
+uint16_t ab__bf16_from_float(float x) { return narrow_from_double((double)x, 7, 127, 255); }
+double ab__bf16_to_double(uint16_t h) { return narrow_to_double(h, 7, 127, 255); }
+
+/* ---- rounding and saturation ----------------------------------------------- */
+
+/* Round half to even without libm: adding and removing 1.5 * 2^52 leaves
+ * the nearest integer in the default rounding mode; larger magnitudes are
+ * integers already. */
+static double round_even(double v) {
+  const double big = 6755399441055744.0; /* 1.5 * 2^52 */
+  if (!(v < 4503599627370496.0 && v > -4503599627370496.0)) return v;
+  double t = v + big; /* no -ffast-math here: this is not folded away */
+  return t - big;
+}
+
+static int64_t to_signed(double v, int bits) {
+  if (v != v) return 0;
+  const double lim = (double)(1ull << (bits - 1)); /* 2^(bits-1), exact */
+  v = round_even(v);
+  if (v >= lim) return (int64_t)((1ull << (bits - 1)) - 1);
+  if (v < -lim) return bits == 64 ? INT64_MIN : -(int64_t)(1ull << (bits - 1));
+  return (int64_t)v;
+}
+
+static uint64_t to_unsigned(double v, int bits) {
+  if (v != v) return 0;
+  const double lim = bits == 64 ? 18446744073709551616.0 : (double)(1ull << bits);
+  v = round_even(v);
+  if (v <= 0) return 0;
+  if (v >= lim) return bits == 64 ? UINT64_MAX : (1ull << bits) - 1;
+  return (uint64_t)v;
+}
+
+/* ---- element access ------------------------------------------------------------- */
+
+/* The kinds the loops are specialised on. */
+enum kind { K_BOOL, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F16, K_BF16, K_F32, K_F64, K_C64, K_C128,
+            K_NONE };
+
+static enum kind kind_of(DLDataType t) {
+  if (t.lanes != 1) return K_NONE;
+  switch (t.code) {
+  case kDLBool: return t.bits == 8 ? K_BOOL : K_NONE;
+  case kDLInt: return t.bits == 8 ? K_I8 : t.bits == 16 ? K_I16 : t.bits == 32 ? K_I32 : t.bits == 64 ? K_I64 : K_NONE;
+  case kDLUInt: return t.bits == 8 ? K_U8 : t.bits == 16 ? K_U16 : t.bits == 32 ? K_U32 : t.bits == 64 ? K_U64 : K_NONE;
+  case kDLFloat: return t.bits == 16 ? K_F16 : t.bits == 32 ? K_F32 : t.bits == 64 ? K_F64 : K_NONE;
+  case kDLBfloat: return t.bits == 16 ? K_BF16 : K_NONE;
+  case kDLComplex: return t.bits == 64 ? K_C64 : t.bits == 128 ? K_C128 : K_NONE;
+  default: return K_NONE;
+  }
+}
+
+static bool is_int(enum kind k) { return k >= K_I8 && k <= K_U64; }
+static bool is_complex(enum kind k) { return k == K_C64 || k == K_C128; }
+
+/* Unaligned loads and stores of each width. */
+#define DEFINE_RW(T, name)                                                      \
+  static inline T rd_##name(const char *p) { T v; memcpy(&v, p, sizeof v); return v; } \
+  static inline void wr_##name(char *p, T v) { memcpy(p, &v, sizeof v); }
+DEFINE_RW(int16_t, i16)
+DEFINE_RW(int32_t, i32)
+DEFINE_RW(int64_t, i64)
+DEFINE_RW(uint16_t, u16)
+DEFINE_RW(uint32_t, u32)
+DEFINE_RW(uint64_t, u64)
+DEFINE_RW(float, f32)
+DEFINE_RW(double, f64)
+
+static double load_d(enum kind k, const char *p) {
+  switch (k) {
+  case K_BOOL: return *(const uint8_t *)p != 0;
+  case K_I8: return *(const int8_t *)p;
+  case K_I16: return rd_i16(p);
+  case K_I32: return rd_i32(p);
+  case K_I64: return (double)rd_i64(p);
+  case K_U8: return *(const uint8_t *)p;
+  case K_U16: return rd_u16(p);
+  case K_U32: return rd_u32(p);
+  case K_U64: return (double)rd_u64(p);
+  case K_F16: return ab__half_to_double(rd_u16(p));
+  case K_BF16: return ab__bf16_to_double(rd_u16(p));
+  case K_F32: return rd_f32(p);
+  default: return rd_f64(p);
+  }
+}
+
+
+static void store_d(enum kind k, char *p, double v) {
+  switch (k) {
+  case K_BOOL: *(uint8_t *)p = v != 0; break; /* NaN != 0 */
+  case K_I8: *(int8_t *)p = (int8_t)to_signed(v, 8); break;
+  case K_I16: wr_i16(p, (int16_t)to_signed(v, 16)); break;
+  case K_I32: wr_i32(p, (int32_t)to_signed(v, 32)); break;
+  case K_I64: wr_i64(p, to_signed(v, 64)); break;
+  case K_U8: *(uint8_t *)p = (uint8_t)to_unsigned(v, 8); break;
+  case K_U16: wr_u16(p, (uint16_t)to_unsigned(v, 16)); break;
+  case K_U32: wr_u32(p, (uint32_t)to_unsigned(v, 32)); break;
+  case K_U64: wr_u64(p, to_unsigned(v, 64)); break;
+  case K_F16: wr_u16(p, ab__half_from_double(v)); break;
+  case K_BF16: wr_u16(p, ab__bf16_from_double(v)); break;
+  case K_F32: wr_f32(p, (float)v); break;
+  default: wr_f64(p, v); break;
+  }
+}
+
+/* float32 arithmetic: sources exact in float, results of at most 32 bits. */
+static float load_f(enum kind k, const char *p) {
+  switch (k) {
+  case K_F32: return rd_f32(p);
+  case K_U8: return *(const uint8_t *)p;
+  case K_I8: return *(const int8_t *)p;
+  case K_U16: return rd_u16(p);
+  case K_I16: return rd_i16(p);
+  case K_BOOL: return *(const uint8_t *)p != 0;
+  default: return (float)load_d(k, p); /* f16, bf16: exact in float */
+  }
+}
+
+static void store_f(enum kind k, char *p, float v) {
+  switch (k) {
+  case K_F32: wr_f32(p, v); break;
+  case K_F16: wr_u16(p, ab__half_from_float(v)); break;
+  default: wr_u16(p, ab__bf16_from_float(v)); break;
+  }
+}
+
+/* Integers exactly (no affine): every value fits an __int128. */
+static __int128 load_i(enum kind k, const char *p) {
+  switch (k) {
+  case K_BOOL: return *(const uint8_t *)p != 0;
+  case K_I8: return *(const int8_t *)p;
+  case K_I16: return rd_i16(p);
+  case K_I32: return rd_i32(p);
+  case K_I64: return rd_i64(p);
+  case K_U8: return *(const uint8_t *)p;
+  case K_U16: return rd_u16(p);
+  case K_U32: return rd_u32(p);
+  default: return rd_u64(p);
+  }
+}
+
+static __int128 clamp128(__int128 v, __int128 lo, __int128 hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void store_i(enum kind k, char *p, __int128 v) {
+  switch (k) {
+  case K_BOOL: *(uint8_t *)p = v != 0; break;
+  case K_I8: *(int8_t *)p = (int8_t)clamp128(v, INT8_MIN, INT8_MAX); break;
+  case K_I16: wr_i16(p, (int16_t)clamp128(v, INT16_MIN, INT16_MAX)); break;
+  case K_I32: wr_i32(p, (int32_t)clamp128(v, INT32_MIN, INT32_MAX)); break;
+  case K_I64: wr_i64(p, (int64_t)clamp128(v, INT64_MIN, INT64_MAX)); break;
+  case K_U8: *(uint8_t *)p = (uint8_t)clamp128(v, 0, UINT8_MAX); break;
+  case K_U16: wr_u16(p, (uint16_t)clamp128(v, 0, UINT16_MAX)); break;
+  case K_U32: wr_u32(p, (uint32_t)clamp128(v, 0, UINT32_MAX)); break;
+  default: wr_u64(p, (uint64_t)clamp128(v, 0, UINT64_MAX)); break;
+  }
+}
+
+/* ---- which arithmetic ------------------------------------------------------------ */
+
+enum path { P_INT, P_FLOAT, P_DOUBLE, P_COMPLEX };
+
+static enum path path_of(enum kind from, enum kind to, bool affine) {
+  if (is_complex(from)) return P_COMPLEX;
+  if (!affine && (is_int(from) || from == K_BOOL) && (is_int(to) || to == K_BOOL)) return P_INT;
+  const bool narrow_result = to == K_F32 || to == K_F16 || to == K_BF16;
+  const bool wide_source = from == K_F64 || from == K_I32 || from == K_I64 || from == K_U32 || from == K_U64;
+  return narrow_result && !wide_source ? P_FLOAT : P_DOUBLE;
+}
+
+bool ab__cast_supported(DLDataType from, DLDataType to, bool affine) {
+  if (from.code == to.code && from.bits == to.bits && from.lanes == to.lanes && !affine) return true;
+  enum kind f = kind_of(from), t = kind_of(to);
+  if (f == K_NONE || t == K_NONE) return false;
+  if (is_complex(f) || is_complex(t)) return is_complex(f) && is_complex(t) && !affine;
+  return true;
+}
+
+/* ---- the loops ------------------------------------------------------------------------- */
+
+struct row_ctx {
+  enum kind from, to;
+  enum path path;
+  size_t out_size;
+  bool affine;
+};
+
+/* n elements, source stride `ss` bytes, compact destination; scale/offset
+ * per element when sc/of step (per_elem), else the first entries. */
+static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t n, int64_t ss, const double *sc,
+                        const double *of, bool per_elem) {
+  const size_t os = c->out_size;
+  switch (c->path) {
+  case P_INT:
+    for (int64_t i = 0; i < n; i++) store_i(c->to, d + (size_t)i * os, load_i(c->from, s + i * ss));
+    return;
+  case P_FLOAT:
+    if (!c->affine) {
+      for (int64_t i = 0; i < n; i++) store_f(c->to, d + (size_t)i * os, load_f(c->from, s + i * ss));
+    } else if (!per_elem) {
+      const float a = (float)sc[0], b = (float)of[0];
+      for (int64_t i = 0; i < n; i++) {
+        float y = load_f(c->from, s + i * ss) * a;
+        store_f(c->to, d + (size_t)i * os, y + b);
+      }
+    } else {
+      for (int64_t i = 0; i < n; i++) {
+        float y = load_f(c->from, s + i * ss) * (float)sc[i];
+        store_f(c->to, d + (size_t)i * os, y + (float)of[i]);
+      }
+    }
+    return;
+  case P_DOUBLE:
+    for (int64_t i = 0; i < n; i++) {
+      double y = load_d(c->from, s + i * ss);
+      if (c->affine) {
+        double m = y * sc[per_elem ? i : 0]; /* a multiply, then an add: -ffp-contract=off */
+        y = m + of[per_elem ? i : 0];
+      }
+      store_d(c->to, d + (size_t)i * os, y);
+    }
+    return;
+  case P_COMPLEX: {
+    const enum kind pf = c->from == K_C64 ? K_F32 : K_F64, pt = c->to == K_C64 ? K_F32 : K_F64;
+    const size_t ih = c->from == K_C64 ? 4 : 8, oh = os / 2;
+    for (int64_t i = 0; i < n; i++)
+      for (int part = 0; part < 2; part++)
+        store_d(pt, d + (size_t)i * os + (size_t)part * oh, load_d(pf, s + i * ss + (int64_t)((size_t)part * ih)));
+    return;
+  }
+  }
+}
+
+void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
+                      const ab__cast_op *op) {
+  struct row_ctx c;
+  c.from = kind_of(op->from);
+  c.to = kind_of(op->to);
+  c.affine = op->affine;
+  c.path = path_of(c.from, c.to, op->affine);
+  c.out_size = (size_t)(op->to.bits / 8u) * op->to.lanes;
+  const double one = 1, zero = 0;
+  const double *sc = op->channel_scale, *of = op->channel_offset;
+  double ts = op->scale, to = op->offset;
+
+  for (int32_t i = 0; i < ndim; i++)
+    if (shape[i] == 0) return;
+  if (ndim == 0) {
+    convert_row(&c, dst, src, 1, 0, &ts, &to, false);
+    return;
+  }
+  const int32_t inner = ndim - 1;
+  const int64_t n = shape[inner], ss = byte_strides[inner];
+  const bool chan = op->channel_dim >= 0 && op->affine;
+  int64_t idx[AB_MAX_NDIM] = {0};
+  char *d = dst;
+  const size_t row_bytes = (size_t)n * c.out_size;
+  for (;;) {
+    const char *s = (const char *)src;
+    for (int32_t k = 0; k < inner; k++) s += idx[k] * byte_strides[k];
+    if (chan && op->channel_dim == inner) {
+      /* The channel changes along the row: per-element arrays (NULL ones
+       * stand for 1 and 0, handled by a short loop per element). */
+      if (sc != NULL && of != NULL) {
+        convert_row(&c, d, s, n, ss, sc, of, true);
+      } else {
+        for (int64_t i = 0; i < n; i++)
+          convert_row(&c, d + (size_t)i * c.out_size, s + i * ss, 1, 0, sc ? &sc[i] : &one, of ? &of[i] : &zero,
+                      false);
+      }
+    } else if (chan) {
+      const int64_t ch = idx[op->channel_dim];
+      convert_row(&c, d, s, n, ss, sc ? &sc[ch] : &one, of ? &of[ch] : &zero, false);
+    } else {
+      convert_row(&c, d, s, n, ss, &ts, &to, false);
+    }
+    d += row_bytes;
+    int32_t k = inner - 1;
+    for (; k >= 0; k--) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+    if (k < 0) return;
+  }
+}

@@ -1,0 +1,56 @@
+/* Host element conversion: dtype cast, affine map and (through the strides
+ * the caller passes) axis permutation, in one pass from any strided source
+ * into a compact destination.
+ *
+ * The rules, shared by every device's implementation (docs/guide.md,
+ * "Converting on the way"):
+ *  - arithmetic: y = x * scale + offset, per tensor or per channel, as a
+ *    multiply then an add (never fused). In float32 when the result is
+ *    float32, float16 or bfloat16 and the source is none of float64,
+ *    int32/64, uint32/64; in float64 otherwise.
+ *  - float -> integer: round half to even, saturate to the type's range,
+ *    NaN -> 0. integer -> integer (no affine): exact, saturating.
+ *  - -> bool: nonzero (NaN included) is true. bool -> any: 0 or 1.
+ *  - -> float16 / bfloat16: round to nearest even from the computed value,
+ *    overflow to infinity, NaN stays NaN.
+ *  - complex -> complex: each part cast as a float; no affine. Complex to
+ *    or from anything else is not supported, nor are lanes > 1 unless
+ *    nothing changes. */
+#ifndef AB_CONVERTERS_HOST_CONVERT_H
+#define AB_CONVERTERS_HOST_CONVERT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+typedef struct ab__cast_op {
+  DLDataType from, to;
+  bool affine;           /* apply scale/offset (per tensor or per channel) */
+  double scale, offset;  /* per tensor */
+  int channel_dim;       /* dimension (of the shape passed) along which the
+                            per-channel arrays run, -1 for none */
+  const double *channel_scale, *channel_offset; /* NULL: 1 and 0 */
+} ab__cast_op;
+
+/* Whether the cast from -> to (with an affine map when `affine`) is one
+ * the converters perform. */
+bool ab__cast_supported(DLDataType from, DLDataType to, bool affine);
+
+/* Converts the ndim-dimensional array at `src` (byte strides, any sign)
+ * into the compact row-major array `dst` of op->to elements. The caller
+ * validated the source, the op (ab__cast_supported) and the sizes. */
+void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
+                      const ab__cast_op *op);
+
+/* float16 / bfloat16 <-> wider floats, round to nearest even (exposed for
+ * the tests' reference). */
+uint16_t ab__half_from_double(double x);
+uint16_t ab__half_from_float(float x);
+double ab__half_to_double(uint16_t h);
+uint16_t ab__bf16_from_double(double x);
+uint16_t ab__bf16_from_float(float x);
+double ab__bf16_to_double(uint16_t h);
+
+#endif
