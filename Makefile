@@ -70,6 +70,8 @@ bench: build
 	$(BUILD)/bench/bench_pool
 	if [ -x $(BUILD)/bench/bench_opencl ]; then $(BUILD)/bench/bench_opencl; fi
 	if [ -x $(BUILD)/bench/bench_cuda ]; then $(BUILD)/bench/bench_cuda; fi
+	$(BUILD)/bench/bench_convert
+	if [ -x $(PY_BUILD)/venv/bin/python ]; then $(PY_BUILD)/venv/bin/python bench/bench_convert_numpy.py; fi
 
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
