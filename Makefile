@@ -32,6 +32,8 @@ build: deps
 
 demo: build
 	$(BUILD)/examples/ab_demo
+	if [ -x $(BUILD)/examples/ab_image ]; then $(BUILD)/examples/ab_image --device all $(BUILD)/demo-image.png; \
+	else echo "demo: no image example (libpng not found)"; fi
 
 # The whole suite: the normal build, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run), then
