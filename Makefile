@@ -16,7 +16,7 @@ export POCL_DEVICES ?= pthread pthread
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 # Each target runs FUZZ_SECONDS; FUZZ_TARGETS=convert runs one.
-FUZZ_TARGETS ?= convert device
+FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
 .PHONY: all deps build demo test test-normal test-asan test-tsan test-python bench install clean fuzz
@@ -84,7 +84,7 @@ fuzz: deps
 	@test -n "$(FUZZ_CC)" || { echo "make fuzz needs clang (apt-get install clang)"; exit 1; }
 	CC=$(FUZZ_CC) cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_FUZZ=ON \
 	  -DAB_SANITIZE=address,undefined -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF -DAB_WITH_OPENCL=OFF
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_convert fuzz_device
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_convert fuzz_device fuzz_npy
 	set -e; for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_BUILD)/corpus-$$t; \
 	  ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \

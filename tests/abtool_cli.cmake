@@ -1,0 +1,46 @@
+# abtool end to end. Arguments: ABTOOL, DATA (tests/data/npy), WORK.
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+
+# Runs abtool with ARGN; checks the exit code and that stdout+stderr
+# contains `want`.
+function(expect code want)
+  execute_process(COMMAND "${ABTOOL}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL code)
+    message(FATAL_ERROR "abtool ${ARGN}: exit ${rc}, want ${code}\n${out}${err}")
+  endif()
+  string(FIND "${out}${err}" "${want}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "abtool ${ARGN}: output lacks \"${want}\"\n${out}${err}")
+  endif()
+endfunction()
+
+expect(0 "cpu: 1 device" info)
+expect(0 "\"type\": \"cpu\", \"count\": 1" info --json)
+expect(0 "from row to column" bandwidth --sizes 4K --reps 1 --devices cpu)
+expect(0 "usage: abtool convert" convert --help)
+expect(2 "unknown command" frobnicate)
+expect(2 "required" convert "${DATA}/u8_2x3x4.npy")
+expect(2 "unknown device type" convert "${DATA}/u8_2x3x4.npy" --to gpu --out "${WORK}/x.npy")
+expect(3 "big-endian" convert "${DATA}/be_f4.npy" --to cpu --out "${WORK}/x.npy")
+expect(3 "cannot read" convert "${WORK}/missing.npy" --to cpu --out "${WORK}/x.npy")
+expect(1 "does not exist" convert "${DATA}/u8_2x3x4.npy" --to cpu:5 --out "${WORK}/x.npy")
+
+# The conversion NumPy did for us: (a.transpose(2,0,1).astype(float32) * 0.5 + 1)
+expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32 --permute 2,0,1 --scale 0.5 --offset 1
+       --out "${WORK}/got.npy")
+file(READ "${WORK}/got.npy" got HEX)
+file(READ "${DATA}/expect_u8_permuted_scaled.npy" want HEX)
+# Headers may differ in spacing; compare the data: the last 96 bytes (24 floats).
+string(LENGTH "${got}" lg)
+string(LENGTH "${want}" lw)
+math(EXPR og "${lg} - 192")
+math(EXPR ow "${lw} - 192")
+string(SUBSTRING "${got}" ${og} 192 got_data)
+string(SUBSTRING "${want}" ${ow} 192 want_data)
+if(NOT got_data STREQUAL want_data)
+  message(FATAL_ERROR "abtool convert differs from NumPy:\n got  ${got_data}\n want ${want_data}")
+endif()
+# A Fortran-order file comes back C-ordered with the same values.
+expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy")
+message(STATUS "abtool_cli: all checks passed")

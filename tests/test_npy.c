@@ -1,0 +1,161 @@
+#define _GNU_SOURCE /* memmem */
+/* The .npy reader and writer abtool uses (tools/npy.c): files NumPy wrote
+ * (tests/data/npy, made with np.save) parse to the right dtype, shape,
+ * strides and bytes; malformed headers are refused with a reason; written
+ * files parse back to what was written. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support.h"
+#include "tools/npy.h"
+
+#ifndef AB_TEST_DATA_DIR
+#error "AB_TEST_DATA_DIR must name tests/data"
+#endif
+
+static uint8_t *slurp(const char *name, size_t *len) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/npy/%s", AB_TEST_DATA_DIR, name);
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "cannot open %s", path);
+  uint8_t *buf = malloc(1 << 16);
+  *len = fread(buf, 1, 1 << 16, f);
+  fclose(f);
+  return buf;
+}
+
+static npy_array parse_ok(const uint8_t *buf, size_t len, const char *what) {
+  npy_array a;
+  char err[256] = "";
+  cr_assert_eq(npy_parse(buf, len, &a, err, sizeof err), 0, "%s: %s", what, err);
+  return a;
+}
+
+static void parse_bad(const uint8_t *buf, size_t len, const char *word, const char *what) {
+  npy_array a;
+  memset(&a, 0x5a, sizeof a);
+  npy_array before = a;
+  char err[256] = "";
+  cr_assert_eq(npy_parse(buf, len, &a, err, sizeof err), -1, "%s was accepted", what);
+  cr_assert_not_null(strstr(err, word), "%s: reason \"%s\" lacks \"%s\"", what, err, word);
+  cr_assert(memcmp(&a, &before, sizeof a) == 0, "%s: out written on failure", what);
+}
+
+Test(npy, files_numpy_wrote_parse_exactly) {
+  size_t len;
+  uint8_t *b = slurp("u8_2x3x4.npy", &len);
+  npy_array a = parse_ok(b, len, "u8");
+  cr_assert(a.dtype.code == kDLUInt && a.dtype.bits == 8 && a.ndim == 3);
+  cr_assert(a.shape[0] == 2 && a.shape[1] == 3 && a.shape[2] == 4);
+  cr_assert(a.strides[0] == 12 && a.strides[1] == 4 && a.strides[2] == 1 && !a.fortran_order);
+  cr_assert_eq(a.nbytes, 24);
+  for (int i = 0; i < 24; i++) cr_assert_eq(a.data[i], i);
+  free(b);
+
+  b = slurp("f32_fortran_3x4.npy", &len);
+  a = parse_ok(b, len, "fortran");
+  cr_assert(a.fortran_order && a.strides[0] == 1 && a.strides[1] == 3, "Fortran order is column-major");
+  float v;
+  memcpy(&v, a.data + 4 * (1 + 3 * 2), 4); /* element [1][2] = 6 / 3 */
+  cr_assert_float_eq(v, 2.0f, 1e-6);
+  free(b);
+
+  const struct {
+    const char *file;
+    uint8_t code, bits;
+    int32_t ndim;
+    size_t nbytes;
+  } cases[] = {
+    {"f64_scalar.npy", kDLFloat, 64, 0, 8},   {"bool_5.npy", kDLBool, 8, 1, 5},
+    {"c64_2x2.npy", kDLComplex, 64, 2, 32},   {"i16_empty_0x3.npy", kDLInt, 16, 2, 0},
+    {"f16_4.npy", kDLFloat, 16, 1, 8},        {"v2_i32.npy", kDLInt, 32, 2, 24},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    b = slurp(cases[i].file, &len);
+    a = parse_ok(b, len, cases[i].file);
+    cr_assert(a.dtype.code == cases[i].code && a.dtype.bits == cases[i].bits && a.ndim == cases[i].ndim &&
+                  a.nbytes == cases[i].nbytes,
+              "%s: code %d bits %d ndim %d nbytes %zu", cases[i].file, a.dtype.code, a.dtype.bits, (int)a.ndim,
+              a.nbytes);
+    free(b);
+  }
+}
+
+Test(npy, malformed_files_are_refused_with_the_reason) {
+  size_t len;
+  uint8_t *b = slurp("be_f4.npy", &len);
+  parse_bad(b, len, "big-endian", "big-endian data");
+  free(b);
+  b = slurp("u8_2x3x4.npy", &len);
+  parse_bad(b, len - 1, "need 24 data bytes", "one byte short");
+  parse_bad(b, 9, "not a .npy", "cut in the preamble");
+  parse_bad(b, 40, "header claims", "cut in the header");
+  uint8_t *c = malloc(len + 1);
+  memcpy(c, b, len);
+  c[len] = 0;
+  parse_bad(c, len + 1, "need 24 data bytes", "a trailing byte");
+  /* Header edits, same length so the data stays put. */
+  const struct {
+    const char *from, *to, *word;
+  } edits[] = {
+    {"'descr'", "'desc '", "unexpected or repeated key"},
+    {"'|u1'", "'|u3'", "not supported"},
+    {"'|u1'", "'<V8'", "not supported"},
+    {"False", "Fals ", "not True or False"},
+    {"(2, 3, 4)", "(2, -3,4)", "sizes"},
+    {"(2, 3, 4)", "[2, 3, 4]", "not a tuple"},
+    {"{'descr'", "('descr'", "not a dict"},
+  };
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    memcpy(c, b, len);
+    char *hdr = (char *)c + 10;
+    char *at = memmem(hdr, len - 10, edits[i].from, strlen(edits[i].from));
+    cr_assert_not_null(at, "fixture lacks %s", edits[i].from);
+    cr_assert_eq(strlen(edits[i].from), strlen(edits[i].to));
+    memcpy(at, edits[i].to, strlen(edits[i].to));
+    parse_bad(c, len, edits[i].word, edits[i].to);
+  }
+  memcpy(c, b, len);
+  c[6] = 4; /* version 4.0 */
+  parse_bad(c, len, "version 4.0", "format version");
+  memcpy(c, b, len);
+  c[10 + 0x76 - 1] = ' '; /* the header's last byte is not a newline */
+  parse_bad(c, len, "newline", "no newline");
+  free(c);
+  free(b);
+  /* A shape whose size overflows. */
+  const char hdr[] = "{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387903, 8), }\n";
+  uint8_t hostile[256] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(sizeof hdr - 1), 0};
+  memcpy(hostile + 10, hdr, sizeof hdr - 1);
+  parse_bad(hostile, 10 + sizeof hdr - 1, "overflows", "overflowing shape");
+}
+
+Test(npy, written_files_parse_back) {
+  int16_t v[2][3] = {{1, -2, 3}, {-4, 5, -6}};
+  int64_t shape[2] = {2, 3};
+  DLTensor t = {v, CPU0, 2, dt(kDLInt, 16, 1), shape, NULL, 0};
+  char path[] = "/tmp/ab_test_npy_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  char err[256];
+  cr_assert_eq(npy_write(path, &t, err, sizeof err), 0, "%s", err);
+  size_t len;
+  FILE *f = fopen(path, "rb");
+  uint8_t *buf = malloc(4096);
+  len = fread(buf, 1, 4096, f);
+  fclose(f);
+  remove(path);
+  cr_assert_eq((len - 6) % 16 == 0 || len > 0, 1);
+  npy_array a = parse_ok(buf, len, "written");
+  cr_assert_eq((size_t)(a.data - buf) % 64, 0, "data starts at a multiple of 64");
+  cr_assert(a.ndim == 2 && a.shape[0] == 2 && a.shape[1] == 3 && a.dtype.code == kDLInt && a.dtype.bits == 16);
+  cr_assert(memcmp(a.data, v, sizeof v) == 0);
+  free(buf);
+  DLTensor bf = t;
+  bf.dtype = dt(kDLBfloat, 16, 1);
+  cr_assert_eq(npy_write(path, &bf, err, sizeof err), -1, "bfloat16 has no .npy descr");
+  close(fd);
+}

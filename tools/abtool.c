@@ -1,0 +1,432 @@
+/* abtool: what devices do I have, how fast are the links between them, and
+ * moving a .npy file through a device.
+ *
+ *   abtool info [--json]
+ *   abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]
+ *   abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1]
+ *                  [--scale S] [--offset O] --out OUT.npy
+ *
+ * Exit codes: 0 success; 1 the library failed (its message is printed);
+ * 2 bad command line; 3 a bad input file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "arraybridge/arraybridge.h"
+#include "npy.h"
+
+enum { EXIT_LIB = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
+
+static const DLDeviceType all_types[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged, kDLOpenCL};
+#define NTYPES (sizeof all_types / sizeof all_types[0])
+
+static int lib_fail(const char *what) {
+  fprintf(stderr, "abtool: %s: %s\n", what, ab_last_error());
+  return EXIT_LIB;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: abtool <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  info [--json]            library version, backends, every device with its memory and pool\n"
+          "  bandwidth [--sizes LIST] [--devices LIST] [--reps N]\n"
+          "                           GB/s and latency of ab_convert_memory for every ordered pair of\n"
+          "                           devices, beside memcpy (LIST: comma-separated; sizes like 4K,1M,64M)\n"
+          "  convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] --out OUT.npy\n"
+          "                           moves a NumPy file through DEVICE (converting on the way) and back\n"
+          "  help                     this text; `abtool COMMAND --help` for one command\n"
+          "\n"
+          "exit codes: 0 success, 1 library error, 2 bad command line, 3 bad input file\n");
+}
+
+/* ---- info --------------------------------------------------------------- */
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
+    else putchar(*s);
+  }
+  putchar('"');
+}
+
+static int cmd_info(int argc, char **argv) {
+  int json = 0;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) json = 1;
+    else if (strcmp(argv[i], "--help") == 0) {
+      printf("usage: abtool info [--json]\n");
+      return 0;
+    } else {
+      fprintf(stderr, "abtool info: unknown option %s\n", argv[i]);
+      return EXIT_USAGE;
+    }
+  }
+  if (json) printf("{\"version\": \"%s\", \"device_types\": [", ab_version_string());
+  else printf("arraybridge %s\n", ab_version_string());
+  for (size_t k = 0; k < NTYPES; k++) {
+    const DLDeviceType type = all_types[k];
+    const int32_t n = ab_device_count(type);
+    char why[512] = "";
+    if (n == 0) {
+      struct ab_device_info info;
+      ab_device_info((DLDevice){type, 0}, &info);
+      snprintf(why, sizeof why, "%s", ab_last_error());
+    }
+    if (json) {
+      printf("%s{\"type\": \"%s\", \"count\": %d", k ? ", " : "", ab_device_type_name(type), (int)n);
+      if (n == 0) {
+        printf(", \"why_none\": ");
+        json_string(why);
+      }
+      printf(", \"devices\": [");
+    } else {
+      printf("\n%s: %d device%s%s%s\n", ab_device_type_name(type), (int)n, n == 1 ? "" : "s", n ? "" : " -- ",
+             n ? "" : why);
+    }
+    for (int32_t id = 0; id < n; id++) {
+      struct ab_device_info info;
+      const DLDevice dev = {type, id};
+      if (ab_device_info(dev, &info) != AB_OK) return lib_fail("device_info");
+      struct ab_pool_stats ps = {.size = sizeof ps};
+      if (ab_pool_stats(dev, &ps) != AB_OK) return lib_fail("pool_stats");
+      if (json) {
+        printf("%s{\"device\": \"%s:%d\", \"name\": ", id ? ", " : "", ab_device_type_name(type), (int)id);
+        json_string(info.name);
+        printf(", \"vendor\": ");
+        json_string(info.vendor);
+        printf(", \"version\": ");
+        json_string(info.version);
+        printf(", \"total_memory\": %llu, \"free_memory\": %llu, \"max_alloc_size\": %llu, \"host_accessible\": %s, "
+               "\"unified_memory\": %s, \"compute_capability\": %d, \"pci_bus_id\": ",
+               (unsigned long long)info.total_memory, (unsigned long long)info.free_memory,
+               (unsigned long long)info.max_alloc_size, info.host_accessible ? "true" : "false",
+               info.unified_memory ? "true" : "false", info.compute_capability);
+        json_string(info.pci_bus_id);
+        printf(", \"pool\": {\"in_use_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_bytes\": %llu}}",
+               (unsigned long long)ps.in_use_bytes.current, (unsigned long long)ps.reserved_bytes.current,
+               (unsigned long long)ps.limit_bytes);
+      } else {
+        printf("  %s:%d  %s", ab_device_type_name(type), (int)id, info.name);
+        if (info.vendor[0]) printf(" (%s)", info.vendor);
+        printf("\n");
+        if (info.version[0]) printf("      %s\n", info.version);
+        printf("      memory: %.2f GiB total, ", (double)info.total_memory / (1 << 30));
+        if (info.free_memory) printf("%.2f GiB free", (double)info.free_memory / (1 << 30));
+        else printf("free unknown");
+        if (info.compute_capability) printf(", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);
+        printf("%s\n", info.unified_memory ? ", the host's RAM" : "");
+        printf("      pool: %llu bytes in use, %llu reserved%s\n", (unsigned long long)ps.in_use_bytes.current,
+               (unsigned long long)ps.reserved_bytes.current, ps.limit_bytes ? " (limited)" : "");
+      }
+    }
+    if (json) printf("]}");
+  }
+  if (json) printf("]}\n");
+  else
+    printf("\nCUDA peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
+  return 0;
+}
+
+/* ---- bandwidth ------------------------------------------------------------ */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* "4K", "1M", "64MiB", "1000" -> bytes; 0 on error. */
+static size_t parse_size(const char *s) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return 0;
+  if (*end == 'K' || *end == 'k') v <<= 10, end++;
+  else if (*end == 'M' || *end == 'm') v <<= 20, end++;
+  else if (*end == 'G' || *end == 'g') v <<= 30, end++;
+  if (strcmp(end, "") != 0 && strcmp(end, "iB") != 0 && strcmp(end, "B") != 0) return 0;
+  return (size_t)v;
+}
+
+static int cmd_bandwidth(int argc, char **argv) {
+  size_t sizes[16];
+  int nsizes = 0, reps = 5;
+  DLDevice devs[64];
+  int ndevs = 0;
+  const char *size_list = "4K,1M,64M", *dev_list = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) size_list = argv[++i];
+    else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) dev_list = argv[++i];
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--help") == 0) {
+      printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
+             "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there),\n"
+             "median of N copies each (default 5), beside memcpy of the same size.\n");
+      return 0;
+    } else {
+      fprintf(stderr, "abtool bandwidth: unknown option %s\n", argv[i]);
+      return EXIT_USAGE;
+    }
+  }
+  if (reps < 1 || reps > 1000) {
+    fprintf(stderr, "abtool bandwidth: --reps must be 1..1000\n");
+    return EXIT_USAGE;
+  }
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", size_list);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (nsizes == 16 || (sizes[nsizes] = parse_size(tok)) == 0) {
+      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1M, 64M; at most 16)\n", tok);
+      return EXIT_USAGE;
+    }
+    nsizes++;
+  }
+  if (dev_list) {
+    snprintf(buf, sizeof buf, "%s", dev_list);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+      if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
+        fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
+        return EXIT_USAGE;
+      }
+      struct ab_device_info info;
+      if (ab_device_info(devs[ndevs], &info) != AB_OK) return lib_fail(tok);
+      ndevs++;
+    }
+  } else {
+    for (size_t k = 0; k < NTYPES; k++)
+      for (int32_t i = 0; i < ab_device_count(all_types[k]) && ndevs < 64; i++)
+        if (all_types[k] != kDLCUDAManaged) devs[ndevs++] = (DLDevice){all_types[k], i};
+  }
+  for (int s = 0; s < nsizes; s++) {
+    const size_t n = sizes[s];
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+      free(a);
+      free(b);
+      fprintf(stderr, "abtool bandwidth: out of host memory for %zu bytes\n", n);
+      return EXIT_LIB;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double t[1000];
+    for (int r = 0; r < reps; r++) {
+      double t0 = now();
+      memcpy(b, a, n);
+      t[r] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    const double memcpy_s = t[reps / 2];
+    free(a);
+    free(b);
+    printf("\n%zu bytes: GB/s (latency us) from row to column; memcpy %.2f GB/s (%.1f us)\n", n,
+           (double)n / memcpy_s / 1e9, memcpy_s * 1e6);
+    printf("%14s", "");
+    for (int j = 0; j < ndevs; j++) {
+      char name[32];
+      snprintf(name, sizeof name, "%s:%d", ab_device_type_name(devs[j].device_type), (int)devs[j].device_id);
+      printf(" %18s", name);
+    }
+    printf("\n");
+    for (int i = 0; i < ndevs; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "%s:%d", ab_device_type_name(devs[i].device_type), (int)devs[i].device_id);
+      printf("%14s", name);
+      int64_t shape[1] = {(int64_t)n};
+      DLManagedTensorVersioned *src;
+      if (ab_tensor_alloc(devs[i], 1, shape, (DLDataType){kDLUInt, 8, 1}, &src) != AB_OK) return lib_fail(name);
+      for (int j = 0; j < ndevs; j++) {
+        fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        o.copy = AB_COPY_ALWAYS;
+        for (int r = 0; r <= reps; r++) {
+          DLManagedTensorVersioned *dst;
+          double t0 = now();
+          ab_status st = ab_convert_memory(&src->dl_tensor, devs[j], &o, &dst);
+          double dt = now() - t0;
+          if (st != AB_OK) {
+            src->deleter(src);
+            return lib_fail("convert");
+          }
+          dst->deleter(dst);
+          if (r > 0) t[r - 1] = dt; /* the first is a warm-up */
+        }
+        qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+        printf(" %9.2f (%6.1f)", (double)n / t[reps / 2] / 1e9, t[reps / 2] * 1e6);
+        fflush(stdout);
+      }
+      fprintf(stderr, "\r%*s\r", 40, "");
+      printf("\n");
+      src->deleter(src);
+    }
+  }
+  return 0;
+}
+
+/* ---- convert ------------------------------------------------------------------ */
+
+static int parse_dtype(const char *s, DLDataType *out) {
+  static const struct {
+    const char *name;
+    uint8_t code, bits;
+  } names[] = {
+    {"bool", kDLBool, 8},        {"int8", kDLInt, 8},           {"int16", kDLInt, 16},        {"int32", kDLInt, 32},
+    {"int64", kDLInt, 64},       {"uint8", kDLUInt, 8},         {"uint16", kDLUInt, 16},      {"uint32", kDLUInt, 32},
+    {"uint64", kDLUInt, 64},     {"float16", kDLFloat, 16},     {"float32", kDLFloat, 32},    {"float64", kDLFloat, 64},
+    {"bfloat16", kDLBfloat, 16}, {"complex64", kDLComplex, 64}, {"complex128", kDLComplex, 128},
+  };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(s, names[i].name) == 0) {
+      *out = (DLDataType){names[i].code, names[i].bits, 1};
+      return 0;
+    }
+  return -1;
+}
+
+static uint8_t *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  uint8_t *buf = malloc(cap);
+  while (buf) {
+    n += fread(buf + n, 1, cap - n, f);
+    if (n < cap) break;
+    uint8_t *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+    if (bigger == NULL) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return NULL;
+  }
+  *len = n;
+  return buf;
+}
+
+static int cmd_convert(int argc, char **argv) {
+  const char *in = NULL, *to = NULL, *outp = NULL, *dtype_s = NULL, *perm_s = NULL;
+  double scale = 1, offset = 0;
+  int affine = 0;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0) {
+      printf("usage: abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] "
+             "--out OUT.npy\n"
+             "Reads IN.npy, moves it to DEVICE with ab_convert_memory (casting to T, permuting the axes, and\n"
+             "applying y = x * S + O on the way), brings it back to the host and writes OUT.npy.\n");
+      return 0;
+    } else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc) to = argv[++i];
+    else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outp = argv[++i];
+    else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) dtype_s = argv[++i];
+    else if (strcmp(argv[i], "--permute") == 0 && i + 1 < argc) perm_s = argv[++i];
+    else if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc) scale = atof(argv[++i]), affine = 1;
+    else if (strcmp(argv[i], "--offset") == 0 && i + 1 < argc) offset = atof(argv[++i]), affine = 1;
+    else if (argv[i][0] != '-' && in == NULL) in = argv[i];
+    else {
+      fprintf(stderr, "abtool convert: unexpected argument %s (see abtool convert --help)\n", argv[i]);
+      return EXIT_USAGE;
+    }
+  }
+  if (in == NULL || to == NULL || outp == NULL) {
+    fprintf(stderr, "abtool convert: IN.npy, --to and --out are required (see abtool convert --help)\n");
+    return EXIT_USAGE;
+  }
+  DLDevice dev;
+  if (ab_parse_device(to, &dev) != AB_OK) {
+    fprintf(stderr, "abtool convert: --to: %s\n", ab_last_error());
+    return EXIT_USAGE;
+  }
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  if (dtype_s && parse_dtype(dtype_s, &o.dtype) != 0) {
+    fprintf(stderr, "abtool convert: unknown --dtype %s\n", dtype_s);
+    return EXIT_USAGE;
+  }
+  size_t len;
+  uint8_t *buf = read_file(in, &len);
+  if (buf == NULL) {
+    fprintf(stderr, "abtool convert: cannot read %s: %s\n", in, strerror(errno));
+    return EXIT_INPUT;
+  }
+  npy_array a;
+  char err[256];
+  if (npy_parse(buf, len, &a, err, sizeof err) != 0) {
+    fprintf(stderr, "abtool convert: %s: %s\n", in, err);
+    free(buf);
+    return EXIT_INPUT;
+  }
+  int32_t perm[NPY_MAX_NDIM];
+  if (perm_s) {
+    int n = 0;
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s", perm_s);
+    for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
+      char *end;
+      long v = strtol(tok, &end, 10);
+      if (*end || n == NPY_MAX_NDIM) n = NPY_MAX_NDIM + 1;
+      else perm[n++] = (int32_t)v;
+    }
+    if (n != a.ndim) {
+      fprintf(stderr, "abtool convert: --permute needs %d comma-separated axes\n", (int)a.ndim);
+      free(buf);
+      return EXIT_USAGE;
+    }
+    o.permute = perm;
+  }
+  if (affine) {
+    o.flags |= AB_CONVERT_AFFINE;
+    o.scale = scale;
+    o.offset = offset;
+  }
+  DLTensor src = {(void *)a.data, {kDLCPU, 0}, a.ndim, a.dtype, a.shape, a.strides, 0};
+  DLManagedTensorVersioned *there, *back;
+  if (ab_convert_memory(&src, dev, &o, &there) != AB_OK) {
+    free(buf);
+    return lib_fail(to);
+  }
+  ab_convert_opts plain = AB_CONVERT_OPTS_INIT;
+  ab_status st = ab_convert_memory(&there->dl_tensor, (DLDevice){kDLCPU, 0}, &plain, &back);
+  there->deleter(there);
+  free(buf);
+  if (st != AB_OK) return lib_fail("back to cpu");
+  int rc = npy_write(outp, &back->dl_tensor, err, sizeof err);
+  back->deleter(back);
+  if (rc != 0) {
+    fprintf(stderr, "abtool convert: %s\n", err);
+    return EXIT_INPUT;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? EXIT_USAGE : 0;
+  }
+  int rc;
+  if (strcmp(argv[1], "info") == 0) rc = cmd_info(argc - 2, argv + 2);
+  else if (strcmp(argv[1], "bandwidth") == 0) rc = cmd_bandwidth(argc - 2, argv + 2);
+  else if (strcmp(argv[1], "convert") == 0) rc = cmd_convert(argc - 2, argv + 2);
+  else {
+    fprintf(stderr, "abtool: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  ab_shutdown();
+  return rc;
+}

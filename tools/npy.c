@@ -1,0 +1,222 @@
+/* .npy reading and writing for abtool; see npy.h. The header is a Python
+ * dict literal; this parser accepts exactly the three keys NumPy writes
+ * ('descr', 'fortran_order', 'shape'), each once, in any order, and
+ * nothing else, so a malformed or hostile file gets a precise message
+ * instead of a guess. */
+#include "npy.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+  const char *descr;
+  uint8_t code, bits;
+} types[] = {
+  {"|b1", kDLBool, 8},   {"|i1", kDLInt, 8},    {"<i2", kDLInt, 16},   {"<i4", kDLInt, 32},
+  {"<i8", kDLInt, 64},   {"|u1", kDLUInt, 8},   {"<u2", kDLUInt, 16},  {"<u4", kDLUInt, 32},
+  {"<u8", kDLUInt, 64},  {"<f2", kDLFloat, 16}, {"<f4", kDLFloat, 32}, {"<f8", kDLFloat, 64},
+  {"<c8", kDLComplex, 64}, {"<c16", kDLComplex, 128},
+};
+#define NTYPES (sizeof types / sizeof types[0])
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+const char *npy_descr(DLDataType d) {
+  if (d.lanes != 1) return NULL;
+  for (size_t i = 0; i < NTYPES; i++)
+    if (types[i].code == d.code && types[i].bits == d.bits) return types[i].descr;
+  return NULL;
+}
+
+/* A cursor over the header text [p, end). */
+struct cur {
+  const char *p, *end;
+};
+
+static void skip_ws(struct cur *c) {
+  while (c->p < c->end && (*c->p == ' ' || *c->p == '\t')) c->p++;
+}
+
+static int eat(struct cur *c, char ch) {
+  skip_ws(c);
+  if (c->p < c->end && *c->p == ch) {
+    c->p++;
+    return 1;
+  }
+  return 0;
+}
+
+/* A quoted string ('...' or "...", no escapes) into buf. */
+static int string(struct cur *c, char *buf, size_t len) {
+  skip_ws(c);
+  if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return 0;
+  const char q = *c->p++;
+  size_t n = 0;
+  while (c->p < c->end && *c->p != q) {
+    if (*c->p == '\\' || n + 1 >= len) return 0;
+    buf[n++] = *c->p++;
+  }
+  if (c->p >= c->end) return 0;
+  c->p++;
+  buf[n] = '\0';
+  return 1;
+}
+
+static int word(struct cur *c, const char *w) {
+  skip_ws(c);
+  size_t n = strlen(w);
+  if ((size_t)(c->end - c->p) >= n && memcmp(c->p, w, n) == 0) {
+    c->p += n;
+    return 1;
+  }
+  return 0;
+}
+
+/* A non-negative decimal integer below 2^62. */
+static int integer(struct cur *c, int64_t *v) {
+  skip_ws(c);
+  int64_t x = 0;
+  const char *start = c->p;
+  while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+    if (x > ((int64_t)1 << 62) / 10) return 0;
+    x = x * 10 + (*c->p++ - '0');
+  }
+  if (c->p == start) return 0;
+  if (c->p < c->end && *c->p == 'L') c->p++; /* Python 2 longs */
+  *v = x;
+  return 1;
+}
+
+int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
+  static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  npy_array a;
+  memset(&a, 0, sizeof a);
+  if (len < 10 || memcmp(buf, magic, 6) != 0) return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
+  const unsigned major = buf[6], minor = buf[7];
+  size_t hlen, hstart;
+  if (major == 1) {
+    hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
+    hstart = 10;
+  } else if (major == 2 || major == 3) {
+    if (len < 12) return fail(err, errlen, "truncated .npy header");
+    hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+    hstart = 12;
+  } else {
+    return fail(err, errlen, ".npy format version %u.%u is not supported (1.0, 2.0, 3.0)", major, minor);
+  }
+  if (minor != 0) return fail(err, errlen, ".npy format version %u.%u is not supported (1.0, 2.0, 3.0)", major, minor);
+  if (hlen > len - hstart) return fail(err, errlen, "the header claims %zu bytes but the file has %zu", hlen, len - hstart);
+  struct cur c = {(const char *)buf + hstart, (const char *)buf + hstart + hlen};
+  /* The header ends in '\n', padded with spaces before it. */
+  if (hlen == 0 || c.end[-1] != '\n') return fail(err, errlen, "the header does not end with a newline");
+  c.end--;
+  while (c.end > c.p && c.end[-1] == ' ') c.end--;
+
+  int have_descr = 0, have_order = 0, have_shape = 0;
+  char key[32], descr[16] = "";
+  if (!eat(&c, '{')) return fail(err, errlen, "the header is not a dict");
+  while (!eat(&c, '}')) {
+    if (!string(&c, key, sizeof key) || !eat(&c, ':')) return fail(err, errlen, "bad key in the header");
+    if (strcmp(key, "descr") == 0 && !have_descr) {
+      if (!string(&c, descr, sizeof descr)) return fail(err, errlen, "'descr' is not a simple dtype string");
+      have_descr = 1;
+    } else if (strcmp(key, "fortran_order") == 0 && !have_order) {
+      if (word(&c, "True")) a.fortran_order = 1;
+      else if (!word(&c, "False")) return fail(err, errlen, "'fortran_order' is not True or False");
+      have_order = 1;
+    } else if (strcmp(key, "shape") == 0 && !have_shape) {
+      if (!eat(&c, '(')) return fail(err, errlen, "'shape' is not a tuple");
+      while (!eat(&c, ')')) {
+        if (a.ndim == NPY_MAX_NDIM) return fail(err, errlen, "'shape' has more than %d dims", NPY_MAX_NDIM);
+        if (!integer(&c, &a.shape[a.ndim])) return fail(err, errlen, "'shape' holds something other than sizes");
+        a.ndim++;
+        if (!eat(&c, ',')) {
+          if (!eat(&c, ')')) return fail(err, errlen, "'shape' is not a tuple of sizes");
+          break;
+        }
+      }
+      have_shape = 1;
+    } else {
+      return fail(err, errlen, "unexpected or repeated key '%s' in the header", key);
+    }
+    if (!eat(&c, ',')) {
+      if (!eat(&c, '}')) return fail(err, errlen, "the header dict is malformed");
+      break;
+    }
+  }
+  skip_ws(&c);
+  if (c.p != c.end) return fail(err, errlen, "text after the header dict");
+  if (!have_descr || !have_order || !have_shape)
+    return fail(err, errlen, "the header lacks '%s'", !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+
+  size_t i = 0;
+  for (; i < NTYPES && strcmp(descr, types[i].descr) != 0; i++) {
+  }
+  if (i == NTYPES) {
+    if (descr[0] == '>') return fail(err, errlen, "dtype '%s' is big-endian; only little-endian data is supported", descr);
+    return fail(err, errlen, "dtype '%s' is not supported (bool, int8..64, uint8..64, float16/32/64, complex64/128)",
+                descr);
+  }
+  a.dtype = (DLDataType){types[i].code, types[i].bits, 1};
+  const size_t es = types[i].bits / 8u;
+  /* Element count, checked for overflow against the bytes present. */
+  uint64_t n = 1;
+  int zero = 0;
+  for (int32_t k = 0; k < a.ndim; k++) zero |= a.shape[k] == 0;
+  for (int32_t k = 0; k < a.ndim && !zero; k++)
+    if (__builtin_mul_overflow(n, (uint64_t)a.shape[k], &n)) return fail(err, errlen, "the shape's size overflows");
+  if (zero) n = 0;
+  uint64_t bytes;
+  if (__builtin_mul_overflow(n, (uint64_t)es, &bytes)) return fail(err, errlen, "the shape's size overflows");
+  const size_t data_at = hstart + hlen, have = len - data_at;
+  if (bytes != have)
+    return fail(err, errlen, "the shape and dtype need %llu data bytes, the file has %zu", (unsigned long long)bytes,
+                have);
+  /* Strides in elements: C order is row-major, Fortran order column-major. */
+  int64_t acc = 1;
+  for (int32_t k = 0; k < a.ndim; k++) {
+    int32_t d = a.fortran_order ? k : a.ndim - 1 - k;
+    a.strides[d] = acc;
+    acc *= a.shape[d] ? a.shape[d] : 1;
+  }
+  a.data = buf + data_at;
+  a.nbytes = (size_t)bytes;
+  *out = a;
+  return 0;
+}
+
+int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
+  const char *descr = npy_descr(t->dtype);
+  if (descr == NULL) return fail(err, errlen, "a .npy file cannot hold this dtype (bfloat16 or vector types)");
+  char hdr[4096];
+  int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
+  size_t count = 1;
+  for (int32_t k = 0; k < t->ndim && n > 0 && (size_t)n < sizeof hdr; k++) {
+    n += snprintf(hdr + n, sizeof hdr - (size_t)n, "%lld%s", (long long)t->shape[k],
+                  t->ndim == 1 ? "," : k + 1 < t->ndim ? ", " : "");
+    count *= (size_t)t->shape[k];
+  }
+  if (n <= 0 || (size_t)n + 64 >= sizeof hdr) return fail(err, errlen, "shape too long for a .npy header");
+  n += snprintf(hdr + n, sizeof hdr - (size_t)n, "), }");
+  /* Pad with spaces so that the data starts at a multiple of 64. */
+  size_t total = 10 + (size_t)n + 1;
+  size_t pad = (64 - total % 64) % 64;
+  memset(hdr + n, ' ', pad);
+  n += (int)pad;
+  hdr[n++] = '\n';
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) return fail(err, errlen, "cannot create %s", path);
+  const uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)};
+  size_t bytes = count * (t->dtype.bits / 8u);
+  int ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre && fwrite(hdr, 1, (size_t)n, f) == (size_t)n &&
+           (bytes == 0 || fwrite((const char *)t->data + t->byte_offset, 1, bytes, f) == bytes);
+  if (fclose(f) != 0) ok = 0;
+  return ok ? 0 : fail(err, errlen, "writing %s failed", path);
+}

@@ -1,0 +1,39 @@
+/* NumPy .npy files (format versions 1.0, 2.0 and 3.0), read strictly and
+ * written as version 1.0, for abtool. A file becomes a host DLTensor over
+ * its data: C order gives compact strides, Fortran order reversed ones.
+ * Little-endian data only (and single-byte types): what every machine
+ * this library runs on writes. */
+#ifndef AB_TOOLS_NPY_H
+#define AB_TOOLS_NPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arraybridge/arraybridge.h"
+
+#define NPY_MAX_NDIM 32
+
+typedef struct npy_array {
+  DLDataType dtype;
+  int32_t ndim;
+  int64_t shape[NPY_MAX_NDIM];
+  int64_t strides[NPY_MAX_NDIM]; /* elements */
+  int fortran_order;
+  const uint8_t *data; /* into the buffer that was parsed */
+  size_t nbytes;
+} npy_array;
+
+/* Parses a whole .npy file held in buf[0..len). On success fills *out
+ * (data points into buf) and returns 0; otherwise returns -1 and writes a
+ * one-line reason into err (errlen bytes). Never reads outside buf. */
+int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen);
+
+/* The NumPy descr ("<f4", "|u1", ...) of a dtype, or NULL when .npy cannot
+ * hold it (bfloat16, lanes > 1, ...). */
+const char *npy_descr(DLDataType dtype);
+
+/* Writes a compact host tensor as a version 1.0 .npy file; 0 or -1 with
+ * the reason in err. */
+int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen);
+
+#endif
