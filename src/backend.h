@@ -95,6 +95,11 @@ struct ab_backend {
    * may come from another library), before anything touches it;
    * AB_ERR_INVALID_ARGUMENT otherwise. */
   ab_status (*check_range)(int32_t id, const void *handle, uint64_t begin, uint64_t end);
+  /* For host-accessible memory a device may still be writing (CUDA pinned
+   * and managed memory): called before host code reads a source of this
+   * type; waits for `stream` (this family's, or NULL for the default
+   * one). May be NULL. */
+  ab_status (*host_sync)(int32_t id, void *stream);
 
   /* The staging ring (src/staging.c), for backends whose transfers from
    * pageable memory are slow and whose `staging` memory is fast. All of
@@ -110,6 +115,9 @@ struct ab_backend {
   ab_status (*fence_wait)(void *fence);
   void (*fence_free)(void *fence);
   bool (*host_is_staged)(const void *p);
+  /* Waits for everything queued on `stream` (the ring's last resort when a
+   * fence could not be recorded); errors are ignored. */
+  void (*stream_sync)(int32_t id, void *stream);
 };
 
 extern const struct ab_backend ab__backend_host;

@@ -134,9 +134,27 @@ static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
     ab__host_convert(out, from, cur->ndim, shape, pst, &op);
 }
 
+/* Whose opts.stream it is: a backend family and one of its devices. */
+typedef struct stream_owner {
+  const struct ab_backend *be;
+  DLDevice dev;
+  void *stream;
+} stream_owner;
+
+static bool dev_eq(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
+
+/* The caller's stream for a step: only for steps of its backend family
+ * that touch its device (a cl_command_queue means nothing to CUDA, and a
+ * cudaStream_t of cuda:1 cannot order work on cuda:0); others use their
+ * default and are complete when they return all the same. */
+static void *stream_for(const ab__step *s, const stream_owner *owner) {
+  if (owner->stream == NULL || !ab__same_family(ab__backend_for(s->via), owner->be)) return NULL;
+  return dev_eq(s->from, owner->dev) || dev_eq(s->to, owner->dev) ? owner->stream : NULL;
+}
+
 static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
                            const ab__rect *rect, const conv *cv, DLTensor *dst, DLDevice staging,
-                           const struct ab_backend *stream_be, void *stream_arg) {
+                           const stream_owner *owner) {
   const struct ab_backend *host = ab__backend_for(kDLCPU);
   ab__block *stage[AB_MAX_STEPS] = {NULL};
   int nstage = 0;
@@ -148,9 +166,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   for (int i = 0; i < plan->nsteps && st == AB_OK; i++) {
     const ab__step *s = &plan->steps[i];
     const bool last = i == plan->nsteps - 1;
-    /* The caller's stream is given only to steps of the backend family it
-     * belongs to (a cl_command_queue means nothing to CUDA). */
-    void *stream = ab__same_family(ab__backend_for(s->via), stream_be) ? stream_arg : NULL;
+    void *stream = stream_for(s, owner);
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
     if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK || s->kind == AB_STEP_CONVERT ||
@@ -233,14 +249,14 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
 
 static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, const conv *cv,
                              DLDevice dev, const struct ab_backend *be, const ab__plan *plan, DLDevice staging,
-                             const struct ab_backend *stream_be, void *stream, struct ab__tensor **out) {
+                             const stream_owner *owner, struct ab__tensor **out) {
   struct ab__tensor *t;
   ab_status st;
   AB_FORWARD(ab__tensor_new(dev, src->ndim, cv->active ? cv->out_shape : src->shape,
                             cv->active ? cv->out_dtype : src->dtype, &t));
   st = ab__tensor_alloc_data(t, be, cv->active ? cv->out_nbytes : lay->nbytes);
   if (st == AB_OK && lay->numel > 0)
-    st = run_steps(plan, src, lay, rect, cv, &t->mt.dl_tensor, staging, stream_be, stream);
+    st = run_steps(plan, src, lay, rect, cv, &t->mt.dl_tensor, staging, owner);
   if (st != AB_OK) {
     ab__tensor_discard(t);
     return st;
@@ -385,11 +401,18 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   if (p.plan.steps[0].kind == AB_STEP_VIEW) {
     AB_FORWARD(export_view(src, &p.lay, p.tdev, &t));
   } else {
-    /* opts.stream belongs to the target's backend, or to the source's when
-     * the target is plain host memory. */
-    const struct ab_backend *stream_be = p.tdev.device_type == kDLCPU ? p.sbe : p.tbe;
+    /* opts.stream belongs to the target, or to the source when the target
+     * is host memory (pageable, pinned or managed). */
+    const bool to_host = (p.q.dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+    const stream_owner owner = {to_host ? p.sbe : p.tbe, to_host ? p.sdev : p.tdev, p.o.stream};
+    /* Host-addressable memory a device may still be writing (CUDA pinned
+     * or managed) is waited for before host code reads it. */
+    if (p.sbe->host_sync != NULL && p.lay.numel > 0) {
+      void *s = owner.stream != NULL && ab__same_family(p.sbe, owner.be) ? owner.stream : NULL;
+      AB_FORWARD(p.sbe->host_sync(p.sdev.device_id, s));
+    }
     AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, &p.cv, p.tdev, p.tbe,
-                           &p.plan, staging_device(&p), stream_be, p.o.stream, &t));
+                           &p.plan, staging_device(&p), &owner, &t));
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;

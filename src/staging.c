@@ -73,8 +73,12 @@ struct ring {
 };
 
 /* Waits for every slot still in flight (their errors are the transfers'
- * errors: the first one is returned), then gives everything back. */
-static ab_status ring_close(struct ring *r, ab_status st) {
+ * errors: the first one is returned), then gives everything back. After
+ * a failure a transfer may be queued without a fence behind it, so the
+ * whole stream is drained first: no chunk goes back to the pool while a
+ * DMA may still touch it. */
+static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
+  if (st != AB_OK && r->be->stream_sync != NULL) r->be->stream_sync(r->id, stream);
   for (size_t i = 0; i < r->n; i++) {
     if (r->busy[i]) {
       ab_status w = r->be->fence_wait(r->fence[i]);
@@ -114,7 +118,7 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
     size_t want = bytes < *chunk ? bytes : *chunk;
     if (ab__pool_alloc(sbe, sdev, want, &r->chunk[i]) != AB_OK || be->fence_new(id, &r->fence[i]) != AB_OK) {
       AB_LOG(AB_LOG_DEBUG, "staging ring for %zu bytes not available (%s): direct transfer", bytes, ab_last_error());
-      (void)ring_close(r, AB_OK);
+      (void)ring_close(r, AB_OK, NULL);
       ab__restore_error(saved);
       return false;
     }
@@ -146,11 +150,10 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
     memcpy(r.chunk[i]->ptr, (const char *)src + done, len);
     st = be->write_async(id, handle, offset + done, r.chunk[i]->ptr, len, stream);
     if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
-    /* Even a failed queueing may have started the copy: wait before reuse. */
-    r.busy[i] = true;
+    r.busy[i] = st == AB_OK; /* otherwise ring_close drains the stream */
     done += len;
   }
-  return ring_close(&r, st);
+  return ring_close(&r, st, stream);
 }
 
 ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
@@ -166,7 +169,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
   for (size_t k = 0; k < r.n && st == AB_OK; k++) {
     st = be->read_async(id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream);
     if (st == AB_OK) st = be->fence_record(id, r.fence[k], stream);
-    r.busy[k] = true;
+    r.busy[k] = st == AB_OK;
   }
   for (size_t k = 0; k < nchunks && st == AB_OK; k++) {
     const size_t i = k % r.n;
@@ -178,9 +181,9 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
     if (next < nchunks) {
       st = be->read_async(id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream);
       if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
-      r.busy[i] = true;
+      r.busy[i] = st == AB_OK;
     }
   }
 #undef CHUNK_LEN
-  return ring_close(&r, st);
+  return ring_close(&r, st, stream);
 }

@@ -114,6 +114,13 @@ static void sim_fence_free(void *fence) {
   fences_live--;
 }
 
+static int stream_syncs;
+static void sim_stream_sync(int32_t id, void *stream) {
+  (void)id, (void)stream;
+  stream_syncs++;
+  run_until(nqueued);
+}
+
 static bool sim_host_is_staged(const void *p) {
   return staged_region != NULL && (const char *)p >= (const char *)staged_region &&
          (const char *)p < (const char *)staged_region + staged_len;
@@ -132,6 +139,7 @@ static const struct ab_backend sim = {
   .fence_wait = sim_fence_wait,
   .fence_free = sim_fence_free,
   .host_is_staged = sim_host_is_staged,
+  .stream_sync = sim_stream_sync,
 };
 
 static long live_at_start;
@@ -149,7 +157,7 @@ static void setup(void) {
   setenv("AB_STAGING_MIN", "1", 1);
   ab__staging_reload_env();
   nqueued = ndone = 0;
-  fences_live = fences_made = async_calls = direct_calls = fail_async_at = max_in_flight = 0;
+  fences_live = fences_made = async_calls = direct_calls = fail_async_at = max_in_flight = stream_syncs = 0;
   staged_region = NULL;
   staged_len = 0;
   host_in_use_at_start = host_in_use();
@@ -280,8 +288,10 @@ Test(staging, a_failing_transfer_is_reported_after_the_ring_drains) {
     nqueued = ndone = 0;
     async_calls = 0;
     fail_async_at = at;
+    stream_syncs = 0;
     cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_ERR_BACKEND, "failing transfer %d", at);
     cr_assert_not_null(strstr(ab_last_error(), "injected transfer failure"), "%s", ab_last_error());
+    cr_assert_eq(stream_syncs, 1, "a failed ring drains the stream before returning its chunks");
     assert_ring_closed();
     nqueued = ndone = 0;
     async_calls = 0;

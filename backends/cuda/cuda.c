@@ -92,9 +92,13 @@ static void leave(int32_t id, int prev) {
   if (prev != id) (void)cudaSetDevice(prev);
 }
 
-/* Waits for `stream`, returning the first error of the copy or the wait. */
+/* Waits for `stream`, returning the first error of the copy or the wait.
+ * The stream is waited for even after a failed queueing: part of a
+ * transfer (the first slices of a rectangle) may be in flight, and the
+ * caller is about to give its buffers back. */
 static ab_status finish(cudaError_t e, int32_t id, const char *what, void *stream) {
-  if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+  cudaError_t w = cudaStreamSynchronize((cudaStream_t)stream);
+  if (e == cudaSuccess) e = w;
   return e == cudaSuccess ? AB_OK : fail_cuda(e, id, what);
 }
 
@@ -278,10 +282,18 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
     what = "cudaMemcpyAsync (device to device)";
     e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
   } else if (compact) {
-    /* Peer access when enabled, else the driver stages through the host. */
-    what = "cudaMemcpyPeerAsync";
+    /* Peer access when enabled, else the driver stages through the host.
+     * Without a stream, the synchronous form: it is ordered after work on
+     * both devices' default streams (the async one only after the
+     * destination's), so data a kernel just wrote on the source is seen. */
     ensure_peer(did, sid);
-    e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
+    if (stream == NULL) {
+      what = "cudaMemcpyPeer";
+      e = cudaMemcpyPeer(dst, did, src, sid, bytes);
+    } else {
+      what = "cudaMemcpyPeerAsync";
+      e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
+    }
   } else {
     /* can_copy admitted one-device strided sources only: a rectangle, else
      * the gather kernel. */
@@ -301,15 +313,45 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
   return st;
 }
 
+#ifdef AB_HAVE_CUDA_KERNELS
+/* Whether the gather kernel has code for device `id` (built for sm_75 and
+ * later plus PTX of the newest: an older GPU has none). Asked once per
+ * device. */
+static unsigned char kernel_state[MAX_PEERS]; /* 0 unknown, 1 yes, 2 no */
+
+static bool kernel_runs_on(int32_t id) {
+  if (id >= MAX_PEERS) return false;
+  pthread_mutex_lock(&peer_lock);
+  if (kernel_state[id] == 0) {
+    int prev;
+    char saved[AB_ERRBUF_SIZE];
+    ab__save_error(saved);
+    kernel_state[id] = 2;
+    if (enter(id, &prev) == AB_OK) {
+      cudaError_t e = ab__cuda_gather_available();
+      if (e == cudaSuccess) kernel_state[id] = 1;
+      else AB_LOG(AB_LOG_INFO, "cuda:%d: no gather kernel for this GPU (%s): strided copies go through the host",
+                  (int)id, cudaGetErrorName(e));
+      (void)cudaGetLastError();
+      leave(id, prev);
+    }
+    ab__restore_error(saved);
+  }
+  bool ok = kernel_state[id] == 1;
+  pthread_mutex_unlock(&peer_lock);
+  return ok;
+}
+#endif
+
 static bool cuda_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
   ab__rect r;
   if (from_compact) return true;
   if (from->device.device_id != to.device_id) return false;
+  if (ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r)) return true;
 #ifdef AB_HAVE_CUDA_KERNELS
-  (void)r;
-  return true;
+  return kernel_runs_on(from->device.device_id);
 #else
-  return ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r);
+  return false;
 #endif
 }
 
@@ -403,6 +445,23 @@ static void cuda_fence_free(void *fence) {
   if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
 }
 
+static void cuda_stream_sync(int32_t id, void *stream) {
+  int prev;
+  if (enter(id, &prev) != AB_OK) return;
+  if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) (void)cudaGetLastError();
+  leave(id, prev);
+}
+
+/* Before host code reads pinned or managed memory: the caller's stream, or
+ * without one the legacy default stream of the caller's current device
+ * (which waits for its blocking streams), so that a kernel's writes are
+ * complete. */
+static ab_status space_host_sync(int32_t id, void *stream) {
+  (void)id;
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, "cudaStreamSynchronize before a host read");
+}
+
 /* Page-locked (cudaHostAlloc) or registered (cudaHostRegister) memory:
  * DMA reaches it directly. */
 static bool cuda_host_is_staged(const void *p) {
@@ -465,6 +524,7 @@ const struct ab_backend ab__backend_cuda = {
   .fence_wait = cuda_fence_wait,
   .fence_free = cuda_fence_free,
   .host_is_staged = cuda_host_is_staged,
+  .stream_sync = cuda_stream_sync,
 };
 
 /* Host-accessible: copies between them and any host memory are the host
@@ -478,6 +538,7 @@ const struct ab_backend ab__backend_cuda_host = {
   .device_info = host_info,
   .alloc = pinned_alloc,
   .free = pinned_free,
+  .host_sync = space_host_sync,
 };
 
 const struct ab_backend ab__backend_cuda_managed = {
@@ -489,4 +550,5 @@ const struct ab_backend ab__backend_cuda_managed = {
   .device_info = managed_info,
   .alloc = managed_alloc,
   .free = managed_free,
+  .host_sync = space_host_sync,
 };

@@ -96,3 +96,8 @@ extern "C" void ab__cuda_gather_emulate(void *dst, const void *src, int ndim, co
   default: emulate<uint8_t>(dst, src, d, n); return;
   }
 }
+
+extern "C" cudaError_t ab__cuda_gather_available(void) {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, gather_kernel<uint8_t>);
+}

@@ -26,6 +26,10 @@ extern "C" {
 cudaError_t ab__cuda_gather(void *dst, const void *src, int ndim, const int64_t *shape, const int64_t *byte_strides,
                             size_t elsize, cudaStream_t stream);
 
+/* cudaSuccess when the current device can run the kernel (there is code
+ * for its architecture), else the reason (cudaErrorNoKernelImageForDevice). */
+cudaError_t ab__cuda_gather_available(void);
+
 /* The kernel's per-element mapping and word choice run on the host, over
  * host memory: what the tests check where there is no GPU. */
 void ab__cuda_gather_emulate(void *dst, const void *src, int ndim, const int64_t *shape,
