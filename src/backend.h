@@ -100,6 +100,9 @@ struct ab_backend {
    * type; waits for `stream` (this family's, or NULL for the default
    * one). May be NULL. */
   ab_status (*host_sync)(int32_t id, void *stream);
+  /* ab_synchronize: waits for `stream` (NULL: the default) on device id.
+   * NULL for backends with nothing to wait for. */
+  ab_status (*synchronize)(int32_t id, void *stream);
 
   /* The staging ring (src/staging.c), for backends whose transfers from
    * pageable memory are slow and whose `staging` memory is fast. All of

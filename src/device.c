@@ -379,3 +379,10 @@ DLDevice ab_best_device(void) {
   ab__restore_error(saved);
   return dev;
 }
+
+ab_status ab_synchronize(DLDevice dev, void *stream) {
+  const struct ab_backend *be;
+  AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
+  if (be->synchronize == NULL) return AB_OK;
+  return be->synchronize(dev.device_id, stream);
+}

@@ -179,12 +179,14 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
   if (bytes != have)
     return fail(err, errlen, "the shape and dtype need %llu data bytes, the file has %zu", (unsigned long long)bytes,
                 have);
-  /* Strides in elements: C order is row-major, Fortran order column-major. */
+  /* Strides in elements: C order is row-major, Fortran order column-major.
+   * An empty array addresses nothing and its other dims may be huge (their
+   * product unchecked above): its strides are all 0. */
   int64_t acc = 1;
-  for (int32_t k = 0; k < a.ndim; k++) {
+  for (int32_t k = 0; k < a.ndim && !zero; k++) {
     int32_t d = a.fortran_order ? k : a.ndim - 1 - k;
     a.strides[d] = acc;
-    acc *= a.shape[d] ? a.shape[d] : 1;
+    acc *= a.shape[d]; /* <= the element count, checked above */
   }
   a.data = buf + data_at;
   a.nbytes = (size_t)bytes;

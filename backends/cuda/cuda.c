@@ -445,6 +445,14 @@ static void cuda_fence_free(void *fence) {
   if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
 }
 
+static ab_status cuda_synchronize(int32_t id, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  leave(id, prev);
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaStreamSynchronize");
+}
+
 static void cuda_stream_sync(int32_t id, void *stream) {
   int prev;
   if (enter(id, &prev) != AB_OK) return;
@@ -525,6 +533,7 @@ const struct ab_backend ab__backend_cuda = {
   .fence_free = cuda_fence_free,
   .host_is_staged = cuda_host_is_staged,
   .stream_sync = cuda_stream_sync,
+  .synchronize = cuda_synchronize,
 };
 
 /* Host-accessible: copies between them and any host memory are the host
@@ -539,6 +548,7 @@ const struct ab_backend ab__backend_cuda_host = {
   .alloc = pinned_alloc,
   .free = pinned_free,
   .host_sync = space_host_sync,
+  .synchronize = space_host_sync,
 };
 
 const struct ab_backend ab__backend_cuda_managed = {
@@ -551,4 +561,5 @@ const struct ab_backend ab__backend_cuda_managed = {
   .alloc = managed_alloc,
   .free = managed_free,
   .host_sync = space_host_sync,
+  .synchronize = space_host_sync,
 };

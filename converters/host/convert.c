@@ -59,14 +59,20 @@ double ab__bf16_to_double(uint16_t h) { return narrow_to_double(h, 7, 127, 255);
 
 /* ---- rounding and saturation ----------------------------------------------- */
 
-/* Round half to even without libm: adding and removing 1.5 * 2^52 leaves
- * the nearest integer in the default rounding mode; larger magnitudes are
- * integers already. */
+/* Round half to even without libm: adding 2^52 to a magnitude below 2^52
+ * lands where the spacing of doubles is exactly 1, so the default rounding
+ * mode leaves the nearest integer (ties to even); subtracting it back is
+ * exact. Magnitudes of 2^52 and more are integers already. (1.5 * 2^52,
+ * the usual constant, is only exact below 2^51.) */
 static double round_even(double v) {
-  const double big = 6755399441055744.0; /* 1.5 * 2^52 */
-  if (!(v < 4503599627370496.0 && v > -4503599627370496.0)) return v;
-  double t = v + big; /* no -ffast-math here: this is not folded away */
-  return t - big;
+  const double two52 = 4503599627370496.0;
+  if (!(v < two52 && v > -two52)) return v;
+  if (v >= 0) {
+    double t = v + two52; /* no -ffast-math here: this is not folded away */
+    return t - two52;
+  }
+  double t = v - two52;
+  return t + two52;
 }
 
 static int64_t to_signed(double v, int bits) {

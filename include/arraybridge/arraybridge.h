@@ -272,6 +272,15 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
                                    const ab_convert_opts *opts,
                                    DLManagedTensorVersioned **out);
 
+/* Waits until the work queued on `stream` of `dev`'s backend is complete
+ * (CUDA: cudaStreamSynchronize on that device, NULL the legacy default
+ * stream; OpenCL: clFinish of the queue, NULL the library's queue for
+ * dev; host memory: nothing to wait for). For consumers that take a
+ * producer's memory zero-copy and then read it from another stream or
+ * from the host. AB_ERR_NO_DEVICE / AB_ERR_INVALID_ARGUMENT for a bad
+ * device, AB_ERR_BACKEND when the driver reports an error. */
+AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
+
 /* Writes into buf a description of the plan ab_convert_memory(src, target,
  * NULL, ...) would run: the devices, the byte count, and each step (views,
  * backend copies, host packs, uploads and downloads, with the memory they

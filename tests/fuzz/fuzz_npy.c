@@ -31,12 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint64_t n = 1;
   for (int32_t k = 0; k < a.ndim; k++) n *= (uint64_t)a.shape[k];
   CHECK(n * (a.dtype.bits / 8u) == a.nbytes);
-  /* Compact: the largest stride times its dim covers the rest. */
+  /* Compact in C or Fortran order; an empty array's strides are 0. */
   int64_t acc = 1;
   for (int32_t k = 0; k < a.ndim; k++) {
     int32_t d = a.fortran_order ? k : a.ndim - 1 - k;
-    CHECK(a.strides[d] == acc);
-    acc *= a.shape[d] ? a.shape[d] : 1;
+    CHECK(a.strides[d] == (n == 0 ? 0 : acc));
+    if (n != 0) acc *= a.shape[d];
   }
   return 0;
 }

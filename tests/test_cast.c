@@ -1,0 +1,1519 @@
+/* Converting on the way: ab_convert_memory with opts.dtype, opts.permute,
+ * AB_CONVERT_AFFINE and AB_CONVERT_PER_CHANNEL. Every cast between the 13
+ * real dtypes, affine maps per tensor and per channel, permutations of
+ * strided sources, empty and 0-d tensors, the pairs that are refused, and
+ * the same conversions through OpenCL.
+ *
+ * Results are compared element by element with a scalar reference written
+ * here and independent of the library's code: GCC's _Float16 for float16,
+ * libm's nearbyint (round half to even in the default mode) for integers,
+ * and an exact bracketing of the value between its two neighbouring
+ * bfloat16 values for bfloat16. Floats are compared as bit patterns; where
+ * the reference gives a NaN, any NaN is accepted. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+#define CL0 ((DLDevice){kDLOpenCL, 0})
+
+/* ---- the 13 real dtypes ------------------------------------------------- */
+
+enum rk { R_BOOL, R_I8, R_I16, R_I32, R_I64, R_U8, R_U16, R_U32, R_U64, R_F16, R_BF16, R_F32, R_F64, R_COUNT };
+
+static const struct {
+  const char *name;
+  DLDataType dt;
+  size_t size;
+} KD[R_COUNT] = {
+  [R_BOOL] = {"bool", {kDLBool, 8, 1}, 1},      [R_I8] = {"int8", {kDLInt, 8, 1}, 1},
+  [R_I16] = {"int16", {kDLInt, 16, 1}, 2},      [R_I32] = {"int32", {kDLInt, 32, 1}, 4},
+  [R_I64] = {"int64", {kDLInt, 64, 1}, 8},      [R_U8] = {"uint8", {kDLUInt, 8, 1}, 1},
+  [R_U16] = {"uint16", {kDLUInt, 16, 1}, 2},    [R_U32] = {"uint32", {kDLUInt, 32, 1}, 4},
+  [R_U64] = {"uint64", {kDLUInt, 64, 1}, 8},    [R_F16] = {"float16", {kDLFloat, 16, 1}, 2},
+  [R_BF16] = {"bfloat16", {kDLBfloat, 16, 1}, 2}, [R_F32] = {"float32", {kDLFloat, 32, 1}, 4},
+  [R_F64] = {"float64", {kDLFloat, 64, 1}, 8},
+};
+
+static bool dtype_eq(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+static int kind_of(DLDataType t) {
+  for (int k = 0; k < R_COUNT; k++)
+    if (dtype_eq(KD[k].dt, t)) return k;
+  return -1;
+}
+
+static bool is_intlike(int k) { return k <= R_U64; } /* bool included */
+static bool is_floatk(int k) { return k >= R_F16; }
+/* Sources whose values float32 cannot hold exactly: arithmetic in float64. */
+static bool wide_source(int k) { return k == R_F64 || k == R_I32 || k == R_I64 || k == R_U32 || k == R_U64; }
+static bool narrow_float(int k) { return k == R_F16 || k == R_BF16 || k == R_F32; }
+
+static __int128 kmin(int k) {
+  switch (k) {
+  case R_I8: return INT8_MIN;
+  case R_I16: return INT16_MIN;
+  case R_I32: return INT32_MIN;
+  case R_I64: return INT64_MIN;
+  default: return 0;
+  }
+}
+
+static __int128 kmax(int k) {
+  switch (k) {
+  case R_BOOL: return 1;
+  case R_I8: return INT8_MAX;
+  case R_I16: return INT16_MAX;
+  case R_I32: return INT32_MAX;
+  case R_I64: return INT64_MAX;
+  case R_U8: return UINT8_MAX;
+  case R_U16: return UINT16_MAX;
+  case R_U32: return UINT32_MAX;
+  default: return UINT64_MAX;
+  }
+}
+
+/* ---- the scalar reference ------------------------------------------------ */
+
+static double f16_value(uint16_t b) {
+  _Float16 h;
+  memcpy(&h, &b, sizeof h);
+  return (double)h;
+}
+
+static double bf16_value(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* The bfloat16 nearest to x, ties to even, by bracketing: lo is the
+ * largest bfloat16 <= |x| (the top half of the largest float <= |x|), hi
+ * the next one up (infinity standing for 2^128, where rounding overflows),
+ * and |x| is compared with their midpoint, which is exact in double. */
+static uint16_t ref_bf16(double x) {
+  if (x != x) return 0x7fc0;
+  const uint16_t sign = signbit(x) ? 0x8000 : 0;
+  const double a = sign ? -x : x;
+  if (a == (double)INFINITY) return sign | 0x7f80;
+  float f = (float)a;
+  if ((double)f > a) { /* one float down: f > a >= 0, so f > 0 */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u -= 1;
+    memcpy(&f, &u, sizeof f);
+  }
+  uint32_t fb;
+  memcpy(&fb, &f, sizeof fb);
+  const uint16_t lo = (uint16_t)(fb >> 16), hi = (uint16_t)(lo + 1);
+  const double lov = bf16_value(lo), hiv = hi == 0x7f80 ? 0x1p128 : bf16_value(hi);
+  const double mid = (lov + hiv) / 2;
+  const uint16_t r = a < mid ? lo : a > mid ? hi : (lo & 1) ? hi : lo;
+  return sign | r;
+}
+
+typedef struct {
+  bool is_int;
+  __int128 i;
+  double d;
+} rval;
+
+static rval ref_load(int k, const unsigned char *p) {
+  rval v = {true, 0, 0};
+  switch (k) {
+  case R_BOOL: v.i = p[0] != 0; break;
+  case R_I8: v.i = (int8_t)p[0]; break;
+  case R_U8: v.i = p[0]; break;
+  case R_I16: { int16_t x; memcpy(&x, p, 2); v.i = x; break; }
+  case R_U16: { uint16_t x; memcpy(&x, p, 2); v.i = x; break; }
+  case R_I32: { int32_t x; memcpy(&x, p, 4); v.i = x; break; }
+  case R_U32: { uint32_t x; memcpy(&x, p, 4); v.i = x; break; }
+  case R_I64: { int64_t x; memcpy(&x, p, 8); v.i = x; break; }
+  case R_U64: { uint64_t x; memcpy(&x, p, 8); v.i = x; break; }
+  case R_F16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.d = f16_value(x); break; }
+  case R_BF16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.d = bf16_value(x); break; }
+  case R_F32: { float x; memcpy(&x, p, 4); v.is_int = false; v.d = x; break; }
+  default: { double x; memcpy(&x, p, 8); v.is_int = false; v.d = x; break; }
+  }
+  return v;
+}
+
+/* An integer, saturated to k's range (bool: nonzero is 1). */
+static void put_int(int k, unsigned char *p, __int128 v) {
+  if (k == R_BOOL) {
+    p[0] = v != 0;
+    return;
+  }
+  if (v < kmin(k)) v = kmin(k);
+  if (v > kmax(k)) v = kmax(k);
+  switch (k) {
+  case R_I8: { int8_t x = (int8_t)v; memcpy(p, &x, 1); break; }
+  case R_U8: { uint8_t x = (uint8_t)v; memcpy(p, &x, 1); break; }
+  case R_I16: { int16_t x = (int16_t)v; memcpy(p, &x, 2); break; }
+  case R_U16: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+  case R_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+  case R_U32: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+  case R_I64: { int64_t x = (int64_t)v; memcpy(p, &x, 8); break; }
+  default: { uint64_t x = (uint64_t)v; memcpy(p, &x, 8); break; }
+  }
+}
+
+/* A value computed in float64, stored as k. */
+static void put_double(int k, unsigned char *p, double d) {
+  switch (k) {
+  case R_BOOL: p[0] = !(d == 0); break; /* NaN is nonzero */
+  case R_F16: { _Float16 h = (_Float16)d; memcpy(p, &h, 2); break; }
+  case R_BF16: { uint16_t b = ref_bf16(d); memcpy(p, &b, 2); break; }
+  case R_F32: { float f = (float)d; memcpy(p, &f, 4); break; }
+  case R_F64: memcpy(p, &d, 8); break;
+  default: {
+    __int128 r;
+    if (d != d) {
+      r = 0;
+    } else {
+      const double n = nearbyint(d);
+      const double lo = (double)kmin(k), hi_excl = (double)(kmax(k) + 1); /* both exact */
+      r = n >= hi_excl ? kmax(k) : n <= lo ? kmin(k) : (__int128)n;
+    }
+    put_int(k, p, r);
+  }
+  }
+}
+
+/* A value computed in float32, stored as a float32, float16 or bfloat16. */
+static void put_float(int k, unsigned char *p, float f) {
+  switch (k) {
+  case R_F16: { _Float16 h = (_Float16)f; memcpy(p, &h, 2); break; }
+  case R_BF16: { uint16_t b = ref_bf16((double)f); memcpy(p, &b, 2); break; }
+  default: memcpy(p, &f, 4); break;
+  }
+}
+
+struct affine {
+  double scale, offset;
+};
+
+/* One element from -> to, with y = x * scale + offset when a != NULL. */
+static void ref_convert(int from, const unsigned char *src, int to, unsigned char *dst, const struct affine *a) {
+  const rval v = ref_load(from, src);
+  if (a == NULL && is_intlike(from) && is_intlike(to)) {
+    put_int(to, dst, v.i); /* exact, saturating */
+    return;
+  }
+  if (narrow_float(to) && !wide_source(from)) {
+    float x = v.is_int ? (float)(int32_t)v.i : (float)v.d; /* exact for these sources */
+    if (a != NULL) {
+      volatile float m = x * (float)a->scale; /* a multiply, then an add: never fused */
+      x = m + (float)a->offset;
+    }
+    put_float(to, dst, x);
+    return;
+  }
+  double x = !v.is_int ? v.d : from == R_U64 ? (double)(uint64_t)v.i : (double)(int64_t)v.i;
+  if (a != NULL) {
+    volatile double m = x * a->scale;
+    x = m + a->offset;
+  }
+  put_double(to, dst, x);
+}
+
+static bool bits_isnan(int k, const unsigned char *p) {
+  switch (k) {
+  case R_F16: { uint16_t b; memcpy(&b, p, 2); return (b & 0x7c00) == 0x7c00 && (b & 0x03ff) != 0; }
+  case R_BF16: { uint16_t b; memcpy(&b, p, 2); return (b & 0x7f80) == 0x7f80 && (b & 0x007f) != 0; }
+  case R_F32: { float f; memcpy(&f, p, 4); return f != f; }
+  case R_F64: { double d; memcpy(&d, p, 8); return d != d; }
+  default: return false;
+  }
+}
+
+static bool same_result(int k, const unsigned char *want, const unsigned char *got) {
+  if (is_floatk(k) && bits_isnan(k, want)) return bits_isnan(k, got);
+  return memcmp(want, got, KD[k].size) == 0;
+}
+
+/* "value (bits)" of one element, for failure messages. */
+static const char *describe(int k, const unsigned char *p, char *buf, size_t len) {
+  uint64_t bits = 0;
+  memcpy(&bits, p, KD[k].size);
+  const rval v = ref_load(k, p);
+  if (!v.is_int)
+    snprintf(buf, len, "%s %.17g (0x%0*llx)", KD[k].name, v.d, (int)(2 * KD[k].size), (unsigned long long)bits);
+  else if (k == R_U64)
+    snprintf(buf, len, "%s %llu", KD[k].name, (unsigned long long)(uint64_t)v.i);
+  else
+    snprintf(buf, len, "%s %lld", KD[k].name, (long long)(int64_t)v.i);
+  return buf;
+}
+
+/* ---- library helpers --------------------------------------------------- */
+
+static uint64_t pool_in_use(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
+  return s.in_use_bytes.current;
+}
+
+/* Converts and checks the result's contract: success, a copy (IS_COPIED),
+ * the requested dtype, the permuted shape, compact strides, the target's
+ * device type, data NULL exactly when there are no elements. */
+static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, const ab_convert_opts *o,
+                                            const char *what) {
+  DLManagedTensorVersioned *r = NULL;
+  ab_status st = ab_convert_memory(src, to, o, &r);
+  cr_assert_eq(st, AB_OK, "%s: %s (%s)", what, ab_status_name(st), ab_last_error());
+  const DLTensor *t = &r->dl_tensor;
+  const DLDataType want = o != NULL && o->dtype.bits != 0 ? o->dtype : src->dtype;
+  cr_assert(r->flags & DLPACK_FLAG_BITMASK_IS_COPIED, "%s: result not flagged IS_COPIED (flags 0x%llx)", what,
+            (unsigned long long)r->flags);
+  cr_assert(dtype_eq(t->dtype, want), "%s: result dtype (%u,%u,%u), want (%u,%u,%u)", what, t->dtype.code,
+            t->dtype.bits, t->dtype.lanes, want.code, want.bits, want.lanes);
+  cr_assert_eq(t->ndim, src->ndim, "%s: ndim", what);
+  cr_assert_eq(t->device.device_type, to.device_type, "%s: result device type", what);
+  cr_assert_eq(t->byte_offset, 0, "%s: byte_offset", what);
+  const int64_t numel = numel_of(t->ndim, t->shape);
+  int64_t acc = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    const int32_t p = o != NULL && o->permute != NULL ? o->permute[i] : i;
+    cr_assert_eq(t->shape[i], src->shape[p], "%s: result shape[%d] = %lld, want source shape[%d] = %lld", what, i,
+                 (long long)t->shape[i], p, (long long)src->shape[p]);
+    cr_assert_not_null(t->strides, "%s: NULL strides", what);
+    if (t->shape[i] != 1 && numel > 0) /* an empty tensor is compact whatever its strides */
+      cr_assert_eq(t->strides[i], acc, "%s: strides[%d] = %lld, want %lld (compact)", what, i,
+                   (long long)t->strides[i], (long long)acc);
+    acc *= t->shape[i];
+  }
+  if (numel == 0)
+    cr_assert_null(t->data, "%s: an empty result has data", what);
+  else
+    cr_assert_not_null(t->data, "%s: no data", what);
+  return r;
+}
+
+/* Bytes of a compact result, brought to the host (a plain download for a
+ * device result). The caller frees them. */
+static unsigned char *result_bytes(const DLManagedTensorVersioned *r, size_t nbytes, const char *what) {
+  unsigned char *b = malloc(nbytes ? nbytes : 1);
+  cr_assert_not_null(b);
+  if (nbytes == 0) return b;
+  if (r->dl_tensor.device.device_type == kDLCPU) {
+    memcpy(b, r->dl_tensor.data, nbytes);
+  } else {
+    DLManagedTensorVersioned *h = convert_ok(&r->dl_tensor, CPU0, NULL, what);
+    memcpy(b, h->dl_tensor.data, nbytes);
+    h->deleter(h);
+  }
+  return b;
+}
+
+/* Converts src to `target` with o and compares every element of the
+ * result with the reference applied to host_src (src itself when it is on
+ * the host, else a host tensor with the same bytes and layout): result
+ * element e (row-major over the permuted shape) is the source element at
+ * the permuted index, scaled per tensor or per channel (channel = index
+ * along SOURCE axis channel_axis). Returns the result's bytes (malloc'd,
+ * *nbytes set) for further comparisons; logs the first mismatches. */
+static unsigned char *check_conversion(const DLTensor *src, const DLTensor *host_src, DLDevice target,
+                                       const ab_convert_opts *o, const char *what, size_t *nbytes) {
+  const int from = kind_of(src->dtype);
+  const int to = o->dtype.bits != 0 ? kind_of(o->dtype) : from;
+  cr_assert(from >= 0 && to >= 0, "%s: not one of the 13 dtypes", what);
+  const int32_t nd = src->ndim;
+  const int64_t n = numel_of(nd, src->shape);
+  const size_t fs = KD[from].size, ts = KD[to].size;
+  DLManagedTensorVersioned *r = convert_ok(src, target, o, what);
+  *nbytes = (size_t)n * ts;
+  unsigned char *got = result_bytes(r, *nbytes, what);
+  r->deleter(r);
+
+  int64_t st[AB_MAX_NDIM], rshape[AB_MAX_NDIM], idx[AB_MAX_NDIM] = {0};
+  int32_t perm[AB_MAX_NDIM];
+  int64_t acc = 1;
+  for (int32_t i = nd - 1; i >= 0; i--) {
+    st[i] = host_src->strides ? host_src->strides[i] : acc;
+    acc *= src->shape[i];
+  }
+  for (int32_t i = 0; i < nd; i++) {
+    perm[i] = o->permute ? o->permute[i] : i;
+    rshape[i] = src->shape[perm[i]];
+  }
+  const unsigned char *base = (const unsigned char *)host_src->data + host_src->byte_offset;
+  unsigned char want[8];
+  int64_t bad = 0;
+  char a[96], b[96], c[96];
+  for (int64_t e = 0; e < n; e++) {
+    int64_t off = 0, ch = 0;
+    for (int32_t i = 0; i < nd; i++) {
+      off += idx[i] * st[perm[i]];
+      if (perm[i] == o->channel_axis) ch = idx[i];
+    }
+    struct affine af, *ap = NULL;
+    if (o->flags & AB_CONVERT_PER_CHANNEL) {
+      af.scale = o->channel_scale ? o->channel_scale[ch] : 1.0;
+      af.offset = o->channel_offset ? o->channel_offset[ch] : 0.0;
+      ap = &af;
+    } else if (o->flags & AB_CONVERT_AFFINE) {
+      af.scale = o->scale;
+      af.offset = o->offset;
+      ap = &af;
+    }
+    const unsigned char *s = base + off * (int64_t)fs;
+    ref_convert(from, s, to, want, ap);
+    if (!same_result(to, want, got + (size_t)e * ts)) {
+      if (bad < 4)
+        cr_log_error("%s: element %lld: source %s, want %s, got %s", what, (long long)e, describe(from, s, a, sizeof a),
+                     describe(to, want, b, sizeof b), describe(to, got + (size_t)e * ts, c, sizeof c));
+      bad++;
+    }
+    for (int32_t i = nd - 1; i >= 0; i--) {
+      if (++idx[i] < rshape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  cr_expect_eq(bad, 0, "%s: %lld of %lld elements differ from the reference", what, (long long)bad, (long long)n);
+  return got;
+}
+
+/* ---- source values --------------------------------------------------------- */
+
+/* Values around every boundary the rules have: zeros, ties, the integer
+ * ranges, float16/bfloat16 rounding and range, subnormals, infinities and
+ * NaNs, and the 2^51..2^52 band where a double holds halves but adding
+ * 1.5 * 2^52 no longer keeps them. */
+static const double DVALS[] = {
+  0.0, -0.0, 1, -1, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.5, -3.5, 0.49999999999999994, -0.49999999999999994, -0.75,
+  126.5, 127, 127.5, 128, -127.5, -128, -128.5, -129, 254.5, 255, 255.5, 256, -255.5,
+  32766.5, 32767, 32767.5, 32768, -32768, -32768.5, -32769, 65534.5, 65535, 65535.5, 65536,
+  2147483646.5, 2147483647, 2147483647.5, 2147483648, -2147483648, -2147483648.5, -2147483649,
+  4294967294.5, 4294967295, 4294967295.5, 4294967296,
+  0x1p51, 0x1p51 + 0.5, 0x1p51 + 1, 0x1p51 + 1.5, 0x1p51 + 3, 0x1p52 - 1.5, 0x1p52 - 1, 0x1p52 - 0.5, 0x1p52, 0x1p52 + 1,
+  -(0x1p51 + 0.5), -(0x1p51 + 1), -(0x1p51 + 1.5), -(0x1p52 - 0.5), -(0x1p52 - 1), 0x1p53, 0x1p53 + 2, 3e15 + 1,
+  0x1p63, 0x1p63 - 1024, -0x1p63, -0x1p63 - 2048, 0x1p64, 0x1p64 - 2048, -0x1p64, 1e20, -1e20, 1e300, -1e300, DBL_MAX,
+  -DBL_MAX,
+  65504, 65519, 65519.99, 65520, -65520, 65536, -65504, 2049, 2051, 4097,
+  1 + 0x1p-11, 1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-11 - 0x1p-40, 1 + 3 * 0x1p-11, 1 - 0x1p-12, 1 + 0x1p-8,
+  1 + 3 * 0x1p-8, 1 + 0x1p-8 + 0x1p-30, 1 + 0x1p-8 - 0x1p-30, 257, 259, 16777217, 16777219,
+  0x1p-24, -0x1p-24, 0x1p-25, -0x1p-25, 3 * 0x1p-25, 0x1p-25 + 0x1p-50, 0x1p-26, 0x1p-14, 0x1p-14 - 0x1p-25,
+  0x1p-14 - 0x1p-24, 6e-8, -6e-8,
+  0x1.fep127, 0x1.ffp127, 0x1.ff01p127, 0x1.fefffp127, 0x1.fffffep127, 0x1p128, 1e39, -1e39,
+  0x1p-126, 0x1p-133, 0x1p-134, 3 * 0x1p-134, 0x1p-134 + 0x1p-160, 0x1p-149, 0x1p-150, 0x1.8p-149, 1e-310, -1e-310,
+  1.0 / 3, 0.1, 3.141592653589793, -3141.592653589793, 12345.678,
+  (double)INFINITY, -(double)INFINITY, (double)NAN, -(double)NAN,
+};
+
+static const uint32_t F32BITS[] = {
+  0x00000001, 0x80000001, 0x007fffff, 0x00800000, 0x7f7fffff, 0xff7fffff, 0x7f800001 /* signalling NaN */,
+  0xff800001, 0x7fc00000, 0xffc00001, 0x7fbfffff, 0x3f808000 /* bfloat16 tie, to even below */,
+  0x3f818000 /* tie, to even above */, 0x3f808001, 0x3f807fff, 0x7f7f8000 /* tie to infinity */, 0x7f7f7fff,
+  0xff7f8000, 0x3f801000 /* float16 tie */, 0x3f803000, 0x3f801001, 0x477fe000 /* 65504 */, 0x477ff000 /* 65520 */,
+  0x477fefff, 0x33800000, 0x33000000, 0x33000001, 0x33400000, 0x38800000, 0x387fc000, 0x00010000, 0x00008000,
+  0x00018000, 0x00008001, 0x80008000,
+};
+
+static const uint64_t F64BITS[] = {
+  0x7ff0000000000001ull /* signalling NaN */, 0xfff8000000000000ull, 0x7ff0000000000400ull, 0x0000000000000001ull,
+  0x000fffffffffffffull, 0x0010000000000000ull, 0x7fefffffffffffffull, 0x8000000000000001ull,
+};
+
+static const int64_t IVALS[] = {
+  0, 1, -1, 2, -2, 3, 100, -100, 127, 128, -128, -129, 255, 256, -255, -256, 257, 259, 2049, 2051, 4097,
+  32767, 32768, -32768, -32769, 65504, 65519, 65520, 65535, 65536, 16777217, 16777219, -16777217,
+  2147483647, 2147483648, -2147483647 - 1, -2147483649, 4294967295, 4294967296,
+  (int64_t)1 << 53, ((int64_t)1 << 53) + 1, -(((int64_t)1 << 53) + 1), ((int64_t)1 << 60) + ((int64_t)1 << 36) + 1,
+  ((int64_t)1 << 51) + 1, INT64_MAX, INT64_MAX - 1, INT64_MIN, INT64_MIN + 1,
+};
+
+static const uint64_t UVALS[] = {UINT64_MAX, UINT64_MAX - 1, 1ull << 63, (1ull << 63) + 1, (1ull << 63) - 1,
+                                 (1ull << 63) + (1ull << 40) + 1};
+
+struct vals {
+  int k;
+  unsigned char *b;
+  size_t n, cap;
+};
+
+static void push_raw(struct vals *v, const void *p) {
+  if (v->n == v->cap) {
+    v->cap = v->cap ? 2 * v->cap : 1024;
+    v->b = realloc(v->b, v->cap * KD[v->k].size);
+    cr_assert_not_null(v->b);
+  }
+  memcpy(v->b + v->n * KD[v->k].size, p, KD[v->k].size);
+  v->n++;
+}
+
+static void push_int(struct vals *v, __int128 i) {
+  if (i < kmin(v->k) || i > kmax(v->k)) return;
+  unsigned char e[8];
+  put_int(v->k, e, i);
+  push_raw(v, e);
+}
+
+/* A double rounded into a float kind (the generator, not the reference
+ * under test: any rounding of it is a valid source value). */
+static void push_double(struct vals *v, double d) {
+  unsigned char e[8];
+  put_double(v->k, e, d);
+  push_raw(v, e);
+}
+
+static void push_bits(struct vals *v, uint64_t bits) { push_raw(v, &bits); /* little-endian: low bytes first */ }
+
+static struct vals make_values(int k) {
+  struct vals v = {k, NULL, 0, 0};
+  test_rng g = {0x5eed0000u + (uint64_t)k};
+  switch (k) {
+  case R_BOOL:
+    push_int(&v, 0);
+    push_int(&v, 1);
+    break;
+  case R_I8:
+  case R_U8:
+  case R_I16:
+  case R_U16:
+  case R_F16:
+  case R_BF16: /* every bit pattern */
+    for (uint64_t b = 0; b < (1ull << (8 * KD[k].size)); b++) push_bits(&v, b);
+    break;
+  case R_I32:
+  case R_U32:
+  case R_I64:
+  case R_U64:
+    for (size_t i = 0; i < sizeof IVALS / sizeof IVALS[0]; i++) push_int(&v, IVALS[i]);
+    for (size_t i = 0; i < sizeof UVALS / sizeof UVALS[0]; i++) push_int(&v, UVALS[i]);
+    push_int(&v, kmin(k));
+    push_int(&v, kmin(k) + 1);
+    push_int(&v, kmax(k));
+    push_int(&v, kmax(k) - 1);
+    for (int i = 0; i < 3000; i++) push_bits(&v, rng_next(&g));
+    for (int i = 0; i < 1000; i++) push_int(&v, rng_between(&g, -70000, 70000));
+    break;
+  case R_F32:
+    for (size_t i = 0; i < sizeof DVALS / sizeof DVALS[0]; i++) push_double(&v, DVALS[i]);
+    for (size_t i = 0; i < sizeof F32BITS / sizeof F32BITS[0]; i++) push_bits(&v, F32BITS[i]);
+    for (int i = 0; i < 3000; i++) push_bits(&v, (uint32_t)rng_next(&g));
+    for (int i = 0; i < 3000; i++) { /* exponents around the float16 and integer ranges */
+      uint32_t r = (uint32_t)rng_next(&g), e = (uint32_t)rng_between(&g, 95, 192);
+      push_bits(&v, (r & 0x807fffffu) | (e << 23));
+    }
+    for (int i = 0; i < 500; i++) { /* exact float16 ties */
+      uint32_t r = (uint32_t)rng_next(&g), e = (uint32_t)rng_between(&g, 100, 142);
+      push_bits(&v, (r & 0x807fe000u) | 0x1000u | (e << 23));
+    }
+    for (int i = 0; i < 500; i++) { /* exact bfloat16 ties */
+      uint32_t r = (uint32_t)rng_next(&g), e = (uint32_t)rng_between(&g, 0, 254);
+      push_bits(&v, (r & 0x807f0000u) | 0x8000u | (e << 23));
+    }
+    break;
+  case R_F64:
+    for (size_t i = 0; i < sizeof DVALS / sizeof DVALS[0]; i++) push_double(&v, DVALS[i]);
+    for (size_t i = 0; i < sizeof F64BITS / sizeof F64BITS[0]; i++) push_bits(&v, F64BITS[i]);
+    for (int i = 0; i < 3000; i++) push_bits(&v, rng_next(&g));
+    for (int i = 0; i < 3000; i++) { /* exponents around the float16 and integer ranges */
+      uint64_t r = rng_next(&g), e = (uint64_t)rng_between(&g, 1023 - 30, 1023 + 66);
+      push_bits(&v, (r & 0x800fffffffffffffull) | (e << 52));
+    }
+    for (int i = 0; i < 300; i++) { /* exact float16, bfloat16 and float32 ties */
+      uint64_t r = rng_next(&g), e = (uint64_t)rng_between(&g, 1023 - 24, 1023 + 15);
+      push_bits(&v, (r & 0x800ffc0000000000ull) | (1ull << 41) | (e << 52));
+      e = (uint64_t)rng_between(&g, 1023 - 133, 1023 + 127);
+      push_bits(&v, (r & 0x800fe00000000000ull) | (1ull << 44) | (e << 52));
+      push_bits(&v, (r & 0x800fffffe0000000ull) | (1ull << 28) | (e << 52));
+    }
+    for (int i = 0; i < 300; i++) { /* integers and halves in [2^51, 2^52) */
+      double d = 0x1p51 + (double)(rng_next(&g) >> 13) + ((rng_next(&g) & 1) ? 0.5 : 0.0);
+      push_double(&v, (rng_next(&g) & 1) ? -d : d);
+    }
+    for (int i = 0; i < 300; i++) /* halves in the int32 range */
+      push_double(&v, (double)rng_between(&g, INT32_MIN, INT32_MAX) + 0.5);
+    break;
+  default: cr_assert_fail("no such kind %d", k);
+  }
+  return v;
+}
+
+/* ---- 1. every pair of the 13 dtypes ------------------------------------------ */
+
+static void check_every_target_from(int from) {
+  struct vals v = make_values(from);
+  int64_t shape[1] = {(int64_t)v.n};
+  DLTensor src = {v.b, CPU0, 1, KD[from].dt, shape, NULL, 0};
+  const uint64_t sum = checksum(v.b, v.n * KD[from].size);
+  const uint64_t in_use = pool_in_use(CPU0);
+  for (int to = 0; to < R_COUNT; to++) {
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[to].dt;
+    o.copy = AB_COPY_ALWAYS; /* the same dtype too: a copy, compared as well */
+    char what[64];
+    snprintf(what, sizeof what, "%s -> %s", KD[from].name, KD[to].name);
+    size_t nb;
+    free(check_conversion(&src, &src, CPU0, &o, what, &nb));
+  }
+  cr_assert_eq(checksum(v.b, v.n * KD[from].size), sum, "%s source modified", KD[from].name);
+  cr_assert_eq(pool_in_use(CPU0), in_use, "host pool in_use_bytes did not return to its start");
+  free(v.b);
+}
+
+#define EVERY_TARGET_FROM(K, NAME) \
+  Test(cast, from_##NAME##_to_each_of_the_13_dtypes_matches_the_scalar_reference) { check_every_target_from(K); }
+EVERY_TARGET_FROM(R_BOOL, bool)
+EVERY_TARGET_FROM(R_I8, int8)
+EVERY_TARGET_FROM(R_I16, int16)
+EVERY_TARGET_FROM(R_I32, int32)
+EVERY_TARGET_FROM(R_I64, int64)
+EVERY_TARGET_FROM(R_U8, uint8)
+EVERY_TARGET_FROM(R_U16, uint16)
+EVERY_TARGET_FROM(R_U32, uint32)
+EVERY_TARGET_FROM(R_U64, uint64)
+EVERY_TARGET_FROM(R_F16, float16)
+EVERY_TARGET_FROM(R_BF16, bfloat16)
+EVERY_TARGET_FROM(R_F32, float32)
+EVERY_TARGET_FROM(R_F64, float64)
+
+/* A few results written out by hand, so that the reference itself is
+ * pinned to the rules and not only to the library. */
+static void convert_one(int from, const void *x, int to, void *y, const ab_convert_opts *base) {
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  if (base != NULL) o = *base;
+  o.dtype = KD[to].dt;
+  int64_t shape[1] = {1};
+  DLTensor t = {(void *)x, CPU0, 1, KD[from].dt, shape, NULL, 0};
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "one element");
+  memcpy(y, r->dl_tensor.data, KD[to].size);
+  r->deleter(r);
+}
+
+static double d_to(int to, double x) {
+  uint64_t y = 0;
+  convert_one(R_F64, &x, to, &y, NULL);
+  const rval v = ref_load(to, (const unsigned char *)&y);
+  return v.is_int ? (double)v.i : v.d;
+}
+
+static uint16_t d_to_bits16(int to, double x) {
+  uint16_t y = 0;
+  convert_one(R_F64, &x, to, &y, NULL);
+  return y;
+}
+
+Test(cast, hand_checked_values_follow_the_rules) {
+  /* round half to even, saturation, NaN -> 0 */
+  cr_expect_eq(d_to(R_I32, 2.5), 2);
+  cr_expect_eq(d_to(R_I32, -2.5), -2);
+  cr_expect_eq(d_to(R_I32, 3.5), 4);
+  cr_expect_eq(d_to(R_I8, -0.5), 0);
+  cr_expect_eq(d_to(R_U8, 255.5), 255);
+  cr_expect_eq(d_to(R_U8, 254.5), 254);
+  cr_expect_eq(d_to(R_U8, -3.0), 0);
+  cr_expect_eq(d_to(R_I16, 1e9), 32767);
+  cr_expect_eq(d_to(R_I16, (double)NAN), 0);
+  cr_expect_eq(d_to(R_I64, (double)INFINITY), (double)INT64_MAX);
+  cr_expect_eq(d_to(R_I64, 0x1p51 + 1), 0x1p51 + 1, "float64 2^51+1 -> int64 must be exact");
+  cr_expect_eq(d_to(R_I64, 0x1p52 - 1), 0x1p52 - 1, "float64 2^52-1 -> int64 must be exact");
+  cr_expect_eq(d_to(R_I64, -(0x1p52 - 0.5)), -0x1p52, "float64 -(2^52-0.5) -> int64: tie to even");
+  cr_expect_eq(d_to(R_BOOL, (double)NAN), 1);
+  cr_expect_eq(d_to(R_BOOL, -0.0), 0);
+  /* float16: ties to even, overflow to infinity, one rounding from the double */
+  cr_expect_eq(d_to_bits16(R_F16, 1 + 0x1p-11), 0x3c00);
+  cr_expect_eq(d_to_bits16(R_F16, 1 + 3 * 0x1p-11), 0x3c02);
+  cr_expect_eq(d_to_bits16(R_F16, 1 + 0x1p-11 + 0x1p-40), 0x3c01, "rounded twice (through float32)?");
+  cr_expect_eq(d_to_bits16(R_F16, 65504), 0x7bff);
+  cr_expect_eq(d_to_bits16(R_F16, 65519.99), 0x7bff);
+  cr_expect_eq(d_to_bits16(R_F16, 65520), 0x7c00);
+  cr_expect_eq(d_to_bits16(R_F16, 0x1p-24), 0x0001);
+  cr_expect_eq(d_to_bits16(R_F16, 0x1p-25), 0x0000);
+  cr_expect_eq(d_to_bits16(R_F16, 3 * 0x1p-25), 0x0002);
+  cr_expect_eq(d_to_bits16(R_F16, -0.0), 0x8000);
+  /* bfloat16 */
+  cr_expect_eq(d_to_bits16(R_BF16, 1 + 0x1p-8), 0x3f80);
+  cr_expect_eq(d_to_bits16(R_BF16, 1 + 3 * 0x1p-8), 0x3f82);
+  cr_expect_eq(d_to_bits16(R_BF16, 1 + 0x1p-8 + 0x1p-30), 0x3f81, "rounded twice (through float32)?");
+  cr_expect_eq(d_to_bits16(R_BF16, 0x1.ffp127), 0x7f80);
+  cr_expect_eq(d_to_bits16(R_BF16, 0x1.fefffp127), 0x7f7f);
+  uint16_t nan16 = d_to_bits16(R_BF16, (double)NAN);
+  cr_expect((nan16 & 0x7f80) == 0x7f80 && (nan16 & 0x7f), "bfloat16 NaN became 0x%04x", nan16);
+  /* a float32 signalling NaN stays a NaN (truncating its bits would give infinity) */
+  uint32_t snan = 0x7f800001u;
+  uint16_t b = 0;
+  convert_one(R_F32, &snan, R_BF16, &b, NULL);
+  cr_expect((b & 0x7f80) == 0x7f80 && (b & 0x7f), "float32 sNaN -> bfloat16 0x%04x", b);
+  /* integer -> integer: exact, saturating */
+  int16_t i16 = -300;
+  uint8_t u8 = 77;
+  convert_one(R_I16, &i16, R_U8, &u8, NULL);
+  cr_expect_eq(u8, 0);
+  int32_t i32 = 70000;
+  convert_one(R_I32, &i32, R_I16, &i16, NULL);
+  cr_expect_eq(i16, 32767);
+  uint64_t u64 = UINT64_MAX;
+  int64_t i64 = 0;
+  convert_one(R_U64, &u64, R_I64, &i64, NULL);
+  cr_expect_eq(i64, INT64_MAX);
+  i64 = INT64_MAX - 1; /* exact, not through a double */
+  u64 = 0;
+  convert_one(R_I64, &i64, R_U64, &u64, NULL);
+  cr_expect_eq(u64, (uint64_t)INT64_MAX - 1);
+  /* bool -> 0 or 1 */
+  uint8_t t = 1;
+  float f = 0;
+  convert_one(R_BOOL, &t, R_F32, &f, NULL);
+  cr_expect_eq(f, 1.0f);
+}
+
+/* ---- 2. affine per tensor --------------------------------------------------- */
+
+Test(cast, uint8_to_float32_affine_is_a_float32_multiply_then_add) {
+  uint8_t x[256];
+  for (int i = 0; i < 256; i++) x[i] = (uint8_t)i;
+  int64_t shape[1] = {256};
+  DLTensor t = {x, CPU0, 1, KD[R_U8].dt, shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 1.0 / 255;
+  o.offset = -0.5;
+  const uint64_t in_use = pool_in_use(CPU0);
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "uint8 -> float32 affine");
+  const float *y = r->dl_tensor.data;
+  int differs_from_double = 0;
+  for (int i = 0; i < 256; i++) {
+    volatile float m = (float)x[i] * (float)o.scale;
+    const float want = m + (float)o.offset;
+    cr_expect(memcmp(&want, &y[i], 4) == 0, "x = %d: want %a, got %a", i, (double)want, (double)y[i]);
+    differs_from_double += want != (float)((double)x[i] * o.scale + o.offset);
+  }
+  /* the case distinguishes the float32 path from a float64 one */
+  cr_assert_gt(differs_from_double, 0);
+  r->deleter(r);
+  cr_assert_eq(pool_in_use(CPU0), in_use);
+  cr_assert_eq(x[200], 200, "source modified");
+}
+
+Test(cast, float32_to_uint8_with_scale_255_rounds_half_to_even_and_saturates) {
+  float x[1800];
+  size_t n = 0;
+  for (int k = -300; k <= 1400; k++) x[n++] = (float)k / 1024;
+  const float extra[] = {NAN, -NAN, INFINITY, -INFINITY, -0.0f, 1e30f, -1e30f, FLT_MAX, 0.5f, 1.5f};
+  for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) x[n++] = extra[i];
+  int64_t shape[1] = {(int64_t)n};
+  DLTensor t = {x, CPU0, 1, KD[R_F32].dt, shape, NULL, 0};
+  const uint64_t sum = checksum(x, sizeof x);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_U8].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 255;
+  size_t nb;
+  free(check_conversion(&t, &t, CPU0, &o, "float32 -> uint8, scale 255", &nb));
+  o.dtype = KD[R_I8].dt;
+  free(check_conversion(&t, &t, CPU0, &o, "float32 -> int8, scale 255", &nb));
+  /* by hand: 0.5 * 255 = 127.5 -> 128, 1.5 * 255 -> 255, NaN -> 0, -inf -> 0 */
+  uint8_t y = 7;
+  float v = 0.5f;
+  convert_one(R_F32, &v, R_U8, &y, &o);
+  cr_expect_eq(y, 128);
+  v = 1.5f;
+  convert_one(R_F32, &v, R_U8, &y, &o);
+  cr_expect_eq(y, 255);
+  v = NAN;
+  convert_one(R_F32, &v, R_U8, &y, &o);
+  cr_expect_eq(y, 0);
+  v = -INFINITY;
+  convert_one(R_F32, &v, R_U8, &y, &o);
+  cr_expect_eq(y, 0);
+  /* ties after a scale of 2: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2 */
+  o.scale = 2;
+  const float ties[3] = {0.25f, 0.75f, 1.25f};
+  const uint8_t want[3] = {0, 2, 2};
+  for (int i = 0; i < 3; i++) {
+    convert_one(R_F32, &ties[i], R_U8, &y, &o);
+    cr_expect_eq(y, want[i], "%g * 2 -> %u, want %u", (double)ties[i], y, want[i]);
+  }
+  cr_assert_eq(checksum(x, sizeof x), sum, "source modified");
+}
+
+Test(cast, wide_sources_use_float64_arithmetic_narrow_ones_float32) {
+  /* int32 -> float64: a double multiply then add */
+  int32_t x[] = {0, 1, -1, 7, 1000003, INT32_MAX, INT32_MIN, 16777217, -16777219, 123456789};
+  int64_t shape[1] = {sizeof x / sizeof x[0]};
+  DLTensor t = {x, CPU0, 1, KD[R_I32].dt, shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F64].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 1.0 / 3;
+  o.offset = 0.1;
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "int32 -> float64 affine");
+  for (int64_t i = 0; i < shape[0]; i++) {
+    volatile double m = (double)x[i] * o.scale;
+    const double want = m + o.offset;
+    const double got = ((const double *)r->dl_tensor.data)[i];
+    cr_expect(memcmp(&want, &got, 8) == 0, "int32 %d: want %a, got %a", x[i], want, got);
+  }
+  r->deleter(r);
+  size_t nb;
+  /* int32 -> float32: float64 arithmetic too (int32 is a wide source) */
+  o.dtype = KD[R_F32].dt;
+  o.scale = 1;
+  o.offset = 1;
+  free(check_conversion(&t, &t, CPU0, &o, "int32 -> float32 affine", &nb));
+  int32_t big = 16777217;
+  float f = 0;
+  convert_one(R_I32, &big, R_F32, &f, &o);
+  cr_expect_eq(f, 16777218.0f, "16777217 * 1 + 1 in float64 is 16777218 (in float32 it would be 16777216), got %.1f",
+               (double)f);
+  /* int32 -> float16: float64 arithmetic, one rounding: 2049 + 2^-20 -> 2050 */
+  o.offset = 0x1p-20;
+  int32_t i2049 = 2049;
+  uint16_t h = 0;
+  convert_one(R_I32, &i2049, R_F16, &h, &o);
+  cr_expect_eq(h, 0x6801, "int32 2049 * 1 + 2^-20 -> float16 0x%04x, want 0x6801 (2050)", h);
+  /* uint8 -> float16: float32 arithmetic: 1 + (float)(2048 + 2^-20) = 2049 -> tie -> 2048 */
+  o.offset = 2048 + 0x1p-20;
+  uint8_t one = 1;
+  convert_one(R_U8, &one, R_F16, &h, &o);
+  cr_expect_eq(h, 0x6800, "uint8 1 * 1 + (2048 + 2^-20) -> float16 0x%04x, want 0x6800 (2048, float32 path)", h);
+  /* float64 -> float16 affine: one rounding from the double */
+  double d = 1;
+  o.scale = 1;
+  o.offset = 0x1p-11 + 0x1p-40;
+  convert_one(R_F64, &d, R_F16, &h, &o);
+  cr_expect_eq(h, 0x3c01, "float64 1 + 2^-11 + 2^-40 -> float16 0x%04x, want 0x3c01", h);
+  /* every source kind with an affine map into a few targets, against the reference */
+  const int targets[] = {R_F32, R_F16, R_BF16, R_F64, R_I16, R_U8, R_BOOL};
+  for (int from = 0; from < R_COUNT; from++) {
+    struct vals v = make_values(from);
+    if (v.n > 4096) v.n = 4096;
+    int64_t sh[1] = {(int64_t)v.n};
+    DLTensor s = {v.b, CPU0, 1, KD[from].dt, sh, NULL, 0};
+    for (size_t j = 0; j < sizeof targets / sizeof targets[0]; j++) {
+      ab_convert_opts a = AB_CONVERT_OPTS_INIT;
+      a.dtype = KD[targets[j]].dt;
+      a.flags = AB_CONVERT_AFFINE;
+      a.scale = -0.3;
+      a.offset = 7.25;
+      char what[80];
+      snprintf(what, sizeof what, "%s -> %s, x * -0.3 + 7.25", KD[from].name, KD[targets[j]].name);
+      free(check_conversion(&s, &s, CPU0, &a, what, &nb));
+    }
+    free(v.b);
+  }
+}
+
+/* ---- 3. per-channel normalisation ------------------------------------------------ */
+
+static const double MEAN[4] = {0.485, 0.456, 0.406, 0.5}, STD[4] = {0.229, 0.224, 0.225, 0.25};
+
+/* An H x W x C uint8 image to a C x H x W float32 tensor, normalised per
+ * channel, against a reference loop. */
+static void normalise_image(int64_t H, int64_t W, int64_t C, bool null_scale, bool null_offset, bool per_tensor) {
+  char what[96];
+  snprintf(what, sizeof what, "HWC %lldx%lldx%lld%s%s%s", (long long)H, (long long)W, (long long)C,
+           null_scale ? ", NULL scale" : "", null_offset ? ", NULL offset" : "", per_tensor ? ", per tensor" : "");
+  const size_t n = (size_t)(H * W * C);
+  uint8_t *img = malloc(n);
+  cr_assert_not_null(img);
+  fill_pattern(img, n, (uint32_t)n);
+  const uint64_t sum = checksum(img, n);
+  const uint64_t in_use = pool_in_use(CPU0);
+  double cs[4], co[4];
+  for (int c = 0; c < 4; c++) {
+    cs[c] = 1.0 / (255 * STD[c]);
+    co[c] = -MEAN[c] / STD[c];
+  }
+  int64_t shape[3] = {H, W, C};
+  DLTensor t = {img, CPU0, 3, KD[R_U8].dt, shape, NULL, 0};
+  static const int32_t perm[3] = {2, 0, 1};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.permute = perm;
+  if (per_tensor) {
+    o.flags = AB_CONVERT_AFFINE;
+    o.scale = 1.0 / 255;
+    o.offset = -0.5;
+  } else {
+    o.flags = AB_CONVERT_PER_CHANNEL;
+    o.channel_axis = 2;
+    o.channel_scale = null_scale ? NULL : cs;
+    o.channel_offset = null_offset ? NULL : co;
+  }
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, what);
+  const float *y = r->dl_tensor.data;
+  int64_t bad = 0;
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t w = 0; w < W; w++) {
+        const float a = per_tensor ? (float)o.scale : null_scale ? 1.0f : (float)cs[c];
+        const float b = per_tensor ? (float)o.offset : null_offset ? 0.0f : (float)co[c];
+        volatile float m = (float)img[(h * W + w) * C + c] * a;
+        const float want = m + b;
+        const float got = y[(c * H + h) * W + w];
+        if (memcmp(&want, &got, 4) != 0 && bad++ < 4)
+          cr_log_error("%s: c %lld h %lld w %lld: want %a, got %a", what, (long long)c, (long long)h, (long long)w,
+                       (double)want, (double)got);
+      }
+  cr_expect_eq(bad, 0, "%s: %lld elements differ", what, (long long)bad);
+  r->deleter(r);
+  cr_assert_eq(checksum(img, n), sum, "%s: source modified", what);
+  cr_assert_eq(pool_in_use(CPU0), in_use, "%s: host pool in_use did not return", what);
+  free(img);
+}
+
+Test(cast, hwc_uint8_image_normalised_per_channel_into_chw_float32) {
+  normalise_image(7, 5, 3, false, false, false);
+  normalise_image(6, 40, 3, false, false, false); /* 16-pixel blocks and a tail */
+  normalise_image(4, 33, 4, false, false, false); /* RGBA */
+  normalise_image(5, 9, 2, false, false, false);
+  if (!AB_TEST_SANITIZED) normalise_image(520, 700, 3, false, false, false); /* >= 4 MiB of output */
+}
+
+Test(cast, null_channel_offset_means_zero_and_null_scale_means_one) {
+  normalise_image(7, 5, 3, false, true, false);
+  normalise_image(7, 5, 3, true, false, false);
+  normalise_image(6, 40, 3, false, true, false);
+  normalise_image(6, 40, 3, true, true, false);
+  normalise_image(3, 21, 4, false, true, false);
+}
+
+Test(cast, hwc_uint8_image_with_a_per_tensor_affine_into_chw_float32) {
+  normalise_image(7, 5, 3, false, false, true);
+  normalise_image(6, 40, 3, false, false, true);
+  normalise_image(4, 17, 4, false, false, true);
+}
+
+Test(cast, channel_axis_names_a_source_axis_not_a_result_axis) {
+  int16_t x[4 * 3];
+  for (int i = 0; i < 12; i++) x[i] = (int16_t)(i * 37 - 200);
+  int64_t shape[2] = {4, 3};
+  DLTensor t = {x, CPU0, 2, KD[R_I16].dt, shape, NULL, 0};
+  static const int32_t perm[2] = {1, 0};
+  const double cs[4] = {1, 10, 100, 1000}, co[4] = {0.5, -0.25, 3, -7};
+  size_t nb;
+  for (int axis = 0; axis < 2; axis++) {
+    const int targets[3] = {R_F32, R_F64, R_I32};
+    for (int j = 0; j < 3; j++) {
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = KD[targets[j]].dt;
+      o.permute = perm;
+      o.flags = AB_CONVERT_PER_CHANNEL;
+      o.channel_axis = axis;
+      o.channel_scale = cs;
+      o.channel_offset = co;
+      char what[80];
+      snprintf(what, sizeof what, "int16 4x3 -> %s 3x4, channel axis %d", KD[targets[j]].name, axis);
+      free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    }
+  }
+  /* by hand: result[j][i] = x[i][j] * cs[i] + co[i] along source axis 0 */
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F64].dt;
+  o.permute = perm;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 0;
+  o.channel_scale = cs;
+  o.channel_offset = co;
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "by hand");
+  const double *y = r->dl_tensor.data;
+  cr_expect_eq(y[0 * 4 + 3], (double)x[3 * 3 + 0] * 1000 - 7); /* result (0, 3) = source (3, 0) */
+  cr_expect_eq(y[2 * 4 + 1], (double)x[1 * 3 + 2] * 10 - 0.25);
+  r->deleter(r);
+}
+
+Test(cast, per_channel_along_any_axis_with_and_without_permutation) {
+  size_t nb;
+  /* a channel along the innermost axis (it changes within a row), no permutation, same dtype */
+  float f[5 * 4];
+  for (int i = 0; i < 20; i++) f[i] = (float)i * 0.75f - 6;
+  int64_t s2[2] = {5, 4};
+  DLTensor t2 = {f, CPU0, 2, KD[R_F32].dt, s2, NULL, 0};
+  const double cs[5] = {2, -1, 0.5, 3, 7}, co[5] = {1, 2, 3, 4, 5};
+  for (int variant = 0; variant < 4; variant++) {
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.flags = AB_CONVERT_PER_CHANNEL;
+    o.channel_axis = 1;
+    o.channel_scale = variant & 1 ? NULL : cs;
+    o.channel_offset = variant & 2 ? NULL : co;
+    char what[80];
+    snprintf(what, sizeof what, "float32 5x4, channel axis 1, variant %d", variant);
+    free(check_conversion(&t2, &t2, CPU0, &o, what, &nb));
+    o.dtype = KD[R_F16].dt;
+    free(check_conversion(&t2, &t2, CPU0, &o, what, &nb));
+    o.channel_axis = 0;
+    o.dtype = KD[R_I8].dt;
+    free(check_conversion(&t2, &t2, CPU0, &o, what, &nb));
+  }
+  /* a middle axis of a 3-D source under a permutation */
+  uint16_t u[3 * 4 * 5];
+  fill_pattern(u, sizeof u, 99);
+  int64_t s3[3] = {3, 4, 5};
+  DLTensor t3 = {u, CPU0, 3, KD[R_U16].dt, s3, NULL, 0};
+  const int32_t perms[3][3] = {{2, 1, 0}, {1, 2, 0}, {0, 1, 2}};
+  for (int p = 0; p < 3; p++) {
+    for (int axis = 0; axis < 3; axis++) {
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = KD[p == 1 ? R_F64 : R_F16].dt;
+      o.permute = perms[p];
+      o.flags = AB_CONVERT_PER_CHANNEL;
+      o.channel_axis = axis;
+      o.channel_scale = cs;
+      o.channel_offset = axis == 1 ? NULL : co;
+      char what[80];
+      snprintf(what, sizeof what, "uint16 3x4x5, permutation %d, channel axis %d", p, axis);
+      free(check_conversion(&t3, &t3, CPU0, &o, what, &nb));
+    }
+  }
+  /* int32 (a wide source) per channel into float32: float64 arithmetic */
+  int32_t w[2 * 3] = {16777217, 1, -16777217, 5, 100000001, -3};
+  int64_t sw[2] = {2, 3};
+  DLTensor tw = {w, CPU0, 2, KD[R_I32].dt, sw, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 0;
+  const double one[2] = {1, 1}, plus1[2] = {1, 1};
+  o.channel_scale = one;
+  o.channel_offset = plus1;
+  free(check_conversion(&tw, &tw, CPU0, &o, "int32 per channel -> float32", &nb));
+}
+
+/* ---- 4. permutations of strided sources ------------------------------------------- */
+
+enum layout { L_COMPACT, L_CROP, L_NEGATIVE, L_BROADCAST, L_COUNT };
+static const char *const LAYOUT_NAME[L_COUNT] = {"compact", "crop", "negative strides", "broadcast"};
+
+struct strided {
+  unsigned char *buf;
+  size_t bytes;
+  int64_t shape[AB_MAX_NDIM], strides[AB_MAX_NDIM];
+  DLTensor t;
+};
+
+/* Values that survive most casts distinctly: small multiples of 0.25 for
+ * floats, random bytes for integers, 0/1 for bool. */
+static void fill_values(int k, unsigned char *p, size_t count, uint32_t seed) {
+  test_rng g = {seed};
+  if (is_intlike(k)) {
+    fill_pattern(p, count * KD[k].size, seed);
+    if (k == R_BOOL)
+      for (size_t i = 0; i < count; i++) p[i] &= 1;
+    return;
+  }
+  for (size_t i = 0; i < count; i++) put_double(k, p + i * KD[k].size, (double)rng_between(&g, -300, 300) * 0.25);
+}
+
+/* shape in a layout: compact; a crop of a larger array with a byte_offset;
+ * every other axis reversed (negative strides, byte_offset at the first
+ * element); axis 1 (or 0) broadcast with stride 0. */
+static void make_layout(struct strided *s, int k, int32_t nd, const int64_t *shape, enum layout L, uint32_t seed) {
+  const size_t es = KD[k].size;
+  int64_t numel = numel_of(nd, shape), cs[AB_MAX_NDIM], acc = 1;
+  for (int32_t i = 0; i < nd; i++) s->shape[i] = shape[i];
+  for (int32_t i = nd - 1; i >= 0; i--) {
+    cs[i] = acc;
+    acc *= shape[i];
+  }
+  uint64_t off = 0;
+  size_t count = (size_t)numel;
+  bool strided = true;
+  switch (L) {
+  case L_COMPACT: strided = false; break;
+  case L_CROP: {
+    int64_t pacc = 1, start = 0;
+    for (int32_t i = nd - 1; i >= 0; i--) {
+      s->strides[i] = pacc;
+      start += (i % 2 ? 1 : 2) * pacc;
+      pacc *= shape[i] + 1 + (i % 2 ? 1 : 2);
+    }
+    count = (size_t)pacc;
+    off = (uint64_t)start * es;
+    break;
+  }
+  case L_NEGATIVE:
+    for (int32_t i = 0; i < nd; i++) {
+      s->strides[i] = i % 2 == 0 ? -cs[i] : cs[i];
+      if (i % 2 == 0) off += (uint64_t)((shape[i] - 1) * cs[i]) * es;
+    }
+    break;
+  case L_BROADCAST: {
+    const int32_t b = nd > 1 ? 1 : 0;
+    int64_t bacc = 1;
+    for (int32_t i = nd - 1; i >= 0; i--) {
+      s->strides[i] = i == b ? 0 : bacc;
+      if (i != b) bacc *= shape[i];
+    }
+    count = (size_t)bacc;
+    break;
+  }
+  default: break;
+  }
+  s->bytes = count * es;
+  s->buf = malloc(s->bytes ? s->bytes : 1);
+  cr_assert_not_null(s->buf);
+  fill_values(k, s->buf, count, seed);
+  s->t = (DLTensor){s->buf, CPU0, nd, KD[k].dt, s->shape, strided ? s->strides : NULL, off};
+}
+
+/* src in every layout, converted with `perm` to `to` (-1: keep the dtype),
+ * compared with the reference. */
+static void check_permutation(int from, int to, int32_t nd, const int64_t *shape, const int32_t *perm,
+                              const struct affine *a) {
+  for (int L = 0; L < L_COUNT; L++) {
+    struct strided s;
+    make_layout(&s, from, nd, shape, (enum layout)L, (uint32_t)(L * 131 + nd * 7 + from));
+    const uint64_t sum = checksum(s.buf, s.bytes);
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    if (to >= 0) o.dtype = KD[to].dt;
+    o.permute = perm;
+    if (a != NULL) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = a->scale;
+      o.offset = a->offset;
+    }
+    bool identity = true;
+    for (int32_t i = 0; i < nd; i++) identity &= perm[i] == i;
+    /* nothing to do on a compact source would be a view: ask for a copy */
+    if (identity && (to < 0 || to == from) && a == NULL && L == L_COMPACT) o.copy = AB_COPY_ALWAYS;
+    char what[160];
+    int w = snprintf(what, sizeof what, "%s -> %s%s, %s, permute {", KD[from].name, to >= 0 ? KD[to].name : "same",
+                     a ? " affine" : "", LAYOUT_NAME[L]);
+    for (int32_t i = 0; i < nd && w < (int)sizeof what; i++)
+      w += snprintf(what + w, sizeof what - (size_t)w, "%s%d", i ? "," : "", perm[i]);
+    if (w < (int)sizeof what) snprintf(what + w, sizeof what - (size_t)w, "}");
+    size_t nb;
+    free(check_conversion(&s.t, &s.t, CPU0, &o, what, &nb));
+    cr_assert_eq(checksum(s.buf, s.bytes), sum, "%s: source modified", what);
+    free(s.buf);
+  }
+}
+
+/* All permutations of 0..n-1 in lexicographic order, written to out
+ * (n! rows of n). */
+static int all_permutations(int32_t n, int32_t (*out)[8]) {
+  int32_t p[8];
+  for (int32_t i = 0; i < n; i++) p[i] = i;
+  int count = 0;
+  for (;;) {
+    memcpy(out[count++], p, sizeof p);
+    int32_t i = n - 2;
+    while (i >= 0 && p[i] > p[i + 1]) i--;
+    if (i < 0) return count;
+    int32_t j = n - 1;
+    while (p[j] < p[i]) j--;
+    int32_t tmp = p[i];
+    p[i] = p[j];
+    p[j] = tmp;
+    for (int32_t a = i + 1, b = n - 1; a < b; a++, b--) {
+      tmp = p[a];
+      p[a] = p[b];
+      p[b] = tmp;
+    }
+  }
+}
+
+Test(cast, every_permutation_of_a_4d_tensor_in_every_layout_matches_the_reference) {
+  const int64_t shape[4] = {2, 3, 4, 5};
+  int32_t perms[24][8];
+  cr_assert_eq(all_permutations(4, perms), 24);
+  const uint64_t in_use = pool_in_use(CPU0);
+  for (int p = 0; p < 24; p++) {
+    check_permutation(R_I16, -1, 4, shape, perms[p], NULL);
+    check_permutation(R_I16, R_F32, 4, shape, perms[p], NULL);
+    check_permutation(R_F32, R_I8, 4, shape, perms[p], NULL);
+    check_permutation(R_U8, R_BF16, 4, shape, perms[p], NULL);
+  }
+  cr_assert_eq(pool_in_use(CPU0), in_use, "host pool in_use did not return");
+}
+
+Test(cast, permutations_of_5d_tensors_in_every_layout_match_the_reference) {
+  const int64_t shape[5] = {2, 3, 1, 4, 3};
+  int32_t perms[120][8];
+  cr_assert_eq(all_permutations(5, perms), 120);
+  test_rng g = {55};
+  const struct affine a = {0.5, -3};
+  for (int i = 0; i < 14; i++) {
+    const int32_t *p = perms[i == 0 ? 0 : i == 1 ? 119 : rng_between(&g, 1, 118)];
+    check_permutation(R_F64, -1, 5, shape, p, NULL);
+    check_permutation(R_F64, R_F16, 5, shape, p, NULL);
+    check_permutation(R_I32, R_U8, 5, shape, p, &a);
+  }
+}
+
+Test(cast, permutations_of_2d_and_3d_tensors_with_and_without_a_cast_match_the_reference) {
+  const int64_t s2[2] = {7, 9}, s3[3] = {4, 5, 6};
+  const int32_t p2[2][2] = {{0, 1}, {1, 0}};
+  int32_t p3[6][8];
+  cr_assert_eq(all_permutations(3, p3), 6);
+  const struct affine a = {-2, 0.5};
+  for (int i = 0; i < 2; i++) {
+    check_permutation(R_U8, -1, 2, s2, p2[i], NULL);
+    check_permutation(R_BOOL, R_F32, 2, s2, p2[i], NULL);
+    check_permutation(R_F16, R_I64, 2, s2, p2[i], &a);
+  }
+  for (int i = 0; i < 6; i++) {
+    check_permutation(R_U8, -1, 3, s3, p3[i], NULL);
+    check_permutation(R_BF16, R_F64, 3, s3, p3[i], NULL);
+    check_permutation(R_U8, R_F32, 3, s3, p3[i], &a);
+    check_permutation(R_U64, R_I16, 3, s3, p3[i], NULL);
+  }
+}
+
+/* ---- 5. empty and 0-d tensors ---------------------------------------------------- */
+
+Test(cast, a_0d_tensor_converts_its_one_element) {
+  double x = 2.5;
+  DLTensor t = {&x, CPU0, 0, KD[R_F64].dt, NULL, NULL, 0};
+  const uint64_t in_use = pool_in_use(CPU0);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_I32].dt;
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "0-d float64 -> int32");
+  cr_assert_eq(r->dl_tensor.ndim, 0);
+  cr_expect_eq(*(const int32_t *)r->dl_tensor.data, 2);
+  r->deleter(r);
+  o.dtype = KD[R_F16].dt;
+  r = convert_ok(&t, CPU0, &o, "0-d float64 -> float16");
+  cr_expect_eq(*(const uint16_t *)r->dl_tensor.data, 0x4100);
+  r->deleter(r);
+  o.dtype = KD[R_I32].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 2;
+  o.offset = 1;
+  r = convert_ok(&t, CPU0, &o, "0-d float64 -> int32, x * 2 + 1");
+  cr_expect_eq(*(const int32_t *)r->dl_tensor.data, 6);
+  r->deleter(r);
+  uint8_t u = 200;
+  DLTensor tu = {&u, CPU0, 0, KD[R_U8].dt, NULL, NULL, 0};
+  ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
+  o2.dtype = KD[R_I8].dt;
+  r = convert_ok(&tu, CPU0, &o2, "0-d uint8 -> int8");
+  cr_expect_eq(*(const int8_t *)r->dl_tensor.data, 127);
+  r->deleter(r);
+  cr_assert_eq(x, 2.5);
+  cr_assert_eq(pool_in_use(CPU0), in_use);
+}
+
+Test(cast, a_zero_size_tensor_gets_the_permuted_shape_and_no_data) {
+  float dummy[1] = {1};
+  int64_t shape[3] = {3, 0, 4};
+  DLTensor t = {dummy, CPU0, 3, KD[R_F32].dt, shape, NULL, 0};
+  static const int32_t perm[3] = {2, 0, 1};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_I16].dt;
+  o.permute = perm;
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "zero-size float32 -> int16, permuted");
+  cr_expect_eq(r->dl_tensor.shape[0], 4);
+  cr_expect_eq(r->dl_tensor.shape[1], 3);
+  cr_expect_eq(r->dl_tensor.shape[2], 0);
+  cr_expect_null(r->dl_tensor.data);
+  r->deleter(r);
+  /* per channel along a zero-size axis, NULL arrays */
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 1;
+  r = convert_ok(&t, CPU0, &o, "zero-size, per channel along the empty axis");
+  cr_expect_eq(r->dl_tensor.shape[0], 4);
+  r->deleter(r);
+  /* a permutation alone, same dtype */
+  ab_convert_opts o3 = AB_CONVERT_OPTS_INIT;
+  o3.permute = perm;
+  r = convert_ok(&t, CPU0, &o3, "zero-size, permuted only");
+  cr_expect_eq(r->dl_tensor.shape[0], 4);
+  cr_expect_eq(r->dl_tensor.shape[2], 0);
+  r->deleter(r);
+  cr_assert_eq(dummy[0], 1.0f);
+}
+
+/* ---- 6. what is refused -------------------------------------------------------- */
+
+static void expect_unsupported(const DLTensor *src, const ab_convert_opts *o, const char *a, const char *b,
+                               const char *what) {
+  for (int mode = 0; mode < 2; mode++) {
+    ab_convert_opts oo = *o;
+    oo.copy = mode ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    ab_status st = ab_convert_memory(src, CPU0, &oo, &r);
+    cr_expect_eq(st, AB_ERR_UNSUPPORTED, "%s%s: got %s (%s)", what, mode ? " (AB_COPY_NEVER)" : "",
+                 ab_status_name(st), ab_last_error());
+    cr_assert_eq(r, SENTINEL_OUT, "%s: *out written on failure", what);
+    const char *msg = ab_last_error();
+    cr_expect(strstr(msg, a) != NULL && strstr(msg, b) != NULL, "%s: message \"%s\" does not name both %s and %s",
+              what, msg, a, b);
+  }
+}
+
+Test(cast, complex_with_real_complex_affine_and_lanes_are_unsupported_naming_both_dtypes) {
+  float buf[2 * 6 * 4] = {1, 2, 3};
+  int64_t shape[2] = {2, 3};
+  DLTensor c64 = {buf, CPU0, 2, dt(kDLComplex, 64, 1), shape, NULL, 0};
+  DLTensor f32 = {buf, CPU0, 2, KD[R_F32].dt, shape, NULL, 0};
+  DLTensor f32x4 = {buf, CPU0, 2, dt(kDLFloat, 32, 4), shape, NULL, 0};
+  const uint64_t sum = checksum(buf, sizeof buf);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  expect_unsupported(&c64, &o, "complex64", "float32", "complex64 -> float32");
+  o.dtype = dt(kDLComplex, 64, 1);
+  expect_unsupported(&f32, &o, "float32", "complex64", "float32 -> complex64");
+  o.dtype = dt(kDLComplex, 128, 1);
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 2;
+  expect_unsupported(&c64, &o, "complex64", "complex128", "complex64 -> complex128 with an affine map");
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 0;
+  expect_unsupported(&c64, &o, "complex64", "complex128", "complex64 -> complex128 per channel");
+  ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
+  o2.dtype = KD[R_F64].dt;
+  expect_unsupported(&f32x4, &o2, "float32x4", "float64", "float32x4 -> float64");
+  o2.dtype = dt(kDLFloat, 32, 4);
+  expect_unsupported(&f32, &o2, "float32", "float32x4", "float32 -> float32x4");
+  o2.dtype = dt(kDLFloat, 64, 4);
+  expect_unsupported(&f32x4, &o2, "float32x4", "float64x4", "float32x4 -> float64x4");
+  ab_convert_opts o3 = AB_CONVERT_OPTS_INIT;
+  o3.flags = AB_CONVERT_AFFINE;
+  o3.scale = 2;
+  expect_unsupported(&f32x4, &o3, "float32x4", "float32x4", "float32x4 with an affine map");
+  cr_assert_eq(checksum(buf, sizeof buf), sum, "source modified by a refused conversion");
+}
+
+Test(cast, a_conversion_with_copy_never_is_copy_required) {
+  int16_t x[6] = {1, 2, 3, 4, 5, 6};
+  int64_t shape[2] = {2, 3};
+  DLTensor t = {x, CPU0, 2, KD[R_I16].dt, shape, NULL, 0};
+  static const int32_t perm[2] = {1, 0};
+  ab_convert_opts cases[3] = {AB_CONVERT_OPTS_INIT, AB_CONVERT_OPTS_INIT, AB_CONVERT_OPTS_INIT};
+  cases[0].dtype = KD[R_F32].dt;
+  cases[1].permute = perm;
+  cases[2].flags = AB_CONVERT_AFFINE;
+  cases[2].scale = 2;
+  const char *names[3] = {"a dtype change", "a permutation", "an affine map"};
+  for (int i = 0; i < 3; i++) {
+    cases[i].copy = AB_COPY_NEVER;
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    ab_status st = ab_convert_memory(&t, CPU0, &cases[i], &r);
+    cr_expect_eq(st, AB_ERR_COPY_REQUIRED, "%s with AB_COPY_NEVER: %s (%s)", names[i], ab_status_name(st),
+                 ab_last_error());
+    cr_assert_eq(r, SENTINEL_OUT);
+  }
+}
+
+Test(cast, complex64_to_complex128_and_back_cast_each_part) {
+  const float parts[] = {1.5f, -2.25f, 0.0f, -0.0f, INFINITY, NAN, 1e-45f, FLT_MAX, -3.0f, 0.1f, 7.0f, -1e30f};
+  const size_t n = sizeof parts / sizeof parts[0] / 2;
+  int64_t shape[2] = {2, 3};
+  DLTensor t = {(void *)parts, CPU0, 2, dt(kDLComplex, 64, 1), shape, NULL, 0};
+  static const int32_t perm[2] = {1, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLComplex, 128, 1);
+  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "complex64 -> complex128");
+  const double *d = r->dl_tensor.data;
+  for (size_t i = 0; i < 2 * n; i++) {
+    const double want = parts[i];
+    cr_expect(want != want ? d[i] != d[i] : memcmp(&want, &d[i], 8) == 0, "part %zu: want %a, got %a", i, want, d[i]);
+  }
+  /* and back, permuted: each part rounded to float */
+  double dd[12] = {1.0 + 0x1p-30, -0x1p-200, 1e300, -1e300, (double)NAN, 0.1, -0.0, 3.0, 0x1p-149 * 0.75, 5, 6, 7};
+  DLTensor t2 = {dd, CPU0, 2, dt(kDLComplex, 128, 1), shape, NULL, 0};
+  ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
+  o2.dtype = dt(kDLComplex, 64, 1);
+  o2.permute = perm;
+  DLManagedTensorVersioned *r2 = convert_ok(&t2, CPU0, &o2, "complex128 -> complex64, permuted");
+  const float *f = r2->dl_tensor.data;
+  for (int64_t j = 0; j < 3; j++)
+    for (int64_t i = 0; i < 2; i++)
+      for (int part = 0; part < 2; part++) {
+        const float want = (float)dd[(i * 3 + j) * 2 + part], got = f[(j * 2 + i) * 2 + part];
+        cr_expect(want != want ? got != got : memcmp(&want, &got, 4) == 0, "(%lld,%lld) part %d: want %a, got %a",
+                  (long long)j, (long long)i, part, (double)want, (double)got);
+      }
+  r2->deleter(r2);
+  r->deleter(r);
+}
+
+/* ---- 7. through OpenCL --------------------------------------------------------- */
+
+static void need_opencl(void) {
+  if (ab_device_count(kDLOpenCL) < 1)
+    cr_skip_test("no OpenCL device: ab_device_count(kDLOpenCL) == 0 (no ICD or no platform; PoCL with "
+                 "POCL_DEVICES=\"pthread pthread\" provides two)");
+}
+
+/* src (host) -> opencl:0 with o, then opencl:0 -> cpu plain: bit for bit
+ * the host-only conversion, which matches the reference. */
+static void check_upload_conversion(const DLTensor *src, const ab_convert_opts *o, const char *what) {
+  char w[160];
+  snprintf(w, sizeof w, "%s (host only)", what);
+  size_t nb_host, nb_dev;
+  unsigned char *host = check_conversion(src, src, CPU0, o, w, &nb_host);
+  snprintf(w, sizeof w, "%s (cpu -> opencl:0 -> cpu)", what);
+  unsigned char *dev = check_conversion(src, src, CL0, o, w, &nb_dev);
+  cr_assert_eq(nb_dev, nb_host);
+  cr_expect(memcmp(dev, host, nb_host) == 0, "%s: the OpenCL round trip differs from the host-only result", what);
+  free(dev);
+  free(host);
+}
+
+Test(cast, opencl_upload_with_a_conversion_then_plain_download_equals_the_host_result) {
+  need_opencl();
+  const uint64_t in_use = pool_in_use(CPU0), cl_in_use = pool_in_use(CL0);
+  /* an image, normalised per channel into CHW */
+  uint8_t img[9 * 40 * 3];
+  fill_pattern(img, sizeof img, 3);
+  const uint64_t sum = checksum(img, sizeof img);
+  int64_t si[3] = {9, 40, 3};
+  DLTensor ti = {img, CPU0, 3, KD[R_U8].dt, si, NULL, 0};
+  static const int32_t chw[3] = {2, 0, 1};
+  double cs[3], co[3];
+  for (int c = 0; c < 3; c++) {
+    cs[c] = 1.0 / (255 * STD[c]);
+    co[c] = -MEAN[c] / STD[c];
+  }
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.permute = chw;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 2;
+  o.channel_scale = cs;
+  o.channel_offset = co;
+  check_upload_conversion(&ti, &o, "uint8 HWC -> float32 CHW per channel");
+  cr_assert_eq(checksum(img, sizeof img), sum, "source modified");
+  /* every int16 bit pattern into float16, permuted */
+  uint16_t *all = malloc(65536 * 2);
+  cr_assert_not_null(all);
+  for (uint32_t i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+  int64_t sa[3] = {16, 64, 64};
+  DLTensor ta = {all, CPU0, 3, KD[R_I16].dt, sa, NULL, 0};
+  ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
+  o2.dtype = KD[R_F16].dt;
+  o2.permute = chw;
+  check_upload_conversion(&ta, &o2, "int16 -> float16, permuted");
+  /* float64 specials into int8 with an affine map */
+  struct vals v = make_values(R_F64);
+  int64_t sv[1] = {(int64_t)v.n};
+  DLTensor tv = {v.b, CPU0, 1, KD[R_F64].dt, sv, NULL, 0};
+  ab_convert_opts o3 = AB_CONVERT_OPTS_INIT;
+  o3.dtype = KD[R_I8].dt;
+  o3.flags = AB_CONVERT_AFFINE;
+  o3.scale = 2.5;
+  o3.offset = -1;
+  check_upload_conversion(&tv, &o3, "float64 -> int8, x * 2.5 - 1");
+  o3.dtype = KD[R_BF16].dt;
+  check_upload_conversion(&tv, &o3, "float64 -> bfloat16, x * 2.5 - 1");
+  /* a strided host crop into bfloat16, transposed */
+  struct strided s;
+  const int64_t shape[2] = {6, 7};
+  static const int32_t tr[2] = {1, 0};
+  make_layout(&s, R_F32, 2, shape, L_CROP, 5);
+  ab_convert_opts o4 = AB_CONVERT_OPTS_INIT;
+  o4.dtype = KD[R_BF16].dt;
+  o4.permute = tr;
+  check_upload_conversion(&s.t, &o4, "float32 crop -> bfloat16, transposed");
+  free(s.buf);
+  free(v.b);
+  free(all);
+  cr_assert_eq(pool_in_use(CPU0), in_use, "host pool in_use did not return to its start");
+  cr_assert_eq(pool_in_use(CL0), cl_in_use, "opencl:0 pool in_use did not return to its start");
+}
+
+Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_host) {
+  need_opencl();
+  const uint64_t in_use = pool_in_use(CPU0), cl_in_use = pool_in_use(CL0);
+  int16_t host[10 * 12];
+  fill_pattern(host, sizeof host, 17);
+  const uint64_t sum = checksum(host, sizeof host);
+  int64_t whole_shape[2] = {10, 12};
+  DLTensor whole = {host, CPU0, 2, KD[R_I16].dt, whole_shape, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL0, NULL, "upload");
+  const struct {
+    const char *name;
+    int64_t shape[2], strides[2], offset;
+  } views[] = {
+    {"crop", {4, 5}, {12, 1}, 2 * 12 + 3},
+    {"transposed crop", {5, 4}, {1, 12}, 2 * 12 + 3},
+    {"reversed", {10, 12}, {-12, -1}, 119},
+    {"every other column, rows reversed", {5, 6}, {-24, 2}, 9 * 12 + 1},
+    {"broadcast row", {3, 12}, {0, 1}, 4 * 12},
+  };
+  static const int32_t tr[2] = {1, 0};
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+    for (int variant = 0; variant < 3; variant++) {
+      int64_t shape[2] = {views[i].shape[0], views[i].shape[1]};
+      int64_t strides[2] = {views[i].strides[0], views[i].strides[1]};
+      DLTensor v = dev->dl_tensor; /* data: the cl_mem */
+      v.shape = shape;
+      v.strides = strides;
+      v.byte_offset = (uint64_t)views[i].offset * 2;
+      DLTensor h = v;
+      h.device = CPU0;
+      h.data = host;
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      if (variant == 0) {
+        o.dtype = KD[R_F32].dt;
+        o.permute = tr;
+        o.flags = AB_CONVERT_AFFINE;
+        o.scale = 0.5;
+        o.offset = 1;
+      } else if (variant == 1) {
+        o.dtype = KD[R_U8].dt;
+      } else {
+        o.dtype = KD[R_F16].dt;
+        o.flags = AB_CONVERT_PER_CHANNEL;
+        o.channel_axis = 1;
+        static const double cs[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+        o.channel_scale = cs;
+      }
+      char what[128];
+      snprintf(what, sizeof what, "opencl:0 %s, variant %d", views[i].name, variant);
+      size_t nb_dev, nb_host;
+      unsigned char *got = check_conversion(&v, &h, CPU0, &o, what, &nb_dev);
+      snprintf(what, sizeof what, "host %s, variant %d", views[i].name, variant);
+      unsigned char *want = check_conversion(&h, &h, CPU0, &o, what, &nb_host);
+      cr_assert_eq(nb_dev, nb_host);
+      cr_expect(memcmp(got, want, nb_host) == 0, "%s, variant %d: the OpenCL view differs from the host view",
+                views[i].name, variant);
+      free(want);
+      free(got);
+    }
+  }
+  dev->deleter(dev);
+  cr_assert_eq(checksum(host, sizeof host), sum, "source modified");
+
+  /* an image crop on the device, normalised per channel into CHW */
+  uint8_t img[6 * 20 * 3];
+  fill_pattern(img, sizeof img, 23);
+  int64_t si[3] = {6, 20, 3};
+  DLTensor ti = {img, CPU0, 3, KD[R_U8].dt, si, NULL, 0};
+  DLManagedTensorVersioned *dimg = convert_ok(&ti, CL0, NULL, "upload image");
+  int64_t cshape[3] = {4, 16, 3}, cstrides[3] = {60, 3, 1};
+  DLTensor v = dimg->dl_tensor;
+  v.shape = cshape;
+  v.strides = cstrides;
+  v.byte_offset = 60 + 2 * 3;
+  DLTensor h = v;
+  h.device = CPU0;
+  h.data = img;
+  static const int32_t chw[3] = {2, 0, 1};
+  double cs[3], co[3];
+  for (int c = 0; c < 3; c++) {
+    cs[c] = 1.0 / (255 * STD[c]);
+    co[c] = -MEAN[c] / STD[c];
+  }
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.permute = chw;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 2;
+  o.channel_scale = cs;
+  o.channel_offset = co;
+  size_t nb1, nb2;
+  unsigned char *got = check_conversion(&v, &h, CPU0, &o, "opencl:0 image crop -> CHW", &nb1);
+  unsigned char *want = check_conversion(&h, &h, CPU0, &o, "host image crop -> CHW", &nb2);
+  cr_assert_eq(nb1, nb2);
+  cr_expect(memcmp(got, want, nb1) == 0, "image crop: the OpenCL view differs from the host view");
+  free(got);
+  free(want);
+  dimg->deleter(dimg);
+  cr_assert_eq(pool_in_use(CPU0), in_use, "host pool in_use did not return to its start");
+  cr_assert_eq(pool_in_use(CL0), cl_in_use, "opencl:0 pool in_use did not return to its start");
+}
