@@ -547,6 +547,19 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueCopyBuffer");
 }
 
+/* ab_synchronize: the caller's queue, or ours for the device. */
+static ab_status cl_synchronize(int32_t id, void *stream) {
+  cl_context ctx;
+  cl_command_queue q;
+  if (stream != NULL) {
+    cl_int e = clFinish((cl_command_queue)stream);
+    return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clFinish(stream)");
+  }
+  AB_FORWARD(get_queue(id, &ctx, &q));
+  cl_int e = clFinish(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clFinish");
+}
+
 const struct ab_backend ab__backend_opencl = {
   .device_type = kDLOpenCL,
   .name = "opencl",
@@ -565,4 +578,5 @@ const struct ab_backend ab__backend_opencl = {
   .read_rect = cl_read_rect,
   .write_rect = cl_write_rect,
   .check_range = cl_check_range,
+  .synchronize = cl_synchronize,
 };

@@ -150,6 +150,17 @@ static void release(DLManagedTensorVersioned *m) {
   if (m != NULL && m->deleter != NULL) m->deleter(m);
 }
 
+/* Raises the library's error for `st`, then releases m (whose deleter may
+ * run Python or call the library) without losing the exception. */
+static PyObject *raise_and_release(ab_status st, DLManagedTensorVersioned *m) {
+  raise_status(st);
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  release(m);
+  PyErr_Restore(type, value, tb);
+  return NULL;
+}
+
 /* Wraps owned tensors into a new Tensor; on failure deletes them. */
 static PyObject *tensor_new_owning(DLManagedTensorVersioned *mt, DLManagedTensorVersioned *base) {
   TensorObject *t = PyObject_New(TensorObject, &TensorType);
@@ -261,7 +272,15 @@ struct view_export {
 };
 
 static void drop_owner(PyObject *owner) {
-  if (!interpreter_alive()) return; /* at shutdown: leak the reference, never touch Python */
+  if (PyGILState_Check()) { /* the usual case: a consumer deleting under the GIL */
+    Py_DECREF(owner);
+    return;
+  }
+  /* Another thread. Once the interpreter is finalising, leak the reference
+   * rather than touch Python (a thread that calls in exactly as
+   * finalisation starts can still be stopped inside PyGILState_Ensure:
+   * CPython's rule for foreign threads). */
+  if (!interpreter_alive()) return;
   PyGILState_STATE g = PyGILState_Ensure();
   Py_DECREF(owner);
   PyGILState_Release(g);
@@ -316,10 +335,7 @@ static PyObject *export_owned(DLManagedTensorVersioned *m, int versioned) {
   if (versioned) return capsule_versioned(m);
   DLManagedTensor *legacy;
   ab_status st = ab_to_legacy(m, &legacy);
-  if (st != AB_OK) {
-    release(m);
-    return raise_status(st);
-  }
+  if (st != AB_OK) return raise_and_release(st, m);
   return capsule_legacy(legacy);
 }
 
@@ -370,18 +386,34 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
                                    &copy))
     return NULL;
   const DLTensor *t = dl(self);
-  if (stream != Py_None) {
-    if (is_cpu_like(t->device.device_type)) {
-      PyErr_SetString(PyExc_ValueError, "stream must be None for a tensor in host memory");
+  DLDevice target = t->device;
+  if (dl_device != Py_None) {
+    if (device_from_object(dl_device, &target) < 0) return NULL;
+    if (target.device_id < 0) {
+      PyErr_SetString(PyExc_ValueError, "dl_device must name a concrete device (an id >= 0)");
       return NULL;
     }
+  }
+  /* The stream is the consumer's, on the device it will use the data on. */
+  if (stream != Py_None) {
     if (!PyLong_Check(stream)) {
       PyErr_SetString(PyExc_TypeError, "stream must be None or an integer");
       return NULL;
     }
-    /* The data of every Tensor is complete when the Tensor exists (the
-     * library synchronises before returning), so any consumer stream may
-     * use it at once: nothing to wait for. */
+    if (is_cpu_like(target.device_type)) {
+      PyErr_SetString(PyExc_ValueError, "stream must be None for data in host memory");
+      return NULL;
+    }
+    long sv = PyLong_AsLong(stream);
+    if (sv == -1 && PyErr_Occurred()) PyErr_Clear(); /* a handle beyond long: not 0 */
+    if (target.device_type == kDLCUDA && sv == 0) {
+      PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous for CUDA (DLPack): use 1 (legacy default) or 2 "
+                                        "(per-thread default)");
+      return NULL;
+    }
+    /* A Tensor's data is complete when the Tensor exists (conversions
+     * synchronise before returning, imports wait for the producer's
+     * default stream), so the consumer's stream has nothing to wait for. */
   }
   int versioned = 0;
   if (max_version != Py_None) {
@@ -395,8 +427,6 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   }
   int want_copy = copy_arg(copy);
   if (want_copy == -2) return NULL;
-  DLDevice target = t->device;
-  if (dl_device != Py_None && device_from_object(dl_device, &target) < 0) return NULL;
   const int moves = target.device_type != t->device.device_type || target.device_id != t->device.device_id;
   if (!moves && want_copy != 1) return export_view(self, versioned);
 
@@ -408,6 +438,12 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   st = ab_convert_memory(t, target, &o, &m);
   Py_END_ALLOW_THREADS
   if (st != AB_OK) return raise_status(st);
+  if (!(m->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+    /* Only a copy may be exported as owned: a view borrows self's memory
+     * and must hold self (cannot happen with the checks above). */
+    release(m);
+    return export_view(self, versioned);
+  }
   return export_owned(m, versioned);
 }
 
@@ -501,6 +537,7 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
 static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev) {
   PyObject *meth = PyObject_GetAttrString(x, "__dlpack__");
   if (meth == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL; /* KeyboardInterrupt & co go on */
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError, "%.100s does not support DLPack (no __dlpack__)", Py_TYPE(x)->tp_name);
     return NULL;
@@ -538,8 +575,14 @@ static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev) {
 static int producer_device(PyObject *x, DLDevice *out) {
   out->device_type = kDLCPU;
   out->device_id = 0;
-  if (!PyObject_HasAttrString(x, "__dlpack_device__")) return 0;
-  PyObject *r = PyObject_CallMethod(x, "__dlpack_device__", NULL);
+  PyObject *meth = PyObject_GetAttrString(x, "__dlpack_device__");
+  if (meth == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear(); /* optional: the capsule says where the data is */
+    return 0;
+  }
+  PyObject *r = PyObject_CallNoArgs(meth);
+  Py_DECREF(meth);
   if (r == NULL) return -1;
   int rc = device_from_object(r, out);
   Py_DECREF(r);
@@ -568,9 +611,15 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
     if (rc < 0) return NULL;
   }
   ab_status st = ab_tensor_validate(&mt->dl_tensor);
-  if (st != AB_OK) {
-    release(mt);
-    return raise_status(st);
+  if (st != AB_OK) return raise_and_release(st, mt);
+  /* A device producer's data must be complete before anything reads it
+   * from another stream or the host: the producer ordered it before the
+   * default stream (stream=1, see call_dlpack); wait for that stream. */
+  if (mt->dl_tensor.device.device_type != kDLCPU && mt->dl_tensor.device.device_type != kDLOpenCL) {
+    Py_BEGIN_ALLOW_THREADS
+    st = ab_synchronize(mt->dl_tensor.device, NULL);
+    Py_END_ALLOW_THREADS
+    if (st != AB_OK) return raise_and_release(st, mt);
   }
   const DLTensor *t = &mt->dl_tensor;
   const int moves = target != NULL && (target->device_type != t->device.device_type ||
@@ -588,10 +637,7 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
   Py_BEGIN_ALLOW_THREADS
   st = ab_convert_memory(t, target ? *target : t->device, &o, &out);
   Py_END_ALLOW_THREADS
-  if (st != AB_OK) {
-    release(mt);
-    return raise_status(st);
-  }
+  if (st != AB_OK) return raise_and_release(st, mt);
   if (out->flags & DLPACK_FLAG_BITMASK_IS_COPIED) {
     release(mt);
     return tensor_new_owning(out, NULL);
@@ -728,10 +774,11 @@ static PyObject *py_empty_cache(PyObject *mod, PyObject *args) {
 }
 
 static PyObject *py_set_memory_limit(PyObject *mod, PyObject *args) {
-  PyObject *device;
-  unsigned long long bytes;
+  PyObject *device, *bytes_o;
   (void)mod;
-  if (!PyArg_ParseTuple(args, "OK:set_memory_limit", &device, &bytes)) return NULL;
+  if (!PyArg_ParseTuple(args, "OO!:set_memory_limit", &device, &PyLong_Type, &bytes_o)) return NULL;
+  unsigned long long bytes = PyLong_AsUnsignedLongLong(bytes_o); /* OverflowError when negative or too big */
+  if (bytes == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   DLDevice d;
   if (device_from_object(device, &d) < 0) return NULL;
   if (bytes > SIZE_MAX) {
@@ -802,10 +849,14 @@ PyMODINIT_FUNC PyInit__arraybridge(void) {
   PyObject *m = PyModule_Create(&moduledef);
   if (m == NULL) return NULL;
   Py_INCREF(&TensorType);
-  if (PyModule_AddObject(m, "Tensor", (PyObject *)&TensorType) < 0 ||
-      PyModule_AddStringConstant(m, "__version__", ab_version_string()) < 0 ||
+  if (PyModule_AddObject(m, "Tensor", (PyObject *)&TensorType) < 0) {
+    Py_DECREF(&TensorType); /* not stolen on failure */
+    Py_DECREF(m);
+    return NULL;
+  }
+  /* From here the module owns the type's reference. */
+  if (PyModule_AddStringConstant(m, "__version__", ab_version_string()) < 0 ||
       PyModule_AddIntConstant(m, "DEVICE_AUTO", AB_DEVICE_AUTO) < 0) {
-    Py_DECREF(&TensorType);
     Py_DECREF(m);
     return NULL;
   }

@@ -203,9 +203,14 @@ def test_copy_modes():
     np.testing.assert_array_equal(n, a)
 
 
-def test_a_dtype_change_is_refused_with_both_names():
-    with pytest.raises(BufferError, match="dtype"):
-        ab.convert_memory(np.arange(3, dtype=np.uint8), "cpu", dtype="float32")
+def test_dtype_changes_convert_and_impossible_ones_are_refused():
+    a = np.array([0, 1, 2, 255], dtype=np.uint8)
+    f = np.from_dlpack(ab.convert_memory(a, "cpu", dtype="float32"))
+    assert f.dtype == np.float32 and f.tolist() == [0, 1, 2, 255]
+    h = np.from_dlpack(ab.convert_memory(np.array([1.5, 2.5, -0.5, 300.0]), "cpu", dtype="uint8"))
+    assert h.tolist() == [2, 2, 0, 255]  # half to even, saturated
+    with pytest.raises(BufferError, match="float64 to complex64"):
+        ab.convert_memory(np.arange(3.0), "cpu", dtype="complex64")
     assert ab.convert_memory(np.arange(3, dtype=np.uint8), "cpu", dtype=np.dtype("uint8")).dtype == "uint8"
     with pytest.raises(ValueError, match="unknown dtype"):
         ab.convert_memory(np.arange(3), "cpu", dtype="float24")
@@ -366,3 +371,40 @@ def test_explain_route_describes_the_plan():
     text = ab.explain_route(np.arange(12.0).reshape(3, 4).T, "opencl:0")
     assert text.startswith("cpu:0 -> opencl:0: 96 bytes, strided source")
     assert "upload" in text
+
+
+def test_dl_device_and_stream_are_checked_against_the_target():
+    t = ab.from_dlpack(np.arange(4.0))
+    with pytest.raises(ValueError, match="concrete device"):
+        t.__dlpack__(max_version=(1, 0), dl_device=(KDLCPU, -1), copy=False)
+    with pytest.raises(ValueError, match="concrete device"):
+        t.__dlpack__(max_version=(1, 0), dl_device="cpu:auto")
+    # the stream belongs to the consumer's device: fine for OpenCL, not for the host
+    with pytest.raises(ValueError, match="host memory"):
+        t.__dlpack__(stream=3, dl_device=(KDLCPU, 0))
+    opencl()
+    cap = t.__dlpack__(max_version=(1, 0), stream=3, dl_device=(KDLOPENCL, 0))
+    g = ab.from_dlpack(SameCapsule(cap, (KDLOPENCL, 0)))
+    np.testing.assert_array_equal(np.from_dlpack(ab.convert_memory(g, "cpu")), np.arange(4.0))
+
+
+def test_memory_limits_out_of_range_are_overflow_errors():
+    with pytest.raises(OverflowError):
+        ab.set_memory_limit("cpu", 2**64 + 5)
+    with pytest.raises(OverflowError):
+        ab.set_memory_limit("cpu", -1)
+    with pytest.raises(TypeError):
+        ab.set_memory_limit("cpu", 1.5)
+    ab.set_memory_limit("cpu", 0)
+
+
+def test_a_producer_whose_dlpack_device_raises_passes_the_error_on():
+    class Broken:
+        def __dlpack_device__(self):
+            raise KeyError("from the producer")
+
+        def __dlpack__(self, **kw):
+            return np.arange(3).__dlpack__(**kw)
+
+    with pytest.raises(KeyError, match="from the producer"):
+        ab.from_dlpack(Broken())
