@@ -6,10 +6,16 @@
 
 #include "internal.h"
 
-static atomic_long fault_countdown; /* 0 = disarmed */
-static atomic_bool fault_persistent;  /* keep failing once triggered */
-static atomic_bool fault_tripped;
-static atomic_long fault_hits;
+/* A fault site: a countdown to the failing call, and whether it keeps
+ * failing afterwards. Two sites: allocations, and backend transfers. */
+struct fault_site {
+  atomic_long countdown; /* 0 = disarmed */
+  atomic_bool persistent; /* keep failing once triggered */
+  atomic_bool tripped;
+  atomic_long hits;
+};
+static struct fault_site alloc_site, transfer_site;
+
 /* The live-block count is striped over cache lines, a stripe per thread
  * (round-robin), so that threads allocating at once do not bounce one
  * counter between cores; the count is the sum over stripes (a block freed
@@ -27,21 +33,21 @@ static atomic_long *live_slot(void) {
   return &live[my_stripe].n;
 }
 
-bool ab__fault_check(void) {
-  long n = atomic_load_explicit(&fault_countdown, memory_order_relaxed);
+static bool site_check(struct fault_site *f) {
+  long n = atomic_load_explicit(&f->countdown, memory_order_relaxed);
   if (AB_LIKELY(n == 0)) {
-    if (AB_UNLIKELY(atomic_load_explicit(&fault_tripped, memory_order_relaxed))) {
-      atomic_fetch_add(&fault_hits, 1);
+    if (AB_UNLIKELY(atomic_load_explicit(&f->tripped, memory_order_relaxed))) {
+      atomic_fetch_add(&f->hits, 1);
       return true;
     }
     return false;
   }
   /* Count down; the caller that takes it from 1 to 0 fails. */
   while (n > 0) {
-    if (atomic_compare_exchange_weak(&fault_countdown, &n, n - 1)) {
+    if (atomic_compare_exchange_weak(&f->countdown, &n, n - 1)) {
       if (n == 1) {
-        if (atomic_load(&fault_persistent)) atomic_store(&fault_tripped, true);
-        atomic_fetch_add(&fault_hits, 1);
+        if (atomic_load(&f->persistent)) atomic_store(&f->tripped, true);
+        atomic_fetch_add(&f->hits, 1);
         return true;
       }
       return false;
@@ -50,18 +56,23 @@ bool ab__fault_check(void) {
   return false;
 }
 
-static void arm(long nth, bool persistent) {
-  atomic_store(&fault_countdown, 0);
-  atomic_store(&fault_tripped, false);
-  atomic_store(&fault_hits, 0);
-  atomic_store(&fault_persistent, persistent);
-  atomic_store(&fault_countdown, nth < 0 ? 0 : nth);
+static void site_arm(struct fault_site *f, long nth, bool persistent) {
+  atomic_store(&f->countdown, 0);
+  atomic_store(&f->tripped, false);
+  atomic_store(&f->hits, 0);
+  atomic_store(&f->persistent, persistent);
+  atomic_store(&f->countdown, nth < 0 ? 0 : nth);
 }
 
+bool ab__fault_check(void) { return site_check(&alloc_site); }
+static void arm(long nth, bool persistent) { site_arm(&alloc_site, nth, persistent); }
+bool ab__fault_transfer_check(void) { return site_check(&transfer_site); }
+void ab__fault_arm_transfer(long nth) { site_arm(&transfer_site, nth, false); }
+long ab__fault_transfer_injected(void) { return atomic_load(&transfer_site.hits); }
 void ab__fault_arm(long nth) { arm(nth, false); }
 void ab__fault_arm_persistent(long nth) { arm(nth, true); }
 
-long ab__fault_injected(void) { return atomic_load(&fault_hits); }
+long ab__fault_injected(void) { return atomic_load(&alloc_site.hits); }
 
 long ab__alloc_live(void) {
   long sum = 0;

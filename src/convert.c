@@ -409,6 +409,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
      * or managed) is waited for before host code reads it. */
     if (p.sbe->host_sync != NULL && p.lay.numel > 0) {
       void *s = owner.stream != NULL && ab__same_family(p.sbe, owner.be) ? owner.stream : NULL;
+      if (AB_UNLIKELY(ab__fault_transfer_check()))
+        return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p.sbe->name);
       AB_FORWARD(p.sbe->host_sync(p.sdev.device_id, s));
     }
     AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, &p.cv, p.tdev, p.tbe,

@@ -188,6 +188,13 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
 
 /* ---- the only callers of the table ------------------------------------ */
 
+/* A numbered fault site for the tests' transfer sweep (ab__fault_arm_transfer). */
+#define INJECT_TRANSFER_FAULT(be, what)                                                              \
+  do {                                                                                             \
+    if (AB_UNLIKELY(ab__fault_transfer_check()))                                                   \
+      return AB_FAIL(AB_ERR_BACKEND, "%s: %s failed (injected transfer fault)", (be)->name, (what)); \
+  } while (0)
+
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out) {
   if (be->alloc == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot allocate memory", be->name);
@@ -204,6 +211,7 @@ void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t byt
 ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream) {
   if (be->copy == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
+  INJECT_TRANSFER_FAULT(be, "copy");
   return be->copy(from, to, stream);
 }
 
@@ -216,6 +224,7 @@ ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, u
                         const void *src, size_t bytes, void *stream) {
   if (be->write == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write from host memory", be->name);
+  INJECT_TRANSFER_FAULT(be, "write");
   return be->write(id, handle, offset, src, bytes, stream);
 }
 
@@ -223,6 +232,7 @@ ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *hand
                        void *dst, size_t bytes, void *stream) {
   if (be->read == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read into host memory", be->name);
+  INJECT_TRANSFER_FAULT(be, "read");
   return be->read(id, handle, offset, dst, bytes, stream);
 }
 
@@ -269,6 +279,7 @@ ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void 
                             const ab__rect *rect, void *dst, void *stream) {
   if (be->read_rect == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read rectangles", be->name);
+  INJECT_TRANSFER_FAULT(be, "read_rect");
   return be->read_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, dst, stream);
 }
 
@@ -279,6 +290,7 @@ ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *hand
                              const ab__rect *rect, const void *src, void *stream) {
   if (be->write_rect == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write rectangles", be->name);
+  INJECT_TRANSFER_FAULT(be, "write_rect");
   return be->write_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, src, stream);
 }
 

@@ -78,6 +78,13 @@ void ab__fault_arm(long nth);
 void ab__fault_arm_persistent(long nth);
 /* How many faults were injected since the last ab__fault_arm. */
 long ab__fault_injected(void);
+/* The same for backend transfers and synchronisations (copies, reads,
+ * writes, staged chunks, fences, host syncs): each such call checks
+ * ab__fault_transfer_check() first and fails as AB_ERR_BACKEND ("injected
+ * transfer fault") when it returns true. Transient only. */
+bool ab__fault_transfer_check(void);
+void ab__fault_arm_transfer(long nth);
+long ab__fault_transfer_injected(void);
 /* Host blocks currently allocated through ab__malloc & co. */
 long ab__alloc_live(void);
 /* The same after returning every pool's cached blocks to its backend, not

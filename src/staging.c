@@ -63,6 +63,12 @@ void ab__staging_reload_env(void) {
   pthread_mutex_unlock(&cfg_lock);
 }
 
+/* The ring's calls into the backend, each a numbered fault site. */
+#define RING_CALL(be, what, call) \
+  (AB_UNLIKELY(ab__fault_transfer_check()) \
+       ? AB_FAIL(AB_ERR_BACKEND, "%s: %s failed (injected transfer fault)", (be)->name, (what)) \
+       : (call))
+
 struct ring {
   const struct ab_backend *be;
   int32_t id;
@@ -78,12 +84,21 @@ struct ring {
  * whole stream is drained first: no chunk goes back to the pool while a
  * DMA may still touch it. */
 static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
-  if (st != AB_OK && r->be->stream_sync != NULL) r->be->stream_sync(r->id, stream);
+  bool drained = false;
+  if (st != AB_OK && r->be->stream_sync != NULL) {
+    r->be->stream_sync(r->id, stream);
+    drained = true;
+  }
   for (size_t i = 0; i < r->n; i++) {
-    if (r->busy[i]) {
-      ab_status w = r->be->fence_wait(r->fence[i]);
-      if (st == AB_OK) st = w;
+    if (!r->busy[i]) continue;
+    ab_status w = RING_CALL(r->be, "fence_wait", r->be->fence_wait(r->fence[i]));
+    if (w != AB_OK && !drained && r->be->stream_sync != NULL) {
+      r->be->stream_sync(r->id, stream); /* a fence we cannot trust: wait for everything */
+      drained = true;
     }
+    if (st == AB_OK) st = w;
+  }
+  for (size_t i = 0; i < r->n; i++) {
     if (r->fence[i] != NULL) r->be->fence_free(r->fence[i]);
     if (r->chunk[i] != NULL) ab__pool_free(r->chunk[i]);
   }
@@ -144,12 +159,12 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
     const size_t i = k % r.n, len = bytes - done < chunk ? bytes - done : chunk;
     if (r.busy[i]) {
       r.busy[i] = false;
-      st = be->fence_wait(r.fence[i]);
+      st = RING_CALL(be, "fence_wait", be->fence_wait(r.fence[i]));
       if (st != AB_OK) break;
     }
     memcpy(r.chunk[i]->ptr, (const char *)src + done, len);
-    st = be->write_async(id, handle, offset + done, r.chunk[i]->ptr, len, stream);
-    if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
+    st = RING_CALL(be, "write_async", be->write_async(id, handle, offset + done, r.chunk[i]->ptr, len, stream));
+    if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[i], stream));
     r.busy[i] = st == AB_OK; /* otherwise ring_close drains the stream */
     done += len;
   }
@@ -167,20 +182,21 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
   /* Chunk k lives in slot k % n; queue_read(k) starts it. */
 #define CHUNK_LEN(k) ((k) == nchunks - 1 ? bytes - (k) * chunk : chunk)
   for (size_t k = 0; k < r.n && st == AB_OK; k++) {
-    st = be->read_async(id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream);
-    if (st == AB_OK) st = be->fence_record(id, r.fence[k], stream);
+    st = RING_CALL(be, "read_async", be->read_async(id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream));
+    if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[k], stream));
     r.busy[k] = st == AB_OK;
   }
   for (size_t k = 0; k < nchunks && st == AB_OK; k++) {
     const size_t i = k % r.n;
     r.busy[i] = false;
-    st = be->fence_wait(r.fence[i]);
+    st = RING_CALL(be, "fence_wait", be->fence_wait(r.fence[i]));
     if (st != AB_OK) break;
     memcpy((char *)dst + k * chunk, r.chunk[i]->ptr, CHUNK_LEN(k));
     const size_t next = k + r.n;
     if (next < nchunks) {
-      st = be->read_async(id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream);
-      if (st == AB_OK) st = be->fence_record(id, r.fence[i], stream);
+      st = RING_CALL(be, "read_async",
+                     be->read_async(id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream));
+      if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[i], stream));
       r.busy[i] = st == AB_OK;
     }
   }

@@ -283,3 +283,109 @@ Test(fault, disarmed_hook_injects_nothing) {
   }
   cr_assert_eq(ab__fault_injected(), 0);
 }
+
+/* ---- transfer faults: every backend copy, read, write, staged chunk,
+ * fence and host sync is a numbered fault site (ab__fault_arm_transfer).
+ * For N = 1, 2, ... the N-th fails until a run hits none: each faulted
+ * run returns AB_ERR_BACKEND saying the fault was injected, leaves *out
+ * and the source untouched, and gives every block back. */
+
+static uint64_t pool_in_use(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  if (ab_pool_stats(dev, &s) != AB_OK) return 0;
+  return s.in_use_bytes.current;
+}
+
+struct transfer_case {
+  const char *name;
+  DLTensor src; /* on the host, or made on a device by `make_on` */
+  DLDevice make_on, to;
+  ab_convert_opts opts;
+};
+
+static int transfer_sweep(struct transfer_case *c) {
+  const int ncl = ab_device_count(kDLOpenCL);
+  DLManagedTensorVersioned *dev_src = NULL;
+  DLTensor src = c->src;
+  if (c->make_on.device_type != kDLCPU) {
+    /* The source lives on a device: the whole host buffer copied there
+     * before arming (freed after), viewed with the case's layout. */
+    int64_t all[1] = {4096};
+    DLTensor whole = {c->src.data, CPU0, 1, c->src.dtype, all, NULL, 0};
+    cr_assert_eq(ab_convert_memory(&whole, c->make_on, NULL, &dev_src), AB_OK, "%s", ab_last_error());
+    src = dev_src->dl_tensor;
+    src.ndim = c->src.ndim;
+    src.shape = c->src.shape;
+    src.strides = c->src.strides;
+    src.byte_offset = c->src.byte_offset;
+  }
+  const uint64_t sum = checksum(c->src.data, 4096 * 4);
+  const long live = ab__alloc_live_settled();
+  const uint64_t cpu0 = pool_in_use(CPU0);
+  const uint64_t cl0 = ncl ? pool_in_use((DLDevice){kDLOpenCL, 0}) : 0;
+  const uint64_t cl1 = ncl > 1 ? pool_in_use((DLDevice){kDLOpenCL, 1}) : 0;
+  int n = 1;
+  for (;; n++) {
+    cr_assert_lt(n, 100, "%s: the sweep does not end", c->name);
+    DLManagedTensorVersioned *out = (DLManagedTensorVersioned *)(uintptr_t)0x7;
+    ab__fault_arm_transfer(n);
+    ab_status st = ab_convert_memory(&src, c->to, &c->opts, &out);
+    const long hit = ab__fault_transfer_injected();
+    ab__fault_arm_transfer(0);
+    if (hit == 0) {
+      cr_assert_eq(st, AB_OK, "%s: fault site %d: no fault injected, yet %s (%s)", c->name, n, ab_status_name(st),
+                   ab_last_error());
+      out->deleter(out);
+      break;
+    }
+    cr_assert_eq(st, AB_ERR_BACKEND, "%s: fault site %d: %s (%s)", c->name, n, ab_status_name(st), ab_last_error());
+    cr_assert_not_null(strstr(ab_last_error(), "injected transfer fault"), "%s: %s", c->name, ab_last_error());
+    cr_assert_eq((uintptr_t)out, 0x7, "%s: fault site %d: *out written", c->name, n);
+    cr_assert_eq(checksum(c->src.data, 4096 * 4), sum, "%s: the source changed", c->name);
+    cr_assert_eq(pool_in_use(CPU0), cpu0, "%s: fault site %d: host staging not returned", c->name, n);
+    cr_assert_eq(ab__alloc_live_settled(), live, "%s: fault site %d: host blocks leaked", c->name, n);
+    if (ncl) cr_assert_eq(pool_in_use((DLDevice){kDLOpenCL, 0}), cl0, "%s: opencl:0 blocks kept", c->name);
+    if (ncl > 1) cr_assert_eq(pool_in_use((DLDevice){kDLOpenCL, 1}), cl1, "%s: opencl:1 blocks kept", c->name);
+  }
+  if (dev_src) dev_src->deleter(dev_src);
+  return n - 1; /* fault sites the conversion passed */
+}
+
+Test(fault, every_transfer_failure_is_reported_and_cleaned_up) {
+  static float buf[4096];
+  for (int i = 0; i < 4096; i++) buf[i] = (float)i * 0.5f;
+  int64_t shape[2] = {32, 32}, crop[2] = {64, 1}, tr[2] = {1, 64}, sparse[2] = {128, 2};
+  const DLTensor compact = {buf, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLTensor rows = compact, trans = compact, wide = compact;
+  rows.strides = crop;
+  trans.strides = tr;
+  wide.strides = sparse;
+  const DLDevice cl0 = {kDLOpenCL, 0}, cl1 = {kDLOpenCL, 1};
+  ab_convert_opts plain = AB_CONVERT_OPTS_INIT, cast = AB_CONVERT_OPTS_INIT;
+  plain.copy = AB_COPY_ALWAYS;
+  cast.dtype = dt(kDLFloat, 16, 1);
+  static const int32_t perm[2] = {1, 0};
+  cast.permute = perm;
+  struct transfer_case cases[] = {
+    {"cpu strided -> cpu", trans, CPU0, CPU0, plain},
+    {"cpu compact -> opencl:0", compact, CPU0, cl0, plain},
+    {"cpu crop -> opencl:0 (rectangle)", rows, CPU0, cl0, plain},
+    {"cpu transpose -> opencl:0 (pack, upload)", trans, CPU0, cl0, plain},
+    {"opencl:0 compact -> cpu", compact, cl0, CPU0, plain},
+    {"opencl:0 crop -> cpu (rectangle)", rows, cl0, CPU0, plain},
+    {"opencl:0 sparse -> cpu (gather, download)", wide, cl0, CPU0, plain},
+    {"opencl:0 transpose -> opencl:1 (download, unpack, upload)", trans, cl0, cl1, plain},
+    {"opencl:0 -> opencl:1 with a cast and permutation", compact, cl0, cl1, cast},
+    {"cpu -> cpu with a cast", trans, CPU0, CPU0, cast},
+  };
+  int ran = 0, sites = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int need = (cases[i].make_on.device_type == kDLOpenCL) + (cases[i].to.device_type == kDLOpenCL) +
+                     (cases[i].to.device_type == kDLOpenCL && cases[i].to.device_id == 1);
+    if (need > 0 && ab_device_count(kDLOpenCL) < (cases[i].to.device_id == 1 ? 2 : 1)) continue;
+    sites += transfer_sweep(&cases[i]);
+    ran++;
+  }
+  cr_assert_geq(ran, 2);
+  cr_assert_gt(sites, ran, "every conversion passed at least one fault site (%d over %d cases)", sites, ran);
+}
