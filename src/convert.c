@@ -309,7 +309,7 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
                        "opts->permute[%" PRId32 "] is %" PRId32 "; want each of 0..%" PRId32 " exactly once", i, p,
                        src->ndim - 1);
       seen[p] = true;
-      reorder |= p != i && src->shape[p] != 1;
+      reorder |= p != i; /* the result has the permuted shape, even when only size-1 dims move */
     }
   }
   for (int32_t i = 0; i < src->ndim; i++) cv->perm[i] = o->permute ? o->permute[i] : i;

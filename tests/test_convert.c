@@ -502,3 +502,20 @@ Test(convert, version_string_matches_the_header) {
   cr_assert_str_eq(ab_version_string(), AB_VERSION_STRING);
   cr_assert_eq(ab_version_number(), AB_VERSION_NUMBER);
 }
+
+Test(convert, a_permutation_of_size_one_dims_still_permutes_the_shape) {
+  float x[5] = {1, 2, 3, 4, 5};
+  int64_t shape[2] = {1, 5};
+  DLTensor t = {x, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  static const int32_t perm[2] = {1, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.permute = perm;
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert(r->dl_tensor.shape[0] == 5 && r->dl_tensor.shape[1] == 1, "shape (%lld, %lld)",
+            (long long)r->dl_tensor.shape[0], (long long)r->dl_tensor.shape[1]);
+  cr_assert(memcmp(r->dl_tensor.data, x, sizeof x) == 0);
+  r->deleter(r);
+  o.copy = AB_COPY_NEVER; /* a new shape is a new tensor */
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_ERR_COPY_REQUIRED);
+}
