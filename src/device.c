@@ -174,7 +174,7 @@ ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
 }
 
 void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b) {
-  struct ab_device_info info;
+  struct ab_device_info info = {0}; /* written only on success; zeroed to quiet -Wmaybe-uninitialized */
   char saved[AB_ERRBUF_SIZE];
   ab__save_error(saved);
   if (info_of(be, id, &info) == AB_OK) {
@@ -360,7 +360,7 @@ static int32_t discrete_opencl(void) {
   uint64_t best_total = 0;
   if (be == NULL) return -1;
   for (int32_t id = 0; id < ab_device_count(kDLOpenCL); id++) {
-    struct ab_device_info info;
+    struct ab_device_info info = {0};
     if (info_of(be, id, &info) != AB_OK || info.unified_memory) continue;
     if (best < 0 || info.total_memory > best_total) {
       best = id;
