@@ -19,7 +19,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-python bench install clean fuzz
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-python docs bench install clean fuzz
 
 all: build
 
@@ -38,8 +38,10 @@ demo: build
 # The whole suite: the normal build, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run), then
 # the thread stress under ThreadSanitizer (Criterion cannot run under TSan,
-# so that tier is the stress program alone).
-test: test-normal test-asan test-tsan test-python
+# so that tier is the stress program alone), the Python module, and the
+# API reference (docs: any Doxygen warning, such as an undocumented public
+# symbol, fails it).
+test: test-normal test-asan test-tsan test-python docs
 
 test-normal: build
 	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)
@@ -67,6 +69,11 @@ test-python: deps
 	AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib $(PY_BUILD)/venv/bin/pip install -q --force-reinstall --no-deps ./python
 	cd $(PY_BUILD) && venv/bin/python -m pytest -q $(CURDIR)/python/tests
 
+# The API reference from the public header's comments, into
+# build-docs/html/index.html. docs/Doxyfile makes every warning an error.
+docs: deps
+	doxygen docs/Doxyfile
+
 bench: build
 	$(BUILD)/bench/bench_host
 	$(BUILD)/bench/bench_pool
@@ -92,4 +99,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) python/build python/*.egg-info
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) build-docs python/build python/*.egg-info

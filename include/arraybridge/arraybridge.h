@@ -1,4 +1,4 @@
-/*
+/** \file
  * arraybridge: move and translate DLPack tensors between memory spaces.
  *
  * One umbrella header. Everything public starts with ab_ / AB_.
@@ -35,6 +35,10 @@ typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 extern "C" {
 #endif
 
+/** Marks the library's public functions: default symbol visibility with GCC
+ * and Clang (the library is compiled with -fvisibility=hidden); on Windows
+ * __declspec(dllexport) / __declspec(dllimport) when AB_BUILDING_SHARED /
+ * AB_USING_SHARED is defined; empty otherwise. */
 #if defined(_WIN32)
 #  if defined(AB_BUILDING_SHARED)
 #    define AB_API __declspec(dllexport)
@@ -51,26 +55,32 @@ extern "C" {
 
 /* ---- version ---------------------------------------------------------- */
 
+/** Major version of this header. */
 #define AB_VERSION_MAJOR 0
+/** Minor version of this header. */
 #define AB_VERSION_MINOR 1
+/** Patch version of this header. */
 #define AB_VERSION_PATCH 0
+/** Version of this header as one number: major * 10000 + minor * 100 + patch. */
 #define AB_VERSION_NUMBER \
   (AB_VERSION_MAJOR * 10000 + AB_VERSION_MINOR * 100 + AB_VERSION_PATCH)
 #define AB_STRINGIFY_(x) #x
+/** Expands the macro argument x, then turns it into a string literal. */
 #define AB_STRINGIFY(x) AB_STRINGIFY_(x)
+/** Version of this header as a string literal, "major.minor.patch". */
 #define AB_VERSION_STRING                                              \
   AB_STRINGIFY(AB_VERSION_MAJOR) "." AB_STRINGIFY(AB_VERSION_MINOR) "." \
   AB_STRINGIFY(AB_VERSION_PATCH)
 
-/* The version of the library actually loaded (may differ from the header's
+/** The version of the library actually loaded (may differ from the header's
  * AB_VERSION_STRING when linked dynamically). Static string, never NULL. */
 AB_API const char *ab_version_string(void);
-/* AB_VERSION_NUMBER of the loaded library. */
+/** AB_VERSION_NUMBER of the loaded library. */
 AB_API unsigned ab_version_number(void);
 
 /* ---- status codes ----------------------------------------------------- */
 
-/* X(name, value, message). Values are fixed forever and never reused. */
+/** X(name, value, message). Values are fixed forever and never reused. */
 #define AB_STATUS_MAP(X)                                                   \
   X(OK, 0, "success")                                                      \
   X(ERR_INVALID_ARGUMENT, 1, "invalid argument")                           \
@@ -81,20 +91,39 @@ AB_API unsigned ab_version_number(void);
   X(ERR_BACKEND, 6, "backend (driver or runtime) error")                   \
   X(ERR_INTERNAL, 7, "internal error")
 
+/** Status code returned by the library's functions: AB_OK (0) on success,
+ * one of the AB_ERR_* values (from AB_STATUS_MAP) on failure. */
 typedef enum ab_status {
 #define AB_STATUS_ENUM_(name, value, msg) AB_##name = value,
   AB_STATUS_MAP(AB_STATUS_ENUM_)
 #undef AB_STATUS_ENUM_
 } ab_status;
 
-/* Short fixed description of a status ("out of memory"); a static string,
+/** \var AB_OK
+ * Success. */
+/** \var AB_ERR_INVALID_ARGUMENT
+ * Invalid argument: a malformed tensor, option or parameter. */
+/** \var AB_ERR_UNSUPPORTED
+ * Unsupported operation or data type. */
+/** \var AB_ERR_NO_DEVICE
+ * No such device. */
+/** \var AB_ERR_OUT_OF_MEMORY
+ * Out of memory. */
+/** \var AB_ERR_COPY_REQUIRED
+ * A copy is required but AB_COPY_NEVER was given. */
+/** \var AB_ERR_BACKEND
+ * Backend (driver or runtime) error. */
+/** \var AB_ERR_INTERNAL
+ * Internal error. */
+
+/** Short fixed description of a status ("out of memory"); a static string,
  * never NULL ("unknown status" for values not in the table). */
 AB_API const char *ab_status_str(ab_status status);
 
-/* Symbolic name of a status ("AB_ERR_OUT_OF_MEMORY"); static, never NULL. */
+/** Symbolic name of a status ("AB_ERR_OUT_OF_MEMORY"); static, never NULL. */
 AB_API const char *ab_status_name(ab_status status);
 
-/* Detail message of the last failure of an arraybridge call on the calling
+/** Detail message of the last failure of an arraybridge call on the calling
  * thread: what was wrong, with the argument, value and device. Successful
  * calls leave it unchanged; "" before any failure. The string lives in
  * thread-local storage and stays valid until the next failing arraybridge
@@ -103,51 +132,51 @@ AB_API const char *ab_last_error(void);
 
 /* ---- devices ---------------------------------------------------------- */
 
-/* The largest ndim a tensor may have (NumPy 2's limit). */
+/** The largest ndim a tensor may have (NumPy 2's limit). */
 #define AB_MAX_NDIM 64
 
-/* A target device_id that lets the library choose: the device of that type
+/** A target device_id that lets the library choose: the device of that type
  * with the most free memory (total memory where the backend cannot tell
  * free memory, as OpenCL cannot; ties go to the lowest id). Not valid in a
  * source tensor. */
 #define AB_DEVICE_AUTO (-1)
 
-/* Number of devices of a type: kDLCPU is always 1; a type whose backend is
+/** Number of devices of a type: kDLCPU is always 1; a type whose backend is
  * not built in, or whose driver or devices are absent, is 0. Never fails. */
 AB_API int32_t ab_device_count(DLDeviceType type);
 
-/* Description of one device. Sizes are in bytes; 0 means unknown. */
+/** Description of one device. Sizes are in bytes; 0 means unknown. */
 struct ab_device_info {
-  DLDevice device;
-  char name[128];     /* e.g. the CPU model, "NVIDIA H100 80GB HBM3" */
-  char backend[16];   /* "host", "cuda", "opencl" */
-  char vendor[64];    /* "" when the backend does not say */
-  char version[64];   /* driver/platform version string, "" when unknown */
-  uint64_t total_memory;
-  uint64_t free_memory;
-  uint64_t max_alloc_size; /* largest single allocation, 0 = unknown */
-  /* tensor data of this device is a host pointer host code may use */
+  DLDevice device;    /**< the device described */
+  char name[128];     /**< e.g. the CPU model, "NVIDIA H100 80GB HBM3" */
+  char backend[16];   /**< "host", "cuda", "opencl" */
+  char vendor[64];    /**< "" when the backend does not say */
+  char version[64];   /**< driver/platform version string, "" when unknown */
+  uint64_t total_memory; /**< memory of the device */
+  uint64_t free_memory;  /**< memory free now (0 on OpenCL, which cannot tell) */
+  uint64_t max_alloc_size; /**< largest single allocation, 0 = unknown */
+  /** tensor data of this device is a host pointer host code may use */
   int host_accessible;
-  /* the device's memory is physically the host's (OpenCL CPU devices,
+  /** the device's memory is physically the host's (OpenCL CPU devices,
    * integrated GPUs), even when data is an opaque handle */
   int unified_memory;
-  /* CUDA devices: the compute capability as major * 10 + minor (90 for
+  /** CUDA devices: the compute capability as major * 10 + minor (90 for
    * sm_90) and the PCI bus id ("0000:1b:00.0"); 0 and "" elsewhere */
   int compute_capability;
-  char pci_bus_id[32];
+  char pci_bus_id[32]; /**< CUDA devices: the PCI bus id; "" elsewhere */
 };
 
-/* Fills *out for `dev`. AB_ERR_NO_DEVICE when the device does not exist
+/** Fills *out for `dev`. AB_ERR_NO_DEVICE when the device does not exist
  * (type not built in, or id past the last device); AB_ERR_INVALID_ARGUMENT
  * for a NULL out, an unknown device type or a negative id (AB_DEVICE_AUTO
  * included: ask about a concrete device). */
 AB_API ab_status ab_device_info(DLDevice dev, struct ab_device_info *out);
 
-/* Short lower-case name of a device type ("cpu", "cuda", "cuda_host",
+/** Short lower-case name of a device type ("cpu", "cuda", "cuda_host",
  * "opencl", ...); "unknown" for values DLPack does not define. Static. */
 AB_API const char *ab_device_type_name(DLDeviceType type);
 
-/* Parses a device string: a type name as ab_device_type_name gives it
+/** Parses a device string: a type name as ab_device_type_name gives it
  * (case-insensitive), optionally followed by ":" and a decimal id or
  * "auto" (AB_DEVICE_AUTO): "cpu", "cuda:1", "opencl:0", "cuda:auto".
  * Without an id the device is 0. Only the syntax is checked, not whether
@@ -156,7 +185,7 @@ AB_API const char *ab_device_type_name(DLDeviceType type);
  * message quotes the string and says what is wrong) otherwise. */
 AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
 
-/* The best device for work: the AB_DEFAULT_DEVICE environment variable
+/** The best device for work: the AB_DEFAULT_DEVICE environment variable
  * when it is set and names a device that exists (a device string, read at
  * every call); else the CUDA device with the most free memory; else the
  * OpenCL device with the most memory that is not the host's own RAM (a
@@ -166,31 +195,32 @@ AB_API DLDevice ab_best_device(void);
 
 /* ---- conversion ------------------------------------------------------- */
 
-/* Copy semantics of ab_convert_memory, as the array API's
+/** Copy semantics of ab_convert_memory, as the array API's
  * from_dlpack(copy=None/True/False). */
 typedef enum ab_copy_mode {
-  AB_COPY_IF_NEEDED = 0, /* view when possible, copy otherwise */
-  AB_COPY_ALWAYS = 1,    /* always a fresh, owned copy */
-  AB_COPY_NEVER = 2      /* view or AB_ERR_COPY_REQUIRED */
+  AB_COPY_IF_NEEDED = 0, /**< view when possible, copy otherwise */
+  AB_COPY_ALWAYS = 1,    /**< always a fresh, owned copy */
+  AB_COPY_NEVER = 2      /**< view or AB_ERR_COPY_REQUIRED */
 } ab_copy_mode;
 
-/* Bits of ab_convert_opts.flags. Unknown bits are rejected. */
+/** Bits of ab_convert_opts.flags. Unknown bits are rejected. */
 enum {
-  /* With AB_COPY_IF_NEEDED / AB_COPY_NEVER, also accept a non-compact
+  /** With AB_COPY_IF_NEEDED / AB_COPY_NEVER, also accept a non-compact
    * source (any strides) on the same device as a view with its strides. */
   AB_CONVERT_ALLOW_STRIDED_VIEW = 1u << 0,
-  /* Mark the result DLPACK_FLAG_BITMASK_READ_ONLY. */
+  /** Mark the result DLPACK_FLAG_BITMASK_READ_ONLY. */
   AB_CONVERT_READ_ONLY = 1u << 1,
-  /* Apply y = x * opts.scale + opts.offset to every element. */
+  /** Apply y = x * opts.scale + opts.offset to every element. */
   AB_CONVERT_AFFINE = 1u << 2,
-  /* Apply y = x * channel_scale[c] + channel_offset[c] along
+  /** Apply y = x * channel_scale[c] + channel_offset[c] along
    * opts.channel_axis (replaces scale/offset). */
   AB_CONVERT_PER_CHANNEL = 1u << 3
 };
+/** Every AB_CONVERT_* bit this version knows. */
 #define AB_CONVERT_KNOWN_FLAGS \
   ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL))
 
-/* Options of ab_convert_memory. A NULL pointer and an all-zero struct both
+/** Options of ab_convert_memory. A NULL pointer and an all-zero struct both
  * mean the defaults (copy if needed, keep the dtype, default stream).
  *
  * Growth rule: later versions append fields. `size` tells the library how
@@ -199,16 +229,16 @@ enum {
  * "only the 0.1 fields below", so zero-initialised structs compiled against
  * any version keep meaning the defaults. Fields past `size` are read as 0. */
 typedef struct ab_convert_opts {
-  uint32_t size;      /* 0 or sizeof(ab_convert_opts) */
-  uint32_t flags;     /* AB_CONVERT_* bits */
-  ab_copy_mode copy;
-  /* Result dtype; bits == 0 keeps the source dtype. Another dtype is
+  uint32_t size;      /**< 0 or sizeof(ab_convert_opts) */
+  uint32_t flags;     /**< AB_CONVERT_* bits */
+  ab_copy_mode copy;  /**< copy semantics; 0 is AB_COPY_IF_NEEDED */
+  /** Result dtype; bits == 0 keeps the source dtype. Another dtype is
    * converted on the way: the rules (rounding half to even, saturation,
    * NaN to 0 for integers, float16/bfloat16 rounding) are in docs/guide.md,
    * "Converting on the way"; complex converts only to complex, and a pair
    * the library cannot convert is AB_ERR_UNSUPPORTED naming both. */
   DLDataType dtype;
-  /* Backend stream (cudaStream_t, cl_command_queue) or NULL for the default
+  /** Backend stream (cudaStream_t, cl_command_queue) or NULL for the default
    * (CUDA: the legacy default stream; the DLPack values 1 and 2 are
    * cudaStreamLegacy and cudaStreamPerThread). It belongs to the target's
    * backend, or to the source's when the target is cpu, and is given only
@@ -219,27 +249,28 @@ typedef struct ab_convert_opts {
 
   /* ---- since 0.2: read only when size covers them ---- */
 
-  /* Result axis i is source axis permute[i] (NumPy's transpose(axes)):
+  /** Result axis i is source axis permute[i] (NumPy's transpose(axes)):
    * {2, 0, 1} turns an HWC image into CHW. NULL keeps the order; otherwise
    * src->ndim distinct entries in [0, ndim), read during the call only.
    * The result is compact in the new order. */
   const int32_t *permute;
-  /* With AB_CONVERT_AFFINE: y = x * scale + offset. */
-  double scale, offset;
-  /* With AB_CONVERT_PER_CHANNEL: y = x * channel_scale[c] + channel_offset[c]
+  /** With AB_CONVERT_AFFINE: y = x * scale + offset. */
+  double scale, offset; /**< see scale */
+  /** With AB_CONVERT_PER_CHANNEL: y = x * channel_scale[c] + channel_offset[c]
    * where c is the element's index along source axis channel_axis; arrays
    * of src->shape[channel_axis] entries, NULL for all 1 / all 0, read
    * during the call only. Mean/std normalisation of a 0..255 image is
    * scale = 1 / (255 * std), offset = -mean / std. */
   int32_t channel_axis;
-  const double *channel_scale;
-  const double *channel_offset;
+  const double *channel_scale;  /**< see channel_axis */
+  const double *channel_offset; /**< see channel_axis */
 } ab_convert_opts;
 
+/** Initialiser of an ab_convert_opts: size set, every option at its default. */
 #define AB_CONVERT_OPTS_INIT \
   {sizeof(ab_convert_opts), 0, AB_COPY_IF_NEEDED, {0, 0, 0}, NULL, NULL, 0, 0, 0, NULL, NULL}
 
-/* Returns a tensor with the contents of `src` on `target`.
+/** Returns a tensor with the contents of `src` on `target`.
  *
  * src:    a DLTensor on any device the library knows; validated before any
  *         byte of it is read (see docs/guide.md for what is accepted).
@@ -272,7 +303,7 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
                                    const ab_convert_opts *opts,
                                    DLManagedTensorVersioned **out);
 
-/* Waits until the work queued on `stream` of `dev`'s backend is complete
+/** Waits until the work queued on `stream` of `dev`'s backend is complete
  * (CUDA: cudaStreamSynchronize on that device, NULL the legacy default
  * stream; OpenCL: clFinish of the queue, NULL the library's queue for
  * dev; host memory: nothing to wait for). For consumers that take a
@@ -281,7 +312,7 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
  * device, AB_ERR_BACKEND when the driver reports an error. */
 AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
 
-/* Writes into buf a description of the plan ab_convert_memory(src, target,
+/** Writes into buf a description of the plan ab_convert_memory(src, target,
  * NULL, ...) would run: the devices, the byte count, and each step (views,
  * backend copies, host packs, uploads and downloads, with the memory they
  * stage in), one per line. Nothing is allocated on any device and no byte
@@ -294,7 +325,7 @@ AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
  * not written. */
 AB_API ab_status ab_explain_route(const DLTensor *src, DLDevice target, char *buf, size_t len);
 
-/* Allocates an owned, compact row-major tensor of `shape` (ndim entries;
+/** Allocates an owned, compact row-major tensor of `shape` (ndim entries;
  * may be NULL when ndim == 0) and `dtype` on `dev` (device_id may be
  * AB_DEVICE_AUTO). The contents are
  * uninitialised. strides are non-NULL when ndim > 0, flags are 0. The caller calls
@@ -303,13 +334,13 @@ AB_API ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim,
                                  const int64_t *shape, DLDataType dtype,
                                  DLManagedTensorVersioned **out);
 
-/* Validates a DLTensor as ab_convert_memory would, without touching its
+/** Validates a DLTensor as ab_convert_memory would, without touching its
  * data: AB_OK or the status and message the conversion would give. */
 AB_API ab_status ab_tensor_validate(const DLTensor *t);
 
 /* ---- legacy DLPack (0.x DLManagedTensor) -------------------------------- */
 
-/* Wraps a legacy DLManagedTensor as a DLManagedTensorVersioned without
+/** Wraps a legacy DLManagedTensor as a DLManagedTensorVersioned without
  * copying data. On success the new tensor takes ownership of `legacy`:
  * calling the new tensor's deleter runs legacy->deleter exactly once (if it
  * is not NULL). The new tensor shares `legacy`'s shape and strides arrays;
@@ -319,7 +350,7 @@ AB_API ab_status ab_tensor_validate(const DLTensor *t);
 AB_API ab_status ab_from_legacy(DLManagedTensor *legacy,
                                 DLManagedTensorVersioned **out);
 
-/* Wraps a DLManagedTensorVersioned as a legacy DLManagedTensor without
+/** Wraps a DLManagedTensorVersioned as a legacy DLManagedTensor without
  * copying data, taking ownership of `versioned` on success in the same way.
  * Fails with AB_ERR_UNSUPPORTED when versioned->version.major is not 1 or
  * when the tensor is read-only or has padded sub-byte elements (legacy
@@ -343,13 +374,13 @@ AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
  * AB_OOM_MAX_CALLBACK_ROUNDS rounds while they report progress, and then
  * (4) fails with AB_ERR_OUT_OF_MEMORY and a message with the numbers. */
 
-/* A gauge: the value now and its highest value since the last reset. */
+/** A gauge: the value now and its highest value since the last reset. */
 typedef struct ab_gauge {
-  uint64_t current;
-  uint64_t peak;
+  uint64_t current; /**< the value now */
+  uint64_t peak;    /**< the highest value since the last reset */
 } ab_gauge;
 
-/* The statistics of one pool, listed once here. Gauges, in bytes:
+/** The statistics of one pool, listed once here. Gauges, in bytes:
  *   in_use_bytes     blocks held by live tensors (rounded sizes)
  *   requested_bytes  what those tensors asked for (before rounding)
  *   reserved_bytes   obtained from the driver: in use plus cached
@@ -361,18 +392,21 @@ typedef struct ab_gauge {
  *   oom_failures     allocations that failed with AB_ERR_OUT_OF_MEMORY
  *   trims            ab_pool_trim calls and OOM cache releases */
 #define AB_POOL_GAUGE_FIELDS(F) F(in_use_bytes) F(requested_bytes) F(reserved_bytes)
+/** The counter fields of ab_pool_stats (described at AB_POOL_GAUGE_FIELDS). */
 #define AB_POOL_COUNTER_FIELDS(F)                                               \
   F(allocations) F(frees) F(cache_hits) F(cache_misses) F(backend_allocs)       \
   F(backend_frees) F(oom_retries) F(oom_failures) F(trims)
 
+/** Statistics of one device's pool, as ab_pool_stats() fills them. The
+ * gauges and counters are listed at AB_POOL_GAUGE_FIELDS. */
 struct ab_pool_stats {
-  /* The caller sets size = sizeof(struct ab_pool_stats); the library fills
+  /** The caller sets size = sizeof(struct ab_pool_stats); the library fills
    * at most that many bytes (fields are only ever appended) and sets size
    * to the number it filled. */
   uint32_t size;
-  DLDevice device;
-  uint64_t limit_bytes;   /* 0 = no limit */
-  uint64_t cached_blocks; /* blocks waiting in the cache */
+  DLDevice device;        /**< the pool's device */
+  uint64_t limit_bytes;   /**< 0 = no limit */
+  uint64_t cached_blocks; /**< blocks waiting in the cache */
 #define AB_POOL_GAUGE_DECL_(name) ab_gauge name;
   AB_POOL_GAUGE_FIELDS(AB_POOL_GAUGE_DECL_)
 #undef AB_POOL_GAUGE_DECL_
@@ -381,26 +415,51 @@ struct ab_pool_stats {
 #undef AB_POOL_COUNTER_DECL_
 };
 
-/* Fills *out with `dev`'s pool statistics (all zero but device if nothing
+/** \var ab_pool_stats::in_use_bytes
+ * Bytes of blocks held by live tensors (rounded sizes). */
+/** \var ab_pool_stats::requested_bytes
+ * Bytes those tensors asked for (before rounding). */
+/** \var ab_pool_stats::reserved_bytes
+ * Bytes obtained from the driver: in use plus cached. */
+/** \var ab_pool_stats::allocations
+ * Blocks handed out. */
+/** \var ab_pool_stats::frees
+ * Blocks given back. */
+/** \var ab_pool_stats::cache_hits
+ * Allocations served from the cache. */
+/** \var ab_pool_stats::cache_misses
+ * Allocations not served from the cache. */
+/** \var ab_pool_stats::backend_allocs
+ * Raw driver allocations. */
+/** \var ab_pool_stats::backend_frees
+ * Raw driver releases. */
+/** \var ab_pool_stats::oom_retries
+ * Retries after a failed or over-limit allocation. */
+/** \var ab_pool_stats::oom_failures
+ * Allocations that failed with AB_ERR_OUT_OF_MEMORY. */
+/** \var ab_pool_stats::trims
+ * ab_pool_trim calls and OOM cache releases. */
+
+/** Fills *out with `dev`'s pool statistics (all zero but device if nothing
  * was allocated there yet). AB_ERR_INVALID_ARGUMENT for NULL out or
  * out->size == 0; AB_ERR_NO_DEVICE for a device that does not exist. */
 AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
 
-/* Sets every gauge's peak to its current value. */
+/** Sets every gauge's peak to its current value. */
 AB_API ab_status ab_pool_reset_peak(DLDevice dev);
 
-/* Writes a human-readable table of the pool's statistics (like PyTorch's
+/** Writes a human-readable table of the pool's statistics (like PyTorch's
  * memory_summary) into buf, NUL-terminated and truncated to len bytes. */
 AB_API ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len);
 
-/* Returns every cached, unused block of `dev`'s pool to the driver (what
+/** Returns every cached, unused block of `dev`'s pool to the driver (what
  * torch.cuda.empty_cache() does). Blocks held by live tensors stay. */
 AB_API ab_status ab_pool_trim(DLDevice dev);
 
-/* ab_pool_trim on every pool that exists. */
+/** ab_pool_trim on every pool that exists. */
 AB_API void ab_pool_trim_all(void);
 
-/* Caps the bytes `dev`'s pool may reserve from the driver; 0 removes the
+/** Caps the bytes `dev`'s pool may reserve from the driver; 0 removes the
  * cap. Lowering it below what is reserved frees nothing by itself: later
  * allocations go through the OOM sequence until the pool fits. The
  * environment variable AB_MEMORY_LIMIT sets limits at first use, e.g.
@@ -408,30 +467,30 @@ AB_API void ab_pool_trim_all(void);
  * device of that type; see docs/pools.md). */
 AB_API ab_status ab_set_memory_limit(DLDevice dev, size_t bytes);
 
-/* An OOM callback: asked to free memory on `dev` because `requested` bytes
+/** An OOM callback: asked to free memory on `dev` because `requested` bytes
  * could not be allocated; returns how many bytes it believes it freed (0 =
  * nothing). Called on the allocating thread with no library lock held, so
  * it may delete tensors. It must not itself allocate from the library. */
 typedef size_t (*ab_oom_callback)(DLDevice dev, size_t requested, void *user);
 
-/* The most rounds of callbacks one allocation runs while they report
+/** The most rounds of callbacks one allocation runs while they report
  * progress but the allocation still fails. */
 #define AB_OOM_MAX_CALLBACK_ROUNDS 4
-/* The most callbacks registered at once. */
+/** The most callbacks registered at once. */
 #define AB_OOM_MAX_CALLBACKS 32
 
-/* Registers fn(user) to run, in registration order, during the OOM
+/** Registers fn(user) to run, in registration order, during the OOM
  * sequence. AB_ERR_INVALID_ARGUMENT for NULL fn or a pair already
  * registered; AB_ERR_UNSUPPORTED past AB_OOM_MAX_CALLBACKS. */
 AB_API ab_status ab_register_oom_callback(ab_oom_callback fn, void *user);
 
-/* Removes a registered (fn, user) pair; AB_ERR_INVALID_ARGUMENT if absent.
+/** Removes a registered (fn, user) pair; AB_ERR_INVALID_ARGUMENT if absent.
  * A callback already running on another thread may still finish. */
 AB_API ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user);
 
 /* ---- lifetime --------------------------------------------------------- */
 
-/* Releases the library's global state (pools and their cached blocks,
+/** Releases the library's global state (pools and their cached blocks,
  * backend contexts). Optional; call it after every tensor the library made
  * has been deleted and no other thread is inside the library. (A tensor
  * still alive is tolerated: its memory is released when it is deleted.) Limits set
