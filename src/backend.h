@@ -103,6 +103,8 @@ struct ab_backend {
   /* ab_synchronize: waits for `stream` (NULL: the default) on device id.
    * NULL for backends with nothing to wait for. */
   ab_status (*synchronize)(int32_t id, void *stream);
+  /* ab_peer_access between two devices of this backend; NULL = never. */
+  bool (*peer_access)(int32_t from, int32_t to);
 
   /* The staging ring (src/staging.c), for backends whose transfers from
    * pageable memory are slow and whose `staging` memory is fast. All of

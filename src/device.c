@@ -398,3 +398,13 @@ ab_status ab_synchronize(DLDevice dev, void *stream) {
   if (be->synchronize == NULL) return AB_OK;
   return be->synchronize(dev.device_id, stream);
 }
+
+ab_status ab_peer_access(DLDevice from, DLDevice to, int *can) {
+  const struct ab_backend *fb, *tb;
+  if (can == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "can is NULL");
+  AB_FORWARD(ab__check_device(from, "from device", false, &from, &fb));
+  AB_FORWARD(ab__check_device(to, "to device", false, &to, &tb));
+  if (from.device_type == to.device_type && from.device_id == to.device_id) *can = 1;
+  else *can = fb == tb && fb->peer_access != NULL && fb->peer_access(from.device_id, to.device_id);
+  return AB_OK;
+}

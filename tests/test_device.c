@@ -119,3 +119,25 @@ Test(device, best_device_prefers_an_existing_choice_then_accelerators_then_cpu) 
   }
   unsetenv("AB_DEFAULT_DEVICE");
 }
+
+Test(device, peer_access_is_itself_or_a_backend_answer) {
+  int can = -1;
+  cr_assert_eq(ab_peer_access(CPU0, CPU0, &can), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(can, 1, "a device reaches its own memory");
+  cr_assert_eq(ab_peer_access(CPU0, CPU0, NULL), AB_ERR_INVALID_ARGUMENT);
+  can = -1;
+  cr_assert_eq(ab_peer_access(CPU0, (DLDevice){kDLCPU, 2}, &can), AB_ERR_NO_DEVICE);
+  cr_assert_eq(can, -1, "written on failure");
+  if (ab_device_count(kDLOpenCL) >= 2) {
+    /* OpenCL has no peer notion: its devices meet through a context copy
+     * or the host, never "directly" in this sense. */
+    cr_assert_eq(ab_peer_access((DLDevice){kDLOpenCL, 0}, (DLDevice){kDLOpenCL, 1}, &can), AB_OK);
+    cr_assert_eq(can, 0);
+    cr_assert_eq(ab_peer_access(CPU0, (DLDevice){kDLOpenCL, 1}, &can), AB_OK);
+    cr_assert_eq(can, 0, "different backends");
+  }
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA); i++) {
+    cr_assert_eq(ab_peer_access((DLDevice){kDLCUDA, i}, (DLDevice){kDLCUDA, i}, &can), AB_OK);
+    cr_assert_eq(can, 1);
+  }
+}

@@ -127,9 +127,28 @@ static int cmd_info(int argc, char **argv) {
     }
     if (json) printf("]}");
   }
-  if (json) printf("]}\n");
-  else
-    printf("\nCUDA peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
+  if (json) {
+    printf("]}\n");
+    return 0;
+  }
+  /* The peer matrix, like nvidia-smi topo -m: can the column GPU read the
+   * row GPU's memory directly? */
+  const int32_t ngpu = ab_device_count(kDLCUDA);
+  if (ngpu > 1) {
+    printf("\nCUDA peer access (row -> column; P2P = direct, - = through the host):\n%8s", "");
+    for (int32_t j = 0; j < ngpu; j++) printf(" cuda:%-3d", (int)j);
+    printf("\n");
+    for (int32_t i = 0; i < ngpu; i++) {
+      printf(" cuda:%-2d", (int)i);
+      for (int32_t j = 0; j < ngpu; j++) {
+        int can = 0;
+        if (ab_peer_access((DLDevice){kDLCUDA, i}, (DLDevice){kDLCUDA, j}, &can) != AB_OK) return lib_fail("peer");
+        printf(" %-8s", i == j ? "X" : can ? "P2P" : "-");
+      }
+      printf("\n");
+    }
+    printf("Peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
+  }
   return 0;
 }
 

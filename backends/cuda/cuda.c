@@ -445,6 +445,15 @@ static void cuda_fence_free(void *fence) {
   if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
 }
 
+static bool cuda_peer_access(int32_t from, int32_t to) {
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, to, from) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+}
+
 static ab_status cuda_synchronize(int32_t id, void *stream) {
   int prev;
   AB_FORWARD(enter(id, &prev));
@@ -534,6 +543,7 @@ const struct ab_backend ab__backend_cuda = {
   .host_is_staged = cuda_host_is_staged,
   .stream_sync = cuda_stream_sync,
   .synchronize = cuda_synchronize,
+  .peer_access = cuda_peer_access,
 };
 
 /* Host-accessible: copies between them and any host memory are the host

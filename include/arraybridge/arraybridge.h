@@ -312,6 +312,15 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
  * device, AB_ERR_BACKEND when the driver reports an error. */
 AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
 
+/** Whether device `to` reaches the memory of device `from` directly, so
+ * that copies between them need no trip through host memory: for two CUDA
+ * GPUs, cudaDeviceCanAccessPeer (peer access is then enabled on first use
+ * unless AB_CUDA_PEER=0; see docs/guide.md); for one device with itself,
+ * 1; otherwise 0. On success writes 0 or 1 to *can;
+ * AB_ERR_INVALID_ARGUMENT for a NULL can, AB_ERR_NO_DEVICE for a device
+ * that does not exist. */
+AB_API ab_status ab_peer_access(DLDevice from, DLDevice to, int *can);
+
 /** Writes into buf a description of the plan ab_convert_memory(src, target,
  * NULL, ...) would run: the devices, the byte count, and each step (views,
  * backend copies, host packs, uploads and downloads, with the memory they
