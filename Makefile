@@ -31,9 +31,11 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
+	$(BUILD)/abtool info
 	$(BUILD)/examples/ab_demo
 	if [ -x $(BUILD)/examples/ab_image ]; then $(BUILD)/examples/ab_image --device all $(BUILD)/demo-image.png; \
 	else echo "demo: no image example (libpng not found)"; fi
+	$(BUILD)/abtool bandwidth --sizes 64K,16M --reps 3
 
 # The whole suite: the normal build, then the same tests under
 # AddressSanitizer + UndefinedBehaviorSanitizer (leaks fail the run), then

@@ -9,10 +9,12 @@
  * Exit codes: 0 success; 1 the library failed (its message is printed);
  * 2 bad command line; 3 a bad input file. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "arraybridge/arraybridge.h"
 #include "npy.h"
@@ -227,6 +229,8 @@ static int cmd_bandwidth(int argc, char **argv) {
       for (int32_t i = 0; i < ab_device_count(all_types[k]) && ndevs < 64; i++)
         if (all_types[k] != kDLCUDAManaged) devs[ndevs++] = (DLDevice){all_types[k], i};
   }
+  /* Progress on stderr when stdout goes to a file and stderr to a terminal. */
+  const bool progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO); /* a terminal shows the rows grow */
   for (int s = 0; s < nsizes; s++) {
     const size_t n = sizes[s];
     char *a = malloc(n), *b = malloc(n);
@@ -239,6 +243,7 @@ static int cmd_bandwidth(int argc, char **argv) {
     memset(a, 1, n);
     memset(b, 2, n);
     double t[1000];
+    memcpy(b, a, n); /* warm-up, as for the conversions */
     for (int r = 0; r < reps; r++) {
       double t0 = now();
       memcpy(b, a, n);
@@ -265,7 +270,7 @@ static int cmd_bandwidth(int argc, char **argv) {
       DLManagedTensorVersioned *src;
       if (ab_tensor_alloc(devs[i], 1, shape, (DLDataType){kDLUInt, 8, 1}, &src) != AB_OK) return lib_fail(name);
       for (int j = 0; j < ndevs; j++) {
-        fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
+        if (progress) fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
         ab_convert_opts o = AB_CONVERT_OPTS_INIT;
         o.copy = AB_COPY_ALWAYS;
         for (int r = 0; r <= reps; r++) {
@@ -284,7 +289,7 @@ static int cmd_bandwidth(int argc, char **argv) {
         printf(" %9.2f (%6.1f)", (double)n / t[reps / 2] / 1e9, t[reps / 2] * 1e6);
         fflush(stdout);
       }
-      fprintf(stderr, "\r%*s\r", 40, "");
+      if (progress) fprintf(stderr, "\r%*s\r", 40, "");
       printf("\n");
       src->deleter(src);
     }
