@@ -19,7 +19,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-python docs bench install clean fuzz
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz
 
 all: build
 
@@ -43,7 +43,7 @@ demo: build
 # so that tier is the stress program alone), the Python module, and the
 # API reference (docs: any Doxygen warning, such as an undocumented public
 # symbol, fails it).
-test: test-normal test-asan test-tsan test-python docs
+test: test-normal test-asan test-tsan test-valgrind test-python docs
 
 test-normal: build
 	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)
@@ -60,6 +60,19 @@ test-tsan: deps
 	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target stress_threads
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads$$'
+
+# Valgrind memcheck where the sanitizers see least: the OpenCL routes
+# through PoCL (test_opencl, and a short thread stress across both
+# devices), from the normal build. Any error fails the test (valgrind
+# exits at the first one); leaks are the ASan tier's job, and PoCL's
+# toolchain subprocesses are not traced. tests/valgrind.supp holds only
+# what is not arraybridge's.
+VALGRIND = valgrind -q --error-exitcode=9 --exit-on-first-error=yes --leak-check=no \
+  --suppressions=tests/valgrind.supp --trace-children=yes \
+  --trace-children-skip='*/ld,*/ld.*,*/x86_64-linux-gnu-ld*,*clang*,*llvm*'
+test-valgrind: build
+	$(VALGRIND) $(BUILD)/tests/test_opencl --jobs=1 --short-filename
+	$(VALGRIND) $(BUILD)/tests/stress_threads 2 400
 
 # The Python module against NumPy 2.x from PyPI, in a venv of its own:
 # pip builds the C library with CMake (into $(PY_BUILD)/lib) and the

@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 deps=${AB_DEPS_DIR:-$root/.deps}
 suite=${AB_DLPACK_SUITE:-trixie}
 packages=(build-essential cmake pkg-config libcriterion-dev
-          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libpng-dev doxygen)
+          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libpng-dev doxygen valgrind)
 
 # The Python module (python/, tested by make test) needs a CPython with its
 # headers and venv; Debian's python3 has them in separate packages.
