@@ -71,7 +71,12 @@ void ab__free(void *p);
  * point calls ab__fault_check() first and fails as out of memory when it
  * returns true. Test-only control below; zero cost beyond one atomic load
  * when disarmed. */
+#ifdef AB_FAULT_INJECTION
 bool ab__fault_check(void);
+#else
+/* Compiled out (a Release build without the tests): never fails. */
+static inline bool ab__fault_check(void) { return false; }
+#endif
 /* Make the nth allocation from now fail (1 = the next); 0 disarms. */
 void ab__fault_arm(long nth);
 /* The same, but every allocation from the nth on fails until disarmed. */
@@ -82,7 +87,11 @@ long ab__fault_injected(void);
  * writes, staged chunks, fences, host syncs): each such call checks
  * ab__fault_transfer_check() first and fails as AB_ERR_BACKEND ("injected
  * transfer fault") when it returns true. Transient only. */
+#ifdef AB_FAULT_INJECTION
 bool ab__fault_transfer_check(void);
+#else
+static inline bool ab__fault_transfer_check(void) { return false; }
+#endif
 void ab__fault_arm_transfer(long nth);
 long ab__fault_transfer_injected(void);
 /* Host blocks currently allocated through ab__malloc & co. */
