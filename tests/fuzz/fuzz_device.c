@@ -11,14 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
+
 #include "arraybridge/arraybridge.h"
 
-#define CHECK(cond) \
-  do {              \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char text[256];

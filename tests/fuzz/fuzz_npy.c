@@ -6,14 +6,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fuzz.h"
+
 #include "tools/npy.h"
 
-#define CHECK(cond) \
-  do {              \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   npy_array a, before;
