@@ -39,6 +39,10 @@ enum {
    * OpenCL CPU device), so moving bytes to the host is a memcpy while its
    * kernels are slow: the planner prefers host-side work there. */
   AB_CAP_UNIFIED_MEMORY = 1u << 1,
+  /* Memory the library keeps for its own staging buffers, outside DLPack's
+   * device types (AB_DEVICE_OPENCL_HOST): it has a pool, but no tensor may
+   * name it. */
+  AB_CAP_STAGING_ONLY = 1u << 2,
 };
 
 struct ab_backend {
@@ -46,9 +50,15 @@ struct ab_backend {
   const char *name;
   uint32_t caps;
   /* Host-accessible memory this backend's transfers are fastest from and
-   * into (CUDA: kDLCUDAHost, page-locked), used for staging buffers of
-   * routes through host memory; 0 = plain host memory. */
+   * into (CUDA: kDLCUDAHost, page-locked; OpenCL: AB_DEVICE_OPENCL_HOST),
+   * used for staging buffers of routes through host memory; 0 = plain
+   * host memory. */
   DLDeviceType staging;
+  /* Which device of the `staging` type serves device `id`, or -1 when
+   * staging does not pay off for it (an OpenCL CPU device, whose memory
+   * already is the host's). NULL: device 0 serves every device (CUDA's
+   * pinned memory is one space). Use ab__staging_device. */
+  int32_t (*staging_id)(int32_t id);
 
   /* Called once, lazily, before any other operation; may be NULL. A
    * failure means zero devices, never a crash: the core logs it and keeps
@@ -127,13 +137,23 @@ struct ab_backend {
 
 extern const struct ab_backend ab__backend_host;
 #ifdef AB_HAVE_OPENCL
-extern const struct ab_backend ab__backend_opencl;
+extern const struct ab_backend ab__backend_opencl, ab__backend_opencl_host;
 #endif
 #ifdef AB_HAVE_CUDA
 extern const struct ab_backend ab__backend_cuda, ab__backend_cuda_host, ab__backend_cuda_managed;
 #endif
 
 /* ---- registry and wrappers (device.c) --------------------------------- */
+
+/* The staging memory of device `id` of `be` (see ab_backend.staging) into
+ * *out; false when it has none, or none right now (no devices of the
+ * staging type). */
+bool ab__staging_device(const struct ab_backend *be, int32_t id, DLDevice *out);
+
+/* ab__check_device for a device a tensor names (a source, a target, an
+ * allocation): staging-only memory (AB_CAP_STAGING_ONLY) is refused. */
+ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
+                                  const struct ab_backend **be);
 
 /* Initialises the backends once (thread-safe, lazily). */
 void ab__ensure_init(void);

@@ -345,8 +345,8 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
 static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, struct prepared *p) {
   AB_FORWARD(read_opts(opts, &p->o));
   AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
-  AB_FORWARD(ab__check_device(src->device, "src device", false, &p->sdev, &p->sbe));
-  AB_FORWARD(ab__check_device(target, "target device", true, &p->tdev, &p->tbe));
+  AB_FORWARD(ab__check_tensor_device(src->device, "src device", false, &p->sdev, &p->sbe));
+  AB_FORWARD(ab__check_tensor_device(target, "target device", true, &p->tdev, &p->tbe));
   AB_FORWARD(check_handle_range(src, &p->lay, p->sbe, p->sdev));
   AB_FORWARD(read_conversion(src, &p->lay, &p->o, &p->cv));
 
@@ -383,11 +383,8 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
  * staging memory (CUDA: pinned, so its DMA needs no driver bounce), else
  * the source's, else plain host memory. */
 static DLDevice staging_device(const struct prepared *p) {
-  const struct ab_backend *sides[2] = {p->tbe, p->sbe};
-  for (int i = 0; i < 2; i++) {
-    DLDeviceType type = sides[i]->staging;
-    if (type != 0 && ab_device_count(type) > 0) return (DLDevice){type, 0};
-  }
+  DLDevice d;
+  if (ab__staging_device(p->tbe, p->tdev.device_id, &d) || ab__staging_device(p->sbe, p->sdev.device_id, &d)) return d;
   return (DLDevice){kDLCPU, 0};
 }
 
@@ -540,7 +537,7 @@ ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDa
 
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   AB_FORWARD(ab__check_shape(ndim, shape, dtype, "tensor", &lay));
-  AB_FORWARD(ab__check_device(dev, "device", true, &dev, &be));
+  AB_FORWARD(ab__check_tensor_device(dev, "device", true, &dev, &be));
   AB_FORWARD(ab__tensor_new(dev, ndim, shape, dtype, &t));
   st = ab__tensor_alloc_data(t, be, lay.nbytes);
   if (st != AB_OK) {
@@ -556,6 +553,6 @@ ab_status ab_tensor_validate(const DLTensor *t) {
   const struct ab_backend *be;
   DLDevice dev;
   AB_FORWARD(ab__check_tensor(t, "tensor", &lay));
-  AB_FORWARD(ab__check_device(t->device, "tensor device", false, &dev, &be));
+  AB_FORWARD(ab__check_tensor_device(t->device, "tensor device", false, &dev, &be));
   return check_handle_range(t, &lay, be, dev);
 }

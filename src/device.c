@@ -19,7 +19,7 @@ static const struct ab_backend *const backends[] = {
   &ab__backend_cuda, &ab__backend_cuda_host, &ab__backend_cuda_managed,
 #endif
 #ifdef AB_HAVE_OPENCL
-  &ab__backend_opencl,
+  &ab__backend_opencl, &ab__backend_opencl_host,
 #endif
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
@@ -93,6 +93,7 @@ const char *ab_device_type_name(DLDeviceType type) {
   case 16: return "hexagon";
   case 17: return "maia";
   case 18: return "trn";
+  case (int)AB_DEVICE_OPENCL_HOST: return "opencl_host";
   default: return "unknown";
   }
 }
@@ -164,6 +165,24 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
   if (resolved) *resolved = dev;
   if (be) *be = backends[i];
   return AB_OK;
+}
+
+ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
+                                  const struct ab_backend **be) {
+  const struct ab_backend *b = ab__backend_for(dev.device_type);
+  if (b != NULL && (b->caps & AB_CAP_STAGING_ONLY))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "%s %s:%" PRId32 " is the library's own staging memory, not a DLPack device type: no tensor may name it",
+                   what, ab_device_type_name(dev.device_type), dev.device_id);
+  return ab__check_device(dev, what, is_target, resolved, be);
+}
+
+bool ab__staging_device(const struct ab_backend *be, int32_t id, DLDevice *out) {
+  if (be->staging == 0) return false;
+  const int32_t sid = be->staging_id != NULL ? be->staging_id(id) : 0;
+  if (sid < 0 || sid >= ab_device_count(be->staging)) return false;
+  *out = (DLDevice){be->staging, sid};
+  return true;
 }
 
 ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
@@ -324,9 +343,10 @@ ab_status ab_parse_device(const char *text, DLDevice *out) {
   const char *colon = strchr(text, ':');
   size_t tlen = colon ? (size_t)(colon - text) : strlen(text);
   int type = -1;
-  for (int t = 1; t <= 40 && type < 0; t++) {
-    const char *name = ab_device_type_name((DLDeviceType)t);
-    if (strcmp(name, "unknown") != 0 && strlen(name) == tlen && strncasecmp(name, text, tlen) == 0) type = t;
+  for (int slot = 1; slot < AB__TYPE_SLOTS && type < 0; slot++) {
+    const char *name = ab_device_type_name(ab__slot_type(slot));
+    if (strcmp(name, "unknown") != 0 && strlen(name) == tlen && strncasecmp(name, text, tlen) == 0)
+      type = (int)ab__slot_type(slot);
   }
   if (type < 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,

@@ -19,6 +19,21 @@
 #  define AB_UNLIKELY(x) (x)
 #endif
 
+/* ---- device types as small indexes ------------------------------------- */
+
+/* Tables indexed by device type (the pools, name lookups) use slots:
+ * DLPack's types 1..AB__TYPE_SLOTS-2 are their own slot, and
+ * AB_DEVICE_OPENCL_HOST, which lies outside DLPack's numbering, is the
+ * last one. -1 for any other value. */
+#define AB__TYPE_SLOTS 32
+static inline int ab__type_slot(int type) {
+  if (type > 0 && type < AB__TYPE_SLOTS - 1) return type;
+  return type == (int)AB_DEVICE_OPENCL_HOST ? AB__TYPE_SLOTS - 1 : -1;
+}
+static inline DLDeviceType ab__slot_type(int slot) {
+  return slot == AB__TYPE_SLOTS - 1 ? AB_DEVICE_OPENCL_HOST : (DLDeviceType)slot;
+}
+
 /* ---- errors (error.c) ------------------------------------------------- */
 
 /* Records the detail message for ab_last_error() and returns `status`, so a

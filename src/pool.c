@@ -75,7 +75,7 @@ struct ab__pool {
   bool orphaned;
 };
 
-#define MAX_TYPES 32
+#define MAX_TYPES AB__TYPE_SLOTS /* indexed by ab__type_slot */
 #define MAX_IDS 128
 static _Atomic(struct ab__pool *) table[MAX_TYPES][MAX_IDS];
 
@@ -125,8 +125,8 @@ bool ab__parse_size(const char *s, size_t n, uint64_t *out) {
 
 static int type_from_name(const char *s, size_t n) {
   for (int t = 1; t < MAX_TYPES; t++) {
-    const char *name = ab_device_type_name((DLDeviceType)t);
-    if (strcmp(name, "unknown") != 0 && strlen(name) == n && strncmp(name, s, n) == 0) return t;
+    const char *name = ab_device_type_name(ab__slot_type(t));
+    if (strcmp(name, "unknown") != 0 && strlen(name) == n && strncmp(name, s, n) == 0) return (int)ab__slot_type(t);
   }
   return -1;
 }
@@ -212,10 +212,11 @@ void ab__pool_reload_env(void) {
 
 /* The pool of a checked device, created on first use. */
 static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__pool **out) {
-  if ((unsigned)dev.device_type >= MAX_TYPES || dev.device_id < 0 || dev.device_id >= MAX_IDS)
+  const int ts = ab__type_slot((int)dev.device_type);
+  if (ts < 0 || dev.device_id < 0 || dev.device_id >= MAX_IDS)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "%s:%" PRId32 ": pools cover device ids 0..%d only",
                    ab_device_type_name(dev.device_type), dev.device_id, MAX_IDS - 1);
-  _Atomic(struct ab__pool *) *slot = &table[dev.device_type][dev.device_id];
+  _Atomic(struct ab__pool *) *slot = &table[ts][dev.device_id];
   struct ab__pool *p = atomic_load_explicit(slot, memory_order_acquire);
   if (AB_LIKELY(p != NULL)) {
     *out = p;
@@ -707,7 +708,7 @@ void ab__pool_shutdown(void) {
         /* Live tensors still point at this pool: it outlives the table,
          * and their deleters release its blocks and then the pool. */
         AB_LOG(AB_LOG_WARN, "ab_shutdown: %s:%d still has %" PRIu64 " bytes in use; they are released when deleted",
-               ab_device_type_name((DLDeviceType)t), i, in_use);
+               ab_device_type_name(ab__slot_type(t)), i, in_use);
         pthread_mutex_lock(&p->lock);
         p->orphaned = true;
         pthread_mutex_unlock(&p->lock);

@@ -110,8 +110,8 @@ static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
  * but right, and the thread's message is left as it was. */
 static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, size_t bytes, size_t *chunk) {
   struct ab__staging_config c = ab__staging_config();
-  const struct ab_backend *sbe = ab__backend_for(be->staging);
-  const DLDevice sdev = {be->staging, 0};
+  DLDevice sdev;
+  const struct ab_backend *sbe = ab__staging_device(be, id, &sdev) ? ab__backend_for(sdev.device_type) : NULL;
   char saved[AB_ERRBUF_SIZE];
   memset(r, 0, sizeof *r);
   r->be = be;
@@ -127,7 +127,7 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
   }
   r->n = (bytes + *chunk - 1) / *chunk;
   if (r->n > c.count) r->n = c.count;
-  if (sbe == NULL || ab_device_count(be->staging) == 0) return false;
+  if (sbe == NULL) return false;
   ab__save_error(saved);
   for (size_t i = 0; i < r->n; i++) {
     size_t want = bytes < *chunk ? bytes : *chunk;
@@ -142,8 +142,9 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
 }
 
 /* Whether a transfer of `bytes` at host address `host` should take the ring. */
-static bool wanted(const struct ab_backend *be, const void *host, size_t bytes) {
-  if (be->write_async == NULL || be->staging == 0) return false;
+static bool wanted(const struct ab_backend *be, int32_t id, const void *host, size_t bytes) {
+  DLDevice sdev;
+  if (be->write_async == NULL || !ab__staging_device(be, id, &sdev)) return false;
   if (bytes < ab__staging_config().min) return false;
   return !be->host_is_staged(host);
 }
@@ -152,7 +153,7 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
                            size_t bytes, void *stream) {
   struct ring r;
   size_t chunk;
-  if (!wanted(be, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
+  if (!wanted(be, id, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_write(be, id, handle, offset, src, bytes, stream);
   ab_status st = AB_OK;
   for (size_t done = 0, k = 0; done < bytes && st == AB_OK; k++) {
@@ -175,7 +176,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
                           size_t bytes, void *stream) {
   struct ring r;
   size_t chunk;
-  if (!wanted(be, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
+  if (!wanted(be, id, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_read(be, id, handle, offset, dst, bytes, stream);
   const size_t nchunks = (bytes + chunk - 1) / chunk;
   ab_status st = AB_OK;

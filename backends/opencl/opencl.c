@@ -14,6 +14,17 @@
  * One context per platform holds its devices, with one in-order queue per
  * device; both are created on first use under a lock and released by
  * ab_shutdown. Every transfer is complete when the call returns.
+ *
+ * Pinned staging (AB_DEVICE_OPENCL_HOST, the second backend object here):
+ * for each device, host memory the driver can DMA from directly, made as
+ * buffers with CL_MEM_ALLOC_HOST_PTR mapped for good (the OpenCL way to
+ * page-locked memory, which NVIDIA's and AMD's drivers honour). Routes
+ * through host memory stage there, and pageable uploads and downloads of
+ * 1 MiB and more go through the staging ring (src/staging.c) with
+ * non-blocking transfers and marker events as fences. AB_OPENCL_PINNED,
+ * read at initialisation: "auto" (the default) stages for devices whose
+ * memory is not the host's, since on a CPU device a staged transfer is
+ * only one more memcpy; "1" stages for every device; "0" for none.
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -59,6 +70,10 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct platform platforms[MAX_PLATFORMS];
 static struct device devices[MAX_DEVICES];
 static int nplatforms, ndevices;
+
+/* AB_OPENCL_PINNED: which devices stage through pinned memory. */
+enum pinned_mode { PINNED_AUTO, PINNED_ALL, PINNED_NONE };
+static enum pinned_mode pinned_mode;
 
 static const char *cl_err_name(cl_int e) {
   switch (e) {
@@ -111,6 +126,15 @@ static ab_status device_type_filter(cl_device_type *out) {
   return AB_OK;
 }
 
+static enum pinned_mode read_pinned_mode(void) {
+  const char *v = getenv("AB_OPENCL_PINNED");
+  if (v == NULL || *v == '\0' || strcmp(v, "auto") == 0) return PINNED_AUTO;
+  if (strcmp(v, "1") == 0 || strcmp(v, "on") == 0) return PINNED_ALL;
+  if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) return PINNED_NONE;
+  AB_LOG(AB_LOG_ERROR, "AB_OPENCL_PINNED=\"%s\" ignored: want auto, 1 (on) or 0 (off); using auto", v);
+  return PINNED_AUTO;
+}
+
 static ab_status cl_init(void) {
   cl_platform_id ids[MAX_PLATFORMS];
   cl_uint n = 0;
@@ -118,6 +142,7 @@ static ab_status cl_init(void) {
   const char *want = getenv("AB_OPENCL_PLATFORM");
 
   nplatforms = ndevices = 0;
+  pinned_mode = read_pinned_mode();
   AB_FORWARD(device_type_filter(&type));
   cl_int e = clGetPlatformIDs(MAX_PLATFORMS, ids, &n);
   if (e != CL_SUCCESS || n == 0)
@@ -560,10 +585,212 @@ static ab_status cl_synchronize(int32_t id, void *stream) {
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clFinish");
 }
 
+/* ---- pinned staging memory and the ring's operations ------------------- */
+
+/* A pinned block: one CL_MEM_ALLOC_HOST_PTR buffer, mapped while it lives.
+ * Its header sits in the mapped bytes just before the 256-byte aligned
+ * pointer handed out, so freeing needs no lookup and no host allocation;
+ * the headers form a list that host_is_staged walks (the pool keeps the
+ * blocks few: staging chunks and intermediate buffers). */
+struct pinned {
+  cl_mem mem;
+  cl_command_queue queue; /* retained: the unmap may come after ab_shutdown released ours */
+  void *base;
+  size_t len;
+  struct pinned *prev, *next;
+};
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pinned *pinned_list;
+
+static ab_status fail_pinned(cl_int e, int32_t id, const char *call) {
+  return AB_FAIL(is_oom(e) ? AB_ERR_OUT_OF_MEMORY : AB_ERR_BACKEND, "opencl_host:%" PRId32 ": %s failed: %s (%d)", id,
+                 call, cl_err_name(e), (int)e);
+}
+
+static ab_status pinned_alloc(int32_t id, size_t bytes, void **out) {
+  cl_context ctx;
+  cl_command_queue q;
+  cl_int e;
+  size_t len;
+  /* Room for the header and for aligning the block past it. */
+  if (__builtin_add_overflow(bytes, 2 * (size_t)AB_ALIGNMENT, &len))
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl_host:%" PRId32 ": %zu bytes is too many", id, bytes);
+  AB_FORWARD(get_queue(id, &ctx, &q));
+  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, len, NULL, &e);
+  if (e == CL_INVALID_BUFFER_SIZE)
+    /* Not an out-of-memory the OOM sequence could cure: the caller stages
+     * in pageable memory instead. */
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "opencl_host:%" PRId32 ": %zu bytes is more than one buffer may hold", id, len);
+  if (e != CL_SUCCESS) return fail_pinned(e, id, "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)");
+  void *base = clEnqueueMapBuffer(q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, len, 0, NULL, NULL, &e);
+  if (e != CL_SUCCESS || base == NULL) {
+    clReleaseMemObject(m);
+    return fail_pinned(e != CL_SUCCESS ? e : CL_OUT_OF_HOST_MEMORY, id, "clEnqueueMapBuffer");
+  }
+  uintptr_t user = ((uintptr_t)base + sizeof(struct pinned) + AB_ALIGNMENT - 1) & ~(uintptr_t)(AB_ALIGNMENT - 1);
+  struct pinned *h = (struct pinned *)(user - sizeof(struct pinned));
+  clRetainCommandQueue(q);
+  *h = (struct pinned){m, q, base, len, NULL, NULL};
+  pthread_mutex_lock(&pinned_lock);
+  h->next = pinned_list;
+  if (pinned_list != NULL) pinned_list->prev = h;
+  pinned_list = h;
+  pthread_mutex_unlock(&pinned_lock);
+  *out = (void *)user;
+  return AB_OK;
+}
+
+static void pinned_free(int32_t id, void *ptr, size_t bytes) {
+  (void)id;
+  (void)bytes;
+  struct pinned *h = (struct pinned *)((char *)ptr - sizeof(struct pinned));
+  pthread_mutex_lock(&pinned_lock);
+  if (h->prev != NULL) h->prev->next = h->next;
+  else pinned_list = h->next;
+  if (h->next != NULL) h->next->prev = h->prev;
+  pthread_mutex_unlock(&pinned_lock);
+  struct pinned copy = *h; /* the header lives in the bytes being unmapped */
+  clEnqueueUnmapMemObject(copy.queue, copy.mem, copy.base, 0, NULL, NULL);
+  clFinish(copy.queue);
+  clReleaseMemObject(copy.mem);
+  clReleaseCommandQueue(copy.queue);
+}
+
+static bool cl_host_is_staged(const void *p) {
+  bool found = false;
+  pthread_mutex_lock(&pinned_lock);
+  for (struct pinned *h = pinned_list; h != NULL && !found; h = h->next)
+    found = (const char *)p >= (const char *)h->base && (const char *)p < (const char *)h->base + h->len;
+  pthread_mutex_unlock(&pinned_lock);
+  return found;
+}
+
+/* Each device stages in its own pinned pool (its buffers belong to the
+ * device's context); see AB_OPENCL_PINNED above. */
+static int32_t cl_staging_id(int32_t id) {
+  if (pinned_mode == PINNED_NONE || (pinned_mode == PINNED_AUTO && devices[id].unified)) return -1;
+  return id;
+}
+
+static int32_t pinned_count(void) { return pinned_mode == PINNED_NONE ? 0 : ndevices; }
+
+static ab_status pinned_info(int32_t id, struct ab_device_info *out) {
+  char name[sizeof out->name];
+  AB_FORWARD(cl_info(id, out));
+  snprintf(name, sizeof name, "%s", out->name);
+  snprintf(out->name, sizeof out->name, "pinned host memory of opencl:%" PRId32 " (%.80s)", id, name);
+  out->total_memory = out->free_memory = 0; /* host memory: not the device's */
+  out->unified_memory = 1;
+  return AB_OK;
+}
+
+/* The queue the ring's fences go on: the caller's stream when it belongs
+ * to our context (the ring's transfers are then queued on it too), else
+ * our queue. */
+static ab_status fence_queue(int32_t id, void *stream, cl_command_queue *q) {
+  cl_context ctx, sctx = NULL;
+  AB_FORWARD(get_queue(id, &ctx, q));
+  if (stream != NULL && clGetCommandQueueInfo((cl_command_queue)stream, CL_QUEUE_CONTEXT, sizeof sctx, &sctx, NULL) ==
+                            CL_SUCCESS && sctx == ctx)
+    *q = (cl_command_queue)stream;
+  return AB_OK;
+}
+
+/* A ring transfer: non-blocking when it goes on the queue the fences go
+ * on; blocking otherwise (a buffer of another context), which completes
+ * before the fence is recorded and so keeps the ring's promise. */
+static ab_status async_xfer(int32_t id, cl_mem m, uint64_t offset, void *host, size_t bytes, void *stream, bool write) {
+  cl_command_queue q, fq;
+  bool tmp;
+  AB_FORWARD(queue_for(id, m, stream, &q, &tmp));
+  ab_status st = fence_queue(id, stream, &fq);
+  cl_int e = CL_SUCCESS;
+  if (st == AB_OK) {
+    const cl_bool block = tmp || q != fq ? CL_TRUE : CL_FALSE;
+    e = write ? clEnqueueWriteBuffer(q, m, block, (size_t)offset, bytes, host, 0, NULL, NULL)
+              : clEnqueueReadBuffer(q, m, block, (size_t)offset, bytes, host, 0, NULL, NULL);
+  }
+  if (tmp) clReleaseCommandQueue(q);
+  AB_FORWARD(st);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, write ? "clEnqueueWriteBuffer (staged)" : "clEnqueueReadBuffer (staged)");
+}
+
+static ab_status cl_write_async(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
+  return async_xfer(id, (cl_mem)handle, offset, (void *)src, bytes, stream, true);
+}
+
+static ab_status cl_read_async(int32_t id, const void *handle, uint64_t offset, void *dst, size_t bytes, void *stream) {
+  return async_xfer(id, (cl_mem)handle, offset, dst, bytes, stream, false);
+}
+
+/* A fence is the event of a marker: complete when everything queued
+ * before it is. */
+struct fence {
+  cl_event ev; /* NULL until recorded */
+};
+
+static ab_status cl_fence_new(int32_t id, void **out) {
+  struct fence *f = ab__malloc(sizeof *f);
+  if (f == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": no host memory for a fence", id);
+  f->ev = NULL;
+  *out = f;
+  return AB_OK;
+}
+
+static ab_status cl_fence_record(int32_t id, void *fence, void *stream) {
+  struct fence *f = fence;
+  cl_command_queue q;
+  AB_FORWARD(fence_queue(id, stream, &q));
+  if (f->ev != NULL) clReleaseEvent(f->ev);
+  f->ev = NULL;
+  cl_int e = clEnqueueMarkerWithWaitList(q, 0, NULL, &f->ev);
+  if (e != CL_SUCCESS) {
+    f->ev = NULL;
+    return fail_cl(e, id, "clEnqueueMarkerWithWaitList");
+  }
+  clFlush(q); /* start the queued transfers now, not at the first wait */
+  return AB_OK;
+}
+
+static ab_status cl_fence_wait(void *fence) {
+  struct fence *f = fence;
+  cl_int status = CL_COMPLETE;
+  if (f->ev == NULL) return AB_OK;
+  cl_int e = clWaitForEvents(1, &f->ev);
+  if (e == CL_SUCCESS || e == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+    e = clGetEventInfo(f->ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+  if (e == CL_SUCCESS && status < 0) e = status; /* the transfers before the marker failed */
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, -1, "waiting for a staged transfer");
+}
+
+static void cl_fence_free(void *fence) {
+  struct fence *f = fence;
+  if (f->ev != NULL) clReleaseEvent(f->ev);
+  ab__free(f);
+}
+
+static void cl_stream_sync(int32_t id, void *stream) {
+  cl_command_queue q;
+  if (fence_queue(id, stream, &q) == AB_OK) clFinish(q);
+}
+
+const struct ab_backend ab__backend_opencl_host = {
+  .device_type = AB_DEVICE_OPENCL_HOST,
+  .name = "opencl",
+  .caps = AB_CAP_HOST_ACCESSIBLE | AB_CAP_STAGING_ONLY,
+  /* no init or shutdown: the OpenCL backend's, which runs before */
+  .device_count = pinned_count,
+  .device_info = pinned_info,
+  .alloc = pinned_alloc,
+  .free = pinned_free,
+};
+
 const struct ab_backend ab__backend_opencl = {
   .device_type = kDLOpenCL,
   .name = "opencl",
   .caps = 0,
+  .staging = AB_DEVICE_OPENCL_HOST,
+  .staging_id = cl_staging_id,
   .init = cl_init,
   .shutdown = cl_shutdown,
   .device_count = cl_count,
@@ -579,4 +806,12 @@ const struct ab_backend ab__backend_opencl = {
   .write_rect = cl_write_rect,
   .check_range = cl_check_range,
   .synchronize = cl_synchronize,
+  .write_async = cl_write_async,
+  .read_async = cl_read_async,
+  .fence_new = cl_fence_new,
+  .fence_record = cl_fence_record,
+  .fence_wait = cl_fence_wait,
+  .fence_free = cl_fence_free,
+  .host_is_staged = cl_host_is_staged,
+  .stream_sync = cl_stream_sync,
 };

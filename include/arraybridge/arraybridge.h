@@ -141,6 +141,18 @@ AB_API const char *ab_last_error(void);
  * source tensor. */
 #define AB_DEVICE_AUTO (-1)
 
+/** arraybridge's own device type, outside DLPack's numbering: the
+ * page-locked ("pinned") host memory of OpenCL device `device_id`, which
+ * the library allocates (buffers created with CL_MEM_ALLOC_HOST_PTR and
+ * mapped) for staging buffers on routes through host memory, as it uses
+ * cuda_host memory for CUDA. It has a pool like every device, so
+ * ab_pool_stats, ab_pool_summary, ab_pool_trim, ab_set_memory_limit,
+ * ab_device_info, ab_device_count and AB_MEMORY_LIMIT ("opencl_host:0=1GiB")
+ * take it; no tensor is ever labelled with it, and ab_convert_memory,
+ * ab_tensor_alloc and ab_tensor_validate refuse it (AB_ERR_INVALID_ARGUMENT).
+ * Whether a device stages through it: docs/pools.md (AB_OPENCL_PINNED). */
+#define AB_DEVICE_OPENCL_HOST ((DLDeviceType)0x10004)
+
 /** Number of devices of a type: kDLCPU is always 1; a type whose backend is
  * not built in, or whose driver or devices are absent, is 0. Never fails. */
 AB_API int32_t ab_device_count(DLDeviceType type);
@@ -173,7 +185,8 @@ struct ab_device_info {
 AB_API ab_status ab_device_info(DLDevice dev, struct ab_device_info *out);
 
 /** Short lower-case name of a device type ("cpu", "cuda", "cuda_host",
- * "opencl", ...); "unknown" for values DLPack does not define. Static. */
+ * "opencl", ...; "opencl_host" for AB_DEVICE_OPENCL_HOST); "unknown" for
+ * values DLPack does not define. Static. */
 AB_API const char *ab_device_type_name(DLDeviceType type);
 
 /** Parses a device string: a type name as ab_device_type_name gives it
