@@ -26,6 +26,7 @@
 #define AB_BACKEND_H
 
 #include "internal.h"
+#include "converters/host/convert.h"
 
 /* Alignment of every data block the library allocates (DLPack asks for
  * 256 bytes, as CUDA gives). */
@@ -116,6 +117,16 @@ struct ab_backend {
   /* ab_peer_access between two devices of this backend; NULL = never. */
   bool (*peer_access)(int32_t from, int32_t to);
 
+  /* Conversions on the device (the converters/ of this backend), both or
+   * neither. can_convert: whether device `id` runs `a` bit-exactly as the
+   * host would (the rules in converters/host/convert.h); may build
+   * kernels. convert: from the source's elements at `src` + `src_offset`
+   * bytes (laid out as a's strides say) into the compact result at `dst` +
+   * `dst_offset`, both buffers of device `id`; complete on return. */
+  bool (*can_convert)(int32_t id, const ab__convert_args *a);
+  ab_status (*convert)(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
+                       const ab__convert_args *a, void *stream);
+
   /* The staging ring (src/staging.c), for backends whose transfers from
    * pageable memory are slow and whose `staging` memory is fast. All of
    * these or none. The async transfers take host memory of the staging
@@ -176,6 +187,9 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
 ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream);
+bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const ab__convert_args *a);
+ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
+                          uint64_t dst_offset, const ab__convert_args *a, void *stream);
 bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact);
 ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
                         const void *src, size_t bytes, void *stream);
@@ -222,6 +236,9 @@ struct ab__staging_config {
 };
 struct ab__staging_config ab__staging_config(void);
 void ab__staging_reload_env(void);
+/* Re-reads AB_CONVERT_PLACE (auto, host, device: where conversions run
+ * when the route leaves a choice) on the next conversion (tests). */
+void ab__convert_reload_env(void);
 
 ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
                               uint64_t begin, uint64_t end);

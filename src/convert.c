@@ -1,7 +1,10 @@
 /* ab_convert_memory: validate -> plan -> allocate -> execute -> export. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -111,27 +114,38 @@ static DLTensor compact_at(const DLTensor *t, DLDevice dev, void *data) {
  * from the host pool and go back to it whatever happens. */
 /* The CONVERT step: host bytes `cur` (any strides) into compact `out`,
  * permuted, cast and scaled as cv says. */
-static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
-  const size_t es = (size_t)(cur->dtype.bits / 8u) * cur->dtype.lanes;
-  int64_t bst[AB_MAX_NDIM], shape[AB_MAX_NDIM], pst[AB_MAX_NDIM];
+/* The conversion of `cur` (any strides; compact when NULL) as every
+ * converter takes it: the result's shape, the source's element strides in
+ * the result's axis order, and the op with its channel in those axes. */
+static void convert_args(const DLTensor *cur, const conv *cv, ab__convert_args *a) {
+  int64_t st[AB_MAX_NDIM];
   int64_t acc = 1;
   for (int32_t i = cur->ndim - 1; i >= 0; i--) {
-    int64_t elems = cur->strides ? cur->strides[i] : acc;
-    bst[i] = cur->shape[i] == 1 ? 0 : elems * (int64_t)es; /* validated: no overflow */
+    st[i] = cur->shape[i] == 1 ? 0 : cur->strides ? cur->strides[i] : acc;
     acc *= cur->shape[i];
   }
-  ab__cast_op op = cv->op;
-  op.channel_dim = -1;
+  a->ndim = cur->ndim;
+  a->op = cv->op;
+  a->op.channel_dim = -1;
   for (int32_t i = 0; i < cur->ndim; i++) {
-    shape[i] = cur->shape[cv->perm[i]];
-    pst[i] = bst[cv->perm[i]];
-    if (cv->op.channel_dim >= 0 && cv->perm[i] == cv->op.channel_dim) op.channel_dim = i;
+    a->shape[i] = cur->shape[cv->perm[i]];
+    a->stride[i] = st[cv->perm[i]];
+    if (cv->op.channel_dim >= 0 && cv->perm[i] == cv->op.channel_dim) a->op.channel_dim = i;
   }
+}
+
+static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
+  const size_t es = (size_t)(cur->dtype.bits / 8u) * cur->dtype.lanes;
+  int64_t pst[AB_MAX_NDIM];
+  ab__convert_args a;
+  convert_args(cur, cv, &a);
+  for (int32_t i = 0; i < a.ndim; i++) pst[i] = a.stride[i] * (int64_t)es; /* validated: no overflow */
+  const ab__cast_op *op = &a.op;
   const char *from = (const char *)cur->data + cur->byte_offset;
-  if (!op.affine && op.from.code == op.to.code && op.from.bits == op.to.bits && op.from.lanes == op.to.lanes)
-    ab__host_gather(out, from, cur->ndim, shape, pst, es); /* a pure permutation: the fast gather */
+  if (!op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits && op->from.lanes == op->to.lanes)
+    ab__host_gather(out, from, a.ndim, a.shape, pst, es); /* a pure permutation: the fast gather */
   else
-    ab__host_convert(out, from, cur->ndim, shape, pst, &op);
+    ab__host_convert(out, from, a.ndim, a.shape, pst, op);
 }
 
 /* Whose opts.stream it is: a backend family and one of its devices. */
@@ -169,7 +183,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     void *stream = stream_for(s, owner);
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
-    if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK || s->kind == AB_STEP_CONVERT ||
+    if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK || (s->kind == AB_STEP_CONVERT && s->via == kDLCPU) ||
         (s->kind == AB_STEP_DOWNLOAD && (cur_compact || rect != NULL))) {
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
@@ -226,11 +240,31 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       break;
     }
     case AB_STEP_CONVERT:
+      if (s->via != kDLCPU) {
+        /* On the target device, from the source's bytes uploaded there. */
+        ab__convert_args a;
+        convert_args(&cur, cv, &a);
+        st = ab__dev_convert(ab__backend_for(s->via), dst->device.device_id, cur.data, cur.byte_offset, dst->data,
+                             dst->byte_offset, &a, stream);
+        break;
+      }
       convert_host(&cur, cv, out_bytes);
       cur = compact_at(dst, (DLDevice){kDLCPU, 0}, out_bytes); /* the result's shape and dtype from here */
       cur_compact = true;
       break;
     case AB_STEP_UPLOAD:
+      if (!last) {
+        /* The source's bytes, compact, into a buffer on the target for a
+         * conversion there. */
+        const struct ab_backend *be = ab__backend_for(s->via);
+        st = ab__pool_alloc(be, s->to, lay->nbytes, &stage[nstage]);
+        if (st != AB_OK) break;
+        DLTensor to = compact_at(&cur, s->to, stage[nstage++]->ptr);
+        st = ab__staged_write(be, s->to.device_id, to.data, 0, (const char *)cur.data + cur.byte_offset, lay->nbytes,
+                              stream);
+        cur = to;
+        break;
+      }
       if (cur_compact)
         st = ab__staged_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
                               (const char *)cur.data + cur.byte_offset, cv->active ? cv->out_nbytes : lay->nbytes,
@@ -342,6 +376,32 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
   return AB_OK;
 }
 
+/* AB_CONVERT_PLACE: auto (default), host or device; read once, and again
+ * after ab__convert_reload_env (tests). */
+static pthread_mutex_t place_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int place_read = -1; /* -1: not read yet */
+
+void ab__convert_reload_env(void) {
+  pthread_mutex_lock(&place_lock);
+  atomic_store(&place_read, -1);
+  pthread_mutex_unlock(&place_lock);
+}
+
+static ab__place convert_place(void) {
+  int v = atomic_load_explicit(&place_read, memory_order_acquire);
+  if (AB_LIKELY(v >= 0)) return (ab__place)v;
+  pthread_mutex_lock(&place_lock);
+  const char *e = getenv("AB_CONVERT_PLACE");
+  ab__place p = AB_PLACE_AUTO;
+  if (e != NULL && strcmp(e, "host") == 0) p = AB_PLACE_HOST;
+  else if (e != NULL && strcmp(e, "device") == 0) p = AB_PLACE_DEVICE;
+  else if (e != NULL && *e != '\0' && strcmp(e, "auto") != 0)
+    AB_LOG(AB_LOG_ERROR, "AB_CONVERT_PLACE=\"%s\" ignored: want auto, host or device; using auto", e);
+  atomic_store_explicit(&place_read, (int)p, memory_order_release);
+  pthread_mutex_unlock(&place_lock);
+  return p;
+}
+
 static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, struct prepared *p) {
   AB_FORWARD(read_opts(opts, &p->o));
   AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
@@ -371,6 +431,22 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
     .nbytes = lay->nbytes,
     .extent = lay->numel > 0 ? (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize : 0,
   };
+  p->q.out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes;
+  p->q.place = convert_place();
+  /* Asking whether the target can convert may build its kernels too: only
+   * when the planner could choose the device (a compact host source, and
+   * a result bigger than it on a device that is not the host's memory, or
+   * a forced place). */
+  if (p->cv.active && lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+      !(tbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+      (p->q.place == AB_PLACE_DEVICE ||
+       (p->q.place == AB_PLACE_AUTO && p->q.out_nbytes > p->q.nbytes && !(p->q.dst_caps & AB_CAP_UNIFIED_MEMORY)))) {
+    DLTensor compact = *src;
+    compact.strides = NULL;
+    ab__convert_args a;
+    convert_args(&compact, &p->cv, &a);
+    p->q.dst_convert = ab__dev_can_convert(tbe, p->tdev.device_id, &a);
+  }
   /* Asking a backend whether it can gather may build its kernels: ask only
    * when the plan could use a gather (strided, no rectangle, sparse). */
   if (!lay->compact && lay->numel > 0 && !p->q.src_rect && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
@@ -475,12 +551,20 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
     return;
   case AB_STEP_CONVERT: {
     char a[48], b[48];
-    put(t, "convert on the host: %s -> %s", ab__dtype_name(p->cv.op.from, a, sizeof a),
-        ab__dtype_name(p->cv.op.to, b, sizeof b));
+    if (s->via == kDLCPU) {
+      put(t, "convert on the host: ");
+    } else {
+      put(t, "convert on ");
+      put_dev(t, s->to);
+      put(t, ": ");
+    }
+    put(t, "%s -> %s", ab__dtype_name(p->cv.op.from, a, sizeof a), ab__dtype_name(p->cv.op.to, b, sizeof b));
     if (p->cv.op.affine) put(t, p->cv.op.channel_dim >= 0 ? ", scaled per channel" : ", scaled");
     put(t, " into compact ");
     put_dev(t, last ? p->tdev : staging);
     put(t, " memory");
+    if (s->via != kDLCPU) put(t, " (%" PRIu64 " bytes crossed the link instead of %" PRIu64 ")", p->q.nbytes,
+                              p->q.out_nbytes);
     return;
   }
   case AB_STEP_DOWNLOAD:
@@ -502,8 +586,10 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
     put_dev(t, s->to);
     if (p->q.dst_rect && first)
       put(t, ", %" PRIu64 " bytes as one rectangle of %zu-byte rows", p->q.nbytes, p->rect.region[0]);
+    else if (!last)
+      put(t, ", %" PRIu64 " bytes as they are, for the conversion there", p->q.nbytes);
     else
-      put(t, ", %" PRIu64 " bytes", p->q.nbytes);
+      put(t, ", %" PRIu64 " bytes", first ? p->q.nbytes : p->q.out_nbytes);
     return;
   }
   put(t, "step of unknown kind %d", (int)s->kind);

@@ -169,8 +169,9 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
 
 ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                   const struct ab_backend **be) {
+  /* By its capability, and by value in builds without the backend. */
   const struct ab_backend *b = ab__backend_for(dev.device_type);
-  if (b != NULL && (b->caps & AB_CAP_STAGING_ONLY))
+  if ((b != NULL && (b->caps & AB_CAP_STAGING_ONLY)) || dev.device_type == AB_DEVICE_OPENCL_HOST)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s %s:%" PRId32 " is the library's own staging memory, not a DLPack device type: no tensor may name it",
                    what, ab_device_type_name(dev.device_type), dev.device_id);
@@ -232,6 +233,18 @@ ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTens
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
   INJECT_TRANSFER_FAULT(be, "copy");
   return be->copy(from, to, stream);
+}
+
+bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const ab__convert_args *a) {
+  return be->convert != NULL && be->can_convert != NULL && be->can_convert(id, a);
+}
+
+ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
+                          uint64_t dst_offset, const ab__convert_args *a, void *stream) {
+  if (be->convert == NULL)
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot convert on its devices", be->name);
+  INJECT_TRANSFER_FAULT(be, "convert");
+  return be->convert(id, src, src_offset, dst, dst_offset, a, stream);
 }
 
 bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact) {

@@ -46,9 +46,18 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
                    ab_device_type_name(q->dst.device_type), q->dst.device_id);
   }
   if (q->convert || !q->same_dtype) {
-    /* Conversions run on the host for now: the bytes come to host memory
-     * (as they are, strided or not), are converted into compact ones, and
-     * go on to the target. */
+    /* On the target device: the source's bytes cross the link as they
+     * are, and the device widens them there. */
+    const bool device_ok = src_host && !dst_host && q->src_compact && q->dst_convert;
+    const bool device_pays = q->out_nbytes > q->nbytes && !(q->dst_caps & AB_CAP_UNIFIED_MEMORY);
+    if (device_ok && (q->place == AB_PLACE_DEVICE || (q->place == AB_PLACE_AUTO && device_pays))) {
+      add(plan, AB_STEP_UPLOAD, q->src, q->dst, q->dst.device_type);
+      add(plan, AB_STEP_CONVERT, q->dst, q->dst, q->dst.device_type);
+      return AB_OK;
+    }
+    /* Otherwise on the host: the bytes come to host memory (as they are,
+     * strided or not), are converted into compact ones, and go on to the
+     * target. */
     if (!src_host) add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
     add(plan, AB_STEP_CONVERT, src_host ? q->src : host, dst_host ? q->dst : host, kDLCPU);
     if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);

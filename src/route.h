@@ -15,8 +15,14 @@ typedef enum ab__step_kind {
                          * strided one as one rectangle read (src_rect) or as
                          * the byte extent its strides address */
   AB_STEP_UNPACK = 6,   /* host gather of a downloaded strided extent into compact bytes */
-  AB_STEP_CONVERT = 7,  /* host conversion (dtype, affine, axis order) of host bytes into compact ones */
+  AB_STEP_CONVERT = 7,  /* conversion (dtype, affine, axis order) into compact bytes: on the host
+                         * (via kDLCPU), or on the target device (via its type) from the source's
+                         * bytes uploaded there */
 } ab__step_kind;
+
+/* Where a conversion may run (AB_CONVERT_PLACE): auto lets the planner
+ * choose, host and device force a side where the route allows it. */
+typedef enum ab__place { AB_PLACE_AUTO = 0, AB_PLACE_HOST = 1, AB_PLACE_DEVICE = 2 } ab__place;
 
 typedef struct ab__step {
   ab__step_kind kind;
@@ -57,11 +63,23 @@ typedef struct ab__route_query {
   /* Bytes of the tensor, and bytes its strides span: a gather moves the
    * first over the link, a raw download the second. */
   uint64_t nbytes, extent;
+  /* The target backend can run this conversion on its device, from the
+   * source's bytes as they are once uploaded compact. */
+  bool dst_convert;
+  /* Bytes of the converted result. */
+  uint64_t out_nbytes;
+  ab__place place;
 } ab__route_query;
 
 /* Routes: a view; one backend copy when `direct`; otherwise through host
  * memory: [PACK] UPLOAD into a device, DOWNLOAD [UNPACK] out of one, or
  * DOWNLOAD [UNPACK] UPLOAD between two devices that cannot copy directly.
+ * Conversions: [DOWNLOAD] CONVERT [UPLOAD] with the host converting; or,
+ * from compact host memory to a device that can convert (dst_convert),
+ * UPLOAD then CONVERT on the device when the result is the bigger of the
+ * two (fewer bytes cross the link: uint8 -> float32 moves a quarter) and
+ * the device's memory is not the host's (whose kernels are slower than
+ * the host's own loop), or whenever place is AB_PLACE_DEVICE.
  * Host-accessible memory is never downloaded or uploaded.
  * Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */

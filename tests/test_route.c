@@ -339,3 +339,61 @@ Test(explain, cuts_like_snprintf_and_fails_like_convert) {
   cr_assert_eq(ab_explain_route(NULL, CPU0, cut, sizeof cut), AB_ERR_INVALID_ARGUMENT);
   for (size_t i = 0; i < sizeof cut; i++) cr_assert_eq(cut[i], 'x', "buf written on failure at %zu", i);
 }
+
+/* Conversions from compact host memory to a device that can convert them:
+ * on the device when the result is the bigger (fewer bytes cross the link)
+ * and the device's memory is not the host's, or when forced; on the host
+ * otherwise. */
+Test(route, a_widening_conversion_runs_on_the_target_when_that_moves_fewer_bytes) {
+  const DLDevice cl0 = DEV(kDLOpenCL, 0), cu1 = DEV(kDLCUDA, 1);
+  const DLDevice targets[2] = {cl0, cu1};
+  for (int t = 0; t < 2; t++) {
+    ab__route_query q = query(CPU0, targets[t]);
+    q.same_dtype = false;
+    q.convert = true;
+    q.dst_convert = true;
+    q.nbytes = 1000;      /* uint8 ... */
+    q.out_nbytes = 4000;  /* ... to float32 */
+    const DLDeviceType tt = targets[t].device_type;
+    assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_UPLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){tt, tt}, "u8 -> f32");
+    ab__plan plan;
+    cr_assert_eq(ab__plan_route(&q, &plan), AB_OK);
+    cr_assert(dev_eq(plan.steps[0].to, targets[t]) && dev_eq(plan.steps[1].from, targets[t]) &&
+              dev_eq(plan.steps[1].to, targets[t]), "the conversion must run on the target");
+    /* narrowing, or equal sizes: the host converts before the upload */
+    ab__route_query n = q;
+    n.out_nbytes = 250;
+    assert_steps(&n, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt}, "f32 -> u8");
+    n.out_nbytes = 1000;
+    assert_steps(&n, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt}, "same size");
+    /* ... unless the device is asked for */
+    n.place = AB_PLACE_DEVICE;
+    assert_steps(&n, 2, (ab__step_kind[]){AB_STEP_UPLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){tt, tt}, "forced");
+    /* a device whose memory is the host's: the host, unless forced */
+    ab__route_query u = q;
+    u.dst_caps = AB_CAP_UNIFIED_MEMORY;
+    assert_steps(&u, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt}, "unified");
+    u.place = AB_PLACE_DEVICE;
+    assert_steps(&u, 2, (ab__step_kind[]){AB_STEP_UPLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){tt, tt},
+                 "unified, forced");
+    /* the host when asked, when the device cannot, or for a strided source */
+    ab__route_query h = q;
+    h.place = AB_PLACE_HOST;
+    assert_steps(&h, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt}, "host");
+    h = q;
+    h.dst_convert = false;
+    h.place = AB_PLACE_DEVICE;
+    assert_steps(&h, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt},
+                 "no kernel");
+    h = q;
+    h.src_compact = false;
+    assert_steps(&h, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_UPLOAD}, (DLDeviceType[]){kDLCPU, tt}, "strided");
+    /* device to device, or to the host: the host converts, as before */
+    ab__route_query dd = q;
+    dd.src = DEV(kDLOpenCL, 1);
+    dd.src_caps = 0;
+    dd.direct = false;
+    assert_steps(&dd, 3, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT, AB_STEP_UPLOAD},
+                 (DLDeviceType[]){kDLOpenCL, kDLCPU, tt}, "device -> device");
+  }
+}

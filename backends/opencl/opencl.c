@@ -42,8 +42,11 @@
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
 
-/* The gather kernels, one per element width (1, 2, 4, 8, 16 bytes). */
-#define NKERNELS 5
+/* The kernels: gathers, one per element width (1, 2, 4, 8, 16 bytes), then
+ * conversions to float32, one per source kind (enum conv_src). */
+#define NGATHER 5
+#define NCONVERT 8
+#define NKERNELS (NGATHER + NCONVERT)
 
 struct platform {
   cl_platform_id id;
@@ -52,12 +55,12 @@ struct platform {
   /* converters/opencl/gather.cl, built on first need; a failed build is
    * remembered (strided copies then go through the host) */
   cl_program prog;
-  cl_kernel gather[NKERNELS];
+  cl_kernel kernel[NKERNELS]; /* gathers, then conversions */
   bool prog_failed;
 };
 
-extern const char ab__opencl_gather_cl[];
-extern const size_t ab__opencl_gather_cl_len;
+extern const char ab__opencl_gather_cl[], ab__opencl_convert_cl[];
+extern const size_t ab__opencl_gather_cl_len, ab__opencl_convert_cl_len;
 
 struct device {
   cl_device_id id;
@@ -163,7 +166,7 @@ static ab_status cl_init(void) {
     pl->count = 0;
     pl->prog = NULL;
     pl->prog_failed = false;
-    for (int k = 0; k < NKERNELS; k++) pl->gather[k] = NULL;
+    for (int k = 0; k < NKERNELS; k++) pl->kernel[k] = NULL;
     for (cl_uint d = 0; d < nd && ndevices < MAX_DEVICES; d++) {
       cl_bool unified = CL_FALSE;
       clGetDeviceInfo(devs[d], CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
@@ -184,7 +187,7 @@ static void cl_shutdown(void) {
   pthread_mutex_lock(&lock);
   for (int p = 0; p < nplatforms; p++) {
     for (int k = 0; k < NKERNELS; k++)
-      if (platforms[p].gather[k]) clReleaseKernel(platforms[p].gather[k]);
+      if (platforms[p].kernel[k]) clReleaseKernel(platforms[p].kernel[k]);
     if (platforms[p].prog) clReleaseProgram(platforms[p].prog);
   }
   for (int i = 0; i < ndevices; i++)
@@ -484,18 +487,21 @@ static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
 static bool kernels_ready(struct platform *p) {
   if (p->prog != NULL) return true;
   if (p->prog_failed || p->ctx == NULL) return false;
-  const char *src = ab__opencl_gather_cl;
-  size_t len = ab__opencl_gather_cl_len;
+  const char *src[2] = {ab__opencl_gather_cl, ab__opencl_convert_cl};
+  size_t len[2] = {ab__opencl_gather_cl_len, ab__opencl_convert_cl_len};
   cl_int e;
-  cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
+  cl_program prog = clCreateProgramWithSource(p->ctx, 2, src, len, &e);
   if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
-  static const char *names[NKERNELS] = {"ab_gather_1", "ab_gather_2", "ab_gather_4", "ab_gather_8", "ab_gather_16"};
-  for (int k = 0; k < NKERNELS && e == CL_SUCCESS; k++) p->gather[k] = clCreateKernel(prog, names[k], &e);
+  static const char *names[NKERNELS] = {"ab_gather_1",     "ab_gather_2",   "ab_gather_4",    "ab_gather_8",
+                                        "ab_gather_16",    "ab_to_f32_u8",  "ab_to_f32_i8",   "ab_to_f32_u16",
+                                        "ab_to_f32_i16",   "ab_to_f32_bool", "ab_to_f32_f16", "ab_to_f32_bf16",
+                                        "ab_to_f32_f32"};
+  for (int k = 0; k < NKERNELS && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
   if (e != CL_SUCCESS) {
-    AB_LOG(AB_LOG_WARN, "OpenCL gather kernels unavailable (%s, %d): strided copies go through the host",
+    AB_LOG(AB_LOG_WARN, "OpenCL kernels unavailable (%s, %d): strided copies and conversions go through the host",
            cl_err_name(e), (int)e);
     for (int k = 0; k < NKERNELS; k++)
-      if (p->gather[k]) clReleaseKernel(p->gather[k]), p->gather[k] = NULL;
+      if (p->kernel[k]) clReleaseKernel(p->kernel[k]), p->kernel[k] = NULL;
     if (prog) clReleaseProgram(prog);
     p->prog_failed = true;
     return false;
@@ -536,7 +542,7 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
     pthread_mutex_unlock(&lock);
     return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the gather kernels could not be built", id);
   }
-  cl_kernel k = p->gather[kl.k];
+  cl_kernel k = p->kernel[kl.k];
   e = clSetKernelArg(k, 0, sizeof src, &src);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof dst, &dst);
@@ -570,6 +576,148 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
                                  (size_t)to->byte_offset, bytes, 0, NULL, NULL);
   if (e == CL_SUCCESS) e = clFinish(q);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueCopyBuffer");
+}
+
+/* ---- conversions (converters/opencl/convert.cl) ---------------------- */
+
+/* The conversion kernel for a source dtype (its index after the gathers),
+ * -1 when convert.cl has none. */
+static int convert_kernel(DLDataType d) {
+  if (d.lanes != 1) return -1;
+  switch (d.code) {
+  case kDLUInt: return d.bits == 8 ? 0 : d.bits == 16 ? 2 : -1;
+  case kDLInt: return d.bits == 8 ? 1 : d.bits == 16 ? 3 : -1;
+  case kDLBool: return d.bits == 8 ? 4 : -1;
+  case kDLFloat: return d.bits == 16 ? 5 : d.bits == 32 ? 7 : -1;
+  case kDLBfloat: return d.bits == 16 ? 6 : -1;
+  default: return -1;
+  }
+}
+
+#define MAX_CHANNELS 16
+
+/* A conversion as the kernel takes it: at most 8 dims after dropping
+ * size-1 dims and merging neighbours that are contiguous in the source
+ * (never the channel axis), and the channel's a and b. */
+struct kconv {
+  int n, chan, mode, k;
+  cl_long8 shape, stride;
+  cl_float16 a, b;
+};
+
+static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
+  const ab__cast_op *op = &args->op;
+  const bool per_channel = op->affine && op->channel_dim >= 0;
+  int64_t sh[AB_MAX_NDIM], st[AB_MAX_NDIM];
+  int n = 0, chan = -1;
+  if (op->to.code != kDLFloat || op->to.bits != 32 || op->to.lanes != 1) return false;
+  memset(kc, 0, sizeof *kc);
+  kc->k = convert_kernel(op->from);
+  if (kc->k < 0) return false;
+  if (per_channel && args->shape[op->channel_dim] > MAX_CHANNELS) return false;
+  for (int32_t i = 0; i < args->ndim; i++) {
+    const bool is_chan = per_channel && i == op->channel_dim;
+    if (args->shape[i] == 1) continue; /* a size-1 channel axis: channel 0 everywhere */
+    if (n > 0 && !is_chan && n - 1 != chan && st[n - 1] == args->stride[i] * args->shape[i]) {
+      sh[n - 1] *= args->shape[i];
+      st[n - 1] = args->stride[i];
+      continue;
+    }
+    if (n == 8) return false;
+    if (is_chan) chan = n;
+    sh[n] = args->shape[i];
+    st[n] = args->stride[i];
+    n++;
+  }
+  kc->n = n;
+  kc->chan = chan;
+  kc->mode = op->affine ? 1 : 0;
+  for (int i = 0; i < 8; i++) {
+    kc->shape.s[i] = i < n ? sh[i] : 1;
+    kc->stride.s[i] = i < n ? st[i] : 0;
+  }
+  for (int c = 0; c < MAX_CHANNELS; c++) {
+    kc->a.s[c] = 1.0f;
+    kc->b.s[c] = 0.0f;
+  }
+  if (per_channel) {
+    const int64_t nc = args->shape[op->channel_dim];
+    for (int64_t c = 0; c < nc; c++) {
+      kc->a.s[c] = op->channel_scale ? (float)op->channel_scale[c] : 1.0f;
+      kc->b.s[c] = op->channel_offset ? (float)op->channel_offset[c] : 0.0f;
+    }
+  } else if (op->affine) {
+    kc->a.s[0] = (float)op->scale;
+    kc->b.s[0] = (float)op->offset;
+  }
+  return true;
+}
+
+/* The kernels give the host's bits only where float arithmetic rounds to
+ * nearest and keeps denormals (CL_DEVICE_SINGLE_FP_CONFIG); elsewhere the
+ * host converts. */
+static bool cl_can_convert(int32_t id, const ab__convert_args *args) {
+  struct kconv kc;
+  cl_device_fp_config fp = 0;
+  cl_context ctx;
+  cl_command_queue q;
+  if (!conv_layout(args, &kc)) return false;
+  if (clGetDeviceInfo(devices[id].id, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) != CL_SUCCESS ||
+      (fp & (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM)) != (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM))
+    return false;
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
+  const bool have_ctx = get_queue(id, &ctx, &q) == AB_OK;
+  ab__restore_error(saved);
+  if (!have_ctx) return false;
+  struct platform *p = &platforms[devices[id].platform];
+  pthread_mutex_lock(&lock);
+  const bool ok = kernels_ready(p);
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
+                            const ab__convert_args *args, void *stream) {
+  struct kconv kc;
+  cl_context ctx;
+  cl_command_queue q;
+  const size_t es = args->op.from.bits / 8u;
+  if (!conv_layout(args, &kc) || src_offset % es != 0 || dst_offset % sizeof(float) != 0)
+    return AB_FAIL(AB_ERR_INTERNAL, "opencl:%" PRId32 ": convert asked for a conversion the kernels cannot take", id);
+  AB_FORWARD(get_queue(id, &ctx, &q));
+  if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
+  cl_ulong n = 1, src_off = src_offset / es, dst_off = dst_offset / sizeof(float);
+  for (int32_t i = 0; i < args->ndim; i++) n *= (cl_ulong)args->shape[i];
+  if (n == 0) return AB_OK;
+  cl_mem s = (cl_mem)src, d = (cl_mem)dst;
+  cl_int ndim = kc.n, mode = kc.mode, chan = kc.chan;
+  size_t global = (size_t)n;
+  struct platform *p = &platforms[devices[id].platform];
+  cl_int e;
+  /* As for the gathers: the lock keeps two threads' arguments apart. */
+  pthread_mutex_lock(&lock);
+  if (!kernels_ready(p)) {
+    pthread_mutex_unlock(&lock);
+    return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the conversion kernels could not be built", id);
+  }
+  cl_kernel k = p->kernel[NGATHER + kc.k];
+  e = clSetKernelArg(k, 0, sizeof s, &s);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof d, &d);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 4, sizeof ndim, &ndim);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof kc.shape, &kc.shape);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof kc.stride, &kc.stride);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 8, sizeof mode, &mode);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 9, sizeof chan, &chan);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 10, sizeof kc.a, &kc.a);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 11, sizeof kc.b, &kc.b);
+  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+  pthread_mutex_unlock(&lock);
+  if (e == CL_SUCCESS) e = clFinish(q);
+  return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "the conversion kernel");
 }
 
 /* ab_synchronize: the caller's queue, or ours for the device. */
@@ -806,6 +954,8 @@ const struct ab_backend ab__backend_opencl = {
   .write_rect = cl_write_rect,
   .check_range = cl_check_range,
   .synchronize = cl_synchronize,
+  .can_convert = cl_can_convert,
+  .convert = cl_convert,
   .write_async = cl_write_async,
   .read_async = cl_read_async,
   .fence_new = cl_fence_new,

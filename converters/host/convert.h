@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <dlpack/dlpack.h>
+#include "arraybridge/arraybridge.h" /* AB_MAX_NDIM, DLPack */
 
 typedef struct ab__cast_op {
   DLDataType from, to;
@@ -33,6 +33,19 @@ typedef struct ab__cast_op {
                             per-channel arrays run, -1 for none */
   const double *channel_scale, *channel_offset; /* NULL: 1 and 0 */
 } ab__cast_op;
+
+/* One conversion as every converter takes it (the host loop here, the
+ * OpenCL kernels in converters/opencl/convert.cl): the result's shape, the
+ * source's strides in elements listed in the result's axis order (the
+ * permutation already applied), and the element op with channel_dim
+ * counted in the result's axes. Built by the core (src/convert.c), so the
+ * host and the devices read one description. */
+typedef struct ab__convert_args {
+  int32_t ndim;
+  int64_t shape[AB_MAX_NDIM];
+  int64_t stride[AB_MAX_NDIM];
+  ab__cast_op op;
+} ab__convert_args;
 
 /* Whether the cast from -> to (with an affine map when `affine`) is one
  * the converters perform. */

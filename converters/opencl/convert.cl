@@ -1,0 +1,68 @@
+/* Conversions on an OpenCL device, by the rules of
+ * converters/host/convert.h, for the cases whose arithmetic is float32 and
+ * widens: uint8, int8, uint16, int16, bool, float16, bfloat16 and float32
+ * sources into float32, with an optional affine map y = x * a + b (per
+ * tensor, or per channel along one result axis, at most 16 channels) and
+ * any axis order. Element i of the compact result comes from the source
+ * element at the row-major decomposition of i over the result's shape,
+ * dotted with the source's strides in the result's axis order (in
+ * elements): the ab__convert_args the host converter takes too.
+ *
+ * Bit-exact with the host: the loads are exact in float, and the multiply
+ * and the add are two correctly rounded float operations, never fused (the
+ * pragma below forbids contraction into an fma). The backend uses these
+ * kernels only on devices with round-to-nearest and denormals in
+ * CL_DEVICE_SINGLE_FP_CONFIG. NaN payloads may differ between devices.
+ *
+ * Built in one program with gather.cl, once per context. */
+#pragma OPENCL FP_CONTRACT OFF
+
+#define AB_LOAD_U8(p, i) ((float)(p)[i])
+#define AB_LOAD_I8(p, i) ((float)(p)[i])
+#define AB_LOAD_U16(p, i) ((float)(p)[i])
+#define AB_LOAD_I16(p, i) ((float)(p)[i])
+#define AB_LOAD_BOOL(p, i) ((p)[i] != 0 ? 1.0f : 0.0f)
+#define AB_LOAD_F16(p, i) vload_half((size_t)(i), (__global const half *)(p))
+#define AB_LOAD_BF16(p, i) as_float((uint)(p)[i] << 16)
+#define AB_LOAD_F32(p, i) ((p)[i])
+
+/* mode: 0 no arithmetic, 1 affine. chan: the result axis the per-channel
+ * a and b run along, -1 for a[0] and b[0] everywhere. */
+#define AB_DEFINE_TO_F32(NAME, T, LOAD)                                                         \
+  __kernel void NAME(__global const T *src, ulong src_off, __global float *dst, ulong dst_off,     \
+                     int ndim, long8 shape8, long8 stride8, ulong n, int mode, int chan,           \
+                     float16 a16, float16 b16) {                                                  \
+    size_t gid = get_global_id(0);                                                              \
+    if (gid >= n) return;                                                                       \
+    long shape[8] = {shape8.s0, shape8.s1, shape8.s2, shape8.s3,                                \
+                     shape8.s4, shape8.s5, shape8.s6, shape8.s7};                               \
+    long stride[8] = {stride8.s0, stride8.s1, stride8.s2, stride8.s3,                           \
+                      stride8.s4, stride8.s5, stride8.s6, stride8.s7};                          \
+    long rem = (long)gid, off = 0, c = 0;                                                       \
+    for (int i = ndim - 1; i >= 0; i--) {                                                       \
+      long q = rem / shape[i];                                                                  \
+      long k = rem - q * shape[i];                                                              \
+      off += k * stride[i];                                                                     \
+      if (i == chan) c = k;                                                                     \
+      rem = q;                                                                                  \
+    }                                                                                           \
+    float y = LOAD(src, (long)src_off + off);                                                   \
+    if (mode) {                                                                                 \
+      float av[16], bv[16];                                                                     \
+      vstore16(a16, 0, av);                                                                     \
+      vstore16(b16, 0, bv);                                                                     \
+      float a = av[c], b = bv[c];                                                               \
+      y = y * a;                                                                                \
+      y = y + b;                                                                                \
+    }                                                                                           \
+    dst[dst_off + gid] = y;                                                                     \
+  }
+
+AB_DEFINE_TO_F32(ab_to_f32_u8, uchar, AB_LOAD_U8)
+AB_DEFINE_TO_F32(ab_to_f32_i8, char, AB_LOAD_I8)
+AB_DEFINE_TO_F32(ab_to_f32_u16, ushort, AB_LOAD_U16)
+AB_DEFINE_TO_F32(ab_to_f32_i16, short, AB_LOAD_I16)
+AB_DEFINE_TO_F32(ab_to_f32_bool, uchar, AB_LOAD_BOOL)
+AB_DEFINE_TO_F32(ab_to_f32_f16, ushort, AB_LOAD_F16)
+AB_DEFINE_TO_F32(ab_to_f32_bf16, ushort, AB_LOAD_BF16)
+AB_DEFINE_TO_F32(ab_to_f32_f32, float, AB_LOAD_F32)
