@@ -4,7 +4,8 @@
  *   naive    the three nested loops a user writes
  *   ours     ab_convert_memory with permute {2,0,1} and per-channel scale/offset
  *   opencl   (when a device exists) ours to opencl:0 in one call, against
- *            upload then convert on the device in two calls
+ *            upload then convert on the device in two calls (run it with
+ *            AB_CONVERT_PLACE=device too: the conversion on the device)
  * NumPy's figure comes from bench/bench_convert_numpy.py in the same session.
  *
  *   bench_convert [reps] */
@@ -108,7 +109,8 @@ int main(int argc, char **argv) {
       }
     }
     double one = bench_median(t_one, reps), two = bench_median(t_two, reps);
-    printf("  opencl:0, one call           : %8.2f ms\n", one * 1e3);
+    const char *place = getenv("AB_CONVERT_PLACE");
+    printf("  opencl:0, one call           : %8.2f ms  (AB_CONVERT_PLACE=%s)\n", one * 1e3, place ? place : "auto");
     printf("  opencl:0, upload then convert: %8.2f ms  (one call is %.2fx faster)\n", two * 1e3, two / one);
   }
   free(img);
