@@ -391,6 +391,7 @@ Test(cuda, to_and_from_opencl_through_the_host) {
 /* ---- the gather kernel's mapping, on the host ---------------------------- */
 
 #ifdef AB_HAVE_CUDA_KERNELS
+#include "converters/cuda/convert.h"
 #include "converters/cuda/gather.h"
 #include "converters/host/gather.h"
 
@@ -451,4 +452,170 @@ Test(cuda, gather_kernel_mapping_matches_the_reference) {
   cr_assert_eq(ab__cuda_gather(buf, buf, AB_CUDA_GATHER_MAX_DIMS + 1, &one, &zero, 1, NULL), cudaErrorInvalidValue);
   cr_assert_eq(ab__cuda_gather(buf, buf, 1, &one, &zero, 0, NULL), cudaErrorInvalidValue);
 #endif
+}
+
+/* ---- conversions on the device (converters/cuda/convert.cu) -------------- */
+
+/* Equal bits, or both NaN (payloads may differ: the host makes NaNs from
+ * float16 and bfloat16 quiet without their payload). */
+static bool same_f32(float a, float b) {
+  uint32_t x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  return x == y || (a != a && b != b);
+}
+
+static const DLDataType conv_from[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1},   {kDLUInt, 16, 1},  {kDLInt, 16, 1},
+                                       {kDLBool, 8, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}};
+static const double conv_scale[4] = {1 / 58.395, 1 / 57.12, 1 / 57.375, 3.0}, conv_off[4] = {-2.1, -2.03, -1.8, 0.5};
+
+/* A random conversion of trial `trial` of source dtype `from`: shape (2- to
+ * 5-D), axis order, and none / per-tensor / per-channel affine. */
+static void conv_case(test_rng *rng, int trial, int32_t *ndim, int64_t *shape, int32_t *perm, ab_convert_opts *o) {
+  *ndim = 2 + trial % 4;
+  for (int32_t i = 0; i < *ndim; i++) {
+    shape[i] = rng_between(rng, 1, *ndim > 3 ? 5 : 17);
+    perm[i] = (i + 1 + trial) % *ndim; /* a rotation by trial + 1 (not the identity for the trials used) */
+  }
+  int32_t chan = (int32_t)rng_between(rng, 0, *ndim - 1);
+  shape[chan] = rng_between(rng, 1, 4);
+  *o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
+  o->dtype = dt(kDLFloat, 32, 1);
+  o->permute = perm;
+  if (trial % 3 == 1) {
+    o->flags = AB_CONVERT_AFFINE;
+    o->scale = 1.0 / 255.0;
+    o->offset = -0.5;
+  } else if (trial % 3 == 2) {
+    o->flags = AB_CONVERT_PER_CHANNEL;
+    o->channel_axis = chan;
+    o->channel_scale = conv_scale;
+    o->channel_offset = trial % 2 ? conv_off : NULL;
+  }
+}
+
+/* Random bits with float edge values sprinkled in. */
+static void conv_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
+  fill_pattern(v, (size_t)n * (d.bits / 8u), (uint32_t)rng_next(rng));
+  if (d.code == kDLFloat && d.bits == 32) {
+    static const uint32_t edge[] = {0x7fc00000u, 0xff800000u, 0x7f800000u, 0x80000000u, 0, 1, 0x807fffffu, 0x7f7fffffu};
+    for (int64_t i = 0; i < n && i < 8; i++) memcpy((char *)v + (i * 7 % n) * 4, &edge[i], 4);
+  } else if (d.bits == 16 && (d.code == kDLFloat || d.code == kDLBfloat)) {
+    static const uint16_t edge[] = {0x7e00, 0xfc00, 0x7c00, 0x8000, 0, 1, 0x83ff, 0x7bff, 0x0200, 0x7f80};
+    for (int64_t i = 0; i < n && i < 10; i++) memcpy((char *)v + (i * 7 % n) * 2, &edge[i], 2);
+  }
+}
+
+Test(cuda, conversion_kernel_matches_the_host_converter) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  /* The kernel's per-element code (the same source nvcc compiles for the
+   * device) against the library's host conversion, through
+   * ab_convert_memory to cpu:0. */
+  test_rng rng = {7};
+  int checked = 0;
+  for (size_t f = 0; f < sizeof conv_from / sizeof conv_from[0]; f++) {
+    for (int trial = 0; trial < 12; trial++) {
+      int32_t ndim, perm[5];
+      int64_t shape[5];
+      ab_convert_opts o;
+      conv_case(&rng, trial, &ndim, shape, perm, &o);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 4 + 4);
+      conv_fill(v, n, conv_from[f], &rng);
+      DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
+      DLManagedTensorVersioned *want = NULL;
+      cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+      /* the args the core builds for a compact source */
+      ab__convert_args a;
+      memset(&a, 0, sizeof a);
+      int64_t st[5], acc = 1;
+      for (int32_t i = ndim - 1; i >= 0; i--) {
+        st[i] = shape[i] == 1 ? 0 : acc;
+        acc *= shape[i];
+      }
+      a.ndim = ndim;
+      a.op.from = conv_from[f];
+      a.op.to = o.dtype;
+      a.op.affine = o.flags != 0;
+      a.op.scale = o.scale;
+      a.op.offset = o.offset;
+      a.op.channel_dim = -1;
+      a.op.channel_scale = o.channel_scale;
+      a.op.channel_offset = o.channel_offset;
+      for (int32_t i = 0; i < ndim; i++) {
+        a.shape[i] = shape[perm[i]];
+        a.stride[i] = st[perm[i]];
+        if ((o.flags & AB_CONVERT_PER_CHANNEL) && perm[i] == o.channel_axis) a.op.channel_dim = i;
+      }
+      cr_assert(ab__cuda_convert_supported(&a), "dtype %zu trial %d: not supported", f, trial);
+      float *got = malloc((size_t)n * 4 + 4);
+      ab__cuda_convert_emulate(got, v, &a);
+      const float *w = want->dl_tensor.data;
+      for (int64_t i = 0; i < n; i++)
+        cr_assert(same_f32(w[i], got[i]), "dtype %zu trial %d element %lld: host %a, kernel %a", f, trial,
+                  (long long)i, (double)w[i], (double)got[i]);
+      checked++;
+      free(got);
+      free(v);
+      want->deleter(want);
+    }
+  }
+  cr_assert_eq(checked, 96);
+  /* what the kernels do not take */
+  ab__convert_args a;
+  memset(&a, 0, sizeof a);
+  a.ndim = 1;
+  a.shape[0] = 4;
+  a.stride[0] = 1;
+  a.op.from = dt(kDLFloat, 32, 1);
+  a.op.to = dt(kDLUInt, 8, 1);
+  a.op.channel_dim = -1;
+  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> uint8 is the host's");
+  a.op.to = dt(kDLFloat, 32, 1);
+  a.op.from = dt(kDLFloat, 64, 1);
+  cr_assert(!ab__cuda_convert_supported(&a), "float64 arithmetic is the host's");
+  a.op.from = dt(kDLUInt, 8, 1);
+  a.op.affine = true;
+  a.op.channel_dim = 0;
+  a.shape[0] = 17;
+  cr_assert(!ab__cuda_convert_supported(&a), "17 channels");
+  cr_assert_eq(ab__cuda_convert(NULL, NULL, &a, NULL), cudaErrorInvalidValue);
+#endif
+}
+
+Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
+  need_devices(1);
+  setenv("AB_CONVERT_PLACE", "device", 1);
+  ab__convert_reload_env();
+  test_rng rng = {11};
+  for (size_t f = 0; f < sizeof conv_from / sizeof conv_from[0]; f++) {
+    for (int trial = 0; trial < 6; trial++) {
+      int32_t ndim, perm[5];
+      int64_t shape[5];
+      ab_convert_opts o;
+      conv_case(&rng, trial, &ndim, shape, perm, &o);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 4 + 4);
+      conv_fill(v, n, conv_from[f], &rng);
+      DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
+      DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
+      cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+      struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+      ab_pool_stats(CUDA(0), &before);
+      cr_assert_eq(ab_convert_memory(&h, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
+      ab_pool_stats(CUDA(0), &after);
+      cr_assert_eq(after.allocations - before.allocations, 2, "dtype %zu trial %d: not converted on the GPU", f, trial);
+      cr_assert_eq(ab_convert_memory(&dev->dl_tensor, CPU0, NULL, &got), AB_OK, "%s", ab_last_error());
+      const float *a = want->dl_tensor.data, *b = got->dl_tensor.data;
+      for (int64_t i = 0; i < n; i++)
+        cr_assert(same_f32(a[i], b[i]), "dtype %zu trial %d element %lld: host %a, GPU %a", f, trial, (long long)i,
+                  (double)a[i], (double)b[i]);
+      got->deleter(got);
+      dev->deleter(dev);
+      want->deleter(want);
+      free(v);
+    }
+  }
 }

@@ -34,6 +34,7 @@
 #include "backend.h"
 #include "converters/host/gather.h"
 #ifdef AB_HAVE_CUDA_KERNELS
+#include "converters/cuda/convert.h"
 #include "converters/cuda/gather.h"
 #endif
 
@@ -343,6 +344,24 @@ static bool kernel_runs_on(int32_t id) {
 }
 #endif
 
+#ifdef AB_HAVE_CUDA_KERNELS
+/* Conversions on the device (converters/cuda/convert.cu), built for the
+ * same architectures as the gather, whose availability stands for both. */
+static bool cuda_can_convert(int32_t id, const ab__convert_args *a) {
+  return ab__cuda_convert_supported(a) && kernel_runs_on(id);
+}
+
+static ab_status cuda_convert(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
+                              const ab__convert_args *a, void *stream) {
+  int prev;
+  AB_FORWARD(enter(id, &prev));
+  cudaError_t e = ab__cuda_convert((char *)dst + dst_offset, (const char *)src + src_offset, a, (cudaStream_t)stream);
+  ab_status st = finish(e, id, "the conversion kernel", stream);
+  leave(id, prev);
+  return st;
+}
+#endif
+
 static bool cuda_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
   ab__rect r;
   if (from_compact) return true;
@@ -544,6 +563,10 @@ const struct ab_backend ab__backend_cuda = {
   .stream_sync = cuda_stream_sync,
   .synchronize = cuda_synchronize,
   .peer_access = cuda_peer_access,
+#ifdef AB_HAVE_CUDA_KERNELS
+  .can_convert = cuda_can_convert,
+  .convert = cuda_convert,
+#endif
 };
 
 /* Host-accessible: copies between them and any host memory are the host

@@ -1,0 +1,153 @@
+/* Conversion kernels for CUDA devices; see convert.h. Element e of the
+ * compact float32 result comes from the source element at e's row-major
+ * decomposition over the result's shape, dotted with the source's element
+ * strides (already in the result's axis order): the same mapping as the
+ * host converter and converters/opencl/convert.cl. */
+#include <string.h>
+
+#include "convert.h"
+
+namespace {
+
+enum kind { K_U8, K_I8, K_U16, K_I16, K_BOOL, K_F16, K_BF16, K_F32, K_NONE };
+
+constexpr int kMaxChannels = 16;
+
+struct desc {
+  int ndim, kind, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
+  int64_t shape[AB_MAX_NDIM];
+  int64_t stride[AB_MAX_NDIM]; /* elements */
+  float a[kMaxChannels], b[kMaxChannels];
+};
+
+int kind_of(DLDataType d) {
+  if (d.lanes != 1) return K_NONE;
+  switch (d.code) {
+  case kDLUInt: return d.bits == 8 ? K_U8 : d.bits == 16 ? K_U16 : K_NONE;
+  case kDLInt: return d.bits == 8 ? K_I8 : d.bits == 16 ? K_I16 : K_NONE;
+  case kDLBool: return d.bits == 8 ? K_BOOL : K_NONE;
+  case kDLFloat: return d.bits == 16 ? K_F16 : d.bits == 32 ? K_F32 : K_NONE;
+  case kDLBfloat: return d.bits == 16 ? K_BF16 : K_NONE;
+  default: return K_NONE;
+  }
+}
+
+__host__ __device__ inline float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* IEEE half to float: exact (every half is a float); NaN keeps its payload. */
+__host__ __device__ inline float half_to_float(uint16_t h) {
+  uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return from_bits(s | 0x7f800000u | (m << 13));
+  if (e != 0) return from_bits(s | ((e + 112u) << 23) | (m << 13));
+  if (m == 0) return from_bits(s);
+  uint32_t sh = 0; /* a subnormal half m * 2^-24 is a normal float */
+  while (!(m & 0x400u)) {
+    m <<= 1;
+    sh++;
+  }
+  return from_bits(s | ((113u - sh) << 23) | ((m & 0x3ffu) << 13));
+}
+
+__host__ __device__ inline float load(int kind, const void *src, int64_t i) {
+  switch (kind) {
+  case K_U8: return (float)static_cast<const uint8_t *>(src)[i];
+  case K_I8: return (float)static_cast<const int8_t *>(src)[i];
+  case K_U16: return (float)static_cast<const uint16_t *>(src)[i];
+  case K_I16: return (float)static_cast<const int16_t *>(src)[i];
+  case K_BOOL: return static_cast<const uint8_t *>(src)[i] != 0 ? 1.0f : 0.0f;
+  case K_F16: return half_to_float(static_cast<const uint16_t *>(src)[i]);
+  case K_BF16: return from_bits((uint32_t)static_cast<const uint16_t *>(src)[i] << 16);
+  default: return static_cast<const float *>(src)[i];
+  }
+}
+
+__host__ __device__ inline float affine(float y, float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(__fmul_rn(y, a), b); /* two roundings: never an fma */
+#else
+  volatile float t = y * a; /* the emulation: no contraction either */
+  return t + b;
+#endif
+}
+
+__host__ __device__ inline void convert_element(float *dst, const void *src, const desc &d, int64_t e) {
+  int64_t rem = e, off = 0, c = 0;
+  for (int k = d.ndim - 1; k >= 0; k--) {
+    int64_t q = rem / d.shape[k], i = rem - q * d.shape[k];
+    off += i * d.stride[k];
+    if (k == d.chan) c = i;
+    rem = q;
+  }
+  float y = load(d.kind, src, off);
+  dst[e] = d.affine ? affine(y, d.a[c], d.b[c]) : y;
+}
+
+__global__ void convert_kernel(float *dst, const void *src, desc d, int64_t n) {
+  const int64_t step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) convert_element(dst, src, d, e);
+}
+
+/* Fills d from a; false when the kernels do not take it. */
+bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
+  const ab__cast_op &op = a->op;
+  if (op.to.code != kDLFloat || op.to.bits != 32 || op.to.lanes != 1) return false;
+  if (a->ndim < 0 || a->ndim > AB_MAX_NDIM) return false;
+  d.kind = kind_of(op.from);
+  if (d.kind == K_NONE) return false;
+  const bool per_channel = op.affine && op.channel_dim >= 0;
+  if (per_channel && (op.channel_dim >= a->ndim || a->shape[op.channel_dim] > kMaxChannels)) return false;
+  d.ndim = a->ndim;
+  d.affine = op.affine ? 1 : 0;
+  d.chan = per_channel ? op.channel_dim : -1;
+  n = 1;
+  for (int k = 0; k < a->ndim; k++) {
+    d.shape[k] = a->shape[k];
+    d.stride[k] = a->stride[k];
+    n *= a->shape[k];
+  }
+  for (int c = 0; c < kMaxChannels; c++) {
+    d.a[c] = 1.0f;
+    d.b[c] = 0.0f;
+  }
+  if (per_channel) {
+    for (int64_t c = 0; c < a->shape[op.channel_dim]; c++) {
+      d.a[c] = op.channel_scale ? (float)op.channel_scale[c] : 1.0f;
+      d.b[c] = op.channel_offset ? (float)op.channel_offset[c] : 0.0f;
+    }
+  } else {
+    d.a[0] = (float)op.scale;
+    d.b[0] = (float)op.offset;
+  }
+  return true;
+}
+
+} // namespace
+
+extern "C" bool ab__cuda_convert_supported(const ab__convert_args *a) {
+  desc d;
+  int64_t n;
+  return describe(a, d, n);
+}
+
+extern "C" cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__convert_args *a, cudaStream_t stream) {
+  desc d;
+  int64_t n;
+  if (!describe(a, d, n)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t want = (n + threads - 1) / threads;
+  const unsigned blocks = (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
+  convert_kernel<<<blocks, threads, 0, stream>>>(static_cast<float *>(dst), src, d, n);
+  return cudaGetLastError();
+}
+
+extern "C" void ab__cuda_convert_emulate(void *dst, const void *src, const ab__convert_args *a) {
+  desc d;
+  int64_t n;
+  if (!describe(a, d, n)) return;
+  for (int64_t e = 0; e < n; e++) convert_element(static_cast<float *>(dst), src, d, e);
+}

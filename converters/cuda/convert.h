@@ -1,0 +1,37 @@
+/* Conversions on a CUDA device (convert.cu), by the rules of
+ * converters/host/convert.h, for the cases the OpenCL kernels cover too
+ * (converters/opencl/convert.cl): uint8, int8, uint16, int16, bool,
+ * float16, bfloat16 and float32 sources into float32, float32 arithmetic,
+ * an optional affine map (per tensor, or per channel for at most 16
+ * channels) and any axis order. They take the ab__convert_args the host
+ * converter takes, and multiply then add with __fmul_rn/__fadd_rn (never
+ * fused): bit-exact with the host, NaN payloads aside. */
+#ifndef AB_CONVERTERS_CUDA_CONVERT_H
+#define AB_CONVERTERS_CUDA_CONVERT_H
+
+#include <cuda_runtime_api.h>
+
+#include "converters/host/convert.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether the kernels take `a`. */
+bool ab__cuda_convert_supported(const ab__convert_args *a);
+
+/* Queues the conversion from the source elements at `src` (device memory
+ * of the current device, laid out as a's element strides say) into the
+ * compact float32 `dst` on `stream`; returns the launch's error
+ * (cudaErrorInvalidValue when !ab__cuda_convert_supported). Does not wait. */
+cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__convert_args *a, cudaStream_t stream);
+
+/* The kernel's per-element code run on the host over host memory: what
+ * the tests check where there is no GPU. */
+void ab__cuda_convert_emulate(void *dst, const void *src, const ab__convert_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
