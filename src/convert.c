@@ -176,6 +176,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   ab_status st = AB_OK;
 
   bool cur_compact = lay->compact;
+  size_t cur_bytes = lay->nbytes; /* bytes of the compact tensor `cur` is, or will be once packed */
 
   for (int i = 0; i < plan->nsteps && st == AB_OK; i++) {
     const ab__step *s = &plan->steps[i];
@@ -188,7 +189,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       if (last) {
         out_bytes = (char *)dst->data + dst->byte_offset;
       } else {
-        st = stage_alloc(staging, s->kind == AB_STEP_CONVERT ? cv->out_nbytes : lay->nbytes, &stage[nstage]);
+        st = stage_alloc(staging, s->kind == AB_STEP_CONVERT ? cv->out_nbytes : cur_bytes, &stage[nstage]);
         if (st != AB_OK) break;
         out_bytes = stage[nstage++]->ptr;
       }
@@ -233,7 +234,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         break;
       }
       /* Compact, or rows of contiguous bytes in one rectangle read. */
-      st = cur_compact ? ab__staged_read(be, id, cur.data, cur.byte_offset, out_bytes, lay->nbytes, stream)
+      st = cur_compact ? ab__staged_read(be, id, cur.data, cur.byte_offset, out_bytes, cur_bytes, stream)
                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
       cur = compact_at(&cur, cur.device, out_bytes);
       cur_compact = true;
@@ -241,14 +242,29 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     }
     case AB_STEP_CONVERT:
       if (s->via != kDLCPU) {
-        /* On the target device, from the source's bytes uploaded there. */
+        /* On a device: the target's, from the source's bytes uploaded
+         * there (into the result), or the source's (into the result, or
+         * into a buffer there that is downloaded next). */
+        const struct ab_backend *be = ab__backend_for(s->via);
         ab__convert_args a;
         convert_args(&cur, cv, &a);
-        st = ab__dev_convert(ab__backend_for(s->via), dst->device.device_id, cur.data, cur.byte_offset, dst->data,
-                             dst->byte_offset, &a, stream);
+        void *into = dst->data;
+        uint64_t into_offset = dst->byte_offset;
+        if (!last) {
+          st = ab__pool_alloc(be, s->to, cv->out_nbytes, &stage[nstage]);
+          if (st != AB_OK) break;
+          into = stage[nstage++]->ptr;
+          into_offset = 0;
+        }
+        st = ab__dev_convert(be, s->to.device_id, cur.data, cur.byte_offset, into, into_offset, &a, stream);
+        cur = compact_at(dst, s->to, into);
+        cur.byte_offset = into_offset;
+        cur_compact = true;
+        cur_bytes = cv->out_nbytes;
         break;
       }
       convert_host(&cur, cv, out_bytes);
+      cur_bytes = cv->out_nbytes;
       cur = compact_at(dst, (DLDevice){kDLCPU, 0}, out_bytes); /* the result's shape and dtype from here */
       cur_compact = true;
       break;
@@ -267,8 +283,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
       }
       if (cur_compact)
         st = ab__staged_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
-                              (const char *)cur.data + cur.byte_offset, cv->active ? cv->out_nbytes : lay->nbytes,
-                              stream);
+                              (const char *)cur.data + cur.byte_offset, cur_bytes, stream);
       else /* a host crop, written as one rectangle */
         st = ab__dev_write_rect(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset, rect,
                                 (const char *)cur.data + cur.byte_offset, stream);
@@ -437,6 +452,15 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
    * when the planner could choose the device (a compact host source, and
    * a result bigger than it on a device that is not the host's memory, or
    * a forced place). */
+  const bool here = p->sdev.device_type == p->tdev.device_type && p->sdev.device_id == p->tdev.device_id;
+  if (p->cv.active && lay->numel > 0 && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+      (p->q.place == AB_PLACE_DEVICE ||
+       (p->q.place == AB_PLACE_AUTO && (here || p->q.out_nbytes < p->q.nbytes) &&
+        !(p->q.src_caps & AB_CAP_UNIFIED_MEMORY)))) {
+    ab__convert_args a;
+    convert_args(src, &p->cv, &a);
+    p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, &a);
+  }
   if (p->cv.active && lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
       !(tbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
       (p->q.place == AB_PLACE_DEVICE ||
@@ -561,10 +585,12 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
     put(t, "%s -> %s", ab__dtype_name(p->cv.op.from, a, sizeof a), ab__dtype_name(p->cv.op.to, b, sizeof b));
     if (p->cv.op.affine) put(t, p->cv.op.channel_dim >= 0 ? ", scaled per channel" : ", scaled");
     put(t, " into compact ");
-    put_dev(t, last ? p->tdev : staging);
+    put_dev(t, last ? p->tdev : s->via != kDLCPU ? s->to : staging);
     put(t, " memory");
-    if (s->via != kDLCPU) put(t, " (%" PRIu64 " bytes crossed the link instead of %" PRIu64 ")", p->q.nbytes,
-                              p->q.out_nbytes);
+    if (s->via != kDLCPU && !first) /* after the upload of the source's bytes */
+      put(t, " (%" PRIu64 " bytes crossed the link instead of %" PRIu64 ")", p->q.nbytes, p->q.out_nbytes);
+    else if (s->via != kDLCPU && !last) /* before the download of the result */
+      put(t, " (%" PRIu64 " bytes cross the link instead of %" PRIu64 ")", p->q.out_nbytes, p->q.nbytes);
     return;
   }
   case AB_STEP_DOWNLOAD:
@@ -573,7 +599,7 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
     put(t, " -> ");
     put_dev(t, last ? p->tdev : staging);
     if (!first || p->lay.compact)
-      put(t, ", %" PRIu64 " bytes", p->q.nbytes);
+      put(t, ", %" PRIu64 " bytes", first || p->plan.steps[0].kind != AB_STEP_CONVERT ? p->q.nbytes : p->q.out_nbytes);
     else if (p->q.src_rect)
       put(t, ", %" PRIu64 " bytes as one rectangle of %zu-byte rows", p->q.nbytes, p->rect.region[0]);
     else

@@ -55,6 +55,16 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
       add(plan, AB_STEP_CONVERT, q->dst, q->dst, q->dst.device_type);
       return AB_OK;
     }
+    /* On the source device: it narrows there, so fewer bytes leave it; on
+     * the same device nothing leaves it at all. */
+    const bool source_pays = (here || q->out_nbytes < q->nbytes) && !(q->src_caps & AB_CAP_UNIFIED_MEMORY);
+    if (!src_host && q->src_convert && (q->place == AB_PLACE_DEVICE || (q->place == AB_PLACE_AUTO && source_pays))) {
+      add(plan, AB_STEP_CONVERT, q->src, q->src, q->src.device_type);
+      if (here) return AB_OK;
+      add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);
+      if (!dst_host) add(plan, AB_STEP_UPLOAD, host, q->dst, q->dst.device_type);
+      return AB_OK;
+    }
     /* Otherwise on the host: the bytes come to host memory (as they are,
      * strided or not), are converted into compact ones, and go on to the
      * target. */

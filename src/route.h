@@ -66,6 +66,9 @@ typedef struct ab__route_query {
   /* The target backend can run this conversion on its device, from the
    * source's bytes as they are once uploaded compact. */
   bool dst_convert;
+  /* The source backend can run this conversion on the source's device,
+   * from the source as it is (strides included). */
+  bool src_convert;
   /* Bytes of the converted result. */
   uint64_t out_nbytes;
   ab__place place;
@@ -79,7 +82,11 @@ typedef struct ab__route_query {
  * UPLOAD then CONVERT on the device when the result is the bigger of the
  * two (fewer bytes cross the link: uint8 -> float32 moves a quarter) and
  * the device's memory is not the host's (whose kernels are slower than
- * the host's own loop), or whenever place is AB_PLACE_DEVICE.
+ * the host's own loop), or whenever place is AB_PLACE_DEVICE. From a
+ * device that can convert (src_convert): CONVERT there first, when the
+ * result is the smaller (float32 -> uint8 on the way back) or the target
+ * is the same device (then it is the only step), under the same rule on
+ * unified memory and place; then DOWNLOAD [UPLOAD].
  * Host-accessible memory is never downloaded or uploaded.
  * Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */

@@ -17,6 +17,7 @@
 
 #include "internal.h"
 #include "pool.h"
+#include "converters/host/convert.h"
 #include "support.h"
 
 #define CL(i) ((DLDevice){kDLOpenCL, (i)})
@@ -1024,4 +1025,181 @@ Test(opencl, the_device_conversion_route_survives_every_fault) {
     cr_assert_lt(n, 200);
     cr_assert_geq(faults, transfer ? 2 : 3, "%s faults: only %d sites", transfer ? "transfer" : "allocation", faults);
   }
+}
+
+static bool device_has_fp64(int32_t id) {
+  cl_platform_id plats[16];
+  cl_uint np = 0;
+  char ext[8192] = "";
+  int32_t seen = 0;
+  clGetPlatformIDs(16, plats, &np);
+  for (cl_uint p = 0; p < np; p++) {
+    cl_device_id devs[64];
+    cl_uint nd = 0;
+    if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
+    if (id < seen + (int32_t)nd) {
+      clGetDeviceInfo(devs[id - seen], CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL);
+      return strstr(ext, "cl_khr_fp64") != NULL;
+    }
+    seen += (int32_t)nd;
+  }
+  return false;
+}
+
+/* float sources with the values that decide rounding and saturation:
+ * ties, negatives, values past the integer's range, NaN, infinities. */
+static void narrow_fill(void *p, int64_t n, DLDataType d, test_rng *rng) {
+  static const float special[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 127.5f, 128.5f, 254.5f, 255.5f, 256.0f, 300.0f,
+                                  -129.5f, 32767.5f, 65535.5f, 70000.0f, -40000.0f, 1e30f, -1e30f, 0.0f, -0.0f,
+                                  __builtin_nanf(""), __builtin_inff(), -__builtin_inff(), 1e-40f};
+  const int ns = sizeof special / sizeof special[0];
+  for (int64_t i = 0; i < n; i++) {
+    float v = rng_next(rng) % 3 == 0 ? special[rng_next(rng) % ns]
+                                     : (float)rng_between(rng, -70000, 70000) / (float)rng_between(rng, 1, 300);
+    if (d.bits == 32) {
+      ((float *)p)[i] = v;
+    } else {
+      uint32_t b;
+      memcpy(&b, &v, 4);
+      /* float16: through the library's own rounding; bfloat16: truncated */
+      ((uint16_t *)p)[i] = d.code == kDLBfloat ? (uint16_t)(b >> 16) : ab__half_from_float(v);
+    }
+  }
+}
+
+Test(opencl, narrowing_conversions_run_on_the_source_device_bit_exact_with_the_host) {
+  need_devices(1);
+  if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: narrowing stays on the host there");
+  static const DLDataType from[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}};
+  static const DLDataType to[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1}, {kDLUInt, 16, 1}, {kDLInt, 16, 1}};
+  static const double cscale[3] = {255.0, 127.25, -3.0}, coff[3] = {0.5, -1.0, 100.0};
+  test_rng rng = {99};
+  for (size_t f = 0; f < 3; f++) {
+    for (size_t g = 0; g < 4; g++) {
+      for (int trial = 0; trial < 6; trial++) {
+        int64_t shape[3] = {rng_between(&rng, 1, 9), rng_between(&rng, 2, 11), 3};
+        const int64_t n = shape[0] * shape[1] * 3;
+        void *v = malloc((size_t)n * 4);
+        narrow_fill(v, n, from[f], &rng);
+        DLTensor h = {v, CPU0, 3, from[f], shape, NULL, 0};
+        /* the source on the device; every other trial read through a
+         * transposed view of it */
+        DLManagedTensorVersioned *a = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+        DLTensor src = a->dl_tensor, hsrc = h;
+        int64_t tshape[3] = {shape[1], shape[0], 3}, tstrides[3] = {3, shape[1] * 3, 1};
+        if (trial % 2) {
+          src.shape = hsrc.shape = tshape;
+          src.strides = hsrc.strides = tstrides;
+        }
+        int32_t perm[3] = {2, 0, 1}; /* HWC -> CHW */
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        o.dtype = to[g];
+        if (trial % 3 == 0) o.permute = perm;
+        if (trial % 3 == 1) {
+          o.flags = AB_CONVERT_AFFINE;
+          o.scale = 255.0;
+          o.offset = 0.25;
+        } else if (trial % 3 == 2) {
+          o.flags = AB_CONVERT_PER_CHANNEL;
+          o.channel_axis = 2;
+          o.channel_scale = cscale;
+          o.channel_offset = coff;
+        }
+        DLManagedTensorVersioned *want = convert_ok_opts(&hsrc, CPU0, &o), *got;
+        convert_place("device");
+        const uint64_t before = pool_allocations(CL(0));
+        got = convert_ok_opts(&src, CPU0, &o);
+        cr_assert_eq(pool_allocations(CL(0)) - before, 1, "from %zu to %zu trial %d: not narrowed on the device", f, g,
+                     trial);
+        convert_place("auto");
+        const size_t bytes = (size_t)n * (to[g].bits / 8u);
+        if (memcmp(want->dl_tensor.data, got->dl_tensor.data, bytes) != 0) {
+          const uint8_t *x = want->dl_tensor.data, *y = got->dl_tensor.data;
+          size_t i = 0;
+          while (x[i] == y[i]) i++;
+          cr_assert_fail("from %zu to %zu trial %d: byte %zu differs: host %u, device %u", f, g, trial, i, x[i], y[i]);
+        }
+        got->deleter(got);
+        want->deleter(want);
+        a->deleter(a);
+        free(v);
+      }
+    }
+  }
+  assert_pool_clean(CL(0));
+}
+
+Test(opencl, a_conversion_within_one_device_is_one_kernel) {
+  need_devices(1);
+  if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: narrowing stays on the host there");
+  float v[2 * 3 * 4];
+  for (int i = 0; i < 24; i++) v[i] = (float)i / 23.0f;
+  int64_t shape[3] = {2, 3, 4};
+  DLTensor h = {v, CPU0, 3, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLUInt, 8, 1);
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 255.0;
+  convert_place("device");
+  struct ab_pool_stats host_before = stats_of(CPU0);
+  const uint64_t before = pool_allocations(CL(0));
+  DLManagedTensorVersioned *r = convert_ok_opts(&a->dl_tensor, CL(0), &o);
+  cr_assert_eq(pool_allocations(CL(0)) - before, 1, "more than the result was allocated on the device");
+  cr_assert_eq(stats_of(CPU0).allocations, host_before.allocations, "the bytes went through the host");
+  convert_place("auto");
+  DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  for (int i = 0; i < 24; i++)
+    cr_assert_eq(((uint8_t *)back->dl_tensor.data)[i], (uint8_t)__builtin_nearbyint((double)v[i] * 255.0), "%d", i);
+  back->deleter(back);
+  r->deleter(r);
+  a->deleter(a);
+  assert_pool_clean(CL(0));
+}
+
+Test(opencl, the_narrowing_route_survives_every_fault) {
+  need_devices(1);
+  if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: narrowing stays on the host there");
+  float v[5 * 6];
+  for (int i = 0; i < 30; i++) v[i] = (float)i * 9.5f - 20.0f;
+  int64_t shape[2] = {5, 6};
+  DLTensor h = {v, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLUInt, 8, 1);
+  convert_place("device");
+  for (int transfer = 0; transfer < 2; transfer++) {
+    int n, faults = 0;
+    for (n = 1; n < 200; n++) {
+      long live = ab__alloc_live_settled();
+      DLManagedTensorVersioned *r = SENTINEL_OUT;
+      if (transfer) ab__fault_arm_transfer(n);
+      else ab__fault_arm(n);
+      ab_status st = ab_convert_memory(&a->dl_tensor, CPU0, &o, &r);
+      long injected = transfer ? ab__fault_transfer_injected() : ab__fault_injected();
+      ab__fault_arm(0);
+      ab__fault_arm_transfer(0);
+      if (st == AB_OK) {
+        for (int i = 0; i < 30; i++) {
+          double x = __builtin_nearbyint((double)v[i]);
+          cr_assert_eq(((uint8_t *)r->dl_tensor.data)[i], x < 0 ? 0 : x > 255 ? 255 : (uint8_t)x, "N=%d i=%d", n, i);
+        }
+        r->deleter(r);
+      } else {
+        cr_assert_eq(st, transfer ? AB_ERR_BACKEND : AB_ERR_OUT_OF_MEMORY, "N=%d: %s (%s)", n, ab_status_name(st),
+                     ab_last_error());
+        cr_assert_eq(r, SENTINEL_OUT);
+      }
+      struct ab_pool_stats s = stats_of(CL(0));
+      cr_assert_eq(s.in_use_bytes.current, ab__pool_round(sizeof v), "N=%d: device blocks kept besides the source", n);
+      assert_pool_clean(CPU0);
+      cr_assert_eq(ab__alloc_live_settled(), live, "N=%d: host blocks leaked", n);
+      if (injected == 0) break;
+      faults++;
+    }
+    cr_assert_lt(n, 200);
+    cr_assert_geq(faults, 2, "%s faults: only %d sites", transfer ? "transfer" : "allocation", faults);
+  }
+  a->deleter(a);
+  assert_pool_clean(CL(0));
 }

@@ -397,3 +397,56 @@ Test(route, a_widening_conversion_runs_on_the_target_when_that_moves_fewer_bytes
                  (DLDeviceType[]){kDLOpenCL, kDLCPU, tt}, "device -> device");
   }
 }
+
+/* From a device that can convert: narrow there before the download, or
+ * convert in place when the target is the same device. */
+Test(route, a_narrowing_conversion_runs_on_the_source_before_the_download) {
+  const DLDevice cl0 = DEV(kDLOpenCL, 0), cl1 = DEV(kDLOpenCL, 1);
+  ab__route_query q = query(cl0, CPU0);
+  q.same_dtype = false;
+  q.convert = true;
+  q.src_convert = true;
+  q.nbytes = 4000;    /* float32 ... */
+  q.out_nbytes = 1000; /* ... to uint8 */
+  assert_steps(&q, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "f32 -> u8 to the host");
+  ab__plan plan;
+  cr_assert_eq(ab__plan_route(&q, &plan), AB_OK);
+  cr_assert(dev_eq(plan.steps[0].from, cl0) && dev_eq(plan.steps[0].to, cl0), "the conversion must run on the source");
+  ab__route_query o = q;
+  o.dst = cl1;
+  o.dst_caps = 0;
+  assert_steps(&o, 3, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_DOWNLOAD, AB_STEP_UPLOAD},
+               (DLDeviceType[]){kDLOpenCL, kDLOpenCL, kDLOpenCL}, "f32 -> u8 to another device");
+  /* the same device: one step, whatever the sizes */
+  ab__route_query h = q;
+  h.dst = cl0;
+  h.dst_caps = 0;
+  h.out_nbytes = 8000;
+  assert_one_step(&h, AB_STEP_CONVERT, kDLOpenCL, "in place");
+  /* widening to the host, a unified-memory source, host asked, or no
+   * kernel: download, then the host converts */
+  ab__route_query w = q;
+  w.out_nbytes = 8000;
+  assert_steps(&w, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "widening");
+  w.place = AB_PLACE_DEVICE;
+  assert_steps(&w, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "widening, forced");
+  ab__route_query u = q;
+  u.src_caps = AB_CAP_UNIFIED_MEMORY;
+  assert_steps(&u, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "unified");
+  u.place = AB_PLACE_DEVICE;
+  assert_steps(&u, 2, (ab__step_kind[]){AB_STEP_CONVERT, AB_STEP_DOWNLOAD}, (DLDeviceType[]){kDLOpenCL, kDLOpenCL},
+               "unified, forced");
+  ab__route_query n = q;
+  n.place = AB_PLACE_HOST;
+  assert_steps(&n, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "host asked");
+  n = q;
+  n.src_convert = false;
+  n.place = AB_PLACE_DEVICE;
+  assert_steps(&n, 2, (ab__step_kind[]){AB_STEP_DOWNLOAD, AB_STEP_CONVERT}, (DLDeviceType[]){kDLOpenCL, kDLCPU},
+               "no kernel");
+}

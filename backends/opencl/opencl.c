@@ -43,10 +43,14 @@
 #define MAX_DEVICES 64
 
 /* The kernels: gathers, one per element width (1, 2, 4, 8, 16 bytes), then
- * conversions to float32, one per source kind (enum conv_src). */
+ * conversions to float32, one per source kind (convert_kernel), then the
+ * narrowing conversions (narrow_kernel), which only devices with doubles
+ * have (NULL elsewhere). */
 #define NGATHER 5
 #define NCONVERT 8
-#define NKERNELS (NGATHER + NCONVERT)
+#define NNARROW 12
+#define NKERNELS (NGATHER + NCONVERT + NNARROW)
+#define NREQUIRED (NGATHER + NCONVERT)
 
 struct platform {
   cl_platform_id id;
@@ -495,8 +499,18 @@ static bool kernels_ready(struct platform *p) {
   static const char *names[NKERNELS] = {"ab_gather_1",     "ab_gather_2",   "ab_gather_4",    "ab_gather_8",
                                         "ab_gather_16",    "ab_to_f32_u8",  "ab_to_f32_i8",   "ab_to_f32_u16",
                                         "ab_to_f32_i16",   "ab_to_f32_bool", "ab_to_f32_f16", "ab_to_f32_bf16",
-                                        "ab_to_f32_f32"};
-  for (int k = 0; k < NKERNELS && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
+                                        "ab_to_f32_f32",   "ab_f16_to_u8",  "ab_f16_to_i8",   "ab_f16_to_u16",
+                                        "ab_f16_to_i16",   "ab_bf16_to_u8", "ab_bf16_to_i8",  "ab_bf16_to_u16",
+                                        "ab_bf16_to_i16",  "ab_f32_to_u8",  "ab_f32_to_i8",   "ab_f32_to_u16",
+                                        "ab_f32_to_i16"};
+  for (int k = 0; k < NREQUIRED && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
+  /* Without cl_khr_fp64 (on some device of the context) these do not
+   * exist: those conversions stay on the host. */
+  for (int k = NREQUIRED; k < NKERNELS && e == CL_SUCCESS; k++) {
+    cl_int ke;
+    p->kernel[k] = clCreateKernel(prog, names[k], &ke);
+    if (ke != CL_SUCCESS) p->kernel[k] = NULL;
+  }
   if (e != CL_SUCCESS) {
     AB_LOG(AB_LOG_WARN, "OpenCL kernels unavailable (%s, %d): strided copies and conversions go through the host",
            cl_err_name(e), (int)e);
@@ -601,19 +615,44 @@ static int convert_kernel(DLDataType d) {
  * (never the channel axis), and the channel's a and b. */
 struct kconv {
   int n, chan, mode, k;
+  bool narrow; /* a narrowing kernel: float64 arithmetic, a and b in ad, bd */
   cl_long8 shape, stride;
   cl_float16 a, b;
+  cl_double16 ad, bd;
 };
+
+/* The narrowing kernel (its index after the conversions to float32) for
+ * float16, bfloat16 or float32 into uint8, int8, uint16 or int16; -1 for
+ * none. */
+static int narrow_kernel(DLDataType from, DLDataType to) {
+  int f = -1, t = -1;
+  if (from.lanes != 1 || to.lanes != 1) return -1;
+  if (from.code == kDLFloat && from.bits == 16) f = 0;
+  else if (from.code == kDLBfloat && from.bits == 16) f = 1;
+  else if (from.code == kDLFloat && from.bits == 32) f = 2;
+  if (to.code == kDLUInt && to.bits == 8) t = 0;
+  else if (to.code == kDLInt && to.bits == 8) t = 1;
+  else if (to.code == kDLUInt && to.bits == 16) t = 2;
+  else if (to.code == kDLInt && to.bits == 16) t = 3;
+  return f < 0 || t < 0 ? -1 : f * 4 + t;
+}
 
 static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
   const ab__cast_op *op = &args->op;
   const bool per_channel = op->affine && op->channel_dim >= 0;
   int64_t sh[AB_MAX_NDIM], st[AB_MAX_NDIM];
   int n = 0, chan = -1;
-  if (op->to.code != kDLFloat || op->to.bits != 32 || op->to.lanes != 1) return false;
   memset(kc, 0, sizeof *kc);
-  kc->k = convert_kernel(op->from);
-  if (kc->k < 0) return false;
+  if (op->to.code == kDLFloat && op->to.bits == 32 && op->to.lanes == 1) {
+    const int k = convert_kernel(op->from);
+    if (k < 0) return false;
+    kc->k = NGATHER + k;
+  } else {
+    const int k = narrow_kernel(op->from, op->to);
+    if (k < 0) return false;
+    kc->k = NREQUIRED + k;
+    kc->narrow = true;
+  }
   if (per_channel && args->shape[op->channel_dim] > MAX_CHANNELS) return false;
   for (int32_t i = 0; i < args->ndim; i++) {
     const bool is_chan = per_channel && i == op->channel_dim;
@@ -637,18 +676,23 @@ static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
     kc->stride.s[i] = i < n ? st[i] : 0;
   }
   for (int c = 0; c < MAX_CHANNELS; c++) {
-    kc->a.s[c] = 1.0f;
-    kc->b.s[c] = 0.0f;
+    kc->ad.s[c] = 1.0;
+    kc->bd.s[c] = 0.0;
   }
   if (per_channel) {
     const int64_t nc = args->shape[op->channel_dim];
     for (int64_t c = 0; c < nc; c++) {
-      kc->a.s[c] = op->channel_scale ? (float)op->channel_scale[c] : 1.0f;
-      kc->b.s[c] = op->channel_offset ? (float)op->channel_offset[c] : 0.0f;
+      kc->ad.s[c] = op->channel_scale ? op->channel_scale[c] : 1.0;
+      kc->bd.s[c] = op->channel_offset ? op->channel_offset[c] : 0.0;
     }
   } else if (op->affine) {
-    kc->a.s[0] = (float)op->scale;
-    kc->b.s[0] = (float)op->offset;
+    kc->ad.s[0] = op->scale;
+    kc->bd.s[0] = op->offset;
+  }
+  /* float32 arithmetic takes them rounded to float, as the host does */
+  for (int c = 0; c < MAX_CHANNELS; c++) {
+    kc->a.s[c] = (float)kc->ad.s[c];
+    kc->b.s[c] = (float)kc->bd.s[c];
   }
   return true;
 }
@@ -662,7 +706,9 @@ static bool cl_can_convert(int32_t id, const ab__convert_args *args) {
   cl_context ctx;
   cl_command_queue q;
   if (!conv_layout(args, &kc)) return false;
-  if (clGetDeviceInfo(devices[id].id, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) != CL_SUCCESS ||
+  /* float64 for the narrowing kernels, float32 for the others */
+  if (clGetDeviceInfo(devices[id].id, kc.narrow ? CL_DEVICE_DOUBLE_FP_CONFIG : CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp,
+                      &fp, NULL) != CL_SUCCESS ||
       (fp & (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM)) != (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM))
     return false;
   char saved[AB_ERRBUF_SIZE];
@@ -672,7 +718,7 @@ static bool cl_can_convert(int32_t id, const ab__convert_args *args) {
   if (!have_ctx) return false;
   struct platform *p = &platforms[devices[id].platform];
   pthread_mutex_lock(&lock);
-  const bool ok = kernels_ready(p);
+  const bool ok = kernels_ready(p) && p->kernel[kc.k] != NULL;
   pthread_mutex_unlock(&lock);
   return ok;
 }
@@ -682,12 +728,12 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   struct kconv kc;
   cl_context ctx;
   cl_command_queue q;
-  const size_t es = args->op.from.bits / 8u;
-  if (!conv_layout(args, &kc) || src_offset % es != 0 || dst_offset % sizeof(float) != 0)
+  const size_t es = args->op.from.bits / 8u, os = args->op.to.bits / 8u;
+  if (!conv_layout(args, &kc) || src_offset % es != 0 || dst_offset % os != 0)
     return AB_FAIL(AB_ERR_INTERNAL, "opencl:%" PRId32 ": convert asked for a conversion the kernels cannot take", id);
   AB_FORWARD(get_queue(id, &ctx, &q));
   if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
-  cl_ulong n = 1, src_off = src_offset / es, dst_off = dst_offset / sizeof(float);
+  cl_ulong n = 1, src_off = src_offset / es, dst_off = dst_offset / os;
   for (int32_t i = 0; i < args->ndim; i++) n *= (cl_ulong)args->shape[i];
   if (n == 0) return AB_OK;
   cl_mem s = (cl_mem)src, d = (cl_mem)dst;
@@ -697,11 +743,11 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   cl_int e;
   /* As for the gathers: the lock keeps two threads' arguments apart. */
   pthread_mutex_lock(&lock);
-  if (!kernels_ready(p)) {
+  if (!kernels_ready(p) || p->kernel[kc.k] == NULL) {
     pthread_mutex_unlock(&lock);
     return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the conversion kernels could not be built", id);
   }
-  cl_kernel k = p->kernel[NGATHER + kc.k];
+  cl_kernel k = p->kernel[kc.k];
   e = clSetKernelArg(k, 0, sizeof s, &s);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof d, &d);
@@ -712,8 +758,10 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 8, sizeof mode, &mode);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 9, sizeof chan, &chan);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 10, sizeof kc.a, &kc.a);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 11, sizeof kc.b, &kc.b);
+  if (e == CL_SUCCESS)
+    e = kc.narrow ? clSetKernelArg(k, 10, sizeof kc.ad, &kc.ad) : clSetKernelArg(k, 10, sizeof kc.a, &kc.a);
+  if (e == CL_SUCCESS)
+    e = kc.narrow ? clSetKernelArg(k, 11, sizeof kc.bd, &kc.bd) : clSetKernelArg(k, 11, sizeof kc.b, &kc.b);
   if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
   if (e == CL_SUCCESS) e = clFinish(q);

@@ -66,3 +66,51 @@ AB_DEFINE_TO_F32(ab_to_f32_bool, uchar, AB_LOAD_BOOL)
 AB_DEFINE_TO_F32(ab_to_f32_f16, ushort, AB_LOAD_F16)
 AB_DEFINE_TO_F32(ab_to_f32_bf16, ushort, AB_LOAD_BF16)
 AB_DEFINE_TO_F32(ab_to_f32_f32, float, AB_LOAD_F32)
+
+/* The way back: float32, float16 and bfloat16 into uint8, int8, uint16 and
+ * int16, narrowing on the device before the download. The host's rule for
+ * these is float64 arithmetic (y = x * a + b, two roundings), then round
+ * half to even and saturate, NaN -> 0: exactly OpenCL's convert_T_sat_rte
+ * of a double. So these exist only where the compiler has doubles. */
+#ifdef cl_khr_fp64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+
+#define AB_DEFINE_NARROW(NAME, TS, LOAD, TD, CONV)                                                \
+  __kernel void NAME(__global const TS *src, ulong src_off, __global TD *dst, ulong dst_off,        \
+                     int ndim, long8 shape8, long8 stride8, ulong n, int mode, int chan,            \
+                     double16 a16, double16 b16) {                                                 \
+    size_t gid = get_global_id(0);                                                               \
+    if (gid >= n) return;                                                                        \
+    long shape[8] = {shape8.s0, shape8.s1, shape8.s2, shape8.s3,                                 \
+                     shape8.s4, shape8.s5, shape8.s6, shape8.s7};                                \
+    long stride[8] = {stride8.s0, stride8.s1, stride8.s2, stride8.s3,                            \
+                      stride8.s4, stride8.s5, stride8.s6, stride8.s7};                           \
+    long rem = (long)gid, off = 0, c = 0;                                                        \
+    for (int i = ndim - 1; i >= 0; i--) {                                                        \
+      long q = rem / shape[i];                                                                   \
+      long k = rem - q * shape[i];                                                               \
+      off += k * stride[i];                                                                      \
+      if (i == chan) c = k;                                                                      \
+      rem = q;                                                                                   \
+    }                                                                                            \
+    double y = (double)LOAD(src, (long)src_off + off);                                           \
+    if (mode) {                                                                                  \
+      double av[16], bv[16];                                                                     \
+      vstore16(a16, 0, av);                                                                      \
+      vstore16(b16, 0, bv);                                                                      \
+      y = y * av[c];                                                                             \
+      y = y + bv[c];                                                                             \
+    }                                                                                            \
+    dst[dst_off + gid] = CONV(y);                                                                \
+  }
+
+#define AB_DEFINE_NARROW_FROM(SUFFIX, TS, LOAD)                                                   \
+  AB_DEFINE_NARROW(ab_##SUFFIX##_to_u8, TS, LOAD, uchar, convert_uchar_sat_rte)                   \
+  AB_DEFINE_NARROW(ab_##SUFFIX##_to_i8, TS, LOAD, char, convert_char_sat_rte)                     \
+  AB_DEFINE_NARROW(ab_##SUFFIX##_to_u16, TS, LOAD, ushort, convert_ushort_sat_rte)                \
+  AB_DEFINE_NARROW(ab_##SUFFIX##_to_i16, TS, LOAD, short, convert_short_sat_rte)
+
+AB_DEFINE_NARROW_FROM(f16, ushort, AB_LOAD_F16)
+AB_DEFINE_NARROW_FROM(bf16, ushort, AB_LOAD_BF16)
+AB_DEFINE_NARROW_FROM(f32, float, AB_LOAD_F32)
+#endif
