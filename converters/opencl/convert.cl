@@ -6,7 +6,8 @@
  * any axis order. Element i of the compact result comes from the source
  * element at the row-major decomposition of i over the result's shape,
  * dotted with the source's strides in the result's axis order (in
- * elements): the ab__convert_args the host converter takes too.
+ * elements): the ab__convert_args the host converter takes too. The
+ * narrowing kernels (float -> 8- and 16-bit integers) are at the end.
  *
  * Bit-exact with the host: the loads are exact in float, and the multiply
  * and the add are two correctly rounded float operations, never fused (the
