@@ -119,11 +119,14 @@ struct ab_backend {
 
   /* Conversions on the device (the converters/ of this backend), both or
    * neither. can_convert: whether device `id` runs `a` bit-exactly as the
-   * host would (the rules in converters/host/convert.h); may build
-   * kernels. convert: from the source's elements at `src` + `src_offset`
+   * host would (the rules in converters/host/convert.h) from the source
+   * data `src` + `src_offset` bytes (a buffer the caller may have made
+   * elsewhere: its alignment and, for OpenCL, its context matter), or
+   * from a buffer the library allocates on the device when `src` is NULL;
+   * may build kernels. convert: from the source's elements at `src` + `src_offset`
    * bytes (laid out as a's strides say) into the compact result at `dst` +
    * `dst_offset`, both buffers of device `id`; complete on return. */
-  bool (*can_convert)(int32_t id, const ab__convert_args *a);
+  bool (*can_convert)(int32_t id, const void *src, uint64_t src_offset, const ab__convert_args *a);
   ab_status (*convert)(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
                        const ab__convert_args *a, void *stream);
 
@@ -187,7 +190,8 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
 ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream);
-bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const ab__convert_args *a);
+bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
+                         const ab__convert_args *a);
 ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
                           uint64_t dst_offset, const ab__convert_args *a, void *stream);
 bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact);

@@ -459,7 +459,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
         !(p->q.src_caps & AB_CAP_UNIFIED_MEMORY)))) {
     ab__convert_args a;
     convert_args(src, &p->cv, &a);
-    p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, &a);
+    p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, src->data, src->byte_offset, &a);
   }
   if (p->cv.active && lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
       !(tbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
@@ -469,7 +469,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
     compact.strides = NULL;
     ab__convert_args a;
     convert_args(&compact, &p->cv, &a);
-    p->q.dst_convert = ab__dev_can_convert(tbe, p->tdev.device_id, &a);
+    p->q.dst_convert = ab__dev_can_convert(tbe, p->tdev.device_id, NULL, 0, &a); /* the upload's buffer */
   }
   /* Asking a backend whether it can gather may build its kernels: ask only
    * when the plan could use a gather (strided, no rectangle, sparse). */

@@ -235,8 +235,9 @@ ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTens
   return be->copy(from, to, stream);
 }
 
-bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const ab__convert_args *a) {
-  return be->convert != NULL && be->can_convert != NULL && be->can_convert(id, a);
+bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
+                         const ab__convert_args *a) {
+  return be->convert != NULL && be->can_convert != NULL && be->can_convert(id, src, src_offset, a);
 }
 
 ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,

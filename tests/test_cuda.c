@@ -618,4 +618,6 @@ Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
       free(v);
     }
   }
+  unsetenv("AB_CONVERT_PLACE");
+  ab__convert_reload_env();
 }

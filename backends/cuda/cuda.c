@@ -347,7 +347,11 @@ static bool kernel_runs_on(int32_t id) {
 #ifdef AB_HAVE_CUDA_KERNELS
 /* Conversions on the device (converters/cuda/convert.cu), built for the
  * same architectures as the gather, whose availability stands for both. */
-static bool cuda_can_convert(int32_t id, const ab__convert_args *a) {
+static bool cuda_can_convert(int32_t id, const void *src, uint64_t src_offset, const ab__convert_args *a) {
+  /* The kernels load whole elements: a misaligned source would fault
+   * (cudaErrorMisalignedAddress, which ruins the context). */
+  const size_t es = a->op.from.bits / 8u;
+  if (es == 0 || ((uintptr_t)src + src_offset) % es != 0) return false;
   return ab__cuda_convert_supported(a) && kernel_runs_on(id);
 }
 

@@ -56,11 +56,11 @@ struct platform {
   cl_platform_id id;
   cl_context ctx; /* lazily */
   int first, count; /* its devices in the flat table */
-  /* converters/opencl/gather.cl, built on first need; a failed build is
-   * remembered (strided copies then go through the host) */
-  cl_program prog;
+  /* converters/opencl/gather.cl and convert.cl, built on first need
+   * (program_ready) */
+  cl_program prog[2];
   cl_kernel kernel[NKERNELS]; /* gathers, then conversions */
-  bool prog_failed;
+  bool prog_failed[2];
 };
 
 extern const char ab__opencl_gather_cl[], ab__opencl_convert_cl[];
@@ -168,8 +168,8 @@ static ab_status cl_init(void) {
     pl->ctx = NULL;
     pl->first = ndevices;
     pl->count = 0;
-    pl->prog = NULL;
-    pl->prog_failed = false;
+    pl->prog[0] = pl->prog[1] = NULL;
+    pl->prog_failed[0] = pl->prog_failed[1] = false;
     for (int k = 0; k < NKERNELS; k++) pl->kernel[k] = NULL;
     for (cl_uint d = 0; d < nd && ndevices < MAX_DEVICES; d++) {
       cl_bool unified = CL_FALSE;
@@ -192,7 +192,8 @@ static void cl_shutdown(void) {
   for (int p = 0; p < nplatforms; p++) {
     for (int k = 0; k < NKERNELS; k++)
       if (platforms[p].kernel[k]) clReleaseKernel(platforms[p].kernel[k]);
-    if (platforms[p].prog) clReleaseProgram(platforms[p].prog);
+    for (int w = 0; w < 2; w++)
+      if (platforms[p].prog[w]) clReleaseProgram(platforms[p].prog[w]);
   }
   for (int i = 0; i < ndevices; i++)
     if (devices[i].queue) clReleaseCommandQueue(devices[i].queue);
@@ -486,16 +487,13 @@ static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
   return true;
 }
 
-/* The platform's gather kernels, built on first use; false when they
- * cannot be (no compiler in the driver, for instance). Under `lock`. */
-static bool kernels_ready(struct platform *p) {
-  if (p->prog != NULL) return true;
-  if (p->prog_failed || p->ctx == NULL) return false;
-  const char *src[2] = {ab__opencl_gather_cl, ab__opencl_convert_cl};
-  size_t len[2] = {ab__opencl_gather_cl_len, ab__opencl_convert_cl_len};
-  cl_int e;
-  cl_program prog = clCreateProgramWithSource(p->ctx, 2, src, len, &e);
-  if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
+/* The platform's programs, each built on first use: 0 is gather.cl
+ * (kernels [0, NGATHER)), 1 is convert.cl (the rest), apart so that a
+ * driver that cannot build one keeps the other. False when the program
+ * cannot be built (no compiler in the driver, for instance); that is
+ * remembered, and those copies or conversions go through the host. Under
+ * `lock`. */
+static bool program_ready(struct platform *p, int which) {
   static const char *names[NKERNELS] = {"ab_gather_1",     "ab_gather_2",   "ab_gather_4",    "ab_gather_8",
                                         "ab_gather_16",    "ab_to_f32_u8",  "ab_to_f32_i8",   "ab_to_f32_u16",
                                         "ab_to_f32_i16",   "ab_to_f32_bool", "ab_to_f32_f16", "ab_to_f32_bf16",
@@ -503,26 +501,38 @@ static bool kernels_ready(struct platform *p) {
                                         "ab_f16_to_i16",   "ab_bf16_to_u8", "ab_bf16_to_i8",  "ab_bf16_to_u16",
                                         "ab_bf16_to_i16",  "ab_f32_to_u8",  "ab_f32_to_i8",   "ab_f32_to_u16",
                                         "ab_f32_to_i16"};
-  for (int k = 0; k < NREQUIRED && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
-  /* Without cl_khr_fp64 (on some device of the context) these do not
-   * exist: those conversions stay on the host. */
-  for (int k = NREQUIRED; k < NKERNELS && e == CL_SUCCESS; k++) {
+  const int first = which == 0 ? 0 : NGATHER, required = which == 0 ? NGATHER : NREQUIRED,
+            last = which == 0 ? NGATHER : NKERNELS;
+  if (p->prog[which] != NULL) return true;
+  if (p->prog_failed[which] || p->ctx == NULL) return false;
+  const char *src = which == 0 ? ab__opencl_gather_cl : ab__opencl_convert_cl;
+  size_t len = which == 0 ? ab__opencl_gather_cl_len : ab__opencl_convert_cl_len;
+  cl_int e;
+  cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
+  if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
+  for (int k = first; k < required && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
+  /* The narrowing kernels do not exist without cl_khr_fp64 (on some
+   * device of the context): those conversions stay on the host. */
+  for (int k = required; k < last && e == CL_SUCCESS; k++) {
     cl_int ke;
     p->kernel[k] = clCreateKernel(prog, names[k], &ke);
     if (ke != CL_SUCCESS) p->kernel[k] = NULL;
   }
   if (e != CL_SUCCESS) {
-    AB_LOG(AB_LOG_WARN, "OpenCL kernels unavailable (%s, %d): strided copies and conversions go through the host",
-           cl_err_name(e), (int)e);
-    for (int k = 0; k < NKERNELS; k++)
+    AB_LOG(AB_LOG_WARN, "OpenCL %s kernels unavailable (%s, %d): %s go through the host",
+           which == 0 ? "gather" : "conversion", cl_err_name(e), (int)e,
+           which == 0 ? "strided copies" : "conversions");
+    for (int k = first; k < last; k++)
       if (p->kernel[k]) clReleaseKernel(p->kernel[k]), p->kernel[k] = NULL;
     if (prog) clReleaseProgram(prog);
-    p->prog_failed = true;
+    p->prog_failed[which] = true;
     return false;
   }
-  p->prog = prog;
+  p->prog[which] = prog;
   return true;
 }
+
+static bool kernels_ready(struct platform *p) { return program_ready(p, 0); }
 
 /* Copies within one context: a compact source with clEnqueueCopyBuffer, a
  * strided one (up to 8 dims after merging) with the gather kernel. */
@@ -700,16 +710,25 @@ static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
 /* The kernels give the host's bits only where float arithmetic rounds to
  * nearest and keeps denormals (CL_DEVICE_SINGLE_FP_CONFIG); elsewhere the
  * host converts. */
-static bool cl_can_convert(int32_t id, const ab__convert_args *args) {
-  struct kconv kc;
+static bool fp_exact(int32_t id, cl_device_info which) {
   cl_device_fp_config fp = 0;
-  cl_context ctx;
+  return clGetDeviceInfo(devices[id].id, which, sizeof fp, &fp, NULL) == CL_SUCCESS &&
+         (fp & (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM)) == (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM);
+}
+
+static bool cl_can_convert(int32_t id, const void *src, uint64_t src_offset, const ab__convert_args *args) {
+  struct kconv kc;
+  cl_context ctx, theirs = NULL;
   cl_command_queue q;
   if (!conv_layout(args, &kc)) return false;
-  /* float64 for the narrowing kernels, float32 for the others */
-  if (clGetDeviceInfo(devices[id].id, kc.narrow ? CL_DEVICE_DOUBLE_FP_CONFIG : CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp,
-                      &fp, NULL) != CL_SUCCESS ||
-      (fp & (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM)) != (CL_FP_ROUND_TO_NEAREST | CL_FP_DENORM))
+  /* The kernels index whole elements of the source */
+  if (src_offset % (args->op.from.bits / 8u) != 0) return false;
+  /* float32 loads and arithmetic in every kernel (denormal sources too),
+   * float64 in the narrowing ones */
+  if (!fp_exact(id, CL_DEVICE_SINGLE_FP_CONFIG) || (kc.narrow && !fp_exact(id, CL_DEVICE_DOUBLE_FP_CONFIG)))
+    return false;
+  /* A buffer of another context cannot be an argument of our kernels. */
+  if (src != NULL && clGetMemObjectInfo((cl_mem)src, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL) != CL_SUCCESS)
     return false;
   char saved[AB_ERRBUF_SIZE];
   ab__save_error(saved);
@@ -717,8 +736,9 @@ static bool cl_can_convert(int32_t id, const ab__convert_args *args) {
   ab__restore_error(saved);
   if (!have_ctx) return false;
   struct platform *p = &platforms[devices[id].platform];
+  if (src != NULL && theirs != ctx) return false;
   pthread_mutex_lock(&lock);
-  const bool ok = kernels_ready(p) && p->kernel[kc.k] != NULL;
+  const bool ok = program_ready(p, 1) && p->kernel[kc.k] != NULL;
   pthread_mutex_unlock(&lock);
   return ok;
 }
@@ -743,7 +763,7 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   cl_int e;
   /* As for the gathers: the lock keeps two threads' arguments apart. */
   pthread_mutex_lock(&lock);
-  if (!kernels_ready(p) || p->kernel[kc.k] == NULL) {
+  if (!program_ready(p, 1) || p->kernel[kc.k] == NULL) {
     pthread_mutex_unlock(&lock);
     return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the conversion kernels could not be built", id);
   }

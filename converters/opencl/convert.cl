@@ -15,7 +15,7 @@
  * kernels only on devices with round-to-nearest and denormals in
  * CL_DEVICE_SINGLE_FP_CONFIG. NaN payloads may differ between devices.
  *
- * Built in one program with gather.cl, once per context. */
+ * Built once per context, as a program of its own (gather.cl is another). */
 #pragma OPENCL FP_CONTRACT OFF
 
 #define AB_LOAD_U8(p, i) ((float)(p)[i])
