@@ -27,6 +27,24 @@
 #define AB_LOAD_BF16(p, i) as_float((uint)(p)[i] << 16)
 #define AB_LOAD_F32(p, i) ((p)[i])
 
+/* The source element of result element gid: its row-major index over
+ * `shape`, dotted with `stride` (elements); *c gets its index along the
+ * result axis `chan` (0 when chan is -1). Every kernel below maps this way. */
+long ab_source_offset(size_t gid, int ndim, long8 shape8, long8 stride8, int chan, long *c) {
+  long shape[8] = {shape8.s0, shape8.s1, shape8.s2, shape8.s3, shape8.s4, shape8.s5, shape8.s6, shape8.s7};
+  long stride[8] = {stride8.s0, stride8.s1, stride8.s2, stride8.s3, stride8.s4, stride8.s5, stride8.s6, stride8.s7};
+  long rem = (long)gid, off = 0;
+  *c = 0;
+  for (int i = ndim - 1; i >= 0; i--) {
+    long q = rem / shape[i];
+    long k = rem - q * shape[i];
+    off += k * stride[i];
+    if (i == chan) *c = k;
+    rem = q;
+  }
+  return off;
+}
+
 /* mode: 0 no arithmetic, 1 affine. chan: the result axis the per-channel
  * a and b run along, -1 for a[0] and b[0] everywhere. */
 #define AB_DEFINE_TO_F32(NAME, T, LOAD)                                                         \
@@ -35,18 +53,8 @@
                      float16 a16, float16 b16) {                                                  \
     size_t gid = get_global_id(0);                                                              \
     if (gid >= n) return;                                                                       \
-    long shape[8] = {shape8.s0, shape8.s1, shape8.s2, shape8.s3,                                \
-                     shape8.s4, shape8.s5, shape8.s6, shape8.s7};                               \
-    long stride[8] = {stride8.s0, stride8.s1, stride8.s2, stride8.s3,                           \
-                      stride8.s4, stride8.s5, stride8.s6, stride8.s7};                          \
-    long rem = (long)gid, off = 0, c = 0;                                                       \
-    for (int i = ndim - 1; i >= 0; i--) {                                                       \
-      long q = rem / shape[i];                                                                  \
-      long k = rem - q * shape[i];                                                              \
-      off += k * stride[i];                                                                     \
-      if (i == chan) c = k;                                                                     \
-      rem = q;                                                                                  \
-    }                                                                                           \
+    long c;                                                                                     \
+    const long off = ab_source_offset(gid, ndim, shape8, stride8, chan, &c);                    \
     float y = LOAD(src, (long)src_off + off);                                                   \
     if (mode) {                                                                                 \
       float av[16], bv[16];                                                                     \
@@ -82,18 +90,8 @@ AB_DEFINE_TO_F32(ab_to_f32_f32, float, AB_LOAD_F32)
                      double16 a16, double16 b16) {                                                 \
     size_t gid = get_global_id(0);                                                               \
     if (gid >= n) return;                                                                        \
-    long shape[8] = {shape8.s0, shape8.s1, shape8.s2, shape8.s3,                                 \
-                     shape8.s4, shape8.s5, shape8.s6, shape8.s7};                                \
-    long stride[8] = {stride8.s0, stride8.s1, stride8.s2, stride8.s3,                            \
-                      stride8.s4, stride8.s5, stride8.s6, stride8.s7};                           \
-    long rem = (long)gid, off = 0, c = 0;                                                        \
-    for (int i = ndim - 1; i >= 0; i--) {                                                        \
-      long q = rem / shape[i];                                                                   \
-      long k = rem - q * shape[i];                                                               \
-      off += k * stride[i];                                                                      \
-      if (i == chan) c = k;                                                                      \
-      rem = q;                                                                                   \
-    }                                                                                            \
+    long c;                                                                                      \
+    const long off = ab_source_offset(gid, ndim, shape8, stride8, chan, &c);                     \
     double y = (double)LOAD(src, (long)src_off + off);                                           \
     if (mode) {                                                                                  \
       double av[16], bv[16];                                                                     \
