@@ -448,23 +448,14 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
   };
   p->q.out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes;
   p->q.place = convert_place();
-  /* Asking whether the target can convert may build its kernels too: only
-   * when the planner could choose the device (a compact host source, and
-   * a result bigger than it on a device that is not the host's memory, or
-   * a forced place). */
-  const bool here = p->sdev.device_type == p->tdev.device_type && p->sdev.device_id == p->tdev.device_id;
-  if (p->cv.active && lay->numel > 0 && !(sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
-      (p->q.place == AB_PLACE_DEVICE ||
-       (p->q.place == AB_PLACE_AUTO && (here || p->q.out_nbytes < p->q.nbytes) &&
-        !(p->q.src_caps & AB_CAP_UNIFIED_MEMORY)))) {
+  /* Asking whether a device can convert may build its kernels: only when
+   * the planner would use the answer. */
+  if (p->cv.active && lay->numel > 0 && ab__route_converts_on_source(&p->q)) {
     ab__convert_args a;
     convert_args(src, &p->cv, &a);
     p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, src->data, src->byte_offset, &a);
   }
-  if (p->cv.active && lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
-      !(tbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
-      (p->q.place == AB_PLACE_DEVICE ||
-       (p->q.place == AB_PLACE_AUTO && p->q.out_nbytes > p->q.nbytes && !(p->q.dst_caps & AB_CAP_UNIFIED_MEMORY)))) {
+  if (p->cv.active && lay->numel > 0 && ab__route_converts_on_target(&p->q)) {
     DLTensor compact = *src;
     compact.strides = NULL;
     ab__convert_args a;

@@ -23,6 +23,26 @@ ab_status ab__plan_route(const ab__route_query *q, ab__plan *out) {
   return AB_OK;
 }
 
+static bool wants_device(const ab__route_query *q, bool pays) {
+  return q->place == AB_PLACE_DEVICE || (q->place == AB_PLACE_AUTO && pays);
+}
+
+/* On the target: the source's bytes cross the link as they are and the
+ * device widens them there. */
+bool ab__route_converts_on_target(const ab__route_query *q) {
+  const bool src_host = (q->src_caps & AB_CAP_HOST_ACCESSIBLE) != 0, dst_host = (q->dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  const bool pays = q->out_nbytes > q->nbytes && !(q->dst_caps & AB_CAP_UNIFIED_MEMORY);
+  return src_host && !dst_host && q->src_compact && wants_device(q, pays);
+}
+
+/* On the source: it narrows there, so fewer bytes leave it; on the same
+ * device nothing leaves it at all. */
+bool ab__route_converts_on_source(const ab__route_query *q) {
+  const bool src_host = (q->src_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  const bool pays = (same_device(q->src, q->dst) || q->out_nbytes < q->nbytes) && !(q->src_caps & AB_CAP_UNIFIED_MEMORY);
+  return !src_host && wants_device(q, pays);
+}
+
 static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   const bool here = same_device(q->src, q->dst);
   const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
@@ -46,19 +66,12 @@ static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
                    ab_device_type_name(q->dst.device_type), q->dst.device_id);
   }
   if (q->convert || !q->same_dtype) {
-    /* On the target device: the source's bytes cross the link as they
-     * are, and the device widens them there. */
-    const bool device_ok = src_host && !dst_host && q->src_compact && q->dst_convert;
-    const bool device_pays = q->out_nbytes > q->nbytes && !(q->dst_caps & AB_CAP_UNIFIED_MEMORY);
-    if (device_ok && (q->place == AB_PLACE_DEVICE || (q->place == AB_PLACE_AUTO && device_pays))) {
+    if (q->dst_convert && ab__route_converts_on_target(q)) {
       add(plan, AB_STEP_UPLOAD, q->src, q->dst, q->dst.device_type);
       add(plan, AB_STEP_CONVERT, q->dst, q->dst, q->dst.device_type);
       return AB_OK;
     }
-    /* On the source device: it narrows there, so fewer bytes leave it; on
-     * the same device nothing leaves it at all. */
-    const bool source_pays = (here || q->out_nbytes < q->nbytes) && !(q->src_caps & AB_CAP_UNIFIED_MEMORY);
-    if (!src_host && q->src_convert && (q->place == AB_PLACE_DEVICE || (q->place == AB_PLACE_AUTO && source_pays))) {
+    if (q->src_convert && ab__route_converts_on_source(q)) {
       add(plan, AB_STEP_CONVERT, q->src, q->src, q->src.device_type);
       if (here) return AB_OK;
       add(plan, AB_STEP_DOWNLOAD, q->src, host, q->src.device_type);

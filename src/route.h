@@ -92,4 +92,10 @@ typedef struct ab__route_query {
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */
 ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan);
 
+/* Whether the plan would convert on the target (resp. the source) device
+ * if that device can (dst_convert, src_convert are then ignored): the
+ * caller asks a backend, which may build kernels, only when this is true. */
+bool ab__route_converts_on_target(const ab__route_query *q);
+bool ab__route_converts_on_source(const ab__route_query *q);
+
 #endif
