@@ -548,6 +548,24 @@ static bool cl_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
   return ok;
 }
 
+/* The arguments every kernel here starts with (gather.cl, convert.cl):
+ * source buffer and offset, destination buffer and offset (in elements),
+ * the layout's dims, shape and strides, and the element count. Under
+ * `lock`: arguments are captured at enqueue, so two threads must not
+ * interleave their calls on a shared kernel. */
+static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem dst, cl_ulong dst_off, cl_int ndim,
+                              const cl_long8 *shape, const cl_long8 *stride, cl_ulong n) {
+  cl_int e = clSetKernelArg(k, 0, sizeof src, &src);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof dst, &dst);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 4, sizeof ndim, &ndim);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof *shape, shape);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof *stride, stride);
+  if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
+  return e;
+}
+
 static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q) {
   struct klayout kl;
   struct platform *p = &platforms[devices[id].platform];
@@ -567,14 +585,7 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
     return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the gather kernels could not be built", id);
   }
   cl_kernel k = p->kernel[kl.k];
-  e = clSetKernelArg(k, 0, sizeof src, &src);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof dst, &dst);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 4, sizeof ndim, &ndim);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof kl.shape, &kl.shape);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof kl.stride, &kl.stride);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
+  e = set_layout_args(k, src, src_off, dst, dst_off, ndim, &kl.shape, &kl.stride, n);
   if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
   if (e == CL_SUCCESS) e = clFinish(q);
@@ -768,14 +779,7 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
     return AB_FAIL(AB_ERR_BACKEND, "opencl:%" PRId32 ": the conversion kernels could not be built", id);
   }
   cl_kernel k = p->kernel[kc.k];
-  e = clSetKernelArg(k, 0, sizeof s, &s);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 1, sizeof src_off, &src_off);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 2, sizeof d, &d);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 3, sizeof dst_off, &dst_off);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 4, sizeof ndim, &ndim);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 5, sizeof kc.shape, &kc.shape);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 6, sizeof kc.stride, &kc.stride);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 7, sizeof n, &n);
+  e = set_layout_args(k, s, src_off, d, dst_off, ndim, &kc.shape, &kc.stride, n);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 8, sizeof mode, &mode);
   if (e == CL_SUCCESS) e = clSetKernelArg(k, 9, sizeof chan, &chan);
   if (e == CL_SUCCESS)
