@@ -980,19 +980,14 @@ Test(opencl, the_planner_keeps_conversions_on_the_host_where_the_device_does_not
 /* Every allocation and every transfer of the device conversion's route
  * fails in turn: each run ends in AB_OK with the right bytes, or in the
  * fault's status with nothing kept. */
-Test(opencl, the_device_conversion_route_survives_every_fault) {
-  need_devices(1);
-  convert_place("device");
-  uint16_t v[6 * 7];
-  for (int i = 0; i < 42; i++) v[i] = (uint16_t)(i * 1543u);
-  int64_t shape[2] = {6, 7};
-  int32_t perm[2] = {1, 0};
-  DLTensor h = {v, CPU0, 2, dt(kDLUInt, 16, 1), shape, NULL, 0};
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.dtype = dt(kDLFloat, 32, 1);
-  o.permute = perm;
-  o.flags = AB_CONVERT_AFFINE;
-  o.scale = 0.25;
+/* A fault sweep over one conversion route: every allocation, then every
+ * transfer, fails in turn. Each run ends in AB_OK, when `check` verifies
+ * the result (and deletes it), or in the fault's status with nothing
+ * kept: host blocks as before, cpu:0 clean, and opencl:0 holding exactly
+ * `cl0_kept` bytes (0: clean). At least min_alloc and min_transfer sites. */
+static void sweep_route(const DLTensor *src, DLDevice to, const ab_convert_opts *o,
+                        void (*check)(DLManagedTensorVersioned *r, int n), uint64_t cl0_kept, int min_alloc,
+                        int min_transfer) {
   for (int transfer = 0; transfer < 2; transfer++) {
     int n, faults = 0;
     for (n = 1; n < 200; n++) {
@@ -1000,31 +995,56 @@ Test(opencl, the_device_conversion_route_survives_every_fault) {
       DLManagedTensorVersioned *r = SENTINEL_OUT;
       if (transfer) ab__fault_arm_transfer(n);
       else ab__fault_arm(n);
-      ab_status st = ab_convert_memory(&h, CL(0), &o, &r);
+      ab_status st = ab_convert_memory(src, to, o, &r);
       long injected = transfer ? ab__fault_transfer_injected() : ab__fault_injected();
       ab__fault_arm(0);
       ab__fault_arm_transfer(0);
       if (st == AB_OK) {
-        DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
-        const float *f = back->dl_tensor.data;
-        for (int j = 0; j < 7; j++)
-          for (int i = 0; i < 6; i++) cr_assert_eq(f[j * 6 + i], (float)v[i * 7 + j] * 0.25f, "N=%d", n);
-        back->deleter(back);
-        r->deleter(r);
+        check(r, n);
       } else {
         cr_assert_eq(st, transfer ? AB_ERR_BACKEND : AB_ERR_OUT_OF_MEMORY, "N=%d: %s (%s)", n, ab_status_name(st),
                      ab_last_error());
         cr_assert_eq(r, SENTINEL_OUT);
       }
-      assert_pool_clean(CL(0));
+      if (cl0_kept == 0)
+        assert_pool_clean(CL(0));
+      else
+        cr_assert_eq(stats_of(CL(0)).in_use_bytes.current, cl0_kept, "N=%d: device blocks kept besides the source", n);
       assert_pool_clean(CPU0);
       cr_assert_eq(ab__alloc_live_settled(), live, "N=%d: host blocks leaked", n);
       if (injected == 0) break;
       faults++;
     }
     cr_assert_lt(n, 200);
-    cr_assert_geq(faults, transfer ? 2 : 3, "%s faults: only %d sites", transfer ? "transfer" : "allocation", faults);
+    cr_assert_geq(faults, transfer ? min_transfer : min_alloc, "%s faults: only %d sites",
+                  transfer ? "transfer" : "allocation", faults);
   }
+}
+
+static uint16_t widen_src[6 * 7];
+
+static void check_widened(DLManagedTensorVersioned *r, int n) {
+  DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  const float *f = back->dl_tensor.data;
+  for (int j = 0; j < 7; j++)
+    for (int i = 0; i < 6; i++) cr_assert_eq(f[j * 6 + i], (float)widen_src[i * 7 + j] * 0.25f, "N=%d", n);
+  back->deleter(back);
+  r->deleter(r);
+}
+
+Test(opencl, the_device_conversion_route_survives_every_fault) {
+  need_devices(1);
+  convert_place("device");
+  for (int i = 0; i < 42; i++) widen_src[i] = (uint16_t)(i * 1543u);
+  int64_t shape[2] = {6, 7};
+  int32_t perm[2] = {1, 0};
+  DLTensor h = {widen_src, CPU0, 2, dt(kDLUInt, 16, 1), shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 32, 1);
+  o.permute = perm;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 0.25;
+  sweep_route(&h, CL(0), &o, check_widened, 0, 3, 2);
 }
 
 static bool device_has_fp64(int32_t id) {
@@ -1157,49 +1177,27 @@ Test(opencl, a_conversion_within_one_device_is_one_kernel) {
   assert_pool_clean(CL(0));
 }
 
+static float narrow_src[5 * 6];
+
+static void check_narrowed(DLManagedTensorVersioned *r, int n) {
+  for (int i = 0; i < 30; i++) {
+    double x = __builtin_nearbyint((double)narrow_src[i]);
+    cr_assert_eq(((uint8_t *)r->dl_tensor.data)[i], x < 0 ? 0 : x > 255 ? 255 : (uint8_t)x, "N=%d i=%d", n, i);
+  }
+  r->deleter(r);
+}
+
 Test(opencl, the_narrowing_route_survives_every_fault) {
   need_devices(1);
   if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: narrowing stays on the host there");
-  float v[5 * 6];
-  for (int i = 0; i < 30; i++) v[i] = (float)i * 9.5f - 20.0f;
+  for (int i = 0; i < 30; i++) narrow_src[i] = (float)i * 9.5f - 20.0f;
   int64_t shape[2] = {5, 6};
-  DLTensor h = {v, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLTensor h = {narrow_src, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
   DLManagedTensorVersioned *a = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = dt(kDLUInt, 8, 1);
   convert_place("device");
-  for (int transfer = 0; transfer < 2; transfer++) {
-    int n, faults = 0;
-    for (n = 1; n < 200; n++) {
-      long live = ab__alloc_live_settled();
-      DLManagedTensorVersioned *r = SENTINEL_OUT;
-      if (transfer) ab__fault_arm_transfer(n);
-      else ab__fault_arm(n);
-      ab_status st = ab_convert_memory(&a->dl_tensor, CPU0, &o, &r);
-      long injected = transfer ? ab__fault_transfer_injected() : ab__fault_injected();
-      ab__fault_arm(0);
-      ab__fault_arm_transfer(0);
-      if (st == AB_OK) {
-        for (int i = 0; i < 30; i++) {
-          double x = __builtin_nearbyint((double)v[i]);
-          cr_assert_eq(((uint8_t *)r->dl_tensor.data)[i], x < 0 ? 0 : x > 255 ? 255 : (uint8_t)x, "N=%d i=%d", n, i);
-        }
-        r->deleter(r);
-      } else {
-        cr_assert_eq(st, transfer ? AB_ERR_BACKEND : AB_ERR_OUT_OF_MEMORY, "N=%d: %s (%s)", n, ab_status_name(st),
-                     ab_last_error());
-        cr_assert_eq(r, SENTINEL_OUT);
-      }
-      struct ab_pool_stats s = stats_of(CL(0));
-      cr_assert_eq(s.in_use_bytes.current, ab__pool_round(sizeof v), "N=%d: device blocks kept besides the source", n);
-      assert_pool_clean(CPU0);
-      cr_assert_eq(ab__alloc_live_settled(), live, "N=%d: host blocks leaked", n);
-      if (injected == 0) break;
-      faults++;
-    }
-    cr_assert_lt(n, 200);
-    cr_assert_geq(faults, 2, "%s faults: only %d sites", transfer ? "transfer" : "allocation", faults);
-  }
+  sweep_route(&a->dl_tensor, CPU0, &o, check_narrowed, ab__pool_round(sizeof narrow_src), 2, 2);
   a->deleter(a);
   assert_pool_clean(CL(0));
 }
