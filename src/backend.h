@@ -21,6 +21,13 @@
  *    of the same shape and dtype. Both are on this backend's devices.
  *    `stream` is the caller's ab_convert_opts.stream (NULL = default) and
  *    the copy is complete, as seen from the host, when the call returns.
+ *  - Early return (AB_CONVERT_ASYNC): copy and convert take `async`. When
+ *    it is true the operation may return as soon as its work is queued on
+ *    `stream` itself (NULL: the default stream ab_synchronize(dev, NULL)
+ *    waits for), after making sure that work will start without a further
+ *    call (OpenCL: clFlush). Work that has to go elsewhere (a temporary
+ *    queue, a queue of another context) is still completed before return,
+ *    and so is everything when a step fails.
  */
 #ifndef AB_BACKEND_H
 #define AB_BACKEND_H
@@ -77,7 +84,7 @@ struct ab_backend {
   ab_status (*alloc)(int32_t id, size_t bytes, void **out);
   void (*free)(int32_t id, void *ptr, size_t bytes);
 
-  ab_status (*copy)(const DLTensor *from, DLTensor *to, void *stream);
+  ab_status (*copy)(const DLTensor *from, DLTensor *to, void *stream, bool async);
   /* Whether copy() handles this source and destination (both this
    * backend's devices); NULL means always. The host's copy takes any
    * strides; OpenCL's takes sources within one context: compact ones, and
@@ -125,10 +132,11 @@ struct ab_backend {
    * from a buffer the library allocates on the device when `src` is NULL;
    * may build kernels. convert: from the source's elements at `src` + `src_offset`
    * bytes (laid out as a's strides say) into the compact result at `dst` +
-   * `dst_offset`, both buffers of device `id`; complete on return. */
+   * `dst_offset`, both buffers of device `id`; complete on return unless
+   * `async` (see the contract above). */
   bool (*can_convert)(int32_t id, const void *src, uint64_t src_offset, const ab__convert_args *a);
   ab_status (*convert)(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
-                       const ab__convert_args *a, void *stream);
+                       const ab__convert_args *a, void *stream, bool async);
 
   /* The staging ring (src/staging.c), for backends whose transfers from
    * pageable memory are slow and whose `staging` memory is fast. All of
@@ -189,11 +197,11 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
  * on allocations and turn NULL operations into AB_ERR_UNSUPPORTED. */
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
-ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream);
+ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream, bool async);
 bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
                          const ab__convert_args *a);
 ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
-                          uint64_t dst_offset, const ab__convert_args *a, void *stream);
+                          uint64_t dst_offset, const ab__convert_args *a, void *stream, bool async);
 bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact);
 ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
                         const void *src, size_t bytes, void *stream);
@@ -227,11 +235,13 @@ ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void 
  * chunk k-1. Falls back to be->write / be->read when the backend has no
  * ring operations, the host memory already is staging memory, the transfer
  * is below AB_STAGING_MIN bytes, or no chunk can be allocated. Complete on
- * return, like write/read. */
+ * return, like write/read, except that with `async` a transfer from or into
+ * host memory that already is staging memory is only queued on `stream`
+ * (write_async/read_async; the early return of the backend contract). */
 ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset, const void *src,
-                           size_t bytes, void *stream);
+                           size_t bytes, void *stream, bool async);
 ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
-                          size_t bytes, void *stream);
+                          size_t bytes, void *stream, bool async);
 /* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
  * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
  * direct), read once; ab__staging_reload_env re-reads them (tests). */

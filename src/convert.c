@@ -153,17 +153,22 @@ typedef struct stream_owner {
   const struct ab_backend *be;
   DLDevice dev;
   void *stream;
+  bool async; /* AB_CONVERT_ASYNC */
 } stream_owner;
 
 static bool dev_eq(DLDevice a, DLDevice b) { return a.device_type == b.device_type && a.device_id == b.device_id; }
 
-/* The caller's stream for a step: only for steps of its backend family
- * that touch its device (a cl_command_queue means nothing to CUDA, and a
+/* Whether a step runs on the caller's stream: a step of its backend family
+ * that touches its device (a cl_command_queue means nothing to CUDA, and a
  * cudaStream_t of cuda:1 cannot order work on cuda:0); others use their
  * default and are complete when they return all the same. */
+static bool on_stream(const ab__step *s, const stream_owner *owner) {
+  return ab__same_family(ab__backend_for(s->via), owner->be) && (dev_eq(s->from, owner->dev) || dev_eq(s->to, owner->dev));
+}
+
+/* The caller's stream for a step, or NULL (the default). */
 static void *stream_for(const ab__step *s, const stream_owner *owner) {
-  if (owner->stream == NULL || !ab__same_family(ab__backend_for(s->via), owner->be)) return NULL;
-  return dev_eq(s->from, owner->dev) || dev_eq(s->to, owner->dev) ? owner->stream : NULL;
+  return on_stream(s, owner) ? owner->stream : NULL;
 }
 
 static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__layout *lay,
@@ -182,6 +187,10 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     const ab__step *s = &plan->steps[i];
     const bool last = i == plan->nsteps - 1;
     void *stream = stream_for(s, owner);
+    /* An early return leaves the work queued on the caller's stream: only
+     * for a route of one step on it, which needs no buffer of ours freed
+     * below while the work may still read or write it. */
+    const bool async = owner->async && plan->nsteps == 1 && on_stream(s, owner);
     /* Where a step that produces compact host bytes puts them. */
     void *out_bytes = NULL;
     if (s->kind == AB_STEP_PACK || s->kind == AB_STEP_UNPACK || (s->kind == AB_STEP_CONVERT && s->via == kDLCPU) ||
@@ -198,14 +207,14 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     case AB_STEP_COPY: {
       const struct ab_backend *be = ab__backend_for(s->via);
       if (last) {
-        st = ab__dev_copy(be, &cur, dst, stream);
+        st = ab__dev_copy(be, &cur, dst, stream, async);
         break;
       }
       /* A gather on the source's device into a staging buffer there. */
       st = ab__pool_alloc(be, s->to, lay->nbytes, &stage[nstage]);
       if (st != AB_OK) break;
       DLTensor to = compact_at(&cur, s->to, stage[nstage++]->ptr);
-      st = ab__dev_copy(be, &cur, &to, stream);
+      st = ab__dev_copy(be, &cur, &to, stream, false);
       cur = to;
       cur_compact = true;
       break;
@@ -213,7 +222,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
     case AB_STEP_PACK:
     case AB_STEP_UNPACK: {
       DLTensor to = compact_at(&cur, (DLDevice){kDLCPU, 0}, out_bytes);
-      st = ab__dev_copy(host, &cur, &to, NULL);
+      st = ab__dev_copy(host, &cur, &to, NULL, false);
       cur = to;
       cur_compact = true;
       break;
@@ -234,7 +243,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         break;
       }
       /* Compact, or rows of contiguous bytes in one rectangle read. */
-      st = cur_compact ? ab__staged_read(be, id, cur.data, cur.byte_offset, out_bytes, cur_bytes, stream)
+      st = cur_compact ? ab__staged_read(be, id, cur.data, cur.byte_offset, out_bytes, cur_bytes, stream, async)
                        : ab__dev_read_rect(be, id, cur.data, cur.byte_offset, rect, out_bytes, stream);
       cur = compact_at(&cur, cur.device, out_bytes);
       cur_compact = true;
@@ -256,7 +265,7 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
           into = stage[nstage++]->ptr;
           into_offset = 0;
         }
-        st = ab__dev_convert(be, s->to.device_id, cur.data, cur.byte_offset, into, into_offset, &a, stream);
+        st = ab__dev_convert(be, s->to.device_id, cur.data, cur.byte_offset, into, into_offset, &a, stream, async);
         cur = compact_at(dst, s->to, into);
         cur.byte_offset = into_offset;
         cur_compact = true;
@@ -277,13 +286,13 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
         if (st != AB_OK) break;
         DLTensor to = compact_at(&cur, s->to, stage[nstage++]->ptr);
         st = ab__staged_write(be, s->to.device_id, to.data, 0, (const char *)cur.data + cur.byte_offset, lay->nbytes,
-                              stream);
+                              stream, false);
         cur = to;
         break;
       }
       if (cur_compact)
         st = ab__staged_write(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset,
-                              (const char *)cur.data + cur.byte_offset, cur_bytes, stream);
+                              (const char *)cur.data + cur.byte_offset, cur_bytes, stream, async);
       else /* a host crop, written as one rectangle */
         st = ab__dev_write_rect(ab__backend_for(s->via), dst->device.device_id, dst->data, dst->byte_offset, rect,
                                 (const char *)cur.data + cur.byte_offset, stream);
@@ -492,10 +501,15 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     /* opts.stream belongs to the target, or to the source when the target
      * is host memory (pageable, pinned or managed). */
     const bool to_host = (p.q.dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
-    const stream_owner owner = {to_host ? p.sbe : p.tbe, to_host ? p.sdev : p.tdev, p.o.stream};
+    const stream_owner owner = {to_host ? p.sbe : p.tbe, to_host ? p.sdev : p.tdev, p.o.stream,
+                                (p.o.flags & AB_CONVERT_ASYNC) != 0};
     /* Host-addressable memory a device may still be writing (CUDA pinned
-     * or managed) is waited for before host code reads it. */
-    if (p.sbe->host_sync != NULL && p.lay.numel > 0) {
+     * or managed) is waited for before host code reads it; not when the
+     * only reader is a transfer queued on the very stream waited for. */
+    const ab__step *first = &p.plan.steps[0];
+    const bool stream_ordered = owner.async && p.plan.nsteps == 1 && first->kind == AB_STEP_UPLOAD &&
+                                on_stream(first, &owner) && ab__same_family(p.sbe, owner.be);
+    if (p.sbe->host_sync != NULL && p.lay.numel > 0 && !stream_ordered) {
       void *s = owner.stream != NULL && ab__same_family(p.sbe, owner.be) ? owner.stream : NULL;
       if (AB_UNLIKELY(ab__fault_transfer_check()))
         return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p.sbe->name);

@@ -228,11 +228,11 @@ void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t byt
   if (be->free != NULL) be->free(id, ptr, bytes);
 }
 
-ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream) {
+ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream, bool async) {
   if (be->copy == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
   INJECT_TRANSFER_FAULT(be, "copy");
-  return be->copy(from, to, stream);
+  return be->copy(from, to, stream, async);
 }
 
 bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
@@ -241,11 +241,11 @@ bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *sr
 }
 
 ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
-                          uint64_t dst_offset, const ab__convert_args *a, void *stream) {
+                          uint64_t dst_offset, const ab__convert_args *a, void *stream, bool async) {
   if (be->convert == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot convert on its devices", be->name);
   INJECT_TRANSFER_FAULT(be, "convert");
-  return be->convert(id, src, src_offset, dst, dst_offset, a, stream);
+  return be->convert(id, src, src_offset, dst, dst_offset, a, stream, async);
 }
 
 bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact) {

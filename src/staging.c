@@ -149,10 +149,25 @@ static bool wanted(const struct ab_backend *be, int32_t id, const void *host, si
   return !be->host_is_staged(host);
 }
 
+/* Whether an early-return transfer can simply be queued: the host side
+ * already is staging memory, which the async transfers take as it is. */
+static bool queueable(const struct ab_backend *be, const void *host, bool async) {
+  return async && be->write_async != NULL && be->host_is_staged(host);
+}
+
+/* A queued transfer that failed may have left part of itself in flight:
+ * the caller is about to give its buffers back, so wait for the stream. */
+static ab_status queued(const struct ab_backend *be, int32_t id, void *stream, ab_status st) {
+  if (st != AB_OK && be->stream_sync != NULL) be->stream_sync(id, stream);
+  return st;
+}
+
 ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset, const void *src,
-                           size_t bytes, void *stream) {
+                           size_t bytes, void *stream, bool async) {
   struct ring r;
   size_t chunk;
+  if (queueable(be, src, async))
+    return queued(be, id, stream, RING_CALL(be, "write_async", be->write_async(id, handle, offset, src, bytes, stream)));
   if (!wanted(be, id, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_write(be, id, handle, offset, src, bytes, stream);
   ab_status st = AB_OK;
@@ -173,9 +188,11 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
 }
 
 ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
-                          size_t bytes, void *stream) {
+                          size_t bytes, void *stream, bool async) {
   struct ring r;
   size_t chunk;
+  if (queueable(be, dst, async))
+    return queued(be, id, stream, RING_CALL(be, "read_async", be->read_async(id, handle, offset, dst, bytes, stream)));
   if (!wanted(be, id, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_read(be, id, handle, offset, dst, bytes, stream);
   const size_t nchunks = (bytes + chunk - 1) / chunk;

@@ -3,9 +3,11 @@
  * test skips, saying why. On a machine with a GPU the same binary runs
  * them all. */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef AB_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -285,6 +287,82 @@ Test(cuda, the_callers_current_device_and_stream_are_respected) {
   }
   cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
   cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+#endif
+}
+
+#ifdef AB_HAVE_CUDA
+/* A stream held shut by a host function that spins until the test opens
+ * it, or until `patience_ms` have passed (then by_watchdog is set): work
+ * queued behind it cannot run, and a call that waits for that work
+ * returns late instead of hanging. */
+struct gate {
+  atomic_bool opened, by_watchdog;
+  int patience_ms;
+};
+
+static void CUDART_CB gate_fn(void *arg) {
+  struct gate *g = arg;
+  for (int ms = 0; ms < g->patience_ms && !atomic_load(&g->opened); ms += 1)
+    nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+  if (!atomic_exchange(&g->opened, true)) atomic_store(&g->by_watchdog, true);
+}
+
+static void gate_close(struct gate *g, cudaStream_t s, int patience_ms) {
+  atomic_store(&g->opened, false);
+  atomic_store(&g->by_watchdog, false);
+  g->patience_ms = patience_ms;
+  cr_assert_eq(cudaLaunchHostFunc(s, gate_fn, g), cudaSuccess);
+}
+#endif
+
+Test(cuda, an_early_return_leaves_the_work_queued_on_the_callers_stream) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess);
+  float x[4096];
+  int64_t shape[1] = {4096};
+  fill_pattern(x, sizeof x, 12);
+  DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *p = convert_ok(&h, PINNED, AB_COPY_IF_NEEDED, NULL);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  o.flags = AB_CONVERT_ASYNC;
+  o.stream = s;
+  struct gate gt;
+  gate_close(&gt, s, 20000);
+  DLManagedTensorVersioned *r[3] = {NULL, NULL, NULL};
+  cr_assert_eq(ab_convert_memory(&g->dl_tensor, CUDA(0), &o, &r[0]), AB_OK, "device copy: %s", ab_last_error());
+  cr_assert_eq(ab_convert_memory(&p->dl_tensor, CUDA(0), &o, &r[1]), AB_OK, "pinned upload: %s", ab_last_error());
+  cr_assert_eq(ab_convert_memory(&g->dl_tensor, PINNED, &o, &r[2]), AB_OK, "pinned download: %s", ab_last_error());
+  const cudaError_t q = cudaStreamQuery(s);
+  atomic_store(&gt.opened, true);
+  cr_assert_eq(ab_synchronize(CUDA(0), s), AB_OK, "%s", ab_last_error());
+  cr_assert_not(atomic_load(&gt.by_watchdog), "a call with AB_CONVERT_ASYNC waited for its queued work");
+  cr_assert_eq(q, cudaErrorNotReady, "the stream ran while the gate was shut: the test proves nothing");
+  for (int i = 0; i < 2; i++) {
+    DLManagedTensorVersioned *back = convert_ok(&r[i]->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+    cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0, "queued result %d is wrong", i);
+    back->deleter(back);
+  }
+  cr_assert(memcmp(r[2]->dl_tensor.data, x, sizeof x) == 0, "the queued download is wrong");
+
+  /* Into pageable memory the call completes before it returns, flag or
+   * not: with the gate shut it returns only after the gate gives up. */
+  gate_close(&gt, s, 200);
+  DLManagedTensorVersioned *down = NULL;
+  cr_assert_eq(ab_convert_memory(&g->dl_tensor, CPU0, &o, &down), AB_OK, "%s", ab_last_error());
+  cr_assert(atomic_load(&gt.by_watchdog), "the pageable download returned before its stream ran");
+  cr_assert(memcmp(down->dl_tensor.data, x, sizeof x) == 0);
+  down->deleter(down);
+  for (int i = 0; i < 3; i++) r[i]->deleter(r[i]);
+  p->deleter(p);
+  g->deleter(g);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  assert_pool_clean(CUDA(0));
+  assert_pool_clean(PINNED);
 #endif
 }
 

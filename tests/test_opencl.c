@@ -4,9 +4,11 @@
  * OCL_ICD_VENDORS directory checks that absence is handled. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef AB_HAVE_OPENCL
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -1256,3 +1258,146 @@ Test(opencl, misaligned_or_foreign_sources_are_converted_on_the_host) {
   clReleaseContext(ctx);
   assert_pool_clean(CL(0));
 }
+
+#ifdef AB_HAVE_OPENCL
+/* A caller's queue held shut by a user event behind a barrier: nothing
+ * queued on it runs until the gate opens. A watchdog opens it after
+ * `patience_ms` unless the test has opened it first, so a call that waits
+ * for its work returns late instead of hanging, and the test can tell. */
+struct gate {
+  cl_event ev;
+  int patience_ms;
+  atomic_bool opened, by_watchdog;
+  pthread_t th;
+};
+
+static void *gate_watchdog(void *arg) {
+  struct gate *g = arg;
+  for (int ms = 0; ms < g->patience_ms && !atomic_load(&g->opened); ms += 5)
+    nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+  if (!atomic_exchange(&g->opened, true)) {
+    atomic_store(&g->by_watchdog, true);
+    clSetUserEventStatus(g->ev, CL_COMPLETE);
+  }
+  return NULL;
+}
+
+static void gate_close(struct gate *g, cl_context ctx, cl_command_queue q, int patience_ms) {
+  cl_int e;
+  g->ev = clCreateUserEvent(ctx, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cr_assert_eq(clEnqueueBarrierWithWaitList(q, 1, &g->ev, NULL), CL_SUCCESS);
+  cr_assert_eq(clFlush(q), CL_SUCCESS);
+  g->patience_ms = patience_ms;
+  atomic_store(&g->opened, false);
+  atomic_store(&g->by_watchdog, false);
+  cr_assert_eq(pthread_create(&g->th, NULL, gate_watchdog, g), 0);
+}
+
+/* Opens the gate (if the watchdog has not) and waits for the watchdog;
+ * returns whether the watchdog had to open it. */
+static bool gate_open(struct gate *g) {
+  if (!atomic_exchange(&g->opened, true)) clSetUserEventStatus(g->ev, CL_COMPLETE);
+  pthread_join(g->th, NULL);
+  clReleaseEvent(g->ev);
+  return atomic_load(&g->by_watchdog);
+}
+
+static cl_context context_of(const DLManagedTensorVersioned *t, cl_device_id *dev0) {
+  cl_context ctx;
+  cl_device_id devs[64];
+  cr_assert_eq(clGetMemObjectInfo((cl_mem)t->dl_tensor.data, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetContextInfo(ctx, CL_CONTEXT_DEVICES, sizeof devs, devs, NULL), CL_SUCCESS);
+  *dev0 = devs[0]; /* opencl:0: the first device of the first platform */
+  return ctx;
+}
+
+Test(opencl, an_early_return_leaves_the_work_queued_on_the_callers_queue) {
+  need_devices(1);
+  uint8_t v[96];
+  for (int i = 0; i < 96; i++) v[i] = (uint8_t)(i * 37 + 5);
+  int64_t shape[1] = {96}, half[1] = {48}, two[1] = {2};
+  DLTensor h = {v, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+  DLTensor every_other = a->dl_tensor; /* a strided view: the gather kernel */
+  every_other.shape = half;
+  every_other.strides = two;
+  ab_convert_opts widen = AB_CONVERT_OPTS_INIT; /* one conversion kernel on opencl:0 */
+  widen.dtype = dt(kDLFloat, 32, 1);
+  widen.flags = AB_CONVERT_AFFINE;
+  widen.scale = 0.5;
+  widen.offset = -3.0;
+  convert_place("device");
+  /* Build the kernels now: a first use under valgrind takes seconds. */
+  DLManagedTensorVersioned *warm[2] = {convert_ok(&every_other, CL(0), AB_COPY_ALWAYS),
+                                       convert_ok_opts(&a->dl_tensor, CL(0), &widen)};
+  warm[0]->deleter(warm[0]);
+  warm[1]->deleter(warm[1]);
+
+  cl_device_id dev;
+  cl_context ours = context_of(a, &dev);
+  cl_int e;
+  cl_command_queue q = clCreateCommandQueue(ours, dev, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  struct gate g;
+  gate_close(&g, ours, q, 20000);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  o.flags = AB_CONVERT_ASYNC;
+  o.stream = q;
+  widen.flags |= AB_CONVERT_ASYNC;
+  widen.stream = q;
+  const uint64_t before = pool_allocations(CL(0));
+  DLManagedTensorVersioned *copy = convert_ok_opts(&a->dl_tensor, CL(0), &o);
+  DLManagedTensorVersioned *gathered = convert_ok_opts(&every_other, CL(0), &o);
+  DLManagedTensorVersioned *widened = convert_ok_opts(&a->dl_tensor, CL(0), &widen);
+  cr_assert_eq(pool_allocations(CL(0)) - before, 3, "only the three results should be allocated");
+  cl_event probe;
+  cr_assert_eq(clEnqueueMarkerWithWaitList(q, 0, NULL, &probe), CL_SUCCESS);
+  cl_int status = CL_COMPLETE;
+  cr_assert_eq(clGetEventInfo(probe, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL), CL_SUCCESS);
+  const bool still_shut = status != CL_COMPLETE;
+  cr_assert_not(gate_open(&g), "a call with AB_CONVERT_ASYNC waited for its queued work");
+  cr_assert(still_shut, "the queue ran while the gate was shut: the test proves nothing");
+  clReleaseEvent(probe);
+  cr_assert_eq(ab_synchronize(CL(0), q), AB_OK, "%s", ab_last_error());
+  convert_place("auto");
+
+  DLManagedTensorVersioned *back[3] = {convert_ok(&copy->dl_tensor, CPU0, AB_COPY_IF_NEEDED),
+                                       convert_ok(&gathered->dl_tensor, CPU0, AB_COPY_IF_NEEDED),
+                                       convert_ok(&widened->dl_tensor, CPU0, AB_COPY_IF_NEEDED)};
+  cr_assert_eq(memcmp(back[0]->dl_tensor.data, v, sizeof v), 0, "the queued copy is wrong");
+  for (int i = 0; i < 48; i++)
+    cr_assert_eq(((uint8_t *)back[1]->dl_tensor.data)[i], v[2 * i], "the queued gather is wrong at %d", i);
+  for (int i = 0; i < 96; i++)
+    cr_assert_eq(((float *)back[2]->dl_tensor.data)[i], (float)v[i] * 0.5f - 3.0f, "the queued conversion is wrong at %d", i);
+  for (int i = 0; i < 3; i++) back[i]->deleter(back[i]);
+
+  /* A route through host memory completes before the call returns, flag
+   * or not: with the gate shut it can return only once the watchdog has
+   * opened it, and its bytes are then all there. */
+  gate_close(&g, ours, q, 200);
+  DLManagedTensorVersioned *down = convert_ok_opts(&copy->dl_tensor, CPU0, &o);
+  cr_assert(atomic_load(&g.by_watchdog), "the download returned before its queue ran");
+  gate_open(&g);
+  cr_assert_eq(memcmp(down->dl_tensor.data, v, sizeof v), 0, "the download is wrong");
+  down->deleter(down);
+
+  /* Without a stream the work goes on the library's queue, which
+   * ab_synchronize(dev, NULL) waits for. */
+  o.stream = NULL;
+  DLManagedTensorVersioned *own = convert_ok_opts(&every_other, CL(0), &o);
+  cr_assert_eq(ab_synchronize(CL(0), NULL), AB_OK, "%s", ab_last_error());
+  DLManagedTensorVersioned *own_back = convert_ok(&own->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  for (int i = 0; i < 48; i++) cr_assert_eq(((uint8_t *)own_back->dl_tensor.data)[i], v[2 * i], "%d", i);
+  own_back->deleter(own_back);
+  own->deleter(own);
+
+  widened->deleter(widened);
+  gathered->deleter(gathered);
+  copy->deleter(copy);
+  clReleaseCommandQueue(q);
+  a->deleter(a);
+  assert_pool_clean(CL(0));
+}
+#endif

@@ -181,7 +181,7 @@ Test(staging, writes_arrive_whole_through_a_reused_ring) {
   const size_t n = ((size_t)1 << 20) + 5;
   unsigned char *src = malloc(n), *dev = calloc(1, n);
   fill_pattern(src, n, 1);
-  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK, "%s", ab_last_error());
   cr_assert(memcmp(dev, src, n) == 0, "device bytes differ: a chunk was reused before its transfer completed");
   cr_assert_eq(async_calls, 17);
   cr_assert_eq(direct_calls, 0);
@@ -196,7 +196,7 @@ Test(staging, reads_arrive_whole_and_in_place) {
   unsigned char *dev = malloc(n + off), *dst = malloc(n);
   fill_pattern(dev, n + off, 2);
   memset(dst, 0, n);
-  cr_assert_eq(ab__staged_read(&sim, 0, dev, off, dst, n, NULL), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(ab__staged_read(&sim, 0, dev, off, dst, n, NULL, false), AB_OK, "%s", ab_last_error());
   cr_assert(memcmp(dst, dev + off, n) == 0, "host bytes differ: a chunk was read before it arrived");
   cr_assert_eq(async_calls, 11); /* ceil(700 KiB + 3 / 64 KiB) */
   cr_assert_eq(max_in_flight, 3);
@@ -211,7 +211,7 @@ Test(staging, a_short_transfer_is_cut_to_overlap_and_a_tiny_one_goes_direct) {
   const size_t n = 96 << 10;
   unsigned char *src = malloc(n), *dev = calloc(1, n);
   fill_pattern(src, n, 3);
-  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_OK);
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK);
   cr_assert(memcmp(dev, src, n) == 0);
   cr_assert_eq(async_calls, 2);
   assert_ring_closed();
@@ -220,7 +220,7 @@ Test(staging, a_short_transfer_is_cut_to_overlap_and_a_tiny_one_goes_direct) {
   ab__staging_reload_env();
   async_calls = 0;
   memset(dev, 0, n);
-  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_OK);
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK);
   cr_assert(memcmp(dev, src, n) == 0);
   cr_assert_eq(async_calls, 0);
   cr_assert_eq(direct_calls, 1);
@@ -235,15 +235,63 @@ Test(staging, memory_that_already_is_staging_memory_goes_direct) {
   fill_pattern(src, n, 4);
   staged_region = src;
   staged_len = n;
-  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_OK);
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK);
   cr_assert(memcmp(dev, src, n) == 0);
   cr_assert_eq(async_calls, 0);
   cr_assert_eq(direct_calls, 1);
   fill_pattern(dev, n, 44);
-  cr_assert_eq(ab__staged_read(&sim, 0, dev, 0, src, n, NULL), AB_OK); /* into the staged buffer */
+  cr_assert_eq(ab__staged_read(&sim, 0, dev, 0, src, n, NULL, false), AB_OK); /* into the staged buffer */
   cr_assert(memcmp(dev, src, n) == 0);
   cr_assert_eq(async_calls, 0);
   cr_assert_eq(direct_calls, 2);
+  assert_ring_closed();
+  free(src);
+  free(dev);
+}
+
+Test(staging, an_early_return_leaves_a_transfer_of_staging_memory_queued) {
+  /* AB_CONVERT_ASYNC: from or into memory that already is staging memory,
+   * the transfer is queued as one async call and nothing waits for it. */
+  const size_t n = 300 << 10;
+  unsigned char *src = malloc(n), *dev = calloc(1, n);
+  fill_pattern(src, n, 8);
+  staged_region = src;
+  staged_len = n;
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, true), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(async_calls, 1);
+  cr_assert_eq(direct_calls, 0);
+  cr_assert_eq(nqueued - ndone, 1, "the write should still be queued");
+  cr_assert_eq(dev[0], 0, "the write ran before the stream did");
+  sim_stream_sync(0, NULL);
+  cr_assert(memcmp(dev, src, n) == 0);
+  fill_pattern(dev, n, 88);
+  cr_assert_eq(ab__staged_read(&sim, 0, dev, 0, src, n, NULL, true), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(async_calls, 2);
+  cr_assert_eq(nqueued - ndone, 1, "the read should still be queued");
+  sim_stream_sync(0, NULL);
+  cr_assert(memcmp(dev, src, n) == 0);
+  /* Pageable memory takes the ring, complete on return, flag or not. */
+  staged_region = NULL;
+  async_calls = 0;
+  fill_pattern(src, n, 9);
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, true), AB_OK, "%s", ab_last_error());
+  cr_assert_gt(async_calls, 1, "pageable memory should go through the ring");
+  cr_assert(memcmp(dev, src, n) == 0);
+  assert_ring_closed();
+  free(src);
+  free(dev);
+}
+
+Test(staging, a_queued_transfer_that_fails_drains_the_stream) {
+  const size_t n = 64 << 10;
+  unsigned char *src = malloc(n), *dev = calloc(1, n);
+  fill_pattern(src, n, 10);
+  staged_region = src;
+  staged_len = n;
+  fail_async_at = 1;
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, true), AB_ERR_BACKEND);
+  cr_assert_not_null(strstr(ab_last_error(), "injected transfer failure"), "%s", ab_last_error());
+  cr_assert_eq(stream_syncs, 1, "a failed queued transfer waits for the stream before the caller frees buffers");
   assert_ring_closed();
   free(src);
   free(dev);
@@ -266,7 +314,7 @@ Test(staging, no_staging_memory_means_a_direct_transfer_not_a_failure) {
     snprintf(before, sizeof before, "%s", ab_last_error());
     direct_calls = 0;
     ab__fault_arm_persistent(nth);
-    ab_status st = ab__staged_write(&sim, 0, dev, 0, src, n, NULL);
+    ab_status st = ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false);
     long injected = ab__fault_injected();
     ab__fault_arm(0);
     cr_assert_eq(st, AB_OK, "chunk %ld failing: %s", nth, ab_last_error());
@@ -289,13 +337,13 @@ Test(staging, a_failing_transfer_is_reported_after_the_ring_drains) {
     async_calls = 0;
     fail_async_at = at;
     stream_syncs = 0;
-    cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL), AB_ERR_BACKEND, "failing transfer %d", at);
+    cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_ERR_BACKEND, "failing transfer %d", at);
     cr_assert_not_null(strstr(ab_last_error(), "injected transfer failure"), "%s", ab_last_error());
     cr_assert_eq(stream_syncs, 1, "a failed ring drains the stream before returning its chunks");
     assert_ring_closed();
     nqueued = ndone = 0;
     async_calls = 0;
-    cr_assert_eq(ab__staged_read(&sim, 0, src, 0, dev, n, NULL), AB_ERR_BACKEND, "failing read %d", at);
+    cr_assert_eq(ab__staged_read(&sim, 0, src, 0, dev, n, NULL, false), AB_ERR_BACKEND, "failing read %d", at);
     assert_ring_closed();
   }
   free(src);

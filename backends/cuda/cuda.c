@@ -96,11 +96,17 @@ static void leave(int32_t id, int prev) {
 /* Waits for `stream`, returning the first error of the copy or the wait.
  * The stream is waited for even after a failed queueing: part of a
  * transfer (the first slices of a rectangle) may be in flight, and the
- * caller is about to give its buffers back. */
-static ab_status finish(cudaError_t e, int32_t id, const char *what, void *stream) {
+ * caller is about to give its buffers back. With an early return (`async`,
+ * see ab_backend) work queued without an error is left on the stream. */
+static ab_status finish_or_queued(cudaError_t e, int32_t id, const char *what, void *stream, bool async) {
+  if (async && e == cudaSuccess) return AB_OK;
   cudaError_t w = cudaStreamSynchronize((cudaStream_t)stream);
   if (e == cudaSuccess) e = w;
   return e == cudaSuccess ? AB_OK : fail_cuda(e, id, what);
+}
+
+static ab_status finish(cudaError_t e, int32_t id, const char *what, void *stream) {
+  return finish_or_queued(e, id, what, stream, false);
 }
 
 static ab_status cuda_info(int32_t id, struct ab_device_info *out) {
@@ -268,7 +274,7 @@ static void ensure_peer(int32_t to, int32_t from) {
   pthread_mutex_unlock(&peer_lock);
 }
 
-static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
+static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, bool async) {
   const int32_t sid = from->device.device_id, did = to->device.device_id;
   const char *src = (const char *)from->data + from->byte_offset;
   char *dst = (char *)to->data + to->byte_offset;
@@ -309,7 +315,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream) {
       e = gather(dst, src, from, es, stream);
     }
   }
-  ab_status st = finish(e, did, what, stream);
+  ab_status st = finish_or_queued(e, did, what, stream, async);
   leave(did, prev);
   return st;
 }
@@ -356,11 +362,11 @@ static bool cuda_can_convert(int32_t id, const void *src, uint64_t src_offset, c
 }
 
 static ab_status cuda_convert(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
-                              const ab__convert_args *a, void *stream) {
+                              const ab__convert_args *a, void *stream, bool async) {
   int prev;
   AB_FORWARD(enter(id, &prev));
   cudaError_t e = ab__cuda_convert((char *)dst + dst_offset, (const char *)src + src_offset, a, (cudaStream_t)stream);
-  ab_status st = finish(e, id, "the conversion kernel", stream);
+  ab_status st = finish_or_queued(e, id, "the conversion kernel", stream, async);
   leave(id, prev);
   return st;
 }

@@ -76,10 +76,10 @@ static void host_free(int32_t id, void *ptr, size_t bytes) {
   ab__free(ptr);
 }
 
-static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream) {
+static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream, bool async) {
   int64_t st[AB_MAX_NDIM];
   const size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
-  (void)stream;
+  (void)stream, (void)async; /* host copies are done when they return */
   int64_t acc = 1;
   for (int32_t i = from->ndim - 1; i >= 0; i--) {
     int64_t elems = from->strides ? from->strides[i] : acc;

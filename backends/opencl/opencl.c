@@ -566,7 +566,15 @@ static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem 
   return e;
 }
 
-static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q) {
+/* Completes work just queued on `q`, or with an early return (see
+ * ab_backend) only starts it, when `q` is the queue the caller will wait
+ * for: its stream, or ours when it gave none. */
+static cl_int done_or_started(cl_command_queue q, void *stream, bool async) {
+  if (async && (stream == NULL || q == (cl_command_queue)stream)) return clFlush(q);
+  return clFinish(q);
+}
+
+static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q, void *stream, bool async) {
   struct klayout kl;
   struct platform *p = &platforms[devices[id].platform];
   if (!kernel_layout(from, &kl))
@@ -588,11 +596,11 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
   e = set_layout_args(k, src, src_off, dst, dst_off, ndim, &kl.shape, &kl.stride, n);
   if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
-  if (e == CL_SUCCESS) e = clFinish(q);
+  if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "the gather kernel");
 }
 
-static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
+static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream, bool async) {
   cl_context ctx;
   cl_command_queue q;
   int32_t id = to->device.device_id;
@@ -605,11 +613,11 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream) {
   }
   AB_FORWARD(get_queue(id, &ctx, &q));
   if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
-  if (!compact) return gather(id, from, to, q);
+  if (!compact) return gather(id, from, to, q, stream, async);
   for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
   cl_int e = clEnqueueCopyBuffer(q, (cl_mem)from->data, (cl_mem)to->data, (size_t)from->byte_offset,
                                  (size_t)to->byte_offset, bytes, 0, NULL, NULL);
-  if (e == CL_SUCCESS) e = clFinish(q);
+  if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "clEnqueueCopyBuffer");
 }
 
@@ -755,7 +763,7 @@ static bool cl_can_convert(int32_t id, const void *src, uint64_t src_offset, con
 }
 
 static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, void *dst, uint64_t dst_offset,
-                            const ab__convert_args *args, void *stream) {
+                            const ab__convert_args *args, void *stream, bool async) {
   struct kconv kc;
   cl_context ctx;
   cl_command_queue q;
@@ -788,7 +796,7 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
     e = kc.narrow ? clSetKernelArg(k, 11, sizeof kc.bd, &kc.bd) : clSetKernelArg(k, 11, sizeof kc.b, &kc.b);
   if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
-  if (e == CL_SUCCESS) e = clFinish(q);
+  if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
   return e == CL_SUCCESS ? AB_OK : fail_cl(e, id, "the conversion kernel");
 }
 
@@ -929,6 +937,7 @@ static ab_status async_xfer(int32_t id, cl_mem m, uint64_t offset, void *host, s
     const cl_bool block = tmp || q != fq ? CL_TRUE : CL_FALSE;
     e = write ? clEnqueueWriteBuffer(q, m, block, (size_t)offset, bytes, host, 0, NULL, NULL)
               : clEnqueueReadBuffer(q, m, block, (size_t)offset, bytes, host, 0, NULL, NULL);
+    if (e == CL_SUCCESS && !block) e = clFlush(q); /* started without a fence behind it (an early return) */
   }
   if (tmp) clReleaseCommandQueue(q);
   AB_FORWARD(st);

@@ -227,11 +227,34 @@ enum {
   AB_CONVERT_AFFINE = 1u << 2,
   /** Apply y = x * channel_scale[c] + channel_offset[c] along
    * opts.channel_axis (replaces scale/offset). */
-  AB_CONVERT_PER_CHANNEL = 1u << 3
+  AB_CONVERT_PER_CHANNEL = 1u << 3,
+  /** Return early: where the whole move is one operation queued on the
+   * stream (see ab_convert_opts.stream), the call returns once it is
+   * queued, not when the data has arrived. That is so for a copy or a
+   * device conversion between devices of one backend (CUDA: within a GPU
+   * or to a peer; OpenCL: within one context, on the caller's queue of
+   * that context or the library's), and for a compact transfer between a
+   * CUDA GPU and page-locked or managed memory (a kDLCUDAHost or
+   * kDLCUDAManaged tensor, a result there, or host memory registered with
+   * CUDA). Every other route completes before the call returns, as
+   * without the flag.
+   *
+   * After an early return, until the work queued on the stream has
+   * completed (ab_synchronize(dev, opts.stream), where dev is the device
+   * the stream belongs to, or later work on the same stream):
+   *  - the result may be read only by work queued after it on that stream;
+   *  - the source must stay alive and must not be written;
+   *  - the result's deleter must not run (its memory goes back to the
+   *    library's pool and may be handed out at once).
+   * A failure is reported by the call, after the stream has been waited
+   * for; an error of the queued work itself shows up in the stream (CUDA:
+   * the next call that synchronises it; OpenCL: the queue's events). */
+  AB_CONVERT_ASYNC = 1u << 4
 };
 /** Every AB_CONVERT_* bit this version knows. */
 #define AB_CONVERT_KNOWN_FLAGS \
-  ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL))
+  ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL | \
+              AB_CONVERT_ASYNC))
 
 /** Options of ab_convert_memory. A NULL pointer and an all-zero struct both
  * mean the defaults (copy if needed, keep the dtype, default stream).
@@ -256,8 +279,9 @@ typedef struct ab_convert_opts {
    * cudaStreamLegacy and cudaStreamPerThread). It belongs to the target's
    * backend, or to the source's when the target is cpu, and is given only
    * to that backend's steps; ignored by the host backend. The call returns
-   * when the data has arrived either way; an OpenCL queue of another
-   * context than a buffer's is finished first (docs/guide.md). */
+   * when the data has arrived either way, unless AB_CONVERT_ASYNC says
+   * otherwise; an OpenCL queue of another context than a buffer's is
+   * finished first and not used (docs/guide.md). */
   void *stream;
 
   /* ---- since 0.2: read only when size covers them ---- */
