@@ -3,6 +3,7 @@
  * test skips, saying why. On a machine with a GPU the same binary runs
  * them all. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -584,6 +585,34 @@ static void conv_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
   }
 }
 
+#ifdef AB_HAVE_CUDA_KERNELS
+/* The args the core builds for a compact source of dtype `from` converted
+ * as `o` says (permute, affine, per-channel). */
+static void compact_args(int32_t ndim, const int64_t *shape, const int32_t *perm, DLDataType from,
+                         const ab_convert_opts *o, ab__convert_args *a) {
+  memset(a, 0, sizeof *a);
+  int64_t st[5], acc = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) {
+    st[i] = shape[i] == 1 ? 0 : acc;
+    acc *= shape[i];
+  }
+  a->ndim = ndim;
+  a->op.from = from;
+  a->op.to = o->dtype;
+  a->op.affine = (o->flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)) != 0;
+  a->op.scale = o->scale;
+  a->op.offset = o->offset;
+  a->op.channel_dim = -1;
+  a->op.channel_scale = o->channel_scale;
+  a->op.channel_offset = o->channel_offset;
+  for (int32_t i = 0; i < ndim; i++) {
+    a->shape[i] = shape[perm[i]];
+    a->stride[i] = st[perm[i]];
+    if ((o->flags & AB_CONVERT_PER_CHANNEL) && perm[i] == o->channel_axis) a->op.channel_dim = i;
+  }
+}
+#endif
+
 Test(cuda, conversion_kernel_matches_the_host_converter) {
 #ifndef AB_HAVE_CUDA_KERNELS
   cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
@@ -605,28 +634,8 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
       DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
       DLManagedTensorVersioned *want = NULL;
       cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-      /* the args the core builds for a compact source */
       ab__convert_args a;
-      memset(&a, 0, sizeof a);
-      int64_t st[5], acc = 1;
-      for (int32_t i = ndim - 1; i >= 0; i--) {
-        st[i] = shape[i] == 1 ? 0 : acc;
-        acc *= shape[i];
-      }
-      a.ndim = ndim;
-      a.op.from = conv_from[f];
-      a.op.to = o.dtype;
-      a.op.affine = o.flags != 0;
-      a.op.scale = o.scale;
-      a.op.offset = o.offset;
-      a.op.channel_dim = -1;
-      a.op.channel_scale = o.channel_scale;
-      a.op.channel_offset = o.channel_offset;
-      for (int32_t i = 0; i < ndim; i++) {
-        a.shape[i] = shape[perm[i]];
-        a.stride[i] = st[perm[i]];
-        if ((o.flags & AB_CONVERT_PER_CHANNEL) && perm[i] == o.channel_axis) a.op.channel_dim = i;
-      }
+      compact_args(ndim, shape, perm, conv_from[f], &o, &a);
       cr_assert(ab__cuda_convert_supported(&a), "dtype %zu trial %d: not supported", f, trial);
       float *got = malloc((size_t)n * 4 + 4);
       ab__cuda_convert_emulate(got, v, &a);
@@ -648,9 +657,11 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
   a.shape[0] = 4;
   a.stride[0] = 1;
   a.op.from = dt(kDLFloat, 32, 1);
-  a.op.to = dt(kDLUInt, 8, 1);
+  a.op.to = dt(kDLUInt, 32, 1);
   a.op.channel_dim = -1;
-  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> uint8 is the host's");
+  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> uint32 is the host's");
+  a.op.to = dt(kDLFloat, 16, 1);
+  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> float16 is the host's");
   a.op.to = dt(kDLFloat, 32, 1);
   a.op.from = dt(kDLFloat, 64, 1);
   cr_assert(!ab__cuda_convert_supported(&a), "float64 arithmetic is the host's");
@@ -661,6 +672,128 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
   cr_assert(!ab__cuda_convert_supported(&a), "17 channels");
   cr_assert_eq(ab__cuda_convert(NULL, NULL, &a, NULL), cudaErrorInvalidValue);
 #endif
+}
+
+/* ---- narrowing: into 8- and 16-bit integers ---------------------------- */
+
+static const DLDataType narrow_to[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1}, {kDLUInt, 16, 1}, {kDLInt, 16, 1}};
+
+/* A narrowing case: conv_case's shape and axis order, and maps that put
+ * values on ties and past both ends of every target type. */
+static void narrow_case(test_rng *rng, int trial, DLDataType to, int32_t *ndim, int64_t *shape, int32_t *perm,
+                        ab_convert_opts *o) {
+  static const double scale[4] = {0.5, -2.0, 1.5, 257.0}, off[4] = {0.5, -0.25, 1e5, -3e4};
+  conv_case(rng, trial, ndim, shape, perm, o);
+  o->dtype = to;
+  if (trial % 3 == 1) {
+    o->scale = trial % 2 ? 2.0 : 0.5; /* x.25 * 2 and x.0 * 0.5 land on ties */
+    o->offset = trial % 2 ? 0.5 : -0.5;
+  } else if (trial % 3 == 2) {
+    o->channel_scale = scale;
+    o->channel_offset = trial % 2 ? off : NULL;
+  }
+}
+
+/* Floats on ties, near and past the integer ranges, NaN and infinities
+ * among random bits; integers as random bits. */
+static void narrow_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
+  static const double vals[] = {0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127.5, 128.5, -128.5, -129.5, 254.5, 255.5, 256.0,
+                                32767.5, -32768.5, 65534.5, 65535.5, 65536.0, 1e9, -1e9, 0.25, -0.75, 3.0, -7.0};
+  fill_pattern(v, (size_t)n * (d.bits / 8u), (uint32_t)rng_next(rng));
+  for (int64_t i = 0; i < n; i++) {
+    const uint64_t pick = rng_next(rng) % 32;
+    double x = pick < 24 ? vals[pick] : pick == 24 ? NAN : pick == 25 ? INFINITY : pick == 26 ? -INFINITY : 0;
+    if (pick > 26) continue; /* keep the random bits */
+    if (d.code == kDLFloat && d.bits == 32) {
+      float f = (float)x;
+      memcpy((char *)v + i * 4, &f, 4);
+    } else if (d.code == kDLFloat && d.bits == 16) {
+      uint16_t h = ab__half_from_double(x);
+      memcpy((char *)v + i * 2, &h, 2);
+    } else if (d.code == kDLBfloat) {
+      uint16_t h = ab__bf16_from_double(x);
+      memcpy((char *)v + i * 2, &h, 2);
+    }
+  }
+}
+
+Test(cuda, narrowing_kernel_matches_the_host_converter) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  /* Every source the kernels take into every integer result, through the
+   * kernel's per-element code on the host, against the host converter. */
+  test_rng rng = {17};
+  int checked = 0;
+  for (size_t f = 0; f < sizeof conv_from / sizeof conv_from[0]; f++) {
+    for (size_t t = 0; t < sizeof narrow_to / sizeof narrow_to[0]; t++) {
+      for (int trial = 0; trial < 6; trial++) {
+        int32_t ndim, perm[5];
+        int64_t shape[5];
+        ab_convert_opts o;
+        narrow_case(&rng, trial, narrow_to[t], &ndim, shape, perm, &o);
+        const int64_t n = numel_of(ndim, shape);
+        const size_t os = narrow_to[t].bits / 8u;
+        void *v = malloc((size_t)n * 4 + 4);
+        narrow_fill(v, n, conv_from[f], &rng);
+        DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
+        DLManagedTensorVersioned *want = NULL;
+        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+        ab__convert_args a;
+        compact_args(ndim, shape, perm, conv_from[f], &o, &a);
+        cr_assert(ab__cuda_convert_supported(&a), "dtype %zu -> %zu: not supported", f, t);
+        unsigned char *got = malloc((size_t)n * os + 1);
+        ab__cuda_convert_emulate(got, v, &a);
+        const unsigned char *w = want->dl_tensor.data;
+        for (int64_t i = 0; i < n; i++)
+          cr_assert(memcmp(w + i * os, got + i * os, os) == 0, "dtype %zu -> %zu trial %d element %lld differs", f, t,
+                    trial, (long long)i);
+        checked++;
+        free(got);
+        free(v);
+        want->deleter(want);
+      }
+    }
+  }
+  cr_assert_eq(checked, 8 * 4 * 6);
+#endif
+}
+
+Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
+  need_devices(1);
+  setenv("AB_CONVERT_PLACE", "device", 1);
+  ab__convert_reload_env();
+  test_rng rng = {19};
+  const DLDataType f32 = dt(kDLFloat, 32, 1);
+  for (size_t t = 0; t < sizeof narrow_to / sizeof narrow_to[0]; t++) {
+    for (int trial = 0; trial < 6; trial++) {
+      int32_t ndim, perm[5];
+      int64_t shape[5];
+      ab_convert_opts o;
+      narrow_case(&rng, trial, narrow_to[t], &ndim, shape, perm, &o);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 4 + 4);
+      narrow_fill(v, n, f32, &rng);
+      DLTensor h = {v, CPU0, ndim, f32, shape, NULL, 0};
+      DLManagedTensorVersioned *want = NULL, *g = NULL, *got = NULL;
+      cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+      g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+      struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+      ab_pool_stats(CUDA(0), &before);
+      cr_assert_eq(ab_convert_memory(&g->dl_tensor, CPU0, &o, &got), AB_OK, "%s", ab_last_error());
+      ab_pool_stats(CUDA(0), &after);
+      cr_assert_eq(after.allocations - before.allocations, 1, "to %zu trial %d: not narrowed on the GPU", t, trial);
+      cr_assert(memcmp(want->dl_tensor.data, got->dl_tensor.data, (size_t)n * (narrow_to[t].bits / 8u)) == 0,
+                "to %zu trial %d: the GPU differs from the host", t, trial);
+      got->deleter(got);
+      g->deleter(g);
+      want->deleter(want);
+      free(v);
+    }
+  }
+  unsetenv("AB_CONVERT_PLACE");
+  ab__convert_reload_env();
+  assert_pool_clean(CUDA(0));
 }
 
 Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {

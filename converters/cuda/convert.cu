@@ -1,8 +1,9 @@
 /* Conversion kernels for CUDA devices; see convert.h. Element e of the
- * compact float32 result comes from the source element at e's row-major
+ * compact result comes from the source element at e's row-major
  * decomposition over the result's shape, dotted with the source's element
  * strides (already in the result's axis order): the same mapping as the
  * host converter and converters/opencl/convert.cl. */
+#include <math.h>
 #include <string.h>
 
 #include "convert.h"
@@ -11,14 +12,27 @@ namespace {
 
 enum kind { K_U8, K_I8, K_U16, K_I16, K_BOOL, K_F16, K_BF16, K_F32, K_NONE };
 
+/* Result types: float32 (float32 arithmetic), or an integer of at most 16
+ * bits (float64 arithmetic, round half to even, saturate, NaN -> 0). */
+enum out { O_F32, O_U8, O_I8, O_U16, O_I16, O_NONE };
+
 constexpr int kMaxChannels = 16;
 
 struct desc {
-  int ndim, kind, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
+  int ndim, kind, out, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
   int64_t shape[AB_MAX_NDIM];
   int64_t stride[AB_MAX_NDIM]; /* elements */
-  float a[kMaxChannels], b[kMaxChannels];
+  float a[kMaxChannels], b[kMaxChannels];      /* O_F32 */
+  double ad[kMaxChannels], bd[kMaxChannels];   /* integer results */
 };
+
+int out_of(DLDataType d) {
+  if (d.lanes != 1) return O_NONE;
+  if (d.code == kDLFloat && d.bits == 32) return O_F32;
+  if (d.code == kDLUInt) return d.bits == 8 ? O_U8 : d.bits == 16 ? O_U16 : O_NONE;
+  if (d.code == kDLInt) return d.bits == 8 ? O_I8 : d.bits == 16 ? O_I16 : O_NONE;
+  return O_NONE;
+}
 
 int kind_of(DLDataType d) {
   if (d.lanes != 1) return K_NONE;
@@ -74,30 +88,66 @@ __host__ __device__ inline float affine(float y, float a, float b) {
 #endif
 }
 
-__host__ __device__ inline void convert_element(float *dst, const void *src, const desc &d, int64_t e) {
-  int64_t rem = e, off = 0, c = 0;
+__host__ __device__ inline double affine(double y, double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(__dmul_rn(y, a), b);
+#else
+  volatile double t = y * a;
+  return t + b;
+#endif
+}
+
+/* Where result element e comes from: its row-major decomposition over the
+ * result's shape, dotted with the source's element strides; *c is its
+ * index along the per-channel axis. */
+__host__ __device__ inline int64_t source_offset(const desc &d, int64_t e, int64_t *c) {
+  int64_t rem = e, off = 0;
+  *c = 0;
   for (int k = d.ndim - 1; k >= 0; k--) {
     int64_t q = rem / d.shape[k], i = rem - q * d.shape[k];
     off += i * d.stride[k];
-    if (k == d.chan) c = i;
+    if (k == d.chan) *c = i;
     rem = q;
   }
-  float y = load(d.kind, src, off);
+  return off;
+}
+
+__host__ __device__ inline void widen_element(float *dst, const void *src, const desc &d, int64_t e) {
+  int64_t c;
+  float y = load(d.kind, src, source_offset(d, e, &c));
   dst[e] = d.affine ? affine(y, d.a[c], d.b[c]) : y;
 }
 
-__global__ void convert_kernel(float *dst, const void *src, desc d, int64_t n) {
+/* The host's float -> integer rule. Every source value is exact as a
+ * double; clamping before rounding gives the same result as after, since
+ * the bounds are integers. */
+template <typename T>
+__host__ __device__ inline void narrow_element(T *dst, const void *src, const desc &d, int64_t e, double lo, double hi) {
+  int64_t c;
+  double y = (double)load(d.kind, src, source_offset(d, e, &c));
+  if (d.affine) y = affine(y, d.ad[c], d.bd[c]);
+  dst[e] = y != y ? (T)0 : y <= lo ? (T)lo : y >= hi ? (T)hi : (T)rint(y); /* rint: half to even */
+}
+
+__global__ void widen_kernel(float *dst, const void *src, desc d, int64_t n) {
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) convert_element(dst, src, d, e);
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) widen_element(dst, src, d, e);
+}
+
+template <typename T>
+__global__ void narrow_kernel(T *dst, const void *src, desc d, int64_t n, double lo, double hi) {
+  const int64_t step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step)
+    narrow_element(dst, src, d, e, lo, hi);
 }
 
 /* Fills d from a; false when the kernels do not take it. */
 bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
   const ab__cast_op &op = a->op;
-  if (op.to.code != kDLFloat || op.to.bits != 32 || op.to.lanes != 1) return false;
   if (a->ndim < 0 || a->ndim > AB_MAX_NDIM) return false;
+  d.out = out_of(op.to);
   d.kind = kind_of(op.from);
-  if (d.kind == K_NONE) return false;
+  if (d.out == O_NONE || d.kind == K_NONE) return false;
   const bool per_channel = op.affine && op.channel_dim >= 0;
   if (per_channel && (op.channel_dim >= a->ndim || a->shape[op.channel_dim] > kMaxChannels)) return false;
   d.ndim = a->ndim;
@@ -110,19 +160,43 @@ bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
     n *= a->shape[k];
   }
   for (int c = 0; c < kMaxChannels; c++) {
-    d.a[c] = 1.0f;
-    d.b[c] = 0.0f;
+    d.ad[c] = 1.0;
+    d.bd[c] = 0.0;
   }
   if (per_channel) {
     for (int64_t c = 0; c < a->shape[op.channel_dim]; c++) {
-      d.a[c] = op.channel_scale ? (float)op.channel_scale[c] : 1.0f;
-      d.b[c] = op.channel_offset ? (float)op.channel_offset[c] : 0.0f;
+      d.ad[c] = op.channel_scale ? op.channel_scale[c] : 1.0;
+      d.bd[c] = op.channel_offset ? op.channel_offset[c] : 0.0;
     }
   } else {
-    d.a[0] = (float)op.scale;
-    d.b[0] = (float)op.offset;
+    d.ad[0] = op.scale;
+    d.bd[0] = op.offset;
+  }
+  for (int c = 0; c < kMaxChannels; c++) { /* the float32 arithmetic's coefficients */
+    d.a[c] = (float)d.ad[c];
+    d.b[c] = (float)d.bd[c];
   }
   return true;
+}
+
+/* An integer result type's range. */
+template <typename T> struct range;
+template <> struct range<uint8_t> { static constexpr double lo = 0, hi = 255; };
+template <> struct range<int8_t> { static constexpr double lo = -128, hi = 127; };
+template <> struct range<uint16_t> { static constexpr double lo = 0, hi = 65535; };
+template <> struct range<int16_t> { static constexpr double lo = -32768, hi = 32767; };
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t want = (n + threads - 1) / threads;
+  return (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
+}
+
+template <typename T> void launch_narrow(void *dst, const void *src, const desc &d, int64_t n, cudaStream_t stream) {
+  narrow_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T *>(dst), src, d, n, range<T>::lo, range<T>::hi);
+}
+
+template <typename T> void emulate_narrow(void *dst, const void *src, const desc &d, int64_t n) {
+  for (int64_t e = 0; e < n; e++) narrow_element(static_cast<T *>(dst), src, d, e, range<T>::lo, range<T>::hi);
 }
 
 } // namespace
@@ -138,10 +212,13 @@ extern "C" cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__co
   int64_t n;
   if (!describe(a, d, n)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  const int threads = 256;
-  const int64_t want = (n + threads - 1) / threads;
-  const unsigned blocks = (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
-  convert_kernel<<<blocks, threads, 0, stream>>>(static_cast<float *>(dst), src, d, n);
+  switch (d.out) {
+  case O_U8: launch_narrow<uint8_t>(dst, src, d, n, stream); break;
+  case O_I8: launch_narrow<int8_t>(dst, src, d, n, stream); break;
+  case O_U16: launch_narrow<uint16_t>(dst, src, d, n, stream); break;
+  case O_I16: launch_narrow<int16_t>(dst, src, d, n, stream); break;
+  default: widen_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<float *>(dst), src, d, n);
+  }
   return cudaGetLastError();
 }
 
@@ -149,5 +226,12 @@ extern "C" void ab__cuda_convert_emulate(void *dst, const void *src, const ab__c
   desc d;
   int64_t n;
   if (!describe(a, d, n)) return;
-  for (int64_t e = 0; e < n; e++) convert_element(static_cast<float *>(dst), src, d, e);
+  switch (d.out) {
+  case O_U8: emulate_narrow<uint8_t>(dst, src, d, n); break;
+  case O_I8: emulate_narrow<int8_t>(dst, src, d, n); break;
+  case O_U16: emulate_narrow<uint16_t>(dst, src, d, n); break;
+  case O_I16: emulate_narrow<int16_t>(dst, src, d, n); break;
+  default:
+    for (int64_t e = 0; e < n; e++) widen_element(static_cast<float *>(dst), src, d, e);
+  }
 }

@@ -1,11 +1,16 @@
 /* Conversions on a CUDA device (convert.cu), by the rules of
- * converters/host/convert.h, for the cases the OpenCL kernels cover too
- * (converters/opencl/convert.cl): uint8, int8, uint16, int16, bool,
- * float16, bfloat16 and float32 sources into float32, float32 arithmetic,
- * an optional affine map (per tensor, or per channel for at most 16
- * channels) and any axis order. They take the ab__convert_args the host
- * converter takes, and multiply then add with __fmul_rn/__fadd_rn (never
- * fused): bit-exact with the host, NaN payloads aside. */
+ * converters/host/convert.h, from uint8, int8, uint16, int16, bool,
+ * float16, bfloat16 and float32 sources, with an optional affine map (per
+ * tensor, or per channel for at most 16 channels) and any axis order:
+ *  - into float32 (the widening way in), in float32 arithmetic with
+ *    __fmul_rn/__fadd_rn;
+ *  - into uint8, int8, uint16 and int16 (the narrowing way out), in
+ *    float64 arithmetic with __dmul_rn/__dadd_rn, then round half to even,
+ *    saturate, NaN -> 0.
+ * Multiply then add, never fused: bit-exact with the host, NaN payloads
+ * aside. The OpenCL kernels (converters/opencl/convert.cl) cover the same
+ * widening cases and, from floating-point sources only, the narrowing
+ * ones. They take the ab__convert_args the host converter takes. */
 #ifndef AB_CONVERTERS_CUDA_CONVERT_H
 #define AB_CONVERTERS_CUDA_CONVERT_H
 
@@ -22,7 +27,7 @@ bool ab__cuda_convert_supported(const ab__convert_args *a);
 
 /* Queues the conversion from the source elements at `src` (device memory
  * of the current device, laid out as a's element strides say) into the
- * compact float32 `dst` on `stream`; returns the launch's error
+ * compact result `dst` (of a->op.to elements) on `stream`; returns the launch's error
  * (cudaErrorInvalidValue when !ab__cuda_convert_supported). Does not wait. */
 cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__convert_args *a, cudaStream_t stream);
 
