@@ -367,6 +367,40 @@ Test(cuda, an_early_return_leaves_the_work_queued_on_the_callers_stream) {
 #endif
 }
 
+Test(cuda, a_crop_with_a_pitch_past_the_gpus_limit_is_copied_row_by_row) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  /* Rows of 100 bytes, cudaDevAttrMaxPitch + 4 KiB apart: more than
+   * cudaMemcpy2DAsync takes, both for the download and the copy on the GPU. */
+  int max = 0;
+  cr_assert_eq(cudaDeviceGetAttribute(&max, cudaDevAttrMaxPitch, 0), cudaSuccess);
+  const int64_t pitch = (int64_t)max + 4096, rows = 3, width = 100;
+  int64_t span[1] = {2 * pitch + width};
+  DLManagedTensorVersioned *big = NULL;
+  ab_status st = ab_tensor_alloc(CUDA(0), 1, span, dt(kDLUInt, 8, 1), &big);
+  if (st == AB_ERR_OUT_OF_MEMORY) cr_skip_test("cuda:0 cannot hold %lld bytes: %s", (long long)span[0], ab_last_error());
+  cr_assert_eq(st, AB_OK, "%s", ab_last_error());
+  unsigned char want[3][100];
+  for (int r = 0; r < rows; r++) {
+    fill_pattern(want[r], (size_t)width, 40 + r);
+    cr_assert_eq(cudaMemcpy((char *)big->dl_tensor.data + r * pitch, want[r], (size_t)width, cudaMemcpyHostToDevice),
+                 cudaSuccess);
+  }
+  int64_t shape[2] = {rows, width}, strides[2] = {pitch, 1};
+  DLTensor crop = {big->dl_tensor.data, CUDA(0), 2, dt(kDLUInt, 8, 1), shape, strides, 0};
+  DLManagedTensorVersioned *down = convert_ok(&crop, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(down->dl_tensor.data, want, sizeof want) == 0, "the download differs");
+  DLManagedTensorVersioned *copy = convert_ok(&crop, CUDA(0), AB_COPY_ALWAYS, NULL);
+  DLManagedTensorVersioned *back = convert_ok(&copy->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert(memcmp(back->dl_tensor.data, want, sizeof want) == 0, "the copy on the GPU differs");
+  back->deleter(back);
+  copy->deleter(copy);
+  down->deleter(down);
+  big->deleter(big);
+  assert_pool_clean(CUDA(0));
+#endif
+}
+
 Test(cuda, copies_between_two_gpus) {
   need_devices(2);
   int64_t shape[2] = {300, 301};

@@ -225,14 +225,39 @@ static size_t compact_bytes(const DLTensor *t, bool *compact) {
   return bytes;
 }
 
+/* Whether cudaMemcpy2DAsync takes these pitches on the current device:
+ * not past cudaDevAttrMaxPitch (about 2 GiB; a crop along the leading axis
+ * of a huge tensor goes past it). */
+static bool pitches_fit(size_t a, size_t b) {
+  int dev, max = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&max, cudaDevAttrMaxPitch, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true; /* let the copy say */
+  }
+  return a <= (size_t)max && b <= (size_t)max;
+}
+
 /* Rectangles: region[2] slices of region[1] rows of region[0] bytes, one
- * cudaMemcpy2DAsync per slice; the pitched side is `pitched`. */
+ * cudaMemcpy2DAsync per slice; with a pitch past the GPU's limit (which
+ * it refuses with cudaErrorInvalidPitchValue, a non-sticky error) one
+ * cudaMemcpyAsync per row instead, which has no pitch to limit. */
 static cudaError_t copy_rect(char *dst, size_t dpitch, size_t dslice, const char *src, size_t spitch, size_t sslice,
                              const size_t region[3], enum cudaMemcpyKind kind, void *stream) {
   cudaError_t e = cudaSuccess;
-  for (size_t z = 0; z < region[2] && e == cudaSuccess; z++)
-    e = cudaMemcpy2DAsync(dst + z * dslice, dpitch, src + z * sslice, spitch, region[0], region[1], kind,
-                          (cudaStream_t)stream);
+  bool by_rows = !pitches_fit(dpitch, spitch);
+  for (size_t z = 0; z < region[2] && e == cudaSuccess; z++) {
+    char *d = dst + z * dslice;
+    const char *s = src + z * sslice;
+    if (!by_rows) {
+      e = cudaMemcpy2DAsync(d, dpitch, s, spitch, region[0], region[1], kind, (cudaStream_t)stream);
+      if (e != cudaErrorInvalidPitchValue) continue;
+      (void)cudaGetLastError();
+      e = cudaSuccess;
+      by_rows = true;
+    }
+    for (size_t y = 0; y < region[1] && e == cudaSuccess; y++)
+      e = cudaMemcpyAsync(d + y * dpitch, s + y * spitch, region[0], kind, (cudaStream_t)stream);
+  }
   return e;
 }
 
