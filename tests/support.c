@@ -106,3 +106,21 @@ int64_t rng_between(test_rng *r, int64_t lo, int64_t hi) {
   uint64_t span = (uint64_t)(hi - lo) + 1u;
   return lo + (int64_t)(rng_next(r) % span);
 }
+
+void fill_half_probes(float *v, int64_t n, test_rng *rng) {
+  static const uint32_t ties[] = {0x3f801000u, 0x3f803000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u,
+                                  0x33400000u, 0x387fe000u, 0x3f808000u, 0x3f818000u, 0x7f7f8000u, 0x7f7f7fffu,
+                                  0x7fc00001u, 0xff800000u, 0x7f800000u, 0x80000000u, 0x34200000u, 0xb3c00000u};
+  const uint64_t nties = sizeof ties / sizeof ties[0];
+  for (int64_t i = 0; i < n; i++) {
+    const uint64_t r = rng_next(rng);
+    uint32_t u = r % 4 == 0 ? ties[(r >> 2) % nties]
+                            : (uint32_t)((r >> 8) & 0x80000000u) | ((uint32_t)(100 + (r >> 2) % 46) << 23) |
+                                  ((uint32_t)(r >> 20) & 0x7fffffu);
+    memcpy(&v[i], &u, 4);
+  }
+}
+
+int same_16(uint16_t a, uint16_t b, uint16_t inf) {
+  return a == b || ((a & 0x7fffu) > inf && (b & 0x7fffu) > inf);
+}

@@ -48,6 +48,15 @@ uint64_t rng_next(test_rng *r);
 /* Uniform in [lo, hi] (inclusive). */
 int64_t rng_between(test_rng *r, int64_t lo, int64_t hi);
 
+/* Writes n float32 values that probe the float16 and bfloat16 roundings:
+ * values spread over float16's range (subnormals to overflow), exact ties
+ * of both types, the overflow thresholds, NaN and infinities. */
+void fill_half_probes(float *v, int64_t n, test_rng *rng);
+
+/* Equal bits, or both NaN, for a 16-bit float type whose exponent field is
+ * all ones at `inf` (float16 0x7c00, bfloat16 0x7f80). */
+int same_16(uint16_t a, uint16_t b, uint16_t inf);
+
 /* A value no library call may write into an output: tests preset *out to it
  * and check it is still there after a failure. */
 #define SENTINEL_OUT ((DLManagedTensorVersioned *)(uintptr_t)0x5e41e1005e41e100ull)

@@ -694,8 +694,11 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
   a.op.to = dt(kDLUInt, 32, 1);
   a.op.channel_dim = -1;
   cr_assert(!ab__cuda_convert_supported(&a), "float32 -> uint32 is the host's");
+  a.op.to = dt(kDLFloat, 64, 1);
+  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> float64 is the host's");
+  a.op.from = dt(kDLFloat, 16, 1);
   a.op.to = dt(kDLFloat, 16, 1);
-  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> float16 is the host's");
+  cr_assert(!ab__cuda_convert_supported(&a), "a float16 permutation is the host's gather");
   a.op.to = dt(kDLFloat, 32, 1);
   a.op.from = dt(kDLFloat, 64, 1);
   cr_assert(!ab__cuda_convert_supported(&a), "float64 arithmetic is the host's");
@@ -705,6 +708,61 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
   a.shape[0] = 17;
   cr_assert(!ab__cuda_convert_supported(&a), "17 channels");
   cr_assert_eq(ab__cuda_convert(NULL, NULL, &a, NULL), cudaErrorInvalidValue);
+#endif
+}
+
+/* ---- into float16 and bfloat16 ------------------------------------------- */
+
+/* conv_fill, with float32 sources probing the 16-bit roundings. */
+static void half_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
+  conv_fill(v, n, d, rng);
+  if (d.code == kDLFloat && d.bits == 32) fill_half_probes(v, n, rng);
+}
+
+static const DLDataType half_to[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
+
+Test(cuda, float16_and_bfloat16_results_match_the_host_converter) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  test_rng rng = {23};
+  int checked = 0;
+  for (size_t f = 0; f < sizeof conv_from / sizeof conv_from[0]; f++) {
+    for (size_t t = 0; t < 2; t++) {
+      for (int trial = 0; trial < 6; trial++) {
+        int32_t ndim, perm[5];
+        int64_t shape[5];
+        ab_convert_opts o;
+        conv_case(&rng, trial, &ndim, shape, perm, &o);
+        o.dtype = half_to[t];
+        if (o.flags == 0 && conv_from[f].code == half_to[t].code && conv_from[f].bits == 16) {
+          o.flags = AB_CONVERT_AFFINE; /* a bare permutation is the gather's */
+          o.scale = 3.0;
+        }
+        const int64_t n = numel_of(ndim, shape);
+        void *v = malloc((size_t)n * 4 + 4);
+        half_fill(v, n, conv_from[f], &rng);
+        DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
+        DLManagedTensorVersioned *want = NULL;
+        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+        ab__convert_args a;
+        compact_args(ndim, shape, perm, conv_from[f], &o, &a);
+        cr_assert(ab__cuda_convert_supported(&a), "dtype %zu -> %zu: not supported", f, t);
+        uint16_t *got = malloc((size_t)n * 2 + 2);
+        ab__cuda_convert_emulate(got, v, &a);
+        const uint16_t *w = want->dl_tensor.data;
+        for (int64_t i = 0; i < n; i++)
+          cr_assert(same_16(w[i], got[i], t == 0 ? 0x7c00 : 0x7f80),
+                    "dtype %zu -> %s trial %d element %lld: host %#06x, kernel %#06x", f, t == 0 ? "f16" : "bf16",
+                    trial, (long long)i, w[i], got[i]);
+        checked++;
+        free(got);
+        free(v);
+        want->deleter(want);
+      }
+    }
+  }
+  cr_assert_eq(checked, 8 * 2 * 6);
 #endif
 }
 

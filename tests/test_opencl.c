@@ -933,6 +933,76 @@ Test(opencl, conversions_to_float32_run_on_the_device_bit_exact_with_the_host) {
   assert_pool_clean(CL(0));
 }
 
+Test(opencl, conversions_to_float16_and_bfloat16_run_on_the_device_bit_exact_with_the_host) {
+  /* Every source kind into float16 and bfloat16 within one device (one
+   * kernel: float32 arithmetic, then vstore_half_rte or the bfloat16
+   * rounding), against the host converter. */
+  need_devices(1);
+  static const DLDataType from[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1},   {kDLUInt, 16, 1},  {kDLInt, 16, 1},
+                                    {kDLBool, 8, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}};
+  static const DLDataType to[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
+  static const double cscale[4] = {1 / 58.395, 3.0, -0.75, 1024.0}, coff[4] = {-2.1, 0.5, 1e-6, -3.0};
+  test_rng rng = {2027};
+  int runs = 0;
+  for (size_t f = 0; f < sizeof from / sizeof from[0]; f++) {
+    for (size_t t = 0; t < 2; t++) {
+      for (int trial = 0; trial < 6; trial++) {
+        const int32_t ndim = 2 + trial % 3;
+        int64_t shape[4];
+        int32_t perm[4];
+        for (int32_t i = 0; i < ndim; i++) {
+          shape[i] = rng_between(&rng, 1, 13);
+          perm[i] = (i + trial) % ndim;
+        }
+        const int32_t chan = (int32_t)rng_between(&rng, 0, ndim - 1);
+        shape[chan] = rng_between(&rng, 1, 4);
+        const int64_t n = numel_of(ndim, shape);
+        void *v = malloc((size_t)n * 4 + 4);
+        edge_fill(v, (size_t)n, from[f], &rng);
+        if (from[f].code == kDLFloat && from[f].bits == 32) fill_half_probes(v, n, &rng);
+        DLTensor h = {v, CPU0, ndim, from[f], shape, NULL, 0};
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        o.dtype = to[t];
+        o.permute = perm;
+        const int mode = trial % 3;
+        if (mode == 1 || (mode == 0 && from[f].code == to[t].code && from[f].bits == 16)) {
+          o.flags = AB_CONVERT_AFFINE; /* a bare float16 permutation is the host gather's */
+          o.scale = 1.0 / 3.0;
+          o.offset = 0.25;
+        } else if (mode == 2) {
+          o.flags = AB_CONVERT_PER_CHANNEL;
+          o.channel_axis = chan;
+          o.channel_scale = cscale;
+          o.channel_offset = trial % 2 ? coff : NULL;
+        }
+        DLManagedTensorVersioned *want = NULL, *src = NULL, *dev = NULL, *got = NULL;
+        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "host: %s", ab_last_error());
+        src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+        convert_place("device");
+        const uint64_t before = pool_allocations(CL(0));
+        dev = convert_ok_opts(&src->dl_tensor, CL(0), &o);
+        cr_assert_eq(pool_allocations(CL(0)) - before, 1, "dtype %zu -> %zu trial %d: not one kernel on the device", f,
+                     t, trial);
+        convert_place("auto");
+        got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+        const uint16_t *a = want->dl_tensor.data, *b = got->dl_tensor.data;
+        for (int64_t i = 0; i < n; i++)
+          cr_assert(same_16(a[i], b[i], t == 0 ? 0x7c00 : 0x7f80),
+                    "dtype %zu -> %s trial %d element %lld: host %#06x, device %#06x", f, t == 0 ? "f16" : "bf16",
+                    trial, (long long)i, a[i], b[i]);
+        runs++;
+        got->deleter(got);
+        dev->deleter(dev);
+        src->deleter(src);
+        want->deleter(want);
+        free(v);
+      }
+    }
+  }
+  cr_assert_eq(runs, 8 * 2 * 6);
+  assert_pool_clean(CL(0));
+}
+
 Test(opencl, the_planner_keeps_conversions_on_the_host_where_the_device_does_not_pay) {
   need_devices(1);
   struct ab_device_info info;

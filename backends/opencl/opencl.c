@@ -43,11 +43,13 @@
 #define MAX_DEVICES 64
 
 /* The kernels: gathers, one per element width (1, 2, 4, 8, 16 bytes), then
- * conversions to float32, one per source kind (convert_kernel), then the
- * narrowing conversions (narrow_kernel), which only devices with doubles
- * have (NULL elsewhere). */
+ * the conversions in float32 arithmetic, one per result type (float32,
+ * float16, bfloat16) and source kind (convert_kernel), then the narrowing
+ * conversions (narrow_kernel), which only devices with doubles have (NULL
+ * elsewhere). */
 #define NGATHER 5
-#define NCONVERT 8
+#define NSOURCES 8
+#define NCONVERT (3 * NSOURCES)
 #define NNARROW 12
 #define NKERNELS (NGATHER + NCONVERT + NNARROW)
 #define NREQUIRED (NGATHER + NCONVERT)
@@ -494,13 +496,16 @@ static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
  * remembered, and those copies or conversions go through the host. Under
  * `lock`. */
 static bool program_ready(struct platform *p, int which) {
-  static const char *names[NKERNELS] = {"ab_gather_1",     "ab_gather_2",   "ab_gather_4",    "ab_gather_8",
-                                        "ab_gather_16",    "ab_to_f32_u8",  "ab_to_f32_i8",   "ab_to_f32_u16",
-                                        "ab_to_f32_i16",   "ab_to_f32_bool", "ab_to_f32_f16", "ab_to_f32_bf16",
-                                        "ab_to_f32_f32",   "ab_f16_to_u8",  "ab_f16_to_i8",   "ab_f16_to_u16",
-                                        "ab_f16_to_i16",   "ab_bf16_to_u8", "ab_bf16_to_i8",  "ab_bf16_to_u16",
-                                        "ab_bf16_to_i16",  "ab_f32_to_u8",  "ab_f32_to_i8",   "ab_f32_to_u16",
-                                        "ab_f32_to_i16"};
+  static const char *names[NKERNELS] = {
+    "ab_gather_1",     "ab_gather_2",    "ab_gather_4",    "ab_gather_8",     "ab_gather_16",
+    "ab_to_f32_u8",    "ab_to_f32_i8",   "ab_to_f32_u16",  "ab_to_f32_i16",   "ab_to_f32_bool",
+    "ab_to_f32_f16",   "ab_to_f32_bf16", "ab_to_f32_f32",  "ab_to_f16_u8",    "ab_to_f16_i8",
+    "ab_to_f16_u16",   "ab_to_f16_i16",  "ab_to_f16_bool", "ab_to_f16_f16",   "ab_to_f16_bf16",
+    "ab_to_f16_f32",   "ab_to_bf16_u8",  "ab_to_bf16_i8",  "ab_to_bf16_u16",  "ab_to_bf16_i16",
+    "ab_to_bf16_bool", "ab_to_bf16_f16", "ab_to_bf16_bf16", "ab_to_bf16_f32", "ab_f16_to_u8",
+    "ab_f16_to_i8",    "ab_f16_to_u16",  "ab_f16_to_i16",  "ab_bf16_to_u8",   "ab_bf16_to_i8",
+    "ab_bf16_to_u16",  "ab_bf16_to_i16", "ab_f32_to_u8",   "ab_f32_to_i8",    "ab_f32_to_u16",
+    "ab_f32_to_i16"};
   const int first = which == 0 ? 0 : NGATHER, required = which == 0 ? NGATHER : NREQUIRED,
             last = which == 0 ? NGATHER : NKERNELS;
   if (p->prog[which] != NULL) return true;
@@ -623,8 +628,8 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream, bool 
 
 /* ---- conversions (converters/opencl/convert.cl) ---------------------- */
 
-/* The conversion kernel for a source dtype (its index after the gathers),
- * -1 when convert.cl has none. */
+/* The float32-arithmetic kernel for a source dtype (its index among those
+ * of one result type), -1 when convert.cl has none. */
 static int convert_kernel(DLDataType d) {
   if (d.lanes != 1) return -1;
   switch (d.code) {
@@ -672,10 +677,18 @@ static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
   int64_t sh[AB_MAX_NDIM], st[AB_MAX_NDIM];
   int n = 0, chan = -1;
   memset(kc, 0, sizeof *kc);
-  if (op->to.code == kDLFloat && op->to.bits == 32 && op->to.lanes == 1) {
+  const int result = op->to.lanes != 1 ? -1
+                     : op->to.code == kDLFloat && op->to.bits == 32  ? 0
+                     : op->to.code == kDLFloat && op->to.bits == 16  ? 1
+                     : op->to.code == kDLBfloat && op->to.bits == 16 ? 2
+                                                                     : -1;
+  if (result >= 0) { /* float32 arithmetic */
     const int k = convert_kernel(op->from);
     if (k < 0) return false;
-    kc->k = NGATHER + k;
+    /* A permutation of float16 or bfloat16 goes through float and back,
+     * which would quiet a signalling NaN the host's gather keeps as it is. */
+    if (result > 0 && !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits) return false;
+    kc->k = NGATHER + result * NSOURCES + k;
   } else {
     const int k = narrow_kernel(op->from, op->to);
     if (k < 0) return false;

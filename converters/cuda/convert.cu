@@ -12,9 +12,10 @@ namespace {
 
 enum kind { K_U8, K_I8, K_U16, K_I16, K_BOOL, K_F16, K_BF16, K_F32, K_NONE };
 
-/* Result types: float32 (float32 arithmetic), or an integer of at most 16
- * bits (float64 arithmetic, round half to even, saturate, NaN -> 0). */
-enum out { O_F32, O_U8, O_I8, O_U16, O_I16, O_NONE };
+/* Result types: float32, float16 or bfloat16 (float32 arithmetic, then
+ * one rounding to nearest even), or an integer of at most 16 bits (float64
+ * arithmetic, round half to even, saturate, NaN -> 0). */
+enum out { O_F32, O_F16, O_BF16, O_U8, O_I8, O_U16, O_I16, O_NONE };
 
 constexpr int kMaxChannels = 16;
 
@@ -29,6 +30,8 @@ struct desc {
 int out_of(DLDataType d) {
   if (d.lanes != 1) return O_NONE;
   if (d.code == kDLFloat && d.bits == 32) return O_F32;
+  if (d.code == kDLFloat && d.bits == 16) return O_F16;
+  if (d.code == kDLBfloat && d.bits == 16) return O_BF16;
   if (d.code == kDLUInt) return d.bits == 8 ? O_U8 : d.bits == 16 ? O_U16 : O_NONE;
   if (d.code == kDLInt) return d.bits == 8 ? O_I8 : d.bits == 16 ? O_I16 : O_NONE;
   return O_NONE;
@@ -64,6 +67,39 @@ __host__ __device__ inline float half_to_float(uint16_t h) {
     sh++;
   }
   return from_bits(s | ((113u - sh) << 23) | ((m & 0x3ffu) << 13));
+}
+
+__host__ __device__ inline uint32_t to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* float to IEEE half, rounding to nearest even: overflow to infinity,
+ * halves' subnormals kept, NaN kept (quiet). */
+__host__ __device__ inline uint16_t half_from_float(float f) {
+  const uint32_t u = to_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to infinity */
+  if (a >= 0x38800000u) {                                  /* a normal half: rebias, round at bit 13 */
+    const uint32_t r = a - 0x38000000u;
+    return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+  }
+  if (a <= 0x33000000u) return (uint16_t)sign; /* up to 2^-25, the tie, rounds to zero */
+  /* a subnormal half: k units of 2^-24, k = m * 2^(e - 126) */
+  const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+  uint32_t k = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (k & 1u))) k++;
+  return (uint16_t)(sign | k); /* k may reach 0x400: the smallest normal */
+}
+
+/* float to bfloat16, rounding to nearest even on the top 16 bits. */
+__host__ __device__ inline uint16_t bf16_from_float(float f) {
+  uint32_t u = to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
 }
 
 __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
@@ -112,10 +148,14 @@ __host__ __device__ inline int64_t source_offset(const desc &d, int64_t e, int64
   return off;
 }
 
-__host__ __device__ inline void widen_element(float *dst, const void *src, const desc &d, int64_t e) {
+/* The results of float32 arithmetic: float32, float16, bfloat16. */
+__host__ __device__ inline void float32_element(void *dst, const void *src, const desc &d, int64_t e) {
   int64_t c;
   float y = load(d.kind, src, source_offset(d, e, &c));
-  dst[e] = d.affine ? affine(y, d.a[c], d.b[c]) : y;
+  if (d.affine) y = affine(y, d.a[c], d.b[c]);
+  if (d.out == O_F16) static_cast<uint16_t *>(dst)[e] = half_from_float(y);
+  else if (d.out == O_BF16) static_cast<uint16_t *>(dst)[e] = bf16_from_float(y);
+  else static_cast<float *>(dst)[e] = y;
 }
 
 /* The host's float -> integer rule. Every source value is exact as a
@@ -129,9 +169,9 @@ __host__ __device__ inline void narrow_element(T *dst, const void *src, const de
   dst[e] = y != y ? (T)0 : y <= lo ? (T)lo : y >= hi ? (T)hi : (T)rint(y); /* rint: half to even */
 }
 
-__global__ void widen_kernel(float *dst, const void *src, desc d, int64_t n) {
+__global__ void float32_kernel(void *dst, const void *src, desc d, int64_t n) {
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) widen_element(dst, src, d, e);
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) float32_element(dst, src, d, e);
 }
 
 template <typename T>
@@ -148,6 +188,10 @@ bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
   d.out = out_of(op.to);
   d.kind = kind_of(op.from);
   if (d.out == O_NONE || d.kind == K_NONE) return false;
+  /* A permutation of float16 or bfloat16 goes through float and back,
+   * which would quiet a signalling NaN the host's gather keeps as it is. */
+  if ((d.out == O_F16 || d.out == O_BF16) && !op.affine && op.from.code == op.to.code && op.from.bits == op.to.bits)
+    return false;
   const bool per_channel = op.affine && op.channel_dim >= 0;
   if (per_channel && (op.channel_dim >= a->ndim || a->shape[op.channel_dim] > kMaxChannels)) return false;
   d.ndim = a->ndim;
@@ -217,7 +261,7 @@ extern "C" cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__co
   case O_I8: launch_narrow<int8_t>(dst, src, d, n, stream); break;
   case O_U16: launch_narrow<uint16_t>(dst, src, d, n, stream); break;
   case O_I16: launch_narrow<int16_t>(dst, src, d, n, stream); break;
-  default: widen_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<float *>(dst), src, d, n);
+  default: float32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, d, n);
   }
   return cudaGetLastError();
 }
@@ -232,6 +276,6 @@ extern "C" void ab__cuda_convert_emulate(void *dst, const void *src, const ab__c
   case O_U16: emulate_narrow<uint16_t>(dst, src, d, n); break;
   case O_I16: emulate_narrow<int16_t>(dst, src, d, n); break;
   default:
-    for (int64_t e = 0; e < n; e++) widen_element(static_cast<float *>(dst), src, d, e);
+    for (int64_t e = 0; e < n; e++) float32_element(dst, src, d, e);
   }
 }

@@ -2,15 +2,17 @@
  * converters/host/convert.h, from uint8, int8, uint16, int16, bool,
  * float16, bfloat16 and float32 sources, with an optional affine map (per
  * tensor, or per channel for at most 16 channels) and any axis order:
- *  - into float32 (the widening way in), in float32 arithmetic with
- *    __fmul_rn/__fadd_rn;
+ *  - into float32 (the widening way in), float16 and bfloat16, in float32
+ *    arithmetic with __fmul_rn/__fadd_rn, then (float16, bfloat16) one
+ *    rounding to nearest even;
  *  - into uint8, int8, uint16 and int16 (the narrowing way out), in
  *    float64 arithmetic with __dmul_rn/__dadd_rn, then round half to even,
  *    saturate, NaN -> 0.
  * Multiply then add, never fused: bit-exact with the host, NaN payloads
- * aside. The OpenCL kernels (converters/opencl/convert.cl) cover the same
- * widening cases and, from floating-point sources only, the narrowing
- * ones. They take the ab__convert_args the host converter takes. */
+ * aside. A float16 or bfloat16 permutation without a map is left to the
+ * host's gather (it would quiet signalling NaNs). The OpenCL kernels
+ * (converters/opencl/convert.cl) cover the same float32-arithmetic cases
+ * and, from floating-point sources only, the narrowing ones. They take the ab__convert_args the host converter takes. */
 #ifndef AB_CONVERTERS_CUDA_CONVERT_H
 #define AB_CONVERTERS_CUDA_CONVERT_H
 

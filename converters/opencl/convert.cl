@@ -1,7 +1,7 @@
 /* Conversions on an OpenCL device, by the rules of
- * converters/host/convert.h, for the cases whose arithmetic is float32 and
- * widens: uint8, int8, uint16, int16, bool, float16, bfloat16 and float32
- * sources into float32, with an optional affine map y = x * a + b (per
+ * converters/host/convert.h, for the cases whose arithmetic is float32:
+ * uint8, int8, uint16, int16, bool, float16, bfloat16 and float32 sources
+ * into float32, float16 or bfloat16, with an optional affine map y = x * a + b (per
  * tensor, or per channel along one result axis, at most 16 channels) and
  * any axis order. Element i of the compact result comes from the source
  * element at the row-major decomposition of i over the result's shape,
@@ -45,10 +45,25 @@ long ab_source_offset(size_t gid, int ndim, long8 shape8, long8 stride8, int cha
   return off;
 }
 
+/* Float32 into the result types of float32 arithmetic: float32 as it is;
+ * float16 and bfloat16 rounded once, to nearest even (overflow to
+ * infinity, NaN stays NaN): vstore_half_rte, and for bfloat16 the same
+ * rounding on the top 16 bits. */
+#define AB_STORE_F32(p, i, y) ((p)[i] = (y))
+#define AB_STORE_F16(p, i, y) vstore_half_rte((y), (size_t)(i), (__global half *)(p))
+#define AB_STORE_BF16(p, i, y) ((p)[i] = ab_bf16_rne(y))
+
+ushort ab_bf16_rne(float y) {
+  uint u = as_uint(y);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u); /* NaN: kept, quiet */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (ushort)(u >> 16);
+}
+
 /* mode: 0 no arithmetic, 1 affine. chan: the result axis the per-channel
  * a and b run along, -1 for a[0] and b[0] everywhere. */
-#define AB_DEFINE_TO_F32(NAME, T, LOAD)                                                         \
-  __kernel void NAME(__global const T *src, ulong src_off, __global float *dst, ulong dst_off,     \
+#define AB_DEFINE_FLOAT32_MATH(NAME, T, LOAD, TD, STORE)                                        \
+  __kernel void NAME(__global const T *src, ulong src_off, __global TD *dst, ulong dst_off,        \
                      int ndim, long8 shape8, long8 stride8, ulong n, int mode, int chan,           \
                      float16 a16, float16 b16) {                                                  \
     size_t gid = get_global_id(0);                                                              \
@@ -64,17 +79,23 @@ long ab_source_offset(size_t gid, int ndim, long8 shape8, long8 stride8, int cha
       y = y * a;                                                                                \
       y = y + b;                                                                                \
     }                                                                                           \
-    dst[dst_off + gid] = y;                                                                     \
+    STORE(dst, dst_off + gid, y);                                                               \
   }
 
-AB_DEFINE_TO_F32(ab_to_f32_u8, uchar, AB_LOAD_U8)
-AB_DEFINE_TO_F32(ab_to_f32_i8, char, AB_LOAD_I8)
-AB_DEFINE_TO_F32(ab_to_f32_u16, ushort, AB_LOAD_U16)
-AB_DEFINE_TO_F32(ab_to_f32_i16, short, AB_LOAD_I16)
-AB_DEFINE_TO_F32(ab_to_f32_bool, uchar, AB_LOAD_BOOL)
-AB_DEFINE_TO_F32(ab_to_f32_f16, ushort, AB_LOAD_F16)
-AB_DEFINE_TO_F32(ab_to_f32_bf16, ushort, AB_LOAD_BF16)
-AB_DEFINE_TO_F32(ab_to_f32_f32, float, AB_LOAD_F32)
+/* One kernel per source kind and result type: ab_to_<result>_<source>. */
+#define AB_DEFINE_FLOAT32_MATH_INTO(RSUFFIX, TD, STORE)                                          \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_u8, uchar, AB_LOAD_U8, TD, STORE)                     \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_i8, char, AB_LOAD_I8, TD, STORE)                      \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_u16, ushort, AB_LOAD_U16, TD, STORE)                  \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_i16, short, AB_LOAD_I16, TD, STORE)                   \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_bool, uchar, AB_LOAD_BOOL, TD, STORE)                 \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_f16, ushort, AB_LOAD_F16, TD, STORE)                  \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_bf16, ushort, AB_LOAD_BF16, TD, STORE)                \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_f32, float, AB_LOAD_F32, TD, STORE)
+
+AB_DEFINE_FLOAT32_MATH_INTO(f32, float, AB_STORE_F32)
+AB_DEFINE_FLOAT32_MATH_INTO(f16, ushort, AB_STORE_F16)
+AB_DEFINE_FLOAT32_MATH_INTO(bf16, ushort, AB_STORE_BF16)
 
 /* The way back: float32, float16 and bfloat16 into uint8, int8, uint16 and
  * int16, narrowing on the device before the download. The host's rule for
