@@ -647,6 +647,51 @@ static void compact_args(int32_t ndim, const int64_t *shape, const int32_t *perm
 }
 #endif
 
+#ifdef AB_HAVE_CUDA_KERNELS
+/* Whether two result elements of type t agree: equal bits, or both NaN
+ * (payloads may differ) for the float types. */
+static bool same_element(DLDataType t, const unsigned char *a, const unsigned char *b) {
+  if (t.code == kDLFloat && t.bits == 32) {
+    float x, y;
+    memcpy(&x, a, 4);
+    memcpy(&y, b, 4);
+    return same_f32(x, y);
+  }
+  if (t.bits == 16 && (t.code == kDLFloat || t.code == kDLBfloat)) {
+    uint16_t x, y;
+    memcpy(&x, a, 2);
+    memcpy(&y, b, 2);
+    return same_16(x, y, t.code == kDLFloat ? 0x7c00 : 0x7f80);
+  }
+  return memcmp(a, b, t.bits / 8u) == 0;
+}
+
+/* Converts the compact host source `v` (dtype from, ndim dims of shape) as
+ * `o` says, once by the library on the host and once by the kernel's
+ * per-element code (ab__cuda_convert_emulate, the same source nvcc
+ * compiles for the device), and asserts that they agree element by
+ * element. */
+static void check_emulation(const void *v, DLDataType from, int32_t ndim, int64_t *shape, const int32_t *perm,
+                            const ab_convert_opts *o, const char *what) {
+  DLTensor h = {(void *)v, CPU0, ndim, from, shape, NULL, 0};
+  DLManagedTensorVersioned *want = NULL;
+  cr_assert_eq(ab_convert_memory(&h, CPU0, o, &want), AB_OK, "%s: %s", what, ab_last_error());
+  ab__convert_args a;
+  compact_args(ndim, shape, perm, from, o, &a);
+  cr_assert(ab__cuda_convert_supported(&a), "%s: not supported", what);
+  const int64_t n = numel_of(ndim, shape);
+  const size_t os = o->dtype.bits / 8u;
+  unsigned char *got = malloc((size_t)n * os + 1);
+  ab__cuda_convert_emulate(got, v, &a);
+  const unsigned char *w = want->dl_tensor.data;
+  for (int64_t i = 0; i < n; i++)
+    cr_assert(same_element(o->dtype, w + i * os, got + i * os), "%s: element %lld differs from the host's", what,
+              (long long)i);
+  free(got);
+  want->deleter(want);
+}
+#endif
+
 Test(cuda, conversion_kernel_matches_the_host_converter) {
 #ifndef AB_HAVE_CUDA_KERNELS
   cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
@@ -665,22 +710,11 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
       const int64_t n = numel_of(ndim, shape);
       void *v = malloc((size_t)n * 4 + 4);
       conv_fill(v, n, conv_from[f], &rng);
-      DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
-      DLManagedTensorVersioned *want = NULL;
-      cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-      ab__convert_args a;
-      compact_args(ndim, shape, perm, conv_from[f], &o, &a);
-      cr_assert(ab__cuda_convert_supported(&a), "dtype %zu trial %d: not supported", f, trial);
-      float *got = malloc((size_t)n * 4 + 4);
-      ab__cuda_convert_emulate(got, v, &a);
-      const float *w = want->dl_tensor.data;
-      for (int64_t i = 0; i < n; i++)
-        cr_assert(same_f32(w[i], got[i]), "dtype %zu trial %d element %lld: host %a, kernel %a", f, trial,
-                  (long long)i, (double)w[i], (double)got[i]);
+      char what[64];
+      snprintf(what, sizeof what, "dtype %zu trial %d", f, trial);
+      check_emulation(v, conv_from[f], ndim, shape, perm, &o, what);
       checked++;
-      free(got);
       free(v);
-      want->deleter(want);
     }
   }
   cr_assert_eq(checked, 96);
@@ -742,23 +776,11 @@ Test(cuda, float16_and_bfloat16_results_match_the_host_converter) {
         const int64_t n = numel_of(ndim, shape);
         void *v = malloc((size_t)n * 4 + 4);
         half_fill(v, n, conv_from[f], &rng);
-        DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
-        DLManagedTensorVersioned *want = NULL;
-        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-        ab__convert_args a;
-        compact_args(ndim, shape, perm, conv_from[f], &o, &a);
-        cr_assert(ab__cuda_convert_supported(&a), "dtype %zu -> %zu: not supported", f, t);
-        uint16_t *got = malloc((size_t)n * 2 + 2);
-        ab__cuda_convert_emulate(got, v, &a);
-        const uint16_t *w = want->dl_tensor.data;
-        for (int64_t i = 0; i < n; i++)
-          cr_assert(same_16(w[i], got[i], t == 0 ? 0x7c00 : 0x7f80),
-                    "dtype %zu -> %s trial %d element %lld: host %#06x, kernel %#06x", f, t == 0 ? "f16" : "bf16",
-                    trial, (long long)i, w[i], got[i]);
+        char what[64];
+        snprintf(what, sizeof what, "dtype %zu -> %s trial %d", f, t == 0 ? "f16" : "bf16", trial);
+        check_emulation(v, conv_from[f], ndim, shape, perm, &o, what);
         checked++;
-        free(got);
         free(v);
-        want->deleter(want);
       }
     }
   }
@@ -825,25 +847,13 @@ Test(cuda, narrowing_kernel_matches_the_host_converter) {
         ab_convert_opts o;
         narrow_case(&rng, trial, narrow_to[t], &ndim, shape, perm, &o);
         const int64_t n = numel_of(ndim, shape);
-        const size_t os = narrow_to[t].bits / 8u;
         void *v = malloc((size_t)n * 4 + 4);
         narrow_fill(v, n, conv_from[f], &rng);
-        DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
-        DLManagedTensorVersioned *want = NULL;
-        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-        ab__convert_args a;
-        compact_args(ndim, shape, perm, conv_from[f], &o, &a);
-        cr_assert(ab__cuda_convert_supported(&a), "dtype %zu -> %zu: not supported", f, t);
-        unsigned char *got = malloc((size_t)n * os + 1);
-        ab__cuda_convert_emulate(got, v, &a);
-        const unsigned char *w = want->dl_tensor.data;
-        for (int64_t i = 0; i < n; i++)
-          cr_assert(memcmp(w + i * os, got + i * os, os) == 0, "dtype %zu -> %zu trial %d element %lld differs", f, t,
-                    trial, (long long)i);
+        char what[64];
+        snprintf(what, sizeof what, "dtype %zu -> %zu trial %d", f, t, trial);
+        check_emulation(v, conv_from[f], ndim, shape, perm, &o, what);
         checked++;
-        free(got);
         free(v);
-        want->deleter(want);
       }
     }
   }
