@@ -1025,15 +1025,15 @@ Test(opencl, the_planner_keeps_conversions_on_the_host_where_the_device_does_not
   r = convert_ok_opts(&h, CL(0), &o);
   cr_assert_eq(pool_allocations(CL(0)) - before, 1);
   r->deleter(r);
-  /* a cast the kernels do not have (to uint16) or a strided source: the
+  /* a cast the kernels do not have (to int32) or a strided source: the
    * host, even when the device is asked for */
   convert_place("device");
-  o.dtype = dt(kDLUInt, 16, 1);
+  o.dtype = dt(kDLInt, 32, 1);
   before = pool_allocations(CL(0));
   r = convert_ok_opts(&h, CL(0), &o);
   cr_assert_eq(pool_allocations(CL(0)) - before, 1);
   DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
-  for (int i = 0; i < 60; i++) cr_assert_eq(((uint16_t *)back->dl_tensor.data)[i], img[i]);
+  for (int i = 0; i < 60; i++) cr_assert_eq(((int32_t *)back->dl_tensor.data)[i], img[i]);
   back->deleter(back);
   r->deleter(r);
   int64_t strides[3] = {15, 3, 1};
@@ -1145,6 +1145,10 @@ static void narrow_fill(void *p, int64_t n, DLDataType d, test_rng *rng) {
                                   -129.5f, 32767.5f, 65535.5f, 70000.0f, -40000.0f, 1e30f, -1e30f, 0.0f, -0.0f,
                                   __builtin_nanf(""), __builtin_inff(), -__builtin_inff(), 1e-40f};
   const int ns = sizeof special / sizeof special[0];
+  if (d.code == kDLUInt || d.code == kDLInt || d.code == kDLBool) { /* every bit pattern of the integers */
+    edge_fill(p, (size_t)n, d, rng);
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
     float v = rng_next(rng) % 3 == 0 ? special[rng_next(rng) % ns]
                                      : (float)rng_between(rng, -70000, 70000) / (float)rng_between(rng, 1, 300);
@@ -1162,11 +1166,12 @@ static void narrow_fill(void *p, int64_t n, DLDataType d, test_rng *rng) {
 Test(opencl, narrowing_conversions_run_on_the_source_device_bit_exact_with_the_host) {
   need_devices(1);
   if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: narrowing stays on the host there");
-  static const DLDataType from[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}};
+  static const DLDataType from[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLUInt, 8, 1},
+                                    {kDLInt, 8, 1},    {kDLUInt, 16, 1},   {kDLInt, 16, 1},   {kDLBool, 8, 1}};
   static const DLDataType to[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1}, {kDLUInt, 16, 1}, {kDLInt, 16, 1}};
   static const double cscale[3] = {255.0, 127.25, -3.0}, coff[3] = {0.5, -1.0, 100.0};
   test_rng rng = {99};
-  for (size_t f = 0; f < 3; f++) {
+  for (size_t f = 0; f < sizeof from / sizeof from[0]; f++) {
     for (size_t g = 0; g < 4; g++) {
       for (int trial = 0; trial < 6; trial++) {
         int64_t shape[3] = {rng_between(&rng, 1, 9), rng_between(&rng, 2, 11), 3};

@@ -50,7 +50,7 @@
 #define NGATHER 5
 #define NSOURCES 8
 #define NCONVERT (3 * NSOURCES)
-#define NNARROW 12
+#define NNARROW (NSOURCES * 4)
 #define NKERNELS (NGATHER + NCONVERT + NNARROW)
 #define NREQUIRED (NGATHER + NCONVERT)
 
@@ -502,10 +502,15 @@ static bool program_ready(struct platform *p, int which) {
     "ab_to_f32_f16",   "ab_to_f32_bf16", "ab_to_f32_f32",  "ab_to_f16_u8",    "ab_to_f16_i8",
     "ab_to_f16_u16",   "ab_to_f16_i16",  "ab_to_f16_bool", "ab_to_f16_f16",   "ab_to_f16_bf16",
     "ab_to_f16_f32",   "ab_to_bf16_u8",  "ab_to_bf16_i8",  "ab_to_bf16_u16",  "ab_to_bf16_i16",
-    "ab_to_bf16_bool", "ab_to_bf16_f16", "ab_to_bf16_bf16", "ab_to_bf16_f32", "ab_f16_to_u8",
-    "ab_f16_to_i8",    "ab_f16_to_u16",  "ab_f16_to_i16",  "ab_bf16_to_u8",   "ab_bf16_to_i8",
-    "ab_bf16_to_u16",  "ab_bf16_to_i16", "ab_f32_to_u8",   "ab_f32_to_i8",    "ab_f32_to_u16",
-    "ab_f32_to_i16"};
+    "ab_to_bf16_bool", "ab_to_bf16_f16", "ab_to_bf16_bf16", "ab_to_bf16_f32",
+    "ab_u8_to_u8",     "ab_u8_to_i8",    "ab_u8_to_u16",   "ab_u8_to_i16",
+    "ab_i8_to_u8",     "ab_i8_to_i8",    "ab_i8_to_u16",   "ab_i8_to_i16",
+    "ab_u16_to_u8",    "ab_u16_to_i8",   "ab_u16_to_u16",  "ab_u16_to_i16",
+    "ab_i16_to_u8",    "ab_i16_to_i8",   "ab_i16_to_u16",  "ab_i16_to_i16",
+    "ab_bool_to_u8",   "ab_bool_to_i8",  "ab_bool_to_u16", "ab_bool_to_i16",
+    "ab_f16_to_u8",    "ab_f16_to_i8",   "ab_f16_to_u16",  "ab_f16_to_i16",
+    "ab_bf16_to_u8",   "ab_bf16_to_i8",  "ab_bf16_to_u16", "ab_bf16_to_i16",
+    "ab_f32_to_u8",    "ab_f32_to_i8",   "ab_f32_to_u16",  "ab_f32_to_i16"};
   const int first = which == 0 ? 0 : NGATHER, required = which == 0 ? NGATHER : NREQUIRED,
             last = which == 0 ? NGATHER : NKERNELS;
   if (p->prog[which] != NULL) return true;
@@ -655,15 +660,13 @@ struct kconv {
   cl_double16 ad, bd;
 };
 
-/* The narrowing kernel (its index after the conversions to float32) for
- * float16, bfloat16 or float32 into uint8, int8, uint16 or int16; -1 for
- * none. */
+/* The narrowing kernel (its index after the float32-arithmetic ones) from
+ * a source kind (convert_kernel's order) into uint8, int8, uint16 or int16;
+ * -1 for none. */
 static int narrow_kernel(DLDataType from, DLDataType to) {
-  int f = -1, t = -1;
-  if (from.lanes != 1 || to.lanes != 1) return -1;
-  if (from.code == kDLFloat && from.bits == 16) f = 0;
-  else if (from.code == kDLBfloat && from.bits == 16) f = 1;
-  else if (from.code == kDLFloat && from.bits == 32) f = 2;
+  const int f = convert_kernel(from);
+  int t = -1;
+  if (to.lanes != 1) return -1;
   if (to.code == kDLUInt && to.bits == 8) t = 0;
   else if (to.code == kDLInt && to.bits == 8) t = 1;
   else if (to.code == kDLUInt && to.bits == 16) t = 2;

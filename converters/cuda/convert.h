@@ -11,8 +11,9 @@
  * Multiply then add, never fused: bit-exact with the host, NaN payloads
  * aside. A float16 or bfloat16 permutation without a map is left to the
  * host's gather (it would quiet signalling NaNs). The OpenCL kernels
- * (converters/opencl/convert.cl) cover the same float32-arithmetic cases
- * and, from floating-point sources only, the narrowing ones. They take the ab__convert_args the host converter takes. */
+ * (converters/opencl/convert.cl) cover the same cases, the narrowing ones
+ * only where the device has doubles. They take the ab__convert_args the
+ * host converter takes. */
 #ifndef AB_CONVERTERS_CUDA_CONVERT_H
 #define AB_CONVERTERS_CUDA_CONVERT_H
 

@@ -97,8 +97,10 @@ AB_DEFINE_FLOAT32_MATH_INTO(f32, float, AB_STORE_F32)
 AB_DEFINE_FLOAT32_MATH_INTO(f16, ushort, AB_STORE_F16)
 AB_DEFINE_FLOAT32_MATH_INTO(bf16, ushort, AB_STORE_BF16)
 
-/* The way back: float32, float16 and bfloat16 into uint8, int8, uint16 and
- * int16, narrowing on the device before the download. The host's rule for
+/* The way back: every source kind above into uint8, int8, uint16 and
+ * int16, narrowing on the device before the download (a float32 frame to
+ * uint8, a 16-bit depth image to 8 bits). Every source value is exact in
+ * float, hence in double. The host's rule for
  * these is float64 arithmetic (y = x * a + b, two roundings), then round
  * half to even and saturate, NaN -> 0: exactly OpenCL's convert_T_sat_rte
  * of a double. So these exist only where the compiler has doubles. */
@@ -130,6 +132,11 @@ AB_DEFINE_FLOAT32_MATH_INTO(bf16, ushort, AB_STORE_BF16)
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_u16, TS, LOAD, ushort, convert_ushort_sat_rte)                \
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_i16, TS, LOAD, short, convert_short_sat_rte)
 
+AB_DEFINE_NARROW_FROM(u8, uchar, AB_LOAD_U8)
+AB_DEFINE_NARROW_FROM(i8, char, AB_LOAD_I8)
+AB_DEFINE_NARROW_FROM(u16, ushort, AB_LOAD_U16)
+AB_DEFINE_NARROW_FROM(i16, short, AB_LOAD_I16)
+AB_DEFINE_NARROW_FROM(bool, uchar, AB_LOAD_BOOL)
 AB_DEFINE_NARROW_FROM(f16, ushort, AB_LOAD_F16)
 AB_DEFINE_NARROW_FROM(bf16, ushort, AB_LOAD_BF16)
 AB_DEFINE_NARROW_FROM(f32, float, AB_LOAD_F32)
