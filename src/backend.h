@@ -242,6 +242,9 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
                            size_t bytes, void *stream, bool async);
 ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
                           size_t bytes, void *stream, bool async);
+/* Whether ab__staged_write/read with `async` would only queue the transfer
+ * from or into `host` (the host side already is staging memory). */
+bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async);
 /* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
  * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
  * direct), read once; ab__staging_reload_env re-reads them (tests). */

@@ -505,10 +505,16 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
                                 (p.o.flags & AB_CONVERT_ASYNC) != 0};
     /* Host-addressable memory a device may still be writing (CUDA pinned
      * or managed) is waited for before host code reads it; not when the
-     * only reader is a transfer queued on the very stream waited for. */
+     * only reader is a transfer queued on the very stream waited for: a
+     * stream the caller named, since the defaults (NULL, and DLPack's 1
+     * and 2) are per device, and host_sync would wait on the caller's
+     * current device's while the transfer goes on the target's. */
     const ab__step *first = &p.plan.steps[0];
-    const bool stream_ordered = owner.async && p.plan.nsteps == 1 && first->kind == AB_STEP_UPLOAD &&
-                                on_stream(first, &owner) && ab__same_family(p.sbe, owner.be);
+    const bool named_stream = (uintptr_t)owner.stream > 2;
+    const bool stream_ordered = named_stream && owner.async && p.plan.nsteps == 1 && first->kind == AB_STEP_UPLOAD &&
+                                p.lay.compact && on_stream(first, &owner) && ab__same_family(p.sbe, owner.be) &&
+                                ab__staged_queueable(ab__backend_for(first->via), (const char *)src->data + src->byte_offset,
+                                                     true);
     if (p.sbe->host_sync != NULL && p.lay.numel > 0 && !stream_ordered) {
       void *s = owner.stream != NULL && ab__same_family(p.sbe, owner.be) ? owner.stream : NULL;
       if (AB_UNLIKELY(ab__fault_transfer_check()))

@@ -149,9 +149,7 @@ static bool wanted(const struct ab_backend *be, int32_t id, const void *host, si
   return !be->host_is_staged(host);
 }
 
-/* Whether an early-return transfer can simply be queued: the host side
- * already is staging memory, which the async transfers take as it is. */
-static bool queueable(const struct ab_backend *be, const void *host, bool async) {
+bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async) {
   return async && be->write_async != NULL && be->host_is_staged(host);
 }
 
@@ -166,7 +164,7 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
                            size_t bytes, void *stream, bool async) {
   struct ring r;
   size_t chunk;
-  if (queueable(be, src, async))
+  if (ab__staged_queueable(be, src, async))
     return queued(be, id, stream, RING_CALL(be, "write_async", be->write_async(id, handle, offset, src, bytes, stream)));
   if (!wanted(be, id, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_write(be, id, handle, offset, src, bytes, stream);
@@ -191,7 +189,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
                           size_t bytes, void *stream, bool async) {
   struct ring r;
   size_t chunk;
-  if (queueable(be, dst, async))
+  if (ab__staged_queueable(be, dst, async))
     return queued(be, id, stream, RING_CALL(be, "read_async", be->read_async(id, handle, offset, dst, bytes, stream)));
   if (!wanted(be, id, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_read(be, id, handle, offset, dst, bytes, stream);

@@ -320,20 +320,26 @@ Test(cuda, an_early_return_leaves_the_work_queued_on_the_callers_stream) {
   need_devices(1);
 #ifdef AB_HAVE_CUDA
   cr_assert_eq(cudaSetDevice(0), cudaSuccess);
-  cudaStream_t s;
-  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess);
+  cudaStream_t s; /* non-blocking: work misplaced on the legacy stream is not ordered with it */
+  cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   float x[4096];
   int64_t shape[1] = {4096};
   fill_pattern(x, sizeof x, 12);
   DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
   DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
   DLManagedTensorVersioned *p = convert_ok(&h, PINNED, AB_COPY_IF_NEEDED, NULL);
+  fill_pattern(x, sizeof x, 13); /* the bytes the sources get behind the gate */
+  DLManagedTensorVersioned *fresh = convert_ok(&h, PINNED, AB_COPY_ALWAYS, NULL);
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = AB_COPY_ALWAYS;
   o.flags = AB_CONVERT_ASYNC;
   o.stream = s;
   struct gate gt;
   gate_close(&gt, s, 20000);
+  /* Queued behind the gate: both sources are overwritten. Work that went
+   * on any stream but s would run first and see the old bytes. */
+  cr_assert_eq(cudaMemcpyAsync(g->dl_tensor.data, fresh->dl_tensor.data, sizeof x, cudaMemcpyDefault, s), cudaSuccess);
+  cr_assert_eq(cudaMemcpyAsync(p->dl_tensor.data, fresh->dl_tensor.data, sizeof x, cudaMemcpyDefault, s), cudaSuccess);
   DLManagedTensorVersioned *r[3] = {NULL, NULL, NULL};
   cr_assert_eq(ab_convert_memory(&g->dl_tensor, CUDA(0), &o, &r[0]), AB_OK, "device copy: %s", ab_last_error());
   cr_assert_eq(ab_convert_memory(&p->dl_tensor, CUDA(0), &o, &r[1]), AB_OK, "pinned upload: %s", ab_last_error());
@@ -359,6 +365,7 @@ Test(cuda, an_early_return_leaves_the_work_queued_on_the_callers_stream) {
   cr_assert(memcmp(down->dl_tensor.data, x, sizeof x) == 0);
   down->deleter(down);
   for (int i = 0; i < 3; i++) r[i]->deleter(r[i]);
+  fresh->deleter(fresh);
   p->deleter(p);
   g->deleter(g);
   cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);

@@ -1416,6 +1416,10 @@ Test(opencl, an_early_return_leaves_the_work_queued_on_the_callers_queue) {
   cr_assert_eq(e, CL_SUCCESS);
   struct gate g;
   gate_close(&g, ours, q, 20000);
+  /* Queued behind the gate: the source is overwritten. Work that went on
+   * any queue but the caller's would run first and see the old bytes. */
+  const cl_uchar fill = 0x5a;
+  cr_assert_eq(clEnqueueFillBuffer(q, (cl_mem)a->dl_tensor.data, &fill, 1, 0, sizeof v, 0, NULL, NULL), CL_SUCCESS);
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = AB_COPY_ALWAYS;
   o.flags = AB_CONVERT_ASYNC;
@@ -1441,12 +1445,17 @@ Test(opencl, an_early_return_leaves_the_work_queued_on_the_callers_queue) {
   DLManagedTensorVersioned *back[3] = {convert_ok(&copy->dl_tensor, CPU0, AB_COPY_IF_NEEDED),
                                        convert_ok(&gathered->dl_tensor, CPU0, AB_COPY_IF_NEEDED),
                                        convert_ok(&widened->dl_tensor, CPU0, AB_COPY_IF_NEEDED)};
-  cr_assert_eq(memcmp(back[0]->dl_tensor.data, v, sizeof v), 0, "the queued copy is wrong");
+  for (int i = 0; i < 96; i++) {
+    cr_assert_eq(((uint8_t *)back[0]->dl_tensor.data)[i], fill, "the queued copy ran before the fill (%d)", i);
+    cr_assert_eq(((float *)back[2]->dl_tensor.data)[i], fill * 0.5f - 3.0f, "the queued conversion is wrong at %d", i);
+  }
   for (int i = 0; i < 48; i++)
-    cr_assert_eq(((uint8_t *)back[1]->dl_tensor.data)[i], v[2 * i], "the queued gather is wrong at %d", i);
-  for (int i = 0; i < 96; i++)
-    cr_assert_eq(((float *)back[2]->dl_tensor.data)[i], (float)v[i] * 0.5f - 3.0f, "the queued conversion is wrong at %d", i);
+    cr_assert_eq(((uint8_t *)back[1]->dl_tensor.data)[i], fill, "the queued gather ran before the fill (%d)", i);
   for (int i = 0; i < 3; i++) back[i]->deleter(back[i]);
+  DLManagedTensorVersioned *restored = convert_ok(&h, CL(0), AB_COPY_ALWAYS);
+  a->deleter(a);
+  a = restored;
+  every_other.data = a->dl_tensor.data;
 
   /* A route through host memory completes before the call returns, flag
    * or not: with the gate shut it can return only once the watchdog has
@@ -1455,14 +1464,48 @@ Test(opencl, an_early_return_leaves_the_work_queued_on_the_callers_queue) {
   DLManagedTensorVersioned *down = convert_ok_opts(&copy->dl_tensor, CPU0, &o);
   cr_assert(atomic_load(&g.by_watchdog), "the download returned before its queue ran");
   gate_open(&g);
-  cr_assert_eq(memcmp(down->dl_tensor.data, v, sizeof v), 0, "the download is wrong");
+  for (int i = 0; i < 96; i++) cr_assert_eq(((uint8_t *)down->dl_tensor.data)[i], fill, "the download is wrong");
   down->deleter(down);
 
-  /* Without a stream the work goes on the library's queue, which
-   * ab_synchronize(dev, NULL) waits for. */
+  /* So does a route of more than one step (the upload of a host source,
+   * then the conversion on the device): its upload buffer is freed before
+   * the call returns. */
+  convert_place("device");
+  widen.stream = q;
+  gate_close(&g, ours, q, 200);
+  DLManagedTensorVersioned *uc = convert_ok_opts(&h, CL(0), &widen);
+  cr_assert(atomic_load(&g.by_watchdog), "the upload-and-convert route returned before its queue ran");
+  gate_open(&g);
+  convert_place("auto");
+  DLManagedTensorVersioned *two_back = convert_ok(&uc->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  for (int i = 0; i < 96; i++)
+    cr_assert_eq(((float *)two_back->dl_tensor.data)[i], (float)v[i] * 0.5f - 3.0f, "upload and convert: %d", i);
+  two_back->deleter(two_back);
+  uc->deleter(uc);
+
+  /* An out-of-order queue orders nothing: it is finished first and not
+   * used, so the call waits for it, flag or not. */
+  cl_command_queue_properties can = 0;
+  cr_assert_eq(clGetDeviceInfo(dev, CL_DEVICE_QUEUE_PROPERTIES, sizeof can, &can, NULL), CL_SUCCESS);
+  if (can & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) {
+    cl_command_queue ooo = clCreateCommandQueue(ours, dev, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    o.stream = ooo;
+    gate_close(&g, ours, ooo, 200);
+    DLManagedTensorVersioned *oc = convert_ok_opts(&a->dl_tensor, CL(0), &o);
+    cr_assert(atomic_load(&g.by_watchdog), "work was left on an out-of-order queue");
+    gate_open(&g);
+    DLManagedTensorVersioned *oc_back = convert_ok(&oc->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+    cr_assert_eq(memcmp(oc_back->dl_tensor.data, v, sizeof v), 0);
+    oc_back->deleter(oc_back);
+    oc->deleter(oc);
+    clReleaseCommandQueue(ooo);
+  }
+
+  /* Without a stream nothing is left queued: the library's queue is
+   * shared, and another device's queue would not wait for it. */
   o.stream = NULL;
   DLManagedTensorVersioned *own = convert_ok_opts(&every_other, CL(0), &o);
-  cr_assert_eq(ab_synchronize(CL(0), NULL), AB_OK, "%s", ab_last_error());
   DLManagedTensorVersioned *own_back = convert_ok(&own->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
   for (int i = 0; i < 48; i++) cr_assert_eq(((uint8_t *)own_back->dl_tensor.data)[i], v[2 * i], "%d", i);
   own_back->deleter(own_back);

@@ -292,6 +292,9 @@ Test(staging, a_queued_transfer_that_fails_drains_the_stream) {
   cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, true), AB_ERR_BACKEND);
   cr_assert_not_null(strstr(ab_last_error(), "injected transfer failure"), "%s", ab_last_error());
   cr_assert_eq(stream_syncs, 1, "a failed queued transfer waits for the stream before the caller frees buffers");
+  async_calls = 0; /* the read fails the same way */
+  cr_assert_eq(ab__staged_read(&sim, 0, dev, 0, src, n, NULL, true), AB_ERR_BACKEND);
+  cr_assert_eq(stream_syncs, 2, "a failed queued read waits for the stream too");
   assert_ring_closed();
   free(src);
   free(dev);

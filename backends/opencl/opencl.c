@@ -299,7 +299,13 @@ static ab_status use_stream(int32_t id, cl_context ctx, void *stream, cl_command
   if (e != CL_SUCCESS)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opencl:%" PRId32 ": opts->stream is not a cl_command_queue (%s)", id,
                    cl_err_name(e));
-  if (sctx == ctx) {
+  /* An out-of-order queue would not order our work after the caller's
+   * (nor the caller's next work after ours): finished first, not used,
+   * like a queue of another context. */
+  cl_command_queue_properties props = 0;
+  e = clGetCommandQueueInfo(s, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+  if (e != CL_SUCCESS) return fail_cl(e, id, "clGetCommandQueueInfo(CL_QUEUE_PROPERTIES)");
+  if (sctx == ctx && !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
     *q = s;
     return AB_OK;
   }
@@ -577,11 +583,16 @@ static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem 
 }
 
 /* Completes work just queued on `q`, or with an early return (see
- * ab_backend) only starts it, when `q` is the queue the caller will wait
- * for: its stream, or ours when it gave none. */
+ * ab_backend) only starts it, when `q` is the caller's own queue. Not on
+ * the library's queue when the caller gave none: the next call's work on
+ * another device's queue would not be ordered after it. If the start
+ * fails the work is waited for all the same: the caller is about to give
+ * the buffers back. */
 static cl_int done_or_started(cl_command_queue q, void *stream, bool async) {
-  if (async && (stream == NULL || q == (cl_command_queue)stream)) return clFlush(q);
-  return clFinish(q);
+  if (!async || stream == NULL || q != (cl_command_queue)stream) return clFinish(q);
+  cl_int e = clFlush(q);
+  if (e != CL_SUCCESS) clFinish(q);
+  return e;
 }
 
 static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q, void *stream, bool async) {
@@ -928,16 +939,13 @@ static ab_status pinned_info(int32_t id, struct ab_device_info *out) {
   return AB_OK;
 }
 
-/* The queue the ring's fences go on: the caller's stream when it belongs
- * to our context (the ring's transfers are then queued on it too), else
- * our queue. */
+/* The queue the ring's fences go on: the caller's stream when use_stream
+ * takes it (our context, in order; the ring's transfers are then queued on
+ * it too), else our queue. */
 static ab_status fence_queue(int32_t id, void *stream, cl_command_queue *q) {
-  cl_context ctx, sctx = NULL;
+  cl_context ctx;
   AB_FORWARD(get_queue(id, &ctx, q));
-  if (stream != NULL && clGetCommandQueueInfo((cl_command_queue)stream, CL_QUEUE_CONTEXT, sizeof sctx, &sctx, NULL) ==
-                            CL_SUCCESS && sctx == ctx)
-    *q = (cl_command_queue)stream;
-  return AB_OK;
+  return stream != NULL ? use_stream(id, ctx, stream, q) : AB_OK;
 }
 
 /* A ring transfer: non-blocking when it goes on the queue the fences go

@@ -231,24 +231,26 @@ enum {
   /** Return early: where the whole move is one operation queued on the
    * stream (see ab_convert_opts.stream), the call returns once it is
    * queued, not when the data has arrived. That is so for a copy or a
-   * device conversion between devices of one backend (CUDA: within a GPU
-   * or to a peer; OpenCL: within one context, on the caller's queue of
-   * that context or the library's), and for a compact transfer between a
+   * device conversion within one CUDA GPU, a peer copy on a stream of the
+   * target GPU, a copy, gather or conversion within one OpenCL device on
+   * an in-order queue the caller gave, and a compact transfer between a
    * CUDA GPU and page-locked or managed memory (a kDLCUDAHost or
    * kDLCUDAManaged tensor, a result there, or host memory registered with
    * CUDA). Every other route completes before the call returns, as
-   * without the flag.
+   * without the flag (docs/guide.md, "Returning early", has the table).
    *
    * After an early return, until the work queued on the stream has
    * completed (ab_synchronize(dev, opts.stream), where dev is the device
-   * the stream belongs to, or later work on the same stream):
+   * the stream belongs to):
    *  - the result may be read only by work queued after it on that stream;
    *  - the source must stay alive and must not be written;
-   *  - the result's deleter must not run (its memory goes back to the
-   *    library's pool and may be handed out at once).
-   * A failure is reported by the call, after the stream has been waited
-   * for; an error of the queued work itself shows up in the stream (CUDA:
-   * the next call that synchronises it; OpenCL: the queue's events). */
+   *  - the result's deleter must not run, even if only later work on the
+   *    stream reads the result (its memory goes back to the library's
+   *    pool and may be handed out at once).
+   * A failure is reported by the call, after the work already queued has
+   * been waited for; an error of the queued work itself shows up in the
+   * stream (CUDA: the next call that synchronises it; OpenCL: the queue's
+   * events). */
   AB_CONVERT_ASYNC = 1u << 4
 };
 /** Every AB_CONVERT_* bit this version knows. */
@@ -280,8 +282,8 @@ typedef struct ab_convert_opts {
    * backend, or to the source's when the target is cpu, and is given only
    * to that backend's steps; ignored by the host backend. The call returns
    * when the data has arrived either way, unless AB_CONVERT_ASYNC says
-   * otherwise; an OpenCL queue of another context than a buffer's is
-   * finished first and not used (docs/guide.md). */
+   * otherwise; an OpenCL queue of another context than a buffer's, or an
+   * out-of-order one, is finished first and not used (docs/guide.md). */
   void *stream;
 
   /* ---- since 0.2: read only when size covers them ---- */
