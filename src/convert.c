@@ -633,9 +633,14 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
 }
 
 ab_status ab_explain_route(const DLTensor *src, DLDevice target, char *buf, size_t len) {
+  return ab_explain_convert(src, target, NULL, buf, len);
+}
+
+ab_status ab_explain_convert(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, char *buf,
+                             size_t len) {
   struct prepared p;
   if (buf == NULL && len > 0) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "buf is NULL but len is %zu", len);
-  AB_FORWARD(prepare(src, target, NULL, &p));
+  AB_FORWARD(prepare(src, target, opts, &p));
   struct text t = {buf, len, 0};
   put_dev(&t, p.sdev);
   put(&t, " -> ");

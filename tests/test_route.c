@@ -3,6 +3,7 @@
  * Devices here need not exist: the planner never asks a backend. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -314,6 +315,46 @@ Test(explain, names_devices_bytes_and_each_step) {
   cr_assert_not_null(strstr(buf, "2 steps"), "%s", buf);
   cr_assert_not_null(strstr(buf, "1. pack on the host"), "%s", buf);
   cr_assert_not_null(strstr(buf, "2. upload cpu:0 -> opencl:0, 4096 bytes\n"), "%s", buf);
+}
+
+Test(explain, says_where_a_conversion_runs) {
+  static uint8_t img[4 * 5 * 3];
+  int64_t shape[3] = {4, 5, 3};
+  DLTensor t = {img, CPU0, 3, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  int32_t chw[3] = {2, 0, 1};
+  static const double scale[3] = {1 / 58.0, 1 / 57.0, 1 / 57.5};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 32, 1);
+  o.permute = chw;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 2;
+  o.channel_scale = scale;
+  char buf[1024];
+  cr_assert_eq(ab_explain_convert(&t, CPU0, &o, buf, sizeof buf), AB_OK, "%s", ab_last_error());
+  cr_assert_not_null(strstr(buf, "1. convert on the host: uint8 -> float32, scaled per channel into compact cpu:0"),
+                     "%s", buf);
+  /* the options are checked as ab_convert_memory checks them */
+  o.channel_axis = 3;
+  cr_assert_eq(ab_explain_convert(&t, CPU0, &o, buf, sizeof buf), AB_ERR_INVALID_ARGUMENT);
+  o.channel_axis = 2;
+  if (ab_device_count(kDLOpenCL) == 0) cr_skip_test("the device plans need an OpenCL device");
+  const DLDevice cl = {kDLOpenCL, 0};
+  setenv("AB_CONVERT_PLACE", "device", 1);
+  ab__convert_reload_env();
+  ab_status st = ab_explain_convert(&t, cl, &o, buf, sizeof buf);
+  unsetenv("AB_CONVERT_PLACE");
+  ab__convert_reload_env();
+  cr_assert_eq(st, AB_OK, "%s", ab_last_error());
+  cr_assert_not_null(strstr(buf, "2 steps"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "1. upload cpu:0 -> opencl:0, 60 bytes as they are, for the conversion there"), "%s",
+                     buf);
+  cr_assert_not_null(strstr(buf, "2. convert on opencl:0: uint8 -> float32"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "(60 bytes crossed the link instead of 240)"), "%s", buf);
+  /* ab_explain_route is the same with no options */
+  char plain[1024], none[1024];
+  cr_assert_eq(ab_explain_route(&t, cl, plain, sizeof plain), AB_OK);
+  cr_assert_eq(ab_explain_convert(&t, cl, NULL, none, sizeof none), AB_OK);
+  cr_assert_str_eq(plain, none);
 }
 
 Test(explain, cuts_like_snprintf_and_fails_like_convert) {

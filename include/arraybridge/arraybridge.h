@@ -373,6 +373,18 @@ AB_API ab_status ab_peer_access(DLDevice from, DLDevice to, int *can);
  * not written. */
 AB_API ab_status ab_explain_route(const DLTensor *src, DLDevice target, char *buf, size_t len);
 
+/** ab_explain_route for ab_convert_memory(src, target, opts, ...): with a
+ * dtype, an affine map or a permutation in `opts` (NULL: the defaults), it
+ * also says where the conversion runs (on the host, or on which device,
+ * and how many bytes that saves on the link), as AB_CONVERT_PLACE and the
+ * devices' kernels decide. Asking a device whether it can convert may
+ * build its kernels once; no tensor memory is allocated and no byte of src
+ * is read. Same buffer rules and errors as ab_explain_route, plus
+ * AB_ERR_INVALID_ARGUMENT / AB_ERR_UNSUPPORTED for options
+ * ab_convert_memory would refuse. */
+AB_API ab_status ab_explain_convert(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, char *buf,
+                                    size_t len);
+
 /** Allocates an owned, compact row-major tensor of `shape` (ndim entries;
  * may be NULL when ndim == 0) and `dtype` on `dev` (device_id may be
  * AB_DEVICE_AUTO). The contents are

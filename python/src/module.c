@@ -795,16 +795,20 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
   return device_string(ab_best_device());
 }
 
-static PyObject *py_explain_route(PyObject *mod, PyObject *args) {
-  PyObject *x, *target_o;
+static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"x", "target", "dtype", NULL};
+  PyObject *x, *target_o, *dtype_o = Py_None;
   (void)mod;
-  if (!PyArg_ParseTuple(args, "OO:explain_route", &x, &target_o)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$O:explain_route", kwlist, &x, &target_o, &dtype_o)) return NULL;
   DLDevice target;
   if (device_from_object(target_o, &target) < 0) return NULL;
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
   PyObject *t = import_and_convert(x, NULL, -1, NULL); /* a zero-copy import */
   if (t == NULL) return NULL;
   char buf[2048];
-  ab_status st = ab_explain_route(&((TensorObject *)t)->mt->dl_tensor, target, buf, sizeof buf);
+  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as convert_memory asks */
+  ab_status st = ab_explain_convert(&((TensorObject *)t)->mt->dl_tensor, target, &o, buf, sizeof buf);
   Py_DECREF(t);
   if (st != AB_OK) return raise_status(st);
   return PyUnicode_FromString(buf);
@@ -831,8 +835,9 @@ static PyMethodDef module_methods[] = {
   {"best_device", py_best_device, METH_NOARGS,
    "best_device()\n--\n\nThe best device for work: a CUDA GPU, else an OpenCL GPU, else 'cpu:0' "
    "(AB_DEFAULT_DEVICE overrides)."},
-  {"explain_route", py_explain_route, METH_VARARGS,
-   "explain_route(x, target)\n--\n\nHow convert_memory would move x to target, step by step."},
+  {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_VARARGS | METH_KEYWORDS,
+   "explain_route(x, target, *, dtype=None)\n--\n\nHow convert_memory(x, target, dtype=dtype) would move x, "
+   "step by step, and where a dtype change would run."},
   {NULL, NULL, 0, NULL},
 };
 

@@ -373,6 +373,16 @@ def test_explain_route_describes_the_plan():
     assert "upload" in text
 
 
+def test_explain_route_says_where_a_dtype_change_runs():
+    a = np.arange(12, dtype=np.uint8)
+    text = ab.explain_route(a, "cpu", dtype="float32")
+    assert "convert on the host: uint8 -> float32" in text
+    assert "view" not in text
+    assert "view" in ab.explain_route(a, "cpu")
+    with pytest.raises(ValueError):
+        ab.explain_route(a, "cpu", dtype="no-such-dtype")
+
+
 def test_dl_device_and_stream_are_checked_against_the_target():
     t = ab.from_dlpack(np.arange(4.0))
     with pytest.raises(ValueError, match="concrete device"):
