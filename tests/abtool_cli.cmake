@@ -19,6 +19,8 @@ expect(0 "cpu: 1 device" info)
 expect(0 "\"type\": \"cpu\", \"count\": 1" info --json)
 expect(0 "from row to column" bandwidth --sizes 4K --reps 1 --devices cpu)
 expect(0 "usage: abtool convert" convert --help)
+expect(0 "1. convert on the host: uint8 -> float32, scaled" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32
+       --scale 2 --explain --out "${WORK}/explained.npy")
 expect(2 "unknown command" frobnicate)
 expect(2 "required" convert "${DATA}/u8_2x3x4.npy")
 expect(2 "unknown device type" convert "${DATA}/u8_2x3x4.npy" --to gpu --out "${WORK}/x.npy")

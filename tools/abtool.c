@@ -4,7 +4,7 @@
  *   abtool info [--json]
  *   abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]
  *   abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1]
- *                  [--scale S] [--offset O] --out OUT.npy
+ *                  [--scale S] [--offset O] [--explain] --out OUT.npy
  *
  * Exit codes: 0 success; 1 the library failed (its message is printed);
  * 2 bad command line; 3 a bad input file. */
@@ -38,7 +38,8 @@ static void usage(FILE *f) {
           "  bandwidth [--sizes LIST] [--devices LIST] [--reps N]\n"
           "                           GB/s and latency of ab_convert_memory for every ordered pair of\n"
           "                           devices, beside memcpy (LIST: comma-separated; sizes like 4K,1M,64M)\n"
-          "  convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] --out OUT.npy\n"
+          "  convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] [--explain]\n"
+          "          --out OUT.npy\n"
           "                           moves a NumPy file through DEVICE (converting on the way) and back\n"
           "  help                     this text; `abtool COMMAND --help` for one command\n"
           "\n"
@@ -347,13 +348,15 @@ static uint8_t *read_file(const char *path, size_t *len) {
 static int cmd_convert(int argc, char **argv) {
   const char *in = NULL, *to = NULL, *outp = NULL, *dtype_s = NULL, *perm_s = NULL;
   double scale = 1, offset = 0;
-  int affine = 0;
+  int affine = 0, explain = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0) {
       printf("usage: abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] "
-             "--out OUT.npy\n"
+             "[--explain] --out OUT.npy\n"
              "Reads IN.npy, moves it to DEVICE with ab_convert_memory (casting to T, permuting the axes, and\n"
-             "applying y = x * S + O on the way), brings it back to the host and writes OUT.npy.\n");
+             "applying y = x * S + O on the way), brings it back to the host and writes OUT.npy.\n"
+             "--explain first prints the plan of the move (ab_explain_convert): its steps, and where the\n"
+             "conversion runs.\n");
       return 0;
     } else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc) to = argv[++i];
     else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outp = argv[++i];
@@ -361,6 +364,7 @@ static int cmd_convert(int argc, char **argv) {
     else if (strcmp(argv[i], "--permute") == 0 && i + 1 < argc) perm_s = argv[++i];
     else if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc) scale = atof(argv[++i]), affine = 1;
     else if (strcmp(argv[i], "--offset") == 0 && i + 1 < argc) offset = atof(argv[++i]), affine = 1;
+    else if (strcmp(argv[i], "--explain") == 0) explain = 1;
     else if (argv[i][0] != '-' && in == NULL) in = argv[i];
     else {
       fprintf(stderr, "abtool convert: unexpected argument %s (see abtool convert --help)\n", argv[i]);
@@ -419,6 +423,14 @@ static int cmd_convert(int argc, char **argv) {
   }
   DLTensor src = {(void *)a.data, {kDLCPU, 0}, a.ndim, a.dtype, a.shape, a.strides, 0};
   DLManagedTensorVersioned *there, *back;
+  if (explain) {
+    char plan[2048];
+    if (ab_explain_convert(&src, dev, &o, plan, sizeof plan) != AB_OK) {
+      free(buf);
+      return lib_fail(to);
+    }
+    fputs(plan, stdout);
+  }
   if (ab_convert_memory(&src, dev, &o, &there) != AB_OK) {
     free(buf);
     return lib_fail(to);
