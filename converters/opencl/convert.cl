@@ -82,20 +82,26 @@ ushort ab_bf16_rne(float y) {
     STORE(dst, dst_off + gid, y);                                                               \
   }
 
-/* One kernel per source kind and result type: ab_to_<result>_<source>. */
-#define AB_DEFINE_FLOAT32_MATH_INTO(RSUFFIX, TD, STORE)                                          \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_u8, uchar, AB_LOAD_U8, TD, STORE)                     \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_i8, char, AB_LOAD_I8, TD, STORE)                      \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_u16, ushort, AB_LOAD_U16, TD, STORE)                  \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_i16, short, AB_LOAD_I16, TD, STORE)                   \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_bool, uchar, AB_LOAD_BOOL, TD, STORE)                 \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_f16, ushort, AB_LOAD_F16, TD, STORE)                  \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_bf16, ushort, AB_LOAD_BF16, TD, STORE)                \
-  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_f32, float, AB_LOAD_F32, TD, STORE)
+/* Every source kind: its name in kernel names, element type and load;
+ * M is called with three more arguments of the caller's. The order is the
+ * backend's (convert_kernel in backends/opencl/opencl.c). */
+#define AB_FOR_EACH_SOURCE(M, A, B, C)  \
+  M(u8, uchar, AB_LOAD_U8, A, B, C)     \
+  M(i8, char, AB_LOAD_I8, A, B, C)      \
+  M(u16, ushort, AB_LOAD_U16, A, B, C)  \
+  M(i16, short, AB_LOAD_I16, A, B, C)   \
+  M(bool, uchar, AB_LOAD_BOOL, A, B, C) \
+  M(f16, ushort, AB_LOAD_F16, A, B, C)  \
+  M(bf16, ushort, AB_LOAD_BF16, A, B, C) \
+  M(f32, float, AB_LOAD_F32, A, B, C)
 
-AB_DEFINE_FLOAT32_MATH_INTO(f32, float, AB_STORE_F32)
-AB_DEFINE_FLOAT32_MATH_INTO(f16, ushort, AB_STORE_F16)
-AB_DEFINE_FLOAT32_MATH_INTO(bf16, ushort, AB_STORE_BF16)
+/* One kernel per source kind and result type: ab_to_<result>_<source>. */
+#define AB_FLOAT32_MATH_FROM(SUFFIX, TS, LOAD, RSUFFIX, TD, STORE) \
+  AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_##SUFFIX, TS, LOAD, TD, STORE)
+
+AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, f32, float, AB_STORE_F32)
+AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, f16, ushort, AB_STORE_F16)
+AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, bf16, ushort, AB_STORE_BF16)
 
 /* The way back: every source kind above into uint8, int8, uint16 and
  * int16, narrowing on the device before the download (a float32 frame to
@@ -126,18 +132,12 @@ AB_DEFINE_FLOAT32_MATH_INTO(bf16, ushort, AB_STORE_BF16)
     dst[dst_off + gid] = CONV(y);                                                                \
   }
 
-#define AB_DEFINE_NARROW_FROM(SUFFIX, TS, LOAD)                                                   \
+/* ab_<source>_to_<result> for the four integer results. */
+#define AB_NARROW_FROM(SUFFIX, TS, LOAD, A, B, C)                                                 \
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_u8, TS, LOAD, uchar, convert_uchar_sat_rte)                   \
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_i8, TS, LOAD, char, convert_char_sat_rte)                     \
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_u16, TS, LOAD, ushort, convert_ushort_sat_rte)                \
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_i16, TS, LOAD, short, convert_short_sat_rte)
 
-AB_DEFINE_NARROW_FROM(u8, uchar, AB_LOAD_U8)
-AB_DEFINE_NARROW_FROM(i8, char, AB_LOAD_I8)
-AB_DEFINE_NARROW_FROM(u16, ushort, AB_LOAD_U16)
-AB_DEFINE_NARROW_FROM(i16, short, AB_LOAD_I16)
-AB_DEFINE_NARROW_FROM(bool, uchar, AB_LOAD_BOOL)
-AB_DEFINE_NARROW_FROM(f16, ushort, AB_LOAD_F16)
-AB_DEFINE_NARROW_FROM(bf16, ushort, AB_LOAD_BF16)
-AB_DEFINE_NARROW_FROM(f32, float, AB_LOAD_F32)
+AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
 #endif
