@@ -27,6 +27,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,14 +226,20 @@ static size_t compact_bytes(const DLTensor *t, bool *compact) {
   return bytes;
 }
 
-/* Whether cudaMemcpy2DAsync takes these pitches on the current device:
- * not past cudaDevAttrMaxPitch (about 2 GiB; a crop along the leading axis
- * of a huge tensor goes past it). */
-static bool pitches_fit(size_t a, size_t b) {
-  int dev, max = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&max, cudaDevAttrMaxPitch, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true; /* let the copy say */
+/* Whether cudaMemcpy2DAsync takes these pitches on device `id`: not past
+ * cudaDevAttrMaxPitch (about 2 GiB; a crop along the leading axis of a
+ * huge tensor goes past it). The limit is asked once per device: rectangle
+ * copies are on the small-tensor path. */
+static _Atomic int max_pitch[MAX_PEERS]; /* 0: not asked yet */
+
+static bool pitches_fit(int32_t id, size_t a, size_t b) {
+  int max = id < MAX_PEERS ? atomic_load_explicit(&max_pitch[id], memory_order_relaxed) : 0;
+  if (max == 0) {
+    if (cudaDeviceGetAttribute(&max, cudaDevAttrMaxPitch, id) != cudaSuccess || max <= 0) {
+      (void)cudaGetLastError();
+      return true; /* let the copy say */
+    }
+    if (id < MAX_PEERS) atomic_store_explicit(&max_pitch[id], max, memory_order_relaxed);
   }
   return a <= (size_t)max && b <= (size_t)max;
 }
@@ -241,10 +248,10 @@ static bool pitches_fit(size_t a, size_t b) {
  * cudaMemcpy2DAsync per slice; with a pitch past the GPU's limit (which
  * it refuses with cudaErrorInvalidPitchValue, a non-sticky error) one
  * cudaMemcpyAsync per row instead, which has no pitch to limit. */
-static cudaError_t copy_rect(char *dst, size_t dpitch, size_t dslice, const char *src, size_t spitch, size_t sslice,
-                             const size_t region[3], enum cudaMemcpyKind kind, void *stream) {
+static cudaError_t copy_rect(int32_t id, char *dst, size_t dpitch, size_t dslice, const char *src, size_t spitch,
+                             size_t sslice, const size_t region[3], enum cudaMemcpyKind kind, void *stream) {
   cudaError_t e = cudaSuccess;
-  bool by_rows = !pitches_fit(dpitch, spitch);
+  bool by_rows = !pitches_fit(id, dpitch, spitch);
   for (size_t z = 0; z < region[2] && e == cudaSuccess; z++) {
     char *d = dst + z * dslice;
     const char *s = src + z * sslice;
@@ -333,7 +340,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
     if (ab__rect_of(from, es, &r)) {
       what = "cudaMemcpy2DAsync (device to device)";
-      e = copy_rect(dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
+      e = copy_rect(did, dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
                     cudaMemcpyDeviceToDevice, stream);
     } else {
       what = "the gather kernel";
@@ -432,7 +439,7 @@ static ab_status cuda_read_rect(int32_t id, const void *handle, uint64_t offset,
                                 size_t row_pitch, size_t slice_pitch, void *dst, void *stream) {
   int prev;
   AB_FORWARD(enter(id, &prev));
-  cudaError_t e = copy_rect(dst, region[0], region[0] * region[1], (const char *)handle + offset, row_pitch,
+  cudaError_t e = copy_rect(id, dst, region[0], region[0] * region[1], (const char *)handle + offset, row_pitch,
                             slice_pitch, region, cudaMemcpyDefault, stream);
   ab_status st = finish(e, id, "cudaMemcpy2DAsync (device to host)", stream);
   leave(id, prev);
@@ -443,8 +450,8 @@ static ab_status cuda_write_rect(int32_t id, void *handle, uint64_t offset, cons
                                  size_t slice_pitch, const void *src, void *stream) {
   int prev;
   AB_FORWARD(enter(id, &prev));
-  cudaError_t e = copy_rect((char *)handle + offset, region[0], region[0] * region[1], src, row_pitch, slice_pitch,
-                            region, cudaMemcpyDefault, stream);
+  cudaError_t e = copy_rect(id, (char *)handle + offset, region[0], region[0] * region[1], src, row_pitch,
+                            slice_pitch, region, cudaMemcpyDefault, stream);
   ab_status st = finish(e, id, "cudaMemcpy2DAsync (host to device)", stream);
   leave(id, prev);
   return st;
