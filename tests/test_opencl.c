@@ -846,8 +846,8 @@ static DLManagedTensorVersioned *convert_ok_opts(const DLTensor *src, DLDevice t
 static void edge_fill(void *p, size_t n, DLDataType d, test_rng *rng) {
   const size_t es = d.bits / 8u;
   fill_pattern(p, n * es, (uint32_t)rng_next(rng));
-  if (d.code == kDLBool)
-    for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = (uint8_t)(rng_next(rng) % 3 == 0 ? 0 : 1);
+  if (d.code == kDLBool) /* any nonzero byte is true: 1, 2, 0x80, 0xff... */
+    for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = (uint8_t)(rng_next(rng) % 3 == 0 ? 0 : 1 + rng_next(rng) % 255);
   if (d.code == kDLFloat && d.bits == 32) {
     static const uint32_t edge[] = {0x7fc00000u, 0xff800000u, 0x7f800000u, 0x80000000u, 0, 1, 0x807fffffu,
                                     0x7f7fffffu, 0x00800000u, 0x3f800000u};
@@ -1145,7 +1145,7 @@ static void narrow_fill(void *p, int64_t n, DLDataType d, test_rng *rng) {
                                   -129.5f, 32767.5f, 65535.5f, 70000.0f, -40000.0f, 1e30f, -1e30f, 0.0f, -0.0f,
                                   __builtin_nanf(""), __builtin_inff(), -__builtin_inff(), 1e-40f};
   const int ns = sizeof special / sizeof special[0];
-  if (d.code == kDLUInt || d.code == kDLInt || d.code == kDLBool) { /* every bit pattern of the integers */
+  if (d.code == kDLUInt || d.code == kDLInt || d.code == kDLBool) { /* random integers and their extremes */
     edge_fill(p, (size_t)n, d, rng);
     return;
   }
