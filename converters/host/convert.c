@@ -5,35 +5,9 @@
 
 #include "arraybridge/arraybridge.h"
 #include "convert.h"
+#include "rounding.h"
 
 /* ---- float16 and bfloat16 ------------------------------------------------ */
-
-/* (v >> shift) rounded to nearest, ties to even; shift in 1..63. */
-static uint64_t rne_shift(uint64_t v, int shift) {
-  uint64_t q = v >> shift, rem = v & ((1ull << shift) - 1), half = 1ull << (shift - 1);
-  return q + (rem > half || (rem == half && (q & 1)));
-}
-
-/* A double to a narrow binary float with `mbits` mantissa bits, exponent
- * bias `bias` and all-ones exponent field `emax`: one rounding. */
-static uint16_t narrow_from_double(double x, int mbits, int bias, unsigned emax) {
-  uint64_t b;
-  memcpy(&b, &x, sizeof b);
-  const uint16_t sign = (uint16_t)((b >> 63) << 15);
-  const int exp = (int)((b >> 52) & 0x7ff);
-  const uint64_t man = b & ((1ull << 52) - 1);
-  if (exp == 0x7ff) /* inf, or NaN kept quiet with the top of its payload */
-    return (uint16_t)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (unsigned)(man >> (53 - mbits)) : 0));
-  if (exp == 0) return sign; /* zero, or a double subnormal: far below the narrow type's range */
-  const int e = exp - 1023 + bias;
-  if (e >= 1) {
-    uint64_t r = rne_shift(((uint64_t)e << 52) | man, 52 - mbits);
-    return (uint16_t)(sign | (r >= ((uint64_t)emax << mbits) ? (uint64_t)emax << mbits : r));
-  }
-  const int shift = 52 - mbits + 1 - e; /* to the subnormal's unit */
-  if (shift > 63) return sign;
-  return (uint16_t)(sign | rne_shift(man | (1ull << 52), shift));
-}
 
 static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
   const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
@@ -50,48 +24,12 @@ static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
   return (h >> 15) ? -v : v;
 }
 
-uint16_t ab__half_from_double(double x) { return narrow_from_double(x, 10, 15, 31); }
-uint16_t ab__half_from_float(float x) { return narrow_from_double((double)x, 10, 15, 31); }
+uint16_t ab__half_from_double(double x) { return ab__narrow_from_double(x, 10, 15, 31); }
+uint16_t ab__half_from_float(float x) { return ab__narrow_from_double((double)x, 10, 15, 31); }
 double ab__half_to_double(uint16_t h) { return narrow_to_double(h, 10, 15, 31); }
-uint16_t ab__bf16_from_double(double x) { return narrow_from_double(x, 7, 127, 255); }
-uint16_t ab__bf16_from_float(float x) { return narrow_from_double((double)x, 7, 127, 255); }
+uint16_t ab__bf16_from_double(double x) { return ab__narrow_from_double(x, 7, 127, 255); }
+uint16_t ab__bf16_from_float(float x) { return ab__narrow_from_double((double)x, 7, 127, 255); }
 double ab__bf16_to_double(uint16_t h) { return narrow_to_double(h, 7, 127, 255); }
-
-/* ---- rounding and saturation ----------------------------------------------- */
-
-/* Round half to even without libm: adding 2^52 to a magnitude below 2^52
- * lands where the spacing of doubles is exactly 1, so the default rounding
- * mode leaves the nearest integer (ties to even); subtracting it back is
- * exact. Magnitudes of 2^52 and more are integers already. (1.5 * 2^52,
- * the usual constant, is only exact below 2^51.) */
-static double round_even(double v) {
-  const double two52 = 4503599627370496.0;
-  if (!(v < two52 && v > -two52)) return v;
-  if (v >= 0) {
-    double t = v + two52; /* no -ffast-math here: this is not folded away */
-    return t - two52;
-  }
-  double t = v - two52;
-  return t + two52;
-}
-
-static int64_t to_signed(double v, int bits) {
-  if (v != v) return 0;
-  const double lim = (double)(1ull << (bits - 1)); /* 2^(bits-1), exact */
-  v = round_even(v);
-  if (v >= lim) return (int64_t)((1ull << (bits - 1)) - 1);
-  if (v < -lim) return bits == 64 ? INT64_MIN : -(int64_t)(1ull << (bits - 1));
-  return (int64_t)v;
-}
-
-static uint64_t to_unsigned(double v, int bits) {
-  if (v != v) return 0;
-  const double lim = bits == 64 ? 18446744073709551616.0 : (double)(1ull << bits);
-  v = round_even(v);
-  if (v <= 0) return 0;
-  if (v >= lim) return bits == 64 ? UINT64_MAX : (1ull << bits) - 1;
-  return (uint64_t)v;
-}
 
 /* ---- element access ------------------------------------------------------------- */
 
@@ -150,14 +88,14 @@ static double load_d(enum kind k, const char *p) {
 static void store_d(enum kind k, char *p, double v) {
   switch (k) {
   case K_BOOL: *(uint8_t *)p = v != 0; break; /* NaN != 0 */
-  case K_I8: *(int8_t *)p = (int8_t)to_signed(v, 8); break;
-  case K_I16: wr_i16(p, (int16_t)to_signed(v, 16)); break;
-  case K_I32: wr_i32(p, (int32_t)to_signed(v, 32)); break;
-  case K_I64: wr_i64(p, to_signed(v, 64)); break;
-  case K_U8: *(uint8_t *)p = (uint8_t)to_unsigned(v, 8); break;
-  case K_U16: wr_u16(p, (uint16_t)to_unsigned(v, 16)); break;
-  case K_U32: wr_u32(p, (uint32_t)to_unsigned(v, 32)); break;
-  case K_U64: wr_u64(p, to_unsigned(v, 64)); break;
+  case K_I8: *(int8_t *)p = (int8_t)ab__to_signed(v, 8); break;
+  case K_I16: wr_i16(p, (int16_t)ab__to_signed(v, 16)); break;
+  case K_I32: wr_i32(p, (int32_t)ab__to_signed(v, 32)); break;
+  case K_I64: wr_i64(p, ab__to_signed(v, 64)); break;
+  case K_U8: *(uint8_t *)p = (uint8_t)ab__to_unsigned(v, 8); break;
+  case K_U16: wr_u16(p, (uint16_t)ab__to_unsigned(v, 16)); break;
+  case K_U32: wr_u32(p, (uint32_t)ab__to_unsigned(v, 32)); break;
+  case K_U64: wr_u64(p, ab__to_unsigned(v, 64)); break;
   case K_F16: wr_u16(p, ab__half_from_double(v)); break;
   case K_BF16: wr_u16(p, ab__bf16_from_double(v)); break;
   case K_F32: wr_f32(p, (float)v); break;
@@ -219,14 +157,12 @@ static void store_i(enum kind k, char *p, __int128 v) {
 
 /* ---- which arithmetic ------------------------------------------------------------ */
 
-enum path { P_INT, P_FLOAT, P_DOUBLE, P_COMPLEX };
-
-static enum path path_of(enum kind from, enum kind to, bool affine) {
-  if (is_complex(from)) return P_COMPLEX;
-  if (!affine && (is_int(from) || from == K_BOOL) && (is_int(to) || to == K_BOOL)) return P_INT;
+static ab__arith arith_of(enum kind from, enum kind to, bool affine) {
+  if (is_complex(from)) return AB_ARITH_COMPLEX;
+  if (!affine && (is_int(from) || from == K_BOOL) && (is_int(to) || to == K_BOOL)) return AB_ARITH_INT;
   const bool narrow_result = to == K_F32 || to == K_F16 || to == K_BF16;
   const bool wide_source = from == K_F64 || from == K_I32 || from == K_I64 || from == K_U32 || from == K_U64;
-  return narrow_result && !wide_source ? P_FLOAT : P_DOUBLE;
+  return narrow_result && !wide_source ? AB_ARITH_FLOAT32 : AB_ARITH_FLOAT64;
 }
 
 bool ab__cast_supported(DLDataType from, DLDataType to, bool affine) {
@@ -237,11 +173,18 @@ bool ab__cast_supported(DLDataType from, DLDataType to, bool affine) {
   return true;
 }
 
+ab__arith ab__cast_arith(DLDataType from, DLDataType to, bool affine) {
+  if (!ab__cast_supported(from, to, affine)) return AB_ARITH_NONE;
+  const enum kind f = kind_of(from), t = kind_of(to);
+  if (f == K_NONE || t == K_NONE) return AB_ARITH_NONE; /* an identical exotic dtype: a copy, no arithmetic */
+  return arith_of(f, t, affine);
+}
+
 /* ---- the loops ------------------------------------------------------------------------- */
 
 struct row_ctx {
   enum kind from, to;
-  enum path path;
+  ab__arith path;
   size_t out_size;
   bool affine;
 };
@@ -252,10 +195,10 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
                         const double *of, bool per_elem) {
   const size_t os = c->out_size;
   switch (c->path) {
-  case P_INT:
+  case AB_ARITH_INT:
     for (int64_t i = 0; i < n; i++) store_i(c->to, d + (size_t)i * os, load_i(c->from, s + i * ss));
     return;
-  case P_FLOAT:
+  case AB_ARITH_FLOAT32:
     if (!c->affine) {
       for (int64_t i = 0; i < n; i++) store_f(c->to, d + (size_t)i * os, load_f(c->from, s + i * ss));
     } else if (!per_elem) {
@@ -271,7 +214,7 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
       }
     }
     return;
-  case P_DOUBLE:
+  case AB_ARITH_FLOAT64:
     for (int64_t i = 0; i < n; i++) {
       double y = load_d(c->from, s + i * ss);
       if (c->affine) {
@@ -281,7 +224,7 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
       store_d(c->to, d + (size_t)i * os, y);
     }
     return;
-  case P_COMPLEX: {
+  case AB_ARITH_COMPLEX: {
     const enum kind pf = c->from == K_C64 ? K_F32 : K_F64, pt = c->to == K_C64 ? K_F32 : K_F64;
     const size_t ih = c->from == K_C64 ? 4 : 8, oh = os / 2;
     for (int64_t i = 0; i < n; i++)
@@ -289,6 +232,8 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
         store_d(pt, d + (size_t)i * os + (size_t)part * oh, load_d(pf, s + i * ss + (int64_t)((size_t)part * ih)));
     return;
   }
+  case AB_ARITH_NONE: /* not a supported pair: the caller checked */
+    return;
   }
 }
 
@@ -350,7 +295,7 @@ __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t 
  * (C, H, W) after the permutation with C <= 4 and the channel the
  * smallest source stride (HWC -> CHW). One pass over the source, writing
  * the C planes together, instead of C strided passes. Same arithmetic as
- * the general P_FLOAT loop: (float)x * a, then + b. */
+ * the general AB_ARITH_FLOAT32 loop: (float)x * a, then + b. */
 static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const int64_t *shape, const int64_t *st,
                           const ab__cast_op *op, const double *cs, const double *co) {
   if (ndim != 3 || shape[0] > 4 || st[0] != 1 || st[2] != shape[0] || op->to.code != kDLFloat || op->to.bits != 32)
@@ -408,7 +353,7 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
   c.from = kind_of(op->from);
   c.to = kind_of(op->to);
   c.affine = op->affine;
-  c.path = path_of(c.from, c.to, op->affine);
+  c.path = arith_of(c.from, c.to, op->affine);
   c.out_size = (size_t)(op->to.bits / 8u) * op->to.lanes;
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;
@@ -420,7 +365,7 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
     convert_row(&c, dst, src, 1, 0, &ts, &to, false);
     return;
   }
-  if (c.from == K_U8 && c.path == P_FLOAT && (op->channel_dim <= 0 || !op->affine) &&
+  if (c.from == K_U8 && c.path == AB_ARITH_FLOAT32 && (op->channel_dim <= 0 || !op->affine) &&
       u8_planes_f32(dst, src, ndim, shape, byte_strides, op, sc, of))
     return;
   const int32_t inner = ndim - 1;

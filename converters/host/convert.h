@@ -25,6 +25,10 @@
 
 #include "arraybridge/arraybridge.h" /* AB_MAX_NDIM, DLPack */
 
+#ifdef __cplusplus
+extern "C" { /* converters/cuda includes this */
+#endif
+
 typedef struct ab__cast_op {
   DLDataType from, to;
   bool affine;           /* apply scale/offset (per tensor or per channel) */
@@ -51,6 +55,13 @@ typedef struct ab__convert_args {
  * the converters perform. */
 bool ab__cast_supported(DLDataType from, DLDataType to, bool affine);
 
+/* The arithmetic the rules above give a supported conversion: integers
+ * exactly (no affine map, integer or bool both ways), float32, float64, or
+ * complex parts; AB_ARITH_NONE for an unsupported pair. Every converter
+ * (host loop, OpenCL and CUDA kernels) chooses its loop by this. */
+typedef enum ab__arith { AB_ARITH_INT, AB_ARITH_FLOAT32, AB_ARITH_FLOAT64, AB_ARITH_COMPLEX, AB_ARITH_NONE } ab__arith;
+ab__arith ab__cast_arith(DLDataType from, DLDataType to, bool affine);
+
 /* Converts the ndim-dimensional array at `src` (byte strides, any sign)
  * into the compact row-major array `dst` of op->to elements. The caller
  * validated the source, the op (ab__cast_supported) and the sizes. */
@@ -65,5 +76,9 @@ double ab__half_to_double(uint16_t h);
 uint16_t ab__bf16_from_double(double x);
 uint16_t ab__bf16_from_float(float x);
 double ab__bf16_to_double(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

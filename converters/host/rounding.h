@@ -1,0 +1,86 @@
+/* The roundings of converters/host/convert.h written once, as inline
+ * functions that the host converter and the CUDA kernels (converters/cuda,
+ * compiled for the host and for the device) both call: a double to
+ * float16 or bfloat16, and a double to an integer (round half to even,
+ * saturate, NaN -> 0). The OpenCL kernels spell the same steps in OpenCL C
+ * (converters/opencl/convert.cl); the tests hold all three to the host's
+ * bits. */
+#ifndef AB_CONVERTERS_HOST_ROUNDING_H
+#define AB_CONVERTERS_HOST_ROUNDING_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define AB_HD __host__ __device__
+#else
+#define AB_HD
+#endif
+
+/* (v >> shift) rounded to nearest, ties to even; shift in 1..63. */
+static inline AB_HD uint64_t ab__rne_shift(uint64_t v, int shift) {
+  const uint64_t q = v >> shift, rem = v & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+  return q + (rem > half || (rem == half && (q & 1)));
+}
+
+/* A double to a narrow binary float with `mbits` mantissa bits, exponent
+ * bias `bias` and all-ones exponent field `emax`, in one rounding to
+ * nearest even: overflow to infinity, NaN kept quiet with the top of its
+ * payload. float16 is (10, 15, 31), bfloat16 (7, 127, 255). */
+static inline AB_HD uint16_t ab__narrow_from_double(double x, int mbits, int bias, unsigned emax) {
+  uint64_t b;
+  memcpy(&b, &x, sizeof b);
+  const uint16_t sign = (uint16_t)((b >> 63) << 15);
+  const int exp = (int)((b >> 52) & 0x7ff);
+  const uint64_t man = b & ((1ull << 52) - 1);
+  if (exp == 0x7ff)
+    return (uint16_t)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (unsigned)(man >> (53 - mbits)) : 0));
+  if (exp == 0) return sign; /* zero, or a double subnormal: far below the narrow type's range */
+  const int e = exp - 1023 + bias;
+  if (e >= 1) {
+    const uint64_t r = ab__rne_shift(((uint64_t)e << 52) | man, 52 - mbits);
+    return (uint16_t)(sign | (r >= ((uint64_t)emax << mbits) ? (uint64_t)emax << mbits : r));
+  }
+  const int shift = 52 - mbits + 1 - e; /* to the subnormal's unit */
+  if (shift > 63) return sign;
+  return (uint16_t)(sign | ab__rne_shift(man | (1ull << 52), shift));
+}
+
+/* Round half to even without libm: adding 2^52 to a magnitude below 2^52
+ * lands where the spacing of doubles is exactly 1, so the default rounding
+ * mode leaves the nearest integer (ties to even); subtracting it back is
+ * exact. Magnitudes of 2^52 and more are integers already. (1.5 * 2^52,
+ * the usual constant, is only exact below 2^51.) Needs IEEE double
+ * arithmetic as written: no -ffast-math. */
+static inline AB_HD double ab__round_even(double v) {
+  const double two52 = 4503599627370496.0;
+  if (!(v < two52 && v > -two52)) return v;
+  if (v >= 0) {
+    const double t = v + two52;
+    return t - two52;
+  }
+  const double t = v - two52;
+  return t + two52;
+}
+
+/* A double to a signed integer of `bits` (8..64) bits. */
+static inline AB_HD int64_t ab__to_signed(double v, int bits) {
+  if (v != v) return 0;
+  const double lim = (double)(1ull << (bits - 1)); /* 2^(bits-1), exact */
+  v = ab__round_even(v);
+  if (v >= lim) return (int64_t)((1ull << (bits - 1)) - 1);
+  if (v < -lim) return bits == 64 ? INT64_MIN : -(int64_t)(1ull << (bits - 1));
+  return (int64_t)v;
+}
+
+/* A double to an unsigned integer of `bits` (8..64) bits. */
+static inline AB_HD uint64_t ab__to_unsigned(double v, int bits) {
+  if (v != v) return 0;
+  const double lim = bits == 64 ? 18446744073709551616.0 : (double)(1ull << bits);
+  v = ab__round_even(v);
+  if (v <= 0) return 0;
+  if (v >= lim) return bits == 64 ? UINT64_MAX : (1ull << bits) - 1;
+  return (uint64_t)v;
+}
+
+#endif
