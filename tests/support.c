@@ -1,5 +1,7 @@
 #include "support.h"
 
+#include "converters/host/convert.h" /* the 16-bit roundings */
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,4 +125,116 @@ void fill_half_probes(float *v, int64_t n, test_rng *rng) {
 
 int same_16(uint16_t a, uint16_t b, uint16_t inf) {
   return a == b || ((a & 0x7fffu) > inf && (b & 0x7fffu) > inf);
+}
+
+int same_element(DLDataType t, const void *a, const void *b) {
+  const size_t n = t.bits / 8u;
+  if (memcmp(a, b, n) == 0) return 1;
+  if (t.code == kDLFloat && t.bits == 64) {
+    double x, y;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    return x != x && y != y;
+  }
+  if (t.code == kDLFloat && t.bits == 32) {
+    float x, y;
+    memcpy(&x, a, 4);
+    memcpy(&y, b, 4);
+    return x != x && y != y;
+  }
+  if (t.bits == 16 && (t.code == kDLFloat || t.code == kDLBfloat)) {
+    uint16_t x, y;
+    memcpy(&x, a, 2);
+    memcpy(&y, b, 2);
+    return same_16(x, y, t.code == kDLFloat ? 0x7c00 : 0x7f80);
+  }
+  return 0;
+}
+
+void fill_cast_probes(void *v, int64_t n, DLDataType t, test_rng *rng) {
+  static const double fvals[] = {
+    0.5, 1.5, 2.5, -0.5, -1.5, 127.5, -128.5, 255.5, 32767.5, -32768.5, 65535.5, 2147483647.5, 2147483648.0,
+    -2147483648.5, -2147483649.0, 4294967295.5, 4294967296.0, 9223372036854775807.0 /* 2^63 */,
+    -9223372036854775808.0, -9.3e18, 9.2e18, 18446744073709551615.0 /* 2^64 */, 1.8e19, 1.9e19, 16777217.0,
+    9007199254740993.0, 65519.99, 65520.0, 5.9604644775390625e-08, 2.98023223876953125e-08, 1e-40, 1e-310,
+    3.4028235677973366e38, 3.5e38, 1e300, -1e300, 0.0, -0.0, 0.25, -0.75, 3.0, -7.0};
+  const size_t es = t.bits / 8u, nf = sizeof fvals / sizeof fvals[0];
+  fill_pattern(v, (size_t)n * es, (uint32_t)rng_next(rng));
+  for (int64_t i = 0; i < n; i++) {
+    unsigned char *p = (unsigned char *)v + (size_t)i * es;
+    const uint64_t pick = rng_next(rng) % 4;
+    if (t.code == kDLBool) {
+      *p = (uint8_t)(pick == 0 ? 0 : 1 + rng_next(rng) % 255);
+      continue;
+    }
+    if (pick == 3) continue; /* random bits */
+    if (t.code == kDLInt || t.code == kDLUInt) {
+      static const int64_t ivals[] = {0, 1, -1, 16777217, 16777219, 9007199254740993LL, -9007199254740993LL,
+                                      9007199254740995LL, 127, 128, 255, 256, 32767, 65535, 65536, 2147483647,
+                                      2147483648LL, 4294967295LL, 4294967296LL};
+      const unsigned bits = t.bits;
+      const uint64_t top = bits == 64 ? ~0ull : (1ull << bits) - 1;
+      uint64_t x;
+      switch (rng_next(rng) % 6) { /* the type's extremes, or a probe cut to the type's bits */
+      case 0: x = t.code == kDLInt ? top >> 1 : top; break;               /* max */
+      case 1: x = t.code == kDLInt ? ~(top >> 1) : 0; break;              /* min */
+      case 2: x = (t.code == kDLInt ? top >> 1 : top) - 1; break;         /* max - 1 */
+      default: x = (uint64_t)ivals[rng_next(rng) % (sizeof ivals / sizeof ivals[0])]; break;
+      }
+      memcpy(p, &x, es); /* little-endian: the low bytes */
+      continue;
+    }
+    const double x = rng_next(rng) % 8 == 0 ? (pick == 0 ? __builtin_nan("") : pick == 1 ? __builtin_inf() : -__builtin_inf())
+                                            : fvals[rng_next(rng) % nf];
+    if (t.code == kDLFloat && t.bits == 64) {
+      memcpy(p, &x, 8);
+    } else if (t.code == kDLFloat && t.bits == 32) {
+      const float f = (float)x;
+      memcpy(p, &f, 4);
+    } else {
+      const uint16_t h = t.code == kDLBfloat ? ab__bf16_from_double(x) : ab__half_from_double(x);
+      memcpy(p, &h, 2);
+    }
+  }
+}
+
+const DLDataType cast_kinds[CAST_NKINDS] = {
+  {kDLBool, 8, 1}, {kDLInt, 8, 1},  {kDLInt, 16, 1},  {kDLInt, 32, 1},    {kDLInt, 64, 1},   {kDLUInt, 8, 1},  {kDLUInt, 16, 1},
+  {kDLUInt, 32, 1}, {kDLUInt, 64, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1}};
+
+void cast_shape(test_rng *rng, int32_t *ndim, int64_t *shape, int32_t *perm, int32_t *chan) {
+  *ndim = (int32_t)rng_between(rng, 2, 4);
+  for (int32_t i = 0; i < *ndim; i++) {
+    shape[i] = rng_between(rng, 1, 6);
+    perm[i] = i;
+  }
+  for (int32_t i = *ndim - 1; i > 0; i--) {
+    const int32_t j = (int32_t)rng_between(rng, 0, i), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  bool identity = true;
+  for (int32_t i = 0; i < *ndim; i++) identity = identity && perm[i] == i;
+  if (identity) /* an order that changes: a pure permutation is then a conversion, not a view */
+    for (int32_t i = 0; i < *ndim; i++) perm[i] = (i + 1) % *ndim;
+  *chan = (int32_t)rng_between(rng, 0, *ndim - 1);
+  if (shape[*chan] > 4) shape[*chan] = 4;
+}
+
+void cast_opts(int mode, DLDataType from, DLDataType to, int32_t chan, const int32_t *perm, ab_convert_opts *o) {
+  static const double scale[4] = {1.0, -1.0, 0.5, 1e-3}, offset[4] = {0.5, -0.25, 1e10, -1e19};
+  *o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
+  o->dtype = to;
+  o->permute = perm;
+  if (mode == 0 && from.code == to.code && from.bits == 16 && to.bits == 16) mode = 1;
+  if (mode == 1) {
+    o->flags = AB_CONVERT_AFFINE;
+    o->scale = 2.0;
+    o->offset = 0.5;
+  } else if (mode == 2) {
+    o->flags = AB_CONVERT_PER_CHANNEL;
+    o->channel_axis = chan;
+    o->channel_scale = scale;
+    o->channel_offset = offset;
+  }
 }

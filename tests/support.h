@@ -57,6 +57,36 @@ void fill_half_probes(float *v, int64_t n, test_rng *rng);
  * all ones at `inf` (float16 0x7c00, bfloat16 0x7f80). */
 int same_16(uint16_t a, uint16_t b, uint16_t inf);
 
+/* Equal elements of dtype t (one lane): equal bits, or for float16,
+ * bfloat16, float32 and float64 both NaN (payloads may differ between
+ * devices). */
+int same_element(DLDataType t, const void *a, const void *b);
+
+/* Fills n elements of dtype t (bool, 8- to 64-bit integers, float16,
+ * bfloat16, float32, float64) with values that decide conversions among
+ * random bits: for integers each type's extremes and the neighbours of
+ * 2^24 and 2^53 (where float32 and float64 round); for bool any nonzero
+ * byte; for floats the ties of every integer type, values at and past
+ * the bounds of every integer type and of float16, float32, NaN,
+ * infinities, signed zeros and subnormals. */
+void fill_cast_probes(void *v, int64_t n, DLDataType t, test_rng *rng);
+
+/* The one-lane dtypes the converters take, complex aside: bool, int8..64,
+ * uint8..64, float16, bfloat16, float32, float64. */
+#define CAST_NKINDS 13
+extern const DLDataType cast_kinds[CAST_NKINDS];
+
+/* A layout for a conversion test: 2- to 4-D, at most 6 per axis, axis
+ * `*chan` at most 4 long (a channel axis), and a random axis order. */
+void cast_shape(test_rng *rng, int32_t *ndim, int64_t *shape, int32_t *perm, int32_t *chan);
+
+/* Options converting to `to` in the axis order `perm`, with (mode 0) no
+ * map, (1) a per-tensor map x * 2 + 0.5 that puts integers on ties, or
+ * (2) a per-channel map along `chan` whose scales and offsets push values
+ * past every integer range. A float16 or bfloat16 source to its own type
+ * gets mode 1 for 0 (a bare permutation of those is a gather, no cast). */
+void cast_opts(int mode, DLDataType from, DLDataType to, int32_t chan, const int32_t *perm, ab_convert_opts *o);
+
 /* A value no library call may write into an output: tests preset *out to it
  * and check it is still there after a failure. */
 #define SENTINEL_OUT ((DLManagedTensorVersioned *)(uintptr_t)0x5e41e1005e41e100ull)

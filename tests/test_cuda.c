@@ -655,24 +655,6 @@ static void compact_args(int32_t ndim, const int64_t *shape, const int32_t *perm
 #endif
 
 #ifdef AB_HAVE_CUDA_KERNELS
-/* Whether two result elements of type t agree: equal bits, or both NaN
- * (payloads may differ) for the float types. */
-static bool same_element(DLDataType t, const unsigned char *a, const unsigned char *b) {
-  if (t.code == kDLFloat && t.bits == 32) {
-    float x, y;
-    memcpy(&x, a, 4);
-    memcpy(&y, b, 4);
-    return same_f32(x, y);
-  }
-  if (t.bits == 16 && (t.code == kDLFloat || t.code == kDLBfloat)) {
-    uint16_t x, y;
-    memcpy(&x, a, 2);
-    memcpy(&y, b, 2);
-    return same_16(x, y, t.code == kDLFloat ? 0x7c00 : 0x7f80);
-  }
-  return memcmp(a, b, t.bits / 8u) == 0;
-}
-
 /* Converts the compact host source `v` (dtype from, ndim dims of shape) as
  * `o` says, once by the library on the host and once by the kernel's
  * per-element code (ab__cuda_convert_emulate, the same source nvcc
@@ -731,18 +713,18 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
   a.ndim = 1;
   a.shape[0] = 4;
   a.stride[0] = 1;
-  a.op.from = dt(kDLFloat, 32, 1);
-  a.op.to = dt(kDLUInt, 32, 1);
+  a.op.from = dt(kDLComplex, 64, 1);
+  a.op.to = dt(kDLComplex, 128, 1);
   a.op.channel_dim = -1;
-  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> uint32 is the host's");
-  a.op.to = dt(kDLFloat, 64, 1);
-  cr_assert(!ab__cuda_convert_supported(&a), "float32 -> float64 is the host's");
+  cr_assert(!ab__cuda_convert_supported(&a), "complex is the host's");
+  a.op.from = dt(kDLFloat, 32, 2);
+  a.op.to = dt(kDLFloat, 16, 2);
+  cr_assert(!ab__cuda_convert_supported(&a), "lanes > 1");
   a.op.from = dt(kDLFloat, 16, 1);
   a.op.to = dt(kDLFloat, 16, 1);
   cr_assert(!ab__cuda_convert_supported(&a), "a float16 permutation is the host's gather");
-  a.op.to = dt(kDLFloat, 32, 1);
-  a.op.from = dt(kDLFloat, 64, 1);
-  cr_assert(!ab__cuda_convert_supported(&a), "float64 arithmetic is the host's");
+  a.op.from = a.op.to = dt(kDLBfloat, 16, 1);
+  cr_assert(!ab__cuda_convert_supported(&a), "a bfloat16 permutation is the host's gather");
   a.op.from = dt(kDLUInt, 8, 1);
   a.op.affine = true;
   a.op.channel_dim = 0;
@@ -866,6 +848,88 @@ Test(cuda, narrowing_kernel_matches_the_host_converter) {
   }
   cr_assert_eq(checked, 8 * 4 * 6);
 #endif
+}
+
+Test(cuda, every_cast_pair_matches_the_host_converter) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  /* All 13 x 13 one-lane dtype pairs (the three families: float32,
+   * integers, float64), each with no map, a per-tensor and a per-channel
+   * map, through the kernels' per-element code on the host. */
+  test_rng rng = {29};
+  int checked = 0;
+  for (size_t f = 0; f < CAST_NKINDS; f++) {
+    for (int trial = 0; trial < 3; trial++) {
+      int32_t ndim, perm[4], chan;
+      int64_t shape[4];
+      cast_shape(&rng, &ndim, shape, perm, &chan);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 8);
+      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      for (size_t t = 0; t < CAST_NKINDS; t++) {
+        ab_convert_opts o;
+        const int mode = (trial + (int)t) % 3;
+        cast_opts(mode, cast_kinds[f], cast_kinds[t], chan, perm, &o);
+        char what[64];
+        snprintf(what, sizeof what, "kind %zu -> %zu mode %d", f, t, mode);
+        check_emulation(v, cast_kinds[f], ndim, shape, perm, &o, what);
+        checked++;
+      }
+      free(v);
+    }
+  }
+  cr_assert_eq(checked, CAST_NKINDS * CAST_NKINDS * 3);
+#endif
+}
+
+Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
+  /* The same pairs within one GPU: one kernel each, against the host. */
+  need_devices(1);
+  setenv("AB_CONVERT_PLACE", "device", 1);
+  ab__convert_reload_env();
+  test_rng rng = {31};
+  int runs = 0;
+  for (size_t f = 0; f < CAST_NKINDS; f++) {
+    for (int trial = 0; trial < 3; trial++) {
+      int32_t ndim, perm[4], chan;
+      int64_t shape[4];
+      cast_shape(&rng, &ndim, shape, perm, &chan);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 8);
+      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
+      DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+      for (size_t t = 0; t < CAST_NKINDS; t++) {
+        ab_convert_opts o;
+        const int mode = (trial + (int)t) % 3;
+        cast_opts(mode, cast_kinds[f], cast_kinds[t], chan, perm, &o);
+        DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
+        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+        struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+        cr_assert_eq(ab_pool_stats(CUDA(0), &before), AB_OK);
+        cr_assert_eq(ab_convert_memory(&g->dl_tensor, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
+        cr_assert_eq(ab_pool_stats(CUDA(0), &after), AB_OK);
+        cr_assert_eq(after.allocations - before.allocations, 1, "kind %zu -> %zu mode %d: not one kernel on the GPU", f,
+                     t, mode);
+        got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+        const size_t os = cast_kinds[t].bits / 8u;
+        const unsigned char *a = want->dl_tensor.data, *b = got->dl_tensor.data;
+        for (int64_t i = 0; i < n; i++)
+          cr_assert(same_element(cast_kinds[t], a + (size_t)i * os, b + (size_t)i * os),
+                    "kind %zu -> %zu mode %d element %lld differs from the host's", f, t, mode, (long long)i);
+        runs++;
+        got->deleter(got);
+        dev->deleter(dev);
+        want->deleter(want);
+      }
+      g->deleter(g);
+      free(v);
+    }
+  }
+  cr_assert_eq(runs, CAST_NKINDS * CAST_NKINDS * 3);
+  setenv("AB_CONVERT_PLACE", "auto", 1);
+  ab__convert_reload_env();
 }
 
 Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {

@@ -1025,15 +1025,18 @@ Test(opencl, the_planner_keeps_conversions_on_the_host_where_the_device_does_not
   r = convert_ok_opts(&h, CL(0), &o);
   cr_assert_eq(pool_allocations(CL(0)) - before, 1);
   r->deleter(r);
-  /* a cast the kernels do not have (to int32) or a strided source: the
-   * host, even when the device is asked for */
+  /* a cast the kernels do not have (complex64 -> complex128) or a strided
+   * source: the host, even when the device is asked for */
   convert_place("device");
-  o.dtype = dt(kDLInt, 32, 1);
+  float cx[2 * 60];
+  for (int i = 0; i < 120; i++) cx[i] = (float)img[i / 2] + (i % 2 ? 0.25f : 0.0f);
+  DLTensor hc = {cx, CPU0, 3, dt(kDLComplex, 64, 1), shape, NULL, 0};
+  o.dtype = dt(kDLComplex, 128, 1);
   before = pool_allocations(CL(0));
-  r = convert_ok_opts(&h, CL(0), &o);
+  r = convert_ok_opts(&hc, CL(0), &o);
   cr_assert_eq(pool_allocations(CL(0)) - before, 1);
   DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
-  for (int i = 0; i < 60; i++) cr_assert_eq(((int32_t *)back->dl_tensor.data)[i], img[i]);
+  for (int i = 0; i < 120; i++) cr_assert_eq(((double *)back->dl_tensor.data)[i], (double)cx[i]);
   back->deleter(back);
   r->deleter(r);
   int64_t strides[3] = {15, 3, 1};
@@ -1251,6 +1254,61 @@ Test(opencl, a_conversion_within_one_device_is_one_kernel) {
   back->deleter(back);
   r->deleter(r);
   a->deleter(a);
+  assert_pool_clean(CL(0));
+}
+
+Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
+  /* All 13 x 13 one-lane dtype pairs, each with no map, a per-tensor and a
+   * per-channel map, in a random axis order, within one device (so the
+   * conversion is one kernel: float32 arithmetic, narrowing, or the
+   * integer and float64 kernels), against the host converter. */
+  need_devices(1);
+  if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: float64 arithmetic stays on the host there");
+  test_rng rng = {2031};
+  int runs = 0;
+  for (size_t f = 0; f < CAST_NKINDS; f++) {
+    for (int trial = 0; trial < 3; trial++) {
+      int32_t ndim, perm[4], chan;
+      int64_t shape[4];
+      cast_shape(&rng, &ndim, shape, perm, &chan);
+      const int64_t n = numel_of(ndim, shape);
+      void *v = malloc((size_t)n * 8);
+      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
+      DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+      for (size_t t = 0; t < CAST_NKINDS; t++) {
+        ab_convert_opts o;
+        const int mode = (trial + (int)t) % 3; /* every pair gets all three */
+        cast_opts(mode, cast_kinds[f], cast_kinds[t], chan, perm, &o);
+        DLManagedTensorVersioned *want = convert_ok_opts(&h, CPU0, &o), *dev, *got;
+        convert_place("device");
+        const uint64_t before = pool_allocations(CL(0));
+        dev = convert_ok_opts(&src->dl_tensor, CL(0), &o);
+        const uint64_t allocs = pool_allocations(CL(0)) - before;
+        cr_assert_eq(allocs, 1, "kind %zu -> %zu mode %d: %llu blocks on the device, not one kernel's", f, t, mode,
+                     (unsigned long long)allocs);
+        convert_place("auto");
+        got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+        const size_t os = cast_kinds[t].bits / 8u;
+        const unsigned char *a = want->dl_tensor.data, *b = got->dl_tensor.data;
+        for (int64_t i = 0; i < n; i++)
+          if (!same_element(cast_kinds[t], a + (size_t)i * os, b + (size_t)i * os)) {
+            uint64_t x = 0, y = 0;
+            memcpy(&x, a + (size_t)i * os, os);
+            memcpy(&y, b + (size_t)i * os, os);
+            cr_assert_fail("kind %zu -> %zu mode %d element %lld: host %#llx, device %#llx", f, t, mode, (long long)i,
+                           (unsigned long long)x, (unsigned long long)y);
+          }
+        runs++;
+        got->deleter(got);
+        dev->deleter(dev);
+        want->deleter(want);
+      }
+      src->deleter(src);
+      free(v);
+    }
+  }
+  cr_assert_eq(runs, CAST_NKINDS * CAST_NKINDS * 3);
   assert_pool_clean(CL(0));
 }
 

@@ -46,13 +46,16 @@
  * the conversions in float32 arithmetic, one per result type (float32,
  * float16, bfloat16) and source kind (convert_kernel), then the narrowing
  * conversions (narrow_kernel), which only devices with doubles have (NULL
- * elsewhere). */
+ * elsewhere), then the two that take the kinds as arguments: integers
+ * exactly (K_INT) and float64 arithmetic (K_WIDE, doubles only). */
 #define NGATHER 5
 #define NSOURCES 8
 #define NCONVERT (3 * NSOURCES)
 #define NNARROW (NSOURCES * 4)
-#define NKERNELS (NGATHER + NCONVERT + NNARROW)
 #define NREQUIRED (NGATHER + NCONVERT)
+#define K_INT (NREQUIRED + NNARROW)
+#define K_WIDE (K_INT + 1)
+#define NKERNELS (K_WIDE + 1)
 
 struct platform {
   cl_platform_id id;
@@ -516,7 +519,8 @@ static bool program_ready(struct platform *p, int which) {
     "ab_bool_to_u8",   "ab_bool_to_i8",  "ab_bool_to_u16", "ab_bool_to_i16",
     "ab_f16_to_u8",    "ab_f16_to_i8",   "ab_f16_to_u16",  "ab_f16_to_i16",
     "ab_bf16_to_u8",   "ab_bf16_to_i8",  "ab_bf16_to_u16", "ab_bf16_to_i16",
-    "ab_f32_to_u8",    "ab_f32_to_i8",   "ab_f32_to_u16",  "ab_f32_to_i16"};
+    "ab_f32_to_u8",    "ab_f32_to_i8",   "ab_f32_to_u16",  "ab_f32_to_i16",
+    "ab_convert_int",  "ab_convert_wide"};
   const int first = which == 0 ? 0 : NGATHER, required = which == 0 ? NGATHER : NREQUIRED,
             last = which == 0 ? NGATHER : NKERNELS;
   if (p->prog[which] != NULL) return true;
@@ -527,8 +531,9 @@ static bool program_ready(struct platform *p, int which) {
   cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
   if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
   for (int k = first; k < required && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
-  /* The narrowing kernels do not exist without cl_khr_fp64 (on some
-   * device of the context): those conversions stay on the host. */
+  /* The narrowing and float64 kernels do not exist without cl_khr_fp64
+   * (on some device of the context): those conversions stay on the host.
+   * The integer one is optional too (a compiler without 64-bit integers). */
   for (int k = required; k < last && e == CL_SUCCESS; k++) {
     cl_int ke;
     p->kernel[k] = clCreateKernel(prog, names[k], &ke);
@@ -660,12 +665,22 @@ static int convert_kernel(DLDataType d) {
 
 #define MAX_CHANNELS 16
 
+/* Which kernel family a conversion runs in, and so which arguments it
+ * takes after the layout's. */
+enum kfamily {
+  F_FLOAT32, /* mode, chan, a and b as float16 vectors */
+  F_NARROW,  /* mode, chan, ad and bd (float64) */
+  F_INT,     /* from, to */
+  F_WIDE,    /* mode, chan, ad, bd, from, to */
+};
+
 /* A conversion as the kernel takes it: at most 8 dims after dropping
  * size-1 dims and merging neighbours that are contiguous in the source
  * (never the channel axis), and the channel's a and b. */
 struct kconv {
   int n, chan, mode, k;
-  bool narrow; /* a narrowing kernel: float64 arithmetic, a and b in ad, bd */
+  enum kfamily family;
+  cl_int from, to; /* cl_kind codes, for F_INT and F_WIDE */
   cl_long8 shape, stride;
   cl_float16 a, b;
   cl_double16 ad, bd;
@@ -685,30 +700,60 @@ static int narrow_kernel(DLDataType from, DLDataType to) {
   return f < 0 || t < 0 ? -1 : f * 4 + t;
 }
 
+/* The kind code of ab_convert_int and ab_convert_wide (the enum at their
+ * head in convert.cl), -1 for a dtype they do not take. */
+static int cl_kind(DLDataType d) {
+  if (d.lanes != 1) return -1;
+  switch (d.code) {
+  case kDLBool: return d.bits == 8 ? 0 : -1;
+  case kDLInt: return d.bits == 8 ? 1 : d.bits == 16 ? 2 : d.bits == 32 ? 3 : d.bits == 64 ? 4 : -1;
+  case kDLUInt: return d.bits == 8 ? 5 : d.bits == 16 ? 6 : d.bits == 32 ? 7 : d.bits == 64 ? 8 : -1;
+  case kDLFloat: return d.bits == 16 ? 9 : d.bits == 32 ? 11 : d.bits == 64 ? 12 : -1;
+  case kDLBfloat: return d.bits == 16 ? 10 : -1;
+  default: return -1;
+  }
+}
+
+/* The kernel for op (by the arithmetic the rules give it): the
+ * float32-arithmetic ones; for float64 arithmetic the narrowing ones
+ * where one exists, else ab_convert_wide; ab_convert_int for integers
+ * without a map. False when none takes it. */
+static bool choose_kernel(const ab__cast_op *op, struct kconv *kc) {
+  const ab__arith ar = ab__cast_arith(op->from, op->to, op->affine);
+  if (ar == AB_ARITH_FLOAT32) {
+    const int k = convert_kernel(op->from);
+    const int result = op->to.code == kDLFloat && op->to.bits == 32 ? 0 : op->to.code == kDLFloat ? 1 : 2;
+    /* A permutation of float16 or bfloat16 goes through float and back,
+     * which would quiet a signalling NaN the host's gather keeps as it is. */
+    if (k < 0 || (result > 0 && !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits))
+      return false;
+    kc->k = NGATHER + result * NSOURCES + k;
+    kc->family = F_FLOAT32;
+    return true;
+  }
+  if (ar != AB_ARITH_INT && ar != AB_ARITH_FLOAT64) return false;
+  const int nk = ar == AB_ARITH_FLOAT64 ? narrow_kernel(op->from, op->to) : -1;
+  if (nk >= 0) {
+    kc->k = NREQUIRED + nk;
+    kc->family = F_NARROW;
+    return true;
+  }
+  kc->from = cl_kind(op->from);
+  kc->to = cl_kind(op->to);
+  if (kc->from < 0 || kc->to < 0) return false;
+  /* integers need no floating point at all: the devices without doubles have this one */
+  kc->k = ar == AB_ARITH_INT ? K_INT : K_WIDE;
+  kc->family = ar == AB_ARITH_INT ? F_INT : F_WIDE;
+  return true;
+}
+
 static bool conv_layout(const ab__convert_args *args, struct kconv *kc) {
   const ab__cast_op *op = &args->op;
   const bool per_channel = op->affine && op->channel_dim >= 0;
   int64_t sh[AB_MAX_NDIM], st[AB_MAX_NDIM];
   int n = 0, chan = -1;
   memset(kc, 0, sizeof *kc);
-  const int result = op->to.lanes != 1 ? -1
-                     : op->to.code == kDLFloat && op->to.bits == 32  ? 0
-                     : op->to.code == kDLFloat && op->to.bits == 16  ? 1
-                     : op->to.code == kDLBfloat && op->to.bits == 16 ? 2
-                                                                     : -1;
-  if (result >= 0) { /* float32 arithmetic */
-    const int k = convert_kernel(op->from);
-    if (k < 0) return false;
-    /* A permutation of float16 or bfloat16 goes through float and back,
-     * which would quiet a signalling NaN the host's gather keeps as it is. */
-    if (result > 0 && !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits) return false;
-    kc->k = NGATHER + result * NSOURCES + k;
-  } else {
-    const int k = narrow_kernel(op->from, op->to);
-    if (k < 0) return false;
-    kc->k = NREQUIRED + k;
-    kc->narrow = true;
-  }
+  if (!choose_kernel(op, kc)) return false;
   if (per_channel && args->shape[op->channel_dim] > MAX_CHANNELS) return false;
   for (int32_t i = 0; i < args->ndim; i++) {
     const bool is_chan = per_channel && i == op->channel_dim;
@@ -769,9 +814,11 @@ static bool cl_can_convert(int32_t id, const void *src, uint64_t src_offset, con
   if (!conv_layout(args, &kc)) return false;
   /* The kernels index whole elements of the source */
   if (src_offset % (args->op.from.bits / 8u) != 0) return false;
-  /* float32 loads and arithmetic in every kernel (denormal sources too),
-   * float64 in the narrowing ones */
-  if (!fp_exact(id, CL_DEVICE_SINGLE_FP_CONFIG) || (kc.narrow && !fp_exact(id, CL_DEVICE_DOUBLE_FP_CONFIG)))
+  /* float32 loads and arithmetic (denormal sources too) in all but the
+   * integer kernel, float64 in the narrowing and wide ones */
+  const bool doubles = kc.family == F_NARROW || kc.family == F_WIDE;
+  if (kc.family != F_INT &&
+      (!fp_exact(id, CL_DEVICE_SINGLE_FP_CONFIG) || (doubles && !fp_exact(id, CL_DEVICE_DOUBLE_FP_CONFIG))))
     return false;
   /* A buffer of another context cannot be an argument of our kernels. */
   if (src != NULL && clGetMemObjectInfo((cl_mem)src, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL) != CL_SUCCESS)
@@ -815,12 +862,18 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   }
   cl_kernel k = p->kernel[kc.k];
   e = set_layout_args(k, s, src_off, d, dst_off, ndim, &kc.shape, &kc.stride, n);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 8, sizeof mode, &mode);
-  if (e == CL_SUCCESS) e = clSetKernelArg(k, 9, sizeof chan, &chan);
-  if (e == CL_SUCCESS)
-    e = kc.narrow ? clSetKernelArg(k, 10, sizeof kc.ad, &kc.ad) : clSetKernelArg(k, 10, sizeof kc.a, &kc.a);
-  if (e == CL_SUCCESS)
-    e = kc.narrow ? clSetKernelArg(k, 11, sizeof kc.bd, &kc.bd) : clSetKernelArg(k, 11, sizeof kc.b, &kc.b);
+  cl_uint next = 8; /* the family's arguments (enum kfamily) */
+  if (kc.family != F_INT) {
+    const bool f64 = kc.family != F_FLOAT32;
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof mode, &mode);
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof chan, &chan);
+    if (e == CL_SUCCESS) e = f64 ? clSetKernelArg(k, next++, sizeof kc.ad, &kc.ad) : clSetKernelArg(k, next++, sizeof kc.a, &kc.a);
+    if (e == CL_SUCCESS) e = f64 ? clSetKernelArg(k, next++, sizeof kc.bd, &kc.bd) : clSetKernelArg(k, next++, sizeof kc.b, &kc.b);
+  }
+  if (kc.family == F_INT || kc.family == F_WIDE) {
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof kc.from, &kc.from);
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof kc.to, &kc.to);
+  }
   if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
   pthread_mutex_unlock(&lock);
   if (e == CL_SUCCESS) e = done_or_started(q, stream, async);

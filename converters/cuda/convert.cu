@@ -3,47 +3,41 @@
  * decomposition over the result's shape, dotted with the source's element
  * strides (already in the result's axis order): the same mapping as the
  * host converter and converters/opencl/convert.cl. */
-#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "convert.h"
+#include "converters/host/rounding.h"
 
 namespace {
 
-enum kind { K_U8, K_I8, K_U16, K_I16, K_BOOL, K_F16, K_BF16, K_F32, K_NONE };
+/* Element kinds, of sources and results alike. */
+enum kind { K_BOOL, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F16, K_BF16, K_F32, K_F64, K_NONE };
 
-/* Result types: float32, float16 or bfloat16 (float32 arithmetic, then
- * one rounding to nearest even), or an integer of at most 16 bits (float64
- * arithmetic, round half to even, saturate, NaN -> 0). */
-enum out { O_F32, O_F16, O_BF16, O_U8, O_I8, O_U16, O_I16, O_NONE };
+/* The three element loops, by the arithmetic the rules give a pair
+ * (ab__cast_arith): float32 for narrow sources into float32, float16 and
+ * bfloat16 (then one rounding to nearest even); integers exactly for
+ * integer and bool pairs without a map; float64 for everything else
+ * (integer results: round half to even, saturate, NaN -> 0). */
+enum family { FAM_FLOAT32, FAM_INT, FAM_FLOAT64 };
 
 constexpr int kMaxChannels = 16;
 
 struct desc {
-  int ndim, kind, out, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
+  int ndim, kind, out, family, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
   int64_t shape[AB_MAX_NDIM];
   int64_t stride[AB_MAX_NDIM]; /* elements */
-  float a[kMaxChannels], b[kMaxChannels];      /* O_F32 */
-  double ad[kMaxChannels], bd[kMaxChannels];   /* integer results */
+  float a[kMaxChannels], b[kMaxChannels];      /* FAM_FLOAT32 */
+  double ad[kMaxChannels], bd[kMaxChannels];   /* FAM_FLOAT64 */
 };
-
-int out_of(DLDataType d) {
-  if (d.lanes != 1) return O_NONE;
-  if (d.code == kDLFloat && d.bits == 32) return O_F32;
-  if (d.code == kDLFloat && d.bits == 16) return O_F16;
-  if (d.code == kDLBfloat && d.bits == 16) return O_BF16;
-  if (d.code == kDLUInt) return d.bits == 8 ? O_U8 : d.bits == 16 ? O_U16 : O_NONE;
-  if (d.code == kDLInt) return d.bits == 8 ? O_I8 : d.bits == 16 ? O_I16 : O_NONE;
-  return O_NONE;
-}
 
 int kind_of(DLDataType d) {
   if (d.lanes != 1) return K_NONE;
   switch (d.code) {
-  case kDLUInt: return d.bits == 8 ? K_U8 : d.bits == 16 ? K_U16 : K_NONE;
-  case kDLInt: return d.bits == 8 ? K_I8 : d.bits == 16 ? K_I16 : K_NONE;
   case kDLBool: return d.bits == 8 ? K_BOOL : K_NONE;
-  case kDLFloat: return d.bits == 16 ? K_F16 : d.bits == 32 ? K_F32 : K_NONE;
+  case kDLInt: return d.bits == 8 ? K_I8 : d.bits == 16 ? K_I16 : d.bits == 32 ? K_I32 : d.bits == 64 ? K_I64 : K_NONE;
+  case kDLUInt: return d.bits == 8 ? K_U8 : d.bits == 16 ? K_U16 : d.bits == 32 ? K_U32 : d.bits == 64 ? K_U64 : K_NONE;
+  case kDLFloat: return d.bits == 16 ? K_F16 : d.bits == 32 ? K_F32 : d.bits == 64 ? K_F64 : K_NONE;
   case kDLBfloat: return d.bits == 16 ? K_BF16 : K_NONE;
   default: return K_NONE;
   }
@@ -102,6 +96,8 @@ __host__ __device__ inline uint16_t bf16_from_float(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* A source element of a float32-arithmetic kind (8- and 16-bit integers,
+ * bool, float16, bfloat16, float32): exact in float. */
 __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
   switch (kind) {
   case K_U8: return (float)static_cast<const uint8_t *>(src)[i];
@@ -112,6 +108,84 @@ __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
   case K_F16: return half_to_float(static_cast<const uint16_t *>(src)[i]);
   case K_BF16: return from_bits((uint32_t)static_cast<const uint16_t *>(src)[i] << 16);
   default: return static_cast<const float *>(src)[i];
+  }
+}
+
+/* Any source element as a double: exact, but for 64-bit integers past
+ * 2^53, rounded to nearest even as the host's cast is. */
+__host__ __device__ inline double load_double(int kind, const void *src, int64_t i) {
+  switch (kind) {
+  case K_I32: return (double)static_cast<const int32_t *>(src)[i];
+  case K_I64: return (double)static_cast<const int64_t *>(src)[i];
+  case K_U32: return (double)static_cast<const uint32_t *>(src)[i];
+  case K_U64: return (double)static_cast<const uint64_t *>(src)[i];
+  case K_F64: return static_cast<const double *>(src)[i];
+  default: return (double)load(kind, src, i);
+  }
+}
+
+/* An integer or bool element: its value, or for a uint64 past INT64_MAX
+ * its bits with `big` set (above every bound but uint64's). */
+struct ival {
+  int64_t v;
+  bool big;
+};
+
+__host__ __device__ inline ival load_int(int kind, const void *src, int64_t i) {
+  switch (kind) {
+  case K_BOOL: return {static_cast<const uint8_t *>(src)[i] != 0 ? 1 : 0, false};
+  case K_I8: return {static_cast<const int8_t *>(src)[i], false};
+  case K_I16: return {static_cast<const int16_t *>(src)[i], false};
+  case K_I32: return {static_cast<const int32_t *>(src)[i], false};
+  case K_I64: return {static_cast<const int64_t *>(src)[i], false};
+  case K_U8: return {static_cast<const uint8_t *>(src)[i], false};
+  case K_U16: return {static_cast<const uint16_t *>(src)[i], false};
+  case K_U32: return {static_cast<const uint32_t *>(src)[i], false};
+  default: {
+    const uint64_t u = static_cast<const uint64_t *>(src)[i];
+    return {(int64_t)u, u > (uint64_t)INT64_MAX};
+  }
+  }
+}
+
+__host__ __device__ inline int64_t clamp(ival x, int64_t lo, int64_t hi) {
+  return x.big || x.v > hi ? hi : x.v < lo ? lo : x.v;
+}
+
+template <typename T> __host__ __device__ inline void put(void *dst, int64_t e, T v) { static_cast<T *>(dst)[e] = v; }
+
+/* Integers exactly, saturating (the host's integer path). */
+__host__ __device__ inline void store_int(int out, void *dst, int64_t e, ival x) {
+  switch (out) {
+  case K_BOOL: put<uint8_t>(dst, e, x.big || x.v != 0); break;
+  case K_I8: put<int8_t>(dst, e, (int8_t)clamp(x, INT8_MIN, INT8_MAX)); break;
+  case K_I16: put<int16_t>(dst, e, (int16_t)clamp(x, INT16_MIN, INT16_MAX)); break;
+  case K_I32: put<int32_t>(dst, e, (int32_t)clamp(x, INT32_MIN, INT32_MAX)); break;
+  case K_I64: put<int64_t>(dst, e, clamp(x, INT64_MIN, INT64_MAX)); break;
+  case K_U8: put<uint8_t>(dst, e, (uint8_t)clamp(x, 0, UINT8_MAX)); break;
+  case K_U16: put<uint16_t>(dst, e, (uint16_t)clamp(x, 0, UINT16_MAX)); break;
+  case K_U32: put<uint32_t>(dst, e, (uint32_t)clamp(x, 0, UINT32_MAX)); break;
+  default: put<uint64_t>(dst, e, x.big ? (uint64_t)x.v : x.v < 0 ? 0 : (uint64_t)x.v); break;
+  }
+}
+
+/* The host's store_d, through the same rounding functions
+ * (converters/host/rounding.h). */
+__host__ __device__ inline void store_double(int out, void *dst, int64_t e, double y) {
+  switch (out) {
+  case K_BOOL: put<uint8_t>(dst, e, y != 0); break; /* NaN != 0 */
+  case K_I8: put<int8_t>(dst, e, (int8_t)ab__to_signed(y, 8)); break;
+  case K_I16: put<int16_t>(dst, e, (int16_t)ab__to_signed(y, 16)); break;
+  case K_I32: put<int32_t>(dst, e, (int32_t)ab__to_signed(y, 32)); break;
+  case K_I64: put<int64_t>(dst, e, ab__to_signed(y, 64)); break;
+  case K_U8: put<uint8_t>(dst, e, (uint8_t)ab__to_unsigned(y, 8)); break;
+  case K_U16: put<uint16_t>(dst, e, (uint16_t)ab__to_unsigned(y, 16)); break;
+  case K_U32: put<uint32_t>(dst, e, (uint32_t)ab__to_unsigned(y, 32)); break;
+  case K_U64: put<uint64_t>(dst, e, ab__to_unsigned(y, 64)); break;
+  case K_F16: put<uint16_t>(dst, e, ab__narrow_from_double(y, 10, 15, 31)); break;
+  case K_BF16: put<uint16_t>(dst, e, ab__narrow_from_double(y, 7, 127, 255)); break;
+  case K_F32: put<float>(dst, e, (float)y); break; /* round to nearest even, subnormals kept (no ftz) */
+  default: put<double>(dst, e, y); break;
   }
 }
 
@@ -148,49 +222,49 @@ __host__ __device__ inline int64_t source_offset(const desc &d, int64_t e, int64
   return off;
 }
 
-/* The results of float32 arithmetic: float32, float16, bfloat16. */
-__host__ __device__ inline void float32_element(void *dst, const void *src, const desc &d, int64_t e) {
+/* Result element e, in the family's arithmetic. */
+template <int F> __host__ __device__ inline void element(void *dst, const void *src, const desc &d, int64_t e) {
   int64_t c;
-  float y = load(d.kind, src, source_offset(d, e, &c));
-  if (d.affine) y = affine(y, d.a[c], d.b[c]);
-  if (d.out == O_F16) static_cast<uint16_t *>(dst)[e] = half_from_float(y);
-  else if (d.out == O_BF16) static_cast<uint16_t *>(dst)[e] = bf16_from_float(y);
-  else static_cast<float *>(dst)[e] = y;
+  const int64_t at = source_offset(d, e, &c);
+  if (F == FAM_FLOAT32) {
+    float y = load(d.kind, src, at);
+    if (d.affine) y = affine(y, d.a[c], d.b[c]);
+    if (d.out == K_F16) put<uint16_t>(dst, e, half_from_float(y));
+    else if (d.out == K_BF16) put<uint16_t>(dst, e, bf16_from_float(y));
+    else put<float>(dst, e, y);
+  } else if (F == FAM_INT) {
+    if (d.kind == K_BOOL && d.out == K_BOOL) /* a permutation: the byte as it is, like the host's gather */
+      put<uint8_t>(dst, e, static_cast<const uint8_t *>(src)[at]);
+    else
+      store_int(d.out, dst, e, load_int(d.kind, src, at));
+  } else {
+    double y = load_double(d.kind, src, at);
+    if (d.affine) y = affine(y, d.ad[c], d.bd[c]);
+    store_double(d.out, dst, e, y);
+  }
 }
 
-/* The host's float -> integer rule. Every source value is exact as a
- * double; clamping before rounding gives the same result as after, since
- * the bounds are integers. */
-template <typename T>
-__host__ __device__ inline void narrow_element(T *dst, const void *src, const desc &d, int64_t e, double lo, double hi) {
-  int64_t c;
-  double y = (double)load(d.kind, src, source_offset(d, e, &c));
-  if (d.affine) y = affine(y, d.ad[c], d.bd[c]);
-  dst[e] = y != y ? (T)0 : y <= lo ? (T)lo : y >= hi ? (T)hi : (T)rint(y); /* rint: half to even */
-}
-
-__global__ void float32_kernel(void *dst, const void *src, desc d, int64_t n) {
+template <int F> __global__ void convert_kernel(void *dst, const void *src, desc d, int64_t n) {
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) float32_element(dst, src, d, e);
-}
-
-template <typename T>
-__global__ void narrow_kernel(T *dst, const void *src, desc d, int64_t n, double lo, double hi) {
-  const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step)
-    narrow_element(dst, src, d, e, lo, hi);
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += step) element<F>(dst, src, d, e);
 }
 
 /* Fills d from a; false when the kernels do not take it. */
 bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
   const ab__cast_op &op = a->op;
   if (a->ndim < 0 || a->ndim > AB_MAX_NDIM) return false;
-  d.out = out_of(op.to);
+  d.out = kind_of(op.to);
   d.kind = kind_of(op.from);
-  if (d.out == O_NONE || d.kind == K_NONE) return false;
+  if (d.out == K_NONE || d.kind == K_NONE) return false;
+  switch (ab__cast_arith(op.from, op.to, op.affine)) {
+  case AB_ARITH_FLOAT32: d.family = FAM_FLOAT32; break;
+  case AB_ARITH_INT: d.family = FAM_INT; break;
+  case AB_ARITH_FLOAT64: d.family = FAM_FLOAT64; break;
+  default: return false;
+  }
   /* A permutation of float16 or bfloat16 goes through float and back,
    * which would quiet a signalling NaN the host's gather keeps as it is. */
-  if ((d.out == O_F16 || d.out == O_BF16) && !op.affine && op.from.code == op.to.code && op.from.bits == op.to.bits)
+  if ((d.out == K_F16 || d.out == K_BF16) && !op.affine && op.from.code == op.to.code && op.from.bits == op.to.bits)
     return false;
   const bool per_channel = op.affine && op.channel_dim >= 0;
   if (per_channel && (op.channel_dim >= a->ndim || a->shape[op.channel_dim] > kMaxChannels)) return false;
@@ -223,24 +297,27 @@ bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
   return true;
 }
 
-/* An integer result type's range. */
-template <typename T> struct range;
-template <> struct range<uint8_t> { static constexpr double lo = 0, hi = 255; };
-template <> struct range<int8_t> { static constexpr double lo = -128, hi = 127; };
-template <> struct range<uint16_t> { static constexpr double lo = 0, hi = 65535; };
-template <> struct range<int16_t> { static constexpr double lo = -32768, hi = 32767; };
-
 unsigned grid_for(int64_t n, int threads) {
   const int64_t want = (n + threads - 1) / threads;
   return (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
 }
 
-template <typename T> void launch_narrow(void *dst, const void *src, const desc &d, int64_t n, cudaStream_t stream) {
-  narrow_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T *>(dst), src, d, n, range<T>::lo, range<T>::hi);
+/* The family's kernel on `stream`, or with no stream its element code on
+ * the host (the emulation the tests check): one dispatch for both. */
+template <int F> void run(void *dst, const void *src, const desc &d, int64_t n, const cudaStream_t *stream) {
+  if (stream == nullptr) {
+    for (int64_t e = 0; e < n; e++) element<F>(dst, src, d, e);
+    return;
+  }
+  convert_kernel<F><<<grid_for(n, 256), 256, 0, *stream>>>(dst, src, d, n);
 }
 
-template <typename T> void emulate_narrow(void *dst, const void *src, const desc &d, int64_t n) {
-  for (int64_t e = 0; e < n; e++) narrow_element(static_cast<T *>(dst), src, d, e, range<T>::lo, range<T>::hi);
+void dispatch(void *dst, const void *src, const desc &d, int64_t n, const cudaStream_t *stream) {
+  switch (d.family) {
+  case FAM_FLOAT32: run<FAM_FLOAT32>(dst, src, d, n, stream); break;
+  case FAM_INT: run<FAM_INT>(dst, src, d, n, stream); break;
+  default: run<FAM_FLOAT64>(dst, src, d, n, stream); break;
+  }
 }
 
 } // namespace
@@ -256,13 +333,7 @@ extern "C" cudaError_t ab__cuda_convert(void *dst, const void *src, const ab__co
   int64_t n;
   if (!describe(a, d, n)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  switch (d.out) {
-  case O_U8: launch_narrow<uint8_t>(dst, src, d, n, stream); break;
-  case O_I8: launch_narrow<int8_t>(dst, src, d, n, stream); break;
-  case O_U16: launch_narrow<uint16_t>(dst, src, d, n, stream); break;
-  case O_I16: launch_narrow<int16_t>(dst, src, d, n, stream); break;
-  default: float32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, d, n);
-  }
+  dispatch(dst, src, d, n, &stream);
   return cudaGetLastError();
 }
 
@@ -270,12 +341,5 @@ extern "C" void ab__cuda_convert_emulate(void *dst, const void *src, const ab__c
   desc d;
   int64_t n;
   if (!describe(a, d, n)) return;
-  switch (d.out) {
-  case O_U8: emulate_narrow<uint8_t>(dst, src, d, n); break;
-  case O_I8: emulate_narrow<int8_t>(dst, src, d, n); break;
-  case O_U16: emulate_narrow<uint16_t>(dst, src, d, n); break;
-  case O_I16: emulate_narrow<int16_t>(dst, src, d, n); break;
-  default:
-    for (int64_t e = 0; e < n; e++) float32_element(dst, src, d, e);
-  }
+  dispatch(dst, src, d, n, nullptr);
 }

@@ -1,19 +1,23 @@
 /* Conversions on a CUDA device (convert.cu), by the rules of
- * converters/host/convert.h, from uint8, int8, uint16, int16, bool,
- * float16, bfloat16 and float32 sources, with an optional affine map (per
- * tensor, or per channel for at most 16 channels) and any axis order:
- *  - into float32 (the widening way in), float16 and bfloat16, in float32
- *    arithmetic with __fmul_rn/__fadd_rn, then (float16, bfloat16) one
- *    rounding to nearest even;
- *  - into uint8, int8, uint16 and int16 (the narrowing way out), in
- *    float64 arithmetic with __dmul_rn/__dadd_rn, then round half to even,
- *    saturate, NaN -> 0.
- * Multiply then add, never fused: bit-exact with the host, NaN payloads
- * aside. A float16 or bfloat16 permutation without a map is left to the
- * host's gather (it would quiet signalling NaNs). The OpenCL kernels
- * (converters/opencl/convert.cl) cover the same cases, the narrowing ones
- * only where the device has doubles. They take the ab__convert_args the
- * host converter takes. */
+ * converters/host/convert.h, between every one-lane dtype but complex
+ * (bool, 8- to 64-bit integers, float16, bfloat16, float32, float64), with
+ * an optional affine map (per tensor, or per channel for at most 16
+ * channels) and any axis order, in the arithmetic ab__cast_arith gives
+ * the pair:
+ *  - float32 (8- and 16-bit integer, bool and 16/32-bit float sources into
+ *    float32, float16, bfloat16): __fmul_rn/__fadd_rn, then (float16,
+ *    bfloat16) one rounding to nearest even;
+ *  - integers exactly (integer and bool pairs without a map), saturating;
+ *  - float64 (everything else): __dmul_rn/__dadd_rn, then the host's own
+ *    roundings (converters/host/rounding.h: half to even, saturation,
+ *    NaN -> 0 for integers; one rounding for float16 and bfloat16).
+ * Multiply then add, never fused (tests/ptx_check.cmake checks the PTX):
+ * bit-exact with the host, NaN payloads aside. A float16 or bfloat16
+ * permutation without a map is left to the host's gather (it would quiet
+ * signalling NaNs); a bool permutation copies the bytes, as the gather
+ * does. The OpenCL kernels (converters/opencl/convert.cl) cover the same
+ * pairs, the float64 ones only where the device has doubles. They take
+ * the ab__convert_args the host converter takes. */
 #ifndef AB_CONVERTERS_CUDA_CONVERT_H
 #define AB_CONVERTERS_CUDA_CONVERT_H
 

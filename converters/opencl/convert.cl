@@ -1,19 +1,27 @@
 /* Conversions on an OpenCL device, by the rules of
- * converters/host/convert.h, for the cases whose arithmetic is float32:
- * uint8, int8, uint16, int16, bool, float16, bfloat16 and float32 sources
- * into float32, float16 or bfloat16, with an optional affine map y = x * a + b (per
- * tensor, or per channel along one result axis, at most 16 channels) and
- * any axis order. Element i of the compact result comes from the source
- * element at the row-major decomposition of i over the result's shape,
- * dotted with the source's strides in the result's axis order (in
- * elements): the ab__convert_args the host converter takes too. The
- * narrowing kernels (float -> 8- and 16-bit integers) are at the end.
+ * converters/host/convert.h, between every one-lane dtype but complex,
+ * with an optional affine map y = x * a + b (per tensor, or per channel
+ * along one result axis, at most 16 channels) and any axis order. Element
+ * i of the compact result comes from the source element at the row-major
+ * decomposition of i over the result's shape, dotted with the source's
+ * strides in the result's axis order (in elements): the ab__convert_args
+ * the host converter takes too. Three parts, by the arithmetic
+ * ab__cast_arith gives a pair:
+ *  - float32: uint8, int8, uint16, int16, bool, float16, bfloat16 and
+ *    float32 sources into float32, float16 or bfloat16, one kernel per
+ *    pair;
+ *  - float64: the narrowing kernels (those sources into 8- and 16-bit
+ *    integers, one per pair), and ab_convert_wide for every other pair,
+ *    with the kinds as arguments (doubles only: cl_khr_fp64);
+ *  - integers exactly (integer and bool pairs without a map):
+ *    ab_convert_int, the kinds as arguments.
  *
- * Bit-exact with the host: the loads are exact in float, and the multiply
- * and the add are two correctly rounded float operations, never fused (the
- * pragma below forbids contraction into an fma). The backend uses these
- * kernels only on devices with round-to-nearest and denormals in
- * CL_DEVICE_SINGLE_FP_CONFIG. NaN payloads may differ between devices.
+ * Bit-exact with the host: the loads are exact, and the multiply and the
+ * add are two correctly rounded operations, never fused (the pragma below
+ * forbids contraction into an fma). The backend uses the float kernels
+ * only on devices with round-to-nearest and denormals in
+ * CL_DEVICE_SINGLE_FP_CONFIG (and DOUBLE_FP_CONFIG for the float64 ones).
+ * NaN payloads may differ between devices.
  *
  * Built once per context, as a program of its own (gather.cl is another). */
 #pragma OPENCL FP_CONTRACT OFF
@@ -140,4 +148,155 @@ AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, bf16, ushort, AB_STORE_BF16)
   AB_DEFINE_NARROW(ab_##SUFFIX##_to_i16, TS, LOAD, short, convert_short_sat_rte)
 
 AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
+
+#endif
+
+/* ---- every other pair ------------------------------------------------
+ * Two kernels take the element kinds as arguments (uniform branches): one
+ * for integer and bool pairs without a map (exact, saturating), one for
+ * float64 arithmetic (32- and 64-bit integers, float64, results in
+ * float64, bool and the integers from any source). Both read and write
+ * through byte pointers cast to the element type, indexing whole elements
+ * (the backend checks the offsets), so they need the buffers aligned as
+ * the elements are, which the backend's allocations and checks give.
+ * The kind codes: the order of cl_kind() in backends/opencl/opencl.c. */
+enum { AB_BOOL, AB_I8, AB_I16, AB_I32, AB_I64, AB_U8, AB_U16, AB_U32, AB_U64, AB_F16, AB_BF16, AB_F32, AB_F64 };
+
+/* Source element i of integer or bool kind k as a long; a uint64 past
+ * LONG_MAX sets *big and comes back as its bits. */
+long ab_load_int(__global const uchar *s, long i, int k, int *big) {
+  *big = 0;
+  switch (k) {
+  case AB_BOOL: return s[i] != 0 ? 1 : 0;
+  case AB_I8: return ((__global const char *)s)[i];
+  case AB_I16: return ((__global const short *)s)[i];
+  case AB_I32: return ((__global const int *)s)[i];
+  case AB_I64: return ((__global const long *)s)[i];
+  case AB_U8: return s[i];
+  case AB_U16: return ((__global const ushort *)s)[i];
+  case AB_U32: return ((__global const uint *)s)[i];
+  default: {
+    const ulong u = ((__global const ulong *)s)[i];
+    *big = u > (ulong)LONG_MAX;
+    return (long)u;
+  }
+  }
+}
+
+/* Saturating, as the host's integer path: a value past LONG_MAX (big) is
+ * above every bound but uint64's. */
+void ab_store_int(__global uchar *d, ulong i, int k, long v, int big) {
+  switch (k) {
+  case AB_BOOL: d[i] = (big || v != 0) ? 1 : 0; break;
+  case AB_I8: ((__global char *)d)[i] = big ? CHAR_MAX : convert_char_sat(v); break;
+  case AB_I16: ((__global short *)d)[i] = big ? SHRT_MAX : convert_short_sat(v); break;
+  case AB_I32: ((__global int *)d)[i] = big ? INT_MAX : convert_int_sat(v); break;
+  case AB_I64: ((__global long *)d)[i] = big ? LONG_MAX : v; break;
+  case AB_U8: d[i] = big ? UCHAR_MAX : convert_uchar_sat(v); break;
+  case AB_U16: ((__global ushort *)d)[i] = big ? USHRT_MAX : convert_ushort_sat(v); break;
+  case AB_U32: ((__global uint *)d)[i] = big ? UINT_MAX : convert_uint_sat(v); break;
+  default: ((__global ulong *)d)[i] = big ? (ulong)v : convert_ulong_sat(v); break;
+  }
+}
+
+__kernel void ab_convert_int(__global const uchar *src, ulong src_off, __global uchar *dst, ulong dst_off, int ndim,
+                             long8 shape8, long8 stride8, ulong n, int from, int to) {
+  size_t gid = get_global_id(0);
+  if (gid >= n) return;
+  long c;
+  int big;
+  const long off = ab_source_offset(gid, ndim, shape8, stride8, -1, &c);
+  if (from == AB_BOOL && to == AB_BOOL) { /* a permutation: the byte as it is, like the host's gather */
+    dst[dst_off + gid] = src[(long)src_off + off];
+    return;
+  }
+  const long v = ab_load_int(src, (long)src_off + off, from, &big);
+  ab_store_int(dst, dst_off + gid, to, v, big);
+}
+
+#ifdef cl_khr_fp64
+/* (v >> shift) rounded to nearest, ties to even; shift in 1..63. */
+ulong ab_rne_shift(ulong v, int shift) {
+  const ulong q = v >> shift, rem = v & ((1UL << shift) - 1), mid = 1UL << (shift - 1);
+  return q + ((rem > mid || (rem == mid && (q & 1UL))) ? 1UL : 0UL);
+}
+
+/* A double to float16 (10, 15, 31) or bfloat16 (7, 127, 255) in one
+ * rounding to nearest even; the steps of ab__narrow_from_double in
+ * converters/host/rounding.h. */
+ushort ab_narrow_from_double(double x, int mbits, int bias, uint emax) {
+  const ulong b = as_ulong(x);
+  const uint sign = (uint)(b >> 63) << 15;
+  const int exp = (int)((b >> 52) & 0x7ffUL);
+  const ulong man = b & ((1UL << 52) - 1);
+  if (exp == 0x7ff) return (ushort)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (uint)(man >> (53 - mbits)) : 0u));
+  if (exp == 0) return (ushort)sign;
+  const int e = exp - 1023 + bias;
+  if (e >= 1) {
+    const ulong r = ab_rne_shift(((ulong)e << 52) | man, 52 - mbits), inf = (ulong)emax << mbits;
+    return (ushort)(sign | (uint)(r >= inf ? inf : r));
+  }
+  const int shift = 52 - mbits + 1 - e;
+  if (shift > 63) return (ushort)sign;
+  return (ushort)(sign | (uint)ab_rne_shift(man | (1UL << 52), shift));
+}
+
+/* Source element i of any kind as a double: exact, but for 64-bit
+ * integers past 2^53 (rounded to nearest even, as the host's cast). */
+double ab_load_double(__global const uchar *s, long i, int k) {
+  switch (k) {
+  case AB_BOOL: return s[i] != 0 ? 1.0 : 0.0;
+  case AB_I8: return (double)((__global const char *)s)[i];
+  case AB_I16: return (double)((__global const short *)s)[i];
+  case AB_I32: return (double)((__global const int *)s)[i];
+  case AB_I64: return convert_double_rte(((__global const long *)s)[i]);
+  case AB_U8: return (double)s[i];
+  case AB_U16: return (double)((__global const ushort *)s)[i];
+  case AB_U32: return (double)((__global const uint *)s)[i];
+  case AB_U64: return convert_double_rte(((__global const ulong *)s)[i]);
+  case AB_F16: return (double)vload_half((size_t)i, (__global const half *)s);
+  case AB_BF16: return (double)as_float((uint)((__global const ushort *)s)[i] << 16);
+  case AB_F32: return (double)((__global const float *)s)[i];
+  default: return ((__global const double *)s)[i];
+  }
+}
+
+/* The host's store_d: integers round half to even and saturate, NaN -> 0;
+ * bool is nonzero (NaN too); float16 and bfloat16 round once. */
+void ab_store_double(__global uchar *d, ulong i, int k, double y) {
+  switch (k) {
+  case AB_BOOL: d[i] = y != 0.0 ? 1 : 0; break;
+  case AB_I8: ((__global char *)d)[i] = convert_char_sat_rte(y); break;
+  case AB_I16: ((__global short *)d)[i] = convert_short_sat_rte(y); break;
+  case AB_I32: ((__global int *)d)[i] = convert_int_sat_rte(y); break;
+  case AB_I64: ((__global long *)d)[i] = convert_long_sat_rte(y); break;
+  case AB_U8: d[i] = convert_uchar_sat_rte(y); break;
+  case AB_U16: ((__global ushort *)d)[i] = convert_ushort_sat_rte(y); break;
+  case AB_U32: ((__global uint *)d)[i] = convert_uint_sat_rte(y); break;
+  case AB_U64: ((__global ulong *)d)[i] = convert_ulong_sat_rte(y); break;
+  case AB_F16: ((__global ushort *)d)[i] = ab_narrow_from_double(y, 10, 15, 31); break;
+  case AB_BF16: ((__global ushort *)d)[i] = ab_narrow_from_double(y, 7, 127, 255); break;
+  case AB_F32: ((__global float *)d)[i] = convert_float_rte(y); break;
+  default: ((__global double *)d)[i] = y; break;
+  }
+}
+
+/* mode and chan as in the kernels above; a and b are float64. */
+__kernel void ab_convert_wide(__global const uchar *src, ulong src_off, __global uchar *dst, ulong dst_off, int ndim,
+                              long8 shape8, long8 stride8, ulong n, int mode, int chan, double16 a16, double16 b16,
+                              int from, int to) {
+  size_t gid = get_global_id(0);
+  if (gid >= n) return;
+  long c;
+  const long off = ab_source_offset(gid, ndim, shape8, stride8, chan, &c);
+  double y = ab_load_double(src, (long)src_off + off, from);
+  if (mode) {
+    double av[16], bv[16];
+    vstore16(a16, 0, av);
+    vstore16(b16, 0, bv);
+    y = y * av[c];
+    y = y + bv[c];
+  }
+  ab_store_double(dst, dst_off + gid, to, y);
+}
 #endif
