@@ -1259,9 +1259,10 @@ Test(opencl, a_conversion_within_one_device_is_one_kernel) {
 
 Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
   /* All 13 x 13 one-lane dtype pairs, each with no map, a per-tensor and a
-   * per-channel map, in a random axis order, within one device (so the
-   * conversion is one kernel: float32 arithmetic, narrowing, or the
-   * integer and float64 kernels), against the host converter. */
+   * per-channel map, in a random axis order (and once through a view with
+   * a negative stride), within one device (so the conversion is one
+   * kernel: float32 arithmetic, narrowing, or the integer and float64
+   * kernels), against the host converter. */
   need_devices(1);
   if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64: float64 arithmetic stays on the host there");
   test_rng rng = {2031};
@@ -1276,14 +1277,28 @@ Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
       fill_cast_probes(v, n, cast_kinds[f], &rng);
       DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
       DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+      DLTensor hv = h, dv = src->dl_tensor;
+      int64_t rstrides[4];
+      if (trial == 1) { /* both read through a view reversed along axis 0 (a negative stride) */
+        int64_t step = 1;
+        for (int32_t i = ndim - 1; i >= 0; i--) {
+          rstrides[i] = step;
+          step *= shape[i];
+        }
+        const uint64_t last = (uint64_t)((shape[0] - 1) * rstrides[0]) * (cast_kinds[f].bits / 8u);
+        rstrides[0] = -rstrides[0];
+        hv.strides = dv.strides = rstrides;
+        hv.byte_offset += last;
+        dv.byte_offset += last;
+      }
       for (size_t t = 0; t < CAST_NKINDS; t++) {
         ab_convert_opts o;
         const int mode = (trial + (int)t) % 3; /* every pair gets all three */
         cast_opts(mode, cast_kinds[f], cast_kinds[t], chan, perm, &o);
-        DLManagedTensorVersioned *want = convert_ok_opts(&h, CPU0, &o), *dev, *got;
+        DLManagedTensorVersioned *want = convert_ok_opts(&hv, CPU0, &o), *dev, *got;
         convert_place("device");
         const uint64_t before = pool_allocations(CL(0));
-        dev = convert_ok_opts(&src->dl_tensor, CL(0), &o);
+        dev = convert_ok_opts(&dv, CL(0), &o);
         const uint64_t allocs = pool_allocations(CL(0)) - before;
         cr_assert_eq(allocs, 1, "kind %zu -> %zu mode %d: %llu blocks on the device, not one kernel's", f, t, mode,
                      (unsigned long long)allocs);
