@@ -238,3 +238,18 @@ void cast_opts(int mode, DLDataType from, DLDataType to, int32_t chan, const int
     o->channel_offset = offset;
   }
 }
+
+void *cast_source(test_rng *rng, DLDataType t, int32_t *ndim, int64_t *shape, int32_t *perm, int32_t *chan, int64_t *n) {
+  cast_shape(rng, ndim, shape, perm, chan);
+  *n = numel_of(*ndim, shape);
+  void *v = malloc((size_t)*n * 8);
+  if (v != NULL) fill_cast_probes(v, *n, t, rng);
+  return v;
+}
+
+int64_t first_different_element(DLDataType t, const void *a, const void *b, int64_t n) {
+  const size_t es = t.bits / 8u;
+  for (int64_t i = 0; i < n; i++)
+    if (!same_element(t, (const char *)a + (size_t)i * es, (const char *)b + (size_t)i * es)) return i;
+  return -1;
+}

@@ -87,6 +87,15 @@ void cast_shape(test_rng *rng, int32_t *ndim, int64_t *shape, int32_t *perm, int
  * gets mode 1 for 0 (a bare permutation of those is a gather, no cast). */
 void cast_opts(int mode, DLDataType from, DLDataType to, int32_t chan, const int32_t *perm, ab_convert_opts *o);
 
+/* A source for the tests of every pair: a cast_shape layout (ndim, shape,
+ * perm, chan) of *n elements of dtype t holding fill_cast_probes values,
+ * in memory to free(). */
+void *cast_source(test_rng *rng, DLDataType t, int32_t *ndim, int64_t *shape, int32_t *perm, int32_t *chan, int64_t *n);
+
+/* The first of n elements of dtype t at a and b that are not the same
+ * (same_element), or -1. */
+int64_t first_different_element(DLDataType t, const void *a, const void *b, int64_t n);
+
 /* A value no library call may write into an output: tests preset *out to it
  * and check it is still there after a failure. */
 #define SENTINEL_OUT ((DLManagedTensorVersioned *)(uintptr_t)0x5e41e1005e41e100ull)

@@ -862,11 +862,8 @@ Test(cuda, every_cast_pair_matches_the_host_converter) {
   for (size_t f = 0; f < CAST_NKINDS; f++) {
     for (int trial = 0; trial < 3; trial++) {
       int32_t ndim, perm[4], chan;
-      int64_t shape[4];
-      cast_shape(&rng, &ndim, shape, perm, &chan);
-      const int64_t n = numel_of(ndim, shape);
-      void *v = malloc((size_t)n * 8);
-      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      int64_t shape[4], n;
+      void *v = cast_source(&rng, cast_kinds[f], &ndim, shape, perm, &chan, &n);
       for (size_t t = 0; t < CAST_NKINDS; t++) {
         ab_convert_opts o;
         const int mode = (trial + (int)t) % 3;
@@ -893,11 +890,8 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
   for (size_t f = 0; f < CAST_NKINDS; f++) {
     for (int trial = 0; trial < 3; trial++) {
       int32_t ndim, perm[4], chan;
-      int64_t shape[4];
-      cast_shape(&rng, &ndim, shape, perm, &chan);
-      const int64_t n = numel_of(ndim, shape);
-      void *v = malloc((size_t)n * 8);
-      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      int64_t shape[4], n;
+      void *v = cast_source(&rng, cast_kinds[f], &ndim, shape, perm, &chan, &n);
       DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
       DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
       for (size_t t = 0; t < CAST_NKINDS; t++) {
@@ -913,11 +907,8 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
         cr_assert_eq(after.allocations - before.allocations, 1, "kind %zu -> %zu mode %d: not one kernel on the GPU", f,
                      t, mode);
         got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-        const size_t os = cast_kinds[t].bits / 8u;
-        const unsigned char *a = want->dl_tensor.data, *b = got->dl_tensor.data;
-        for (int64_t i = 0; i < n; i++)
-          cr_assert(same_element(cast_kinds[t], a + (size_t)i * os, b + (size_t)i * os),
-                    "kind %zu -> %zu mode %d element %lld differs from the host's", f, t, mode, (long long)i);
+        const int64_t bad = first_different_element(cast_kinds[t], want->dl_tensor.data, got->dl_tensor.data, n);
+        cr_assert_eq(bad, -1, "kind %zu -> %zu mode %d element %lld differs from the host's", f, t, mode, (long long)bad);
         runs++;
         got->deleter(got);
         dev->deleter(dev);

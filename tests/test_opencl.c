@@ -1270,11 +1270,8 @@ Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
   for (size_t f = 0; f < CAST_NKINDS; f++) {
     for (int trial = 0; trial < 3; trial++) {
       int32_t ndim, perm[4], chan;
-      int64_t shape[4];
-      cast_shape(&rng, &ndim, shape, perm, &chan);
-      const int64_t n = numel_of(ndim, shape);
-      void *v = malloc((size_t)n * 8);
-      fill_cast_probes(v, n, cast_kinds[f], &rng);
+      int64_t shape[4], n;
+      void *v = cast_source(&rng, cast_kinds[f], &ndim, shape, perm, &chan, &n);
       DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
       DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
       DLTensor hv = h, dv = src->dl_tensor;
@@ -1304,16 +1301,15 @@ Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
                      (unsigned long long)allocs);
         convert_place("auto");
         got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
-        const size_t os = cast_kinds[t].bits / 8u;
-        const unsigned char *a = want->dl_tensor.data, *b = got->dl_tensor.data;
-        for (int64_t i = 0; i < n; i++)
-          if (!same_element(cast_kinds[t], a + (size_t)i * os, b + (size_t)i * os)) {
-            uint64_t x = 0, y = 0;
-            memcpy(&x, a + (size_t)i * os, os);
-            memcpy(&y, b + (size_t)i * os, os);
-            cr_assert_fail("kind %zu -> %zu mode %d element %lld: host %#llx, device %#llx", f, t, mode, (long long)i,
-                           (unsigned long long)x, (unsigned long long)y);
-          }
+        const int64_t bad = first_different_element(cast_kinds[t], want->dl_tensor.data, got->dl_tensor.data, n);
+        if (bad >= 0) {
+          const size_t os = cast_kinds[t].bits / 8u;
+          uint64_t x = 0, y = 0;
+          memcpy(&x, (const char *)want->dl_tensor.data + (size_t)bad * os, os);
+          memcpy(&y, (const char *)got->dl_tensor.data + (size_t)bad * os, os);
+          cr_assert_fail("kind %zu -> %zu mode %d element %lld: host %#llx, device %#llx", f, t, mode, (long long)bad,
+                         (unsigned long long)x, (unsigned long long)y);
+        }
         runs++;
         got->deleter(got);
         dev->deleter(dev);
