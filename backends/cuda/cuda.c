@@ -247,11 +247,14 @@ static bool pitches_fit(int32_t id, size_t a, size_t b) {
 /* Rectangles: region[2] slices of region[1] rows of region[0] bytes, one
  * cudaMemcpy2DAsync per slice; with a pitch past the GPU's limit (which
  * it refuses with cudaErrorInvalidPitchValue, a non-sticky error) one
- * cudaMemcpyAsync per row instead, which has no pitch to limit. */
+ * cudaMemcpyAsync per row instead, which has no pitch to limit. *what
+ * names the call that was made last (for the error message). */
 static cudaError_t copy_rect(int32_t id, char *dst, size_t dpitch, size_t dslice, const char *src, size_t spitch,
-                             size_t sslice, const size_t region[3], enum cudaMemcpyKind kind, void *stream) {
+                             size_t sslice, const size_t region[3], enum cudaMemcpyKind kind, void *stream,
+                             const char **what) {
   cudaError_t e = cudaSuccess;
   bool by_rows = !pitches_fit(id, dpitch, spitch);
+  *what = by_rows ? "cudaMemcpyAsync per row (a pitch past cudaDevAttrMaxPitch)" : "cudaMemcpy2DAsync";
   for (size_t z = 0; z < region[2] && e == cudaSuccess; z++) {
     char *d = dst + z * dslice;
     const char *s = src + z * sslice;
@@ -261,6 +264,7 @@ static cudaError_t copy_rect(int32_t id, char *dst, size_t dpitch, size_t dslice
       (void)cudaGetLastError();
       e = cudaSuccess;
       by_rows = true;
+      *what = "cudaMemcpyAsync per row (cudaMemcpy2DAsync refused the pitch)";
     }
     for (size_t y = 0; y < region[1] && e == cudaSuccess; y++)
       e = cudaMemcpyAsync(d + y * dpitch, s + y * spitch, region[0], kind, (cudaStream_t)stream);
@@ -339,9 +343,8 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     ab__rect r;
     size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
     if (ab__rect_of(from, es, &r)) {
-      what = "cudaMemcpy2DAsync (device to device)";
       e = copy_rect(did, dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
-                    cudaMemcpyDeviceToDevice, stream);
+                    cudaMemcpyDeviceToDevice, stream, &what);
     } else {
       what = "the gather kernel";
       e = gather(dst, src, from, es, stream);
@@ -439,9 +442,10 @@ static ab_status cuda_read_rect(int32_t id, const void *handle, uint64_t offset,
                                 size_t row_pitch, size_t slice_pitch, void *dst, void *stream) {
   int prev;
   AB_FORWARD(enter(id, &prev));
+  const char *what;
   cudaError_t e = copy_rect(id, dst, region[0], region[0] * region[1], (const char *)handle + offset, row_pitch,
-                            slice_pitch, region, cudaMemcpyDefault, stream);
-  ab_status st = finish(e, id, "cudaMemcpy2DAsync (device to host)", stream);
+                            slice_pitch, region, cudaMemcpyDefault, stream, &what);
+  ab_status st = finish(e, id, what, stream);
   leave(id, prev);
   return st;
 }
@@ -450,9 +454,10 @@ static ab_status cuda_write_rect(int32_t id, void *handle, uint64_t offset, cons
                                  size_t slice_pitch, const void *src, void *stream) {
   int prev;
   AB_FORWARD(enter(id, &prev));
+  const char *what;
   cudaError_t e = copy_rect(id, (char *)handle + offset, region[0], region[0] * region[1], src, row_pitch,
-                            slice_pitch, region, cudaMemcpyDefault, stream);
-  ab_status st = finish(e, id, "cudaMemcpy2DAsync (host to device)", stream);
+                            slice_pitch, region, cudaMemcpyDefault, stream, &what);
+  ab_status st = finish(e, id, what, stream);
   leave(id, prev);
   return st;
 }
