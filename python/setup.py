@@ -50,6 +50,9 @@ class BuildWithLibrary(build_ext):
         for ext in self.extensions:
             ext.include_dirs += [os.path.join(REPO, "include"), dlpack]
             ext.extra_objects += [os.path.join(build, "libarraybridge.a")]
+            # setuptools relinks only when a dependency is newer than the
+            # extension: without this a rebuilt library would not be linked in.
+            ext.depends += [os.path.join(build, "libarraybridge.a")]
             # Everything of the library and of cudart stays private to the
             # extension: only PyInit__arraybridge is exported.
             ext.extra_link_args += private + ["-Wl,--exclude-libs,ALL"]
