@@ -196,6 +196,13 @@ void fill_cast_probes(void *v, int64_t n, DLDataType t, test_rng *rng) {
       memcpy(p, &h, 2);
     }
   }
+  if (t.bits == 64 && (t.code == kDLInt || t.code == kDLUInt) && n > 0) {
+    /* in every source: the values a double would round twice on the way
+     * to float32 and bfloat16 (2^60 + 2^36 + 1, 2^54 + 2^46 + 1) */
+    static const int64_t twice[] = {(1LL << 60) + (1LL << 36) + 1, -((1LL << 60) + (1LL << 36) + 1),
+                                    (1LL << 54) + (1LL << 46) + 1, -((1LL << 54) + (1LL << 46) + 1)};
+    for (int64_t k = 0; k < 4; k++) memcpy((char *)v + (size_t)((k * 7) % n) * 8, &twice[k], 8);
+  }
 }
 
 const DLDataType cast_kinds[CAST_NKINDS] = {

@@ -25,6 +25,7 @@ constexpr int kMaxChannels = 16;
 
 struct desc {
   int ndim, kind, out, family, affine, chan; /* chan: result axis of the per-channel map, -1 for a[0], b[0] */
+  int odd; /* into float32, float16 or bfloat16 without a map: 64-bit integers rounded once */
   int64_t shape[AB_MAX_NDIM];
   int64_t stride[AB_MAX_NDIM]; /* elements */
   float a[kMaxChannels], b[kMaxChannels];      /* FAM_FLOAT32 */
@@ -238,7 +239,13 @@ template <int F> __host__ __device__ inline void element(void *dst, const void *
     else
       store_int(d.out, dst, e, load_int(d.kind, src, at));
   } else {
-    double y = load_double(d.kind, src, at);
+    double y;
+    if (d.odd && d.kind == K_I64) /* into a narrower float without a map: one rounding (rounding.h) */
+      y = ab__i64_to_double_odd(static_cast<const int64_t *>(src)[at]);
+    else if (d.odd && d.kind == K_U64)
+      y = ab__u64_to_double_odd(static_cast<const uint64_t *>(src)[at]);
+    else
+      y = load_double(d.kind, src, at);
     if (d.affine) y = affine(y, d.ad[c], d.bd[c]);
     store_double(d.out, dst, e, y);
   }
@@ -270,6 +277,7 @@ bool describe(const ab__convert_args *a, desc &d, int64_t &n) {
   if (per_channel && (op.channel_dim >= a->ndim || a->shape[op.channel_dim] > kMaxChannels)) return false;
   d.ndim = a->ndim;
   d.affine = op.affine ? 1 : 0;
+  d.odd = !op.affine && (d.out == K_F32 || d.out == K_F16 || d.out == K_BF16);
   d.chan = per_channel ? op.channel_dim : -1;
   n = 1;
   for (int k = 0; k < a->ndim; k++) {

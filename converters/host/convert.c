@@ -187,7 +187,16 @@ struct row_ctx {
   ab__arith path;
   size_t out_size;
   bool affine;
+  bool odd; /* a 64-bit integer into float32, float16 or bfloat16, no map: rounded once (load_odd) */
 };
+
+/* A 64-bit integer source for one rounding into a narrower float (see
+ * ab__u64_to_double_odd); other kinds as load_d. */
+static double load_odd(enum kind k, const char *p) {
+  if (k == K_I64) return ab__i64_to_double_odd(rd_i64(p));
+  if (k == K_U64) return ab__u64_to_double_odd(rd_u64(p));
+  return load_d(k, p);
+}
 
 /* n elements, source stride `ss` bytes, compact destination; scale/offset
  * per element when sc/of step (per_elem), else the first entries. */
@@ -216,7 +225,7 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
     return;
   case AB_ARITH_FLOAT64:
     for (int64_t i = 0; i < n; i++) {
-      double y = load_d(c->from, s + i * ss);
+      double y = c->odd ? load_odd(c->from, s + i * ss) : load_d(c->from, s + i * ss);
       if (c->affine) {
         double m = y * sc[per_elem ? i : 0]; /* a multiply, then an add: -ffp-contract=off */
         y = m + of[per_elem ? i : 0];
@@ -354,6 +363,7 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
   c.to = kind_of(op->to);
   c.affine = op->affine;
   c.path = arith_of(c.from, c.to, op->affine);
+  c.odd = !op->affine && (c.from == K_I64 || c.from == K_U64) && (c.to == K_F32 || c.to == K_F16 || c.to == K_BF16);
   c.out_size = (size_t)(op->to.bits / 8u) * op->to.lanes;
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;

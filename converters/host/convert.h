@@ -10,6 +10,9 @@
  *    int32/64, uint32/64; in float64 otherwise.
  *  - float -> integer: round half to even, saturate to the type's range,
  *    NaN -> 0. integer -> integer (no affine): exact, saturating.
+ *  - integer -> float (no affine): one rounding to nearest even from the
+ *    integer itself, as a C cast (64-bit integers into float32, float16
+ *    or bfloat16 are not rounded to a double first).
  *  - -> bool: nonzero (NaN included) is true. bool -> any: 0 or 1.
  *  - -> float16 / bfloat16: round to nearest even from the computed value,
  *    overflow to infinity, NaN stays NaN.

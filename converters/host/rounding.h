@@ -1,8 +1,9 @@
 /* The roundings of converters/host/convert.h written once, as inline
  * functions that the host converter and the CUDA kernels (converters/cuda,
  * compiled for the host and for the device) both call: a double to
- * float16 or bfloat16, and a double to an integer (round half to even,
- * saturate, NaN -> 0). The OpenCL kernels spell the same steps in OpenCL C
+ * float16 or bfloat16, a double to an integer (round half to even,
+ * saturate, NaN -> 0), and a 64-bit integer to a double that rounds
+ * correctly once more. The OpenCL kernels spell the same steps in OpenCL C
  * (converters/opencl/convert.cl); the tests hold all three to the host's
  * bits. */
 #ifndef AB_CONVERTERS_HOST_ROUNDING_H
@@ -44,6 +45,26 @@ static inline AB_HD uint16_t ab__narrow_from_double(double x, int mbits, int bia
   const int shift = 52 - mbits + 1 - e; /* to the subnormal's unit */
   if (shift > 63) return sign;
   return (uint16_t)(sign | ab__rne_shift(man | (1ull << 52), shift));
+}
+
+/* A 64-bit integer as a double rounded to odd: exact below 2^53; above,
+ * cut to 53 significant bits with the last one set when anything was cut.
+ * Rounding that once more, to nearest even at 24 bits or fewer (float32,
+ * float16, bfloat16), gives the integer's own nearest value: the one
+ * rounding of a C cast from the integer, where going through the nearest
+ * double would round twice (2^60 + 2^36 + 1 would become 2^60 in float32,
+ * not 2^60 + 2^37). */
+static inline AB_HD double ab__u64_to_double_odd(uint64_t u) {
+  int drop = 0;
+  while ((u >> drop) >= (1ull << 53)) drop++;
+  if (drop == 0) return (double)u;
+  const uint64_t mask = (1ull << drop) - 1;
+  return (double)((u & ~mask) | ((u & mask) != 0 ? 1ull << drop : 0)); /* 53 bits at most: exact */
+}
+
+static inline AB_HD double ab__i64_to_double_odd(int64_t x) {
+  const double d = ab__u64_to_double_odd(x < 0 ? 0 - (uint64_t)x : (uint64_t)x);
+  return x < 0 ? -d : d;
 }
 
 /* Round half to even without libm: adding 2^52 to a magnitude below 2^52

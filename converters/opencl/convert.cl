@@ -241,9 +241,28 @@ ushort ab_narrow_from_double(double x, int mbits, int bias, uint emax) {
   return (ushort)(sign | (uint)ab_rne_shift(man | (1UL << 52), shift));
 }
 
+/* A uint64 as a double rounded to odd (ab__u64_to_double_odd in
+ * converters/host/rounding.h): exact below 2^53, else cut to 53 bits with
+ * the last set when anything was cut, so that one more rounding into
+ * float32, float16 or bfloat16 is the integer's own. */
+double ab_u64_odd(ulong u) {
+  if (u < (1UL << 53)) return convert_double(u);
+  const int drop = 11 - (int)clz(u); /* bits below the top 53 */
+  const ulong mask = (1UL << drop) - 1;
+  return convert_double((u & ~mask) | ((u & mask) != 0 ? 1UL << drop : 0UL));
+}
+
+double ab_i64_odd(long x) {
+  const double d = ab_u64_odd(x < 0 ? 0UL - (ulong)x : (ulong)x);
+  return x < 0 ? -d : d;
+}
+
 /* Source element i of any kind as a double: exact, but for 64-bit
- * integers past 2^53 (rounded to nearest even, as the host's cast). */
-double ab_load_double(__global const uchar *s, long i, int k) {
+ * integers past 2^53: rounded to nearest even, as the host's cast, or with
+ * `odd` rounded to odd (a cast into float32, float16 or bfloat16, no map). */
+double ab_load_double(__global const uchar *s, long i, int k, int odd) {
+  if (odd && k == AB_I64) return ab_i64_odd(((__global const long *)s)[i]);
+  if (odd && k == AB_U64) return ab_u64_odd(((__global const ulong *)s)[i]);
   switch (k) {
   case AB_BOOL: return s[i] != 0 ? 1.0 : 0.0;
   case AB_I8: return (double)((__global const char *)s)[i];
@@ -289,7 +308,9 @@ __kernel void ab_convert_wide(__global const uchar *src, ulong src_off, __global
   if (gid >= n) return;
   long c;
   const long off = ab_source_offset(gid, ndim, shape8, stride8, chan, &c);
-  double y = ab_load_double(src, (long)src_off + off, from);
+  /* the host's rule: a 64-bit integer into a narrower float without a map is rounded once */
+  const int odd = !mode && (to == AB_F32 || to == AB_F16 || to == AB_BF16);
+  double y = ab_load_double(src, (long)src_off + off, from, odd);
   if (mode) {
     double av[16], bv[16];
     vstore16(a16, 0, av);

@@ -216,6 +216,27 @@ def test_dtype_changes_convert_and_impossible_ones_are_refused():
         ab.convert_memory(np.arange(3), "cpu", dtype="float24")
 
 
+def test_casts_into_floats_round_once_like_numpy():
+    # NumPy's astype rounds once from the source value; so must we, on every
+    # route (the C suite holds the devices to the host's bits).
+    big = [2**60 + 2**36 + 1, 2**54 + 2**46 + 1, 2**53 + 1, 2**63 - 1, 16777217, 65520, 0, 1]
+    sources = [
+        np.array(big + [-v for v in big[:4]] + [-(2**63)], dtype=np.int64),
+        np.array(big + [2**64 - 1, 2**63 + 2**39 + 1], dtype=np.uint64),
+        np.array([2**31 - 1, -(2**31), 16777217, -16777219, 65519, 65520, 2049], dtype=np.int32),
+        np.array([1 + 2**-24, 1 + 2**-11, 65519.99, 65520.0, 2**-25, 2**-24 * 1.5, 1e-310, 3.5e38, -0.0,
+                  np.inf, 1 + 2**-24 + 2**-52, 5.960464477539063e-08], dtype=np.float64),
+    ]
+    for src in sources:
+        for dt in ("float32", "float16", "float64"):
+            got = np.from_dlpack(ab.convert_memory(src, "cpu", dtype=dt))
+            with np.errstate(over="ignore"):  # past float16's or float32's range: infinity, as ours
+                want = src.astype(dt)
+            assert got.dtype == want.dtype
+            bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.itemsize]
+            np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=f"{src.dtype} -> {dt}")
+
+
 # ---- the protocol -----------------------------------------------------------------
 
 
