@@ -4,8 +4,11 @@
 # on anything that could change a result: an fma or mad (contraction), a
 # mul with no rounding mode (ptxas may contract it with an add), flushing
 # subnormals (.ftz) or approximate operations (.approx, div.full).
-#   cmake -DNVCC=... -DARCH=sm_90 -DSRC=convert.cu -DINCLUDES="a;b" -DOUT=x.ptx -P ptx_check.cmake
-set(flags -ptx -arch=${ARCH} -std=c++17)
+#   cmake -DNVCC=... -DARCH=sm_90 -DSRC=convert.cu -DINCLUDES="a;b" -DCUDA_FLAGS="..." -DOUT=x.ptx -P ptx_check.cmake
+# The build's own CUDA flags first (a --use_fast_math or -ftz=true there
+# would change the shipped kernels, and must fail here too).
+separate_arguments(build_flags UNIX_COMMAND "${CUDA_FLAGS}")
+set(flags ${build_flags} -ptx -arch=${ARCH} -std=c++17)
 foreach(dir ${INCLUDES})
   list(APPEND flags -I${dir})
 endforeach()

@@ -906,6 +906,10 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
         cr_assert_eq(ab_pool_stats(CUDA(0), &after), AB_OK);
         cr_assert_eq(after.allocations - before.allocations, 1, "kind %zu -> %zu mode %d: not one kernel on the GPU", f,
                      t, mode);
+        char plan[2048]; /* the host's route allocates one block on the GPU as well */
+        cr_assert_eq(ab_explain_convert(&g->dl_tensor, CUDA(0), &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
+        cr_assert(strstr(plan, "1. convert on cuda:0:") != NULL && strstr(plan, "2. ") == NULL,
+                  "kind %zu -> %zu mode %d: not one kernel on the GPU: %s", f, t, mode, plan);
         got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
         const int64_t bad = first_different_element(cast_kinds[t], want->dl_tensor.data, got->dl_tensor.data, n);
         cr_assert_eq(bad, -1, "kind %zu -> %zu mode %d element %lld differs from the host's", f, t, mode, (long long)bad);

@@ -1299,6 +1299,12 @@ Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
         const uint64_t allocs = pool_allocations(CL(0)) - before;
         cr_assert_eq(allocs, 1, "kind %zu -> %zu mode %d: %llu blocks on the device, not one kernel's", f, t, mode,
                      (unsigned long long)allocs);
+        /* and the plan was that kernel alone: the host's route (download,
+         * convert, upload) allocates one device block as well */
+        char plan[2048];
+        cr_assert_eq(ab_explain_convert(&dv, CL(0), &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
+        cr_assert(strstr(plan, "1. convert on opencl:0:") != NULL && strstr(plan, "2. ") == NULL,
+                  "kind %zu -> %zu mode %d: not one kernel on the device: %s", f, t, mode, plan);
         convert_place("auto");
         got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
         const int64_t bad = first_different_element(cast_kinds[t], want->dl_tensor.data, got->dl_tensor.data, n);

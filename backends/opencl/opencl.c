@@ -530,10 +530,16 @@ static bool program_ready(struct platform *p, int which) {
   cl_int e;
   cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
   if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
+  if (e == CL_BUILD_PROGRAM_FAILURE && which == 1) {
+    /* A compiler that cannot take the two kernels with the kinds as
+     * arguments keeps the per-pair ones: built again without them. */
+    AB_LOG(AB_LOG_INFO, "OpenCL: convert.cl did not build whole; again without ab_convert_int/ab_convert_wide");
+    e = clBuildProgram(prog, 0, NULL, "-DAB_NO_GENERIC_KERNELS", NULL, NULL);
+  }
   for (int k = first; k < required && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
   /* The narrowing and float64 kernels do not exist without cl_khr_fp64
-   * (on some device of the context): those conversions stay on the host.
-   * The integer one is optional too (a compiler without 64-bit integers). */
+   * (on some device of the context), nor the two generic ones in a
+   * program built without them: those conversions stay on the host. */
   for (int k = required; k < last && e == CL_SUCCESS; k++) {
     cl_int ke;
     p->kernel[k] = clCreateKernel(prog, names[k], &ke);
@@ -714,6 +720,10 @@ static int cl_kind(DLDataType d) {
   }
 }
 
+/* Whether a cl_kind is float16, bfloat16 or float32 (the wide kernel goes
+ * through float for those). */
+static bool is_float_kind(cl_int k) { return k == 9 || k == 10 || k == 11; }
+
 /* The kernel for op (by the arithmetic the rules give it): the
  * float32-arithmetic ones; for float64 arithmetic the narrowing ones
  * where one exists, else ab_convert_wide; ab_convert_int for integers
@@ -814,11 +824,13 @@ static bool cl_can_convert(int32_t id, const void *src, uint64_t src_offset, con
   if (!conv_layout(args, &kc)) return false;
   /* The kernels index whole elements of the source */
   if (src_offset % (args->op.from.bits / 8u) != 0) return false;
-  /* float32 loads and arithmetic (denormal sources too) in all but the
-   * integer kernel, float64 in the narrowing and wide ones */
+  /* float32 arithmetic or loads (denormal sources too) in the float32 and
+   * narrowing kernels, and in the wide one where a side is a 16- or 32-bit
+   * float; float64 in the narrowing and wide ones */
+  const bool singles = kc.family == F_FLOAT32 || kc.family == F_NARROW ||
+                       (kc.family == F_WIDE && (is_float_kind(kc.from) || is_float_kind(kc.to)));
   const bool doubles = kc.family == F_NARROW || kc.family == F_WIDE;
-  if (kc.family != F_INT &&
-      (!fp_exact(id, CL_DEVICE_SINGLE_FP_CONFIG) || (doubles && !fp_exact(id, CL_DEVICE_DOUBLE_FP_CONFIG))))
+  if ((singles && !fp_exact(id, CL_DEVICE_SINGLE_FP_CONFIG)) || (doubles && !fp_exact(id, CL_DEVICE_DOUBLE_FP_CONFIG)))
     return false;
   /* A buffer of another context cannot be an argument of our kernels. */
   if (src != NULL && clGetMemObjectInfo((cl_mem)src, CL_MEM_CONTEXT, sizeof theirs, &theirs, NULL) != CL_SUCCESS)

@@ -151,6 +151,7 @@ AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
 
 #endif
 
+#ifndef AB_NO_GENERIC_KERNELS /* the backend builds again with this when a compiler refuses them */
 /* ---- every other pair ------------------------------------------------
  * Two kernels take the element kinds as arguments (uniform branches): one
  * for integer and bool pairs without a map (exact, saturating), one for
@@ -321,3 +322,4 @@ __kernel void ab_convert_wide(__global const uchar *src, ulong src_off, __global
   ab_store_double(dst, dst_off + gid, to, y);
 }
 #endif
+#endif /* AB_NO_GENERIC_KERNELS */
