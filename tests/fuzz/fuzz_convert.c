@@ -168,13 +168,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
       if (v != AB_OK) fail("convert accepted what validate refused");
       const DLTensor *rt = &out->dl_tensor;
+      const bool converts = (o.flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)) != 0 ||
+                            (o.dtype.bits != 0 && (o.dtype.code != t.dtype.code || o.dtype.bits != t.dtype.bits ||
+                                                   o.dtype.lanes != t.dtype.lanes));
       if (rt->device.device_type == kDLCPU && (out->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
         size_t n = es;
         for (int32_t i = 0; i < t.ndim; i++) n *= (size_t)t.shape[i];
         if (n > 0) {
           uint8_t *want = malloc(n);
           gather_ref(&t, es, want);
-          if (memcmp(want, (const uint8_t *)rt->data + rt->byte_offset, n) != 0) fail("copy differs");
+          if (!converts) {
+            if (memcmp(want, (const uint8_t *)rt->data + rt->byte_offset, n) != 0) fail("copy differs");
+          } else {
+            /* a conversion: the same from a compact copy of the source,
+             * so the strided reads are checked against the plain ones */
+            DLTensor c = t;
+            c.data = want;
+            c.strides = NULL;
+            c.byte_offset = 0;
+            DLManagedTensorVersioned *ref = NULL;
+            if (ab_convert_memory(&c, target, &o, &ref) != AB_OK) fail("the compact source was refused");
+            size_t rn = (size_t)(rt->dtype.bits / 8u) * rt->dtype.lanes;
+            for (int32_t i = 0; i < rt->ndim; i++) rn *= (size_t)rt->shape[i];
+            if (memcmp((const uint8_t *)ref->dl_tensor.data + ref->dl_tensor.byte_offset,
+                       (const uint8_t *)rt->data + rt->byte_offset, rn) != 0)
+              fail("conversion differs from the compact source's");
+            ref->deleter(ref);
+          }
           free(want);
         }
       } else if (!(out->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
