@@ -59,6 +59,14 @@ static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
   if (o->flags & ~AB_CONVERT_KNOWN_FLAGS)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->flags has unknown bits 0x%" PRIx32,
                    o->flags & ~AB_CONVERT_KNOWN_FLAGS);
+  /* The maps' numbers sit past the 0.1 fields: with size 0 they would be
+   * read as 0 (AB_CONVERT_AFFINE would scale every element to 0). */
+  if (size == OPTS_V0_1_SIZE && (o->flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opts->flags asks for %s but opts->size is %" PRIu32
+                   " (the version 0.1 layout, without the map's fields): set size = sizeof(ab_convert_opts), as "
+                   "AB_CONVERT_OPTS_INIT does",
+                   (o->flags & AB_CONVERT_AFFINE) ? "AB_CONVERT_AFFINE" : "AB_CONVERT_PER_CHANNEL", in->size);
   if (o->dtype.bits != 0) {
     size_t es;
     AB_FORWARD(ab__check_dtype(o->dtype, "opts->dtype", &es));

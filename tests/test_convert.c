@@ -261,6 +261,17 @@ Test(convert, opts_size_zero_or_sizeof_is_accepted_and_too_small_is_invalid) {
     cr_assert_eq(r, SENTINEL_OUT);
     cr_assert_not_null(strstr(ab_last_error(), "size"), "message: %s", ab_last_error());
   }
+  /* the version 0.1 layout has no scale or channel fields: a map asked for
+   * there is refused, not applied with zeros */
+  const uint32_t maps[] = {AB_CONVERT_AFFINE, AB_CONVERT_PER_CHANNEL};
+  for (int k = 0; k < 2; k++) {
+    ab_convert_opts o = {.size = 0, .flags = maps[k]};
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_ERR_INVALID_ARGUMENT, "flags %u with size 0 accepted",
+                 maps[k]);
+    cr_assert_eq(r, SENTINEL_OUT);
+    cr_assert_not_null(strstr(ab_last_error(), "AB_CONVERT_OPTS_INIT"), "message: %s", ab_last_error());
+  }
 }
 
 /* A caller compiled against a newer header passes a bigger struct: fine

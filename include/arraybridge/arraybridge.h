@@ -265,7 +265,9 @@ enum {
  * much of the struct the caller knows: set it to sizeof(ab_convert_opts)
  * (AB_CONVERT_OPTS_INIT does) to use fields added after version 0.1; 0 means
  * "only the 0.1 fields below", so zero-initialised structs compiled against
- * any version keep meaning the defaults. Fields past `size` are read as 0. */
+ * any version keep meaning the defaults. Fields past `size` are read as 0;
+ * AB_CONVERT_AFFINE and AB_CONVERT_PER_CHANNEL, whose numbers are such
+ * fields, are refused (AB_ERR_INVALID_ARGUMENT) when `size` is 0. */
 typedef struct ab_convert_opts {
   uint32_t size;      /**< 0 or sizeof(ab_convert_opts) */
   uint32_t flags;     /**< AB_CONVERT_* bits */
