@@ -1329,6 +1329,66 @@ Test(opencl, every_cast_pair_converts_on_the_device_bit_exact_with_the_host) {
   assert_pool_clean(CL(0));
 }
 
+/* Converts a compact host source of `from` (values from fill_cast_probes)
+ * to `to` within opencl:0 with AB_CONVERT_PLACE=device, checks the result
+ * against the host's, and returns whether the plan was the one kernel. */
+static bool converted_by_one_kernel(DLDataType from, DLDataType to) {
+  test_rng rng = {(uint64_t)from.code * 1000 + from.bits * 10 + to.code * 7 + to.bits};
+  int64_t shape[2] = {5, 7};
+  const int32_t perm[2] = {1, 0};
+  void *v = malloc(35 * 8);
+  fill_cast_probes(v, 35, from, &rng);
+  DLTensor h = {v, CPU0, 2, from, shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = to;
+  o.permute = perm;
+  DLManagedTensorVersioned *want = convert_ok_opts(&h, CPU0, &o), *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED);
+  convert_place("device");
+  char plan[2048];
+  cr_assert_eq(ab_explain_convert(&src->dl_tensor, CL(0), &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
+  DLManagedTensorVersioned *dev = convert_ok_opts(&src->dl_tensor, CL(0), &o);
+  convert_place("auto");
+  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED);
+  const int64_t bad = first_different_element(to, want->dl_tensor.data, got->dl_tensor.data, 35);
+  cr_assert_eq(bad, -1, "%s: element %lld differs from the host's", plan, (long long)bad);
+  got->deleter(got);
+  dev->deleter(dev);
+  src->deleter(src);
+  want->deleter(want);
+  free(v);
+  return strstr(plan, "1. convert on opencl:0:") != NULL && strstr(plan, "2. ") == NULL;
+}
+
+Test(opencl, a_compiler_refusing_the_generic_kernels_keeps_the_per_pair_ones) {
+  /* convert.cl built as by a compiler that fails on ab_convert_int and
+   * ab_convert_wide: built again without them, the per-pair kernels run
+   * and the other pairs convert on the host, with the same bits. */
+  setenv("AB_TEST_OPENCL_CONVERT_OPTIONS", "-DAB_TEST_REFUSE_GENERIC", 1);
+  need_devices(1);
+  if (!device_has_fp64(0)) cr_skip_test("opencl:0 has no cl_khr_fp64");
+  cr_assert(converted_by_one_kernel(dt(kDLUInt, 8, 1), dt(kDLFloat, 32, 1)), "the float32 kernels went too");
+  cr_assert(converted_by_one_kernel(dt(kDLFloat, 32, 1), dt(kDLUInt, 8, 1)), "the narrowing kernels went too");
+  cr_assert(!converted_by_one_kernel(dt(kDLInt, 64, 1), dt(kDLFloat, 32, 1)), "ab_convert_wide still ran");
+  cr_assert(!converted_by_one_kernel(dt(kDLInt, 32, 1), dt(kDLInt, 64, 1)), "ab_convert_int still ran");
+  unsetenv("AB_TEST_OPENCL_CONVERT_OPTIONS");
+  assert_pool_clean(CL(0));
+}
+
+Test(opencl, a_compiler_without_doubles_keeps_the_integer_and_float32_kernels) {
+  /* convert.cl built as by a compiler without cl_khr_fp64: integer pairs
+   * and float32 arithmetic stay on the device, float64 arithmetic goes to
+   * the host, with the same bits. */
+  setenv("AB_TEST_OPENCL_CONVERT_OPTIONS", "-DAB_TEST_NO_FP64", 1);
+  need_devices(1);
+  cr_assert(converted_by_one_kernel(dt(kDLInt, 32, 1), dt(kDLInt, 64, 1)), "ab_convert_int needs no doubles");
+  cr_assert(converted_by_one_kernel(dt(kDLUInt, 64, 1), dt(kDLInt, 8, 1)), "ab_convert_int needs no doubles");
+  cr_assert(converted_by_one_kernel(dt(kDLUInt, 8, 1), dt(kDLBfloat, 16, 1)), "float32 arithmetic needs no doubles");
+  cr_assert(!converted_by_one_kernel(dt(kDLFloat, 32, 1), dt(kDLUInt, 8, 1)), "a narrowing kernel without doubles");
+  cr_assert(!converted_by_one_kernel(dt(kDLInt, 64, 1), dt(kDLFloat, 64, 1)), "ab_convert_wide without doubles");
+  unsetenv("AB_TEST_OPENCL_CONVERT_OPTIONS");
+  assert_pool_clean(CL(0));
+}
+
 static float narrow_src[5 * 6];
 
 static void check_narrowed(DLManagedTensorVersioned *r, int n) {

@@ -529,12 +529,21 @@ static bool program_ready(struct platform *p, int which) {
   size_t len = which == 0 ? ab__opencl_gather_cl_len : ab__opencl_convert_cl_len;
   cl_int e;
   cl_program prog = clCreateProgramWithSource(p->ctx, 1, &src, &len, &e);
-  if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, "", NULL, NULL);
+  const char *opts = "";
+#ifdef AB_FAULT_INJECTION
+  /* test_opencl builds convert.cl as other compilers would (one that
+   * refuses the generic kernels, one without doubles): test builds only. */
+  const char *test_opts = which == 1 ? getenv("AB_TEST_OPENCL_CONVERT_OPTIONS") : NULL;
+  if (test_opts != NULL) opts = test_opts;
+#endif
+  if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, opts, NULL, NULL);
   if (e == CL_BUILD_PROGRAM_FAILURE && which == 1) {
     /* A compiler that cannot take the two kernels with the kinds as
      * arguments keeps the per-pair ones: built again without them. */
+    char again[256];
+    snprintf(again, sizeof again, "%s -DAB_NO_GENERIC_KERNELS", opts);
     AB_LOG(AB_LOG_INFO, "OpenCL: convert.cl did not build whole; again without ab_convert_int/ab_convert_wide");
-    e = clBuildProgram(prog, 0, NULL, "-DAB_NO_GENERIC_KERNELS", NULL, NULL);
+    e = clBuildProgram(prog, 0, NULL, again, NULL, NULL);
   }
   for (int k = first; k < required && e == CL_SUCCESS; k++) p->kernel[k] = clCreateKernel(prog, names[k], &e);
   /* The narrowing and float64 kernels do not exist without cl_khr_fp64

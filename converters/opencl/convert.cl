@@ -26,6 +26,15 @@
  * Built once per context, as a program of its own (gather.cl is another). */
 #pragma OPENCL FP_CONTRACT OFF
 
+/* Test builds only (AB_TEST_OPENCL_CONVERT_OPTIONS): a compiler without
+ * doubles, and one that refuses the generic kernels below. */
+#ifdef AB_TEST_NO_FP64
+#undef cl_khr_fp64
+#endif
+#if defined(AB_TEST_REFUSE_GENERIC) && !defined(AB_NO_GENERIC_KERNELS)
+#error "this compiler refuses the generic kernels (a test)"
+#endif
+
 #define AB_LOAD_U8(p, i) ((float)(p)[i])
 #define AB_LOAD_I8(p, i) ((float)(p)[i])
 #define AB_LOAD_U16(p, i) ((float)(p)[i])
