@@ -589,10 +589,137 @@ static int producer_device(PyObject *x, DLDevice *out) {
   return rc;
 }
 
+/* The element options of convert_memory and explain_route, as given
+ * (borrowed; Py_None when absent). */
+struct map_args {
+  PyObject *permute, *scale, *offset, *channel_axis, *channel_scale, *channel_offset;
+};
+
+/* The map's memory while a conversion runs: the axis order and the
+ * per-channel numbers (PyMem; map_free releases them). */
+struct map_buf {
+  int32_t perm[AB_MAX_NDIM];
+  double *cs, *co;
+};
+
+static void map_free(struct map_buf *b) {
+  PyMem_Free(b->cs);
+  PyMem_Free(b->co);
+  b->cs = b->co = NULL;
+}
+
+/* An axis of an ndim-dimensional tensor, negative ones counted from the
+ * end as NumPy does; -1 with ValueError when out of range. */
+static int axis_of(PyObject *o, int32_t ndim, const char *what, int32_t *out) {
+  long a = PyLong_AsLong(o);
+  if (a == -1 && PyErr_Occurred()) return -1;
+  if (a < -(long)ndim || a >= (long)ndim) {
+    PyErr_Format(PyExc_ValueError, "%s %ld is out of range for a %d-dimensional tensor", what, a, (int)ndim);
+    return -1;
+  }
+  *out = (int32_t)(a < 0 ? a + ndim : a);
+  return 0;
+}
+
+/* n floats from a sequence of exactly n numbers into PyMem. */
+static int floats_of(PyObject *o, int64_t n, const char *what, double **out) {
+  PyObject *seq = PySequence_Fast(o, "channel_scale and channel_offset must be sequences of numbers");
+  if (seq == NULL) return -1;
+  const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  if ((int64_t)len != n) {
+    PyErr_Format(PyExc_ValueError, "%s has %zd values; the channel axis has %lld", what, len, (long long)n);
+    Py_DECREF(seq);
+    return -1;
+  }
+  double *v = PyMem_Malloc(len > 0 ? (size_t)len * sizeof *v : 1);
+  if (v == NULL) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++) {
+    v[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+    if (v[i] == -1.0 && PyErr_Occurred()) {
+      PyMem_Free(v);
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  *out = v;
+  return 0;
+}
+
+/* Whether any element option was given. */
+static int map_given(const struct map_args *m) {
+  return m != NULL && (m->permute != Py_None || m->scale != Py_None || m->offset != Py_None ||
+                       m->channel_axis != Py_None || m->channel_scale != Py_None || m->channel_offset != Py_None);
+}
+
+/* Sets o's axis order and affine map from m for the tensor t: permute is
+ * a sequence of ndim axes; scale/offset a per-tensor map (1 and 0 when
+ * one is missing); channel_axis with channel_scale and/or channel_offset
+ * (one value per index of that axis) a per-channel map. -1 with an
+ * exception set; b holds what o points to until map_free. */
+static int map_fill(const struct map_args *m, const DLTensor *t, ab_convert_opts *o, struct map_buf *b) {
+  b->cs = b->co = NULL;
+  if (!map_given(m)) return 0;
+  if (m->permute != Py_None) {
+    PyObject *seq = PySequence_Fast(m->permute, "permute must be a sequence of axes");
+    if (seq == NULL) return -1;
+    const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (len != t->ndim) {
+      PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", len, (int)t->ndim);
+      Py_DECREF(seq);
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++)
+      if (axis_of(PySequence_Fast_GET_ITEM(seq, i), t->ndim, "permute axis", &b->perm[i]) < 0) {
+        Py_DECREF(seq);
+        return -1;
+      }
+    Py_DECREF(seq);
+    o->permute = b->perm; /* repeated axes: the library's ValueError */
+  }
+  const int per_tensor = m->scale != Py_None || m->offset != Py_None;
+  const int per_channel = m->channel_scale != Py_None || m->channel_offset != Py_None;
+  if (per_tensor && per_channel) {
+    PyErr_SetString(PyExc_ValueError, "give scale/offset (one map) or channel_scale/channel_offset (per channel), "
+                                      "not both");
+    return -1;
+  }
+  if (per_channel != (m->channel_axis != Py_None)) {
+    PyErr_SetString(PyExc_ValueError, per_channel ? "channel_scale/channel_offset need channel_axis"
+                                                  : "channel_axis needs channel_scale and/or channel_offset");
+    return -1;
+  }
+  if (per_tensor) {
+    o->flags |= AB_CONVERT_AFFINE;
+    o->scale = m->scale == Py_None ? 1.0 : PyFloat_AsDouble(m->scale);
+    if (o->scale == -1.0 && PyErr_Occurred()) return -1;
+    o->offset = m->offset == Py_None ? 0.0 : PyFloat_AsDouble(m->offset);
+    if (o->offset == -1.0 && PyErr_Occurred()) return -1;
+  }
+  if (per_channel) {
+    if (axis_of(m->channel_axis, t->ndim, "channel_axis", &o->channel_axis) < 0) return -1;
+    const int64_t n = t->shape[o->channel_axis];
+    if ((m->channel_scale != Py_None && floats_of(m->channel_scale, n, "channel_scale", &b->cs) < 0) ||
+        (m->channel_offset != Py_None && floats_of(m->channel_offset, n, "channel_offset", &b->co) < 0)) {
+      map_free(b);
+      return -1;
+    }
+    o->flags |= AB_CONVERT_PER_CHANNEL;
+    o->channel_scale = b->cs;
+    o->channel_offset = b->co;
+  }
+  return 0;
+}
+
 /* The core of from_dlpack and convert_memory: import x, then move or copy
  * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
- * 1 always. */
-static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype) {
+ * 1 always. dtype and map (NULL: none) convert the elements on the way. */
+static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
+                                    const struct map_args *map) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
     /* Our own tensor: a view export of it, owned by the new Tensor. */
@@ -626,17 +753,23 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
                                        target->device_id != t->device.device_id);
   const int recast = dtype != NULL && (dtype->code != t->dtype.code || dtype->bits != t->dtype.bits ||
                                        dtype->lanes != t->dtype.lanes);
-  if (!moves && !recast && copy != 1) return tensor_new_owning(mt, NULL);
+  if (!moves && !recast && !map_given(map) && copy != 1) return tensor_new_owning(mt, NULL);
 
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
   /* A strided tensor on its own device may stay a view. */
   o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
   if (dtype != NULL) o.dtype = *dtype;
+  struct map_buf mb;
+  if (map_fill(map, t, &o, &mb) < 0) {
+    release(mt);
+    return NULL;
+  }
   DLManagedTensorVersioned *out;
   Py_BEGIN_ALLOW_THREADS
   st = ab_convert_memory(t, target ? *target : t->device, &o, &out);
   Py_END_ALLOW_THREADS
+  map_free(&mb);
   if (st != AB_OK) return raise_and_release(st, mt);
   if (out->flags & DLPACK_FLAG_BITMASK_IS_COPIED) {
     release(mt);
@@ -656,15 +789,18 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs)
   if (device != Py_None && device_from_object(device, &target) < 0) return NULL;
   int c = copy_arg(copy);
   if (c == -2) return NULL;
-  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL);
+  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL);
 }
 
 static PyObject *py_convert_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x", "target", "gpu_id", "dtype", "copy", NULL};
+  static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy", "permute", "scale",
+                           "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
   PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None;
+  struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OO:convert_memory", kwlist, &x, &target_o, &gpu_id, &dtype_o,
-                                   &copy))
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOO:convert_memory", kwlist, &x, &target_o, &gpu_id,
+                                   &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
+                                   &m.channel_scale, &m.channel_offset))
     return NULL;
   DLDevice target;
   if (device_from_object(target_o, &target) < 0) return NULL;
@@ -682,7 +818,7 @@ static PyObject *py_convert_memory(PyObject *mod, PyObject *args, PyObject *kwar
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
   int c = copy_arg(copy);
   if (c == -2) return NULL;
-  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype);
+  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m);
 }
 
 /* ---- module functions ------------------------------------------------------------ */
@@ -796,19 +932,30 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
 }
 
 static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x", "target", "dtype", NULL};
+  static char *kwlist[] = {"x",     "target", "dtype",        "permute",       "scale",
+                           "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
   PyObject *x, *target_o, *dtype_o = Py_None;
+  struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$O:explain_route", kwlist, &x, &target_o, &dtype_o)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOOOOOO:explain_route", kwlist, &x, &target_o, &dtype_o,
+                                   &m.permute, &m.scale, &m.offset, &m.channel_axis, &m.channel_scale,
+                                   &m.channel_offset))
+    return NULL;
   DLDevice target;
   if (device_from_object(target_o, &target) < 0) return NULL;
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
-  PyObject *t = import_and_convert(x, NULL, -1, NULL); /* a zero-copy import */
+  PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL); /* a zero-copy import */
   if (t == NULL) return NULL;
   char buf[2048];
   o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as convert_memory asks */
+  struct map_buf mb;
+  if (map_fill(&m, &((TensorObject *)t)->mt->dl_tensor, &o, &mb) < 0) {
+    Py_DECREF(t);
+    return NULL;
+  }
   ab_status st = ab_explain_convert(&((TensorObject *)t)->mt->dl_tensor, target, &o, buf, sizeof buf);
+  map_free(&mb);
   Py_DECREF(t);
   if (st != AB_OK) return raise_status(st);
   return PyUnicode_FromString(buf);
@@ -821,9 +968,15 @@ static PyMethodDef module_methods[] = {
    "device: a string ('cpu', 'cuda:1', 'opencl:0') or (type, id) tuple; another device than x's copies there.\n"
    "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed)."},
   {"convert_memory", (PyCFunction)(void (*)(void))py_convert_memory, METH_VARARGS | METH_KEYWORDS,
-   "convert_memory(x, target, gpu_id=None, *, dtype=None, copy=None)\n--\n\n"
+   "convert_memory(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
+   "               channel_axis=None, channel_scale=None, channel_offset=None)\n--\n\n"
    "Moves x (any DLPack producer) to target ('cpu', 'cuda', 'opencl:1', ...); gpu_id sets the device id\n"
-   "(-1: the device with the most free memory). Returns a Tensor."},
+   "(-1: the device with the most free memory). Returns a Tensor.\n"
+   "On the way, in the same pass: dtype casts the elements; permute reorders the axes (result axis i is\n"
+   "x's axis permute[i], as NumPy's transpose); scale and offset map y = x * scale + offset; channel_axis\n"
+   "(an axis of x) with channel_scale and/or channel_offset (one number per index of that axis) maps each\n"
+   "channel with its own numbers (mean/std normalisation). The rules are those of the C library\n"
+   "(docs/guide.md, 'Converting on the way')."},
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
   {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
   {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
@@ -836,8 +989,9 @@ static PyMethodDef module_methods[] = {
    "best_device()\n--\n\nThe best device for work: a CUDA GPU, else an OpenCL GPU, else 'cpu:0' "
    "(AB_DEFAULT_DEVICE overrides)."},
   {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_VARARGS | METH_KEYWORDS,
-   "explain_route(x, target, *, dtype=None)\n--\n\nHow convert_memory(x, target, dtype=dtype) would move x, "
-   "step by step, and where a dtype change would run."},
+   "explain_route(x, target, *, dtype=None, permute=None, scale=None, offset=None, channel_axis=None,\n"
+   "              channel_scale=None, channel_offset=None)\n--\n\nHow convert_memory(x, target, ...) with the "
+   "same options would move x, step by step, and where a conversion would run."},
   {NULL, NULL, 0, NULL},
 };
 

@@ -237,6 +237,50 @@ def test_casts_into_floats_round_once_like_numpy():
             np.testing.assert_array_equal(got.view(bits), want.view(bits), err_msg=f"{src.dtype} -> {dt}")
 
 
+def test_an_image_is_normalised_and_reordered_in_the_move_like_numpy():
+    rng = np.random.default_rng(11)
+    img = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)  # HWC
+    mean = np.array([0.485, 0.456, 0.406]) * 255
+    std = np.array([0.229, 0.224, 0.225]) * 255
+    # NumPy in float32: a multiply, then an add, per channel, then HWC -> CHW
+    want = (img.astype(np.float32) * (1 / std).astype(np.float32) + (-mean / std).astype(np.float32)).transpose(2, 0, 1)
+    devices = ["cpu"] + [d for d in ab.devices() if d.startswith("opencl")][:1]
+    for dev in devices:
+        t = ab.convert_memory(img, dev, dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=1 / std,
+                              channel_offset=list(-mean / std))
+        assert t.shape == (3, 5, 7) and t.dtype == "float32" and t.device.startswith(dev)
+        got = np.from_dlpack(ab.convert_memory(t, "cpu"))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=dev)
+    # and back: per tensor, into uint8 (float64 arithmetic, half to even, saturated)
+    back = np.from_dlpack(ab.convert_memory(want, "cpu", dtype="uint8", permute=(1, 2, 0), scale=58.0, offset=114.5))
+    ref = np.clip(np.rint(want.transpose(1, 2, 0).astype(np.float64) * 58.0 + 114.5), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(back, ref)
+    assert "convert" in ab.explain_route(img, "cpu", dtype="float32", permute=(2, 0, 1), scale=2.0)
+
+
+def test_bad_conversion_options_are_clear_errors():
+    a = np.zeros((2, 3, 4), dtype=np.uint8)
+    with pytest.raises(ValueError, match="permute has 2 axes; the tensor has 3"):
+        ab.convert_memory(a, "cpu", permute=(1, 0))
+    with pytest.raises(ValueError, match="permute axis 3 is out of range"):
+        ab.convert_memory(a, "cpu", permute=(0, 1, 3))
+    with pytest.raises(ValueError, match="permute"):
+        ab.convert_memory(a, "cpu", permute=(0, 0, 1))  # repeated: the library's check
+    with pytest.raises(ValueError, match="channel_scale has 2 values; the channel axis has 4"):
+        ab.convert_memory(a, "cpu", channel_axis=2, channel_scale=[1.0, 2.0])
+    with pytest.raises(ValueError, match="need channel_axis"):
+        ab.convert_memory(a, "cpu", channel_offset=[0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="not both"):
+        ab.convert_memory(a, "cpu", scale=2.0, channel_axis=0, channel_scale=[1.0, 1.0])
+    with pytest.raises(TypeError):
+        ab.convert_memory(a, "cpu", scale="two")
+    with pytest.raises(TypeError):
+        ab.convert_memory(a, "cpu", channel_axis=0, channel_scale=[1.0, "x"])
+    # a permutation alone is a conversion: a compact copy in the new order
+    t = ab.convert_memory(a, "cpu", permute=(2, 0, 1))
+    assert t.shape == (4, 2, 3) and t.strides == (6, 3, 1)
+
+
 # ---- the protocol -----------------------------------------------------------------
 
 
