@@ -612,7 +612,12 @@ static void map_free(struct map_buf *b) {
  * end as NumPy does; -1 with ValueError when out of range. */
 static int axis_of(PyObject *o, int32_t ndim, const char *what, int32_t *out) {
   long a = PyLong_AsLong(o);
-  if (a == -1 && PyErr_Occurred()) return -1;
+  if (a == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError, "%s is out of range for a %d-dimensional tensor", what, (int)ndim);
+    return -1;
+  }
   if (a < -(long)ndim || a >= (long)ndim) {
     PyErr_Format(PyExc_ValueError, "%s %ld is out of range for a %d-dimensional tensor", what, a, (int)ndim);
     return -1;
@@ -621,11 +626,23 @@ static int axis_of(PyObject *o, int32_t ndim, const char *what, int32_t *out) {
   return 0;
 }
 
+/* A private tuple of o's items: converting an item may run the caller's
+ * code (__float__, __index__), which must not be able to change what is
+ * being read (a list given as it is could shrink under the loop). */
+static PyObject *items_of(PyObject *o, const char *what) {
+  PyObject *seq = PySequence_Check(o) ? PySequence_Tuple(o) : NULL;
+  if (seq == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError))) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
+  }
+  return seq;
+}
+
 /* n floats from a sequence of exactly n numbers into PyMem. */
 static int floats_of(PyObject *o, int64_t n, const char *what, double **out) {
-  PyObject *seq = PySequence_Fast(o, "channel_scale and channel_offset must be sequences of numbers");
+  PyObject *seq = items_of(o, what);
   if (seq == NULL) return -1;
-  const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  const Py_ssize_t len = PyTuple_GET_SIZE(seq);
   if ((int64_t)len != n) {
     PyErr_Format(PyExc_ValueError, "%s has %zd values; the channel axis has %lld", what, len, (long long)n);
     Py_DECREF(seq);
@@ -638,7 +655,7 @@ static int floats_of(PyObject *o, int64_t n, const char *what, double **out) {
     return -1;
   }
   for (Py_ssize_t i = 0; i < len; i++) {
-    v[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+    v[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(seq, i));
     if (v[i] == -1.0 && PyErr_Occurred()) {
       PyMem_Free(v);
       Py_DECREF(seq);
@@ -665,16 +682,16 @@ static int map_fill(const struct map_args *m, const DLTensor *t, ab_convert_opts
   b->cs = b->co = NULL;
   if (!map_given(m)) return 0;
   if (m->permute != Py_None) {
-    PyObject *seq = PySequence_Fast(m->permute, "permute must be a sequence of axes");
+    PyObject *seq = items_of(m->permute, "permute");
     if (seq == NULL) return -1;
-    const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    const Py_ssize_t len = PyTuple_GET_SIZE(seq);
     if (len != t->ndim) {
       PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", len, (int)t->ndim);
       Py_DECREF(seq);
       return -1;
     }
     for (Py_ssize_t i = 0; i < len; i++)
-      if (axis_of(PySequence_Fast_GET_ITEM(seq, i), t->ndim, "permute axis", &b->perm[i]) < 0) {
+      if (axis_of(PyTuple_GET_ITEM(seq, i), t->ndim, "permute axis", &b->perm[i]) < 0) {
         Py_DECREF(seq);
         return -1;
       }

@@ -276,6 +276,19 @@ def test_bad_conversion_options_are_clear_errors():
         ab.convert_memory(a, "cpu", scale="two")
     with pytest.raises(TypeError):
         ab.convert_memory(a, "cpu", channel_axis=0, channel_scale=[1.0, "x"])
+    with pytest.raises(ValueError, match="out of range"):
+        ab.convert_memory(a, "cpu", permute=(0, 1, 10**30))
+    with pytest.raises(TypeError, match="permute must be a sequence"):
+        ab.convert_memory(a, "cpu", permute=3)
+
+    class Shrinks:  # converting an item empties the list the caller gave
+        def __float__(self):
+            values.clear()
+            return 1.0
+
+    values = [Shrinks(), 1.0, 2.0, 3.0]
+    t = ab.convert_memory(a, "cpu", dtype="float32", channel_axis=2, channel_scale=values)
+    assert t.shape == (2, 3, 4) and values == []
     # a permutation alone is a conversion: a compact copy in the new order
     t = ab.convert_memory(a, "cpu", permute=(2, 0, 1))
     assert t.shape == (4, 2, 3) and t.strides == (6, 3, 1)
