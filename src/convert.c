@@ -17,6 +17,7 @@
  * shape, dtype and size, the axis order and the element op. */
 typedef struct conv {
   bool active;
+  int32_t ndim;
   int32_t perm[AB_MAX_NDIM];
   int64_t out_shape[AB_MAX_NDIM];
   DLDataType out_dtype;
@@ -378,6 +379,7 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
       reorder |= p != i; /* the result has the permuted shape, even when only size-1 dims move */
     }
   }
+  cv->ndim = src->ndim;
   for (int32_t i = 0; i < src->ndim; i++) cv->perm[i] = o->permute ? o->permute[i] : i;
   cv->op.channel_dim = -1;
   if (o->flags & AB_CONVERT_PER_CHANNEL) {
@@ -606,6 +608,13 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
     put(t, " into compact ");
     put_dev(t, last ? p->tdev : s->via != kDLCPU ? s->to : staging);
     put(t, " memory");
+    bool moved = false;
+    for (int32_t i = 0; i < p->cv.ndim; i++) moved = moved || p->cv.perm[i] != i;
+    if (moved) { /* the axis order, as opts->permute gave it (the first 8 axes of more) */
+      put(t, " in axis order (");
+      for (int32_t i = 0; i < p->cv.ndim && i < 8; i++) put(t, i ? ", %" PRId32 : "%" PRId32, p->cv.perm[i]);
+      put(t, p->cv.ndim > 8 ? ", ...)" : ")");
+    }
     if (s->via != kDLCPU && !first) /* after the upload of the source's bytes */
       put(t, " (%" PRIu64 " bytes crossed the link instead of %" PRIu64 ")", p->q.nbytes, p->q.out_nbytes);
     else if (s->via != kDLCPU && !last) /* before the download of the result */

@@ -331,7 +331,8 @@ Test(explain, says_where_a_conversion_runs) {
   o.channel_scale = scale;
   char buf[1024];
   cr_assert_eq(ab_explain_convert(&t, CPU0, &o, buf, sizeof buf), AB_OK, "%s", ab_last_error());
-  cr_assert_not_null(strstr(buf, "1. convert on the host: uint8 -> float32, scaled per channel into compact cpu:0"),
+  cr_assert_not_null(strstr(buf, "1. convert on the host: uint8 -> float32, scaled per channel into compact cpu:0 "
+                                 "memory in axis order (2, 0, 1)\n"),
                      "%s", buf);
   /* the options are checked as ab_convert_memory checks them */
   o.channel_axis = 3;
@@ -349,6 +350,7 @@ Test(explain, says_where_a_conversion_runs) {
   cr_assert_not_null(strstr(buf, "1. upload cpu:0 -> opencl:0, 60 bytes as they are, for the conversion there"), "%s",
                      buf);
   cr_assert_not_null(strstr(buf, "2. convert on opencl:0: uint8 -> float32"), "%s", buf);
+  cr_assert_not_null(strstr(buf, "in axis order (2, 0, 1) (60 bytes"), "%s", buf);
   cr_assert_not_null(strstr(buf, "(60 bytes crossed the link instead of 240)"), "%s", buf);
   /* ab_explain_route is the same with no options */
   char plain[1024], none[1024];
