@@ -64,39 +64,6 @@ __host__ __device__ inline float half_to_float(uint16_t h) {
   return from_bits(s | ((113u - sh) << 23) | ((m & 0x3ffu) << 13));
 }
 
-__host__ __device__ inline uint32_t to_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-/* float to IEEE half, rounding to nearest even: overflow to infinity,
- * halves' subnormals kept, NaN kept (quiet). */
-__host__ __device__ inline uint16_t half_from_float(float f) {
-  const uint32_t u = to_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to infinity */
-  if (a >= 0x38800000u) {                                  /* a normal half: rebias, round at bit 13 */
-    const uint32_t r = a - 0x38000000u;
-    return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
-  }
-  if (a <= 0x33000000u) return (uint16_t)sign; /* up to 2^-25, the tie, rounds to zero */
-  /* a subnormal half: k units of 2^-24, k = m * 2^(e - 126) */
-  const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
-  uint32_t k = m >> shift;
-  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (k & 1u))) k++;
-  return (uint16_t)(sign | k); /* k may reach 0x400: the smallest normal */
-}
-
-/* float to bfloat16, rounding to nearest even on the top 16 bits. */
-__host__ __device__ inline uint16_t bf16_from_float(float f) {
-  uint32_t u = to_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 /* A source element of a float32-arithmetic kind (8- and 16-bit integers,
  * bool, float16, bfloat16, float32): exact in float. */
 __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
@@ -230,8 +197,9 @@ template <int F> __host__ __device__ inline void element(void *dst, const void *
   if (F == FAM_FLOAT32) {
     float y = load(d.kind, src, at);
     if (d.affine) y = affine(y, d.a[c], d.b[c]);
-    if (d.out == K_F16) put<uint16_t>(dst, e, half_from_float(y));
-    else if (d.out == K_BF16) put<uint16_t>(dst, e, bf16_from_float(y));
+    /* one rounding to nearest even, by the host's own function (every float is exact as a double) */
+    if (d.out == K_F16) put<uint16_t>(dst, e, ab__narrow_from_double((double)y, 10, 15, 31));
+    else if (d.out == K_BF16) put<uint16_t>(dst, e, ab__narrow_from_double((double)y, 7, 127, 255));
     else put<float>(dst, e, y);
   } else if (F == FAM_INT) {
     if (d.kind == K_BOOL && d.out == K_BOOL) /* a permutation: the byte as it is, like the host's gather */
