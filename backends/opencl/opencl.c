@@ -664,18 +664,38 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream, bool 
 
 /* ---- conversions (converters/opencl/convert.cl) ---------------------- */
 
-/* The float32-arithmetic kernel for a source dtype (its index among those
- * of one result type), -1 when convert.cl has none. */
-static int convert_kernel(DLDataType d) {
+/* The element kinds of convert.cl, by the codes ab_convert_int and
+ * ab_convert_wide take (the enum at their head, same order). */
+enum cl_kind { CK_BOOL, CK_I8, CK_I16, CK_I32, CK_I64, CK_U8, CK_U16, CK_U32, CK_U64, CK_F16, CK_BF16, CK_F32, CK_F64,
+               CK_COUNT };
+
+/* A one-lane dtype's kind, -1 for one the kernels do not take. */
+static int cl_kind(DLDataType d) {
   if (d.lanes != 1) return -1;
   switch (d.code) {
-  case kDLUInt: return d.bits == 8 ? 0 : d.bits == 16 ? 2 : -1;
-  case kDLInt: return d.bits == 8 ? 1 : d.bits == 16 ? 3 : -1;
-  case kDLBool: return d.bits == 8 ? 4 : -1;
-  case kDLFloat: return d.bits == 16 ? 5 : d.bits == 32 ? 7 : -1;
-  case kDLBfloat: return d.bits == 16 ? 6 : -1;
+  case kDLBool: return d.bits == 8 ? CK_BOOL : -1;
+  case kDLInt: return d.bits == 8 ? CK_I8 : d.bits == 16 ? CK_I16 : d.bits == 32 ? CK_I32 : d.bits == 64 ? CK_I64 : -1;
+  case kDLUInt:
+    return d.bits == 8 ? CK_U8 : d.bits == 16 ? CK_U16 : d.bits == 32 ? CK_U32 : d.bits == 64 ? CK_U64 : -1;
+  case kDLFloat: return d.bits == 16 ? CK_F16 : d.bits == 32 ? CK_F32 : d.bits == 64 ? CK_F64 : -1;
+  case kDLBfloat: return d.bits == 16 ? CK_BF16 : -1;
   default: return -1;
   }
+}
+
+/* Whether the wide kernel goes through float for a kind (float16,
+ * bfloat16, float32). */
+static bool is_float_kind(int k) { return k == CK_F16 || k == CK_BF16 || k == CK_F32; }
+
+/* The float32-arithmetic kernel for a source dtype (its index among those
+ * of one result type: AB_FOR_EACH_SOURCE's order in convert.cl), -1 when
+ * convert.cl has none. */
+static int convert_kernel(DLDataType d) {
+  static const int8_t per_pair[CK_COUNT] = {
+    [CK_BOOL] = 4, [CK_I8] = 1,  [CK_I16] = 3, [CK_I32] = -1, [CK_I64] = -1, [CK_U8] = 0,  [CK_U16] = 2,
+    [CK_U32] = -1, [CK_U64] = -1, [CK_F16] = 5, [CK_BF16] = 6, [CK_F32] = 7, [CK_F64] = -1};
+  const int k = cl_kind(d);
+  return k < 0 ? -1 : per_pair[k];
 }
 
 #define MAX_CHANNELS 16
@@ -714,24 +734,6 @@ static int narrow_kernel(DLDataType from, DLDataType to) {
   else if (to.code == kDLInt && to.bits == 16) t = 3;
   return f < 0 || t < 0 ? -1 : f * 4 + t;
 }
-
-/* The kind code of ab_convert_int and ab_convert_wide (the enum at their
- * head in convert.cl), -1 for a dtype they do not take. */
-static int cl_kind(DLDataType d) {
-  if (d.lanes != 1) return -1;
-  switch (d.code) {
-  case kDLBool: return d.bits == 8 ? 0 : -1;
-  case kDLInt: return d.bits == 8 ? 1 : d.bits == 16 ? 2 : d.bits == 32 ? 3 : d.bits == 64 ? 4 : -1;
-  case kDLUInt: return d.bits == 8 ? 5 : d.bits == 16 ? 6 : d.bits == 32 ? 7 : d.bits == 64 ? 8 : -1;
-  case kDLFloat: return d.bits == 16 ? 9 : d.bits == 32 ? 11 : d.bits == 64 ? 12 : -1;
-  case kDLBfloat: return d.bits == 16 ? 10 : -1;
-  default: return -1;
-  }
-}
-
-/* Whether a cl_kind is float16, bfloat16 or float32 (the wide kernel goes
- * through float for those). */
-static bool is_float_kind(cl_int k) { return k == 9 || k == 10 || k == 11; }
 
 /* The kernel for op (by the arithmetic the rules give it): the
  * float32-arithmetic ones; for float64 arithmetic the narrowing ones

@@ -169,7 +169,7 @@ AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
  * through byte pointers cast to the element type, indexing whole elements
  * (the backend checks the offsets), so they need the buffers aligned as
  * the elements are, which the backend's allocations and checks give.
- * The kind codes: the order of cl_kind() in backends/opencl/opencl.c. */
+ * The kind codes: enum cl_kind in backends/opencl/opencl.c, same order. */
 enum { AB_BOOL, AB_I8, AB_I16, AB_I32, AB_I64, AB_U8, AB_U16, AB_U32, AB_U64, AB_F16, AB_BF16, AB_F32, AB_F64 };
 
 /* Source element i of integer or bool kind k as a long; a uint64 past
