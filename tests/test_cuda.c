@@ -34,6 +34,15 @@ static void need_devices(int n) {
   }
 }
 
+/* The tests of work placed on the GPU: without the kernels (no nvcc at
+ * configure time, or the simcuda build) the host's route does it. */
+static void need_kernels(void) {
+  need_devices(1);
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time, or the simcuda build)");
+#endif
+}
+
 static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy, void *stream) {
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = copy;
@@ -371,6 +380,40 @@ Test(cuda, an_early_return_leaves_the_work_queued_on_the_callers_stream) {
   cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
   assert_pool_clean(CUDA(0));
   assert_pool_clean(PINNED);
+#endif
+}
+
+Test(cuda, host_reads_of_pinned_and_managed_memory_wait_for_the_callers_stream) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  int32_t x[2048];
+  int64_t shape[1] = {2048};
+  fill_pattern(x, sizeof x, 30);
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  const DLDevice spaces[] = {PINNED, MANAGED};
+  for (int k = 0; k < 2; k++) {
+    DLManagedTensorVersioned *old = NULL;
+    fill_pattern(x, sizeof x, 31 + k);
+    old = convert_ok(&h, spaces[k], AB_COPY_ALWAYS, NULL);
+    /* The caller's stream is about to overwrite the memory with g's bytes
+     * (held back by a gate); a host read on that stream must wait. */
+    struct gate gt;
+    gate_close(&gt, s, 300);
+    cr_assert_eq(cudaMemcpyAsync(old->dl_tensor.data, g->dl_tensor.data, sizeof x, cudaMemcpyDefault, s), cudaSuccess);
+    DLManagedTensorVersioned *back = convert_ok(&old->dl_tensor, CPU0, AB_COPY_ALWAYS, s);
+    cr_assert(atomic_load(&gt.by_watchdog), "space %d: the host read did not wait for the stream", k);
+    fill_pattern(x, sizeof x, 30);
+    cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0, "space %d: read before the stream's copy ran", k);
+    back->deleter(back);
+    old->deleter(old);
+  }
+  g->deleter(g);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  assert_pool_clean(CUDA(0));
 #endif
 }
 
@@ -736,6 +779,7 @@ Test(cuda, conversion_kernel_matches_the_host_converter) {
 
 /* ---- into float16 and bfloat16 ------------------------------------------- */
 
+#ifdef AB_HAVE_CUDA_KERNELS
 /* conv_fill, with float32 sources probing the 16-bit roundings. */
 static void half_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
   conv_fill(v, n, d, rng);
@@ -743,6 +787,7 @@ static void half_fill(void *v, int64_t n, DLDataType d, test_rng *rng) {
 }
 
 static const DLDataType half_to[] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
+#endif
 
 Test(cuda, float16_and_bfloat16_results_match_the_host_converter) {
 #ifndef AB_HAVE_CUDA_KERNELS
@@ -882,7 +927,7 @@ Test(cuda, every_cast_pair_matches_the_host_converter) {
 
 Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
   /* The same pairs within one GPU: one kernel each, against the host. */
-  need_devices(1);
+  need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
   ab__convert_reload_env();
   test_rng rng = {31};
@@ -928,7 +973,7 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
 }
 
 Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
-  need_devices(1);
+  need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
   ab__convert_reload_env();
   test_rng rng = {19};
@@ -965,7 +1010,7 @@ Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
 }
 
 Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
-  need_devices(1);
+  need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
   ab__convert_reload_env();
   test_rng rng = {11};

@@ -3,8 +3,8 @@
  *
  *   stress_threads [threads=4] [iterations=2000]
  *
- * N threads convert at once between every available device (cpu:0 and each
- * OpenCL device) with mixed options (views, copies, strided sources, bad
+ * N threads convert at once between every available device (cpu:0, each
+ * OpenCL device, each CUDA GPU with pinned and managed memory) with mixed options (views, copies, strided sources, bad
  * inputs, AB_DEVICE_AUTO), while the host pool runs under a memory limit so
  * that the OOM sequence runs concurrently, with an OOM callback that
  * trims. Every result is checked against a reference gather. At the end
@@ -54,12 +54,24 @@ struct worker {
   int id, iters;
 };
 
+enum { MAX_DEVS = 16 };
+
+/* cpu:0 first, then every device the library sees. */
+static int list_devices(DLDevice *devs) {
+  int n = 0;
+  devs[n++] = (DLDevice){kDLCPU, 0};
+  for (int32_t i = 0; i < ab_device_count(kDLOpenCL) && n < MAX_DEVS; i++) devs[n++] = (DLDevice){kDLOpenCL, i};
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA) && n < MAX_DEVS; i++) devs[n++] = (DLDevice){kDLCUDA, i};
+  if (ab_device_count(kDLCUDAHost) > 0 && n < MAX_DEVS) devs[n++] = (DLDevice){kDLCUDAHost, 0};
+  if (ab_device_count(kDLCUDAManaged) > 0 && n < MAX_DEVS) devs[n++] = (DLDevice){kDLCUDAManaged, 0};
+  return n;
+}
+
 static void *work(void *arg) {
   struct worker *w = arg;
   uint32_t seed = 0x9e3779b9u * (uint32_t)(w->id + 1);
-  DLDevice devs[9] = {{kDLCPU, 0}};
-  int ndev = 1;
-  for (int32_t i = 0; i < ab_device_count(kDLOpenCL) && ndev < 9; i++) devs[ndev++] = (DLDevice){kDLOpenCL, i};
+  DLDevice devs[MAX_DEVS];
+  const int ndev = list_devices(devs);
 
   for (int it = 0; it < w->iters; it++) {
     int64_t rows = 1 + rnd(&seed) % 40, cols = 1 + rnd(&seed) % 40;
@@ -74,7 +86,8 @@ static void *work(void *arg) {
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
     o.copy = (ab_copy_mode)(rnd(&seed) % 2);
     DLDevice there = devs[rnd(&seed) % ndev];
-    if (there.device_type == kDLOpenCL && rnd(&seed) % 5 == 0) there.device_id = AB_DEVICE_AUTO;
+    if ((there.device_type == kDLOpenCL || there.device_type == kDLCUDA) && rnd(&seed) % 5 == 0)
+      there.device_id = AB_DEVICE_AUTO;
     DLManagedTensorVersioned *a = NULL, *b = NULL;
     ab_status st = ab_convert_memory(&src, there, &o, &a);
     if (st == AB_OK) {
@@ -120,9 +133,8 @@ static void *work(void *arg) {
 }
 
 static void check_pools_empty(void) {
-  DLDevice devs[9] = {{kDLCPU, 0}};
-  int ndev = 1;
-  for (int32_t i = 0; i < ab_device_count(kDLOpenCL) && ndev < 9; i++) devs[ndev++] = (DLDevice){kDLOpenCL, i};
+  DLDevice devs[MAX_DEVS];
+  const int ndev = list_devices(devs);
   for (int d = 0; d < ndev; d++) {
     struct ab_pool_stats s = {.size = sizeof s};
     CHECK(ab_pool_stats(devs[d], &s) == AB_OK, "stats: %s", ab_last_error());
@@ -161,9 +173,9 @@ int main(int argc, char **argv) {
   ab_unregister_oom_callback(on_oom, NULL);
   ab_shutdown();
   int f = atomic_load(&failures);
-  printf("stress_threads: %d threads x %d iterations, %d OpenCL devices; host pool: %llu OOM retries, %llu OOM "
+  printf("stress_threads: %d threads x %d iterations, %d OpenCL devices, %d CUDA devices; host pool: %llu OOM retries, %llu OOM "
          "failures (%d conversions refused)\n",
-         nthreads, iters, ab_device_count(kDLOpenCL), (unsigned long long)host.oom_retries,
+         nthreads, iters, ab_device_count(kDLOpenCL), ab_device_count(kDLCUDA), (unsigned long long)host.oom_retries,
          (unsigned long long)host.oom_failures, atomic_load(&ooms));
   printf("%d passed, %d failed\n", atomic_load(&conversions) - f, f);
   return f != 0;
