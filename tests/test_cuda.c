@@ -551,6 +551,122 @@ Test(cuda, to_and_from_opencl_through_the_host) {
   for (int i = 0; i < 4; i++) all[i]->deleter(all[i]);
 }
 
+/* ---- runtime failures (simcuda only) --------------------------------------- */
+
+#ifdef AB_TEST_SIMCUDA
+#include "simcuda/simcuda.h"
+
+struct sim_case {
+  const char *name;
+  DLDevice make_on, to; /* the source is made on make_on from the host pattern */
+  int view;             /* 0 compact, 1 a crop (rectangle), 2 a transpose */
+  bool cast;            /* to float16, in axis order (1, 0) */
+};
+
+static uint64_t in_use(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  return ab_pool_stats(dev, &s) == AB_OK ? s.in_use_bytes.current : 0;
+}
+
+/* For n = 1, 2, ... the n-th runtime call of the conversion fails, until a
+ * run makes fewer calls. Each run either fails with a status and a message
+ * naming the runtime's error, *out untouched, or (the failure absorbed: a
+ * pool's retry, an attribute with a fallback) gives the right data; either
+ * way every pool is back where it was, the caller's device is current and
+ * no runtime error is left for the caller. */
+static int runtime_sweep(const struct sim_case *c, cudaError_t error) {
+  enum { R = 96, C = 160 };
+  static float host[R * C];
+  fill_pattern(host, sizeof host, 77);
+  int64_t whole[2] = {R, C}, crop[2] = {R / 2, C / 2}, crop_st[2] = {C, 1}, tr[2] = {C, R}, tr_st[2] = {1, C};
+  DLTensor h = {host, CPU0, 2, dt(kDLFloat, 32, 1), whole, NULL, 0};
+  DLManagedTensorVersioned *made = convert_ok(&h, c->make_on, AB_COPY_ALWAYS, NULL);
+  DLTensor src = made->dl_tensor, ref = h;
+  if (c->view == 1) src.shape = ref.shape = crop, src.strides = ref.strides = crop_st;
+  if (c->view == 2) src.shape = ref.shape = tr, src.strides = ref.strides = tr_st;
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  static const int32_t perm[2] = {1, 0};
+  o.copy = AB_COPY_ALWAYS;
+  if (c->cast) o.dtype = dt(kDLFloat, 16, 1), o.permute = perm;
+  DLManagedTensorVersioned *want = NULL;
+  cr_assert_eq(ab_convert_memory(&ref, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+  const size_t bytes = (size_t)numel_of(want->dl_tensor.ndim, want->dl_tensor.shape) * (c->cast ? 2 : 4);
+
+  const DLDevice spaces[] = {CPU0, CUDA(0), CUDA(1), PINNED, MANAGED};
+  uint64_t before[5];
+  for (int k = 0; k < 5; k++) before[k] = in_use(spaces[k]);
+  const long live = ab__alloc_live_settled();
+  int n = 1, failed_runs = 0;
+  for (;; n++) {
+    cr_assert_lt(n, 400, "%s: the sweep does not end", c->name);
+    DLManagedTensorVersioned *out = (DLManagedTensorVersioned *)(uintptr_t)0x7;
+    simcuda_fail_nth(n, error);
+    ab_status st = ab_convert_memory(&src, c->to, &o, &out);
+    const long hit = simcuda_failures();
+    const char *call = simcuda_failed_call();
+    simcuda_fail_nth(0, cudaSuccess);
+    const cudaError_t left = cudaGetLastError();
+    cr_assert_eq(left, cudaSuccess, "%s, call %d (%s): %s left for the caller", c->name, n, call,
+                 cudaGetErrorName(left));
+    if (strcmp(call, "cudaSetDevice") == 0 && current_device() != 0) {
+      /* The restore itself failed (logged): nothing else could be done. */
+      cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+    }
+    cr_assert_eq(current_device(), 0, "%s, call %d (%s): the caller's device changed", c->name, n, call);
+    if (st == AB_OK) {
+      DLManagedTensorVersioned *got = convert_ok(&out->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+      cr_assert(memcmp(got->dl_tensor.data, want->dl_tensor.data, bytes) == 0, "%s, call %d (%s): wrong data", c->name, n,
+                call);
+      got->deleter(got);
+      out->deleter(out);
+    } else {
+      cr_assert(hit, "%s, call %d: %s without a failure: %s", c->name, n, ab_status_name(st), ab_last_error());
+      cr_assert_eq((uintptr_t)out, 0x7, "%s, call %d (%s): *out written", c->name, n, call);
+      cr_assert_not_null(strstr(ab_last_error(), cudaGetErrorName(error)), "%s, call %d (%s): %s", c->name, n,
+                         call, ab_last_error());
+      failed_runs++;
+    }
+    for (int k = 0; k < 5; k++)
+      cr_assert_eq(in_use(spaces[k]), before[k], "%s, call %d (%s): %s:%d blocks kept", c->name, n, call,
+                   ab_device_type_name(spaces[k].device_type), (int)spaces[k].device_id);
+    cr_assert_eq(ab__alloc_live_settled(), live, "%s, call %d (%s): host blocks leaked", c->name, n, call);
+    if (!hit) break;
+  }
+  cr_assert_gt(failed_runs, 0, "%s: no runtime failure was reported", c->name);
+  want->deleter(want);
+  made->deleter(made);
+  return n - 1;
+}
+
+Test(cuda, every_runtime_failure_is_reported_and_cleaned_up) {
+  need_devices(2);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  const struct sim_case cases[] = {
+    {"cpu -> cuda:0", CPU0, CUDA(0), 0, false},
+    {"cpu crop -> cuda:0", CPU0, CUDA(0), 1, false},
+    {"cuda:0 -> cpu", CUDA(0), CPU0, 0, false},
+    {"cuda:0 crop -> cpu", CUDA(0), CPU0, 1, false},
+    {"cuda:0 transpose -> cpu", CUDA(0), CPU0, 2, false},
+    {"pinned -> cuda:0", PINNED, CUDA(0), 0, false},
+    {"cuda:0 -> managed", CUDA(0), MANAGED, 0, false},
+    {"cuda:0 -> cuda:0", CUDA(0), CUDA(0), 0, false},
+    {"cuda:0 crop -> cuda:0", CUDA(0), CUDA(0), 1, false},
+    {"cuda:0 -> cuda:1", CUDA(0), CUDA(1), 0, false},
+    {"cuda:0 transpose -> cuda:1", CUDA(0), CUDA(1), 2, false},
+    {"cuda:0 -> cuda:0 as float16, transposed", CUDA(0), CUDA(0), 0, true},
+    {"cpu -> cuda:1 as float16, transposed", CPU0, CUDA(1), 0, true},
+  };
+  const cudaError_t errors[] = {cudaErrorLaunchFailure, cudaErrorMemoryAllocation};
+  for (size_t e = 0; e < 2; e++)
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      const int calls = runtime_sweep(&cases[i], errors[e]);
+      cr_log_info("%s (%s): %d runtime calls", cases[i].name, cudaGetErrorName(errors[e]), calls);
+    }
+  assert_pool_clean(CUDA(0));
+  assert_pool_clean(CUDA(1));
+}
+#endif
+
 /* ---- the gather kernel's mapping, on the host ---------------------------- */
 
 #ifdef AB_HAVE_CUDA_KERNELS

@@ -90,8 +90,15 @@ static ab_status enter(int32_t id, int *prev) {
   return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaSetDevice");
 }
 
+/* A failed restore (it takes a broken context) is logged and its error
+ * cleared: the caller's work was done, and the error is not the caller's. */
 static void leave(int32_t id, int prev) {
-  if (prev != id) (void)cudaSetDevice(prev);
+  if (prev == id) return;
+  cudaError_t e = cudaSetDevice(prev);
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  AB_LOG(AB_LOG_WARN, "cuda:%d: could not make the caller's device cuda:%d current again: %s", (int)id, prev,
+         cudaGetErrorName(e));
 }
 
 /* Waits for `stream`, returning the first error of the copy or the wait.

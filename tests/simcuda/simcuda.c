@@ -32,6 +32,9 @@
  * only one), and cudaStreamPerThread is that queue too; kernels do not
  * exist (the library is built without converters/cuda).
  *
+ * Failures: simcuda_fail_nth() (simcuda.h) makes the n-th runtime call from
+ * then on fail, for the tests' sweeps over the backend's error paths.
+ *
  * Devices: AB_SIMCUDA_DEVICES (unset or 0: cudaGetDeviceCount fails with
  * cudaErrorNoDevice). Peer access, AB_SIMCUDA_PEER: "all" (default),
  * "none", or "pairs" (0<->1, 2<->3, ...: NVLink pairs). */
@@ -39,6 +42,7 @@
 #include <cuda_runtime_api.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -47,6 +51,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+#include "simcuda.h"
 
 enum { SIM_MAX_DEVICES = 16 };
 
@@ -99,6 +105,35 @@ static cudaError_t fail(cudaError_t e) {
   last_error = e;
   return e;
 }
+
+/* The failure armed by simcuda_fail_nth: every call but the error queries
+ * and the release calls (cudaFree, cudaFreeHost, cudaStreamDestroy,
+ * cudaEventDestroy) counts. */
+static atomic_long fail_at, fail_calls, failed;
+static _Atomic cudaError_t fail_error;
+
+void simcuda_fail_nth(long n, cudaError_t error) {
+  atomic_store(&fail_error, error);
+  atomic_store(&fail_calls, 0);
+  atomic_store(&failed, 0);
+  atomic_store(&fail_at, n);
+}
+
+long simcuda_failures(void) { return atomic_load(&failed); }
+
+static const char *_Atomic failed_call = "";
+
+const char *simcuda_failed_call(void) { return atomic_load(&failed) ? atomic_load(&failed_call) : ""; }
+
+#define INJECT()                                                                             \
+  do {                                                                                       \
+    const long at_ = atomic_load(&fail_at);                                                  \
+    if (at_ > 0 && atomic_fetch_add(&fail_calls, 1) + 1 == at_) {                          \
+      atomic_store(&failed_call, __func__);                                                  \
+      atomic_fetch_add(&failed, 1);                                                          \
+      return fail(atomic_load(&fail_error));                                                 \
+    }                                                                                        \
+  } while (0)
 
 enum space { PAGEABLE, DEVICE, PINNED, MANAGED };
 
@@ -304,15 +339,18 @@ static cudaError_t memcpy_on(void *dst, size_t dpitch, const void *src, size_t s
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t s) {
+  INJECT();
   return memcpy_on(dst, count, src, count, count, 1, kind, s, false);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  INJECT();
   return memcpy_on(dst, count, src, count, count, 1, kind, NULL, true);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t s) {
+  INJECT();
   return memcpy_on(dst, dpitch, src, spitch, width, height, kind, s, false);
 }
 
@@ -329,6 +367,7 @@ static cudaError_t check_peer(void *dst, int dst_dev, const void *src, int src_d
 }
 
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n, cudaStream_t s) {
+  INJECT();
   pthread_once(&config_once, configure);
   pthread_mutex_lock(&mu);
   cudaError_t e = n == 0 ? cudaSuccess : check_peer(dst, dst_dev, src, src_dev, n);
@@ -339,6 +378,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src
 
 /* Ordered after the work on both devices' default streams. */
 cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
+  INJECT();
   pthread_once(&config_once, configure);
   pthread_mutex_lock(&mu);
   cudaError_t e = n == 0 ? cudaSuccess : check_peer(dst, dst_dev, src, src_dev, n);
@@ -378,6 +418,7 @@ static cudaError_t add_alloc(void **out, size_t n, enum space sp, int dev) {
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   if (p == NULL) return fail(cudaErrorInvalidValue);
@@ -392,6 +433,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  INJECT();
   (void)flags;
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
@@ -403,6 +445,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
 }
 
 cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   if (p == NULL || flags != cudaMemAttachGlobal) return fail(cudaErrorInvalidValue);
@@ -438,6 +481,7 @@ cudaError_t cudaFree(void *p) { return free_alloc(p, false); }
 cudaError_t cudaFreeHost(void *p) { return free_alloc(p, true); }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (attr == NULL) return fail(cudaErrorInvalidValue);
   memset(attr, 0, sizeof *attr);
@@ -457,6 +501,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
@@ -469,6 +514,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
 /* ---- devices ----------------------------------------------------------------- */
 
 cudaError_t cudaGetDeviceCount(int *n) {
+  INJECT();
   pthread_once(&config_once, configure);
   *n = 0;
   if (ndev == 0) return fail(cudaErrorNoDevice);
@@ -479,6 +525,7 @@ cudaError_t cudaGetDeviceCount(int *n) {
 static bool bad_device(int d) { return d < 0 || d >= ndev; }
 
 cudaError_t cudaGetDevice(int *d) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   *d = current;
@@ -486,6 +533,7 @@ cudaError_t cudaGetDevice(int *d) {
 }
 
 cudaError_t cudaSetDevice(int d) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (bad_device(d)) return fail(ndev == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
   current = d;
@@ -493,6 +541,7 @@ cudaError_t cudaSetDevice(int d) {
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (bad_device(d)) return fail(cudaErrorInvalidDevice);
   memset(p, 0, sizeof *p);
@@ -505,6 +554,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (bad_device(d)) return fail(cudaErrorInvalidDevice);
   switch (attr) {
@@ -515,6 +565,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (bad_device(d)) return fail(cudaErrorInvalidDevice);
   snprintf(buf, (size_t)len, "0000:%02x:00.0", d + 1);
@@ -522,11 +573,13 @@ cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
 }
 
 cudaError_t cudaDriverGetVersion(int *v) {
+  INJECT();
   *v = CUDART_VERSION;
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceCanAccessPeer(int *can, int d, int peer) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (bad_device(d) || bad_device(peer)) return fail(cudaErrorInvalidDevice);
   *can = can_peer(d, peer);
@@ -534,6 +587,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int d, int peer) {
 }
 
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (flags != 0) return fail(cudaErrorInvalidValue);
   if (bad_device(peer) || peer == current) return fail(cudaErrorInvalidDevice);
@@ -548,6 +602,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 /* ---- streams and events ------------------------------------------------------- */
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   struct CUstream_st *s = calloc(1, sizeof *s);
@@ -574,6 +629,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
@@ -583,6 +639,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
@@ -593,6 +650,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
+  INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   struct op *o = calloc(1, sizeof *o);
@@ -607,6 +665,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
+  INJECT();
   (void)flags;
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
@@ -617,6 +676,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+  INJECT();
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   struct op *o = calloc(1, sizeof *o);
   if (o == NULL) return fail(cudaErrorMemoryAllocation);
@@ -629,13 +689,18 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   return e == cudaSuccess ? e : fail(e);
 }
 
-/* Waits for the work before the latest record (none recorded: at once). */
-cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
+static void event_wait(cudaEvent_t ev) {
   pthread_mutex_lock(&mu);
   const uint64_t target = ev->recorded;
   while (ev->completed < target) pthread_cond_wait(&progress, &mu);
   pthread_mutex_unlock(&mu);
+}
+
+/* Waits for the work before the latest record (none recorded: at once). */
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  INJECT();
+  if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
+  event_wait(ev);
   return cudaSuccess;
 }
 
@@ -643,7 +708,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
  * it, so that the queued mark never writes freed memory. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
-  (void)cudaEventSynchronize(ev);
+  event_wait(ev);
   free(ev);
   return cudaSuccess;
 }
@@ -670,7 +735,8 @@ cudaError_t cudaPeekAtLastError(void) { return last_error; }
   X(cudaErrorNotReady, "device not ready")                                         \
   X(cudaErrorPeerAccessUnsupported, "peer access is not supported between these two devices") \
   X(cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled")           \
-  X(cudaErrorNotSupported, "operation not supported")
+  X(cudaErrorNotSupported, "operation not supported")                             \
+  X(cudaErrorLaunchFailure, "unspecified launch failure")
 
 const char *cudaGetErrorName(cudaError_t e) {
 #define SIM_NAME(code, text) \

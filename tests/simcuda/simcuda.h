@@ -1,0 +1,19 @@
+/* simcuda's own calls, for the tests built against it (test_cuda_sim). */
+#ifndef AB_SIMCUDA_H
+#define AB_SIMCUDA_H
+
+#include <driver_types.h>
+
+/* From now on, the n-th call into the runtime (counting every call but the
+ * error queries and the release calls) fails with `error`, as a real
+ * runtime call would: returned, and kept for cudaGetLastError. n = 0
+ * disarms. Resets the count that simcuda_failures() reports. */
+void simcuda_fail_nth(long n, cudaError_t error);
+
+/* How many calls failed since the last simcuda_fail_nth: 0 or 1. */
+long simcuda_failures(void);
+
+/* The name of the call that failed ("" when none did). */
+const char *simcuda_failed_call(void);
+
+#endif
