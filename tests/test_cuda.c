@@ -1,7 +1,9 @@
 /* The CUDA backend. Built wherever the toolkit is (CI has it, without a
  * GPU or driver): there the absence tests run for real and every device
  * test skips, saying why. On a machine with a GPU the same binary runs
- * them all. */
+ * them all. Built again as test_cuda_sim against simcuda (tests/simcuda),
+ * a simulated runtime: there the device tests run too, except those of
+ * the kernels, and AB_TEST_SIMCUDA adds the runtime-failure sweep. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -473,6 +475,30 @@ Test(cuda, copies_between_two_gpus) {
   DLManagedTensorVersioned *c = convert_ok(&v, CUDA(1), AB_COPY_IF_NEEDED, NULL);
   DLManagedTensorVersioned *cb = convert_ok(&c->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
   cr_assert_eq(first_diff_vs_reference(&hv, cb), -1);
+#ifdef AB_HAVE_CUDA
+  /* On the caller's stream (non-blocking, on cuda:0): the peer copy is
+   * ordered after the stream's own work, which rewrites the source behind a
+   * gate; a copy on any other stream would read the old bytes. */
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  uint8_t *y = malloc(300 * 301);
+  fill_pattern(y, 300 * 301, 22);
+  DLTensor hy = {y, CPU0, 2, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *fresh = convert_ok(&hy, PINNED, AB_COPY_ALWAYS, NULL);
+  struct gate gt;
+  gate_close(&gt, s, 300);
+  cr_assert_eq(cudaMemcpyAsync(a->dl_tensor.data, fresh->dl_tensor.data, 300 * 301, cudaMemcpyDefault, s), cudaSuccess);
+  DLManagedTensorVersioned *d = convert_ok(&a->dl_tensor, CUDA(1), AB_COPY_IF_NEEDED, s);
+  cr_assert_eq(current_device(), 0);
+  DLManagedTensorVersioned *db = convert_ok(&d->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(first_diff_vs_reference(&hy, db), -1, "the peer copy did not wait for the caller's stream");
+  cr_assert(atomic_load(&gt.by_watchdog), "the gate opened early: the test proves nothing");
+  DLManagedTensorVersioned *more[] = {fresh, d, db};
+  for (int i = 0; i < 3; i++) more[i]->deleter(more[i]);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  free(y);
+#endif
   DLManagedTensorVersioned *all[] = {a, b, back, c, cb};
   for (int i = 0; i < 5; i++) all[i]->deleter(all[i]);
   free(x);
@@ -522,6 +548,27 @@ Test(cuda, out_of_memory_is_reported_and_recovered_from) {
   shape[0] = (int64_t)4 << 20;
   cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r), AB_ERR_OUT_OF_MEMORY);
   cr_assert_eq(ab_set_memory_limit(CUDA(0), 0), AB_OK);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, cached_blocks_are_given_back_when_the_gpu_runs_out) {
+  need_devices(1);
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info(CUDA(0), &info), AB_OK, "%s", ab_last_error());
+  /* 60% of the free memory, freed into the pool's cache, then 70%: the
+   * device cannot hold both, so cudaMalloc fails until the pool releases
+   * its cache and retries. */
+  int64_t first[1] = {(int64_t)(info.free_memory / 10 * 6)}, second[1] = {(int64_t)(info.free_memory / 10 * 7)};
+  struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+  cr_assert_eq(ab_pool_stats(CUDA(0), &before), AB_OK);
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, first, dt(kDLUInt, 8, 1), &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, second, dt(kDLUInt, 8, 1), &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  cr_assert_eq(ab_pool_stats(CUDA(0), &after), AB_OK);
+  cr_assert_gt(after.oom_retries, before.oom_retries, "the second allocation needed no retry: the test proves nothing");
+  cr_assert_eq(after.oom_failures, before.oom_failures);
   assert_pool_clean(CUDA(0));
 }
 
