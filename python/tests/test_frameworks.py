@@ -10,6 +10,7 @@ through its own DLPack implementation rather than ours.
 Zero-copy is proven by comparing the frameworks' own data pointers, and by
 writes through one side seen in the other."""
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -39,10 +40,20 @@ def bits(a):
 # ---- JAX (CPU) --------------------------------------------------------------
 
 def need_jax():
+    # On a GPU machine JAX would reserve most of the GPU's memory at import.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'jax[cpu]')")
     import jax.numpy as jnp
 
     return jax, jnp
+
+
+@pytest.fixture
+def jax_cpu():
+    """JAX's arrays on its CPU device, also where JAX has a GPU."""
+    jax, jnp = need_jax()
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield jax, jnp
 
 
 JAX_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "float16", "bfloat16", "float32",
@@ -62,8 +73,8 @@ def jax_sample(name, shape=(5, 7)):
     return jnp.asarray(rng.integers(info.min, info.max, shape, endpoint=True).astype(name))
 
 
-def test_jax_to_arraybridge_shares_memory():
-    jax, jnp = need_jax()
+def test_jax_to_arraybridge_shares_memory(jax_cpu):
+    jax, jnp = jax_cpu
     x = jnp.arange(24, dtype=jnp.float32).reshape(4, 6) * 2
     t = ab.from_dlpack(x)
     assert (t.shape, t.dtype, t.device) == ((4, 6), "float32", "cpu:0")
@@ -72,8 +83,8 @@ def test_jax_to_arraybridge_shares_memory():
     assert np.array_equal(v, np.arange(24, dtype=np.float32).reshape(4, 6) * 2)
 
 
-def test_arraybridge_to_jax_shares_memory_and_writes_show_through():
-    jax, jnp = need_jax()
+def test_arraybridge_to_jax_shares_memory_and_writes_show_through(jax_cpu):
+    jax, jnp = jax_cpu
     # Memory arraybridge allocated is 64-byte aligned, which XLA needs to
     # use a buffer in place instead of copying it.
     a = np.arange(1000, dtype=np.int32)
@@ -86,8 +97,8 @@ def test_arraybridge_to_jax_shares_memory_and_writes_show_through():
 
 
 @pytest.mark.parametrize("name", JAX_DTYPES)
-def test_every_jax_dtype_round_trips_bit_exact(name):
-    jax, jnp = need_jax()
+def test_every_jax_dtype_round_trips_bit_exact(name, jax_cpu):
+    jax, jnp = jax_cpu
     x = jax_sample(name)
     t = ab.from_dlpack(x)
     assert t.dtype == name
@@ -97,8 +108,8 @@ def test_every_jax_dtype_round_trips_bit_exact(name):
     assert np.array_equal(bits(np.asarray(back)), bits(np.asarray(x)))
 
 
-def test_a_jax_array_stays_alive_while_arraybridge_uses_it():
-    jax, jnp = need_jax()
+def test_a_jax_array_stays_alive_while_arraybridge_uses_it(jax_cpu):
+    jax, jnp = jax_cpu
     x = jnp.arange(4096, dtype=jnp.float32) + 1
     t = ab.from_dlpack(x)
     del x
@@ -108,8 +119,8 @@ def test_a_jax_array_stays_alive_while_arraybridge_uses_it():
 
 
 @pytest.mark.parametrize("name", ["uint8", "bfloat16", "float16", "int16"])
-def test_jax_arrays_through_opencl_bit_exact(name):
-    jax, jnp = need_jax()
+def test_jax_arrays_through_opencl_bit_exact(name, jax_cpu):
+    jax, jnp = jax_cpu
     opencl()
     x = jax_sample(name, (3, 17, 5))
     on_cl = ab.convert_memory(x, "opencl:0")
@@ -117,8 +128,8 @@ def test_jax_arrays_through_opencl_bit_exact(name):
     assert np.array_equal(bits(np.asarray(back)), bits(np.asarray(x)))
 
 
-def test_a_jax_image_converted_and_reordered_on_opencl_like_numpy():
-    jax, jnp = need_jax()
+def test_a_jax_image_converted_and_reordered_on_opencl_like_numpy(jax_cpu):
+    jax, jnp = jax_cpu
     opencl()
     hwc = jax_sample("uint8", (48, 64, 3))
     chw = ab.convert_memory(hwc, "opencl:0", dtype="float32", permute=(2, 0, 1))
@@ -281,7 +292,11 @@ def test_torch_work_on_a_side_stream_is_complete_before_arraybridge_reads_it():
         a = torch.ones(1 << 24, device="cuda:0")
         for _ in range(20):
             a = a * 1.0001
+        torch.cuda._sleep(100_000_000)  # the stream stays busy well past the call below
         t = ab.from_dlpack(a)
+        # from_dlpack waited for the data (docs/python.md), so for the
+        # work queued before the export: without that wait s is still busy.
+        assert s.query(), "from_dlpack returned before the producer's stream finished"
         host = np.from_dlpack(ab.convert_memory(t, "cpu"))
     s.synchronize()
     assert np.array_equal(host, a.cpu().numpy())

@@ -10,27 +10,35 @@
  *     simulated device reads and writes a second mapping of the same size.
  *     A host dereference of a device pointer is a segfault, not a silent
  *     success.
- *   - Streams are FIFO queues run by worker threads, each operation after a
+ *   - Every stream is a FIFO queue run by a worker thread, each copy after a
  *     delay (AB_SIMCUDA_DELAY_US, default 50): a buffer reused before the
  *     copy that reads it has run, or a result read before a wait, shows up
- *     as wrong data.
- *   - Copies touching pageable host memory follow the documented API
- *     synchronisation: a pageable source is captured at the call (the
- *     caller may reuse it on return), a pageable destination is written
- *     before the call returns (after the stream's earlier work), host to
- *     host is synchronous. Pinned and managed memory are read and written
- *     when the queued copy runs.
+ *     as wrong data. The legacy default stream (NULL, cudaStreamLegacy)
+ *     and the blocking streams of a device wait for each other's earlier
+ *     work; non-blocking streams wait for nothing. Events and streams
+ *     belong to the device current at their creation, and an event is
+ *     recorded only on a stream of its device.
+ *   - cudaMemcpyAsync is asynchronous even for pageable memory (the
+ *     documentation only says it "might be synchronous"): the pageable
+ *     buffer is read or written when the copy runs, so the caller must wait
+ *     before reusing or reading it. Host to host is synchronous.
+ *     cudaMemcpy follows its documented rules (device to device and a
+ *     pageable upload return early; the rest complete), cudaMemcpyPeer is
+ *     asynchronous to the host and ordered with all work of both devices.
  *   - Copies are checked: a device range past its allocation, an explicit
  *     cudaMemcpyKind that does not match the pointers, a peer copy whose
  *     pointers are not on the devices named, a pitch past
  *     cudaDevAttrMaxPitch (AB_SIMCUDA_MAX_PITCH, default 1 MiB, so that
  *     the per-row fallback runs) all fail as the runtime would.
+ *   - cudaFree waits only for queued copies that touch the memory it frees
+ *     (the documentation says only that it "may" synchronise). Destroying
+ *     a stream or an event returns at once; its resources go when its work
+ *     is done.
  *   - Errors are remembered per thread for cudaGetLastError; cudaMalloc
  *     fails past AB_SIMCUDA_MEMORY bytes per device (default 1 GiB).
- * Where it is stronger than a GPU: blocking streams of one device share the
- * legacy default stream's queue (one legal order of their work, not the
- * only one), and cudaStreamPerThread is that queue too; kernels do not
- * exist (the library is built without converters/cuda).
+ * Where it is stronger than a GPU: cudaStreamPerThread is the legacy
+ * stream; errors are never sticky; kernels do not exist (the library is
+ * built without converters/cuda).
  *
  * Failures: simcuda_fail_nth() (simcuda.h) makes the n-th runtime call from
  * then on fail, for the tests' sweeps over the backend's error paths.
@@ -42,6 +50,7 @@
 #include <cuda_runtime_api.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -78,12 +87,20 @@ static long env_long(const char *name, long dflt) {
   return x;
 }
 
+static void init_queues(void);
+
 static void configure(void) {
   ndev = (int)env_long("AB_SIMCUDA_DEVICES", 0);
   if (ndev > SIM_MAX_DEVICES) ndev = SIM_MAX_DEVICES;
+  init_queues();
   dev_memory = (size_t)env_long("AB_SIMCUDA_MEMORY", (long)dev_memory);
   max_pitch = (size_t)env_long("AB_SIMCUDA_MAX_PITCH", (long)max_pitch);
+  if (max_pitch > INT_MAX) max_pitch = INT_MAX; /* an int attribute */
   delay_us = env_long("AB_SIMCUDA_DELAY_US", delay_us);
+  if (delay_us >= 1000000) {
+    fprintf(stderr, "simcuda: AB_SIMCUDA_DELAY_US=%ld: at most 999999\n", delay_us);
+    abort();
+  }
   const char *p = getenv("AB_SIMCUDA_PEER");
   if (p != NULL && strcmp(p, "none") == 0) peer_mode = PEER_NONE;
   else if (p != NULL && strcmp(p, "pairs") == 0) peer_mode = PEER_PAIRS;
@@ -125,14 +142,21 @@ static const char *_Atomic failed_call = "";
 
 const char *simcuda_failed_call(void) { return atomic_load(&failed) ? atomic_load(&failed_call) : ""; }
 
-#define INJECT()                                                                             \
-  do {                                                                                       \
-    const long at_ = atomic_load(&fail_at);                                                  \
-    if (at_ > 0 && atomic_fetch_add(&fail_calls, 1) + 1 == at_) {                          \
-      atomic_store(&failed_call, __func__);                                                  \
-      atomic_fetch_add(&failed, 1);                                                          \
-      return fail(atomic_load(&fail_error));                                                 \
-    }                                                                                        \
+/* Whether this call is the one armed to fail. */
+static bool injected(void) {
+  const long at = atomic_load(&fail_at);
+  return at > 0 && atomic_fetch_add(&fail_calls, 1) + 1 == at;
+}
+
+static cudaError_t injected_failure(const char *call) {
+  atomic_store(&failed_call, call);
+  atomic_fetch_add(&failed, 1);
+  return fail(atomic_load(&fail_error));
+}
+
+#define INJECT()                                  \
+  do {                                            \
+    if (injected()) return injected_failure(__func__); \
   } while (0)
 
 enum space { PAGEABLE, DEVICE, PINNED, MANAGED };
@@ -170,8 +194,15 @@ static cudaError_t resolve(const void *p, size_t n, enum space *sp, int *dev, ch
 
 /* ---- queues ---------------------------------------------------------------- */
 
+/* Every operation gets a number from one counter when it is queued: an
+ * operation waits for the unfinished operations with smaller numbers on
+ * the queues it depends on, so dependencies never form a cycle. */
+static uint64_t next_seq = 1;
+
 struct op {
   enum { OP_COPY, OP_HOST_FN, OP_MARK } kind;
+  uint64_t seq;
+  int peer_devs[3]; /* cudaMemcpyPeer: ordered with all work of these (-1: none) */
   char *dst;
   const char *src;
   size_t width, height, dpitch, spitch;
@@ -183,92 +214,157 @@ struct op {
   struct op *next;
 };
 
+enum qkind { Q_LEGACY, Q_BLOCKING, Q_NONBLOCKING };
+
 struct queue {
-  struct op *head, *tail;
-  uint64_t issued, done;
-  bool started, stopping;
-  pthread_t worker;
+  struct op *head, *tail; /* head: the oldest unfinished, running or not */
+  int dev;
+  enum qkind kind;
+  bool started, destroyed;
 };
 
+/* A created stream is its queue; the list holds the live ones, and a
+ * destroyed one until its worker has run its last operation. */
 struct CUstream_st {
-  int dev;
-  struct queue *q; /* the device's queue, or own for a non-blocking stream */
-  struct queue own;
+  struct queue q;
+  struct CUstream_st *next;
 };
 
 struct CUevent_st {
-  uint64_t recorded, completed;
+  int dev;
+  uint64_t recorded, completed; /* the latest record's mark, and the highest run */
+  unsigned pending;             /* marks queued and not yet run */
+  bool destroyed;
 };
 
 static struct queue legacy[SIM_MAX_DEVICES];
-static uint64_t all_issued, all_done; /* over every queue */
+static struct CUstream_st *streams;
+
+static void init_queues(void) {
+  for (int d = 0; d < SIM_MAX_DEVICES; d++) legacy[d].dev = d;
+}
 
 static void run_copy(const struct op *o) {
   for (size_t y = 0; y < o->height; y++) memcpy(o->dst + y * o->dpitch, o->src + y * o->spitch, o->width);
+}
+
+static bool pending_before(const struct queue *q, uint64_t seq) { return q->head != NULL && q->head->seq < seq; }
+
+static bool involves(const struct op *o, int dev) {
+  return o->peer_devs[0] == dev || o->peer_devs[1] == dev || o->peer_devs[2] == dev;
+}
+
+/* Whether work numbered below `seq` that an operation on q must follow is
+ * unfinished: q's own; for the legacy stream its device's blocking streams,
+ * and for a blocking stream its device's legacy stream; a cudaMemcpyPeer
+ * that involves q's device. Under mu. */
+static bool busy_before(const struct queue *q, uint64_t seq) {
+  if (pending_before(q, seq)) return true;
+  if (q->kind == Q_BLOCKING && pending_before(&legacy[q->dev], seq)) return true;
+  for (struct CUstream_st *s = streams; s != NULL; s = s->next)
+    if (q->kind == Q_LEGACY && s->q.dev == q->dev && s->q.kind == Q_BLOCKING && pending_before(&s->q, seq))
+      return true;
+  for (int d = 0; d < ndev; d++)
+    for (const struct op *o = legacy[d].head; o != NULL && o->seq < seq; o = o->next)
+      if (o->peer_devs[0] >= 0 && involves(o, q->dev)) return true;
+  return false;
+}
+
+/* Whether o, at the head of q, must wait. Under mu. */
+static bool blocked(const struct queue *q, const struct op *o) {
+  if (o->peer_devs[0] < 0) {
+    struct queue probe = *q;
+    probe.head = NULL; /* o itself heads q */
+    return busy_before(&probe, o->seq);
+  }
+  /* cudaMemcpyPeer: after all earlier work of every device it involves. */
+  for (int d = 0; d < ndev; d++)
+    if (involves(o, d) && &legacy[d] != q && pending_before(&legacy[d], o->seq)) return true;
+  for (struct CUstream_st *s = streams; s != NULL; s = s->next)
+    if (involves(o, s->q.dev) && pending_before(&s->q, o->seq)) return true;
+  return false;
+}
+
+static void unlink_stream(struct CUstream_st *s) {
+  struct CUstream_st **at = &streams;
+  while (*at != s) at = &(*at)->next;
+  *at = s->next;
 }
 
 static void *worker(void *arg) {
   struct queue *q = arg;
   pthread_mutex_lock(&mu);
   for (;;) {
-    while (q->head == NULL && !q->stopping) pthread_cond_wait(&progress, &mu);
-    if (q->head == NULL) break;
+    while ((q->head == NULL && !q->destroyed) || (q->head != NULL && blocked(q, q->head)))
+      pthread_cond_wait(&progress, &mu);
+    if (q->head == NULL) break; /* a destroyed stream, its work done */
     struct op *o = q->head;
     pthread_mutex_unlock(&mu);
     if (delay_us > 0 && o->kind == OP_COPY) nanosleep(&(struct timespec){0, delay_us * 1000}, NULL);
     if (o->kind == OP_COPY) run_copy(o);
     else if (o->kind == OP_HOST_FN) o->fn(o->arg);
     pthread_mutex_lock(&mu);
-    if (o->kind == OP_MARK && o->event->completed < o->mark) o->event->completed = o->mark;
+    if (o->kind == OP_MARK) {
+      struct CUevent_st *ev = o->event;
+      if (ev->completed < o->mark) ev->completed = o->mark;
+      if (--ev->pending == 0 && ev->destroyed) free(ev);
+    }
     q->head = o->next;
     if (q->head == NULL) q->tail = NULL;
-    q->done++;
-    all_done++;
     pthread_cond_broadcast(&progress);
     free(o->owned);
     free(o);
   }
+  struct CUstream_st *s = (struct CUstream_st *)q; /* only streams are destroyed */
+  unlink_stream(s);
+  pthread_cond_broadcast(&progress);
   pthread_mutex_unlock(&mu);
+  free(s);
   return NULL;
 }
 
-/* Under mu. */
+/* Under mu; takes o (freed on failure). */
 static cudaError_t enqueue(struct queue *q, struct op *o) {
   if (!q->started) {
-    if (pthread_create(&q->worker, NULL, worker, q) != 0) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, worker, q) != 0) {
       free(o->owned);
       free(o);
       return cudaErrorMemoryAllocation;
     }
+    pthread_detach(t);
     q->started = true;
   }
+  o->seq = next_seq++;
   o->next = NULL;
   if (q->tail) q->tail->next = o;
   else q->head = o;
   q->tail = o;
-  q->issued++;
-  all_issued++;
   pthread_cond_broadcast(&progress);
   return cudaSuccess;
 }
 
-/* Under mu: until everything queued on q so far has run. */
-static void drain(struct queue *q) {
-  const uint64_t target = q->issued;
-  while (q->done < target) pthread_cond_wait(&progress, &mu);
+static struct op *new_op(int kind) {
+  struct op *o = calloc(1, sizeof *o);
+  if (o != NULL) {
+    o->kind = kind;
+    o->peer_devs[0] = o->peer_devs[1] = o->peer_devs[2] = -1;
+  }
+  return o;
 }
 
-/* Under mu: until everything queued on any stream so far has run. */
-static void drain_all(void) {
-  const uint64_t target = all_issued;
-  while (all_done < target) pthread_cond_wait(&progress, &mu);
+/* Under mu: until the work queued so far that an operation queued on q now
+ * would follow has run (what waiting for a marker there would do). */
+static void drain(struct queue *q) {
+  const uint64_t target = next_seq;
+  while (busy_before(q, target)) pthread_cond_wait(&progress, &mu);
 }
 
 /* Under mu. NULL, cudaStreamLegacy and cudaStreamPerThread are the current
- * device's queue. */
+ * device's legacy stream. */
 static struct queue *queue_of(cudaStream_t s) {
   if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return &legacy[current];
-  return s->q;
+  return &s->q;
 }
 
 /* ---- copies ---------------------------------------------------------------- */
@@ -276,20 +372,27 @@ static struct queue *queue_of(cudaStream_t s) {
 static bool is_host(enum space s) { return s != DEVICE; }
 static bool is_dev(enum space s) { return s == DEVICE || s == MANAGED; }
 
-/* A 2-D copy (a 1-D one is one row), queued on `q` or done here as the
- * documented synchronisation rules for pageable memory say. Under mu. */
+enum when {
+  ASYNC,       /* queued: cudaMemcpyAsync */
+  SYNC,        /* queued, then waited for: cudaMemcpy's completing cases */
+  SYNC_MEMCPY, /* cudaMemcpy: its own rules per kind of memory */
+};
+
+/* A 2-D copy (a 1-D one is one row) on q. Under mu. */
 static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                          enum cudaMemcpyKind kind, struct queue *q, bool sync) {
+                          enum cudaMemcpyKind kind, struct queue *q, enum when when, const int peer_devs[3]) {
   if (width == 0 || height == 0) return cudaSuccess;
-  if (dpitch > max_pitch && height > 1) return cudaErrorInvalidPitchValue;
-  if (spitch > max_pitch && height > 1) return cudaErrorInvalidPitchValue;
-  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
-  if (dst == NULL || src == NULL) return cudaErrorInvalidValue;
+  if (height > 1 && (dpitch > max_pitch || spitch > max_pitch)) return cudaErrorInvalidPitchValue;
+  if (width > dpitch || width > spitch || dst == NULL || src == NULL) return cudaErrorInvalidValue;
+  size_t dext, sext, area;
+  if (__builtin_mul_overflow(dpitch, height - 1, &dext) || __builtin_add_overflow(dext, width, &dext) ||
+      __builtin_mul_overflow(spitch, height - 1, &sext) || __builtin_add_overflow(sext, width, &sext) ||
+      __builtin_mul_overflow(width, height, &area))
+    return cudaErrorInvalidValue;
   enum space ds, ss;
   int dd, sd;
   char *dh, *sh;
-  if (resolve(dst, dpitch * (height - 1) + width, &ds, &dd, &dh) != cudaSuccess ||
-      resolve(src, spitch * (height - 1) + width, &ss, &sd, &sh) != cudaSuccess)
+  if (resolve(dst, dext, &ds, &dd, &dh) != cudaSuccess || resolve(src, sext, &ss, &sd, &sh) != cudaSuccess)
     return cudaErrorInvalidValue;
   switch (kind) {
   case cudaMemcpyHostToHost: if (!is_host(ss) || !is_host(ds)) return cudaErrorInvalidMemcpyDirection; break;
@@ -299,59 +402,71 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   case cudaMemcpyDefault: break;
   default: return cudaErrorInvalidMemcpyDirection;
   }
-  struct op o = {.kind = OP_COPY, .dst = dh, .src = sh, .width = width, .height = height, .dpitch = dpitch,
-                 .spitch = spitch};
-  const bool host_to_host = ds != DEVICE && ss != DEVICE && (ds == PAGEABLE || ss == PAGEABLE);
-  if (sync || ds == PAGEABLE || host_to_host) {
-    /* The stream's earlier work first, then this copy, before returning. */
+  const bool host_to_host = ds != DEVICE && ss != DEVICE;
+  bool capture = false, wait = when == SYNC || host_to_host;
+  if (when == SYNC_MEMCPY && !host_to_host) {
+    /* cudaMemcpy: device to device and a pageable upload (once staged)
+     * return early; everything else completes before it returns. */
+    const bool d2d = ds == DEVICE && ss == DEVICE;
+    capture = ss == PAGEABLE && ds == DEVICE;
+    wait = !d2d && !capture;
+  }
+  if (host_to_host) {
+    /* Fully synchronous, after the stream's earlier work. */
+    struct op o = {.dst = dh, .src = sh, .width = width, .height = height, .dpitch = dpitch, .spitch = spitch};
     drain(q);
     pthread_mutex_unlock(&mu);
     run_copy(&o);
     pthread_mutex_lock(&mu);
     return cudaSuccess;
   }
-  struct op *h = malloc(sizeof *h);
-  if (h == NULL) return cudaErrorMemoryAllocation;
-  *h = o;
-  if (ss == PAGEABLE) {
-    /* Captured now: the caller may overwrite its pageable buffer on return. */
-    char *cap = malloc(width * height);
+  struct op *o = new_op(OP_COPY);
+  if (o == NULL) return cudaErrorMemoryAllocation;
+  *o = (struct op){.kind = OP_COPY, .dst = dh, .src = sh, .width = width, .height = height, .dpitch = dpitch,
+                   .spitch = spitch, .peer_devs = {-1, -1, -1}};
+  if (peer_devs != NULL) memcpy(o->peer_devs, peer_devs, sizeof o->peer_devs);
+  if (capture) {
+    char *cap = malloc(area);
     if (cap == NULL) {
-      free(h);
+      free(o);
       return cudaErrorMemoryAllocation;
     }
     for (size_t y = 0; y < height; y++) memcpy(cap + y * width, sh + y * spitch, width);
-    h->owned = cap;
-    h->src = cap;
-    h->spitch = width;
+    o->owned = cap;
+    o->src = cap;
+    o->spitch = width;
   }
-  return enqueue(q, h);
+  const uint64_t seq = next_seq;
+  cudaError_t e = enqueue(q, o);
+  if (e == cudaSuccess && wait)
+    while (busy_before(q, seq + 1)) pthread_cond_wait(&progress, &mu);
+  return e;
 }
 
 static cudaError_t memcpy_on(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                             enum cudaMemcpyKind kind, cudaStream_t s, bool sync) {
+                             enum cudaMemcpyKind kind, cudaStream_t s, enum when when) {
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
-  cudaError_t e = copy2d(dst, dpitch, src, spitch, width, height, kind, queue_of(s), sync);
+  cudaError_t e = copy2d(dst, dpitch, src, spitch, width, height, kind, queue_of(s), when, NULL);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t s) {
   INJECT();
-  return memcpy_on(dst, count, src, count, count, 1, kind, s, false);
+  return memcpy_on(dst, count, src, count, count, 1, kind, s, ASYNC);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
   INJECT();
-  return memcpy_on(dst, count, src, count, count, 1, kind, NULL, true);
+  return memcpy_on(dst, count, src, count, count, 1, kind, NULL, SYNC_MEMCPY);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t s) {
   INJECT();
-  return memcpy_on(dst, dpitch, src, spitch, width, height, kind, s, false);
+  return memcpy_on(dst, dpitch, src, spitch, width, height, kind, s, ASYNC);
 }
 
 /* Under mu: both pointers must be device memory of the devices named. */
@@ -371,21 +486,23 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src
   pthread_once(&config_once, configure);
   pthread_mutex_lock(&mu);
   cudaError_t e = n == 0 ? cudaSuccess : check_peer(dst, dst_dev, src, src_dev, n);
-  if (e == cudaSuccess && n > 0) e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, queue_of(s), false);
+  if (e == cudaSuccess && n > 0)
+    e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, queue_of(s), ASYNC, NULL);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
 
-/* Ordered after the work on both devices' default streams. */
+/* Asynchronous to the host, and ordered with all earlier and later work of
+ * the current device and both devices named (on the destination's legacy
+ * stream, waiting for every stream of the three). */
 cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
   INJECT();
   pthread_once(&config_once, configure);
   pthread_mutex_lock(&mu);
   cudaError_t e = n == 0 ? cudaSuccess : check_peer(dst, dst_dev, src, src_dev, n);
-  if (e == cudaSuccess && n > 0) {
-    drain(&legacy[src_dev]);
-    e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, &legacy[dst_dev], true);
-  }
+  const int devs[3] = {dst_dev, src_dev, current};
+  if (e == cudaSuccess && n > 0)
+    e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, &legacy[dst_dev], ASYNC, devs);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
@@ -422,9 +539,10 @@ cudaError_t cudaMalloc(void **p, size_t n) {
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   if (p == NULL) return fail(cudaErrorInvalidValue);
+  if (n > SIZE_MAX - 4096) return fail(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&mu);
   cudaError_t e = cudaErrorMemoryAllocation;
-  if (n <= dev_memory - used[current]) {
+  if (page_round(n) <= dev_memory - used[current]) {
     e = add_alloc(p, n, DEVICE, current);
     if (e == cudaSuccess) used[current] += page_round(n);
   }
@@ -439,7 +557,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
   if (ndev == 0) return fail(cudaErrorNoDevice);
   if (p == NULL) return fail(cudaErrorInvalidValue);
   pthread_mutex_lock(&mu);
-  cudaError_t e = add_alloc(p, n, PINNED, -1);
+  cudaError_t e = n > SIZE_MAX - 4096 ? cudaErrorMemoryAllocation : add_alloc(p, n, PINNED, current);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
@@ -448,26 +566,50 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
-  if (p == NULL || flags != cudaMemAttachGlobal) return fail(cudaErrorInvalidValue);
+  if (p == NULL || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost)) return fail(cudaErrorInvalidValue);
   pthread_mutex_lock(&mu);
-  cudaError_t e = add_alloc(p, n, MANAGED, -1);
+  cudaError_t e = n > SIZE_MAX - 4096 ? cudaErrorMemoryAllocation : add_alloc(p, n, MANAGED, current);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
 
-/* cudaFree and cudaFreeHost synchronise the device before they free. */
+/* Whether a queued operation still reads or writes a. Under mu. */
+static bool op_touches(const struct op *o, const struct alloc *a) {
+  if (o->kind != OP_COPY) return false;
+  const char *lo = a->shadow, *hi = a->shadow + a->size;
+  const char *d = o->dst, *de = o->dst + o->dpitch * (o->height - 1) + o->width;
+  const char *s = o->src, *se = o->src + o->spitch * (o->height - 1) + o->width;
+  return (d < hi && de > lo) || (s < hi && se > lo);
+}
+
+static bool in_flight(const struct alloc *a) {
+  for (int d = 0; d < ndev; d++)
+    for (const struct op *o = legacy[d].head; o != NULL; o = o->next)
+      if (op_touches(o, a)) return true;
+  for (const struct CUstream_st *st = streams; st != NULL; st = st->next)
+    for (const struct op *o = st->q.head; o != NULL; o = o->next)
+      if (op_touches(o, a)) return true;
+  return false;
+}
+
+/* cudaFree and cudaFreeHost wait for the queued copies that touch the
+ * memory, then free it. */
 static cudaError_t free_alloc(void *p, bool pinned) {
   if (p == NULL) return cudaSuccess;
   pthread_once(&config_once, configure);
   pthread_mutex_lock(&mu);
-  struct alloc **at = &allocs;
-  while (*at != NULL && (*at)->addr != p) at = &(*at)->next;
-  struct alloc *a = *at;
-  if (a == NULL || (a->space == PINNED) != pinned) {
-    pthread_mutex_unlock(&mu);
-    return fail(cudaErrorInvalidValue);
+  struct alloc **at;
+  for (;;) {
+    at = &allocs;
+    while (*at != NULL && (*at)->addr != p) at = &(*at)->next;
+    if (*at == NULL || ((*at)->space == PINNED) != pinned) {
+      pthread_mutex_unlock(&mu);
+      return fail(cudaErrorInvalidValue);
+    }
+    if (!in_flight(*at)) break;
+    pthread_cond_wait(&progress, &mu); /* the list may change meanwhile: look again */
   }
-  drain_all();
+  struct alloc *a = *at;
   *at = a->next;
   if (a->space == DEVICE) used[a->dev] -= a->size;
   pthread_mutex_unlock(&mu);
@@ -494,9 +636,9 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
   static const enum cudaMemoryType types[] = {cudaMemoryTypeUnregistered, cudaMemoryTypeDevice, cudaMemoryTypeHost,
                                               cudaMemoryTypeManaged};
   attr->type = types[sp];
-  attr->device = sp == DEVICE ? dev : current;
+  attr->device = sp == PAGEABLE ? current : dev;
   attr->devicePointer = sp == PAGEABLE ? NULL : (void *)(uintptr_t)p;
-  attr->hostPointer = sp == PAGEABLE || sp == DEVICE ? NULL : (void *)(uintptr_t)p;
+  attr->hostPointer = sp == DEVICE ? NULL : (void *)(uintptr_t)p;
   return cudaSuccess;
 }
 
@@ -560,7 +702,14 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
   switch (attr) {
   case cudaDevAttrMaxPitch: *v = (int)max_pitch; return cudaSuccess;
   case cudaDevAttrIntegrated: *v = 0; return cudaSuccess;
-  default: return fail(cudaErrorInvalidValue);
+  case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+  case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
+  case cudaDevAttrUnifiedAddressing: *v = 1; return cudaSuccess;
+  default:
+    /* Say so rather than invent a value: add it here. */
+    fprintf(stderr, "simcuda: cudaDeviceGetAttribute(%d) is not simulated\n", (int)attr);
+    return fail(cudaErrorInvalidValue);
   }
 }
 
@@ -605,37 +754,44 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  if (out == NULL || (flags & ~(unsigned)cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
   struct CUstream_st *s = calloc(1, sizeof *s);
   if (s == NULL) return fail(cudaErrorMemoryAllocation);
-  s->dev = current;
-  s->q = flags & cudaStreamNonBlocking ? &s->own : &legacy[current];
+  s->q.dev = current;
+  s->q.kind = flags & cudaStreamNonBlocking ? Q_NONBLOCKING : Q_BLOCKING;
+  pthread_mutex_lock(&mu);
+  s->next = streams;
+  streams = s;
+  pthread_mutex_unlock(&mu);
   *out = s;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
 
+/* Returns at once; the stream goes when its work is done. */
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
-  drain(s->q);
-  const bool join = s->own.started;
-  s->own.stopping = true;
+  s->q.destroyed = true;
+  const bool running = s->q.started; /* its worker unlinks and frees it */
+  if (!running) unlink_stream(s);
   pthread_cond_broadcast(&progress);
   pthread_mutex_unlock(&mu);
-  if (join) pthread_join(s->own.worker, NULL);
-  free(s);
+  if (!running) free(s);
   return cudaSuccess;
 }
 
+/* An armed failure of a wait is reported after the wait: it stands for an
+ * error of the work waited for, which then has ended. */
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  INJECT();
+  const bool fails = injected();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
   drain(queue_of(s));
   pthread_mutex_unlock(&mu);
-  return cudaSuccess;
+  return fails ? injected_failure(__func__) : cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -643,19 +799,18 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
-  const struct queue *q = queue_of(s);
-  const bool idle = q->done == q->issued;
+  const bool busy = busy_before(queue_of(s), next_seq);
   pthread_mutex_unlock(&mu);
-  return idle ? cudaSuccess : cudaErrorNotReady;
+  return busy ? cudaErrorNotReady : cudaSuccess;
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
-  struct op *o = calloc(1, sizeof *o);
+  if (fn == NULL) return fail(cudaErrorInvalidValue);
+  struct op *o = new_op(OP_HOST_FN);
   if (o == NULL) return fail(cudaErrorMemoryAllocation);
-  o->kind = OP_HOST_FN;
   o->fn = fn;
   o->arg = arg;
   pthread_mutex_lock(&mu);
@@ -671,45 +826,54 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
   if (ndev == 0) return fail(cudaErrorNoDevice);
   struct CUevent_st *e = calloc(1, sizeof *e);
   if (e == NULL) return fail(cudaErrorMemoryAllocation);
+  e->dev = current;
   *out = e;
   return cudaSuccess;
 }
 
+/* Only on a stream of the event's device, as the runtime requires. */
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   INJECT();
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
-  struct op *o = calloc(1, sizeof *o);
+  struct op *o = new_op(OP_MARK);
   if (o == NULL) return fail(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&mu);
-  o->kind = OP_MARK;
+  struct queue *q = queue_of(s);
+  if (q->dev != ev->dev) {
+    pthread_mutex_unlock(&mu);
+    free(o);
+    return fail(cudaErrorInvalidResourceHandle);
+  }
   o->event = ev;
-  o->mark = ++ev->recorded;
-  cudaError_t e = enqueue(queue_of(s), o);
+  o->mark = ev->recorded + 1;
+  cudaError_t e = enqueue(q, o);
+  if (e == cudaSuccess) {
+    ev->recorded = o->mark;
+    ev->pending++;
+  }
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
 
-static void event_wait(cudaEvent_t ev) {
+/* Waits for the work before the latest record (none recorded: at once). */
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  const bool fails = injected();
+  if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
   const uint64_t target = ev->recorded;
   while (ev->completed < target) pthread_cond_wait(&progress, &mu);
   pthread_mutex_unlock(&mu);
+  return fails ? injected_failure(__func__) : cudaSuccess;
 }
 
-/* Waits for the work before the latest record (none recorded: at once). */
-cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  INJECT();
-  if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
-  event_wait(ev);
-  return cudaSuccess;
-}
-
-/* The runtime lets a pending event be destroyed; here the destroy waits for
- * it, so that the queued mark never writes freed memory. */
+/* Returns at once; a pending event goes when its last mark has run. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
-  event_wait(ev);
-  free(ev);
+  pthread_mutex_lock(&mu);
+  const bool now = ev->pending == 0;
+  ev->destroyed = true;
+  pthread_mutex_unlock(&mu);
+  if (now) free(ev);
   return cudaSuccess;
 }
 

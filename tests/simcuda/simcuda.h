@@ -6,8 +6,10 @@
 
 /* From now on, the n-th call into the runtime (counting every call but the
  * error queries and the release calls) fails with `error`, as a real
- * runtime call would: returned, and kept for cudaGetLastError. n = 0
- * disarms. Resets the count that simcuda_failures() reports. */
+ * runtime call would: returned, and kept for cudaGetLastError. A wait
+ * (cudaStreamSynchronize, cudaEventSynchronize) fails after waiting, as an
+ * error of the work it waited for would. n = 0 disarms. Resets the count
+ * that simcuda_failures() reports. Errors are never sticky here. */
 void simcuda_fail_nth(long n, cudaError_t error);
 
 /* How many calls failed since the last simcuda_fail_nth: 0 or 1. */
