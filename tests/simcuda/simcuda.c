@@ -36,9 +36,9 @@
  *     is done.
  *   - Errors are remembered per thread for cudaGetLastError; cudaMalloc
  *     fails past AB_SIMCUDA_MEMORY bytes per device (default 1 GiB).
- * Where it is stronger than a GPU: cudaStreamPerThread is the legacy
- * stream; errors are never sticky; kernels do not exist (the library is
- * built without converters/cuda).
+ * cudaStreamPerThread is a blocking stream per thread and device.
+ * Where it differs from a GPU: errors are never sticky; kernels do not
+ * exist (the library is built without converters/cuda).
  *
  * Failures: simcuda_fail_nth() (simcuda.h) makes the n-th runtime call from
  * then on fail, for the tests' sweeps over the backend's error paths.
@@ -277,9 +277,15 @@ static bool blocked(const struct queue *q, const struct op *o) {
     probe.head = NULL; /* o itself heads q */
     return busy_before(&probe, o->seq);
   }
-  /* cudaMemcpyPeer: after all earlier work of every device it involves. */
-  for (int d = 0; d < ndev; d++)
+  /* cudaMemcpyPeer: after all earlier work of every device it involves,
+   * earlier cudaMemcpyPeer copies that share one of them included. */
+  for (int d = 0; d < ndev; d++) {
     if (involves(o, d) && &legacy[d] != q && pending_before(&legacy[d], o->seq)) return true;
+    for (const struct op *p = legacy[d].head; p != NULL && p->seq < o->seq; p = p->next)
+      if (p->peer_devs[0] >= 0 && (involves(o, p->peer_devs[0]) || involves(o, p->peer_devs[1]) ||
+                                   involves(o, p->peer_devs[2])))
+        return true;
+  }
   for (struct CUstream_st *s = streams; s != NULL; s = s->next)
     if (involves(o, s->q.dev) && pending_before(&s->q, o->seq)) return true;
   return false;
@@ -353,17 +359,41 @@ static struct op *new_op(int kind) {
   return o;
 }
 
-/* Under mu: until the work queued so far that an operation queued on q now
- * would follow has run (what waiting for a marker there would do). */
-static void drain(struct queue *q) {
-  const uint64_t target = next_seq;
-  while (busy_before(q, target)) pthread_cond_wait(&progress, &mu);
+/* Whether the host, waiting for q, must wait for work numbered below
+ * `target`: a created stream's own work (which waited for what it
+ * depends on); for the legacy stream, what a marker queued there would
+ * wait for. Under mu. */
+static bool host_waits(const struct queue *q, uint64_t target) {
+  return q->kind == Q_LEGACY ? busy_before(q, target) : pending_before(q, target);
 }
 
-/* Under mu. NULL, cudaStreamLegacy and cudaStreamPerThread are the current
- * device's legacy stream. */
+/* Under mu: until the work queued on q so far has run. */
+static void drain(struct queue *q) {
+  const uint64_t target = next_seq;
+  while (host_waits(q, target)) pthread_cond_wait(&progress, &mu);
+}
+
+/* The calling thread's default stream per device (cudaStreamPerThread): a
+ * blocking stream of its own, made when first used and kept for the
+ * process's life (it stays on the stream list, so nothing leaks). */
+static _Thread_local struct CUstream_st *per_thread[SIM_MAX_DEVICES];
+
+/* Under mu. NULL and cudaStreamLegacy are the current device's legacy
+ * stream. */
 static struct queue *queue_of(cudaStream_t s) {
-  if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return &legacy[current];
+  if (s == NULL || s == cudaStreamLegacy) return &legacy[current];
+  if (s == cudaStreamPerThread) {
+    if (per_thread[current] == NULL) {
+      struct CUstream_st *t = calloc(1, sizeof *t);
+      if (t == NULL) return &legacy[current]; /* more ordered, still right */
+      t->q.dev = current;
+      t->q.kind = Q_BLOCKING;
+      t->next = streams;
+      streams = t;
+      per_thread[current] = t;
+    }
+    return &per_thread[current]->q;
+  }
   return &s->q;
 }
 
@@ -402,7 +432,9 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   case cudaMemcpyDefault: break;
   default: return cudaErrorInvalidMemcpyDirection;
   }
-  const bool host_to_host = ds != DEVICE && ss != DEVICE;
+  /* Between pageable or pinned memory only: managed memory is the copy
+   * engine's, like device memory. */
+  const bool host_to_host = (ds == PAGEABLE || ds == PINNED) && (ss == PAGEABLE || ss == PINNED);
   bool capture = false, wait = when == SYNC || host_to_host;
   if (when == SYNC_MEMCPY && !host_to_host) {
     /* cudaMemcpy: device to device and a pageable upload (once staged)
@@ -426,6 +458,7 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
                    .spitch = spitch, .peer_devs = {-1, -1, -1}};
   if (peer_devs != NULL) memcpy(o->peer_devs, peer_devs, sizeof o->peer_devs);
   if (capture) {
+    drain(q); /* "a stream sync is performed before the copy is initiated" */
     char *cap = malloc(area);
     if (cap == NULL) {
       free(o);
@@ -439,7 +472,7 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   const uint64_t seq = next_seq;
   cudaError_t e = enqueue(q, o);
   if (e == cudaSuccess && wait)
-    while (busy_before(q, seq + 1)) pthread_cond_wait(&progress, &mu);
+    while (host_waits(q, seq + 1)) pthread_cond_wait(&progress, &mu);
   return e;
 }
 
@@ -799,7 +832,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
-  const bool busy = busy_before(queue_of(s), next_seq);
+  const bool busy = host_waits(queue_of(s), next_seq);
   pthread_mutex_unlock(&mu);
   return busy ? cudaErrorNotReady : cudaSuccess;
 }
