@@ -602,6 +602,143 @@ Test(cuda, to_and_from_opencl_through_the_host) {
   for (int i = 0; i < 4; i++) all[i]->deleter(all[i]);
 }
 
+/* ---- random routes ------------------------------------------------------------ */
+
+#ifdef AB_HAVE_CUDA
+/* A random view into a buffer of `cap` elements: 1- to 4-D, each axis 1 to
+ * 9 long (now and then 0), strides a random order of the compact ones,
+ * sometimes stepped or reversed, placed at a random offset. */
+static void random_view(test_rng *rng, int32_t *ndim, int64_t *shape, int64_t *strides, uint64_t *offset_elems,
+                        int64_t cap) {
+  for (;;) {
+    *ndim = (int32_t)rng_between(rng, 1, 4);
+    for (int32_t i = 0; i < *ndim; i++) shape[i] = rng_between(rng, 0, 40) == 0 ? 0 : rng_between(rng, 1, 9);
+    int32_t order[4] = {0, 1, 2, 3};
+    for (int32_t i = *ndim - 1; i > 0; i--) {
+      int32_t j = (int32_t)rng_between(rng, 0, i), t = order[i];
+      order[i] = order[j], order[j] = t;
+    }
+    const int style = (int)rng_between(rng, 0, 3); /* compact, permuted, stepped, reversed */
+    int64_t step = 1;
+    for (int32_t k = *ndim - 1; k >= 0; k--) {
+      const int32_t i = style == 0 ? k : order[k];
+      int64_t m = style >= 2 && rng_between(rng, 0, 1) ? 2 : 1;
+      strides[i] = step * m * (style == 3 && rng_between(rng, 0, 1) ? -1 : 1);
+      step *= shape[i] * m + (style >= 2 ? rng_between(rng, 0, 2) : 0);
+      if (step == 0) step = 1;
+    }
+    int64_t lo = 0, hi = 0;
+    for (int32_t i = 0; i < *ndim; i++) {
+      if (shape[i] == 0) continue;
+      if (strides[i] < 0) lo += strides[i] * (shape[i] - 1);
+      else hi += strides[i] * (shape[i] - 1);
+    }
+    if (hi - lo + 1 > cap) continue;
+    *offset_elems = (uint64_t)(-lo + rng_between(rng, 0, cap - (hi - lo + 1)));
+    return;
+  }
+}
+
+#endif
+
+Test(cuda, random_layouts_and_routes_match_the_host) {
+  /* Every place a tensor can be (host, pinned, managed, each GPU, an OpenCL
+   * device) to every other, random views and options: the result, brought
+   * back to the host, equals the same conversion done on the host. */
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  enum { CAP = 6000 };
+  const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLInt, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1},
+                              {kDLComplex, 64, 1}};
+  DLDevice places[8] = {CPU0, PINNED, MANAGED};
+  int nplaces = 3;
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA) && i < 2; i++) places[nplaces++] = CUDA(i);
+  if (ab_device_count(kDLOpenCL) > 0) places[nplaces++] = (DLDevice){kDLOpenCL, 0};
+  /* A caller's stream per GPU, used when the work runs on that GPU (the
+   * target, or the source when the target is cpu), now and then with an
+   * early return and the wait after. */
+  cudaStream_t streams[2] = {NULL, NULL};
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA) && i < 2; i++) {
+    cr_assert_eq(cudaSetDevice(i), cudaSuccess);
+    cr_assert_eq(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), cudaSuccess);
+  }
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  test_rng rng = {2026};
+  int trials = 0, copies = 0, early = 0;
+  for (int trial = 0; trial < 400; trial++) {
+    const DLDataType type = types[rng_between(&rng, 0, 4)];
+    const size_t es = elsize_of(type);
+    unsigned char *buf = malloc(CAP * es);
+    fill_pattern(buf, CAP * es, (uint32_t)trial + 1);
+    int32_t ndim;
+    int64_t shape[4], strides[4];
+    uint64_t off;
+    random_view(&rng, &ndim, shape, strides, &off, CAP);
+    const DLDevice from = places[rng_between(&rng, 0, nplaces - 1)], to = places[rng_between(&rng, 0, nplaces - 1)];
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    int32_t perm[4];
+    o.copy = rng_between(&rng, 0, 1) ? AB_COPY_ALWAYS : AB_COPY_IF_NEEDED;
+    if (type.code != kDLComplex && rng_between(&rng, 0, 3) == 0) o.dtype = dt(kDLFloat, 32, 1);
+    if (rng_between(&rng, 0, 3) == 0) {
+      for (int32_t i = 0; i < ndim; i++) perm[i] = ndim - 1 - i;
+      o.permute = perm;
+    }
+    DLTensor hv = {buf, CPU0, ndim, type, shape, strides, off * es};
+    DLManagedTensorVersioned *want = NULL, *whole = NULL, *got = NULL, *back = NULL;
+    cr_assert_eq(ab_convert_memory(&hv, CPU0, &o, &want), AB_OK, "trial %d reference: %s", trial, ab_last_error());
+    /* The source: the whole buffer placed at `from`, viewed the same way. */
+    int64_t all[1] = {CAP * (int64_t)es};
+    DLTensor raw = {buf, CPU0, 1, dt(kDLUInt, 8, 1), all, NULL, 0};
+    whole = convert_ok(&raw, from, AB_COPY_ALWAYS, NULL);
+    DLTensor src = hv;
+    src.data = whole->dl_tensor.data;
+    src.device = whole->dl_tensor.device;
+    int32_t gpu = to.device_type == kDLCUDA ? to.device_id
+                  : to.device_type == kDLCPU && from.device_type == kDLCUDA ? from.device_id : -1;
+    if (gpu >= 0 && rng_between(&rng, 0, 1)) {
+      o.stream = streams[gpu];
+      if (rng_between(&rng, 0, 1)) o.flags |= AB_CONVERT_ASYNC;
+    }
+    ab_status st = ab_convert_memory(&src, to, &o, &got);
+    cr_assert_eq(st, AB_OK, "trial %d: %s:%d -> %s:%d: %s (%s)", trial, ab_device_type_name(from.device_type),
+                 (int)from.device_id, ab_device_type_name(to.device_type), (int)to.device_id, ab_status_name(st),
+                 ab_last_error());
+    if (o.flags & AB_CONVERT_ASYNC) {
+      cr_assert_eq(ab_synchronize(CUDA(gpu), o.stream), AB_OK, "%s", ab_last_error());
+      early++;
+    }
+    cr_assert_eq(got->dl_tensor.device.device_type, to.device_type, "trial %d", trial);
+    copies += (got->flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0;
+    back = convert_ok(&got->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL); /* compact, on the host */
+    const int64_t n = numel_of(want->dl_tensor.ndim, want->dl_tensor.shape);
+    const size_t wes = elsize_of(want->dl_tensor.dtype);
+    cr_assert_eq(back->dl_tensor.dtype.bits, want->dl_tensor.dtype.bits, "trial %d", trial);
+    for (int32_t i = 0; i < want->dl_tensor.ndim; i++)
+      cr_assert_eq(back->dl_tensor.shape[i], want->dl_tensor.shape[i], "trial %d axis %d", trial, i);
+    unsigned char *w = malloc((size_t)n * wes + 1);
+    reference_gather(&want->dl_tensor, w);
+    cr_assert(n == 0 || memcmp(back->dl_tensor.data, w, (size_t)n * wes) == 0,
+              "trial %d: %s:%d -> %s:%d, %d-D, differs from the host's conversion", trial,
+              ab_device_type_name(from.device_type), (int)from.device_id, ab_device_type_name(to.device_type),
+              (int)to.device_id, (int)ndim);
+    free(w);
+    back->deleter(back);
+    got->deleter(got);
+    whole->deleter(whole);
+    want->deleter(want);
+    free(buf);
+    trials++;
+  }
+  cr_assert_eq(trials, 400);
+  cr_assert_gt(copies, 100, "hardly any copies: the test proves little");
+  cr_assert_gt(early, 20, "hardly any early returns");
+  for (int i = 0; i < 2; i++)
+    if (streams[i] != NULL) cr_assert_eq(cudaStreamDestroy(streams[i]), cudaSuccess);
+  for (int i = 0; i < nplaces; i++)
+    if (places[i].device_type != kDLCPU) assert_pool_clean(places[i]);
+#endif
+}
+
 /* ---- runtime failures (simcuda only) --------------------------------------- */
 
 #ifdef AB_TEST_SIMCUDA
