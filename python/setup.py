@@ -7,6 +7,10 @@ flags its pkg-config file lists (OpenCL, the static CUDA runtime), so the
 extension needs no libarraybridge.so at run time. The DLPack header comes
 from the same CMake configuration (tools/setup-deps.sh provides it; run
 `make deps` first on a fresh machine).
+
+AB_PY_SIMCUDA=1 links the library against simcuda, a simulated CUDA runtime
+(tests/simcuda), instead of cudart: for the module's CUDA tests on machines
+without a GPU (make test-python). Never for an install that is used.
 """
 import os
 import re
@@ -28,11 +32,14 @@ class BuildWithLibrary(build_ext):
         build = os.environ.get("AB_PY_BUILD_DIR") or os.path.join(REPO, "build-python")
         cfg = ["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DAB_BUILD_TESTS=OFF",
                "-DAB_BUILD_BENCH=OFF", "-DAB_BUILD_EXAMPLES=OFF"]
+        sim = os.environ.get("AB_PY_SIMCUDA") == "1"
+        if sim:
+            cfg += ["-DAB_BUILD_SIMCUDA=ON"]
         cfg += shlex.split(os.environ.get("AB_PY_CMAKE_ARGS", ""))
+        lib = "arraybridge_simcuda" if sim else "arraybridge_static"
         try:
             subprocess.check_call(cfg)
-            subprocess.check_call(["cmake", "--build", build, "--target", "arraybridge_static", "-j",
-                                   str(os.cpu_count() or 2)])
+            subprocess.check_call(["cmake", "--build", build, "--target", lib, "-j", str(os.cpu_count() or 2)])
         except (OSError, subprocess.CalledProcessError) as e:
             sys.exit("arraybridge: building the C library with CMake failed (%s); on a fresh Debian machine run "
                      "`make deps` in the repository first" % e)
@@ -47,15 +54,25 @@ class BuildWithLibrary(build_ext):
                 m = re.match(r"Libs\.private:(.*)", line)
                 if m:
                     private = shlex.split(m.group(1))
+        archive = os.path.join(build, "libarraybridge.a")
+        if sim:
+            if not os.path.exists(os.path.join(build, "libarraybridge_simcuda.a")):
+                sys.exit("arraybridge: AB_PY_SIMCUDA=1 needs the CUDA toolkit's headers (no CUDA backend configured)")
+            archive = os.path.join(build, "libarraybridge_simcuda.a")
+            private = [f for f in private if f != "-lcudart_static"] + ["-lm"]
         for ext in self.extensions:
             ext.include_dirs += [os.path.join(REPO, "include"), dlpack]
-            ext.extra_objects += [os.path.join(build, "libarraybridge.a")]
+            ext.extra_objects += [archive]
             # setuptools relinks only when a dependency is newer than the
             # extension: without this a rebuilt library would not be linked in.
-            ext.depends += [os.path.join(build, "libarraybridge.a")]
+            ext.depends += [archive]
             # Everything of the library and of cudart stays private to the
             # extension: only PyInit__arraybridge is exported.
             ext.extra_link_args += private + ["-Wl,--exclude-libs,ALL"]
+        # Always compile and link again: the build folder (python/build) is
+        # shared by the cudart and simcuda variants, and setuptools' date
+        # check would hand one the other's extension.
+        self.force = True
         super().run()
 
 

@@ -1,0 +1,217 @@
+"""The module's CUDA paths: device strings, streams in __dlpack__, imports
+from CUDA producers, pinned and managed memory, pools.
+
+They run wherever arraybridge sees a CUDA device: on a GPU for real, and in
+`make test-python` against simcuda, the simulated CUDA runtime of the C
+tests (the module is built a second time with AB_PY_SIMCUDA=1 and run with
+AB_SIMCUDA_DEVICES=2). Elsewhere they skip, saying why."""
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+import arraybridge as ab
+
+KDLCPU, KDLCUDA, KDLCUDAHOST, KDLCUDAMANAGED = 1, 2, 3, 13
+
+DTYPES = ["bool", "int8", "uint8", "int16", "int32", "int64", "uint64", "float16", "float32", "float64", "complex64",
+          "complex128"]
+
+
+def n_cuda():
+    return sum(d.startswith("cuda:") for d in ab.devices())
+
+
+@pytest.fixture(autouse=True)
+def need_cuda():
+    if n_cuda() < 1:
+        pytest.skip("needs a CUDA device (a GPU, or simcuda: make test-python runs this file against it)")
+
+
+def sample(name, shape=(7, 11)):
+    rng = np.random.default_rng(len(name) * 7 + 1)
+    if name == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if name.startswith("complex"):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(name)
+    if name.startswith("float"):
+        return (rng.standard_normal(shape) * 1000).astype(name)
+    info = np.iinfo(name)
+    return rng.integers(info.min, info.max, shape, dtype=name, endpoint=True)
+
+
+def host(t):
+    return np.from_dlpack(ab.convert_memory(t, "cpu"))
+
+
+class Recorder:
+    """A producer that passes a Tensor's capsule on and remembers how it was asked."""
+
+    def __init__(self, t):
+        self.t, self.kwargs = t, None
+
+    def __dlpack__(self, **kwargs):
+        self.kwargs = kwargs
+        return self.t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def test_cuda_devices_are_listed_and_described():
+    devs = ab.devices()
+    assert "cuda:0" in devs and "cuda_host:0" in devs and "cuda_managed:0" in devs
+    info = ab.device_info("cuda:0")
+    assert info["backend"] == "cuda" and info["total_memory"] > 0 and not info["host_accessible"]
+    assert ab.device_info("cuda_host:0")["host_accessible"]
+    with pytest.raises(ValueError, match="cuda:%d" % n_cuda()):
+        ab.device_info("cuda:%d" % n_cuda())
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_every_dtype_round_trips_through_each_gpu(name):
+    a = sample(name)
+    t = ab.convert_memory(a, "cuda:0")
+    assert (t.device, t.dtype, t.shape) == ("cuda:0", name, a.shape)
+    last = t
+    for i in range(1, n_cuda()):
+        last = ab.convert_memory(last, "cuda:%d" % i)
+        assert last.device == "cuda:%d" % i
+    assert np.array_equal(host(last).view(np.uint8), np.ascontiguousarray(a).view(np.uint8))
+
+
+def test_strided_and_reversed_arrays_arrive_compact():
+    a = sample("int16", (30, 40))
+    for view in (a.T, a[::-1, ::3], a[5:25, 10:30], np.broadcast_to(a[3], (6, 40))):
+        t = ab.convert_memory(view, "cuda:0")
+        assert t.strides == tuple(np.empty(view.shape, view.dtype).strides[i] // view.itemsize
+                                  for i in range(view.ndim))
+        assert np.array_equal(host(t), view)
+
+
+def test_gpu_id_and_auto_choose_the_gpu():
+    a = np.arange(10, dtype=np.int32)
+    assert ab.convert_memory(a, "cuda", gpu_id=n_cuda() - 1).device == "cuda:%d" % (n_cuda() - 1)
+    assert ab.convert_memory(a, "cuda:auto").device.startswith("cuda:")
+    with pytest.raises(ValueError):
+        ab.convert_memory(a, "cuda", gpu_id=n_cuda())
+
+
+def test_conversions_on_the_way_to_the_gpu_match_numpy():
+    # As test_numpy's image test: float32 arithmetic, a multiply then an add
+    # per channel (the axis of the source), then HWC -> CHW.
+    hwc = sample("uint8", (24, 32, 3))
+    scale, offset = np.array([1 / 255, 1 / 127, 1 / 63]), np.array([-0.5, 0.25, 2.0])
+    t = ab.convert_memory(hwc, "cuda:0", dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=scale,
+                          channel_offset=offset)
+    assert (t.device, t.shape, t.dtype) == ("cuda:0", (3, 24, 32), "float32")
+    want = (hwc.astype(np.float32) * scale.astype(np.float32) + offset.astype(np.float32)).transpose(2, 0, 1)
+    assert np.array_equal(host(t).view(np.uint32), want.view(np.uint32))
+
+
+def test_stream_argument_of_a_cuda_tensor():
+    t = ab.convert_memory(np.arange(8, dtype=np.float32), "cuda:0")
+    for s in (1, 2, 0x7F0000001000, None):
+        cap = t.__dlpack__(stream=s)
+        assert "dltensor" in repr(cap)
+    with pytest.raises(ValueError, match="ambiguous"):
+        t.__dlpack__(stream=0)
+    with pytest.raises(TypeError):
+        t.__dlpack__(stream="1")
+    # dl_device=cpu: a host copy, so a CPU consumer can take it; then a
+    # stream makes no sense.
+    with pytest.raises(ValueError, match="host memory"):
+        t.__dlpack__(stream=1, dl_device=(KDLCPU, 0))
+
+
+def test_a_cuda_capsule_reaches_numpy_only_through_a_host_copy():
+    a = np.arange(12, dtype=np.int64)
+    t = ab.convert_memory(a, "cuda:0")
+    with pytest.raises((RuntimeError, BufferError)):
+        np.from_dlpack(t)
+
+    class ToHost(Recorder):
+        def __dlpack__(self, **kwargs):
+            kwargs["dl_device"] = (KDLCPU, 0)
+            return self.t.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return (KDLCPU, 0)
+
+    assert np.array_equal(np.from_dlpack(ToHost(t)), a)
+
+
+def test_importing_from_a_cuda_producer_asks_for_the_legacy_stream():
+    a = sample("float32", (64, 3))
+    r = Recorder(ab.convert_memory(a, "cuda:0"))
+    t = ab.from_dlpack(r)
+    assert r.kwargs.get("stream") == 1, r.kwargs
+    assert r.kwargs.get("max_version") is not None
+    assert t.device == "cuda:0"
+    assert np.array_equal(host(t), a)
+    # cross-device import: to cuda:last, or to the host
+    moved = ab.from_dlpack(Recorder(t), device="cuda:%d" % (n_cuda() - 1))
+    assert np.array_equal(host(moved), a)
+    assert np.array_equal(np.from_dlpack(ab.from_dlpack(Recorder(t), device="cpu")), a)
+    with pytest.raises(BufferError):
+        ab.from_dlpack(Recorder(t), device="cpu", copy=False)
+
+
+def test_pinned_and_managed_tensors_are_numpy_readable_zero_copy():
+    a = sample("float64", (16, 9))
+    for where in ("cuda_host:0", "cuda_managed:0"):
+        t = ab.convert_memory(a, where)
+        assert t.device == where
+        v = np.from_dlpack(t)
+        assert np.array_equal(v, a)
+        again = np.from_dlpack(t)
+        assert again.__array_interface__["data"][0] == v.__array_interface__["data"][0]
+        g = ab.convert_memory(t, "cuda:0")
+        assert np.array_equal(host(g), a)
+
+
+def test_pool_statistics_limits_and_empty_cache_on_a_gpu():
+    dev = "cuda:0"
+    ab.empty_cache(dev)
+    before = ab.memory_stats(dev)
+    t = ab.convert_memory(np.zeros(1 << 20, dtype=np.uint8), dev)
+    during = ab.memory_stats(dev)
+    assert during["in_use_bytes"]["current"] >= before["in_use_bytes"]["current"] + (1 << 20)
+    del t
+    gc.collect()
+    assert ab.memory_stats(dev)["in_use_bytes"]["current"] == before["in_use_bytes"]["current"]
+    ab.set_memory_limit(dev, 1 << 20)
+    try:
+        with pytest.raises(MemoryError, match="cuda:0"):
+            ab.convert_memory(np.zeros(4 << 20, dtype=np.uint8), dev)
+    finally:
+        ab.set_memory_limit(dev, 0)
+    ab.empty_cache(dev)
+    assert ab.memory_stats(dev)["reserved_bytes"]["current"] == 0
+
+
+def test_reference_counts_and_gpu_memory_return_after_many_round_trips():
+    a = sample("int32", (33, 17))
+    ab.empty_cache("cuda:0")
+    base = ab.memory_stats("cuda:0")["in_use_bytes"]["current"]
+    refs = sys.getrefcount(a)
+    for _ in range(300):
+        t = ab.convert_memory(a, "cuda:0")
+        back = np.from_dlpack(ab.convert_memory(t, "cpu"))
+        assert back[5, 5] == a[5, 5]
+        r = ab.from_dlpack(Recorder(t))
+        del t, back, r
+    gc.collect()
+    assert sys.getrefcount(a) == refs
+    assert ab.memory_stats("cuda:0")["in_use_bytes"]["current"] == base
+
+
+def test_cuda_and_opencl_through_the_host():
+    if not any(d.startswith("opencl:") for d in ab.devices()):
+        pytest.skip("needs an OpenCL device as well")
+    a = sample("float16", (20, 21))
+    c = ab.convert_memory(ab.convert_memory(a, "cuda:0"), "opencl:0")
+    assert c.device == "opencl:0"
+    back = ab.convert_memory(c, "cuda:%d" % (n_cuda() - 1))
+    assert np.array_equal(host(back).view(np.uint16), a.view(np.uint16))
