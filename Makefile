@@ -88,7 +88,7 @@ test-python: deps
 	if grep -q cudart_static $(PY_BUILD)/lib/arraybridge.pc; then \
 	  AB_PY_SIMCUDA=1 AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib-sim $(PY_BUILD)/venv/bin/pip install -q --force-reinstall \
 	    --no-deps --upgrade --target $(CURDIR)/$(PY_BUILD)/sim ./python && \
-	  cd $(PY_BUILD) && AB_SIMCUDA_DEVICES=2 PYTHONPATH=$(CURDIR)/$(PY_BUILD)/sim \
+	  cd $(PY_BUILD) && AB_SIMCUDA_DEVICES=2 AB_TEST_EXPECT_CUDA=2 PYTHONPATH=$(CURDIR)/$(PY_BUILD)/sim \
 	    venv/bin/python -m pytest -q $(CURDIR)/python/tests/test_cuda.py; \
 	else echo "test-python: no CUDA toolkit, so no CUDA tests of the module against simcuda"; fi
 

@@ -6,6 +6,7 @@ They run wherever arraybridge sees a CUDA device: on a GPU for real, and in
 tests (the module is built a second time with AB_PY_SIMCUDA=1 and run with
 AB_SIMCUDA_DEVICES=2). Elsewhere they skip, saying why."""
 import gc
+import os
 import sys
 
 import numpy as np
@@ -25,6 +26,10 @@ def n_cuda():
 
 @pytest.fixture(autouse=True)
 def need_cuda():
+    expect = os.environ.get("AB_TEST_EXPECT_CUDA")
+    if expect:
+        # make test-python's simcuda run: skipping would hide a wrong build.
+        assert n_cuda() == int(expect), "expected %s CUDA devices (the simcuda build), have %s" % (expect, ab.devices())
     if n_cuda() < 1:
         pytest.skip("needs a CUDA device (a GPU, or simcuda: make test-python runs this file against it)")
 
