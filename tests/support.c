@@ -1,5 +1,7 @@
 #include "support.h"
 
+#include <criterion/criterion.h>
+
 #include "converters/host/convert.h" /* the 16-bit roundings */
 
 #include <stdlib.h>
@@ -259,4 +261,10 @@ int64_t first_different_element(DLDataType t, const void *a, const void *b, int6
   for (int64_t i = 0; i < n; i++)
     if (!same_element(t, (const char *)a + (size_t)i * es, (const char *)b + (size_t)i * es)) return i;
   return -1;
+}
+
+uint64_t pool_in_use(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
+  return s.in_use_bytes.current;
 }

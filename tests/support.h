@@ -37,6 +37,9 @@ int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src);
  * matches (or both are empty), else the index of the first differing byte. */
 int64_t first_diff_vs_reference(const DLTensor *src, const DLManagedTensorVersioned *r);
 
+/* Bytes of dev's pool in use now; fails the test if the pool cannot say. */
+uint64_t pool_in_use(DLDevice dev);
+
 /* FNV-1a 64 of n bytes, to prove a buffer was not written. */
 uint64_t checksum(const void *p, size_t n);
 

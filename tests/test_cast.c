@@ -276,12 +276,6 @@ static const char *describe(int k, const unsigned char *p, char *buf, size_t len
 
 /* ---- library helpers --------------------------------------------------- */
 
-static uint64_t pool_in_use(DLDevice dev) {
-  struct ab_pool_stats s = {.size = sizeof s};
-  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
-  return s.in_use_bytes.current;
-}
-
 /* Converts and checks the result's contract: success, a copy (IS_COPIED),
  * the requested dtype, the permuted shape, compact strides, the target's
  * device type, data NULL exactly when there are no elements. */

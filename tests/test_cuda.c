@@ -761,11 +761,6 @@ struct sim_case {
   bool cast;            /* to float16, in axis order (1, 0) */
 };
 
-static uint64_t in_use(DLDevice dev) {
-  struct ab_pool_stats s = {.size = sizeof s};
-  return ab_pool_stats(dev, &s) == AB_OK ? s.in_use_bytes.current : 0;
-}
-
 /* For n = 1, 2, ... the n-th runtime call of the conversion fails, until a
  * run makes fewer calls. Each run either fails with a status and a message
  * naming the runtime's error, *out untouched, or (the failure absorbed: a
@@ -792,7 +787,7 @@ static int runtime_sweep(const struct sim_case *c, cudaError_t error) {
 
   const DLDevice spaces[] = {CPU0, CUDA(0), CUDA(1), PINNED, MANAGED};
   uint64_t before[5];
-  for (int k = 0; k < 5; k++) before[k] = in_use(spaces[k]);
+  for (int k = 0; k < 5; k++) before[k] = pool_in_use(spaces[k]);
   const long live = ab__alloc_live_settled();
   int n = 1, failed_runs = 0;
   for (;; n++) {
@@ -825,7 +820,7 @@ static int runtime_sweep(const struct sim_case *c, cudaError_t error) {
       failed_runs++;
     }
     for (int k = 0; k < 5; k++)
-      cr_assert_eq(in_use(spaces[k]), before[k], "%s, call %d (%s): %s:%d blocks kept", c->name, n, call,
+      cr_assert_eq(pool_in_use(spaces[k]), before[k], "%s, call %d (%s): %s:%d blocks kept", c->name, n, call,
                    ab_device_type_name(spaces[k].device_type), (int)spaces[k].device_id);
     cr_assert_eq(ab__alloc_live_settled(), live, "%s, call %d (%s): host blocks leaked", c->name, n, call);
     if (!hit) break;

@@ -290,12 +290,6 @@ Test(fault, disarmed_hook_injects_nothing) {
  * run returns AB_ERR_BACKEND saying the fault was injected, leaves *out
  * and the source untouched, and gives every block back. */
 
-static uint64_t pool_in_use(DLDevice dev) {
-  struct ab_pool_stats s = {.size = sizeof s};
-  if (ab_pool_stats(dev, &s) != AB_OK) return 0;
-  return s.in_use_bytes.current;
-}
-
 struct transfer_case {
   const char *name;
   DLTensor src; /* on the host, or made on a device by `make_on` */

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
+from ab_support import n_devices, opencl
 
 KDLCPU, KDLCUDA, KDLCUDAHOST, KDLCUDAMANAGED = 1, 2, 3, 13
 
@@ -21,7 +22,7 @@ DTYPES = ["bool", "int8", "uint8", "int16", "int32", "int64", "uint64", "float16
 
 
 def n_cuda():
-    return sum(d.startswith("cuda:") for d in ab.devices())
+    return n_devices("cuda")
 
 
 @pytest.fixture(autouse=True)
@@ -213,8 +214,7 @@ def test_reference_counts_and_gpu_memory_return_after_many_round_trips():
 
 
 def test_cuda_and_opencl_through_the_host():
-    if not any(d.startswith("opencl:") for d in ab.devices()):
-        pytest.skip("needs an OpenCL device as well")
+    opencl()
     a = sample("float16", (20, 21))
     c = ab.convert_memory(ab.convert_memory(a, "cuda:0"), "opencl:0")
     assert c.device == "opencl:0"

@@ -16,19 +16,7 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
-
-
-def addr(a):
-    return a.__array_interface__["data"][0]
-
-
-def n_devices(kind):
-    return sum(d.startswith(kind + ":") for d in ab.devices())
-
-
-def opencl():
-    if n_devices("opencl") < 1:
-        pytest.skip("needs an OpenCL device (PoCL: apt-get install pocl-opencl-icd)")
+from ab_support import addr, n_devices, opencl
 
 
 def bits(a):

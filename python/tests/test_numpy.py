@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
+from ab_support import addr, opencl
 
 KDLCPU, KDLOPENCL = 1, 4
-
-
-def addr(a):
-    return a.__array_interface__["data"][0]
-
-
-def opencl(n=1):
-    have = sum(d.startswith("opencl:") for d in ab.devices())
-    if have < n:
-        pytest.skip("needs %d OpenCL device(s), have %d (PoCL: apt-get install pocl-opencl-icd)" % (n, have))
 
 
 class LegacyProducer:

@@ -454,8 +454,12 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   }
   struct op *o = new_op(OP_COPY);
   if (o == NULL) return cudaErrorMemoryAllocation;
-  *o = (struct op){.kind = OP_COPY, .dst = dh, .src = sh, .width = width, .height = height, .dpitch = dpitch,
-                   .spitch = spitch, .peer_devs = {-1, -1, -1}};
+  o->dst = dh;
+  o->src = sh;
+  o->width = width;
+  o->height = height;
+  o->dpitch = dpitch;
+  o->spitch = spitch;
   if (peer_devs != NULL) memcpy(o->peer_devs, peer_devs, sizeof o->peer_devs);
   if (capture) {
     drain(q); /* "a stream sync is performed before the copy is initiated" */
