@@ -80,13 +80,21 @@ __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
 }
 
 /* Any source element as a double: exact, but for 64-bit integers past
- * 2^53, rounded to nearest even as the host's cast is. */
-__host__ __device__ inline double load_double(int kind, const void *src, int64_t i) {
+ * 2^53 rounded, to nearest even as the host's cast is, or with `odd` to
+ * odd (rounding.h), so that one later rounding into a narrower float is
+ * the only one. */
+__host__ __device__ inline double load_double(int kind, const void *src, int64_t i, bool odd) {
   switch (kind) {
   case K_I32: return (double)static_cast<const int32_t *>(src)[i];
-  case K_I64: return (double)static_cast<const int64_t *>(src)[i];
+  case K_I64: {
+    const int64_t v = static_cast<const int64_t *>(src)[i];
+    return odd ? ab__i64_to_double_odd(v) : (double)v;
+  }
   case K_U32: return (double)static_cast<const uint32_t *>(src)[i];
-  case K_U64: return (double)static_cast<const uint64_t *>(src)[i];
+  case K_U64: {
+    const uint64_t v = static_cast<const uint64_t *>(src)[i];
+    return odd ? ab__u64_to_double_odd(v) : (double)v;
+  }
   case K_F64: return static_cast<const double *>(src)[i];
   default: return (double)load(kind, src, i);
   }
@@ -207,13 +215,7 @@ template <int F> __host__ __device__ inline void element(void *dst, const void *
     else
       store_int(d.out, dst, e, load_int(d.kind, src, at));
   } else {
-    double y;
-    if (d.odd && d.kind == K_I64) /* into a narrower float without a map: one rounding (rounding.h) */
-      y = ab__i64_to_double_odd(static_cast<const int64_t *>(src)[at]);
-    else if (d.odd && d.kind == K_U64)
-      y = ab__u64_to_double_odd(static_cast<const uint64_t *>(src)[at]);
-    else
-      y = load_double(d.kind, src, at);
+    double y = load_double(d.kind, src, at, d.odd); /* odd: into a narrower float without a map */
     if (d.affine) y = affine(y, d.ad[c], d.bd[c]);
     store_double(d.out, dst, e, y);
   }
