@@ -725,13 +725,8 @@ struct kconv {
  * a source kind (convert_kernel's order) into uint8, int8, uint16 or int16;
  * -1 for none. */
 static int narrow_kernel(DLDataType from, DLDataType to) {
-  const int f = convert_kernel(from);
-  int t = -1;
-  if (to.lanes != 1) return -1;
-  if (to.code == kDLUInt && to.bits == 8) t = 0;
-  else if (to.code == kDLInt && to.bits == 8) t = 1;
-  else if (to.code == kDLUInt && to.bits == 16) t = 2;
-  else if (to.code == kDLInt && to.bits == 16) t = 3;
+  const int f = convert_kernel(from), k = cl_kind(to);
+  const int t = k == CK_U8 ? 0 : k == CK_I8 ? 1 : k == CK_U16 ? 2 : k == CK_I16 ? 3 : -1;
   return f < 0 || t < 0 ? -1 : f * 4 + t;
 }
 
