@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backends/opencl/icd_preload.h"
 #include "converters/host/gather.h"
 
 #define MAX_PLATFORMS 16
@@ -156,6 +157,7 @@ static ab_status cl_init(void) {
   nplatforms = ndevices = 0;
   pinned_mode = read_pinned_mode();
   AB_FORWARD(device_type_filter(&type));
+  ab__opencl_preload_icds(); /* before the ICD loader opens any driver */
   cl_int e = clGetPlatformIDs(MAX_PLATFORMS, ids, &n);
   if (e != CL_SUCCESS || n == 0)
     return AB_FAIL(AB_ERR_NO_DEVICE, "no OpenCL platform: clGetPlatformIDs gave %s (%d), %u platforms", cl_err_name(e),
