@@ -68,6 +68,10 @@ struct ab_backend {
    * pinned memory is one space). Use ab__staging_device. */
   int32_t (*staging_id)(int32_t id);
 
+  /* Loads the backend's drivers into the process without initialising
+   * them (ab_preload_drivers), before any init; may be NULL. Idempotent,
+   * never fails (a driver that does not load is init's to report). */
+  void (*preload)(void);
   /* Called once, lazily, before any other operation; may be NULL. A
    * failure means zero devices, never a crash: the core logs it and keeps
    * the message for ab_device_info/convert on that type. */

@@ -314,25 +314,6 @@ static ab_status run_steps(const ab__plan *plan, const DLTensor *src, const ab__
   return st;
 }
 
-static ab_status export_copy(const DLTensor *src, const ab__layout *lay, const ab__rect *rect, const conv *cv,
-                             DLDevice dev, const struct ab_backend *be, const ab__plan *plan, DLDevice staging,
-                             const stream_owner *owner, struct ab__tensor **out) {
-  struct ab__tensor *t;
-  ab_status st;
-  AB_FORWARD(ab__tensor_new(dev, src->ndim, cv->active ? cv->out_shape : src->shape,
-                            cv->active ? cv->out_dtype : src->dtype, &t));
-  st = ab__tensor_alloc_data(t, be, cv->active ? cv->out_nbytes : lay->nbytes);
-  if (st == AB_OK && lay->numel > 0)
-    st = run_steps(plan, src, lay, rect, cv, &t->mt.dl_tensor, staging, owner);
-  if (st != AB_OK) {
-    ab__tensor_discard(t);
-    return st;
-  }
-  t->mt.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
-  *out = t;
-  return AB_OK;
-}
-
 /* A tensor in memory host code cannot address (an OpenCL buffer) must keep
  * its addressed bytes inside its buffer, which only the backend can see. */
 static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, const struct ab_backend *be,
@@ -436,7 +417,9 @@ static ab__place convert_place(void) {
   return p;
 }
 
-static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, struct prepared *p) {
+/* into: the existing destination of ab_convert_into, else NULL. */
+static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, const DLTensor *into,
+                         struct prepared *p) {
   AB_FORWARD(read_opts(opts, &p->o));
   AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
   AB_FORWARD(ab__check_tensor_device(src->device, "src device", false, &p->sdev, &p->sbe));
@@ -446,6 +429,10 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
 
   const ab__layout *lay = &p->lay;
   const struct ab_backend *sbe = p->sbe, *tbe = p->tbe;
+  /* A destination the target's backend cannot use in its own copies and
+   * kernels (an OpenCL buffer of another context) takes its bytes through
+   * host memory, written by a plain transfer. */
+  const bool into_ok = into == NULL || (tbe->caps & AB_CAP_HOST_ACCESSIBLE) || ab__dev_can_copy(tbe, into, p->tdev, true);
   p->q = (ab__route_query){
     .src = p->sdev,
     .dst = p->tdev,
@@ -458,7 +445,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
     .flags = p->o.flags,
     /* An empty tensor moves nothing, and its data need not be a buffer the
      * backend could inspect. */
-    .direct = sbe == tbe && (lay->numel == 0 || ab__dev_can_copy(sbe, src, p->tdev, lay->compact)),
+    .direct = into_ok && sbe == tbe && (lay->numel == 0 || ab__dev_can_copy(sbe, src, p->tdev, lay->compact)),
     .src_rect = !lay->compact && lay->numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay->elsize, &p->rect),
     .dst_rect = !lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
                 ab__rect_of(src, lay->elsize, &p->rect),
@@ -474,7 +461,7 @@ static ab_status prepare(const DLTensor *src, DLDevice target, const ab_convert_
     convert_args(src, &p->cv, &a);
     p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, src->data, src->byte_offset, &a);
   }
-  if (p->cv.active && lay->numel > 0 && ab__route_converts_on_target(&p->q)) {
+  if (into_ok && p->cv.active && lay->numel > 0 && ab__route_converts_on_target(&p->q)) {
     DLTensor compact = *src;
     compact.strides = NULL;
     ab__convert_args a;
@@ -498,45 +485,107 @@ static DLDevice staging_device(const struct prepared *p) {
   return (DLDevice){kDLCPU, 0};
 }
 
+/* Runs a prepared copy plan from src into dst (compact, of the result's
+ * shape and dtype, on p->tdev): first waiting for host-addressable source
+ * memory a device may still be writing, then the plan's steps. */
+static ab_status run_copy(const DLTensor *src, const struct prepared *p, DLTensor *dst) {
+  if (p->lay.numel == 0) return AB_OK;
+  /* opts.stream belongs to the target, or to the source when the target
+   * is host memory (pageable, pinned or managed). */
+  const bool to_host = (p->q.dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
+  const stream_owner owner = {to_host ? p->sbe : p->tbe, to_host ? p->sdev : p->tdev, p->o.stream,
+                              (p->o.flags & AB_CONVERT_ASYNC) != 0};
+  /* Host-addressable memory a device may still be writing (CUDA pinned
+   * or managed) is waited for before host code reads it; not when the
+   * only reader is a transfer queued on the very stream waited for: a
+   * stream the caller named, since the defaults (NULL, and DLPack's 1
+   * and 2) are per device, and host_sync would wait on the caller's
+   * current device's while the transfer goes on the target's. */
+  const ab__step *first = &p->plan.steps[0];
+  const bool named_stream = (uintptr_t)owner.stream > 2;
+  const bool stream_ordered = named_stream && owner.async && p->plan.nsteps == 1 && first->kind == AB_STEP_UPLOAD &&
+                              p->lay.compact && on_stream(first, &owner) && ab__same_family(p->sbe, owner.be) &&
+                              ab__staged_queueable(ab__backend_for(first->via), (const char *)src->data + src->byte_offset,
+                                                   true);
+  if (p->sbe->host_sync != NULL && !stream_ordered) {
+    void *s = owner.stream != NULL && ab__same_family(p->sbe, owner.be) ? owner.stream : NULL;
+    if (AB_UNLIKELY(ab__fault_transfer_check()))
+      return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p->sbe->name);
+    AB_FORWARD(p->sbe->host_sync(p->sdev.device_id, s));
+  }
+  return run_steps(&p->plan, src, &p->lay, p->q.src_rect || p->q.dst_rect ? &p->rect : NULL, &p->cv, dst,
+                   staging_device(p), &owner);
+}
+
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
                             DLManagedTensorVersioned **out) {
   struct prepared p;
   struct ab__tensor *t = NULL;
 
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
-  AB_FORWARD(prepare(src, target, opts, &p));
+  AB_FORWARD(prepare(src, target, opts, NULL, &p));
   if (p.plan.steps[0].kind == AB_STEP_VIEW) {
     AB_FORWARD(export_view(src, &p.lay, p.tdev, &t));
   } else {
-    /* opts.stream belongs to the target, or to the source when the target
-     * is host memory (pageable, pinned or managed). */
-    const bool to_host = (p.q.dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
-    const stream_owner owner = {to_host ? p.sbe : p.tbe, to_host ? p.sdev : p.tdev, p.o.stream,
-                                (p.o.flags & AB_CONVERT_ASYNC) != 0};
-    /* Host-addressable memory a device may still be writing (CUDA pinned
-     * or managed) is waited for before host code reads it; not when the
-     * only reader is a transfer queued on the very stream waited for: a
-     * stream the caller named, since the defaults (NULL, and DLPack's 1
-     * and 2) are per device, and host_sync would wait on the caller's
-     * current device's while the transfer goes on the target's. */
-    const ab__step *first = &p.plan.steps[0];
-    const bool named_stream = (uintptr_t)owner.stream > 2;
-    const bool stream_ordered = named_stream && owner.async && p.plan.nsteps == 1 && first->kind == AB_STEP_UPLOAD &&
-                                p.lay.compact && on_stream(first, &owner) && ab__same_family(p.sbe, owner.be) &&
-                                ab__staged_queueable(ab__backend_for(first->via), (const char *)src->data + src->byte_offset,
-                                                     true);
-    if (p.sbe->host_sync != NULL && p.lay.numel > 0 && !stream_ordered) {
-      void *s = owner.stream != NULL && ab__same_family(p.sbe, owner.be) ? owner.stream : NULL;
-      if (AB_UNLIKELY(ab__fault_transfer_check()))
-        return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p.sbe->name);
-      AB_FORWARD(p.sbe->host_sync(p.sdev.device_id, s));
+    const conv *cv = &p.cv;
+    AB_FORWARD(ab__tensor_new(p.tdev, src->ndim, cv->active ? cv->out_shape : src->shape,
+                              cv->active ? cv->out_dtype : src->dtype, &t));
+    ab_status st = ab__tensor_alloc_data(t, p.tbe, cv->active ? cv->out_nbytes : p.lay.nbytes);
+    if (st == AB_OK) st = run_copy(src, &p, &t->mt.dl_tensor);
+    if (st != AB_OK) {
+      ab__tensor_discard(t);
+      return st;
     }
-    AB_FORWARD(export_copy(src, &p.lay, p.q.src_rect || p.q.dst_rect ? &p.rect : NULL, &p.cv, p.tdev, p.tbe,
-                           &p.plan, staging_device(&p), &owner, &t));
+    t->mt.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
   return AB_OK;
+}
+
+/* Whether two host byte ranges [a, a + n) and [b, b + m) share a byte. */
+static bool overlap(uintptr_t a, uint64_t n, uintptr_t b, uint64_t m) { return n > 0 && m > 0 && a < b + m && b < a + n; }
+
+ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_convert_opts *opts) {
+  struct prepared p;
+  ab__layout dlay;
+  DLDevice ddev;
+  const struct ab_backend *dbe;
+  char a[48], b[48];
+
+  if (src == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src is NULL");
+  AB_FORWARD(ab__check_tensor(dst, "dst", &dlay));
+  AB_FORWARD(ab__check_tensor_device(dst->device, "dst device", false, &ddev, &dbe));
+  AB_FORWARD(check_handle_range(dst, &dlay, dbe, ddev));
+  if (!dlay.compact) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dst is not compact row-major (ab_convert_into writes compact bytes)");
+  /* The result's dtype is dst's: opts->dtype may name it, or nothing. */
+  ab_convert_opts o;
+  AB_FORWARD(read_opts(opts, &o));
+  if (o.dtype.bits != 0 && !dtype_eq(o.dtype, dst->dtype))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->dtype is %s but dst is %s", ab__dtype_name(o.dtype, a, sizeof a),
+                   ab__dtype_name(dst->dtype, b, sizeof b));
+  if (o.copy == AB_COPY_NEVER)
+    return AB_FAIL(AB_ERR_COPY_REQUIRED, "opts->copy is AB_COPY_NEVER, but ab_convert_into always copies");
+  if (o.flags & AB_CONVERT_READ_ONLY)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "AB_CONVERT_READ_ONLY means nothing to ab_convert_into (dst is the caller's)");
+  o.size = sizeof o; /* read_opts gave the whole struct, zero past what the caller's size covered */
+  o.dtype = dst->dtype;
+  o.copy = AB_COPY_ALWAYS;
+  AB_FORWARD(prepare(src, ddev, &o, dst, &p));
+  const int64_t *shape = p.cv.active ? p.cv.out_shape : src->shape;
+  bool same = dst->ndim == src->ndim;
+  for (int32_t i = 0; same && i < dst->ndim; i++) same = dst->shape[i] == shape[i];
+  if (!same)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dst has %" PRId32 " dims and not the result's shape (src has %" PRId32
+                   " dims%s)", dst->ndim, src->ndim, o.permute != NULL ? ", permuted by opts->permute" : "");
+  if ((p.sbe->caps & AB_CAP_HOST_ACCESSIBLE) && (dbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
+      overlap((uintptr_t)src->data + src->byte_offset + (uintptr_t)p.lay.min_off,
+              p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0,
+              (uintptr_t)dst->data + dst->byte_offset, dlay.nbytes))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
+  DLTensor out = *dst;
+  out.device = ddev;
+  return run_copy(src, &p, &out);
 }
 
 /* ---- ab_explain_route ------------------------------------------------------ */
@@ -657,7 +706,7 @@ ab_status ab_explain_convert(const DLTensor *src, DLDevice target, const ab_conv
                              size_t len) {
   struct prepared p;
   if (buf == NULL && len > 0) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "buf is NULL but len is %zu", len);
-  AB_FORWARD(prepare(src, target, opts, &p));
+  AB_FORWARD(prepare(src, target, opts, NULL, &p));
   struct text t = {buf, len, 0};
   put_dev(&t, p.sdev);
   put(&t, " -> ");

@@ -29,6 +29,11 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool backend_up[NBACKENDS];
 static char backend_why[NBACKENDS][256]; /* why a backend has no devices */
 
+void ab_preload_drivers(void) {
+  for (size_t i = 0; i < NBACKENDS; i++)
+    if (backends[i]->preload != NULL) backends[i]->preload();
+}
+
 void ab__ensure_init(void) {
   if (AB_LIKELY(atomic_load_explicit(&inited, memory_order_acquire))) return;
   pthread_mutex_lock(&init_lock);

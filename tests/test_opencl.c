@@ -240,6 +240,53 @@ Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
 #ifdef AB_HAVE_OPENCL
 /* A cl_mem made by another library, in its own context, read with a
  * non-zero byte_offset. */
+/* ab_convert_into a buffer of another context (pyclesperanto's arrays are
+ * such buffers): from the host, from our own device buffer (which cannot
+ * be copied across contexts device-side) with a cast on the way, and into
+ * a plane at a byte offset. */
+Test(opencl, convert_into_writes_a_buffer_of_another_context) {
+  need_devices(1);
+  cl_platform_id p;
+  cl_device_id d;
+  cl_int e;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
+  cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  cl_command_queue q = clCreateCommandQueue(ctx, d, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  float zeros[3 * 64] = {0};
+  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zeros, zeros, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+
+  int16_t src[64];
+  for (int i = 0; i < 64; i++) src[i] = (int16_t)(i * 7 - 100);
+  int64_t shape[2] = {8, 8};
+  DLTensor h = {src, CPU0, 2, dt(kDLInt, 16, 1), shape, NULL, 0};
+  /* plane 0 from the host (int16 -> float32), plane 2 from our opencl:0
+   * copy of the same data, plane 1 left alone */
+  DLTensor plane = {m, CL(0), 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_convert_into(&h, &plane, NULL), AB_OK, "%s", ab_last_error());
+  DLManagedTensorVersioned *mine = convert_ok(&h, CL(0), AB_COPY_ALWAYS);
+  plane.byte_offset = 2 * 64 * sizeof(float);
+  cr_assert_eq(ab_convert_into(&mine->dl_tensor, &plane, NULL), AB_OK, "%s", ab_last_error());
+  mine->deleter(mine);
+  float got[3 * 64];
+  cr_assert_eq(clEnqueueReadBuffer(q, m, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL), CL_SUCCESS);
+  for (int i = 0; i < 64; i++) {
+    cr_assert_eq(got[i], (float)src[i], "plane 0 element %d", i);
+    cr_assert_eq(got[64 + i], 0.0f, "plane 1 element %d was written", i);
+    cr_assert_eq(got[128 + i], (float)src[i], "plane 2 element %d", i);
+  }
+  /* a plane past the buffer's end is refused before anything moves */
+  plane.byte_offset = 3 * 64 * sizeof(float);
+  cr_assert_eq(ab_convert_into(&h, &plane, NULL), AB_ERR_INVALID_ARGUMENT);
+  clReleaseMemObject(m);
+  clReleaseCommandQueue(q);
+  clReleaseContext(ctx);
+  assert_pool_clean(CL(0));
+}
+
 Test(opencl, a_foreign_buffer_with_a_byte_offset_is_imported) {
   need_devices(1);
   cl_platform_id p;

@@ -1117,6 +1117,7 @@ const struct ab_backend ab__backend_opencl = {
   .caps = 0,
   .staging = AB_DEVICE_OPENCL_HOST,
   .staging_id = cl_staging_id,
+  .preload = ab__opencl_preload_icds,
   .init = cl_init,
   .shutdown = cl_shutdown,
   .device_count = cl_count,

@@ -206,6 +206,21 @@ AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
  * fails; never leaves an error message behind. */
 AB_API DLDevice ab_best_device(void);
 
+/** Loads the device drivers the library will use into the process, without
+ * initialising them, in the way that keeps them apart from other libraries:
+ * OpenCL drivers (ICDs, such as PoCL, which links LLVM) are opened with
+ * RTLD_DEEPBIND, so that their LLVM does not bind to another copy already
+ * in the process (TensorFlow's, which crashes PoCL's initialisers).
+ *
+ * The library does this itself before its first OpenCL call. Call it
+ * earlier, before another library in the process (pyclesperanto, or any
+ * ICD loader user) opens the same drivers, when that other library may be
+ * loaded after one that holds LLVM: the Python module calls it at import.
+ * Once per process; further calls do nothing. Never fails. Skipped in
+ * builds with AddressSanitizer or ThreadSanitizer (their runtimes refuse
+ * RTLD_DEEPBIND) and when AB_OPENCL_DEEPBIND=0. */
+AB_API void ab_preload_drivers(void);
+
 /* ---- conversion ------------------------------------------------------- */
 
 /** Copy semantics of ab_convert_memory, as the array API's
@@ -345,6 +360,31 @@ typedef struct ab_convert_opts {
 AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
                                    const ab_convert_opts *opts,
                                    DLManagedTensorVersioned **out);
+
+/** Converts src into memory the caller already has: the existing tensor
+ * dst, on dst's device, with the same routes, casts and maps as
+ * ab_convert_memory (opts as there; NULL = defaults).
+ *
+ * dst must be a valid, compact row-major tensor on a concrete device (not
+ * AB_DEVICE_AUTO), writable, not sharing bytes with src, with the result's
+ * shape (src's, permuted by opts->permute) and dtype (opts->dtype may name
+ * dst's dtype or be left unset; the result takes dst's). A view of part of
+ * a larger buffer (a plane of a stack, by byte_offset) is fine. dst may be
+ * memory of another library, such as an OpenCL buffer of another context:
+ * bytes then reach it through host memory.
+ *
+ * Ownership: nothing changes hands; both tensors stay the caller's. The
+ * call returns when the bytes are in dst (with AB_CONVERT_ASYNC and a
+ * one-step route, when they are queued on opts->stream, as for
+ * ab_convert_memory).
+ *
+ * Errors: those of ab_convert_memory; AB_ERR_INVALID_ARGUMENT for a dst
+ * that is malformed, strided, of another shape or dtype, overlapping src
+ * (checked for host-addressable memory), or opts with AB_CONVERT_READ_ONLY;
+ * AB_ERR_COPY_REQUIRED for AB_COPY_NEVER. On error, src is unchanged; dst
+ * may have been partly written. */
+AB_API ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst,
+                                 const ab_convert_opts *opts);
 
 /** Waits until the work queued on `stream` of `dev`'s backend is complete
  * (CUDA: cudaStreamSynchronize on that device, NULL the legacy default
