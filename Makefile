@@ -74,8 +74,10 @@ test-valgrind: build
 	$(VALGRIND) $(BUILD)/tests/test_opencl --jobs=1 --short-filename
 	$(VALGRIND) $(BUILD)/tests/stress_threads 2 400
 
-# The Python module against NumPy 2.x and JAX from PyPI, in a venv of its
-# own: pip builds the C library with CMake (into $(PY_BUILD)/lib) and the
+# The Python module against NumPy 2.x, JAX, PyTorch, TensorFlow and
+# pyclesperanto from PyPI (all on the CPU; python/requirements-test.txt), in
+# one venv of its own built once per run (AB_TEST_EXPECT_FRAMEWORKS=1: a
+# framework missing there fails its tests instead of skipping): pip builds the C library with CMake (into $(PY_BUILD)/lib) and the
 # extension; pytest runs from outside python/ so the installed package is
 # the one imported. Then, where the CUDA toolkit is, the module built again
 # against simcuda (the simulated CUDA runtime, into $(PY_BUILD)/sim) runs
@@ -84,7 +86,7 @@ test-python: deps
 	$(PYTHON) -m venv $(PY_BUILD)/venv
 	$(PY_BUILD)/venv/bin/pip install -q -r python/requirements-test.txt
 	AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib $(PY_BUILD)/venv/bin/pip install -q --force-reinstall --no-deps ./python
-	cd $(PY_BUILD) && venv/bin/python -m pytest -q $(CURDIR)/python/tests
+	cd $(PY_BUILD) && AB_TEST_EXPECT_FRAMEWORKS=1 venv/bin/python -m pytest -q $(CURDIR)/python/tests
 	if grep -q cudart_static $(PY_BUILD)/lib/arraybridge.pc; then \
 	  AB_PY_SIMCUDA=1 AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib-sim $(PY_BUILD)/venv/bin/pip install -q --force-reinstall \
 	    --no-deps --upgrade --target $(CURDIR)/$(PY_BUILD)/sim ./python && \

@@ -1,6 +1,6 @@
 """NumPy's figure for bench_convert: the same frame, the expression users
 write, timed in the same session (median of N); and, when the arraybridge
-module is installed, the same result from Python in one convert_memory
+module is installed, the same result from Python in one to_device
 call, with its ratio to NumPy."""
 import sys
 import time
@@ -32,12 +32,12 @@ offset = (-mean / std).reshape(3)
 times = []
 for r in range(reps + 1):
     t0 = time.perf_counter()
-    t = ab.convert_memory(img, "cpu", dtype="float32", permute=(2, 0, 1), channel_axis=2, channel_scale=scale,
+    t = ab.to_device(img, "cpu", dtype="float32", permute=(2, 0, 1), channel_axis=2, channel_scale=scale,
                           channel_offset=offset)
     t1 = time.perf_counter()
     del t
     if r:
         times.append(t1 - t0)
 ours_ms = sorted(times)[len(times) // 2] * 1e3
-print("arraybridge.convert_memory(img, 'cpu', dtype='float32', permute=(2, 0, 1), channel_axis=2, ...): "
+print("arraybridge.to_device(img, 'cpu', dtype='float32', permute=(2, 0, 1), channel_axis=2, ...): "
       "%.2f ms (median of %d, %.1fx numpy)" % (ours_ms, reps, numpy_ms / ours_ms))

@@ -1,31 +1,61 @@
-"""arraybridge: move DLPack tensors between host, CUDA and OpenCL memory.
+"""arraybridge: move arrays between NumPy, PyTorch, CuPy, JAX, TensorFlow and
+pyclesperanto, host memory, CUDA GPUs and OpenCL devices, through one C core.
 
-    import numpy as np, arraybridge as ab
-    t = ab.convert_memory(np.arange(6.0), "opencl:0")   # or "cuda", gpu_id=1
-    back = np.from_dlpack(ab.convert_memory(t, "cpu"))
+The seed API (the Python arraybridge's), framework objects in and out:
 
-Tensors implement __dlpack__/__dlpack_device__, so NumPy, PyTorch, CuPy and
-JAX take them zero-copy, and from_dlpack takes theirs. Errors raise
+    from arraybridge import convert_memory, torch
+    t = convert_memory(np_data, source_type='numpy', target_type='torch', gpu_id=0)
+    a = convert_memory(t, 'torch', 'numpy')
+
+    @torch(gpu_id=0, output_type='numpy')
+    def layer(x): ...
+
+The device-level API, arraybridge Tensors in and out (any DLPack producer):
+
+    t = to_device(np.arange(6.0), "opencl:0", dtype="float32")
+    back = np.from_dlpack(to_device(t, "cpu"))
+
+`import arraybridge` imports no framework: each is imported when one of its
+arrays is converted or it is named as a target. Device-level errors raise
 ValueError (bad arguments, missing devices), BufferError (a copy needed but
 copy=False; unsupported dtype or route), MemoryError (out of memory) or
-RuntimeError, with the library's message.
+RuntimeError; the seed API wraps them in MemoryConversionError.
 """
 from ._arraybridge import (  # noqa: F401
     DEVICE_AUTO,
     Tensor,
     __version__,
     best_device,
-    convert_memory,
+    convert_into,
     device_info,
     devices,
+    empty,
     empty_cache,
     explain_route,
     from_dlpack,
     memory_stats,
+    pool_summary,
     set_memory_limit,
+    to_device,
 )
+from ._types import (  # noqa: F401
+    CPU_MEMORY_TYPES,
+    GPU_MEMORY_TYPES,
+    SUPPORTED_MEMORY_TYPES,
+    MemoryConversionError,
+    MemoryType,
+)
+from ._convert import convert_memory, detect_memory_type  # noqa: F401
+from ._cleanup import cleanup_all_gpu_frameworks  # noqa: F401
+from ._decorators import cupy, jax, memory_types, numpy, pyclesperanto, tensorflow, torch  # noqa: F401
+from ._stack import stack_slices, unstack_slices  # noqa: F401
 
 __all__ = [
-    "DEVICE_AUTO", "Tensor", "best_device", "convert_memory", "device_info", "devices", "empty_cache",
-    "explain_route", "from_dlpack", "memory_stats", "set_memory_limit",
+    # the seed API
+    "convert_memory", "detect_memory_type", "MemoryType", "CPU_MEMORY_TYPES", "GPU_MEMORY_TYPES",
+    "SUPPORTED_MEMORY_TYPES", "MemoryConversionError", "memory_types", "numpy", "cupy", "torch", "tensorflow",
+    "jax", "pyclesperanto", "stack_slices", "unstack_slices", "cleanup_all_gpu_frameworks",
+    # the device level
+    "DEVICE_AUTO", "Tensor", "to_device", "convert_into", "empty", "from_dlpack", "best_device", "device_info", "devices", "empty_cache",
+    "explain_route", "memory_stats", "pool_summary", "set_memory_limit",
 ]

@@ -477,7 +477,7 @@ static PyGetSetDef tensor_getset[] = {
 static PyTypeObject TensorType = {
   PyVarObject_HEAD_INIT(NULL, 0)
   .tp_name = "arraybridge.Tensor",
-  .tp_doc = "A DLPack tensor owned by arraybridge. Made by from_dlpack and convert_memory; exchange it with\n"
+  .tp_doc = "A DLPack tensor owned by arraybridge. Made by from_dlpack and to_device; exchange it with\n"
             "NumPy, PyTorch, CuPy or JAX through __dlpack__.",
   .tp_basicsize = sizeof(TensorObject),
   /* No GC: a Tensor holds no Python references (its exports hold it). */
@@ -589,7 +589,7 @@ static int producer_device(PyObject *x, DLDevice *out) {
   return rc;
 }
 
-/* The element options of convert_memory and explain_route, as given
+/* The element options of to_device and explain_route, as given
  * (borrowed; Py_None when absent). */
 struct map_args {
   PyObject *permute, *scale, *offset, *channel_axis, *channel_scale, *channel_offset;
@@ -732,30 +732,35 @@ static int map_fill(const struct map_args *m, const DLTensor *t, ab_convert_opts
   return 0;
 }
 
-/* The core of from_dlpack and convert_memory: import x, then move or copy
+/* The core of from_dlpack and to_device: import x, then move or copy
  * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
  * 1 always. dtype and map (NULL: none) convert the elements on the way. */
-static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
-                                    const struct map_args *map) {
+/* x's data as a managed tensor for the caller to release: a view export
+ * of a Tensor, else the producer's capsule taken. Validated; a device
+ * producer's data is complete when this returns. -1 with an exception. */
+static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
-    /* Our own tensor: a view export of it, owned by the new Tensor. */
+      /* Our own tensor: a view export of it (holding a reference to x). */
     PyObject *cap = export_view((TensorObject *)x, 1);
-    if (cap == NULL) return NULL;
+    if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
     Py_DECREF(cap);
-    if (rc < 0) return NULL;
+    if (rc < 0) return -1;
   } else {
     DLDevice pdev;
-    if (producer_device(x, &pdev) < 0) return NULL;
+    if (producer_device(x, &pdev) < 0) return -1;
     PyObject *cap = call_dlpack(x, pdev);
-    if (cap == NULL) return NULL;
+    if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
     Py_DECREF(cap);
-    if (rc < 0) return NULL;
+    if (rc < 0) return -1;
   }
   ab_status st = ab_tensor_validate(&mt->dl_tensor);
-  if (st != AB_OK) return raise_and_release(st, mt);
+  if (st != AB_OK) {
+    raise_and_release(st, mt);
+    return -1;
+  }
   /* A device producer's data must be complete before anything reads it
    * from another stream or the host: the producer ordered it before the
    * default stream (stream=1, see call_dlpack); wait for that stream. */
@@ -763,8 +768,20 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
     Py_BEGIN_ALLOW_THREADS
     st = ab_synchronize(mt->dl_tensor.device, NULL);
     Py_END_ALLOW_THREADS
-    if (st != AB_OK) return raise_and_release(st, mt);
+    if (st != AB_OK) {
+      raise_and_release(st, mt);
+      return -1;
+    }
   }
+  *out = mt;
+  return 0;
+}
+
+static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
+                                    const struct map_args *map) {
+  DLManagedTensorVersioned *mt;
+  if (import_tensor(x, &mt) < 0) return NULL;
+  ab_status st;
   const DLTensor *t = &mt->dl_tensor;
   const int moves = target != NULL && (target->device_type != t->device.device_type ||
                                        target->device_id != t->device.device_id);
@@ -809,13 +826,13 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs)
   return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL);
 }
 
-static PyObject *py_convert_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
+static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy", "permute", "scale",
                            "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
   PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None;
   struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOO:convert_memory", kwlist, &x, &target_o, &gpu_id,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOO:to_device", kwlist, &x, &target_o, &gpu_id,
                                    &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
                                    &m.channel_scale, &m.channel_offset))
     return NULL;
@@ -836,6 +853,110 @@ static PyObject *py_convert_memory(PyObject *mod, PyObject *args, PyObject *kwar
   int c = copy_arg(copy);
   if (c == -2) return NULL;
   return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m);
+}
+
+static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"x",      "out",          "index",         "permute",        "scale",
+                           "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
+  PyObject *x, *out_o, *index = Py_None;
+  struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+  (void)mod;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOOOOOO:convert_into", kwlist, &x, &out_o, &index, &m.permute,
+                                   &m.scale, &m.offset, &m.channel_axis, &m.channel_scale, &m.channel_offset))
+    return NULL;
+  DLManagedTensorVersioned *src, *dst;
+  if (import_tensor(x, &src) < 0) return NULL;
+  if (import_tensor(out_o, &dst) < 0) {
+    release(src);
+    return NULL;
+  }
+  DLTensor plane = dst->dl_tensor;
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  struct map_buf mb = {{0}, NULL, NULL};
+  ab_status st = AB_OK;
+  if (dst->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+    PyErr_SetString(PyExc_ValueError, "out is read-only");
+    goto fail;
+  }
+  if (index != Py_None) {
+    /* out[index]: the plane at that index of axis 0, by byte offset. */
+    if (plane.ndim < 1) {
+      PyErr_SetString(PyExc_ValueError, "index needs an out with at least one dimension");
+      goto fail;
+    }
+    long long i = PyLong_AsLongLong(index);
+    if (i == -1 && PyErr_Occurred()) goto fail;
+    if (i < 0) i += plane.shape[0];
+    if (i < 0 || i >= plane.shape[0]) {
+      PyErr_Format(PyExc_IndexError, "index %S is out of range for axis 0 of length %lld", index,
+                   (long long)plane.shape[0]);
+      goto fail;
+    }
+    int64_t step = 1;
+    if (plane.strides != NULL) step = plane.strides[0];
+    else
+      for (int32_t k = 1; k < plane.ndim; k++) step *= plane.shape[k];
+    /* Within the validated extent of out: no overflow. */
+    plane.byte_offset += (uint64_t)((int64_t)i * step * (int64_t)((plane.dtype.bits / 8u) * plane.dtype.lanes));
+    plane.ndim -= 1;
+    plane.shape += 1;
+    if (plane.strides != NULL) plane.strides += 1;
+  }
+  if (map_fill(&m, &src->dl_tensor, &o, &mb) < 0) goto fail;
+  Py_BEGIN_ALLOW_THREADS
+  st = ab_convert_into(&src->dl_tensor, &plane, &o);
+  Py_END_ALLOW_THREADS
+  map_free(&mb);
+  if (st != AB_OK) {
+    raise_status(st);
+    goto fail;
+  }
+  release(src);
+  release(dst);
+  Py_RETURN_NONE;
+fail: {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  release(src);
+  release(dst);
+  PyErr_Restore(type, value, tb);
+  return NULL;
+}
+}
+
+static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"shape", "dtype", "device", NULL};
+  PyObject *shape_o, *dtype_o, *device_o = Py_None;
+  (void)mod;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:empty", kwlist, &shape_o, &dtype_o, &device_o)) return NULL;
+  DLDataType dtype;
+  DLDevice dev = {kDLCPU, 0};
+  if (dtype_from_object(dtype_o, &dtype) < 0) return NULL;
+  if (device_o != Py_None && device_from_object(device_o, &dev) < 0) return NULL;
+  PyObject *items = items_of(shape_o, "shape");
+  if (items == NULL) return NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(items);
+  int64_t shape[AB_MAX_NDIM];
+  if (n > AB_MAX_NDIM) {
+    Py_DECREF(items);
+    return PyErr_Format(PyExc_ValueError, "shape has %zd dims; at most %d", n, AB_MAX_NDIM);
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(items, i));
+    if (v == -1 && PyErr_Occurred()) {
+      Py_DECREF(items);
+      return NULL;
+    }
+    shape[i] = (int64_t)v;
+  }
+  Py_DECREF(items);
+  DLManagedTensorVersioned *mt;
+  ab_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = ab_tensor_alloc(dev, (int32_t)n, shape, dtype, &mt);
+  Py_END_ALLOW_THREADS
+  if (st != AB_OK) return raise_status(st);
+  return tensor_new_owning(mt, NULL);
 }
 
 /* ---- module functions ------------------------------------------------------------ */
@@ -911,6 +1032,16 @@ static PyObject *py_memory_stats(PyObject *mod, PyObject *device) {
   return dict;
 }
 
+static PyObject *py_pool_summary(PyObject *mod, PyObject *device) {
+  (void)mod;
+  DLDevice d;
+  char buf[4096];
+  if (device_from_object(device, &d) < 0) return NULL;
+  ab_status st = ab_pool_summary(d, buf, sizeof buf);
+  if (st != AB_OK) return raise_status(st);
+  return PyUnicode_FromString(buf);
+}
+
 static PyObject *py_empty_cache(PyObject *mod, PyObject *args) {
   PyObject *device = Py_None;
   (void)mod;
@@ -965,7 +1096,7 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
   PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL); /* a zero-copy import */
   if (t == NULL) return NULL;
   char buf[2048];
-  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as convert_memory asks */
+  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as to_device asks */
   struct map_buf mb;
   if (map_fill(&m, &((TensorObject *)t)->mt->dl_tensor, &o, &mb) < 0) {
     Py_DECREF(t);
@@ -984,8 +1115,8 @@ static PyMethodDef module_methods[] = {
    "A Tensor with the data of any DLPack producer (an object with __dlpack__), zero-copy when it can be.\n"
    "device: a string ('cpu', 'cuda:1', 'opencl:0') or (type, id) tuple; another device than x's copies there.\n"
    "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed)."},
-  {"convert_memory", (PyCFunction)(void (*)(void))py_convert_memory, METH_VARARGS | METH_KEYWORDS,
-   "convert_memory(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
+  {"to_device", (PyCFunction)(void (*)(void))py_to_device, METH_VARARGS | METH_KEYWORDS,
+   "to_device(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
    "               channel_axis=None, channel_scale=None, channel_offset=None)\n--\n\n"
    "Moves x (any DLPack producer) to target ('cpu', 'cuda', 'opencl:1', ...); gpu_id sets the device id\n"
    "(-1: the device with the most free memory). Returns a Tensor.\n"
@@ -994,9 +1125,21 @@ static PyMethodDef module_methods[] = {
    "(an axis of x) with channel_scale and/or channel_offset (one number per index of that axis) maps each\n"
    "channel with its own numbers (mean/std normalisation). The rules are those of the C library\n"
    "(docs/guide.md, 'Converting on the way')."},
+  {"convert_into", (PyCFunction)(void (*)(void))py_convert_into, METH_VARARGS | METH_KEYWORDS,
+   "convert_into(x, out, *, index=None, permute=None, scale=None, offset=None, channel_axis=None,\n"
+   "             channel_scale=None, channel_offset=None)\n--\n\n"
+   "Converts x (any DLPack producer) into out, an existing writable compact array of any DLPack producer\n"
+   "(or Tensor), on out's device and in out's dtype: out[index] (a plane along axis 0) when index is given.\n"
+   "The shape must match x's (permuted by permute). Memory of another library (an OpenCL buffer of another\n"
+   "context) is written through host memory. Returns None."},
+  {"empty", (PyCFunction)(void (*)(void))py_empty, METH_VARARGS | METH_KEYWORDS,
+   "empty(shape, dtype, device='cpu')\n--\n\nA new compact Tensor of that shape and dtype on device, from the "
+   "device's pool; its elements are not set."},
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
   {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
   {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
+  {"pool_summary", py_pool_summary, METH_O,
+   "pool_summary(device)\n--\n\nThe device pool's statistics as a readable table (ab_pool_summary)."},
   {"empty_cache", py_empty_cache, METH_VARARGS,
    "empty_cache(device=None)\n--\n\nReturns cached, unused blocks of one device's pool (all pools when None) to "
    "the driver."},
@@ -1007,7 +1150,7 @@ static PyMethodDef module_methods[] = {
    "(AB_DEFAULT_DEVICE overrides)."},
   {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_VARARGS | METH_KEYWORDS,
    "explain_route(x, target, *, dtype=None, permute=None, scale=None, offset=None, channel_axis=None,\n"
-   "              channel_scale=None, channel_offset=None)\n--\n\nHow convert_memory(x, target, ...) with the "
+   "              channel_scale=None, channel_offset=None)\n--\n\nHow to_device(x, target, ...) with the "
    "same options would move x, step by step, and where a conversion would run."},
   {NULL, NULL, 0, NULL},
 };
@@ -1021,6 +1164,10 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__arraybridge(void) {
+  /* Before any framework imported after us opens the OpenCL drivers
+   * itself (pyclesperanto's ICD loader), in a process that may hold
+   * TensorFlow's LLVM: see ab_preload_drivers. */
+  ab_preload_drivers();
   if (PyType_Ready(&TensorType) < 0) return NULL;
   PyObject *m = PyModule_Create(&moduledef);
   if (m == NULL) return NULL;

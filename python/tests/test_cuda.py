@@ -48,7 +48,7 @@ def sample(name, shape=(7, 11)):
 
 
 def host(t):
-    return np.from_dlpack(ab.convert_memory(t, "cpu"))
+    return np.from_dlpack(ab.to_device(t, "cpu"))
 
 
 class Recorder:
@@ -78,11 +78,11 @@ def test_cuda_devices_are_listed_and_described():
 @pytest.mark.parametrize("name", DTYPES)
 def test_every_dtype_round_trips_through_each_gpu(name):
     a = sample(name)
-    t = ab.convert_memory(a, "cuda:0")
+    t = ab.to_device(a, "cuda:0")
     assert (t.device, t.dtype, t.shape) == ("cuda:0", name, a.shape)
     last = t
     for i in range(1, n_cuda()):
-        last = ab.convert_memory(last, "cuda:%d" % i)
+        last = ab.to_device(last, "cuda:%d" % i)
         assert last.device == "cuda:%d" % i
     assert np.array_equal(host(last).view(np.uint8), np.ascontiguousarray(a).view(np.uint8))
 
@@ -90,7 +90,7 @@ def test_every_dtype_round_trips_through_each_gpu(name):
 def test_strided_and_reversed_arrays_arrive_compact():
     a = sample("int16", (30, 40))
     for view in (a.T, a[::-1, ::3], a[5:25, 10:30], np.broadcast_to(a[3], (6, 40))):
-        t = ab.convert_memory(view, "cuda:0")
+        t = ab.to_device(view, "cuda:0")
         assert t.strides == tuple(np.empty(view.shape, view.dtype).strides[i] // view.itemsize
                                   for i in range(view.ndim))
         assert np.array_equal(host(t), view)
@@ -98,10 +98,10 @@ def test_strided_and_reversed_arrays_arrive_compact():
 
 def test_gpu_id_and_auto_choose_the_gpu():
     a = np.arange(10, dtype=np.int32)
-    assert ab.convert_memory(a, "cuda", gpu_id=n_cuda() - 1).device == "cuda:%d" % (n_cuda() - 1)
-    assert ab.convert_memory(a, "cuda:auto").device.startswith("cuda:")
+    assert ab.to_device(a, "cuda", gpu_id=n_cuda() - 1).device == "cuda:%d" % (n_cuda() - 1)
+    assert ab.to_device(a, "cuda:auto").device.startswith("cuda:")
     with pytest.raises(ValueError):
-        ab.convert_memory(a, "cuda", gpu_id=n_cuda())
+        ab.to_device(a, "cuda", gpu_id=n_cuda())
 
 
 def test_conversions_on_the_way_to_the_gpu_match_numpy():
@@ -109,7 +109,7 @@ def test_conversions_on_the_way_to_the_gpu_match_numpy():
     # per channel (the axis of the source), then HWC -> CHW.
     hwc = sample("uint8", (24, 32, 3))
     scale, offset = np.array([1 / 255, 1 / 127, 1 / 63]), np.array([-0.5, 0.25, 2.0])
-    t = ab.convert_memory(hwc, "cuda:0", dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=scale,
+    t = ab.to_device(hwc, "cuda:0", dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=scale,
                           channel_offset=offset)
     assert (t.device, t.shape, t.dtype) == ("cuda:0", (3, 24, 32), "float32")
     want = (hwc.astype(np.float32) * scale.astype(np.float32) + offset.astype(np.float32)).transpose(2, 0, 1)
@@ -117,7 +117,7 @@ def test_conversions_on_the_way_to_the_gpu_match_numpy():
 
 
 def test_stream_argument_of_a_cuda_tensor():
-    t = ab.convert_memory(np.arange(8, dtype=np.float32), "cuda:0")
+    t = ab.to_device(np.arange(8, dtype=np.float32), "cuda:0")
     for s in (1, 2, 0x7F0000001000, None):
         cap = t.__dlpack__(stream=s)
         assert "dltensor" in repr(cap)
@@ -133,7 +133,7 @@ def test_stream_argument_of_a_cuda_tensor():
 
 def test_a_cuda_capsule_reaches_numpy_only_through_a_host_copy():
     a = np.arange(12, dtype=np.int64)
-    t = ab.convert_memory(a, "cuda:0")
+    t = ab.to_device(a, "cuda:0")
     with pytest.raises((RuntimeError, BufferError)):
         np.from_dlpack(t)
 
@@ -150,7 +150,7 @@ def test_a_cuda_capsule_reaches_numpy_only_through_a_host_copy():
 
 def test_importing_from_a_cuda_producer_asks_for_the_legacy_stream():
     a = sample("float32", (64, 3))
-    r = Recorder(ab.convert_memory(a, "cuda:0"))
+    r = Recorder(ab.to_device(a, "cuda:0"))
     t = ab.from_dlpack(r)
     assert r.kwargs.get("stream") == 1, r.kwargs
     assert r.kwargs.get("max_version") is not None
@@ -167,13 +167,13 @@ def test_importing_from_a_cuda_producer_asks_for_the_legacy_stream():
 def test_pinned_and_managed_tensors_are_numpy_readable_zero_copy():
     a = sample("float64", (16, 9))
     for where in ("cuda_host:0", "cuda_managed:0"):
-        t = ab.convert_memory(a, where)
+        t = ab.to_device(a, where)
         assert t.device == where
         v = np.from_dlpack(t)
         assert np.array_equal(v, a)
         again = np.from_dlpack(t)
         assert again.__array_interface__["data"][0] == v.__array_interface__["data"][0]
-        g = ab.convert_memory(t, "cuda:0")
+        g = ab.to_device(t, "cuda:0")
         assert np.array_equal(host(g), a)
 
 
@@ -181,7 +181,7 @@ def test_pool_statistics_limits_and_empty_cache_on_a_gpu():
     dev = "cuda:0"
     ab.empty_cache(dev)
     before = ab.memory_stats(dev)
-    t = ab.convert_memory(np.zeros(1 << 20, dtype=np.uint8), dev)
+    t = ab.to_device(np.zeros(1 << 20, dtype=np.uint8), dev)
     during = ab.memory_stats(dev)
     assert during["in_use_bytes"]["current"] >= before["in_use_bytes"]["current"] + (1 << 20)
     del t
@@ -190,7 +190,7 @@ def test_pool_statistics_limits_and_empty_cache_on_a_gpu():
     ab.set_memory_limit(dev, 1 << 20)
     try:
         with pytest.raises(MemoryError, match="cuda:0"):
-            ab.convert_memory(np.zeros(4 << 20, dtype=np.uint8), dev)
+            ab.to_device(np.zeros(4 << 20, dtype=np.uint8), dev)
     finally:
         ab.set_memory_limit(dev, 0)
     ab.empty_cache(dev)
@@ -203,8 +203,8 @@ def test_reference_counts_and_gpu_memory_return_after_many_round_trips():
     base = ab.memory_stats("cuda:0")["in_use_bytes"]["current"]
     refs = sys.getrefcount(a)
     for _ in range(300):
-        t = ab.convert_memory(a, "cuda:0")
-        back = np.from_dlpack(ab.convert_memory(t, "cpu"))
+        t = ab.to_device(a, "cuda:0")
+        back = np.from_dlpack(ab.to_device(t, "cpu"))
         assert back[5, 5] == a[5, 5]
         r = ab.from_dlpack(Recorder(t))
         del t, back, r
@@ -216,7 +216,7 @@ def test_reference_counts_and_gpu_memory_return_after_many_round_trips():
 def test_cuda_and_opencl_through_the_host():
     opencl()
     a = sample("float16", (20, 21))
-    c = ab.convert_memory(ab.convert_memory(a, "cuda:0"), "opencl:0")
+    c = ab.to_device(ab.to_device(a, "cuda:0"), "opencl:0")
     assert c.device == "opencl:0"
-    back = ab.convert_memory(c, "cuda:%d" % (n_cuda() - 1))
+    back = ab.to_device(c, "cuda:%d" % (n_cuda() - 1))
     assert np.array_equal(host(back).view(np.uint16), a.view(np.uint16))

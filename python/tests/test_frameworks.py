@@ -76,7 +76,7 @@ def test_arraybridge_to_jax_shares_memory_and_writes_show_through(jax_cpu):
     # Memory arraybridge allocated is 64-byte aligned, which XLA needs to
     # use a buffer in place instead of copying it.
     a = np.arange(1000, dtype=np.int32)
-    t = ab.convert_memory(a, "cpu", copy=True)
+    t = ab.to_device(a, "cpu", copy=True)
     mine = np.from_dlpack(t)
     j = jnp.from_dlpack(t)
     assert j.unsafe_buffer_pointer() == addr(mine)
@@ -111,8 +111,8 @@ def test_jax_arrays_through_opencl_bit_exact(name, jax_cpu):
     jax, jnp = jax_cpu
     opencl()
     x = jax_sample(name, (3, 17, 5))
-    on_cl = ab.convert_memory(x, "opencl:0")
-    back = jnp.from_dlpack(ab.convert_memory(on_cl, "cpu"))
+    on_cl = ab.to_device(x, "opencl:0")
+    back = jnp.from_dlpack(ab.to_device(on_cl, "cpu"))
     assert np.array_equal(bits(np.asarray(back)), bits(np.asarray(x)))
 
 
@@ -120,8 +120,8 @@ def test_a_jax_image_converted_and_reordered_on_opencl_like_numpy(jax_cpu):
     jax, jnp = jax_cpu
     opencl()
     hwc = jax_sample("uint8", (48, 64, 3))
-    chw = ab.convert_memory(hwc, "opencl:0", dtype="float32", permute=(2, 0, 1))
-    got = jnp.from_dlpack(ab.convert_memory(chw, "cpu"))
+    chw = ab.to_device(hwc, "opencl:0", dtype="float32", permute=(2, 0, 1))
+    got = jnp.from_dlpack(ab.to_device(chw, "cpu"))
     want = np.transpose(np.asarray(hwc), (2, 0, 1)).astype(np.float32)
     assert got.shape == (3, 48, 64)
     assert np.array_equal(np.asarray(got), want)
@@ -136,8 +136,8 @@ def test_jax_on_a_gpu_exchanges_with_arraybridge():
     x = jax.device_put(jnp.arange(1 << 16, dtype=jnp.float32) * 3, gpus[0])
     t = ab.from_dlpack(x)
     assert t.device == "cuda:%d" % gpus[0].id
-    assert np.array_equal(np.from_dlpack(ab.convert_memory(t, "cpu")), np.asarray(x))
-    back = jnp.from_dlpack(ab.convert_memory(np.arange(100, dtype=np.float32), "cuda:0"))
+    assert np.array_equal(np.from_dlpack(ab.to_device(t, "cpu")), np.asarray(x))
+    back = jnp.from_dlpack(ab.to_device(np.arange(100, dtype=np.float32), "cuda:0"))
     assert np.array_equal(np.asarray(back), np.arange(100, dtype=np.float32))
 
 
@@ -220,7 +220,7 @@ def test_strided_torch_views_import_zero_copy(view):
     got = np.from_dlpack(t)
     assert np.array_equal(got, v.numpy())
     assert addr(got) == v.data_ptr()
-    copy = ab.convert_memory(v, "cpu", copy=True)  # compact, row-major
+    copy = ab.to_device(v, "cpu", copy=True)  # compact, row-major
     assert copy.strides == tuple(torch.empty(v.shape).stride())
     assert torch.equal(torch.from_dlpack(copy), v)
 
@@ -232,7 +232,7 @@ def test_every_torch_dtype_round_trips_bit_exact(name):
     t = ab.from_dlpack(x)
     assert t.dtype == name
     assert same_torch(torch, torch.from_dlpack(t), x)
-    c = ab.convert_memory(x, "cpu", copy=True)
+    c = ab.to_device(x, "cpu", copy=True)
     assert same_torch(torch, torch.from_dlpack(c), x)
 
 
@@ -240,8 +240,8 @@ def test_torch_tensors_through_opencl_with_a_cast():
     torch = need_torch()
     opencl()
     x = torch_sample(torch, "float32", (5, 33))
-    on_cl = ab.convert_memory(x, "opencl:0", dtype="float16")
-    back = torch.from_dlpack(ab.convert_memory(on_cl, "cpu"))
+    on_cl = ab.to_device(x, "opencl:0", dtype="float16")
+    back = torch.from_dlpack(ab.to_device(on_cl, "cpu"))
     assert same_torch(torch, back, x.half())
 
 
@@ -257,16 +257,16 @@ def test_torch_cuda_tensors_exchange_zero_copy_both_ways():
     assert float(x[5]) == 6.0
 
 
-def test_convert_memory_moves_torch_tensors_to_the_gpu_and_back():
+def test_to_device_moves_torch_tensors_to_the_gpu_and_back():
     torch = need_torch_cuda()
     for name in TORCH_DTYPES:
         x = torch_sample(torch, name, (64, 65))
-        g = ab.convert_memory(x, "cuda:0")
+        g = ab.to_device(x, "cuda:0")
         assert g.device == "cuda:0"
         on_gpu = torch.from_dlpack(g)
         assert on_gpu.is_cuda
         assert same_torch(torch, on_gpu.cpu(), x), name
-        back = torch.from_dlpack(ab.convert_memory(on_gpu, "cpu"))
+        back = torch.from_dlpack(ab.to_device(on_gpu, "cpu"))
         assert same_torch(torch, back, x), name
 
 
@@ -285,11 +285,11 @@ def test_torch_work_on_a_side_stream_is_complete_before_arraybridge_reads_it():
         # from_dlpack waited for the data (docs/python.md), so for the
         # work queued before the export: without that wait s is still busy.
         assert s.query(), "from_dlpack returned before the producer's stream finished"
-        host = np.from_dlpack(ab.convert_memory(t, "cpu"))
+        host = np.from_dlpack(ab.to_device(t, "cpu"))
     s.synchronize()
     assert np.array_equal(host, a.cpu().numpy())
     # And the other way: PyTorch, on its side stream, consumes a Tensor.
-    g = ab.convert_memory(np.full(1 << 20, 3, dtype=np.float32), "cuda:0")
+    g = ab.to_device(np.full(1 << 20, 3, dtype=np.float32), "cuda:0")
     with torch.cuda.stream(s):
         y = torch.from_dlpack(g) * 2
     s.synchronize()
@@ -321,12 +321,12 @@ def test_cupy_arrays_exchange_zero_copy_both_ways():
     assert float(x[7]) == -2
 
 
-def test_convert_memory_moves_cupy_arrays_to_the_host_and_back():
+def test_to_device_moves_cupy_arrays_to_the_host_and_back():
     cupy = need_cupy()
     x = cupy.asarray(np.random.default_rng(3).standard_normal((128, 96)).astype(np.float32))
-    host = np.from_dlpack(ab.convert_memory(x, "cpu"))
+    host = np.from_dlpack(ab.to_device(x, "cpu"))
     assert np.array_equal(host, cupy.asnumpy(x))
     view = x[:, ::3]  # strided on the GPU
-    assert np.array_equal(np.from_dlpack(ab.convert_memory(view, "cpu")), cupy.asnumpy(view))
-    g = cupy.from_dlpack(ab.convert_memory(host, "cuda:0", dtype="float16"))
+    assert np.array_equal(np.from_dlpack(ab.to_device(view, "cpu")), cupy.asnumpy(view))
+    g = cupy.from_dlpack(ab.to_device(host, "cuda:0", dtype="float16"))
     assert np.array_equal(cupy.asnumpy(g), host.astype(np.float16))

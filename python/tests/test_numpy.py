@@ -81,7 +81,7 @@ def test_numpy_to_arraybridge_shares_memory_and_writes_show_through():
 def test_arraybridge_to_numpy_shares_the_copy_it_made():
     opencl()
     a = np.arange(10, dtype=np.int64)
-    back = ab.convert_memory(ab.convert_memory(a, "opencl:0"), "cpu")
+    back = ab.to_device(ab.to_device(a, "opencl:0"), "cpu")
     n1, n2 = np.from_dlpack(back), np.from_dlpack(back)
     assert addr(n1) == addr(n2) == back.data_ptr
     n1[3] = 1234
@@ -141,9 +141,9 @@ def test_every_layout_imports_zero_copy_and_exports_back(name):
 def test_round_trip_through_opencl_is_bit_exact(name):
     opencl()
     a = CASES[name]()
-    g = ab.convert_memory(a, "opencl:0")
+    g = ab.to_device(a, "opencl:0")
     assert g.device == "opencl:0" and g.shape == a.shape
-    back = np.from_dlpack(ab.convert_memory(g, "cpu"))
+    back = np.from_dlpack(ab.to_device(g, "cpu"))
     assert back.dtype == a.dtype and back.shape == a.shape
     assert back.tobytes() == np.ascontiguousarray(a).tobytes()
 
@@ -152,18 +152,18 @@ def test_nan_payloads_and_signed_zeros_survive_bit_exact():
     opencl(2)
     bits = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000, 0x00000001], dtype=np.uint32)
     a = bits.view(np.float32)
-    g = ab.convert_memory(ab.convert_memory(a, "opencl:0"), "opencl:1")
-    back = np.from_dlpack(ab.convert_memory(g, "cpu"))
+    g = ab.to_device(ab.to_device(a, "opencl:0"), "opencl:1")
+    back = np.from_dlpack(ab.to_device(g, "cpu"))
     assert back.view(np.uint32).tolist() == bits.tolist()
 
 
 def test_gpu_id_and_device_tuples_choose_the_device():
     opencl(2)
     a = np.arange(8.0)
-    assert ab.convert_memory(a, "opencl", gpu_id=1).device == "opencl:1"
-    assert ab.convert_memory(a, "opencl", 0).device == "opencl:0"
+    assert ab.to_device(a, "opencl", gpu_id=1).device == "opencl:1"
+    assert ab.to_device(a, "opencl", 0).device == "opencl:0"
     assert ab.from_dlpack(a, device=(KDLOPENCL, 1)).device == "opencl:1"
-    t = ab.convert_memory(a, "opencl:auto")
+    t = ab.to_device(a, "opencl:auto")
     assert t.device in ("opencl:0", "opencl:1")
 
 
@@ -187,7 +187,7 @@ def test_copy_modes():
     assert capsule_name(cap) == "dltensor_versioned"
     g = ab.from_dlpack(SameCapsule(cap, (KDLOPENCL, 0)))
     assert g.device == "opencl:0"
-    np.testing.assert_array_equal(np.from_dlpack(ab.convert_memory(g, "cpu")), a)
+    np.testing.assert_array_equal(np.from_dlpack(ab.to_device(g, "cpu")), a)
     # copy=True on the same device
     n = np.from_dlpack(SameCapsule(t.__dlpack__(max_version=(1, 0), copy=True), (KDLCPU, 0)))
     assert addr(n) != addr(a)
@@ -196,15 +196,15 @@ def test_copy_modes():
 
 def test_dtype_changes_convert_and_impossible_ones_are_refused():
     a = np.array([0, 1, 2, 255], dtype=np.uint8)
-    f = np.from_dlpack(ab.convert_memory(a, "cpu", dtype="float32"))
+    f = np.from_dlpack(ab.to_device(a, "cpu", dtype="float32"))
     assert f.dtype == np.float32 and f.tolist() == [0, 1, 2, 255]
-    h = np.from_dlpack(ab.convert_memory(np.array([1.5, 2.5, -0.5, 300.0]), "cpu", dtype="uint8"))
+    h = np.from_dlpack(ab.to_device(np.array([1.5, 2.5, -0.5, 300.0]), "cpu", dtype="uint8"))
     assert h.tolist() == [2, 2, 0, 255]  # half to even, saturated
     with pytest.raises(BufferError, match="float64 to complex64"):
-        ab.convert_memory(np.arange(3.0), "cpu", dtype="complex64")
-    assert ab.convert_memory(np.arange(3, dtype=np.uint8), "cpu", dtype=np.dtype("uint8")).dtype == "uint8"
+        ab.to_device(np.arange(3.0), "cpu", dtype="complex64")
+    assert ab.to_device(np.arange(3, dtype=np.uint8), "cpu", dtype=np.dtype("uint8")).dtype == "uint8"
     with pytest.raises(ValueError, match="unknown dtype"):
-        ab.convert_memory(np.arange(3), "cpu", dtype="float24")
+        ab.to_device(np.arange(3), "cpu", dtype="float24")
 
 
 def test_casts_into_floats_round_once_like_numpy():
@@ -220,7 +220,7 @@ def test_casts_into_floats_round_once_like_numpy():
     ]
     for src in sources:
         for dt in ("float32", "float16", "float64"):
-            got = np.from_dlpack(ab.convert_memory(src, "cpu", dtype=dt))
+            got = np.from_dlpack(ab.to_device(src, "cpu", dtype=dt))
             with np.errstate(over="ignore"):  # past float16's or float32's range: infinity, as ours
                 want = src.astype(dt)
             assert got.dtype == want.dtype
@@ -237,13 +237,13 @@ def test_an_image_is_normalised_and_reordered_in_the_move_like_numpy():
     want = (img.astype(np.float32) * (1 / std).astype(np.float32) + (-mean / std).astype(np.float32)).transpose(2, 0, 1)
     devices = ["cpu"] + [d for d in ab.devices() if d.startswith("opencl")][:1]
     for dev in devices:
-        t = ab.convert_memory(img, dev, dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=1 / std,
+        t = ab.to_device(img, dev, dtype="float32", permute=(2, 0, 1), channel_axis=-1, channel_scale=1 / std,
                               channel_offset=list(-mean / std))
         assert t.shape == (3, 5, 7) and t.dtype == "float32" and t.device.startswith(dev)
-        got = np.from_dlpack(ab.convert_memory(t, "cpu"))
+        got = np.from_dlpack(ab.to_device(t, "cpu"))
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=dev)
     # and back: per tensor, into uint8 (float64 arithmetic, half to even, saturated)
-    back = np.from_dlpack(ab.convert_memory(want, "cpu", dtype="uint8", permute=(1, 2, 0), scale=58.0, offset=114.5))
+    back = np.from_dlpack(ab.to_device(want, "cpu", dtype="uint8", permute=(1, 2, 0), scale=58.0, offset=114.5))
     ref = np.clip(np.rint(want.transpose(1, 2, 0).astype(np.float64) * 58.0 + 114.5), 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(back, ref)
     assert "convert" in ab.explain_route(img, "cpu", dtype="float32", permute=(2, 0, 1), scale=2.0)
@@ -252,25 +252,25 @@ def test_an_image_is_normalised_and_reordered_in_the_move_like_numpy():
 def test_bad_conversion_options_are_clear_errors():
     a = np.zeros((2, 3, 4), dtype=np.uint8)
     with pytest.raises(ValueError, match="permute has 2 axes; the tensor has 3"):
-        ab.convert_memory(a, "cpu", permute=(1, 0))
+        ab.to_device(a, "cpu", permute=(1, 0))
     with pytest.raises(ValueError, match="permute axis 3 is out of range"):
-        ab.convert_memory(a, "cpu", permute=(0, 1, 3))
+        ab.to_device(a, "cpu", permute=(0, 1, 3))
     with pytest.raises(ValueError, match="permute"):
-        ab.convert_memory(a, "cpu", permute=(0, 0, 1))  # repeated: the library's check
+        ab.to_device(a, "cpu", permute=(0, 0, 1))  # repeated: the library's check
     with pytest.raises(ValueError, match="channel_scale has 2 values; the channel axis has 4"):
-        ab.convert_memory(a, "cpu", channel_axis=2, channel_scale=[1.0, 2.0])
+        ab.to_device(a, "cpu", channel_axis=2, channel_scale=[1.0, 2.0])
     with pytest.raises(ValueError, match="need channel_axis"):
-        ab.convert_memory(a, "cpu", channel_offset=[0.0, 0.0, 0.0, 0.0])
+        ab.to_device(a, "cpu", channel_offset=[0.0, 0.0, 0.0, 0.0])
     with pytest.raises(ValueError, match="not both"):
-        ab.convert_memory(a, "cpu", scale=2.0, channel_axis=0, channel_scale=[1.0, 1.0])
+        ab.to_device(a, "cpu", scale=2.0, channel_axis=0, channel_scale=[1.0, 1.0])
     with pytest.raises(TypeError):
-        ab.convert_memory(a, "cpu", scale="two")
+        ab.to_device(a, "cpu", scale="two")
     with pytest.raises(TypeError):
-        ab.convert_memory(a, "cpu", channel_axis=0, channel_scale=[1.0, "x"])
+        ab.to_device(a, "cpu", channel_axis=0, channel_scale=[1.0, "x"])
     with pytest.raises(ValueError, match="out of range"):
-        ab.convert_memory(a, "cpu", permute=(0, 1, 10**30))
+        ab.to_device(a, "cpu", permute=(0, 1, 10**30))
     with pytest.raises(TypeError, match="permute must be a sequence"):
-        ab.convert_memory(a, "cpu", permute=3)
+        ab.to_device(a, "cpu", permute=3)
 
     class Shrinks:  # converting an item empties the list the caller gave
         def __float__(self):
@@ -278,10 +278,10 @@ def test_bad_conversion_options_are_clear_errors():
             return 1.0
 
     values = [Shrinks(), 1.0, 2.0, 3.0]
-    t = ab.convert_memory(a, "cpu", dtype="float32", channel_axis=2, channel_scale=values)
+    t = ab.to_device(a, "cpu", dtype="float32", channel_axis=2, channel_scale=values)
     assert t.shape == (2, 3, 4) and values == []
     # a permutation alone is a conversion: a compact copy in the new order
-    t = ab.convert_memory(a, "cpu", permute=(2, 0, 1))
+    t = ab.to_device(a, "cpu", permute=(2, 0, 1))
     assert t.shape == (4, 2, 3) and t.strides == (6, 3, 1)
 
 
@@ -390,17 +390,17 @@ def test_non_producers_are_type_errors():
 @pytest.mark.parametrize("bad", ["", "gpu", "cuda:", "cuda:-1", "opencl:x", "cpu:0:0", " cpu"])
 def test_malformed_device_strings_raise_value_error(bad):
     with pytest.raises(ValueError, match="device string"):
-        ab.convert_memory(np.arange(3), bad)
+        ab.to_device(np.arange(3), bad)
 
 
 def test_missing_devices_raise_value_error_naming_them():
     with pytest.raises(ValueError, match="opencl:99"):
-        ab.convert_memory(np.arange(3), "opencl:99")
+        ab.to_device(np.arange(3), "opencl:99")
     with pytest.raises(ValueError, match="cpu:3"):
         ab.device_info("cpu:3")
     if not any(d.startswith("cuda:") for d in ab.devices()):
         with pytest.raises(ValueError, match="no cuda devices"):
-            ab.convert_memory(np.arange(3), "cuda", gpu_id=0)
+            ab.to_device(np.arange(3), "cuda", gpu_id=0)
     with pytest.raises(TypeError):
         ab.device_info(3.5)
 
@@ -421,8 +421,8 @@ def test_memory_stats_limits_and_empty_cache():
     ab.set_memory_limit("opencl:0", 1 << 20)
     try:
         with pytest.raises(MemoryError, match="opencl:0"):
-            ab.convert_memory(np.zeros(1 << 19), "opencl:0")  # 4 MiB
-        small = ab.convert_memory(np.zeros(1000), "opencl:0")
+            ab.to_device(np.zeros(1 << 19), "opencl:0")  # 4 MiB
+        small = ab.to_device(np.zeros(1000), "opencl:0")
         s = ab.memory_stats("opencl:0")
         assert s["limit_bytes"] == 1 << 20
         assert s["in_use_bytes"]["current"] >= 8000
@@ -464,7 +464,7 @@ def test_dl_device_and_stream_are_checked_against_the_target():
     opencl()
     cap = t.__dlpack__(max_version=(1, 0), stream=3, dl_device=(KDLOPENCL, 0))
     g = ab.from_dlpack(SameCapsule(cap, (KDLOPENCL, 0)))
-    np.testing.assert_array_equal(np.from_dlpack(ab.convert_memory(g, "cpu")), np.arange(4.0))
+    np.testing.assert_array_equal(np.from_dlpack(ab.to_device(g, "cpu")), np.arange(4.0))
 
 
 def test_memory_limits_out_of_range_are_overflow_errors():

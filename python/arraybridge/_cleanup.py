@@ -1,0 +1,69 @@
+"""Freeing cached GPU memory (ours and the frameworks'), and running a call
+again after an out-of-memory error."""
+import gc
+
+from . import _arraybridge as _ab
+from ._frameworks import ADAPTERS
+
+
+def cleanup_all_gpu_frameworks(device_id=None):
+    """Returns cached, unused memory to the drivers: arraybridge's pools (all
+    of them, or those of GPU device_id: cuda:N, its pinned pool and
+    opencl:N) and the caches of every framework the process has imported
+    (torch.cuda.empty_cache, CuPy's pools, JAX's caches). Frameworks not
+    imported are left alone (never imported here). Runs gc.collect() first,
+    so arrays no longer referenced give their memory back too."""
+    gc.collect()
+    if device_id is None:
+        _ab.empty_cache()
+    else:
+        for dev in _ab.devices():
+            if dev.split(":")[1] == str(device_id) and not dev.startswith("cpu"):
+                _ab.empty_cache(dev)
+    for adapter in ADAPTERS.values():
+        mod = adapter.loaded()
+        if mod is not None:
+            adapter.empty_cache(mod, device_id)
+
+
+def memory_report():
+    """arraybridge's pool table of every device, as one text."""
+    parts = []
+    for dev in _ab.devices():
+        try:
+            parts.append(_ab.pool_summary(dev))
+        except (ValueError, RuntimeError) as e:  # a device gone since devices()
+            parts.append("%s: no pool summary (%s)" % (dev, e))
+    return "\n".join(parts)
+
+
+def _is_oom(exc, adapters):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            return True
+        for a in adapters:
+            if a.is_oom(exc, a.loaded()):
+                return True
+        exc = exc.__cause__
+    return False
+
+
+def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
+    """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
+    of the adapters' frameworks'), frees the caches and calls again, at most
+    max_retries times. The last error is raised as it came, with
+    arraybridge's memory report attached as a note (Python >= 3.11)."""
+    for attempt in range(max_retries + 1):
+        try:
+            return call()
+        except Exception as e:
+            if not _is_oom(e, adapters):
+                raise
+            if attempt == max_retries:
+                if hasattr(e, "add_note"):
+                    e.add_note("arraybridge: still out of memory after %d retries (caches freed before each); "
+                               "memory report:\n%s" % (max_retries, memory_report()))
+                raise
+            cleanup_all_gpu_frameworks(device_id)

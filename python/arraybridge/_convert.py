@@ -1,0 +1,70 @@
+"""convert_memory(data, source_type, target_type, gpu_id): the seed API's
+call, as one DLPack import, one ab_convert_memory and one export."""
+from ._frameworks import ADAPTERS
+from ._types import MemoryConversionError, MemoryType, memory_type
+
+_OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
+
+
+def detect_memory_type(data):
+    """The name of the framework data belongs to ('numpy', 'torch', ...),
+    from the module of its type (no framework is imported); ValueError
+    ("Unknown memory type ...") for anything else."""
+    for adapter in ADAPTERS.values():
+        if adapter.owns(data):
+            return adapter.memory_type.value
+    raise ValueError("Unknown memory type for %s (module: %s)" % (type(data), type(data).__module__))
+
+
+def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, permute=None, scale=None,
+                   offset=None, channel_axis=None, channel_scale=None, channel_offset=None):
+    """data, an array of source_type, as an array of target_type on gpu_id.
+
+    source_type, target_type: 'numpy', 'cupy', 'torch', 'tensorflow', 'jax',
+    'pyclesperanto' or a MemoryType (ValueError for other names).
+    gpu_id: the target's GPU (torch cuda:N, CuPy device N, JAX's Nth GPU,
+    TensorFlow /GPU:N, pyclesperanto's Nth OpenCL device); None is host
+    memory for NumPy, torch, JAX and TensorFlow, and the current device for
+    CuPy and pyclesperanto. NumPy ignores it. A device that does not exist
+    raises MemoryConversionError ('<framework> device N is unavailable;
+    available device IDs are (...)').
+
+    The keywords convert the elements in the same move, as arraybridge's
+    to_device does: dtype, permute (result axis i is data's axis
+    permute[i]), scale/offset (y = x * scale + offset), channel_axis with
+    channel_scale/channel_offset (per-channel maps).
+
+    Zero-copy (the result shares data's memory) when the data already sits
+    where the target needs it and no keyword asks for a change; otherwise a
+    compact copy made by the C library (peer copies, pinned staging,
+    pooled memory). Any failure is a MemoryConversionError whose __cause__
+    is the exception behind it (MemoryError: out of memory)."""
+    source = memory_type(source_type, "source_type")
+    target = memory_type(target_type, "target_type")
+    sa, ta = ADAPTERS[source], ADAPTERS[target]
+    if not sa.owns(data):
+        try:
+            actual = detect_memory_type(data)
+        except ValueError:
+            actual = "%s.%s" % (type(data).__module__, type(data).__qualname__)
+        raise MemoryConversionError(source, target, "detect_memory_type",
+                                    "data is %s, not %s" % (actual, source.value))
+    opts = {k: v for k, v in zip(_OPTIONS, (dtype, permute, scale, offset, channel_axis, channel_scale,
+                                             channel_offset)) if v is not None}
+    tmod = ta.module(source, target)
+    device = ta.target_device(gpu_id, tmod, source, target)
+    producer = sa.producer(data)
+    if source is target and not opts and sa.device_of(producer) == device:
+        return data  # already there, as asked
+    if gpu_id is None and not ta.has_host:
+        gpu_id = int(device.split(":")[1])
+    try:
+        return ta.convert(producer, device, gpu_id, tmod, opts)
+    except MemoryConversionError:
+        raise
+    except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's
+        raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
+                                    "%s: %s" % (type(e).__name__, e)) from e
+
+
+__all__ = ["convert_memory", "detect_memory_type"]

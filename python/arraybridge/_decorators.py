@@ -1,0 +1,84 @@
+"""The seed API's decorators: numpy, cupy, torch, tensorflow, jax,
+pyclesperanto and memory_types."""
+import functools
+
+from ._cleanup import run_with_oom_recovery
+from ._convert import convert_memory, detect_memory_type
+from ._frameworks import ADAPTERS, dtype_name as _dtype_name
+from ._types import MemoryType, memory_type
+
+def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
+    """func, called with its first argument as a runs_on array on gpu_id
+    (converted from accepts; None: from whatever it is), its result returned
+    as an output array."""
+    adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        def call():
+            if not args:
+                return func(*args, **kwargs)
+            first = args[0]
+            dtype = _dtype_name(first) if preserve_dtype else None
+            src = accepts if accepts is not None else detect_memory_type(first)
+            result = func(convert_memory(first, src, runs_on, gpu_id), *args[1:], **kwargs)
+            try:
+                res_type = detect_memory_type(result)
+            except ValueError:
+                return result  # not an array (a tuple, a number): as it is
+            keep = dtype if dtype is not None and _dtype_name(result) not in (dtype, None) else None
+            return convert_memory(result, res_type, output, gpu_id, dtype=keep)
+
+        if oom_recovery:
+            return run_with_oom_recovery(call, adapters, gpu_id)
+        return call()
+
+    wrapper.input_memory_type = (accepts or runs_on).value
+    wrapper.output_memory_type = output.value
+    return wrapper
+
+
+def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, preserve_dtype=True):
+    """A decorator: the wrapped function receives its first argument as an
+    input_type array on gpu_id (converted from whatever framework it comes
+    in, by detect_memory_type), and its result is returned as an
+    output_type array on gpu_id (NumPy ignores gpu_id). Other arguments
+    pass as they are; a result that is not an array is returned as it is.
+
+    preserve_dtype: a result whose dtype differs from the first argument's is
+    cast back to it in the same move (as the original arraybridge keeps the
+    input's dtype). oom_recovery: on an out-of-memory error (MemoryError,
+    arraybridge's, or the frameworks'), the caches are freed
+    (cleanup_all_gpu_frameworks) and the call is made again, twice at most,
+    then the error is raised with arraybridge's memory report attached.
+    The wrapper carries input_memory_type and output_memory_type (names) and
+    functools.wraps metadata."""
+    inp = memory_type(input_type, "input_type")
+    out = memory_type(output_type, "output_type")
+    return lambda func: _wrap(func, None, inp, out, gpu_id, oom_recovery, preserve_dtype)
+
+
+def _framework_decorator(mt):
+    def decorator(func=None, *, gpu_id=None, input_type=None, output_type=mt, oom_recovery=True, preserve_dtype=True):
+        accepts = None if input_type is None else memory_type(input_type, "input_type")
+        out = memory_type(output_type, "output_type")
+        d = lambda f: _wrap(f, accepts, mt, out, gpu_id, oom_recovery, preserve_dtype)  # noqa: E731
+        return d if func is None else d(func)
+
+    decorator.__name__ = decorator.__qualname__ = mt.value
+    decorator.__doc__ = (
+        """Decorator: the function runs on %(name)s arrays. Bare (@%(v)s) or called
+        (@%(v)s(gpu_id=0, input_type='numpy', output_type='numpy', oom_recovery=True)):
+        the first argument, of input_type (default: detected), is converted to
+        %(name)s on gpu_id; the result is returned as output_type (default %(v)s)
+        with the first argument's dtype; out-of-memory errors free the caches and
+        retry. See memory_types.""" % {"name": mt.display_name, "v": mt.value})
+    return decorator
+
+
+numpy = _framework_decorator(MemoryType.NUMPY)
+cupy = _framework_decorator(MemoryType.CUPY)
+torch = _framework_decorator(MemoryType.TORCH)
+tensorflow = _framework_decorator(MemoryType.TENSORFLOW)
+jax = _framework_decorator(MemoryType.JAX)
+pyclesperanto = _framework_decorator(MemoryType.PYCLESPERANTO)

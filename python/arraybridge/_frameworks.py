@@ -1,0 +1,331 @@
+"""One small adapter per framework, registered in one table (ADAPTERS).
+
+An adapter knows, for its framework: whether an object is one of its arrays
+(by the top-level module of its type, without importing anything), the
+framework's GPU ids, which arraybridge device a gpu_id names, how to hand
+an array to the C core (DLPack) and how to make an array of its own from a
+Tensor the core returns, its cache cleanup and its out-of-memory errors.
+
+Frameworks are imported only when one of their arrays is converted or they
+are named as a target: `import arraybridge` imports none of them.
+"""
+import importlib
+import importlib.util
+import sys
+
+from . import _arraybridge as _ab
+from ._types import MemoryConversionError, MemoryType
+
+
+# The dtype names the C core converts between (all one-lane DLPack types
+# but complex, which frameworks name alike).
+_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                     "bfloat16", "float32", "float64"))
+
+
+def dtype_name(obj):
+    """obj's element type as the C core names it, or None."""
+    d = getattr(obj, "dtype", None)
+    if d is None:
+        return None
+    name = getattr(d, "name", None)
+    name = name if isinstance(name, str) else str(d)
+    name = name.rsplit(".", 1)[-1]  # torch.float32 -> float32
+    return name if name in _DTYPES else None
+
+
+def _module_of(obj):
+    return type(obj).__module__.split(".", 1)[0]
+
+
+class Adapter:
+    """The default behaviour; subclasses override what differs."""
+
+    memory_type = None
+    import_name = None
+    modules = ()            # top-level module names of its array types
+    has_host = True         # its arrays can live in host memory (gpu_id=None)
+    accel = "cuda"          # the arraybridge device family of its GPUs
+    layout = "any"          # which strides its from_dlpack takes: any, positive, compact
+
+    # ---- the framework itself -------------------------------------------------
+    def installed(self):
+        return self.import_name in sys.modules or importlib.util.find_spec(self.import_name) is not None
+
+    def module(self, source=None, target=None):
+        """The framework, imported; MemoryConversionError when it is missing."""
+        mod = sys.modules.get(self.import_name)
+        if mod is not None:
+            return mod
+        try:
+            return importlib.import_module(self.import_name)
+        except ImportError as e:
+            mt = self.memory_type
+            raise MemoryConversionError(source or mt, target or mt, "import %s" % self.import_name,
+                                        "%s is not installed (%s)" % (mt.display_name, e)) from e
+
+    def loaded(self):
+        """The framework if the process already imported it, else None."""
+        return sys.modules.get(self.import_name)
+
+    def owns(self, obj):
+        return _module_of(obj) in self.modules
+
+    # ---- devices --------------------------------------------------------------
+    def gpu_ids(self, mod):
+        """The framework's GPU ids (a tuple)."""
+        return ()
+
+    def device_ids(self, mod):
+        """The ids a gpu_id may name: the framework's GPUs that arraybridge
+        sees too (a transfer needs both)."""
+        ours = _ab.devices()
+        return tuple(i for i in self.gpu_ids(mod) if "%s:%d" % (self.accel, i) in ours)
+
+    def target_device(self, gpu_id, mod, source, target):
+        """The arraybridge device string for gpu_id; MemoryConversionError
+        ('<framework> device N is unavailable; ...') when it does not exist."""
+        if gpu_id is None and self.has_host:
+            return "cpu:0"
+        if gpu_id is None:
+            gpu_id = self.default_gpu(mod)
+        if isinstance(gpu_id, bool) or not isinstance(gpu_id, int):
+            raise MemoryConversionError(source, target, "gpu_id", "gpu_id must be an int or None, not %r" % (gpu_id,))
+        ids = self.device_ids(mod)
+        if gpu_id not in ids:
+            raise MemoryConversionError(
+                source, target, "%s.require_device" % self.memory_type.value,
+                "%s device %d is unavailable; available device IDs are %s"
+                % (self.memory_type.display_name, gpu_id, ids))
+        return "%s:%d" % (self.accel, gpu_id)
+
+    def default_gpu(self, mod):
+        return 0
+
+    def device_of(self, obj):
+        """The arraybridge device string where obj's data is."""
+        t, i = obj.__dlpack_device__()
+        return "%s:%d" % (_DEVICE_NAMES.get(int(t), "?"), int(i))
+
+    # ---- DLPack ---------------------------------------------------------------
+    def producer(self, obj):
+        """What to hand the C core: an object with __dlpack__."""
+        return obj
+
+    def accepts(self, t):
+        """Whether from_tensor may take Tensor t's strides as they are."""
+        if self.layout == "any" or t.nbytes == 0:
+            return True
+        if self.layout == "positive":
+            return all(s >= 0 for s in t.strides)
+        expect, st = 1, []
+        for n in reversed(t.shape):
+            st.append(expect)
+            expect *= n
+        return all(n == 1 or s == e for n, s, e in zip(t.shape, t.strides, reversed(st)))
+
+    def from_tensor(self, t, mod, gpu_id):
+        """An array of the framework with t's data (zero-copy where it can)."""
+        raise NotImplementedError
+
+    def convert(self, producer, device, gpu_id, mod, opts):
+        """producer's data as an array of the framework on device (gpu_id),
+        converted as opts (to_device's keywords) say."""
+        t = _ab.to_device(producer, device, **opts)
+        if not self.accepts(t):
+            t = _ab.to_device(t, device, copy=True)  # compact, for a framework that takes no such strides
+        return self.from_tensor(t, mod, gpu_id)
+
+    # ---- memory ---------------------------------------------------------------
+    def empty_cache(self, mod, device_id=None):
+        """Returns the framework's cached, unused device memory."""
+
+    def is_oom(self, exc, mod):
+        return isinstance(exc, MemoryError)
+
+
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_managed"}
+
+
+class NumPy(Adapter):
+    memory_type = MemoryType.NUMPY
+    import_name = "numpy"
+    modules = ("numpy",)
+
+    def target_device(self, gpu_id, mod, source, target):
+        return "cpu:0"  # NumPy ignores gpu_id
+
+    def from_tensor(self, t, mod, gpu_id):
+        return mod.from_dlpack(t)
+
+
+class Torch(Adapter):
+    memory_type = MemoryType.TORCH
+    import_name = "torch"
+    modules = ("torch",)
+    layout = "positive"
+
+    def gpu_ids(self, mod):
+        return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
+
+    def producer(self, obj):
+        return obj.detach() if obj.requires_grad else obj
+
+    def from_tensor(self, t, mod, gpu_id):
+        return mod.from_dlpack(t)
+
+    def empty_cache(self, mod, device_id=None):
+        if not mod.cuda.is_available():
+            return
+        for i in self.gpu_ids(mod) if device_id is None else (device_id,):
+            with mod.cuda.device(i):
+                mod.cuda.empty_cache()
+
+    def is_oom(self, exc, mod):
+        oom = getattr(mod.cuda, "OutOfMemoryError", None) if mod is not None else None
+        return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError) or (
+            isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+class CuPy(Adapter):
+    memory_type = MemoryType.CUPY
+    import_name = "cupy"
+    modules = ("cupy", "cupyx")
+    has_host = False
+
+    def gpu_ids(self, mod):
+        try:
+            return tuple(range(mod.cuda.runtime.getDeviceCount()))
+        except Exception:  # no driver or no GPU: CuPy raises its CUDARuntimeError
+            return ()
+
+    def default_gpu(self, mod):
+        try:
+            return mod.cuda.runtime.getDevice()
+        except Exception:
+            return 0
+
+    def from_tensor(self, t, mod, gpu_id):
+        with mod.cuda.Device(int(t.device.split(":")[1])):
+            return mod.from_dlpack(t)
+
+    def empty_cache(self, mod, device_id=None):
+        mod.get_default_memory_pool().free_all_blocks()
+        mod.get_default_pinned_memory_pool().free_all_blocks()
+
+    def is_oom(self, exc, mod):
+        oom = getattr(getattr(mod, "cuda", None), "memory", None) if mod is not None else None
+        oom = getattr(oom, "OutOfMemoryError", None)
+        return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
+
+
+class Jax(Adapter):
+    memory_type = MemoryType.JAX
+    import_name = "jax"
+    modules = ("jax", "jaxlib")
+    layout = "compact"
+
+    def _gpus(self, mod):
+        try:
+            return mod.devices("gpu")
+        except RuntimeError:  # no GPU backend
+            return []
+
+    def gpu_ids(self, mod):
+        return tuple(range(len(self._gpus(mod))))
+
+    def from_tensor(self, t, mod, gpu_id):
+        import jax.dlpack
+        dev = mod.devices("cpu")[0] if gpu_id is None else self._gpus(mod)[gpu_id]
+        return jax.dlpack.from_dlpack(t, device=dev)
+
+    def empty_cache(self, mod, device_id=None):
+        clear = getattr(mod, "clear_caches", None)
+        if clear is not None:
+            clear()
+
+    def is_oom(self, exc, mod):
+        return isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower()
+
+
+class TensorFlow(Adapter):
+    memory_type = MemoryType.TENSORFLOW
+    import_name = "tensorflow"
+    modules = ("tensorflow", "tf_keras", "keras")
+    layout = "compact"
+
+    def gpu_ids(self, mod):
+        return tuple(range(len(mod.config.list_physical_devices("GPU"))))
+
+    def producer(self, obj):
+        # Variables and other tensor-likes: their value as a tf.Tensor.
+        return obj if hasattr(obj, "__dlpack__") else self.module().convert_to_tensor(obj)
+
+    def from_tensor(self, t, mod, gpu_id):
+        # TensorFlow takes legacy capsules only, and a legacy capsule cannot
+        # say read-only: such data is copied (TensorFlow never writes it).
+        cap = t.__dlpack__(max_version=None, copy=True if t.readonly else None)
+        return mod.experimental.dlpack.from_dlpack(cap)
+
+    def is_oom(self, exc, mod):
+        oom = getattr(getattr(mod, "errors", None), "ResourceExhaustedError", None) if mod is not None else None
+        return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
+
+
+class Pyclesperanto(Adapter):
+    memory_type = MemoryType.PYCLESPERANTO
+    import_name = "pyclesperanto"
+    modules = ("pyclesperanto", "pyclesperanto_opencl", "pyclesperanto_prototype")
+    has_host = False
+    accel = "opencl"
+    layout = "compact"
+
+    def module(self, source=None, target=None):
+        # The OpenCL drivers must be loaded by arraybridge first (RTLD_DEEPBIND,
+        # see backends/opencl/icd_preload.c): pyclesperanto's own ICD loader
+        # then reuses them, and a process holding TensorFlow does not crash.
+        _ab.devices()
+        return super().module(source, target)
+
+    def gpu_ids(self, mod):
+        return tuple(range(len(mod.list_available_devices())))
+
+    def default_gpu(self, mod):
+        return mod.get_device().index  # pyclesperanto's current device
+
+    def create(self, mod, shape, dtype, gpu_id):
+        """A new pyclesperanto array on its device gpu_id. pyclesperanto hands
+        out a Device only by selecting it: the caller's current device is
+        selected again after."""
+        import numpy  # pyclesperanto's own dependency; it names dtypes so
+        current = mod.get_device().index
+        dev = mod.select_device(gpu_id)
+        try:
+            return mod.create(tuple(shape), dtype=numpy.dtype(dtype), device=dev)
+        finally:
+            mod.select_device(current)
+
+    def from_tensor(self, t, mod, gpu_id):
+        return self.convert(t, None, gpu_id, mod, {})
+
+    def convert(self, producer, device, gpu_id, mod, opts):
+        # The result must live in pyclesperanto's own OpenCL context (its
+        # kernels cannot use a buffer of ours): made there, then written by
+        # the C core, device-side where the contexts allow, else once
+        # through host memory.
+        shape = tuple(producer.shape)
+        perm = opts.get("permute")
+        if perm is not None:
+            shape = tuple(shape[int(p) % len(shape)] for p in perm)
+        dtype = opts.get("dtype")
+        dtype = dtype_name(producer) if dtype is None else getattr(dtype, "name", dtype)
+        out = self.create(mod, shape, dtype, gpu_id)
+        _ab.convert_into(producer, out, **{k: v for k, v in opts.items() if k != "dtype"})
+        return out
+
+    def is_oom(self, exc, mod):
+        text = str(exc)
+        return isinstance(exc, MemoryError) or "MEM_OBJECT_ALLOCATION_FAILURE" in text or "OUT_OF_RESOURCES" in text
+
+
+ADAPTERS = {a.memory_type: a for a in (NumPy(), CuPy(), Torch(), TensorFlow(), Jax(), Pyclesperanto())}

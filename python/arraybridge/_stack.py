@@ -1,0 +1,71 @@
+"""stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
+from . import _arraybridge as _ab
+from ._convert import convert_memory, detect_memory_type
+from ._frameworks import ADAPTERS, dtype_name
+from ._types import MemoryConversionError, MemoryType, memory_type as _memory_type
+
+
+def stack_slices(slices, memory_type, gpu_id=None):
+    """One 3-D array of memory_type on gpu_id ([Z, Y, X]) from a list of
+    2-D arrays of any mix of frameworks and devices.
+
+    The result is allocated once, on the target, and each slice is copied
+    (cast to the first slice's dtype where it differs) straight into its
+    plane by the C core: no per-slice arrays of the target framework and no
+    3-D host array in between. ValueError for an empty list, a slice that is
+    not 2-D or slices of different shapes; MemoryConversionError when a
+    conversion fails or the target device does not exist."""
+    mt = _memory_type(memory_type, "memory_type")
+    if not slices:
+        raise ValueError("Cannot stack empty list of slices")
+    shape = None
+    for i, s in enumerate(slices):
+        sh = tuple(getattr(s, "shape", ()))
+        if len(sh) != 2:
+            raise ValueError("Slice at index %d is not a 2D array. All slices must be 2D." % i)
+        if shape is not None and sh != shape:
+            raise ValueError("Slice at index %d has shape %s; slice 0 has %s. All slices must have one shape."
+                             % (i, sh, shape))
+        shape = sh
+    dtype = dtype_name(slices[0])
+    adapter = ADAPTERS[mt]
+    mod = adapter.module(detect_memory_type(slices[0]), mt)
+    device = adapter.target_device(gpu_id, mod, detect_memory_type(slices[0]), mt)
+    full = (len(slices),) + shape
+    try:
+        if dtype is None:
+            raise ValueError("slice 0's dtype %r is not one arraybridge converts" % (getattr(slices[0], "dtype", None),))
+        if mt is MemoryType.PYCLESPERANTO:
+            # The result lives in pyclesperanto's own OpenCL context: allocate it
+            # there and write the planes into its buffer.
+            out = adapter.create(mod, full, dtype, int(device.split(":")[1]))
+        else:
+            out = _ab.empty(full, dtype, device)
+        for i, s in enumerate(slices):
+            _ab.convert_into(ADAPTERS[MemoryType(detect_memory_type(s))].producer(s), out, index=i)
+    except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
+        raise MemoryConversionError("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e)) from e
+    if mt is MemoryType.PYCLESPERANTO:
+        return out
+    if gpu_id is None and not adapter.has_host:
+        gpu_id = int(device.split(":")[1])
+    return adapter.from_tensor(out, mod, gpu_id)
+
+
+def unstack_slices(array, memory_type, gpu_id=None, validate_slices=True):
+    """The 2-D slices (along axis 0) of a 3-D array, as a list of
+    memory_type arrays on gpu_id: the array is converted once (zero-copy when
+    it already is there) and the slices are views of it. ValueError when
+    array is not 3-D; with validate_slices, also when a slice is not 2-D."""
+    mt = _memory_type(memory_type, "memory_type")
+    src = detect_memory_type(array)
+    shape = tuple(getattr(array, "shape", ()))
+    if len(shape) != 3:
+        raise ValueError("Array must be 3D, got shape %s" % (getattr(array, "shape", "unknown"),))
+    whole = convert_memory(array, src, mt, gpu_id)
+    slices = [whole[i] for i in range(shape[0])]
+    if validate_slices:
+        for i, s in enumerate(slices):
+            if len(tuple(s.shape)) != 2:
+                raise ValueError("Extracted slice at index %d is not 2D. This indicates a malformed 3D array." % i)
+    return slices

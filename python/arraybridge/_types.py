@@ -1,0 +1,75 @@
+"""Memory types (the frameworks the seed API names) and its exception.
+
+Nothing here imports a framework: this module is what `import arraybridge`
+loads besides the C extension.
+"""
+from enum import Enum
+
+
+class MemoryType(Enum):
+    """A framework whose arrays convert_memory takes and returns; the value is
+    the name the seed API uses ('numpy', 'torch', ...)."""
+
+    NUMPY = "numpy"
+    CUPY = "cupy"
+    TORCH = "torch"
+    TENSORFLOW = "tensorflow"
+    JAX = "jax"
+    PYCLESPERANTO = "pyclesperanto"
+
+    @property
+    def display_name(self):
+        """The framework's own spelling, as messages use it ('PyTorch')."""
+        return _DISPLAY[self]
+
+    @property
+    def is_gpu(self):
+        """Whether the framework is a GPU framework (all but NumPy), as the
+        original defines GPU_MEMORY_TYPES; torch, JAX and TensorFlow also
+        hold host memory here (gpu_id=None)."""
+        return self is not MemoryType.NUMPY
+
+
+_DISPLAY = {
+    MemoryType.NUMPY: "NumPy",
+    MemoryType.CUPY: "CuPy",
+    MemoryType.TORCH: "PyTorch",
+    MemoryType.TENSORFLOW: "TensorFlow",
+    MemoryType.JAX: "JAX",
+    MemoryType.PYCLESPERANTO: "pyclesperanto",
+}
+
+CPU_MEMORY_TYPES = frozenset(m for m in MemoryType if not m.is_gpu)
+GPU_MEMORY_TYPES = frozenset(m for m in MemoryType if m.is_gpu)
+SUPPORTED_MEMORY_TYPES = CPU_MEMORY_TYPES | GPU_MEMORY_TYPES
+VALID_MEMORY_TYPES = frozenset(m.value for m in MemoryType)
+
+
+def memory_type(value, what="memory type"):
+    """A MemoryType from a member or its name; ValueError listing the valid
+    names otherwise."""
+    if isinstance(value, MemoryType):
+        return value
+    if isinstance(value, str) and value in VALID_MEMORY_TYPES:
+        return MemoryType(value)
+    raise ValueError("Invalid %s %r. Available types: %s" % (what, value, sorted(VALID_MEMORY_TYPES)))
+
+
+class MemoryConversionError(Exception):
+    """A conversion between two memory types failed.
+
+    source_type, target_type: the names ('numpy', 'torch', ...); method: what
+    was attempted (e.g. 'arraybridge.to_device'); reason: why it failed. The
+    message names all four. The exception that caused it, if any, is
+    __cause__ (a MemoryError there means out of memory)."""
+
+    def __init__(self, source_type, target_type, method, reason):
+        self.source_type = getattr(source_type, "value", source_type)
+        self.target_type = getattr(target_type, "value", target_type)
+        self.method = method
+        self.reason = reason
+        super().__init__("Cannot convert from %s to %s using %s. Reason: %s"
+                         % (self.source_type, self.target_type, method, reason))
+
+    def __reduce__(self):
+        return (type(self), (self.source_type, self.target_type, self.method, self.reason))

@@ -1,0 +1,501 @@
+"""The seed API (the Python arraybridge's convert_memory(data, source_type,
+target_type, gpu_id), decorators, stacks, cleanup) against NumPy, PyTorch,
+JAX, TensorFlow and pyclesperanto (on PoCL), all on the CPU.
+
+make test-python installs all five and sets AB_TEST_EXPECT_FRAMEWORKS=1, so
+a missing one fails there instead of skipping. CuPy needs a GPU."""
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import arraybridge as ab
+from ab_support import opencl
+
+EXPECT = os.environ.get("AB_TEST_EXPECT_FRAMEWORKS") == "1"
+HOST = ("numpy", "torch", "jax", "tensorflow")
+
+
+def need(name):
+    try:
+        return __import__(name)
+    except ImportError as e:
+        if EXPECT:
+            pytest.fail("%s is not installed, but AB_TEST_EXPECT_FRAMEWORKS=1 (%s)" % (name, e))
+        pytest.skip("%s is not installed (%s)" % (name, e))
+
+
+def aligned(a):
+    """A copy of a whose data is 64-byte aligned (JAX and TensorFlow copy
+    less aligned memory on import, which would hide a copy of ours)."""
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def make(fw, a):
+    """An array of fw with a's values, made by fw's own call."""
+    if fw == "numpy":
+        return a
+    if fw == "torch":
+        return need("torch").from_numpy(a)
+    if fw == "jax":
+        need("jax")
+        import jax.numpy as jnp
+        return jnp.asarray(a)
+    if fw == "tensorflow":
+        return need("tensorflow").constant(a)
+    if fw == "pyclesperanto":
+        return need("pyclesperanto").push(a)
+    raise AssertionError(fw)
+
+
+def values(fw, x):
+    """x's values as NumPy, by fw's own call."""
+    if fw == "pyclesperanto":
+        return need("pyclesperanto").pull(x)
+    if fw in ("torch", "tensorflow"):
+        return x.numpy()
+    return np.asarray(x)
+
+
+def ptr(x):
+    return ab.from_dlpack(x).data_ptr
+
+
+def dtype_of(x):
+    d = x.dtype
+    name = getattr(d, "name", None)
+    return (name if isinstance(name, str) else str(d)).rsplit(".", 1)[-1]
+
+
+# ---- names, types, errors --------------------------------------------------------
+
+
+def test_import_loads_no_framework():
+    code = ("import sys, arraybridge; print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'pyclesperanto', "
+            "'cupy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_memory_types_and_sets_are_those_of_the_seed_api():
+    assert [m.value for m in ab.MemoryType] == ["numpy", "cupy", "torch", "tensorflow", "jax", "pyclesperanto"]
+    assert ab.CPU_MEMORY_TYPES == frozenset({ab.MemoryType.NUMPY})
+    assert ab.GPU_MEMORY_TYPES == frozenset(ab.MemoryType) - ab.CPU_MEMORY_TYPES
+    assert ab.SUPPORTED_MEMORY_TYPES == frozenset(ab.MemoryType)
+
+
+def test_unknown_names_raise_value_error_listing_the_valid_ones():
+    a = np.zeros(3)
+    for bad in (("nump", "numpy"), ("numpy", "pytorch")):
+        with pytest.raises(ValueError, match="Available types: .*'numpy'.*'pyclesperanto'"):
+            ab.convert_memory(a, *bad)
+
+
+def test_data_of_another_framework_than_source_type_is_refused():
+    with pytest.raises(ab.MemoryConversionError) as e:
+        ab.convert_memory(np.zeros(3), "torch", "numpy")
+    assert (e.value.source_type, e.value.target_type, e.value.method) == ("torch", "numpy", "detect_memory_type")
+    assert "data is numpy, not torch" in str(e.value)
+    with pytest.raises(ab.MemoryConversionError):
+        ab.convert_memory([1, 2], "numpy", "numpy")
+
+
+def test_memory_conversion_error_names_all_four_and_pickles():
+    import pickle
+    e = ab.MemoryConversionError("numpy", "torch", "m", "why")
+    assert str(e) == "Cannot convert from numpy to torch using m. Reason: why"
+    f = pickle.loads(pickle.dumps(e))
+    assert (f.source_type, f.target_type, f.method, f.reason) == ("numpy", "torch", "m", "why")
+
+
+def test_detect_memory_type_knows_each_framework_and_refuses_the_rest():
+    assert ab.detect_memory_type(np.zeros(1)) == "numpy"
+    assert ab.detect_memory_type(make("torch", np.zeros(1))) == "torch"
+    assert ab.detect_memory_type(make("jax", np.zeros(1))) == "jax"
+    assert ab.detect_memory_type(make("tensorflow", np.zeros(1))) == "tensorflow"
+    with pytest.raises(ValueError, match="Unknown memory type"):
+        ab.detect_memory_type([1.0])
+
+
+@pytest.mark.parametrize("fw", ["torch", "jax", "tensorflow"])
+def test_a_gpu_that_does_not_exist_is_named_with_the_ids_that_do(fw):
+    need(fw)
+    display = {"torch": "PyTorch", "jax": "JAX", "tensorflow": "TensorFlow"}[fw]
+    n = ab.MemoryType(fw)
+    from arraybridge._frameworks import ADAPTERS
+    ids = ADAPTERS[n].device_ids(sys.modules[fw])
+    with pytest.raises(ab.MemoryConversionError, match=r"%s device 7 is unavailable; available device IDs are %s"
+                       % (display, __import__("re").escape(str(ids)))):
+        ab.convert_memory(np.zeros(3), "numpy", fw, gpu_id=7)
+
+
+def test_numpy_ignores_gpu_id_and_returns_the_same_array():
+    a = np.arange(4.0)
+    assert ab.convert_memory(a, "numpy", "numpy", gpu_id=3) is a
+
+
+# ---- every pair of the CPU frameworks ---------------------------------------------
+
+# dtypes each pair carries as they are (JAX without x64 has no 64-bit types).
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "float16", "bfloat16", "float32",
+          "float64"]
+
+
+def supported(fw, dtype):
+    if fw == "jax" and dtype in ("int64", "uint64", "float64"):
+        return False
+    return True
+
+
+def source_array(dtype, shape=(3, 4)):
+    rng = np.random.default_rng(7)
+    if dtype == "bool":
+        return aligned(rng.integers(0, 2, shape).astype(bool))
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return aligned(rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype))
+    return aligned(rng.standard_normal(shape).astype(dtype))
+
+
+def make_bfloat16(fw, a32):
+    """fw's bfloat16 array of float32 values a32, by fw's own cast."""
+    if fw == "torch":
+        return need("torch").from_numpy(a32).to(need("torch").bfloat16)
+    if fw == "jax":
+        import jax.numpy as jnp
+        return jnp.asarray(a32, dtype=jnp.bfloat16)
+    tf = need("tensorflow")
+    return tf.cast(tf.constant(a32), tf.bfloat16)
+
+
+@pytest.mark.parametrize("src,dst", list(itertools.product(HOST, HOST)))
+def test_every_pair_of_host_frameworks_is_zero_copy_with_every_dtype(src, dst):
+    for dtype in DTYPES:
+        if not (supported(src, dtype) and supported(dst, dtype)):
+            continue
+        if dtype == "bfloat16":
+            if "numpy" in (src, dst):
+                continue  # NumPy has no bfloat16 of its own
+            a = source_array("float32")
+            x = make_bfloat16(src, a)
+            want = ab.convert_memory(x, src, "numpy", dtype="float32")
+        else:
+            a = source_array(dtype)
+            x = make(src, a)
+            want = a
+        y = ab.convert_memory(x, src, dst)
+        assert ab.detect_memory_type(y) == dst
+        assert dtype_of(y) == dtype, (src, dst, dtype)
+        got = values(dst, y) if dtype != "bfloat16" else ab.convert_memory(y, dst, "numpy", dtype="float32")
+        np.testing.assert_array_equal(got, want)
+        assert ptr(y) == ptr(x), "%s -> %s (%s) copied" % (src, dst, dtype)
+
+
+@pytest.mark.parametrize("dst", HOST)
+def test_zero_d_empty_strided_and_reversed_numpy_sources(dst):
+    need(dst) if dst != "numpy" else None
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for a in (np.array(3.5, np.float32), np.zeros((0, 3), np.float32), base[:, ::2], base[::-1], base.T,
+              base[::-2, ::-3]):
+        y = ab.convert_memory(a, "numpy", dst)
+        got = values(dst, y)
+        assert got.shape == a.shape and got.dtype == a.dtype
+        np.testing.assert_array_equal(got, a)
+
+
+def test_conversion_keywords_apply_in_the_same_move():
+    frame = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    t = ab.convert_memory(frame, "numpy", "torch", dtype="float32", permute=(2, 0, 1), channel_axis=2,
+                          channel_scale=[1, 0.5, 2], channel_offset=[0, 1, -1])
+    want = np.transpose(frame.astype(np.float32) * np.array([1, 0.5, 2], np.float32) + np.array([0, 1, -1],
+                        np.float32), (2, 0, 1))
+    np.testing.assert_array_equal(t.numpy(), want)
+    j = ab.convert_memory(t, "torch", "jax", scale=2, offset=1)
+    np.testing.assert_array_equal(np.asarray(j), want * 2 + 1)
+
+
+def test_torch_tensors_that_require_grad_are_taken_detached():
+    torch = need("torch")
+    t = torch.ones(3, requires_grad=True)
+    a = ab.convert_memory(t, "torch", "numpy")
+    np.testing.assert_array_equal(a, np.ones(3, np.float32))
+
+
+# ---- pyclesperanto on PoCL ------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu_id", [0, 1])
+@pytest.mark.parametrize("src", ["numpy", "torch", "jax"])
+def test_frameworks_to_pyclesperanto_and_back(src, gpu_id):
+    opencl(2)
+    cle = need("pyclesperanto")
+    a = aligned(np.random.default_rng(gpu_id).random((16, 24)).astype(np.float32))
+    g = ab.convert_memory(make(src, a), src, "pyclesperanto", gpu_id=gpu_id)
+    assert ab.detect_memory_type(g) == "pyclesperanto"
+    assert g.__dlpack_device__() == (4, gpu_id)
+    np.testing.assert_array_equal(cle.pull(g), a)
+    # pyclesperanto's own kernels run on it: the buffer is of its context
+    blurred = cle.gaussian_blur(g, sigma_x=2, sigma_y=2)
+    back = ab.convert_memory(blurred, "pyclesperanto", src)
+    ref = cle.pull(cle.gaussian_blur(cle.push(a), sigma_x=2, sigma_y=2))
+    np.testing.assert_allclose(values(src, back), ref, rtol=0, atol=0)
+
+
+def test_pyclesperanto_between_its_devices_and_with_a_cast():
+    opencl(2)
+    cle = need("pyclesperanto")
+    a = np.arange(60, dtype=np.uint8).reshape(6, 10)
+    g0 = ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+    g1 = ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=1, dtype="float32", scale=0.5)
+    assert g1.__dlpack_device__() == (4, 1) and g1.dtype == np.float32
+    np.testing.assert_array_equal(cle.pull(g1), a.astype(np.float32) * 0.5)
+    before = cle.get_device().index
+    ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=1 - before)
+    assert cle.get_device().index == before, "convert_memory changed pyclesperanto's current device"
+
+
+# ---- decorators ------------------------------------------------------------------
+
+
+def test_decorators_bare_and_called_convert_in_and_out():
+    torch = need("torch")
+
+    @ab.torch
+    def double(x):
+        """doubles"""
+        assert isinstance(x, torch.Tensor)
+        return x * 2
+
+    a = np.arange(6, dtype=np.float32)
+    r = double(a)
+    assert isinstance(r, torch.Tensor) and double.__name__ == "double" and double.__doc__ == "doubles"
+    assert (double.input_memory_type, double.output_memory_type) == ("torch", "torch")
+    np.testing.assert_array_equal(r.numpy(), a * 2)
+
+    @ab.jax(input_type="numpy", output_type="numpy")
+    def third(x):
+        assert ab.detect_memory_type(x) == "jax"
+        return x / 3
+
+    u = np.array([0, 3, 7, 255], np.uint8)
+    out = third(u)
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint8  # the input's dtype, kept
+    np.testing.assert_array_equal(out, np.array([0, 1, 2, 85], np.uint8))
+    with pytest.raises(ab.MemoryConversionError):
+        third(make("torch", u))  # input_type says numpy
+
+    @ab.memory_types("tensorflow", "torch")
+    def ident(x):
+        assert ab.detect_memory_type(x) == "tensorflow"
+        return x
+
+    assert isinstance(ident(a), torch.Tensor)
+    assert (ident.input_memory_type, ident.output_memory_type) == ("tensorflow", "torch")
+
+
+def test_oom_recovery_frees_caches_retries_and_reports():
+    calls = []
+
+    @ab.numpy(oom_recovery=True)
+    def flaky(x):
+        calls.append(1)
+        if len(calls) < 3:
+            raise MemoryError("out of memory (test)")
+        return x + 1
+
+    np.testing.assert_array_equal(flaky(np.zeros(2)), np.ones(2))
+    assert len(calls) == 3
+
+    # A real one: a memory limit on the host pool makes the C core run out.
+    calls.clear()
+
+    @ab.numpy(oom_recovery=True, output_type="torch")
+    def grow(x):
+        calls.append(1)
+        return np.zeros(1 << 20, np.float32)[:: 1 << 10].astype(np.float64)  # needs a cast (a copy) on the way out
+
+    need("torch")
+    ab.set_memory_limit("cpu", 1024)
+    try:
+        with pytest.raises(ab.MemoryConversionError) as e:
+            grow(np.zeros(4, np.float32))
+    finally:
+        ab.set_memory_limit("cpu", 0)
+    assert len(calls) == 3  # the call and two retries
+    assert isinstance(e.value.__cause__, MemoryError)
+    if sys.version_info >= (3, 11):
+        assert any("memory report" in n and "cpu:0" in n for n in e.value.__notes__)
+
+
+def test_cleanup_all_gpu_frameworks_empties_our_pools():
+    t = ab.to_device(np.zeros(1 << 16), "cpu", copy=True)
+    del t
+    assert ab.memory_stats("cpu")["reserved_bytes"]["current"] > 0
+    assert ab.cleanup_all_gpu_frameworks() is None
+    assert ab.memory_stats("cpu")["reserved_bytes"]["current"] == 0
+
+
+# ---- stack_slices / unstack_slices ---------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["numpy", "torch", "jax", "tensorflow", "pyclesperanto"])
+def test_stack_slices_of_mixed_frameworks_into_one_array(target):
+    need(target) if target != "numpy" else None
+    if target == "pyclesperanto":
+        opencl(1)
+    rng = np.random.default_rng(3)
+    planes = [rng.random((5, 7)).astype(np.float32) for _ in range(4)]
+    slices = [planes[0], make("torch", planes[1]), make("jax", planes[2]), planes[3][::-1].copy()[::-1]]
+    s = ab.stack_slices(slices, target, 0 if target == "pyclesperanto" else None)
+    assert ab.detect_memory_type(s) == target
+    got = values(target, s)
+    assert got.shape == (4, 5, 7) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.stack(planes))
+    back = ab.unstack_slices(s, "numpy", None)
+    assert len(back) == 4 and all(b.shape == (5, 7) for b in back)
+    np.testing.assert_array_equal(back[2], planes[2])
+
+
+def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
+    s = ab.stack_slices([np.ones((2, 2), np.uint8), np.full((2, 2), 300, np.int32)], "numpy")
+    assert s.dtype == np.uint8 and s[1, 0, 0] == 255  # saturated, as the C core casts
+    with pytest.raises(ValueError, match="empty"):
+        ab.stack_slices([], "numpy")
+    with pytest.raises(ValueError, match="index 1 is not a 2D"):
+        ab.stack_slices([np.zeros((2, 2)), np.zeros(2)], "numpy")
+    with pytest.raises(ValueError, match="index 1 has shape"):
+        ab.stack_slices([np.zeros((2, 2)), np.zeros((2, 3))], "numpy")
+    with pytest.raises(ValueError, match="must be 3D"):
+        ab.unstack_slices(np.zeros((2, 2)), "numpy")
+
+
+def test_convert_into_refuses_bad_outputs():
+    out = ab.empty((2, 3), "float32")
+    with pytest.raises(ValueError, match="shape"):
+        ab.convert_into(np.zeros((3, 2), np.float32), out)
+    with pytest.raises(IndexError):
+        ab.convert_into(np.zeros(3, np.float32), out, index=2)
+    ro = np.zeros((2, 3), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ab.convert_into(np.ones((2, 3), np.float32), ro)
+    assert not ro.any()
+    ab.convert_into(np.arange(3, dtype=np.int64), out, index=-1)
+    np.testing.assert_array_equal(np.from_dlpack(out)[1], [0, 1, 2])
+
+
+# ---- other libraries in the same process ----------------------------------------
+
+ORDERS = {
+    "tensorflow_then_our_opencl": "import tensorflow\nimport arraybridge as ab, numpy as np\n"
+                                  "t = ab.to_device(np.arange(6.0), 'opencl:0')\n"
+                                  "assert (np.from_dlpack(ab.to_device(t, 'cpu')) == np.arange(6.0)).all()\n",
+    "our_opencl_then_tensorflow": "import arraybridge as ab, numpy as np\nab.to_device(np.arange(6.0), 'opencl:1')\n"
+                                  "import tensorflow as tf\nassert int(tf.reduce_sum(tf.constant([1, 2]))) == 3\n",
+    "tensorflow_then_pyclesperanto_through_us": "import tensorflow\nimport arraybridge as ab, numpy as np\n"
+                                                "import pyclesperanto as cle\n"
+                                                "g = ab.convert_memory(np.ones((8, 8), np.float32), 'numpy', "
+                                                "'pyclesperanto', gpu_id=0)\n"
+                                                "assert cle.pull(cle.gaussian_blur(g, sigma_x=1, sigma_y=1)).sum() "
+                                                "== 64\n",
+    "arraybridge_tensorflow_then_pyclesperanto": "import arraybridge\nimport tensorflow\nimport pyclesperanto as cle\n"
+                                                 "print(cle.list_available_devices())\n",
+    "pyclesperanto_then_tensorflow": "import arraybridge as ab, numpy as np, pyclesperanto as cle\n"
+                                     "g = ab.convert_memory(np.ones((4, 4), np.float32), 'numpy', 'pyclesperanto')\n"
+                                     "import tensorflow as tf\n"
+                                     "assert ab.convert_memory(g, 'pyclesperanto', 'tensorflow').shape == (4, 4)\n",
+}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_tensorflow_and_opencl_in_one_process_in_either_order(order):
+    need("tensorflow")
+    need("pyclesperanto")
+    opencl(2)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, "-c", ORDERS[order]], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, "%s: exit %d\n%s" % (order, r.returncode, r.stderr[-2000:])
+
+
+# ---- the page's own code (../shared/reference, the GPU Features page) ------------
+
+PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "reference",
+                    "arraybridge-python-gpu-features.rst")
+
+
+def page_blocks():
+    import re
+    with open(PAGE, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)\.\. code-block:: python\s*$", lines[i])
+        i += 1
+        if not m:
+            continue
+        body = []
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > len(m.group(1))):
+            body.append(lines[i])
+            i += 1
+        blocks.append(textwrap.dedent("\n".join(body)).strip("\n"))
+    return blocks
+
+
+# Each block of the page (26), in order: None where a CPU runs it, else why not.
+GPU = "needs a CUDA GPU (gpu_id=%s with a %s target)"
+PAGE_PLAN = [GPU % (0, "torch"), None, "needs CuPy (a GPU)", None, None, GPU % ("i % 4", "torch"),
+             "needs CuPy (a GPU)", "needs CuPy (a GPU)", GPU % (0, "torch"), GPU % (0, "torch"),
+             "needs CUDA (pin_memory)", "needs CUDA (torch.cuda.Stream)", GPU % (0, "torch"), None,
+             "needs CuPy (a GPU)", None, None, GPU % (0, "torch"), None, GPU % (0, "torch"), None,
+             "needs NVML (pynvml, a GPU)", None, None, GPU % ("(via process_on_gpu)", "torch"), None]
+
+
+def test_the_page_has_the_blocks_this_test_plans_for():
+    if not os.path.exists(PAGE):
+        pytest.skip("the reference page is not beside the repository (%s)" % PAGE)
+    assert len(page_blocks()) == len(PAGE_PLAN)
+
+
+@pytest.mark.parametrize("k", range(len(PAGE_PLAN)))
+def test_the_pages_code_runs(k):
+    if not os.path.exists(PAGE):
+        pytest.skip("the reference page is not beside the repository (%s)" % PAGE)
+    if PAGE_PLAN[k] is not None:
+        pytest.skip("block %d %s" % (k, PAGE_PLAN[k]))
+    for fw in ("torch", "jax", "pyclesperanto"):
+        need(fw)
+    code = page_blocks()[k]
+    # What the page's snippets take as given (imports and names of blocks
+    # before them); pyclesperanto_prototype is the page's name for
+    # pyclesperanto (the same calls: gaussian_blur, pull).
+    import pyclesperanto
+    import torch
+    sys.modules.setdefault("pyclesperanto_prototype", pyclesperanto)
+    ns = {"np": np, "torch": torch, "convert_memory": ab.convert_memory,
+          "data": np.random.default_rng(0).random((64, 64)).astype(np.float32),
+          "gpu_operation1": lambda d: d + 1, "gpu_operation2": lambda d: d * 2}
+    try:
+        exec(compile(code, "page block %d" % k, "exec"), ns)
+    finally:
+        sys.modules.pop("pyclesperanto_prototype", None)
+    if "cle_gpu_ops" in ns:  # the pyclesperanto example, run on OpenCL device 0
+        opencl(1)
+        img = np.full((32, 32), 7, np.float32)
+        sys.modules["pyclesperanto_prototype"] = pyclesperanto
+        try:
+            out = ns["cle_gpu_ops"](img)
+        finally:
+            sys.modules.pop("pyclesperanto_prototype", None)
+        np.testing.assert_allclose(out, img, rtol=1e-6)
+    if "get_least_used_gpu" in code:  # ran to the end: None on a machine without CUDA
+        assert ns["gpu_id"] is None and ns["gpu_data"].device.type == "cpu"
+    if "result = ((data + 1) * 2) ** 2" in code:
+        np.testing.assert_array_equal(ns["result"], ((ns["data"] + 1) * 2) ** 2)
