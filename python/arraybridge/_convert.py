@@ -1,18 +1,19 @@
 """convert_memory(data, source_type, target_type, gpu_id): the seed API's
 call, as one DLPack import, one ab_convert_memory and one export."""
-from ._frameworks import ADAPTERS
+from ._frameworks import ADAPTERS, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
+_NONE = (None,) * len(_OPTIONS)
 
 
 def detect_memory_type(data):
     """The name of the framework data belongs to ('numpy', 'torch', ...),
     from the module of its type (no framework is imported); ValueError
     ("Unknown memory type ...") for anything else."""
-    for adapter in ADAPTERS.values():
-        if adapter.owns(data):
-            return adapter.memory_type.value
+    mt = owner_of(data)
+    if mt is not None:
+        return mt.value
     raise ValueError("Unknown memory type for %s (module: %s)" % (type(data), type(data).__module__))
 
 
@@ -49,17 +50,16 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
             actual = "%s.%s" % (type(data).__module__, type(data).__qualname__)
         raise MemoryConversionError(source, target, "detect_memory_type",
                                     "data is %s, not %s" % (actual, source.value))
-    opts = {k: v for k, v in zip(_OPTIONS, (dtype, permute, scale, offset, channel_axis, channel_scale,
-                                             channel_offset)) if v is not None}
+    given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
+    opts = {} if given == _NONE else {k: v for k, v in zip(_OPTIONS, given) if v is not None}
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
-    producer = sa.producer(data)
-    if source is target and not opts and sa.device_of(producer) == device:
+    if source is target and not opts and sa.device_of(data) == device:
         return data  # already there, as asked
     if gpu_id is None and not ta.has_host:
         gpu_id = int(device.split(":")[1])
     try:
-        return ta.convert(producer, device, gpu_id, tmod, opts)
+        return ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
     except MemoryConversionError:
         raise
     except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's

@@ -10,7 +10,6 @@ Frameworks are imported only when one of their arrays is converted or they
 are named as a target: `import arraybridge` imports none of them.
 """
 import importlib
-import importlib.util
 import sys
 
 from . import _arraybridge as _ab
@@ -34,8 +33,21 @@ def dtype_name(obj):
     return name if name in _DTYPES else None
 
 
-def _module_of(obj):
-    return type(obj).__module__.split(".", 1)[0]
+_OWNER = {}  # type -> the MemoryType of its framework (None: no framework's)
+
+
+def owner_of(obj):
+    """The MemoryType whose framework obj's type belongs to, by the top-level
+    module of the type (nothing is imported), or None. Cached per type."""
+    cls = type(obj)
+    try:
+        return _OWNER[cls]
+    except KeyError:
+        pass
+    top = cls.__module__.split(".", 1)[0]
+    found = next((a.memory_type for a in ADAPTERS.values() if top in a.modules), None)
+    _OWNER[cls] = found
+    return found
 
 
 class Adapter:
@@ -46,12 +58,9 @@ class Adapter:
     modules = ()            # top-level module names of its array types
     has_host = True         # its arrays can live in host memory (gpu_id=None)
     accel = "cuda"          # the arraybridge device family of its GPUs
-    layout = "any"          # which strides its from_dlpack takes: any, positive, compact
+    layout = "any"          # which strides its from_dlpack takes: any, nonnegative, compact
 
     # ---- the framework itself -------------------------------------------------
-    def installed(self):
-        return self.import_name in sys.modules or importlib.util.find_spec(self.import_name) is not None
-
     def module(self, source=None, target=None):
         """The framework, imported; MemoryConversionError when it is missing."""
         mod = sys.modules.get(self.import_name)
@@ -69,7 +78,7 @@ class Adapter:
         return sys.modules.get(self.import_name)
 
     def owns(self, obj):
-        return _module_of(obj) in self.modules
+        return owner_of(obj) is self.memory_type
 
     # ---- devices --------------------------------------------------------------
     def gpu_ids(self, mod):
@@ -112,18 +121,6 @@ class Adapter:
         """What to hand the C core: an object with __dlpack__."""
         return obj
 
-    def accepts(self, t):
-        """Whether from_tensor may take Tensor t's strides as they are."""
-        if self.layout == "any" or t.nbytes == 0:
-            return True
-        if self.layout == "positive":
-            return all(s >= 0 for s in t.strides)
-        expect, st = 1, []
-        for n in reversed(t.shape):
-            st.append(expect)
-            expect *= n
-        return all(n == 1 or s == e for n, s, e in zip(t.shape, t.strides, reversed(st)))
-
     def from_tensor(self, t, mod, gpu_id):
         """An array of the framework with t's data (zero-copy where it can)."""
         raise NotImplementedError
@@ -131,10 +128,7 @@ class Adapter:
     def convert(self, producer, device, gpu_id, mod, opts):
         """producer's data as an array of the framework on device (gpu_id),
         converted as opts (to_device's keywords) say."""
-        t = _ab.to_device(producer, device, **opts)
-        if not self.accepts(t):
-            t = _ab.to_device(t, device, copy=True)  # compact, for a framework that takes no such strides
-        return self.from_tensor(t, mod, gpu_id)
+        return self.from_tensor(_ab.to_device(producer, device, layout=self.layout, **opts), mod, gpu_id)
 
     # ---- memory ---------------------------------------------------------------
     def empty_cache(self, mod, device_id=None):
@@ -163,16 +157,26 @@ class Torch(Adapter):
     memory_type = MemoryType.TORCH
     import_name = "torch"
     modules = ("torch",)
-    layout = "positive"
+    layout = "nonnegative"
 
     def gpu_ids(self, mod):
         return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
 
     def producer(self, obj):
-        return obj.detach() if obj.requires_grad else obj
+        if obj.requires_grad:
+            obj = obj.detach()
+        # A CPU tensor as a capsule of torch's public to_dlpack: its
+        # __dlpack__ and __dlpack_device__ are Python and cost 6 us a call.
+        return self.module().utils.dlpack.to_dlpack(obj) if obj.is_cpu else obj
 
     def from_tensor(self, t, mod, gpu_id):
-        return mod.from_dlpack(t)
+        # The capsule itself: torch.from_dlpack(t) would first ask t for its
+        # device and stream in Python (2.5 us more). A Tensor's data is
+        # complete, so no stream handshake is needed.
+        try:
+            return mod.from_dlpack(t.__dlpack__(max_version=(1, 0)))
+        except (TypeError, RuntimeError):  # a torch that takes no versioned capsule
+            return mod.from_dlpack(t)
 
     def empty_cache(self, mod, device_id=None):
         if not mod.cuda.is_available():
@@ -313,14 +317,15 @@ class Pyclesperanto(Adapter):
         # kernels cannot use a buffer of ours): made there, then written by
         # the C core, device-side where the contexts allow, else once
         # through host memory.
-        shape = tuple(producer.shape)
+        src = _ab.from_dlpack(producer)  # zero-copy: its shape and dtype
+        shape = src.shape
         perm = opts.get("permute")
         if perm is not None:
             shape = tuple(shape[int(p) % len(shape)] for p in perm)
         dtype = opts.get("dtype")
-        dtype = dtype_name(producer) if dtype is None else getattr(dtype, "name", dtype)
+        dtype = src.dtype if dtype is None else getattr(dtype, "name", dtype)
         out = self.create(mod, shape, dtype, gpu_id)
-        _ab.convert_into(producer, out, **{k: v for k, v in opts.items() if k != "dtype"})
+        _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
         return out
 
     def is_oom(self, exc, mod):

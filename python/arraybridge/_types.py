@@ -45,14 +45,18 @@ SUPPORTED_MEMORY_TYPES = CPU_MEMORY_TYPES | GPU_MEMORY_TYPES
 VALID_MEMORY_TYPES = frozenset(m.value for m in MemoryType)
 
 
+# Members and their names to members: one dict look-up per call (Enum's own
+# MemoryType(value) costs a microsecond, on every convert_memory).
+_LOOKUP = {**{m.value: m for m in MemoryType}, **{m: m for m in MemoryType}}
+
+
 def memory_type(value, what="memory type"):
     """A MemoryType from a member or its name; ValueError listing the valid
     names otherwise."""
-    if isinstance(value, MemoryType):
-        return value
-    if isinstance(value, str) and value in VALID_MEMORY_TYPES:
-        return MemoryType(value)
-    raise ValueError("Invalid %s %r. Available types: %s" % (what, value, sorted(VALID_MEMORY_TYPES)))
+    try:
+        return _LOOKUP[value]
+    except (KeyError, TypeError):  # TypeError: an unhashable value
+        raise ValueError("Invalid %s %r. Available types: %s" % (what, value, sorted(VALID_MEMORY_TYPES))) from None
 
 
 class MemoryConversionError(Exception):

@@ -741,12 +741,16 @@ static int map_fill(const struct map_args *m, const DLTensor *t, ab_convert_opts
 static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
-      /* Our own tensor: a view export of it (holding a reference to x). */
+    /* Our own tensor: a view export of it (holding a reference to x). */
     PyObject *cap = export_view((TensorObject *)x, 1);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
     Py_DECREF(cap);
     if (rc < 0) return -1;
+  } else if (PyCapsule_CheckExact(x)) {
+    /* A producer's capsule itself (torch.utils.dlpack.to_dlpack's, say):
+     * it carries no stream promise, so device data must be complete. */
+    if (take_capsule(x, &mt) < 0) return -1;
   } else {
     DLDevice pdev;
     if (producer_device(x, &pdev) < 0) return -1;
@@ -777,22 +781,55 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   return 0;
 }
 
+/* Which strides a result may keep: any (a view keeps the source's), none
+ * negative (torch), or compact only (JAX, TensorFlow, pyclesperanto). */
+enum layout { LAYOUT_ANY, LAYOUT_NONNEGATIVE, LAYOUT_COMPACT };
+
+static int layout_arg(PyObject *o, enum layout *out) {
+  static const char *names[] = {"any", "nonnegative", "compact"};
+  *out = LAYOUT_ANY;
+  if (o == Py_None) return 0;
+  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+  for (int i = 0; s != NULL && i < 3; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = (enum layout)i;
+      return 0;
+    }
+  if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "layout must be 'any', 'nonnegative' or 'compact', not %R", o);
+  return -1;
+}
+
+/* Whether t's strides are what `want` allows (dims of size 1 and empty
+ * tensors have no stride that matters). */
+static int layout_ok(const DLTensor *t, enum layout want) {
+  if (want == LAYOUT_ANY || t->strides == NULL) return 1;
+  int64_t expect = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] == 0) return 1;
+    if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
+    expect *= t->shape[i];
+  }
+  return 1;
+}
+
 static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
-                                    const struct map_args *map) {
+                                    const struct map_args *map, enum layout layout) {
   DLManagedTensorVersioned *mt;
   if (import_tensor(x, &mt) < 0) return NULL;
   ab_status st;
   const DLTensor *t = &mt->dl_tensor;
+  const int strides_ok = layout_ok(t, layout);
   const int moves = target != NULL && (target->device_type != t->device.device_type ||
                                        target->device_id != t->device.device_id);
   const int recast = dtype != NULL && (dtype->code != t->dtype.code || dtype->bits != t->dtype.bits ||
                                        dtype->lanes != t->dtype.lanes);
-  if (!moves && !recast && !map_given(map) && copy != 1) return tensor_new_owning(mt, NULL);
+  if (!moves && !recast && !map_given(map) && copy != 1 && strides_ok) return tensor_new_owning(mt, NULL);
 
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
-  /* A strided tensor on its own device may stay a view. */
-  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+  /* A strided tensor on its own device may stay a view, unless the layout
+   * asked for rules its strides out (a compact copy then). */
+  o.flags = strides_ok ? AB_CONVERT_ALLOW_STRIDED_VIEW : 0;
   if (dtype != NULL) o.dtype = *dtype;
   struct map_buf mb;
   if (map_fill(map, t, &o, &mb) < 0) {
@@ -823,18 +860,18 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs)
   if (device != Py_None && device_from_object(device, &target) < 0) return NULL;
   int c = copy_arg(copy);
   if (c == -2) return NULL;
-  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL);
+  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL, LAYOUT_ANY);
 }
 
 static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy", "permute", "scale",
-                           "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
-  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None;
+  static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy",   "permute", "scale",
+                           "offset", "channel_axis", "channel_scale", "channel_offset", "layout", NULL};
+  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
   struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOO:to_device", kwlist, &x, &target_o, &gpu_id,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOOO:to_device", kwlist, &x, &target_o, &gpu_id,
                                    &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
-                                   &m.channel_scale, &m.channel_offset))
+                                   &m.channel_scale, &m.channel_offset, &layout_o))
     return NULL;
   DLDevice target;
   if (device_from_object(target_o, &target) < 0) return NULL;
@@ -852,7 +889,9 @@ static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
   int c = copy_arg(copy);
   if (c == -2) return NULL;
-  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m);
+  enum layout layout;
+  if (layout_arg(layout_o, &layout) < 0) return NULL;
+  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m, layout);
 }
 
 static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs) {
@@ -1093,7 +1132,7 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
   if (device_from_object(target_o, &target) < 0) return NULL;
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
-  PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL); /* a zero-copy import */
+  PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL, LAYOUT_ANY); /* a zero-copy import */
   if (t == NULL) return NULL;
   char buf[2048];
   o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as to_device asks */
@@ -1117,14 +1156,16 @@ static PyMethodDef module_methods[] = {
    "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed)."},
   {"to_device", (PyCFunction)(void (*)(void))py_to_device, METH_VARARGS | METH_KEYWORDS,
    "to_device(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
-   "               channel_axis=None, channel_scale=None, channel_offset=None)\n--\n\n"
+   "          channel_axis=None, channel_scale=None, channel_offset=None, layout='any')\n--\n\n"
    "Moves x (any DLPack producer) to target ('cpu', 'cuda', 'opencl:1', ...); gpu_id sets the device id\n"
    "(-1: the device with the most free memory). Returns a Tensor.\n"
    "On the way, in the same pass: dtype casts the elements; permute reorders the axes (result axis i is\n"
    "x's axis permute[i], as NumPy's transpose); scale and offset map y = x * scale + offset; channel_axis\n"
    "(an axis of x) with channel_scale and/or channel_offset (one number per index of that axis) maps each\n"
    "channel with its own numbers (mean/std normalisation). The rules are those of the C library\n"
-   "(docs/guide.md, 'Converting on the way')."},
+   "(docs/guide.md, 'Converting on the way').\n"
+   "layout: which strides a result may keep when it can be a view: 'any', 'nonnegative' or 'compact'\n"
+   "(a source with others is copied compact). x may also be a DLPack capsule."},
   {"convert_into", (PyCFunction)(void (*)(void))py_convert_into, METH_VARARGS | METH_KEYWORDS,
    "convert_into(x, out, *, index=None, permute=None, scale=None, offset=None, channel_axis=None,\n"
    "             channel_scale=None, channel_offset=None)\n--\n\n"

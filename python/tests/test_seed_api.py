@@ -499,3 +499,35 @@ def test_the_pages_code_runs(k):
         assert ns["gpu_id"] is None and ns["gpu_data"].device.type == "cpu"
     if "result = ((data + 1) * 2) ** 2" in code:
         np.testing.assert_array_equal(ns["result"], ((ns["data"] + 1) * 2) ** 2)
+
+
+# ---- the device-level pieces the seed API stands on -----------------------------
+
+
+def test_to_device_layout_copies_only_what_a_framework_cannot_take():
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    rev, step = base[::-1], base[:, ::2]
+    t = ab.to_device(rev, "cpu", layout="any")
+    assert t.data_ptr == rev.__array_interface__["data"][0] and t.strides == (-6, 1)
+    t = ab.to_device(rev, "cpu", layout="nonnegative")
+    assert t.strides == (6, 1) and t.data_ptr != rev.__array_interface__["data"][0]
+    np.testing.assert_array_equal(np.from_dlpack(t), rev)
+    assert ab.to_device(step, "cpu", layout="nonnegative").strides == (6, 2)  # a view: no stride is negative
+    t = ab.to_device(step, "cpu", layout="compact")
+    assert t.strides == (3, 1)
+    np.testing.assert_array_equal(np.from_dlpack(t), step)
+    assert ab.to_device(base, "cpu", layout="compact").data_ptr == base.__array_interface__["data"][0]
+    with pytest.raises(BufferError):
+        ab.to_device(step, "cpu", layout="compact", copy=False)
+    with pytest.raises(ValueError, match="layout"):
+        ab.to_device(base, "cpu", layout="rowmajor")
+
+
+def test_to_device_takes_a_capsule_once():
+    a = np.arange(5.0)
+    cap = a.__dlpack__()
+    t = ab.to_device(cap, "cpu")
+    assert t.data_ptr == a.__array_interface__["data"][0]
+    with pytest.raises(BufferError, match="consumed"):
+        ab.to_device(cap, "cpu")
+    del t
