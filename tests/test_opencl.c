@@ -240,24 +240,45 @@ Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
 #ifdef AB_HAVE_OPENCL
 /* A cl_mem made by another library, in its own context, read with a
  * non-zero byte_offset. */
+/* A context of the test's own (not the library's) on the first OpenCL
+ * device, its queue, and a buffer there holding a copy of `init`. */
+struct foreign {
+  cl_context ctx;
+  cl_command_queue q;
+  cl_mem m;
+};
+
+static struct foreign foreign_buffer(const void *init, size_t bytes) {
+  need_devices(1);
+  cl_platform_id p;
+  cl_device_id d;
+  cl_int e;
+  struct foreign f;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
+  f.ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  f.q = clCreateCommandQueue(f.ctx, d, 0, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  f.m = clCreateBuffer(f.ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)init, &e);
+  cr_assert_eq(e, CL_SUCCESS);
+  return f;
+}
+
+static void foreign_release(struct foreign *f) {
+  clReleaseMemObject(f->m);
+  clReleaseCommandQueue(f->q);
+  clReleaseContext(f->ctx);
+}
+
 /* ab_convert_into a buffer of another context (pyclesperanto's arrays are
  * such buffers): from the host, from our own device buffer (which cannot
  * be copied across contexts device-side) with a cast on the way, and into
  * a plane at a byte offset. */
 Test(opencl, convert_into_writes_a_buffer_of_another_context) {
-  need_devices(1);
-  cl_platform_id p;
-  cl_device_id d;
-  cl_int e;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
-  cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
-  cr_assert_eq(e, CL_SUCCESS);
-  cl_command_queue q = clCreateCommandQueue(ctx, d, 0, &e);
-  cr_assert_eq(e, CL_SUCCESS);
   float zeros[3 * 64] = {0};
-  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zeros, zeros, &e);
-  cr_assert_eq(e, CL_SUCCESS);
+  struct foreign f = foreign_buffer(zeros, sizeof zeros);
+  cl_mem m = f.m;
 
   int16_t src[64];
   for (int i = 0; i < 64; i++) src[i] = (int16_t)(i * 7 - 100);
@@ -284,7 +305,7 @@ Test(opencl, convert_into_writes_a_buffer_of_another_context) {
   cr_assert_gt(after.allocations, before.allocations, "the copy into another context did not go through the host");
   mine->deleter(mine);
   float got[3 * 64];
-  cr_assert_eq(clEnqueueReadBuffer(q, m, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL), CL_SUCCESS);
+  cr_assert_eq(clEnqueueReadBuffer(f.q, m, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL), CL_SUCCESS);
   for (int i = 0; i < 64; i++) {
     cr_assert_eq(got[i], (float)src[i], "plane 0 element %d", i);
     cr_assert_eq(got[64 + i], 0.0f, "plane 1 element %d was written", i);
@@ -293,27 +314,15 @@ Test(opencl, convert_into_writes_a_buffer_of_another_context) {
   /* a plane past the buffer's end is refused before anything moves */
   plane.byte_offset = 3 * 64 * sizeof(float);
   cr_assert_eq(ab_convert_into(&h, &plane, NULL), AB_ERR_INVALID_ARGUMENT);
-  clReleaseMemObject(m);
-  clReleaseCommandQueue(q);
-  clReleaseContext(ctx);
+  foreign_release(&f);
   assert_pool_clean(CL(0));
 }
 
 Test(opencl, a_foreign_buffer_with_a_byte_offset_is_imported) {
-  need_devices(1);
-  cl_platform_id p;
-  cl_device_id d;
-  cl_int e;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
-  cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
-  cr_assert_eq(e, CL_SUCCESS);
-  cl_command_queue q = clCreateCommandQueue(ctx, d, 0, &e);
-  cr_assert_eq(e, CL_SUCCESS);
   uint8_t bytes[1024];
   fill_pattern(bytes, sizeof bytes, 77);
-  cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof bytes, bytes, &e);
-  cr_assert_eq(e, CL_SUCCESS);
+  struct foreign f = foreign_buffer(bytes, sizeof bytes);
+  cl_mem m = f.m;
 
   int64_t shape[2] = {10, 20}, strides[2] = {40, 2}; /* every other int16 of 10 rows */
   DLTensor t = {m, CL(0), 2, dt(kDLInt, 16, 1), shape, strides, 96};
@@ -342,9 +351,7 @@ Test(opencl, a_foreign_buffer_with_a_byte_offset_is_imported) {
   cr_assert_eq(memcmp(back->dl_tensor.data, bytes + 24, 500), 0);
   back->deleter(back);
   mine->deleter(mine);
-  clReleaseMemObject(m);
-  clReleaseCommandQueue(q);
-  clReleaseContext(ctx);
+  foreign_release(&f);
 }
 #endif
 
