@@ -233,7 +233,7 @@ def test_torch_tensors_that_require_grad_are_taken_detached():
 
 
 @pytest.mark.parametrize("gpu_id", [0, 1])
-@pytest.mark.parametrize("src", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("src", HOST)
 def test_frameworks_to_pyclesperanto_and_back(src, gpu_id):
     opencl(2)
     cle = need("pyclesperanto")
@@ -247,6 +247,50 @@ def test_frameworks_to_pyclesperanto_and_back(src, gpu_id):
     back = ab.convert_memory(blurred, "pyclesperanto", src)
     ref = cle.pull(cle.gaussian_blur(cle.push(a), sigma_x=2, sigma_y=2))
     np.testing.assert_allclose(values(src, back), ref, rtol=0, atol=0)
+
+
+# pyclesperanto's own storage for each dtype (what cle.push makes of it).
+CLE_DTYPES = {"uint8": "uint8", "int8": "int8", "uint16": "uint16", "int16": "int16", "uint32": "uint32",
+              "int32": "int32", "float32": "float32", "bool": "uint8", "int64": "int32", "float64": "float32"}
+
+
+def test_pyclesperanto_dtypes_follow_its_own_storage_rules():
+    opencl(1)
+    cle = need("pyclesperanto")
+    for dtype, stored in CLE_DTYPES.items():
+        a = source_array(dtype, (3, 5))
+        g = ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+        assert str(g.dtype) == stored, dtype
+        np.testing.assert_array_equal(cle.pull(g), a.astype(stored))
+        back = ab.convert_memory(g, "pyclesperanto", "numpy", dtype=dtype)
+        np.testing.assert_array_equal(back, a.astype(stored).astype(dtype))
+    with pytest.raises(ab.MemoryConversionError, match="float16"):
+        ab.convert_memory(np.zeros(3, np.float16), "numpy", "pyclesperanto", gpu_id=0)
+
+
+def test_strided_torch_views_reach_every_framework():
+    torch = need("torch")
+    base = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+    for view in (base[:, ::3], base.T, base[1:5, 2:7]):
+        want = view.numpy()
+        for dst in HOST:
+            got = values(dst, ab.convert_memory(view, "torch", dst))
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+
+
+def test_cupy_arrays_convert_where_a_gpu_is():
+    try:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # not installed, or no driver/GPU
+        pytest.skip("CuPy needs a CUDA GPU (%s: %s)" % (type(e).__name__, e))
+    if n == 0 or not any(d.startswith("cuda:") for d in ab.devices()):
+        pytest.skip("CuPy needs a CUDA GPU that arraybridge sees too")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    g = ab.convert_memory(a, "numpy", "cupy", gpu_id=0)
+    assert isinstance(g, cupy.ndarray) and g.device.id == 0
+    np.testing.assert_array_equal(ab.convert_memory(g, "cupy", "numpy"), a)
 
 
 def test_pyclesperanto_between_its_devices_and_with_a_cast():
