@@ -11,6 +11,7 @@ are named as a target: `import arraybridge` imports none of them.
 """
 import importlib
 import sys
+import threading
 
 from . import _arraybridge as _ab
 from ._types import MemoryConversionError, MemoryType
@@ -283,6 +284,7 @@ class Pyclesperanto(Adapter):
     has_host = False
     accel = "opencl"
     layout = "compact"
+    _select_lock = threading.Lock()
 
     def module(self, source=None, target=None):
         # The OpenCL drivers must be loaded by arraybridge first (RTLD_DEEPBIND,
@@ -302,12 +304,13 @@ class Pyclesperanto(Adapter):
         out a Device only by selecting it: the caller's current device is
         selected again after."""
         import numpy  # pyclesperanto's own dependency; it names dtypes so
-        current = mod.get_device().index
-        dev = mod.select_device(gpu_id)
-        try:
-            return mod.create(tuple(shape), dtype=numpy.dtype(dtype), device=dev)
-        finally:
-            mod.select_device(current)
+        with self._select_lock:  # our select-and-restore, one thread at a time
+            current = mod.get_device().index
+            dev = mod.select_device(gpu_id)
+            try:
+                return mod.create(tuple(shape), dtype=numpy.dtype(dtype), device=dev)
+            finally:
+                mod.select_device(current)
 
     def from_tensor(self, t, mod, gpu_id):
         return self.convert(t, None, gpu_id, mod, {})

@@ -575,3 +575,25 @@ def test_to_device_takes_a_capsule_once():
     with pytest.raises(BufferError, match="consumed"):
         ab.to_device(cap, "cpu")
     del t
+
+
+def test_threads_convert_to_both_opencl_devices_at_once():
+    """The page's ThreadPoolExecutor pattern, on the OpenCL devices: each
+    result lands on the device asked for, and pyclesperanto's current device
+    is the caller's again afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+    opencl(2)
+    cle = need("pyclesperanto")
+    before = cle.get_device().index
+    batches = [np.full((32, 32), i, np.float32) for i in range(24)]
+
+    def work(i):
+        g = ab.convert_memory(batches[i], "numpy", "pyclesperanto", gpu_id=i % 2)
+        return g.__dlpack_device__()[1], ab.convert_memory(g, "pyclesperanto", "numpy")
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        results = list(ex.map(work, range(len(batches))))
+    for i, (dev, back) in enumerate(results):
+        assert dev == i % 2
+        np.testing.assert_array_equal(back, batches[i])
+    assert cle.get_device().index == before
