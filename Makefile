@@ -59,7 +59,7 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_SANITIZE=thread -DAB_BUILD_TESTS=ON \
 	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target stress_programs
-	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads(_sim)?$$'
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads(_sim|_parallel)?$$'
 
 # Valgrind memcheck where the sanitizers see least: the OpenCL routes
 # through PoCL (test_opencl, and a short thread stress across both
@@ -102,6 +102,7 @@ docs: deps
 bench: build
 	$(BUILD)/bench/bench_host
 	$(BUILD)/bench/bench_pool
+	$(BUILD)/bench/bench_threads
 	if [ -x $(BUILD)/bench/bench_opencl ]; then $(BUILD)/bench/bench_opencl; fi
 	if [ -x $(BUILD)/bench/bench_cuda ]; then $(BUILD)/bench/bench_cuda; fi
 	$(BUILD)/bench/bench_convert

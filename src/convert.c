@@ -11,6 +11,7 @@
 #include "converters/host/convert.h"
 #include "converters/host/gather.h"
 #include "dlpack.h"
+#include "parallel.h"
 #include "route.h"
 
 /* What a conversion does to the elements (none when !active): the result's
@@ -150,11 +151,12 @@ static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
   convert_args(cur, cv, &a);
   for (int32_t i = 0; i < a.ndim; i++) pst[i] = a.stride[i] * (int64_t)es; /* validated: no overflow */
   const ab__cast_op *op = &a.op;
-  const char *from = (const char *)cur->data + cur->byte_offset;
-  if (!op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits && op->from.lanes == op->to.lanes)
-    ab__host_gather(out, from, a.ndim, a.shape, pst, es); /* a pure permutation: the fast gather */
-  else
-    ab__host_convert(out, from, a.ndim, a.shape, pst, op);
+  const bool permutation_only =
+      !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits && op->from.lanes == op->to.lanes;
+  /* A pure permutation takes the fast gather; on all cores when large. */
+  const ab__host_job job = {out, (const char *)cur->data + cur->byte_offset, a.ndim, a.shape, pst, es,
+                            permutation_only ? NULL : op};
+  ab__host_run(&job);
 }
 
 /* Whose opts.stream it is: a backend family and one of its devices. */

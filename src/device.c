@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "parallel.h"
 #include "pool.h"
 #include "converters/host/gather.h"
 
@@ -57,6 +58,7 @@ void ab__ensure_init(void) {
 }
 
 void ab_shutdown(void) {
+  ab__parallel_shutdown();
   ab__pool_shutdown();
   pthread_mutex_lock(&init_lock);
   if (atomic_load_explicit(&inited, memory_order_relaxed)) {

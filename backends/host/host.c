@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "converters/host/gather.h"
+#include "parallel.h"
 
 static int32_t host_count(void) { return 1; }
 
@@ -88,8 +88,9 @@ static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     st[i] = from->shape[i] == 1 ? 0 : elems * (int64_t)es;
     if (!from->strides) acc *= from->shape[i];
   }
-  ab__host_gather((char *)to->data + to->byte_offset, (const char *)from->data + from->byte_offset,
-                  from->ndim, from->shape, st, es);
+  const ab__host_job job = {(char *)to->data + to->byte_offset, (const char *)from->data + from->byte_offset,
+                            from->ndim, from->shape, st, es, NULL};
+  ab__host_run(&job); /* on all cores when large */
   return AB_OK;
 }
 

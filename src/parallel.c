@@ -1,0 +1,243 @@
+/* Host layout work on all cores.
+ *
+ * A large gather or conversion is cut into bands along its outermost
+ * dimension, when that is long enough to give every thread several bands
+ * (cutting an inner one would leave each band's output in pieces, and
+ * would split what the kernels take whole: the channels of an HWC -> CHW
+ * deinterleave, say); the bands go to a small persistent pool of worker threads and to the caller,
+ * who takes bands too and returns when the last one is done. Workers start
+ * on first need, are shared by every calling thread (a job waits in a
+ * queue; the caller works on its own job meanwhile, so nothing waits for
+ * an idle worker), stop at ab_shutdown and are re-created after fork. */
+#include "parallel.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "converters/host/gather.h"
+#include "internal.h"
+
+#define MAX_THREADS 64
+#define BANDS_PER_THREAD 4 /* so a slow thread does not hold the rest up */
+
+/* ---- AB_NUM_THREADS, AB_PARALLEL_MIN ------------------------------------- */
+
+static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int env_threads = -1; /* -1: not read yet */
+static size_t env_min;
+
+static void read_env(void) {
+  pthread_mutex_lock(&env_lock);
+  if (atomic_load_explicit(&env_threads, memory_order_relaxed) < 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+    const char *v = getenv("AB_NUM_THREADS");
+    if (v != NULL && *v != '\0') {
+      char *end;
+      long t = strtol(v, &end, 10);
+      if (*end == '\0' && t >= 1 && t <= MAX_THREADS) n = (int)t;
+      else AB_LOG(AB_LOG_ERROR, "AB_NUM_THREADS=\"%s\" ignored: want 1..%d; using %d", v, MAX_THREADS, n);
+    }
+    /* Below about a megabyte per thread the hand-off costs more than the
+     * second core saves (bench/results/2026-11-24-host-threads.md). */
+    uint64_t m = (uint64_t)1 << 20;
+    v = getenv("AB_PARALLEL_MIN");
+    if (v != NULL && *v != '\0' && !ab__parse_size(v, strlen(v), &m)) {
+      m = (uint64_t)1 << 20;
+      AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 1MiB", v);
+    }
+    env_min = m == 0 ? 1 : (size_t)m;
+    atomic_store_explicit(&env_threads, n, memory_order_release);
+  }
+  pthread_mutex_unlock(&env_lock);
+}
+
+int ab__num_threads(void) {
+  int n = atomic_load_explicit(&env_threads, memory_order_acquire);
+  if (AB_LIKELY(n > 0)) return n;
+  read_env();
+  return atomic_load_explicit(&env_threads, memory_order_acquire);
+}
+
+size_t ab__parallel_min(void) {
+  (void)ab__num_threads();
+  return env_min; /* written before env_threads was published */
+}
+
+void ab__parallel_reload_env(void) {
+  pthread_mutex_lock(&env_lock);
+  atomic_store(&env_threads, -1);
+  pthread_mutex_unlock(&env_lock);
+}
+
+/* ---- bands ------------------------------------------------------------------- */
+
+struct job {
+  const ab__host_job *work;
+  int64_t band;        /* indices of dim 0 per band */
+  int64_t nbands;
+  atomic_llong next;   /* the next band to claim */
+  int active;          /* workers inside the job (under lock) */
+  struct job *queued;  /* the queue's next job (under lock) */
+};
+
+static size_t out_size(const ab__host_job *w) {
+  return w->op != NULL ? (size_t)(w->op->to.bits / 8u) * w->op->to.lanes : w->es;
+}
+
+static void run_whole(const ab__host_job *w, char *dst, const char *src, const int64_t *shape, const ab__cast_op *op) {
+  if (op == NULL) ab__host_gather(dst, src, w->ndim, shape, w->byte_strides, w->es);
+  else ab__host_convert(dst, src, w->ndim, shape, w->byte_strides, op);
+}
+
+/* Band b: indices [b * band, ...) of dim 0, a sub-array of its own whose
+ * output is one compact piece of the result's. */
+static void run_band(const struct job *j, int64_t b) {
+  const ab__host_job *w = j->work;
+  const int64_t b0 = b * j->band;
+  int64_t shape[AB_MAX_NDIM], inner = 1;
+  for (int32_t i = 1; i < w->ndim; i++) inner *= w->shape[i];
+  memcpy(shape, w->shape, (size_t)w->ndim * sizeof shape[0]);
+  shape[0] = w->shape[0] - b0 < j->band ? w->shape[0] - b0 : j->band;
+  char *d = w->dst + (size_t)(b0 * inner) * out_size(w);
+  const char *src = w->src + b0 * w->byte_strides[0];
+  if (w->op == NULL) {
+    run_whole(w, d, src, shape, NULL);
+    return;
+  }
+  /* The channel arrays from this band's first channel on. */
+  ab__cast_op op = *w->op;
+  if (op.affine && op.channel_dim == 0) {
+    if (op.channel_scale != NULL) op.channel_scale += b0;
+    if (op.channel_offset != NULL) op.channel_offset += b0;
+  }
+  run_whole(w, d, src, shape, &op);
+}
+
+static void work_on(struct job *j) {
+  for (;;) {
+    const long long b = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (b >= j->nbands) return;
+    run_band(j, (int64_t)b);
+  }
+}
+
+/* ---- the workers -------------------------------------------------------------- */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND_INITIALIZER;
+static struct job *queue; /* jobs that may have bands left */
+static pthread_t workers[MAX_THREADS];
+static int nworkers;
+static bool stopping;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* Under lock: takes j out of the queue if it is still there. */
+static void unqueue(struct job *j) {
+  for (struct job **l = &queue; *l != NULL; l = &(*l)->queued)
+    if (*l == j) {
+      *l = j->queued;
+      return;
+    }
+}
+
+static void *worker_main(void *unused) {
+  (void)unused;
+  pthread_mutex_lock(&lock);
+  for (;;) {
+    while (!stopping && queue == NULL) pthread_cond_wait(&work_cv, &lock);
+    if (stopping) break;
+    struct job *j = queue;
+    j->active++;
+    pthread_mutex_unlock(&lock);
+    work_on(j);
+    pthread_mutex_lock(&lock);
+    unqueue(j); /* every band is claimed: nobody else need come */
+    if (--j->active == 0) pthread_cond_broadcast(&done_cv);
+  }
+  pthread_mutex_unlock(&lock);
+  return NULL;
+}
+
+/* fork: the child has none of the parent's workers; it starts its own on
+ * demand, with a lock and conditions of its own. */
+static void atfork_prepare(void) { pthread_mutex_lock(&lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&lock); }
+static void atfork_child(void) {
+  pthread_mutex_init(&lock, NULL);
+  pthread_cond_init(&work_cv, NULL);
+  pthread_cond_init(&done_cv, NULL);
+  queue = NULL;
+  nworkers = 0;
+  stopping = false;
+}
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* Under lock: at least `want` workers, as far as threads can be made (the
+ * caller does whatever bands are left, so fewer is only slower). Workers
+ * block every signal: signals stay the application's threads' business. */
+static void start_workers(int want) {
+  if (want > MAX_THREADS - 1) want = MAX_THREADS - 1;
+  if (nworkers >= want) return;
+  pthread_once(&atfork_once, register_atfork);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (nworkers < want && pthread_create(&workers[nworkers], NULL, worker_main, NULL) == 0) nworkers++;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+void ab__parallel_shutdown(void) {
+  pthread_mutex_lock(&lock);
+  stopping = true;
+  pthread_cond_broadcast(&work_cv);
+  const int n = nworkers;
+  pthread_mutex_unlock(&lock);
+  for (int i = 0; i < n; i++) pthread_join(workers[i], NULL);
+  pthread_mutex_lock(&lock);
+  nworkers = 0;
+  stopping = false;
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- the entry ------------------------------------------------------------------ */
+
+void ab__host_run(const ab__host_job *w) {
+  int64_t numel = 1;
+  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
+  const size_t bytes = (size_t)numel * out_size(w), min = ab__parallel_min();
+  int64_t t = ab__num_threads();
+  if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
+  if (t <= 1 || w->ndim == 0 || w->shape[0] < BANDS_PER_THREAD * t) {
+    run_whole(w, w->dst, w->src, w->shape, w->op);
+    return;
+  }
+  struct job j = {.work = w, .active = 0, .queued = NULL};
+  const int64_t n = w->shape[0], nb = t * BANDS_PER_THREAD;
+  j.band = (n + nb - 1) / nb;
+  /* Bands of whole 16-index blocks where there are enough, so the kernels'
+   * tiles and streaming stores stay aligned inside each band. */
+  if (j.band >= 32) j.band = (j.band + 15) / 16 * 16;
+  j.nbands = (n + j.band - 1) / j.band;
+  atomic_init(&j.next, 0);
+
+  pthread_mutex_lock(&lock);
+  start_workers((int)t - 1);
+  struct job **tail = &queue;
+  while (*tail != NULL) tail = &(*tail)->queued;
+  *tail = &j;
+  pthread_cond_broadcast(&work_cv);
+  pthread_mutex_unlock(&lock);
+
+  work_on(&j);
+
+  pthread_mutex_lock(&lock);
+  unqueue(&j);
+  while (j.active > 0) pthread_cond_wait(&done_cv, &lock);
+  pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,46 @@
+/* Host layout work on all cores (parallel.c): large gathers and
+ * conversions are cut into bands run by a small persistent worker pool
+ * and the calling thread. */
+#ifndef AB_PARALLEL_H
+#define AB_PARALLEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "converters/host/convert.h"
+
+/* One host layout job: the ndim-dimensional array at src (byte strides,
+ * any sign) into the compact row-major array dst. op NULL: a plain gather
+ * of es-byte elements (ab__host_gather); else a conversion
+ * (ab__host_convert; es is then op->from's size). Validated by the caller
+ * as for those kernels. */
+typedef struct ab__host_job {
+  char *dst;
+  const char *src;
+  int32_t ndim;
+  const int64_t *shape, *byte_strides;
+  size_t es;
+  const ab__cast_op *op;
+} ab__host_job;
+
+/* Runs the job: in the caller's thread when it is small, its outermost
+ * dimension short, or one thread is asked for; else in bands of the
+ * outermost dimension on up to AB_NUM_THREADS threads (the caller among
+ * them). Returns when every band is done; the
+ * result is the same bytes either way. Thread-safe: concurrent callers
+ * share the workers. */
+void ab__host_run(const ab__host_job *job);
+
+/* Threads a large host move may use (AB_NUM_THREADS, else the online
+ * cores), and bytes of output below which one thread does it all
+ * (AB_PARALLEL_MIN). */
+int ab__num_threads(void);
+size_t ab__parallel_min(void);
+
+/* Stops and joins the workers (ab_shutdown); they start again on demand. */
+void ab__parallel_shutdown(void);
+
+/* Reads AB_NUM_THREADS and AB_PARALLEL_MIN again (tests). */
+void ab__parallel_reload_env(void);
+
+#endif

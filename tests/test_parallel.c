@@ -1,0 +1,200 @@
+/* Host moves on several threads (src/parallel.c): the bands give the same
+ * bytes as one thread, for gathers and conversions of every kind of
+ * layout, with concurrent callers, after fork and after ab_shutdown. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "parallel.h"
+#include "support.h"
+
+/* Every move on 4 threads, however small (1 byte per thread is enough). */
+static void many_threads(void) {
+  setenv("AB_NUM_THREADS", "4", 1);
+  setenv("AB_PARALLEL_MIN", "1", 1);
+  ab__parallel_reload_env();
+}
+
+static void one_thread(void) {
+  setenv("AB_NUM_THREADS", "1", 1);
+  ab__parallel_reload_env();
+}
+
+TestSuite(parallel, .init = many_threads);
+
+/* A random view of a buffer: 1..4 dims of 1..40 (1..12 past two dims), strides permuted,
+ * stepped, reversed; dtype of 1, 2, 4 or 8 bytes. */
+struct view {
+  DLTensor t;
+  int64_t shape[4], strides[4];
+};
+
+static void random_view(test_rng *r, void *buf, size_t cap, struct view *v) {
+  static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLInt, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1}};
+  const int32_t ndim = (int32_t)rng_between(r, 1, 4);
+  const DLDataType d = types[rng_between(r, 0, 3)];
+  const size_t es = d.bits / 8u;
+  int64_t dense[4], step[4], acc = 1;
+  int order[4] = {0, 1, 2, 3};
+  for (int i = 3; i > 0; i--) { /* a random axis order */
+    int j = (int)rng_between(r, 0, i), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (int32_t i = 0; i < ndim; i++) {
+    v->shape[i] = rng_between(r, 1, ndim <= 2 ? 40 : 12);
+    step[i] = rng_between(r, 1, 2);
+  }
+  for (int k = 3; k >= 0; k--) { /* strides of a dense buffer in that order */
+    if (order[k] >= ndim) continue;
+    dense[order[k]] = acc;
+    acc *= v->shape[order[k]] * step[order[k]];
+  }
+  cr_assert_leq((size_t)acc * es, cap);
+  uint64_t offset = 0;
+  for (int32_t i = 0; i < ndim; i++) {
+    v->strides[i] = dense[i] * step[i];
+    if (rng_between(r, 0, 3) == 0) { /* reversed */
+      offset += (uint64_t)((v->shape[i] - 1) * v->strides[i]) * es;
+      v->strides[i] = -v->strides[i];
+    }
+  }
+  v->t = (DLTensor){buf, CPU0, ndim, d, v->shape, v->strides, offset};
+}
+
+Test(parallel, random_views_gather_to_the_reference_bytes) {
+  static uint8_t buf[4 << 20];
+  test_rng r = {2024};
+  fill_pattern(buf, sizeof buf, 5);
+  for (int i = 0; i < 300; i++) {
+    struct view v;
+    random_view(&r, buf, sizeof buf, &v);
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.copy = AB_COPY_ALWAYS;
+    DLManagedTensorVersioned *out;
+    cr_assert_eq(ab_convert_memory(&v.t, CPU0, &o, &out), AB_OK, "case %d: %s", i, ab_last_error());
+    cr_assert_eq(first_diff_vs_reference(&v.t, out), -1, "case %d: bands differ from the reference", i);
+    out->deleter(out);
+  }
+}
+
+/* Conversions with casts, permutations and per-channel maps on every axis:
+ * four threads give the bytes one thread gives. */
+Test(parallel, conversions_on_threads_match_one_thread) {
+  static float src[6 * 37 * 41];
+  static double cs[41], co[41];
+  fill_pattern(src, sizeof src, 9);
+  for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) src[i] = (float)(i % 251) * 0.37f - 40.0f;
+  for (int i = 0; i < 41; i++) cs[i] = 0.5 + i * 0.01, co[i] = i - 20.0;
+  int64_t shape[3] = {6, 37, 41};
+  DLTensor t = {src, CPU0, 3, {kDLFloat, 32, 1}, shape, NULL, 0};
+  static const int32_t perms[3][3] = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0}};
+  static const DLDataType outs[3] = {{kDLUInt, 8, 1}, {kDLFloat, 16, 1}, {kDLInt, 32, 1}};
+  for (int p = 0; p < 3; p++)
+    for (int d = 0; d < 3; d++)
+      for (int axis = -1; axis < 3; axis++) {
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        int32_t perm[3] = {perms[p][0], perms[p][1], perms[p][2]};
+        o.permute = perm;
+        o.dtype = outs[d];
+        if (axis >= 0) {
+          o.flags = AB_CONVERT_PER_CHANNEL;
+          o.channel_axis = axis;
+          o.channel_scale = cs;
+          o.channel_offset = co;
+        }
+        DLManagedTensorVersioned *many, *one;
+        cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &many), AB_OK, "%s", ab_last_error());
+        one_thread();
+        cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &one), AB_OK, "%s", ab_last_error());
+        many_threads();
+        const size_t n = (size_t)numel_of(3, shape) * elsize_of(outs[d]);
+        cr_assert_eq(memcmp(many->dl_tensor.data, one->dl_tensor.data, n), 0,
+                     "perm %d dtype %d channel axis %d: threads differ from one thread", p, d, axis);
+        many->deleter(many);
+        one->deleter(one);
+      }
+}
+
+/* Callers at once share the workers; each gets its own bytes. */
+static void *caller(void *arg) {
+  const int seed = (int)(intptr_t)arg;
+  static _Thread_local uint16_t img[64][48][3];
+  fill_pattern(img, sizeof img, (uint32_t)seed);
+  int64_t hwc[3] = {64, 48, 3};
+  DLTensor t = {img, CPU0, 3, {kDLUInt, 16, 1}, hwc, NULL, 0};
+  int32_t chw[3] = {2, 0, 1};
+  for (int i = 0; i < 50; i++) {
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.permute = chw;
+    DLManagedTensorVersioned *r;
+    if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK) return (void *)1;
+    const uint16_t *out = r->dl_tensor.data;
+    for (int c = 0; c < 3; c++)
+      for (int y = 0; y < 64; y++)
+        for (int x = 0; x < 48; x++)
+          if (out[(c * 64 + y) * 48 + x] != img[y][x][c]) {
+            r->deleter(r);
+            return (void *)2;
+          }
+    r->deleter(r);
+  }
+  return NULL;
+}
+
+Test(parallel, concurrent_callers_share_the_workers) {
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) cr_assert_eq(pthread_create(&th[i], NULL, caller, (void *)(intptr_t)(i + 1)), 0);
+  for (int i = 0; i < 4; i++) {
+    void *rc;
+    pthread_join(th[i], &rc);
+    cr_assert_null(rc, "caller %d got wrong bytes (%p)", i, rc);
+  }
+}
+
+Test(parallel, fork_and_shutdown_leave_working_threads) {
+  cr_assert_null(caller((void *)7)); /* workers running */
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) _exit(caller((void *)8) == NULL ? 0 : 1); /* the child makes its own */
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's conversion failed");
+  ab_shutdown();
+  cr_assert_null(caller((void *)9)); /* started again on demand */
+  cr_assert_eq(pool_in_use(CPU0), 0);
+}
+
+Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
+  setenv("AB_NUM_THREADS", "3", 1);
+  setenv("AB_PARALLEL_MIN", "2MiB", 1);
+  ab__parallel_reload_env();
+  cr_assert_eq(ab__num_threads(), 3);
+  cr_assert_eq(ab__parallel_min(), (size_t)2 << 20);
+  setenv("AB_NUM_THREADS", "0", 1); /* refused: the online cores */
+  setenv("AB_PARALLEL_MIN", "lots", 1);
+  ab__parallel_reload_env();
+  cr_assert_eq(ab__num_threads(), (int)(sysconf(_SC_NPROCESSORS_ONLN) > 64 ? 64 : sysconf(_SC_NPROCESSORS_ONLN)));
+  cr_assert_eq(ab__parallel_min(), (size_t)1 << 20);
+  unsetenv("AB_NUM_THREADS");
+  unsetenv("AB_PARALLEL_MIN");
+  ab__parallel_reload_env();
+}
+
+Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
+  float x = 2.5f;
+  DLTensor s = {&x, CPU0, 0, {kDLFloat, 32, 1}, NULL, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = (DLDataType){kDLFloat, 64, 1};
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&s, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(*(double *)r->dl_tensor.data, 2.5);
+  r->deleter(r);
+  int64_t shape[2] = {64, 0};
+  DLTensor e = {NULL, CPU0, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
+  cr_assert_eq(ab_convert_memory(&e, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+}
