@@ -346,8 +346,19 @@ struct prepared {
 /* The conversion opts ask for, checked against the source. */
 static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, const ab_convert_opts *o, conv *cv) {
   char a[48], b[48];
-  memset(cv, 0, sizeof *cv);
   const bool affine = (o->flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)) != 0;
+  if (!affine && o->permute == NULL && (o->dtype.bits == 0 || dtype_eq(o->dtype, src->dtype))) {
+    /* Nothing to convert (most calls): the result's shape, dtype and size
+     * are the source's, already checked; the rest of cv is read only for
+     * an active conversion. */
+    cv->active = false;
+    cv->ndim = src->ndim;
+    cv->out_dtype = src->dtype;
+    cv->out_nbytes = lay->nbytes;
+    cv->op.channel_dim = -1;
+    return AB_OK;
+  }
+  memset(cv, 0, sizeof *cv);
   cv->out_dtype = o->dtype.bits == 0 ? src->dtype : o->dtype;
   bool reorder = false;
   if (o->permute != NULL) {

@@ -132,10 +132,11 @@ static ab_status info_of(const struct ab_backend *be, int32_t id, struct ab_devi
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be) {
   const char *tname = ab_device_type_name(dev.device_type);
-  if (strcmp(tname, "unknown") == 0)
+  int i = backend_index(dev.device_type);
+  /* (A type with a backend is a known one: the name check is for the rest.) */
+  if (i < 0 && strcmp(tname, "unknown") == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s type %d is not a DLPack device type",
                    what, (int)dev.device_type);
-  int i = backend_index(dev.device_type);
   if (i < 0)
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s backend is built into this library",
                    what, tname, dev.device_id, tname);
