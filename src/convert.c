@@ -32,6 +32,8 @@ unsigned ab_version_number(void) { return AB_VERSION_NUMBER; }
 /* The size of ab_convert_opts as version 0.1 defined it: what size == 0
  * stands for. Fields appended later are read only when size covers them. */
 #define OPTS_V0_1_SIZE (offsetof(ab_convert_opts, stream) + sizeof(void *))
+/* The size before `threads` was appended (the maps' layout). */
+#define OPTS_MAPS_SIZE (offsetof(ab_convert_opts, channel_offset) + sizeof(const double *))
 
 static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
   memset(o, 0, sizeof *o);
@@ -39,10 +41,11 @@ static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
   size_t size = in->size == 0 ? OPTS_V0_1_SIZE : in->size;
   /* The size of a version's struct, or more (a newer header): a size in
    * between would cut a field in two. */
-  if (size != OPTS_V0_1_SIZE && size < sizeof *o)
+  if (size != OPTS_V0_1_SIZE && size != OPTS_MAPS_SIZE && size < sizeof *o)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "opts->size is %" PRIu32 "; must be 0, %zu (version 0.1) or >= %zu (sizeof(ab_convert_opts))",
-                   in->size, OPTS_V0_1_SIZE, sizeof *o);
+                   "opts->size is %" PRIu32 "; must be 0, %zu (version 0.1), %zu (before `threads`) or >= %zu "
+                   "(sizeof(ab_convert_opts))",
+                   in->size, OPTS_V0_1_SIZE, OPTS_MAPS_SIZE, sizeof *o);
   if (size > sizeof *o) {
     /* A caller built against a newer header: fine as long as it left every
      * field this version does not know at zero (the default). */
@@ -526,8 +529,11 @@ static ab_status run_copy(const DLTensor *src, const struct prepared *p, DLTenso
       return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p->sbe->name);
     AB_FORWARD(p->sbe->host_sync(p->sdev.device_id, s));
   }
-  return run_steps(&p->plan, src, &p->lay, p->q.src_rect || p->q.dst_rect ? &p->rect : NULL, &p->cv, dst,
-                   staging_device(p), &owner);
+  const uint32_t prev = ab__parallel_call_threads(p->o.threads);
+  ab_status st = run_steps(&p->plan, src, &p->lay, p->q.src_rect || p->q.dst_rect ? &p->rect : NULL, &p->cv, dst,
+                           staging_device(p), &owner);
+  ab__parallel_call_threads(prev);
+  return st;
 }
 
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,

@@ -75,6 +75,15 @@ void ab__parallel_reload_env(void) {
   pthread_mutex_unlock(&env_lock);
 }
 
+/* ab_convert_opts.threads of the conversion this thread is running. */
+static _Thread_local uint32_t call_threads;
+
+uint32_t ab__parallel_call_threads(uint32_t n) {
+  uint32_t prev = call_threads;
+  call_threads = n;
+  return prev;
+}
+
 /* ---- bands ------------------------------------------------------------------- */
 
 struct job {
@@ -211,7 +220,8 @@ void ab__host_run(const ab__host_job *w) {
   int64_t numel = 1;
   for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
   const size_t bytes = (size_t)numel * out_size(w), min = ab__parallel_min();
-  int64_t t = ab__num_threads();
+  int64_t t = call_threads == 0 ? (int64_t)ab__num_threads() : (int64_t)call_threads;
+  if (t > MAX_THREADS) t = MAX_THREADS;
   if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
   if (t <= 1 || w->ndim == 0 || w->shape[0] < BANDS_PER_THREAD * t) {
     run_whole(w, w->dst, w->src, w->shape, w->op);

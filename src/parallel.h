@@ -37,6 +37,12 @@ void ab__host_run(const ab__host_job *job);
 int ab__num_threads(void);
 size_t ab__parallel_min(void);
 
+/* Sets the calling thread's cap on threads for the host moves it runs
+ * until the next call (ab_convert_opts.threads: 0 = the default, n = up to
+ * n); returns the previous cap. ab_convert_memory sets it around a
+ * conversion, so moves made for it through any backend see it. */
+uint32_t ab__parallel_call_threads(uint32_t n);
+
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);
 

@@ -3,6 +3,7 @@
  * growth rule, tensor allocation, device queries, status strings and the
  * version. */
 #include <criterion/criterion.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,8 +245,9 @@ Test(convert, opts_size_zero_or_sizeof_is_accepted_and_too_small_is_invalid) {
   fixture_init(&f);
   ab_convert_opts init = AB_CONVERT_OPTS_INIT;
   cr_assert_eq(init.size, sizeof(ab_convert_opts));
-  const uint32_t ok_sizes[] = {0, sizeof(ab_convert_opts)};
-  for (int k = 0; k < 2; k++) {
+  /* 0, the layout before `threads`, and the whole struct */
+  const uint32_t ok_sizes[] = {0, offsetof(ab_convert_opts, threads), sizeof(ab_convert_opts)};
+  for (int k = 0; k < 3; k++) {
     ab_convert_opts o = {.size = ok_sizes[k], .copy = AB_COPY_ALWAYS};
     DLManagedTensorVersioned *r = NULL;
     cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_OK, "size %u: %s", ok_sizes[k], ab_last_error());
@@ -253,8 +255,8 @@ Test(convert, opts_size_zero_or_sizeof_is_accepted_and_too_small_is_invalid) {
     cr_assert(r->flags & DLPACK_FLAG_BITMASK_IS_COPIED, "size %u: copy mode ignored", ok_sizes[k]);
     r->deleter(r);
   }
-  const uint32_t bad_sizes[] = {1, 4, sizeof(ab_convert_opts) - 1};
-  for (int k = 0; k < 3; k++) {
+  const uint32_t bad_sizes[] = {1, 4, offsetof(ab_convert_opts, threads) + 2, sizeof(ab_convert_opts) - 1};
+  for (int k = 0; k < 4; k++) {
     ab_convert_opts o = {.size = bad_sizes[k]};
     DLManagedTensorVersioned *r = SENTINEL_OUT;
     cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_ERR_INVALID_ARGUMENT, "size %u accepted", bad_sizes[k]);

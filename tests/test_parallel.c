@@ -3,6 +3,7 @@
  * layout, with concurrent callers, after fork and after ab_shutdown. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -197,4 +198,37 @@ Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
   DLTensor e = {NULL, CPU0, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
   cr_assert_eq(ab_convert_memory(&e, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   r->deleter(r);
+}
+
+/* Threads of this process, from /proc/self/status. */
+static int threads_now(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  if (f != NULL) fclose(f);
+  return n;
+}
+
+Test(parallel, opts_threads_caps_the_threads_of_one_call) {
+  static float big[1 << 18]; /* 1 MiB, 4 bands' worth per thread at AB_PARALLEL_MIN = 1 */
+  int64_t shape[2] = {512, 512}, strides[2] = {1, 512};
+  DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  DLManagedTensorVersioned *r;
+  /* The backends first (PoCL starts threads of its own at init). */
+  for (DLDeviceType k = kDLCPU; k <= kDLOpenCL; k++) (void)ab_device_count(k);
+  const int before = threads_now();
+  cr_assert_gt(before, 0);
+  o.threads = 1; /* the caller's thread only: no worker starts */
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(first_diff_vs_reference(&t, r), -1);
+  r->deleter(r);
+  cr_assert_eq(threads_now(), before, "threads = 1 started workers (%d -> %d)", before, threads_now());
+  o.threads = 3; /* up to 3: two workers beside the caller */
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(first_diff_vs_reference(&t, r), -1);
+  r->deleter(r);
+  cr_assert_eq(threads_now(), before + 2, "threads = 3 did not start two workers");
 }

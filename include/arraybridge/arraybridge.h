@@ -322,11 +322,20 @@ typedef struct ab_convert_opts {
   int32_t channel_axis;
   const double *channel_scale;  /**< see channel_axis */
   const double *channel_offset; /**< see channel_axis */
+
+  /* ---- since threads were added: read only when size covers it ---- */
+
+  /** Threads a large host move (gather, cast, copy in host memory) may
+   * use: 0 = the library's default (AB_NUM_THREADS, else the online
+   * cores), 1 = the calling thread only, n = up to n (at most 64). Moves
+   * below AB_PARALLEL_MIN bytes per extra thread stay on the calling thread
+   * whatever this says. The result is the same bytes either way. */
+  uint32_t threads;
 } ab_convert_opts;
 
 /** Initialiser of an ab_convert_opts: size set, every option at its default. */
 #define AB_CONVERT_OPTS_INIT \
-  {sizeof(ab_convert_opts), 0, AB_COPY_IF_NEEDED, {0, 0, 0}, NULL, NULL, 0, 0, 0, NULL, NULL}
+  {sizeof(ab_convert_opts), 0, AB_COPY_IF_NEEDED, {0, 0, 0}, NULL, NULL, 0, 0, 0, NULL, NULL, 0}
 
 /** Returns a tensor with the contents of `src` on `target`.
  *
