@@ -13,8 +13,11 @@
 
 #include "bench_util.h"
 
+#include <pthread.h>
+
 #include "arraybridge/arraybridge.h"
 #include "converters/host/gather.h"
+#include "parallel.h"
 
 static int reps = 11;
 static volatile unsigned sink;
@@ -85,6 +88,63 @@ static void bench_layout(const char *name, DLTensor *t, size_t bytes, void *dst,
   row(label, bytes, time_job(job_convert, &c), base);
 }
 
+/* memcpy cut into one slice per thread (the all-core baseline). */
+struct mct { struct mc whole; int threads; };
+static void *memcpy_slice(void *p) {
+  struct mc *c = p;
+  memcpy(c->dst, c->src, c->n);
+  return NULL;
+}
+static void job_memcpy_threads(void *p) {
+  struct mct *c = p;
+  pthread_t th[64];
+  struct mc part[64];
+  size_t per = c->whole.n / (size_t)c->threads;
+  for (int i = 0; i < c->threads; i++) {
+    size_t off = per * (size_t)i, n = i == c->threads - 1 ? c->whole.n - off : per;
+    part[i] = (struct mc){(char *)c->whole.dst + off, (const char *)c->whole.src + off, n};
+    if (i > 0 && pthread_create(&th[i], NULL, memcpy_slice, &part[i]) != 0) abort();
+  }
+  memcpy_slice(&part[0]);
+  for (int i = 1; i < c->threads; i++) pthread_join(th[i], NULL);
+  sink += ((unsigned char *)c->whole.dst)[c->whole.n / 2];
+}
+
+/* 2-D transposes of n x n elements of `es` bytes through ab_convert_memory,
+ * on one thread and on all, beside memcpy on one thread and on all. */
+static void bench_transposes(int quick) {
+  static const struct { int64_t n; DLDataType d; const char *name; } cases[] = {
+    {4000, {kDLFloat, 32, 1}, "f32"}, {4096, {kDLFloat, 32, 1}, "f32"}, {4104, {kDLFloat, 32, 1}, "f32"},
+    {4096, {kDLUInt, 8, 1}, "u8"},    {4096, {kDLUInt, 16, 1}, "u16"},  {4096, {kDLFloat, 64, 1}, "f64"},
+  };
+  const int all = ab__num_threads();
+  printf("\n%-30s %10s %10s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
+         "1thr/memcpy", "all/memcpyT");
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t n = quick ? cases[k].n / 4 : cases[k].n;
+    const size_t es = cases[k].d.bits / 8u, bytes = (size_t)(n * n) * es;
+    char *a = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096), *b = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    for (size_t i = 0; i < bytes; i++) a[i] = (char)(i * 13);
+    memset(b, 0, bytes);
+    struct mc m = {b, a, bytes};
+    struct mct mt = {{b, a, bytes}, all};
+    const double one_mc = time_job(job_memcpy, &m), all_mc = time_job(job_memcpy_threads, &mt);
+    int64_t shape[2] = {n, n}, str[2] = {1, n};
+    struct cv c = {{a, {kDLCPU, 0}, 2, cases[k].d, shape, str, 0}, AB_CONVERT_OPTS_INIT};
+    c.o.threads = 1;
+    const double one = time_job(job_convert, &c);
+    c.o.threads = 0;
+    const double many = time_job(job_convert, &c);
+    char label[64];
+    snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)n, cases[k].name);
+    printf("%-30s %10.2f %10.2f %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9, (double)bytes / many / 1e9,
+           one_mc / one, all_mc / many);
+    free(a);
+    free(b);
+  }
+  printf("(memcpyT: memcpy on %d threads, one slice each)\n", all);
+}
+
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
   double t[64];
   for (int r = 0; r < reps; r++) {
@@ -136,6 +196,8 @@ int main(int argc, char **argv) {
   int64_t ishape[3] = {C, H, W}, istr[3] = {1, W * C, C};
   DLTensor hwc = {img, {kDLCPU, 0}, 3, {kDLUInt, 8, 1}, ishape, istr, 0};
   bench_layout("HWC->CHW u8", &hwc, ib, out, ibase);
+
+  bench_transposes(quick);
 
   /* -- per-call overheads -- */
   printf("\n");

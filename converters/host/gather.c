@@ -177,6 +177,52 @@ __attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const 
 __attribute__((target("avx"))) static void tr8x8_32_nt(char *d, int64_t dsa, const char *s, int64_t sb) {
   tr8x8_32_mode(d, dsa, s, sb, 1);
 }
+/* 8x8 tile of 2-byte elements (SSE2): eight source rows (fixed b,
+ * a..a+7) become eight destination rows (fixed a, b..b+7), by unpacking
+ * 16-, 32- and 64-bit pairs in turn. */
+static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128i r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(s + i * sb));
+  for (int i = 0; i < 8; i += 2) { /* t[i]: columns 0-3 of rows i, i+1; t[i+1]: columns 4-7 */
+    t[i] = _mm_unpacklo_epi16(r[i], r[i + 1]);
+    t[i + 1] = _mm_unpackhi_epi16(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 8; g += 4) /* rows g..g+3: u[g + c/2] holds columns c, c+1 */
+    for (int h = 0; h < 2; h++) {
+      u[g + 2 * h] = _mm_unpacklo_epi32(t[g + h], t[g + 2 + h]);
+      u[g + 2 * h + 1] = _mm_unpackhi_epi32(t[g + h], t[g + 2 + h]);
+    }
+  for (int c = 0; c < 4; c++) { /* columns 2c, 2c+1 of rows 0-3 and 4-7 */
+    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c) * dsa), _mm_unpacklo_epi64(u[c], u[4 + c]));
+    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c + 1) * dsa), _mm_unpackhi_epi64(u[c], u[4 + c]));
+  }
+}
+/* 16x16 tile of bytes (SSE2), the same way with one more unpack stage. */
+static inline void tr16x16_8(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128i r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(s + i * sb));
+  /* Each stage pairs row groups of size w (1, 2, 4, then 8 rows) and
+   * interleaves them in units of w bytes; position k of a group's two
+   * registers then holds the next 2w-row slice of every column pair. */
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm_unpacklo_epi8(r[i], r[i + 1]);
+    t[i + 1] = _mm_unpackhi_epi8(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4)
+    for (int h = 0; h < 2; h++) {
+      r[g + 2 * h] = _mm_unpacklo_epi16(t[g + h], t[g + 2 + h]);
+      r[g + 2 * h + 1] = _mm_unpackhi_epi16(t[g + h], t[g + 2 + h]);
+    }
+  for (int g = 0; g < 16; g += 8)
+    for (int h = 0; h < 4; h++) {
+      t[g + 2 * h] = _mm_unpacklo_epi32(r[g + h], r[g + 4 + h]);
+      t[g + 2 * h + 1] = _mm_unpackhi_epi32(r[g + h], r[g + 4 + h]);
+    }
+  for (int c = 0; c < 8; c++) {
+    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c) * dsa), _mm_unpacklo_epi64(t[c], t[8 + c]));
+    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c + 1) * dsa), _mm_unpackhi_epi64(t[c], t[8 + c]));
+  }
+}
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
@@ -216,8 +262,20 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                      size_t es, bool nt) {
   switch (es) {
-  case 1: tile_1(d, dsa, s, sb, na, nb); return;
-  case 2: tile_2(d, dsa, s, sb, na, nb); return;
+  case 1:
+#ifdef HAVE_X86_KERNELS
+    tile_micro(d, dsa, s, sb, na, nb, 1, 16, tr16x16_8, tile_1);
+#else
+    tile_1(d, dsa, s, sb, na, nb);
+#endif
+    return;
+  case 2:
+#ifdef HAVE_X86_KERNELS
+    tile_micro(d, dsa, s, sb, na, nb, 2, 8, tr8x8_16, tile_2);
+#else
+    tile_2(d, dsa, s, sb, na, nb);
+#endif
+    return;
   case 4:
 #ifdef HAVE_X86_KERNELS
     if (__builtin_cpu_supports("avx"))
