@@ -201,9 +201,11 @@ static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
 static inline void tr16x16_8(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m128i r[16], t[16];
   for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(s + i * sb));
-  /* Each stage pairs row groups of size w (1, 2, 4, then 8 rows) and
-   * interleaves them in units of w bytes; position k of a group's two
-   * registers then holds the next 2w-row slice of every column pair. */
+  /* Stage w (1, 2, 4, 8 bytes) pairs groups of w rows and interleaves
+   * them in units of w bytes, so each register holds 2w-row slices of
+   * 16 / 2w columns: after the 8-, 16- and 32-bit stages t[g + c] holds
+   * columns 2c and 2c+1 of rows g..g+7, and the 64-bit stage joins the
+   * two row halves into whole columns. */
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm_unpacklo_epi8(r[i], r[i + 1]);
     t[i + 1] = _mm_unpackhi_epi8(r[i], r[i + 1]);
