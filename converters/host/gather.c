@@ -7,8 +7,12 @@
  *      transposes, HWC -> CHW)                  -> blocked 2-D transpose
  *   4. anything else (broadcast, reversed, gaps)-> strided element loop
  * Element moves are bit copies specialised for 1, 2, 4, 8 and 16 bytes. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "arraybridge/arraybridge.h"
 #include "gather.h"
@@ -116,8 +120,9 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * destination. The source is walked in strips of TILE_B rows, each cut into
  * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
  * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements and 2 x 2 blocks of 8-byte
- * ones. Large outputs use non-temporal stores, as memcpy does, so the
- * destination is not read for ownership and does not evict the source.
+ * ones. Large outputs may use non-temporal stores, as memcpy does, so the
+ * destination is not read for ownership and does not evict the source:
+ * where the CPU gains by them (ab__host_streaming, below).
  * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
  * beat 16 and 32, and streaming stores take 4096^2 f32 from ~0.6x to ~0.8x
  * of memcpy. */
@@ -424,6 +429,66 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   }
 }
 
+/* ---- streaming stores: measured, not assumed -------------------------------
+ * Whether large transposes write with streaming stores. They help on some
+ * CPUs (the destination is not read for ownership) and collapse on others
+ * (an Intel Skylake-SP server: 3.3 -> 0.46 GB/s, issue 18), so the choice is
+ * the CPU's: AB_HOST_STREAMING=1 or 0 forces it; otherwise (auto) the first
+ * transpose large enough to use them times an 8 MiB float32 transpose both
+ * ways (best of two after a warm-up, 20-40 ms once per process) and keeps
+ * the faster, streaming only when it wins by 10% or more. */
+static _Atomic int streaming_mode = -1; /* -1: not decided; 0 plain; 1 streaming */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int probe_streaming(void) {
+  enum { R = 1024, C = 2048 }; /* a R x C float32 source, transposed */
+  float *s = aligned_alloc(64, (size_t)R * C * 4), *d = aligned_alloc(64, (size_t)R * C * 4);
+  int choice = 0;
+  if (s != NULL && d != NULL) {
+    for (size_t i = 0; i < (size_t)R * C; i++) s[i] = (float)i;
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 3; rep++)
+      for (int nt = 0; nt < 2; nt++) {
+        struct transpose_ctx c = {C, R, (int64_t)R * 4, (int64_t)C * 4, 4, nt == 1};
+        double t0 = seconds();
+        visit_transpose(&c, (char *)d, (const char *)s);
+        _mm_sfence();
+        double dt = seconds() - t0;
+        if (rep > 0 && dt < best[nt]) best[nt] = dt; /* the first round warms up */
+      }
+    choice = best[1] * 1.1 <= best[0];
+  }
+  free(s);
+  free(d);
+  return choice;
+}
+#else
+static int probe_streaming(void) { return 0; }
+#endif
+
+static void decide_streaming(void) {
+  const char *v = getenv("AB_HOST_STREAMING");
+  int m;
+  if (v != NULL && strcmp(v, "1") == 0) m = 1;
+  else if (v != NULL && strcmp(v, "0") == 0) m = 0;
+  else m = probe_streaming();
+  atomic_store_explicit(&streaming_mode, m, memory_order_release);
+}
+
+int ab__host_streaming(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  int m = atomic_load_explicit(&streaming_mode, memory_order_acquire);
+  if (m >= 0) return m;
+  pthread_once(&once, decide_streaming); /* one thread measures; the others wait for its answer */
+  return atomic_load_explicit(&streaming_mode, memory_order_acquire);
+}
+
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize) {
   dims d;
@@ -456,7 +521,7 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
   if (j >= 0) {
     int64_t total = d.shape[0] * dst_st[0];
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize,
-                              (size_t)total >= NT_THRESHOLD};
+                              (size_t)total >= NT_THRESHOLD && ab__host_streaming() == 1};
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
 #ifdef HAVE_X86_KERNELS
     if (c.nt) _mm_sfence(); /* order the streaming stores before the caller's */

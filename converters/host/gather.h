@@ -14,6 +14,10 @@
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize);
 
+/* Whether large transposes use streaming stores on this machine: 1 or 0,
+ * from AB_HOST_STREAMING (1, 0) or measured once (auto); see gather.c. */
+int ab__host_streaming(void);
+
 /* Drops size-1 dims and merges each dim into its outer neighbour when the
  * two are contiguous (outer stride == inner stride * inner size, checked
  * for overflow), in whatever unit the strides are given. Writes the dims
