@@ -379,6 +379,99 @@ static int copy_arg(PyObject *copy) {
 
 static int is_cpu_like(DLDeviceType t) { return t == kDLCPU || t == kDLCUDAHost; }
 
+/* Which strides a result may keep: any (a view keeps the source's), none
+ * negative (torch), or compact only (JAX, TensorFlow, pyclesperanto). */
+enum layout { LAYOUT_ANY, LAYOUT_NONNEGATIVE, LAYOUT_COMPACT };
+
+static int layout_arg(PyObject *o, enum layout *out) {
+  static const char *names[] = {"any", "nonnegative", "compact"};
+  *out = LAYOUT_ANY;
+  if (o == Py_None) return 0;
+  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+  for (int i = 0; s != NULL && i < 3; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = (enum layout)i;
+      return 0;
+    }
+  if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "layout must be 'any', 'nonnegative' or 'compact', not %R", o);
+  return -1;
+}
+
+/* Whether t's strides are what `want` allows (dims of size 1 and empty
+ * tensors have no stride that matters). */
+static int layout_ok(const DLTensor *t, enum layout want) {
+  if (want == LAYOUT_ANY || t->strides == NULL) return 1;
+  int64_t expect = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] == 0) return 1;
+    if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
+    expect *= t->shape[i];
+  }
+  return 1;
+}
+
+
+/* ---- pickling --------------------------------------------------------------------- */
+
+struct map_args;
+static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
+                                    const struct map_args *map, enum layout layout);
+static PyObject *rebuild_fn; /* the module's _rebuild_tensor, for __reduce_ex__ */
+
+static size_t byte_size(const DLTensor *t) {
+  size_t n = (size_t)(t->dtype.bits / 8u) * t->dtype.lanes;
+  for (int32_t i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i]; /* validated: no overflow */
+  return n;
+}
+
+static int host_compact(const DLTensor *t) {
+  return is_cpu_like(t->device.device_type) && layout_ok(t, LAYOUT_COMPACT);
+}
+
+/* The buffer protocol, for compact host tensors: their bytes, read-only
+ * when the tensor is. What pickle protocol 5 hands out of band. */
+static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
+  static char empty;
+  const DLTensor *t = dl(self);
+  if (!host_compact(t)) {
+    PyErr_Format(PyExc_BufferError, "a %s tensor%s has no buffer: copy it to compact host memory first "
+                 "(to_device(x, 'cpu', layout='compact'))", ab_device_type_name(t->device.device_type),
+                 is_cpu_like(t->device.device_type) ? " with strides" : "");
+    view->obj = NULL;
+    return -1;
+  }
+  const size_t n = byte_size(t);
+  char *data = n == 0 ? &empty : (char *)t->data + t->byte_offset;
+  return PyBuffer_FillInfo(view, (PyObject *)self, data, (Py_ssize_t)n,
+                           (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0, flags);
+}
+
+static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer, NULL};
+
+/* pickle: (the module's _rebuild_tensor, (bytes, dtype, shape, read-only,
+ * device)). The bytes are the tensor's own memory when it is compact host
+ * memory (out of band with protocol 5: a PickleBuffer, no copy into the
+ * stream), else a compact host copy read through the library's routes. */
+static PyObject *tensor_reduce_ex(TensorObject *self, PyObject *proto_o) {
+  long proto = PyLong_AsLong(proto_o);
+  if (proto == -1 && PyErr_Occurred()) return NULL;
+  PyObject *src;
+  if (host_compact(dl(self))) {
+    src = (PyObject *)self;
+    Py_INCREF(src);
+  } else {
+    const DLDevice cpu = {kDLCPU, 0};
+    src = import_and_convert((PyObject *)self, &cpu, 1, NULL, NULL, LAYOUT_COMPACT);
+    if (src == NULL) return NULL;
+  }
+  PyObject *payload = proto >= 5 ? PyPickleBuffer_FromObject(src) : PyBytes_FromObject(src);
+  Py_DECREF(src);
+  if (payload == NULL) return NULL;
+  PyObject *readonly = (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? Py_True : Py_False;
+  return Py_BuildValue("O(NNNON)", rebuild_fn, payload, tensor_dtype(self, NULL), tensor_shape(self, NULL), readonly,
+                       tensor_device(self, NULL));
+}
+
 static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
   PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
@@ -460,6 +553,9 @@ static PyMethodDef tensor_methods[] = {
    "legacy (\"dltensor\") otherwise. A view unless dl_device names another device or copy=True."},
   {"__dlpack_device__", (PyCFunction)tensor_dlpack_device, METH_NOARGS,
    "__dlpack_device__()\n--\n\nThe (device_type, device_id) pair of DLPack."},
+  {"__reduce_ex__", (PyCFunction)tensor_reduce_ex, METH_O,
+   "__reduce_ex__(protocol)\n--\n\nPickling: the tensor's bytes (out of band with protocol 5 when it is compact\n"
+   "host memory), dtype, shape, read-only flag and device; see docs/python.md."},
   {NULL, NULL, 0, NULL},
 };
 
@@ -487,6 +583,7 @@ static PyTypeObject TensorType = {
   .tp_methods = tensor_methods,
   .tp_getset = tensor_getset,
   .tp_weaklistoffset = offsetof(TensorObject, weakrefs),
+  .tp_as_buffer = &tensor_as_buffer,
 };
 
 /* ---- import ------------------------------------------------------------------- */
@@ -781,37 +878,6 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   return 0;
 }
 
-/* Which strides a result may keep: any (a view keeps the source's), none
- * negative (torch), or compact only (JAX, TensorFlow, pyclesperanto). */
-enum layout { LAYOUT_ANY, LAYOUT_NONNEGATIVE, LAYOUT_COMPACT };
-
-static int layout_arg(PyObject *o, enum layout *out) {
-  static const char *names[] = {"any", "nonnegative", "compact"};
-  *out = LAYOUT_ANY;
-  if (o == Py_None) return 0;
-  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
-  for (int i = 0; s != NULL && i < 3; i++)
-    if (strcmp(s, names[i]) == 0) {
-      *out = (enum layout)i;
-      return 0;
-    }
-  if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "layout must be 'any', 'nonnegative' or 'compact', not %R", o);
-  return -1;
-}
-
-/* Whether t's strides are what `want` allows (dims of size 1 and empty
- * tensors have no stride that matters). */
-static int layout_ok(const DLTensor *t, enum layout want) {
-  if (want == LAYOUT_ANY || t->strides == NULL) return 1;
-  int64_t expect = 1;
-  for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    if (t->shape[i] == 0) return 1;
-    if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
-    expect *= t->shape[i];
-  }
-  return 1;
-}
-
 static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
                                     const struct map_args *map, enum layout layout) {
   DLManagedTensorVersioned *mt;
@@ -963,6 +1029,30 @@ fail: {
 }
 }
 
+/* A shape given as a sequence of ints, into shape[AB_MAX_NDIM]; -1 with an
+ * exception otherwise. */
+static int shape_from_object(PyObject *o, int64_t *shape, int32_t *ndim) {
+  PyObject *items = items_of(o, "shape");
+  if (items == NULL) return -1;
+  Py_ssize_t n = PyTuple_GET_SIZE(items);
+  if (n > AB_MAX_NDIM) {
+    Py_DECREF(items);
+    PyErr_Format(PyExc_ValueError, "shape has %zd dims; at most %d", n, AB_MAX_NDIM);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(items, i));
+    if (v == -1 && PyErr_Occurred()) {
+      Py_DECREF(items);
+      return -1;
+    }
+    shape[i] = (int64_t)v;
+  }
+  Py_DECREF(items);
+  *ndim = (int32_t)n;
+  return 0;
+}
+
 static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"shape", "dtype", "device", NULL};
   PyObject *shape_o, *dtype_o, *device_o = Py_None;
@@ -970,32 +1060,69 @@ static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:empty", kwlist, &shape_o, &dtype_o, &device_o)) return NULL;
   DLDataType dtype;
   DLDevice dev = {kDLCPU, 0};
+  int64_t shape[AB_MAX_NDIM];
+  int32_t n;
   if (dtype_from_object(dtype_o, &dtype) < 0) return NULL;
   if (device_o != Py_None && device_from_object(device_o, &dev) < 0) return NULL;
-  PyObject *items = items_of(shape_o, "shape");
-  if (items == NULL) return NULL;
-  Py_ssize_t n = PyTuple_GET_SIZE(items);
-  int64_t shape[AB_MAX_NDIM];
-  if (n > AB_MAX_NDIM) {
-    Py_DECREF(items);
-    return PyErr_Format(PyExc_ValueError, "shape has %zd dims; at most %d", n, AB_MAX_NDIM);
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(items, i));
-    if (v == -1 && PyErr_Occurred()) {
-      Py_DECREF(items);
-      return NULL;
-    }
-    shape[i] = (int64_t)v;
-  }
-  Py_DECREF(items);
+  if (shape_from_object(shape_o, shape, &n) < 0) return NULL;
   DLManagedTensorVersioned *mt;
   ab_status st;
   Py_BEGIN_ALLOW_THREADS
-  st = ab_tensor_alloc(dev, (int32_t)n, shape, dtype, &mt);
+  st = ab_tensor_alloc(dev, n, shape, dtype, &mt);
   Py_END_ALLOW_THREADS
   if (st != AB_OK) return raise_status(st);
   return tensor_new_owning(mt, NULL);
+}
+
+/* Unpickling (Tensor.__reduce_ex__): the bytes into a new host tensor,
+ * then onto the device it came from when this process has that device;
+ * else it stays in host memory (AB_UNPICKLE_MISSING_DEVICE=fail raises
+ * instead). Read-only survives. */
+static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
+  PyObject *payload, *dtype_o, *shape_o, *device_o;
+  int readonly;
+  (void)mod;
+  if (!PyArg_ParseTuple(args, "OOOpO:_rebuild_tensor", &payload, &dtype_o, &shape_o, &readonly, &device_o))
+    return NULL;
+  DLDataType dtype;
+  DLDevice dev;
+  int64_t shape[AB_MAX_NDIM];
+  int32_t n;
+  if (dtype_from_object(dtype_o, &dtype) < 0 || shape_from_object(shape_o, shape, &n) < 0 ||
+      device_from_object(device_o, &dev) < 0)
+    return NULL;
+  Py_buffer b;
+  if (PyObject_GetBuffer(payload, &b, PyBUF_SIMPLE) < 0) return NULL;
+  DLManagedTensorVersioned *mt;
+  ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
+  if (st != AB_OK) {
+    PyBuffer_Release(&b);
+    return raise_status(st);
+  }
+  const size_t want = byte_size(&mt->dl_tensor);
+  if ((size_t)b.len != want) {
+    PyBuffer_Release(&b);
+    release(mt);
+    return PyErr_Format(PyExc_ValueError, "pickled tensor has %zd bytes; its dtype and shape need %zu", b.len, want);
+  }
+  if (want > 0) memcpy(mt->dl_tensor.data, b.buf, want);
+  PyBuffer_Release(&b);
+  if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  PyObject *t = tensor_new_owning(mt, NULL);
+  if (t == NULL || dev.device_type == kDLCPU) return t;
+  if (dev.device_id >= ab_device_count(dev.device_type)) {
+    const char *v = getenv("AB_UNPICKLE_MISSING_DEVICE");
+    if (v != NULL && strcmp(v, "fail") == 0) {
+      Py_DECREF(t);
+      return PyErr_Format(PyExc_ValueError, "the pickled tensor was on %s:%d, which this process does not have "
+                          "(AB_UNPICKLE_MISSING_DEVICE=fail)", ab_device_type_name(dev.device_type), (int)dev.device_id);
+    }
+    return t; /* host memory; its device says so */
+  }
+  PyObject *moved = import_and_convert(t, &dev, 1, NULL, NULL, LAYOUT_ANY);
+  Py_DECREF(t);
+  if (moved != NULL && readonly) ((TensorObject *)moved)->mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  return moved;
 }
 
 /* ---- module functions ------------------------------------------------------------ */
@@ -1179,6 +1306,8 @@ static PyMethodDef module_methods[] = {
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
   {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
   {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
+  {"_rebuild_tensor", py_rebuild_tensor, METH_VARARGS,
+   "_rebuild_tensor(data, dtype, shape, readonly, device)\n--\n\nUnpickles a Tensor (see Tensor.__reduce_ex__)."},
   {"pool_summary", py_pool_summary, METH_O,
    "pool_summary(device)\n--\n\nThe device pool's statistics as a readable table (ab_pool_summary)."},
   {"empty_cache", py_empty_cache, METH_VARARGS,
@@ -1219,6 +1348,11 @@ PyMODINIT_FUNC PyInit__arraybridge(void) {
     return NULL;
   }
   /* From here the module owns the type's reference. */
+  rebuild_fn = PyObject_GetAttrString(m, "_rebuild_tensor"); /* kept for the process's life */
+  if (rebuild_fn == NULL) {
+    Py_DECREF(m);
+    return NULL;
+  }
   if (PyModule_AddStringConstant(m, "__version__", ab_version_string()) < 0 ||
       PyModule_AddIntConstant(m, "DEVICE_AUTO", AB_DEVICE_AUTO) < 0) {
     Py_DECREF(m);

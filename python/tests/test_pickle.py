@@ -1,0 +1,102 @@
+"""Tensors through pickle: host bytes out of band with protocol 5, device
+tensors as their bytes and back onto their device (or the host where the
+receiving process lacks it), flags and layouts as documented."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import arraybridge as ab
+from ab_support import addr, opencl
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64", "complex64", "complex128"]
+
+
+def sample(dtype, shape=(3, 5)):
+    rng = np.random.default_rng(11)
+    return (rng.standard_normal(shape) * 100).astype(dtype)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_every_dtype_round_trips_with_its_bytes(protocol):
+    for dtype in DTYPES:
+        a = sample(dtype)
+        u = pickle.loads(pickle.dumps(ab.to_device(a, "cpu"), protocol=protocol))
+        assert isinstance(u, ab.Tensor) and u.dtype == dtype and u.shape == a.shape and u.device == "cpu:0"
+        np.testing.assert_array_equal(np.from_dlpack(u), a)
+
+
+def test_protocol_5_hands_out_the_tensors_own_memory():
+    a = sample("float32", (64, 64))
+    t = ab.to_device(a, "cpu")
+    bufs = []
+    stream = pickle.dumps(t, protocol=5, buffer_callback=bufs.append)
+    assert len(bufs) == 1 and len(stream) < 200  # the 16 KiB are not in the stream
+    raw = bufs[0].raw()
+    assert raw.nbytes == a.nbytes and addr(np.frombuffer(raw, np.uint8)) == t.data_ptr
+    u = pickle.loads(stream, buffers=bufs)
+    assert u.data_ptr != t.data_ptr  # the load copies into memory of its own
+    np.testing.assert_array_equal(np.from_dlpack(u), a)
+
+
+def test_shapes_layouts_and_flags():
+    base = sample("int32", (6, 8))
+    for view in (base[::2, 1::3], base[::-1], base.T):
+        u = pickle.loads(pickle.dumps(ab.from_dlpack(view), protocol=5))
+        np.testing.assert_array_equal(np.from_dlpack(u), view)
+        expect, st = 1, []
+        for n in reversed(view.shape):
+            st.insert(0, expect)
+            expect *= n
+        assert u.strides == tuple(st)  # strided views travel compact
+    z = pickle.loads(pickle.dumps(ab.from_dlpack(np.array(2.5)), protocol=5))
+    assert z.shape == () and np.from_dlpack(z) == 2.5
+    e = pickle.loads(pickle.dumps(ab.from_dlpack(np.zeros((0, 4), np.uint16)), protocol=5))
+    assert e.shape == (0, 4) and e.dtype == "uint16"
+    ro = base.copy()
+    ro.flags.writeable = False
+    r = pickle.loads(pickle.dumps(ab.from_dlpack(ro)))
+    assert r.readonly and not np.from_dlpack(r).flags.writeable
+    assert not pickle.loads(pickle.dumps(ab.to_device(base, "cpu"))).readonly
+
+
+def test_device_tensors_travel_as_bytes_and_land_on_their_device():
+    opencl(2)
+    a = sample("float32", (17, 9))
+    g = ab.to_device(a, "opencl:1", dtype="float64")
+    with pytest.raises(BufferError, match="opencl"):
+        memoryview(g)
+    u = pickle.loads(pickle.dumps(g, protocol=5))
+    assert u.device == "opencl:1" and u.dtype == "float64"
+    np.testing.assert_array_equal(np.from_dlpack(ab.to_device(u, "cpu")), a.astype(np.float64))
+
+
+def test_a_process_without_the_device_gets_host_memory_or_an_error_when_asked():
+    opencl(1)
+    a = sample("int16", (4, 6))
+    blob = pickle.dumps(ab.to_device(a, "opencl:0"), protocol=5)
+    code = ("import pickle, sys, numpy as np, arraybridge as ab\n"
+            "u = pickle.loads(sys.stdin.buffer.read())\n"
+            "print(u.device, np.from_dlpack(u).tobytes().hex())\n")
+    env = dict(os.environ, OCL_ICD_VENDORS="/nonexistent", OCL_ICD_FILENAMES="")
+    r = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    device, data = r.stdout.decode().split()
+    assert device == "cpu:0" and bytes.fromhex(data) == a.tobytes()
+    env["AB_UNPICKLE_MISSING_DEVICE"] = "fail"
+    r = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, timeout=120)
+    assert r.returncode != 0 and b"AB_UNPICKLE_MISSING_DEVICE=fail" in r.stderr
+
+
+def test_a_damaged_pickle_is_refused():
+    from arraybridge._arraybridge import _rebuild_tensor
+    with pytest.raises(ValueError, match="bytes"):
+        _rebuild_tensor(b"\0" * 7, "float32", (2,), False, "cpu:0")
+    with pytest.raises(ValueError):
+        _rebuild_tensor(b"", "float32", (-1,), False, "cpu:0")
+    with pytest.raises(ValueError):
+        _rebuild_tensor(b"", "float32", (0,), False, "nodevice:0")
