@@ -692,11 +692,20 @@ struct map_args {
   PyObject *permute, *scale, *offset, *channel_axis, *channel_scale, *channel_offset;
 };
 
-/* The map's memory while a conversion runs: the axis order and the
- * per-channel numbers (PyMem; map_free releases them). */
+/* The element options, read into C before any tensor is imported:
+ * reading them may run the caller's code (__index__, __float__, a
+ * sequence's __iter__), which could otherwise free or resize a tensor
+ * whose data pointer is already held. map_apply then checks them against
+ * the imported tensor without running Python. PyMem; map_free releases. */
 struct map_buf {
-  int32_t perm[AB_MAX_NDIM];
-  double *cs, *co;
+  int given, per_tensor, per_channel;
+  Py_ssize_t nperm;             /* -1: no permute */
+  long perm_raw[AB_MAX_NDIM];   /* LONG_MIN: beyond a long */
+  int32_t perm[AB_MAX_NDIM];    /* normalised by map_apply */
+  long channel_axis_raw;
+  double scale, offset;
+  double *cs, *co;              /* NULL: not given */
+  Py_ssize_t ncs, nco;
 };
 
 static void map_free(struct map_buf *b) {
@@ -705,13 +714,23 @@ static void map_free(struct map_buf *b) {
   b->cs = b->co = NULL;
 }
 
-/* An axis of an ndim-dimensional tensor, negative ones counted from the
- * end as NumPy does; -1 with ValueError when out of range. */
-static int axis_of(PyObject *o, int32_t ndim, const char *what, int32_t *out) {
+/* An axis as given (LONG_MIN when it does not fit a long: out of range
+ * for any tensor); -1 with an exception when it is not an integer. */
+static int axis_raw(PyObject *o, long *out) {
   long a = PyLong_AsLong(o);
   if (a == -1 && PyErr_Occurred()) {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
     PyErr_Clear();
+    a = LONG_MIN;
+  }
+  *out = a;
+  return 0;
+}
+
+/* An axis of an ndim-dimensional tensor, negative ones counted from the
+ * end as NumPy does; -1 with ValueError when out of range. */
+static int axis_of(long a, int32_t ndim, const char *what, int32_t *out) {
+  if (a == LONG_MIN) {
     PyErr_Format(PyExc_ValueError, "%s is out of range for a %d-dimensional tensor", what, (int)ndim);
     return -1;
   }
@@ -735,16 +754,11 @@ static PyObject *items_of(PyObject *o, const char *what) {
   return seq;
 }
 
-/* n floats from a sequence of exactly n numbers into PyMem. */
-static int floats_of(PyObject *o, int64_t n, const char *what, double **out) {
+/* The floats of a sequence of numbers into PyMem (*n of them). */
+static int floats_of(PyObject *o, const char *what, double **out, Py_ssize_t *n) {
   PyObject *seq = items_of(o, what);
   if (seq == NULL) return -1;
   const Py_ssize_t len = PyTuple_GET_SIZE(seq);
-  if ((int64_t)len != n) {
-    PyErr_Format(PyExc_ValueError, "%s has %zd values; the channel axis has %lld", what, len, (long long)n);
-    Py_DECREF(seq);
-    return -1;
-  }
   double *v = PyMem_Malloc(len > 0 ? (size_t)len * sizeof *v : 1);
   if (v == NULL) {
     Py_DECREF(seq);
@@ -761,67 +775,94 @@ static int floats_of(PyObject *o, int64_t n, const char *what, double **out) {
   }
   Py_DECREF(seq);
   *out = v;
+  *n = len;
   return 0;
 }
 
-/* Whether any element option was given. */
-static int map_given(const struct map_args *m) {
-  return m != NULL && (m->permute != Py_None || m->scale != Py_None || m->offset != Py_None ||
-                       m->channel_axis != Py_None || m->channel_scale != Py_None || m->channel_offset != Py_None);
-}
-
-/* Sets o's axis order and affine map from m for the tensor t: permute is
- * a sequence of ndim axes; scale/offset a per-tensor map (1 and 0 when
- * one is missing); channel_axis with channel_scale and/or channel_offset
- * (one value per index of that axis) a per-channel map. -1 with an
- * exception set; b holds what o points to until map_free. */
-static int map_fill(const struct map_args *m, const DLTensor *t, ab_convert_opts *o, struct map_buf *b) {
-  b->cs = b->co = NULL;
-  if (!map_given(m)) return 0;
+/* Reads m (m NULL: no options) into b, running whatever Python the values
+ * need: permute a sequence of axes; scale/offset a per-tensor map (1 and
+ * 0 when one is missing); channel_axis with channel_scale and/or
+ * channel_offset a per-channel map. -1 with an exception set (b then holds
+ * nothing to free). */
+static int map_parse(const struct map_args *m, struct map_buf *b) {
+  memset(b, 0, sizeof *b);
+  b->nperm = -1;
+  if (m == NULL || !(m->permute != Py_None || m->scale != Py_None || m->offset != Py_None ||
+                     m->channel_axis != Py_None || m->channel_scale != Py_None || m->channel_offset != Py_None))
+    return 0;
+  b->given = 1;
   if (m->permute != Py_None) {
     PyObject *seq = items_of(m->permute, "permute");
     if (seq == NULL) return -1;
-    const Py_ssize_t len = PyTuple_GET_SIZE(seq);
-    if (len != t->ndim) {
-      PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", len, (int)t->ndim);
-      Py_DECREF(seq);
-      return -1;
-    }
-    for (Py_ssize_t i = 0; i < len; i++)
-      if (axis_of(PyTuple_GET_ITEM(seq, i), t->ndim, "permute axis", &b->perm[i]) < 0) {
+    b->nperm = PyTuple_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < b->nperm && i < AB_MAX_NDIM; i++)
+      if (axis_raw(PyTuple_GET_ITEM(seq, i), &b->perm_raw[i]) < 0) {
         Py_DECREF(seq);
         return -1;
       }
     Py_DECREF(seq);
-    o->permute = b->perm; /* repeated axes: the library's ValueError */
   }
-  const int per_tensor = m->scale != Py_None || m->offset != Py_None;
-  const int per_channel = m->channel_scale != Py_None || m->channel_offset != Py_None;
-  if (per_tensor && per_channel) {
+  b->per_tensor = m->scale != Py_None || m->offset != Py_None;
+  b->per_channel = m->channel_scale != Py_None || m->channel_offset != Py_None;
+  if (b->per_tensor && b->per_channel) {
     PyErr_SetString(PyExc_ValueError, "give scale/offset (one map) or channel_scale/channel_offset (per channel), "
                                       "not both");
     return -1;
   }
-  if (per_channel != (m->channel_axis != Py_None)) {
-    PyErr_SetString(PyExc_ValueError, per_channel ? "channel_scale/channel_offset need channel_axis"
-                                                  : "channel_axis needs channel_scale and/or channel_offset");
+  if (b->per_channel != (m->channel_axis != Py_None)) {
+    PyErr_SetString(PyExc_ValueError, b->per_channel ? "channel_scale/channel_offset need channel_axis"
+                                                     : "channel_axis needs channel_scale and/or channel_offset");
     return -1;
   }
-  if (per_tensor) {
-    o->flags |= AB_CONVERT_AFFINE;
-    o->scale = m->scale == Py_None ? 1.0 : PyFloat_AsDouble(m->scale);
-    if (o->scale == -1.0 && PyErr_Occurred()) return -1;
-    o->offset = m->offset == Py_None ? 0.0 : PyFloat_AsDouble(m->offset);
-    if (o->offset == -1.0 && PyErr_Occurred()) return -1;
+  if (b->per_tensor) {
+    b->scale = m->scale == Py_None ? 1.0 : PyFloat_AsDouble(m->scale);
+    if (b->scale == -1.0 && PyErr_Occurred()) return -1;
+    b->offset = m->offset == Py_None ? 0.0 : PyFloat_AsDouble(m->offset);
+    if (b->offset == -1.0 && PyErr_Occurred()) return -1;
   }
-  if (per_channel) {
-    if (axis_of(m->channel_axis, t->ndim, "channel_axis", &o->channel_axis) < 0) return -1;
-    const int64_t n = t->shape[o->channel_axis];
-    if ((m->channel_scale != Py_None && floats_of(m->channel_scale, n, "channel_scale", &b->cs) < 0) ||
-        (m->channel_offset != Py_None && floats_of(m->channel_offset, n, "channel_offset", &b->co) < 0)) {
+  if (b->per_channel) {
+    if (axis_raw(m->channel_axis, &b->channel_axis_raw) < 0) return -1;
+    if ((m->channel_scale != Py_None && floats_of(m->channel_scale, "channel_scale", &b->cs, &b->ncs) < 0) ||
+        (m->channel_offset != Py_None && floats_of(m->channel_offset, "channel_offset", &b->co, &b->nco) < 0)) {
       map_free(b);
       return -1;
     }
+  }
+  return 0;
+}
+
+/* The number of values per channel must match the channel axis. */
+static int channel_count_ok(const double *v, Py_ssize_t len, int64_t n, const char *what) {
+  if (v == NULL || (int64_t)len == n) return 0;
+  PyErr_Format(PyExc_ValueError, "%s has %zd values; the channel axis has %lld", what, len, (long long)n);
+  return -1;
+}
+
+/* Sets o's axis order and affine map from b, checked against the tensor t
+ * (no Python runs). -1 with an exception set; b holds what o points to
+ * until map_free. */
+static int map_apply(struct map_buf *b, const DLTensor *t, ab_convert_opts *o) {
+  if (!b->given) return 0;
+  if (b->nperm >= 0) {
+    if (b->nperm != t->ndim) {
+      PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", b->nperm, (int)t->ndim);
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < b->nperm; i++)
+      if (axis_of(b->perm_raw[i], t->ndim, "permute axis", &b->perm[i]) < 0) return -1;
+    o->permute = b->perm; /* repeated axes: the library's ValueError */
+  }
+  if (b->per_tensor) {
+    o->flags |= AB_CONVERT_AFFINE;
+    o->scale = b->scale;
+    o->offset = b->offset;
+  }
+  if (b->per_channel) {
+    if (axis_of(b->channel_axis_raw, t->ndim, "channel_axis", &o->channel_axis) < 0) return -1;
+    const int64_t n = t->shape[o->channel_axis];
+    if (channel_count_ok(b->cs, b->ncs, n, "channel_scale") < 0 ||
+        channel_count_ok(b->co, b->nco, n, "channel_offset") < 0)
+      return -1;
     o->flags |= AB_CONVERT_PER_CHANNEL;
     o->channel_scale = b->cs;
     o->channel_offset = b->co;
@@ -880,8 +921,13 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
 
 static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
                                     const struct map_args *map, enum layout layout) {
+  struct map_buf mb;
+  if (map_parse(map, &mb) < 0) return NULL; /* before the import: it may run Python */
   DLManagedTensorVersioned *mt;
-  if (import_tensor(x, &mt) < 0) return NULL;
+  if (import_tensor(x, &mt) < 0) {
+    map_free(&mb);
+    return NULL;
+  }
   ab_status st;
   const DLTensor *t = &mt->dl_tensor;
   const int strides_ok = layout_ok(t, layout);
@@ -889,7 +935,7 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
                                        target->device_id != t->device.device_id);
   const int recast = dtype != NULL && (dtype->code != t->dtype.code || dtype->bits != t->dtype.bits ||
                                        dtype->lanes != t->dtype.lanes);
-  if (!moves && !recast && !map_given(map) && copy != 1 && strides_ok) return tensor_new_owning(mt, NULL);
+  if (!moves && !recast && !mb.given && copy != 1 && strides_ok) return tensor_new_owning(mt, NULL);
 
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
@@ -897,8 +943,8 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
    * asked for rules its strides out (a compact copy then). */
   o.flags = strides_ok ? AB_CONVERT_ALLOW_STRIDED_VIEW : 0;
   if (dtype != NULL) o.dtype = *dtype;
-  struct map_buf mb;
-  if (map_fill(map, t, &o, &mb) < 0) {
+  if (map_apply(&mb, t, &o) < 0) {
+    map_free(&mb);
     release(mt);
     return NULL;
   }
@@ -960,6 +1006,28 @@ static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
   return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m, layout);
 }
 
+/* Whether o is an array of a framework whose arrays are immutable (JAX,
+ * TensorFlow): their DLPack export does not say read-only, but writing
+ * into one changes a value the framework may share or have cached.
+ * 1 with TypeError set, else 0. */
+static int immutable_array(PyObject *o) {
+  static const char *const frameworks[] = {"jax", "jaxlib", "tensorflow"};
+  PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__module__");
+  const char *name = mod != NULL && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+  int hit = 0;
+  for (size_t k = 0; name != NULL && k < sizeof frameworks / sizeof *frameworks && !hit; k++) {
+    const size_t n = strlen(frameworks[k]);
+    hit = strncmp(name, frameworks[k], n) == 0 && (name[n] == '\0' || name[n] == '.');
+  }
+  Py_XDECREF(mod);
+  PyErr_Clear();
+  if (hit)
+    PyErr_Format(PyExc_TypeError, "out is a %s array, which is immutable: convert_into writes only into mutable "
+                                  "arrays (NumPy, PyTorch, CuPy, pyclesperanto, arraybridge Tensors)",
+                 name[0] == 't' ? "TensorFlow" : "JAX");
+  return hit;
+}
+
 static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"x",      "out",          "index",         "permute",        "scale",
                            "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
@@ -969,15 +1037,33 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOOOOOO:convert_into", kwlist, &x, &out_o, &index, &m.permute,
                                    &m.scale, &m.offset, &m.channel_axis, &m.channel_scale, &m.channel_offset))
     return NULL;
+  if (immutable_array(out_o)) return NULL;
+  struct map_buf mb;
+  if (map_parse(&m, &mb) < 0) return NULL; /* before the imports: it may run Python */
+  long long idx = 0;
+  if (index != Py_None) {
+    idx = PyLong_AsLongLong(index);
+    if (idx == -1 && PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_IndexError, "index %S is out of range", index);
+      }
+      map_free(&mb);
+      return NULL;
+    }
+  }
   DLManagedTensorVersioned *src, *dst;
-  if (import_tensor(x, &src) < 0) return NULL;
+  if (import_tensor(x, &src) < 0) {
+    map_free(&mb);
+    return NULL;
+  }
   if (import_tensor(out_o, &dst) < 0) {
+    map_free(&mb);
     release(src);
     return NULL;
   }
   DLTensor plane = dst->dl_tensor;
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  struct map_buf mb = {{0}, NULL, NULL};
   ab_status st = AB_OK;
   if (dst->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
     PyErr_SetString(PyExc_ValueError, "out is read-only");
@@ -989,8 +1075,7 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
       PyErr_SetString(PyExc_ValueError, "index needs an out with at least one dimension");
       goto fail;
     }
-    long long i = PyLong_AsLongLong(index);
-    if (i == -1 && PyErr_Occurred()) goto fail;
+    long long i = idx;
     if (i < 0) i += plane.shape[0];
     if (i < 0 || i >= plane.shape[0]) {
       PyErr_Format(PyExc_IndexError, "index %S is out of range for axis 0 of length %lld", index,
@@ -1001,13 +1086,32 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
     if (plane.strides != NULL) step = plane.strides[0];
     else
       for (int32_t k = 1; k < plane.ndim; k++) step *= plane.shape[k];
-    /* Within the validated extent of out: no overflow. */
-    plane.byte_offset += (uint64_t)((int64_t)i * step * (int64_t)((plane.dtype.bits / 8u) * plane.dtype.lanes));
+    if (step == 0 && plane.shape[0] > 1) {
+      /* Every index of axis 0 is the same memory: writing one plane
+       * would write them all. */
+      PyErr_SetString(PyExc_ValueError, "out's axis 0 has stride 0 (a broadcast view): its planes are not separate");
+      goto fail;
+    }
+    /* Within the validated extent of out: no overflow. A negative stride
+     * puts the plane below out's first element: byte_offset (unsigned)
+     * takes what it can, and an address-like data pointer the rest. */
+    const int64_t off = (int64_t)i * step * (int64_t)((plane.dtype.bits / 8u) * plane.dtype.lanes);
+    const int64_t at = (int64_t)plane.byte_offset + off;
+    if (at >= 0) {
+      plane.byte_offset = (uint64_t)at;
+    } else if (plane.device.device_type != kDLOpenCL) {
+      plane.data = (char *)plane.data + at;
+      plane.byte_offset = 0;
+    } else {
+      PyErr_SetString(PyExc_ValueError, "out[index] lies before out's buffer (a negative stride with too small a "
+                                        "byte_offset)");
+      goto fail;
+    }
     plane.ndim -= 1;
     plane.shape += 1;
     if (plane.strides != NULL) plane.strides += 1;
   }
-  if (map_fill(&m, &src->dl_tensor, &o, &mb) < 0) goto fail;
+  if (map_apply(&mb, &src->dl_tensor, &o) < 0) goto fail;
   Py_BEGIN_ALLOW_THREADS
   st = ab_convert_into(&src->dl_tensor, &plane, &o);
   Py_END_ALLOW_THREADS
@@ -1022,6 +1126,7 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
 fail: {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
+  map_free(&mb);
   release(src);
   release(dst);
   PyErr_Restore(type, value, tb);
@@ -1093,6 +1198,22 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     return NULL;
   Py_buffer b;
   if (PyObject_GetBuffer(payload, &b, PyBUF_SIMPLE) < 0) return NULL;
+  /* The payload must hold exactly the elements, checked before anything
+   * is allocated: a forged pickle cannot ask for memory it does not carry.
+   * (Negative dims are left to ab_tensor_alloc's own error.) */
+  int zero = 0, negative = 0;
+  for (int32_t k = 0; k < n; k++) zero |= shape[k] == 0, negative |= shape[k] < 0;
+  uint64_t need = zero ? 0 : (uint64_t)(dtype.bits / 8u) * dtype.lanes;
+  int fits = 1;
+  for (int32_t k = 0; k < n && !zero && !negative && fits; k++) {
+    fits = need <= UINT64_MAX / (uint64_t)shape[k];
+    need *= fits ? (uint64_t)shape[k] : 1;
+  }
+  if (!negative && (!fits || need != (uint64_t)b.len)) {
+    PyBuffer_Release(&b);
+    return PyErr_Format(PyExc_ValueError, "pickled tensor has %zd bytes, which its dtype and shape do not match",
+                        b.len);
+  }
   DLManagedTensorVersioned *mt;
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
   if (st != AB_OK) {
@@ -1100,11 +1221,6 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     return raise_status(st);
   }
   const size_t want = byte_size(&mt->dl_tensor);
-  if ((size_t)b.len != want) {
-    PyBuffer_Release(&b);
-    release(mt);
-    return PyErr_Format(PyExc_ValueError, "pickled tensor has %zd bytes; its dtype and shape need %zu", b.len, want);
-  }
   if (want > 0) memcpy(mt->dl_tensor.data, b.buf, want);
   PyBuffer_Release(&b);
   if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
@@ -1259,12 +1375,17 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
   if (device_from_object(target_o, &target) < 0) return NULL;
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
+  struct map_buf mb;
+  if (map_parse(&m, &mb) < 0) return NULL; /* before the import: it may run Python */
   PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL, LAYOUT_ANY); /* a zero-copy import */
-  if (t == NULL) return NULL;
+  if (t == NULL) {
+    map_free(&mb);
+    return NULL;
+  }
   char buf[2048];
   o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as to_device asks */
-  struct map_buf mb;
-  if (map_fill(&m, &((TensorObject *)t)->mt->dl_tensor, &o, &mb) < 0) {
+  if (map_apply(&mb, &((TensorObject *)t)->mt->dl_tensor, &o) < 0) {
+    map_free(&mb);
     Py_DECREF(t);
     return NULL;
   }
