@@ -1,10 +1,31 @@
 """convert_memory(data, source_type, target_type, gpu_id): the seed API's
 call, as one DLPack import, one ab_convert_memory and one export."""
-from ._frameworks import ADAPTERS, owner_of
+import operator
+
+from ._frameworks import ADAPTERS, dtype_arg, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
 _NONE = (None,) * len(_OPTIONS)
+
+
+def _plain(opts):
+    """The keywords as plain ints, floats and tuples. Reading a value may
+    run the caller's code (__float__, __index__, __iter__), which could
+    free or resize data's memory: it runs here, before any of that memory
+    is handed to the C core."""
+    out = dict(opts)
+    for k in ("scale", "offset"):
+        if k in out:
+            out[k] = float(out[k])
+    if "channel_axis" in out:
+        out["channel_axis"] = operator.index(out["channel_axis"])
+    if "permute" in out:
+        out["permute"] = tuple(operator.index(p) for p in out["permute"])
+    for k in ("channel_scale", "channel_offset"):
+        if k in out:
+            out[k] = tuple(float(v) for v in out[k])
+    return out
 
 
 def detect_memory_type(data):
@@ -31,7 +52,8 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     available device IDs are (...)').
 
     The keywords convert the elements in the same move, as arraybridge's
-    to_device does: dtype, permute (result axis i is data's axis
+    to_device does: dtype (a name such as 'float16' or any framework's dtype
+    object: torch.float16, np.float32, tf.float16), permute (result axis i is data's axis
     permute[i]), scale/offset (y = x * scale + offset), channel_axis with
     channel_scale/channel_offset (per-channel maps).
 
@@ -52,13 +74,19 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
                                     "data is %s, not %s" % (actual, source.value))
     given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
     opts = {} if given == _NONE else {k: v for k, v in zip(_OPTIONS, given) if v is not None}
+    if dtype is not None:
+        opts["dtype"] = dtype_arg(dtype)
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
-    if source is target and not opts and sa.device_of(data) == device:
-        return data  # already there, as asked
-    if gpu_id is None and not ta.has_host:
-        gpu_id = int(device.split(":")[1])
+    if gpu_id is not None:
+        gpu_id = int(device.split(":")[1]) if device != "cpu:0" else gpu_id
     try:
+        if len(opts) > ("dtype" in opts):
+            opts = _plain(opts)
+        if source is target and not opts and sa.device_of(data) == device:
+            return data  # already there, as asked
+        if gpu_id is None and not ta.has_host:
+            gpu_id = int(device.split(":")[1])
         return ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
     except MemoryConversionError:
         raise

@@ -10,6 +10,7 @@ Frameworks are imported only when one of their arrays is converted or they
 are named as a target: `import arraybridge` imports none of them.
 """
 import importlib
+import operator
 import sys
 import threading
 
@@ -23,15 +24,51 @@ _DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16
                      "bfloat16", "float32", "float64"))
 
 
+def _dtype_str(d):
+    """The name of a dtype object of any framework: NumPy's dtypes and
+    scalar types (np.float32), JAX's and TensorFlow's (which have .name or
+    .dtype), torch.float32 (printed with its module)."""
+    name = getattr(d, "name", None)
+    if not isinstance(name, str):
+        inner = getattr(d, "dtype", None)  # a scalar type: jnp.float32
+        name = getattr(inner, "name", None)
+    if not isinstance(name, str) and isinstance(d, type):
+        try:
+            import numpy  # a NumPy scalar type: np.float32.dtype is no dtype
+            name = numpy.dtype(d).name
+        except (ImportError, TypeError):
+            name = None
+    name = name if isinstance(name, str) else str(d)
+    return name.rsplit(".", 1)[-1]  # torch.float32 -> float32
+
+
 def dtype_name(obj):
     """obj's element type as the C core names it, or None."""
     d = getattr(obj, "dtype", None)
     if d is None:
         return None
-    name = getattr(d, "name", None)
-    name = name if isinstance(name, str) else str(d)
-    name = name.rsplit(".", 1)[-1]  # torch.float32 -> float32
+    name = _dtype_str(d)
     return name if name in _DTYPES else None
+
+
+def dtype_arg(d):
+    """A dtype keyword as the C core takes it: a name ('float32') as it is,
+    a framework's dtype object (torch.float16, np.float32, np.dtype('u1'),
+    tf.float32, jnp.bfloat16) by its name."""
+    return d if d is None or isinstance(d, str) else _dtype_str(d)
+
+
+def gpu_id_arg(gpu_id, source, target):
+    """gpu_id as an int (anything with __index__: NumPy's integers too),
+    or None; MemoryConversionError otherwise."""
+    if gpu_id is None:
+        return None
+    if not isinstance(gpu_id, bool):
+        try:
+            return operator.index(gpu_id)
+        except TypeError:
+            pass
+    raise MemoryConversionError(source, target, "gpu_id", "gpu_id must be an int or None, not %r" % (gpu_id,))
 
 
 _OWNER = {}  # type -> the MemoryType of its framework (None: no framework's)
@@ -97,10 +134,7 @@ class Adapter:
         ('<framework> device N is unavailable; ...') when it does not exist."""
         if gpu_id is None and self.has_host:
             return "cpu:0"
-        if gpu_id is None:
-            gpu_id = self.default_gpu(mod)
-        if isinstance(gpu_id, bool) or not isinstance(gpu_id, int):
-            raise MemoryConversionError(source, target, "gpu_id", "gpu_id must be an int or None, not %r" % (gpu_id,))
+        gpu_id = self.default_gpu(mod) if gpu_id is None else gpu_id_arg(gpu_id, source, target)
         ids = self.device_ids(mod)
         if gpu_id not in ids:
             raise MemoryConversionError(
@@ -166,6 +200,13 @@ class Torch(Adapter):
     def producer(self, obj):
         if obj.requires_grad:
             obj = obj.detach()
+        # A lazily conjugated or negated view: DLPack has no such bits, so
+        # the values are made real first (a copy; to_dlpack would hand out
+        # the stored, unconjugated numbers).
+        if obj.is_conj():
+            obj = obj.resolve_conj()
+        if obj.is_neg():
+            obj = obj.resolve_neg()
         # A CPU tensor as a capsule of torch's public to_dlpack: its
         # __dlpack__ and __dlpack_device__ are Python and cost 6 us a call.
         return self.module().utils.dlpack.to_dlpack(obj) if obj.is_cpu else obj
@@ -174,10 +215,13 @@ class Torch(Adapter):
         # The capsule itself: torch.from_dlpack(t) would first ask t for its
         # device and stream in Python (2.5 us more). A Tensor's data is
         # complete, so no stream handshake is needed.
+        # torch tensors have no read-only flag: read-only data is copied,
+        # so that writing the result cannot change the source.
+        copy = True if t.readonly else None
         try:
-            return mod.from_dlpack(t.__dlpack__(max_version=(1, 0)))
+            return mod.from_dlpack(t.__dlpack__(max_version=(1, 0), copy=copy))
         except (TypeError, RuntimeError):  # a torch that takes no versioned capsule
-            return mod.from_dlpack(t)
+            return mod.from_dlpack(t.__dlpack__(copy=copy))
 
     def empty_cache(self, mod, device_id=None):
         if not mod.cuda.is_available():
@@ -242,6 +286,8 @@ class Jax(Adapter):
     def from_tensor(self, t, mod, gpu_id):
         import jax.dlpack
         dev = mod.devices("cpu")[0] if gpu_id is None else self._gpus(mod)[gpu_id]
+        if t.readonly:  # JAX takes legacy capsules, which cannot say read-only
+            t = _ab.to_device(t, t.device, copy=True)
         return jax.dlpack.from_dlpack(t, device=dev)
 
     def empty_cache(self, mod, device_id=None):
@@ -266,10 +312,18 @@ class TensorFlow(Adapter):
         # Variables and other tensor-likes: their value as a tf.Tensor.
         return obj if hasattr(obj, "__dlpack__") else self.module().convert_to_tensor(obj)
 
+    def device_of(self, obj):
+        return super().device_of(self.producer(obj))
+
     def from_tensor(self, t, mod, gpu_id):
         # TensorFlow takes legacy capsules only, and a legacy capsule cannot
         # say read-only: such data is copied (TensorFlow never writes it).
-        cap = t.__dlpack__(max_version=None, copy=True if t.readonly else None)
+        # Its kernels also assume 64-byte aligned buffers (Eigen's
+        # EIGEN_MAX_ALIGN_BYTES) and abort the process on one that is not,
+        # so an unaligned source (a NumPy slice, a small allocation) is
+        # copied into pool memory, which is aligned.
+        copy = t.readonly or t.data_ptr % 64 != 0
+        cap = t.__dlpack__(max_version=None, copy=True if copy else None)
         return mod.experimental.dlpack.from_dlpack(cap)
 
     def is_oom(self, exc, mod):
@@ -325,8 +379,11 @@ class Pyclesperanto(Adapter):
         perm = opts.get("permute")
         if perm is not None:
             shape = tuple(shape[int(p) % len(shape)] for p in perm)
+        if not 1 <= len(shape) <= 3 or 0 in shape:
+            raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
+                             "shape %s" % (tuple(shape),))
         dtype = opts.get("dtype")
-        dtype = src.dtype if dtype is None else getattr(dtype, "name", dtype)
+        dtype = src.dtype if dtype is None else dtype
         out = self.create(mod, shape, dtype, gpu_id)
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
         return out

@@ -100,3 +100,17 @@ def test_a_damaged_pickle_is_refused():
         _rebuild_tensor(b"", "float32", (-1,), False, "cpu:0")
     with pytest.raises(ValueError):
         _rebuild_tensor(b"", "float32", (0,), False, "nodevice:0")
+
+
+def test_a_forged_pickle_is_refused_before_anything_is_allocated():
+    rebuild = ab._arraybridge._rebuild_tensor
+    before = ab.memory_stats("cpu:0")
+    with pytest.raises(ValueError, match="do not match"):
+        rebuild(b"\0" * 4, "float32", (1 << 40,), False, "cpu:0")
+    with pytest.raises(ValueError, match="do not match"):
+        rebuild(b"\0" * 8, "float64", (1 << 62, 1 << 62), False, "cpu:0")
+    with pytest.raises(ValueError, match="do not match"):
+        rebuild(b"", "float32", (3,), False, "cpu:0")
+    assert ab.memory_stats("cpu:0")["allocations"] == before["allocations"]
+    ok = rebuild(b"\0" * 0, "float32", (0, 5), False, "cpu:0")
+    assert ok.shape == (0, 5)

@@ -229,6 +229,115 @@ def test_torch_tensors_that_require_grad_are_taken_detached():
     np.testing.assert_array_equal(a, np.ones(3, np.float32))
 
 
+def unaligned(a):
+    """A copy of a whose data is 4 bytes past a 64-byte boundary (as a NumPy
+    slice such as x[1:] often is)."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 4
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("dst", HOST)
+def test_unaligned_numpy_data_reaches_every_host_framework(dst):
+    # TensorFlow aborts the process (an Eigen alignment check) on a buffer
+    # that is not 64-byte aligned: such data must reach it as a copy.
+    need(dst) if dst != "numpy" else None
+    a = unaligned(np.arange(1, 41, dtype=np.float32).reshape(5, 8))
+    assert a.ctypes.data % 64 == 4
+    y = ab.convert_memory(a, "numpy", dst)
+    if dst == "tensorflow":
+        tf = need("tensorflow")
+        assert ptr(y) % 64 == 0
+        assert float(tf.reduce_sum(y * 2.0)) == float(a.sum() * 2)
+    np.testing.assert_array_equal(values(dst, y), a)
+
+
+def test_read_only_numpy_data_stays_unwritten_through_torch_and_jax():
+    torch = need("torch")
+    need("jax")
+    a = aligned(np.arange(6, dtype=np.float32))
+    a.flags.writeable = False
+    t = ab.convert_memory(a, "numpy", "torch")
+    assert ptr(t) != a.ctypes.data  # torch has no read-only tensors: a copy
+    t += 1
+    np.testing.assert_array_equal(a, np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(t.numpy(), a + 1)
+    j = ab.convert_memory(a, "numpy", "jax")
+    np.testing.assert_array_equal(np.asarray(j), a)
+    assert isinstance(torch.zeros(1), torch.Tensor)
+
+
+def test_torch_conjugate_and_negative_views_give_their_values():
+    torch = need("torch")
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    c = z.conj()
+    assert c.is_conj()
+    np.testing.assert_array_equal(ab.convert_memory(c, "torch", "numpy"), np.conj(z.numpy()))
+    neg = c.imag  # a view with the negative bit set
+    assert neg.is_neg()
+    np.testing.assert_array_equal(ab.convert_memory(neg, "torch", "numpy"), [-2.0, 4.0])
+    np.testing.assert_array_equal(ab.convert_memory(neg, "torch", "numpy", dtype="float64"), [-2.0, 4.0])
+
+
+def test_keywords_are_read_before_the_data_is_taken():
+    # A keyword whose __float__ replaces the source tensor's storage: the
+    # conversion must read the storage as it is after that, never the
+    # freed one.
+    torch = need("torch")
+
+    for call in ("convert_memory", "to_device"):
+        src = torch.arange(1 << 16, dtype=torch.float32)
+
+        class Scale:
+            def __float__(self):
+                src.set_(torch.full((1 << 16,), 3.0))
+                return 2.0
+
+        if call == "convert_memory":
+            out = ab.convert_memory(src, "torch", "numpy", scale=Scale())
+        else:
+            out = np.from_dlpack(ab.to_device(src, "cpu", scale=Scale()))
+        np.testing.assert_array_equal(out, np.full(1 << 16, 6.0, np.float32))
+
+
+def test_dtype_keyword_takes_every_frameworks_dtype_objects_and_gpu_id_numpy_ints():
+    torch = need("torch")
+    tf = need("tensorflow")
+    need("jax")
+    import jax.numpy as jnp
+    a = np.arange(6, dtype=np.int32)
+    for d, want in ((torch.float16, np.float16), (np.float32, np.float32), (np.dtype("uint8"), np.uint8),
+                    (tf.float64, np.float64), (jnp.bfloat16, None), ("int16", np.int16)):
+        y = ab.convert_memory(a, "numpy", "torch", dtype=d)
+        assert dtype_of(y) == (np.dtype(want).name if want is not None else "bfloat16")
+        np.testing.assert_array_equal(y.float().numpy(), a.astype(np.float32))
+    with pytest.raises(ab.MemoryConversionError, match="dtype"):
+        ab.convert_memory(a, "numpy", "torch", dtype=object())
+    with pytest.raises(ab.MemoryConversionError, match="gpu_id must be an int"):
+        ab.convert_memory(a, "numpy", "torch", gpu_id=1.0)
+    opencl(2)
+    g = ab.convert_memory(a.astype(np.float32), "numpy", "pyclesperanto", gpu_id=np.int64(1))
+    np.testing.assert_array_equal(values("pyclesperanto", g), a)
+
+
+def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
+    opencl(1)
+    need("pyclesperanto")
+    for a in (np.array(2.0, np.float32), np.zeros((0, 3), np.float32), np.zeros((2, 2, 2, 2), np.float32)):
+        with pytest.raises(ab.MemoryConversionError, match="1 to 3 dimensions"):
+            ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+
+
+def test_tensorflow_variables_are_taken_as_their_value():
+    tf = need("tensorflow")
+    v = tf.Variable([1.0, 2.0, 3.0])
+    assert ab.convert_memory(v, "tensorflow", "tensorflow") is v
+    np.testing.assert_array_equal(ab.convert_memory(v, "tensorflow", "numpy"), [1, 2, 3])
+    np.testing.assert_array_equal(values("torch", ab.convert_memory(v, "tensorflow", "torch")), [1, 2, 3])
+
+
 # ---- pyclesperanto on PoCL ------------------------------------------------------
 
 
@@ -434,6 +543,31 @@ def test_convert_into_refuses_bad_outputs():
     assert not ro.any()
     ab.convert_into(np.arange(3, dtype=np.int64), out, index=-1)
     np.testing.assert_array_equal(np.from_dlpack(out)[1], [0, 1, 2])
+    with pytest.raises(IndexError):
+        ab.convert_into(np.zeros(3, np.float32), out, index=1 << 70)
+    # A broadcast (stride-0) axis 0: its planes are one memory.
+    flat = np.zeros(3, np.float32)
+    bcast = np.lib.stride_tricks.as_strided(flat, (4, 3), (0, 4), writeable=True)
+    with pytest.raises(ValueError, match="stride 0"):
+        ab.convert_into(np.ones(3, np.float32), bcast, index=1)
+    assert not flat.any()
+    # JAX and TensorFlow arrays are immutable, whatever their DLPack says.
+    need("jax")
+    import jax.numpy as jnp
+    tf = need("tensorflow")
+    for imm in (jnp.zeros((2, 3), jnp.float32), tf.zeros((2, 3))):
+        with pytest.raises(TypeError, match="immutable"):
+            ab.convert_into(np.ones((2, 3), np.float32), imm)
+        assert not np.asarray(imm).any()
+
+
+def test_convert_into_an_index_of_a_reversed_output():
+    base = np.zeros((3, 4), np.float32)
+    rev = base[::-1]
+    for i in range(3):
+        ab.convert_into(np.full(4, i + 1, np.float32), rev, index=i)
+    np.testing.assert_array_equal(base[:, 0], [3, 2, 1])
+    np.testing.assert_array_equal(rev, np.repeat(np.arange(1, 4, dtype=np.float32), 4).reshape(3, 4))
 
 
 # ---- other libraries in the same process ----------------------------------------
@@ -457,6 +591,32 @@ ORDERS = {
                                      "import tensorflow as tf\n"
                                      "assert ab.convert_memory(g, 'pyclesperanto', 'tensorflow').shape == (4, 4)\n",
 }
+
+
+PRELOADS = {  # environment -> whether `import arraybridge` loads PoCL (with RTLD_DEEPBIND)
+    (): True,
+    (("AB_OPENCL_DEEPBIND", "0"),): False,
+    (("AB_OPENCL_DEEPBIND", "off"),): False,
+    (("OCL_ICD_VENDORS", "pocl.icd"),): True,  # a bare name: looked up in the vendors directory
+    (("OCL_ICD_VENDORS", "/nonexistent/none.icd"),): False,
+    (("OCL_ICD_FILENAMES", "/nonexistent/libnone.so"),): True,  # the vendors directory still counts
+    (("OPENCL_VENDOR_PATH", "/nonexistent"),): False,
+}
+
+
+@pytest.mark.parametrize("env", sorted(PRELOADS), ids=lambda e: ",".join("%s=%s" % kv for kv in e) or "default")
+def test_import_preloads_the_drivers_the_icd_loader_would_load(env):
+    opencl(1)
+    if not os.path.exists("/etc/OpenCL/vendors/pocl.icd"):
+        pytest.skip("PoCL is not installed through /etc/OpenCL/vendors/pocl.icd")
+    code = ("import arraybridge\n"
+            "print(any('libpocl' in line for line in open('/proc/self/maps')))\n")
+    full = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "OCL_ICD_FILENAMES",
+                                                               "OPENCL_VENDOR_PATH", "AB_OPENCL_DEEPBIND")}
+    full.update(dict(env))
+    r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(PRELOADS[env]), r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS))
