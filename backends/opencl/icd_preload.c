@@ -13,9 +13,10 @@
  * other ICD loader in the process (pyclesperanto ships its own).
  *
  * The handles are never closed: the drivers stay for the process's life,
- * as they would through the ICD loader. AB_OPENCL_DEEPBIND=0 turns this
- * off. Sanitizer runtimes refuse RTLD_DEEPBIND (they abort the process), so
- * sanitized builds skip it. */
+ * as they would through the ICD loader. AB_OPENCL_DEEPBIND=0 (or off,
+ * false, no) turns this off. Sanitizer runtimes refuse RTLD_DEEPBIND (they
+ * abort the process), so sanitized builds skip it, and so does a process
+ * where a sanitizer runtime was loaded some other way (LD_PRELOAD). */
 #define _GNU_SOURCE 1
 #include "backends/opencl/icd_preload.h"
 
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "internal.h"
@@ -85,27 +87,55 @@ static void preload_icd_dir(const char *dir) {
   closedir(d);
 }
 
-/* The drivers the ICD loaders (ocl-icd and Khronos') would load:
- * OCL_ICD_FILENAMES (libraries, ':'-separated), else OCL_ICD_VENDORS (a
- * directory of .icd files, one .icd file, or a library), else the .icd files
- * of /etc/OpenCL/vendors. */
+static bool env_off(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && (strcmp(v, "0") == 0 || strcasecmp(v, "off") == 0 || strcasecmp(v, "false") == 0 ||
+                       strcasecmp(v, "no") == 0);
+}
+
+/* A sanitizer runtime in the process (a sanitized program, or one
+ * LD_PRELOADed under a Python that is not): it aborts on RTLD_DEEPBIND. */
+static bool sanitizer_present(void) {
+  static const char *const inits[] = {"__asan_init", "__tsan_init", "__msan_init", "__hwasan_init"};
+  for (size_t k = 0; k < sizeof inits / sizeof *inits; k++)
+    if (dlsym(RTLD_DEFAULT, inits[k]) != NULL) return true;
+  return false;
+}
+
+/* The drivers the ICD loaders (ocl-icd and Khronos') would load, as
+ * ocl-icd's libOpenCL(7) describes: the libraries of OCL_ICD_FILENAMES
+ * (':'-separated), and besides them OCL_ICD_VENDORS when set (a directory
+ * of .icd files; an .icd file, a bare name looked up in the vendors
+ * directory first; else a library), else the .icd files of the vendors
+ * directory ($OPENCL_VENDOR_PATH, else /etc/OpenCL/vendors). */
 static void preload_all(void) {
-  const char *v = getenv("AB_OPENCL_DEEPBIND");
-  if (v != NULL && strcmp(v, "0") == 0) return;
+  if (env_off("AB_OPENCL_DEEPBIND")) return;
+  if (sanitizer_present()) {
+    AB_LOG(AB_LOG_DEBUG, "a sanitizer runtime is loaded: OpenCL drivers are not preloaded with RTLD_DEEPBIND");
+    return;
+  }
   const char *files = getenv("OCL_ICD_FILENAMES");
   if (files != NULL && *files != '\0') {
     char *copy = strdup(files), *save = NULL;
-    if (copy == NULL) return;
-    for (char *lib = strtok_r(copy, ":", &save); lib != NULL; lib = strtok_r(NULL, ":", &save)) preload(lib);
+    if (copy != NULL)
+      for (char *lib = strtok_r(copy, ":", &save); lib != NULL; lib = strtok_r(NULL, ":", &save)) preload(lib);
     free(copy);
-  } else {
-    const char *vendors = getenv("OCL_ICD_VENDORS");
-    struct stat sb;
-    if (vendors == NULL || *vendors == '\0') preload_icd_dir("/etc/OpenCL/vendors");
-    else if (stat(vendors, &sb) == 0 && S_ISDIR(sb.st_mode)) preload_icd_dir(vendors);
-    else if (ends_with(vendors, ".icd")) preload_icd_file(vendors);
-    else preload(vendors);
   }
+  const char *dir = getenv("OPENCL_VENDOR_PATH");
+  if (dir == NULL || *dir == '\0') dir = "/etc/OpenCL/vendors";
+  const char *vendors = getenv("OCL_ICD_VENDORS");
+  struct stat sb;
+  char path[4096];
+  if (vendors == NULL || *vendors == '\0') preload_icd_dir(dir);
+  else if (stat(vendors, &sb) == 0 && S_ISDIR(sb.st_mode)) preload_icd_dir(vendors);
+  else if (ends_with(vendors, ".icd")) {
+    if (strchr(vendors, '/') == NULL && snprintf(path, sizeof path, "%s/%s", dir, vendors) < (int)sizeof path &&
+        stat(path, &sb) == 0)
+      preload_icd_file(path);
+    else
+      preload_icd_file(vendors);
+  } else
+    preload(vendors);
   AB_LOG(AB_LOG_DEBUG, "%d OpenCL driver(s) preloaded with RTLD_DEEPBIND", preloaded);
 }
 

@@ -217,8 +217,9 @@ AB_API DLDevice ab_best_device(void);
  * ICD loader user) opens the same drivers, when that other library may be
  * loaded after one that holds LLVM: the Python module calls it at import.
  * Once per process; further calls do nothing. Never fails. Skipped in
- * builds with AddressSanitizer or ThreadSanitizer (their runtimes refuse
- * RTLD_DEEPBIND) and when AB_OPENCL_DEEPBIND=0. */
+ * builds with AddressSanitizer or ThreadSanitizer and in a process where a
+ * sanitizer runtime is loaded (they refuse RTLD_DEEPBIND), and when
+ * AB_OPENCL_DEEPBIND is 0 (or off, false, no). */
 AB_API void ab_preload_drivers(void);
 
 /* ---- conversion ------------------------------------------------------- */
