@@ -13,7 +13,7 @@
 
 #include "bench_util.h"
 
-#include "backend.h"
+#include "core.h"
 #include "pool.h"
 
 enum kind { POOL, TENSOR, MALLOC, RAW };

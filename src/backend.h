@@ -1,12 +1,14 @@
-/* The backend interface: one `const struct ab_backend` per memory-space
- * family (backends/host, later backends/cuda and backends/opencl), filled
- * with designated initialisers and registered in src/device.c.
+/* The backend interface: one `const struct ab_backend` per memory space
+ * (backends/host, backends/cuda, backends/opencl), filled with designated
+ * initialisers and registered in src/device.c. This is all a backend
+ * includes of the core; the core's own declarations are in src/core.h.
  *
  * Contract
  *  - Identity first: device_type and name are never NULL/0.
  *  - A NULL operation means "not supported". Only the wrappers in
- *    src/device.c call through the table; they turn NULL into
- *    AB_ERR_UNSUPPORTED with a message, so nobody else tests the pointers.
+ *    src/backend.c (declared in src/core.h) call through the table; they
+ *    turn NULL into AB_ERR_UNSUPPORTED with a message, so nobody else
+ *    tests the pointers.
  *  - `id` arguments are always in [0, device_count()), checked by the core.
  *  - Every operation may be called from any thread at any time after init
  *    returned AB_OK; a backend guards its own state.
@@ -33,7 +35,9 @@
 #define AB_BACKEND_H
 
 #include "internal.h"
-#include "converters/host/convert.h"
+
+/* The arguments of a conversion (converters/host/convert.h). */
+typedef struct ab__convert_args ab__convert_args;
 
 /* Alignment of every data block the library allocates (DLPack asks for
  * 256 bytes, as CUDA gives). */
@@ -169,48 +173,8 @@ extern const struct ab_backend ab__backend_opencl, ab__backend_opencl_host;
 extern const struct ab_backend ab__backend_cuda, ab__backend_cuda_host, ab__backend_cuda_managed;
 #endif
 
-/* ---- registry and wrappers (device.c) --------------------------------- */
+/* ---- helpers for backends (device.c) ----------------------------------- */
 
-/* The staging memory of device `id` of `be` (see ab_backend.staging) into
- * *out; false when it has none, or none right now (no devices of the
- * staging type). */
-bool ab__staging_device(const struct ab_backend *be, int32_t id, DLDevice *out);
-
-/* ab__check_device for a device a tensor names (a source, a target, an
- * allocation): staging-only memory (AB_CAP_STAGING_ONLY) is refused. */
-ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
-                                  const struct ab_backend **be);
-
-/* Initialises the backends once (thread-safe, lazily). */
-void ab__ensure_init(void);
-
-/* The backend serving `type`, or NULL if none is built in. */
-const struct ab_backend *ab__backend_for(DLDeviceType type);
-
-/* Checks a device named by a caller. `what` names it in messages ("src
- * device", "target device"). A target may carry AB_DEVICE_AUTO, which is resolved here
- * into *resolved. On success *be is the backend. */
-ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
-                           DLDevice *resolved, const struct ab_backend **be);
-
-/* Total and free memory of a device, 0 when unknown. Never fails and
- * leaves the thread's error message as it was. */
-void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);
-
-/* Wrappers that are the only callers of the table; they add the fault hook
- * on allocations and turn NULL operations into AB_ERR_UNSUPPORTED. */
-ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
-void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
-ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream, bool async);
-bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
-                         const ab__convert_args *a);
-ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
-                          uint64_t dst_offset, const ab__convert_args *a, void *stream, bool async);
-bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact);
-ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
-                        const void *src, size_t bytes, void *stream);
-ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
-                       void *dst, size_t bytes, void *stream);
 /* Whether this tensor's layout is one rectangle transfer: rows of
  * contiguous bytes (up to 3-D after merging dims, positive strides, rows
  * and slices not overlapping, the slice pitch a multiple of the row pitch),
@@ -222,46 +186,5 @@ typedef struct ab__rect {
   size_t row_pitch, slice_pitch;
 } ab__rect;
 bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect);
-bool ab__dev_has_read_rect(const struct ab_backend *be);
-uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id);
-/* Whether two backends belong to one driver family (they share a name, as
- * cuda, cuda_host and cuda_managed do), so that a stream of one means
- * something to the other. */
-bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b);
-bool ab__dev_has_write_rect(const struct ab_backend *be);
-ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
-                             const ab__rect *rect, const void *src, void *stream);
-ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
-                            const ab__rect *rect, void *dst, void *stream);
-/* The staging ring (staging.c): a compact transfer between pageable host
- * memory and the device `id` of `be`, through a ring of chunks of the
- * backend's staging memory: the host copy into chunk k overlaps the DMA of
- * chunk k-1. Falls back to be->write / be->read when the backend has no
- * ring operations, the host memory already is staging memory, the transfer
- * is below AB_STAGING_MIN bytes, or no chunk can be allocated. Complete on
- * return, like write/read, except that with `async` a transfer from or into
- * host memory that already is staging memory is only queued on `stream`
- * (write_async/read_async; the early return of the backend contract). */
-ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset, const void *src,
-                           size_t bytes, void *stream, bool async);
-ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset, void *dst,
-                          size_t bytes, void *stream, bool async);
-/* Whether ab__staged_write/read with `async` would only queue the transfer
- * from or into `host` (the host side already is staging memory). */
-bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async);
-/* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
- * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
- * direct), read once; ab__staging_reload_env re-reads them (tests). */
-struct ab__staging_config {
-  size_t chunk, count, min;
-};
-struct ab__staging_config ab__staging_config(void);
-void ab__staging_reload_env(void);
-/* Re-reads AB_CONVERT_PLACE (auto, host, device: where conversions run
- * when the route leaves a choice) on the next conversion (tests). */
-void ab__convert_reload_env(void);
-
-ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
-                              uint64_t begin, uint64_t end);
 
 #endif /* AB_BACKEND_H */

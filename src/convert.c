@@ -7,8 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "converters/host/convert.h"
+#include "core.h"
 #include "converters/host/gather.h"
 #include "dlpack.h"
 #include "parallel.h"
@@ -523,11 +522,9 @@ static ab_status run_copy(const DLTensor *src, const struct prepared *p, DLTenso
                               p->lay.compact && on_stream(first, &owner) && ab__same_family(p->sbe, owner.be) &&
                               ab__staged_queueable(ab__backend_for(first->via), (const char *)src->data + src->byte_offset,
                                                    true);
-  if (p->sbe->host_sync != NULL && !stream_ordered) {
+  if (ab__dev_needs_host_sync(p->sbe) && !stream_ordered) {
     void *s = owner.stream != NULL && ab__same_family(p->sbe, owner.be) ? owner.stream : NULL;
-    if (AB_UNLIKELY(ab__fault_transfer_check()))
-      return AB_FAIL(AB_ERR_BACKEND, "%s: host_sync failed (injected transfer fault)", p->sbe->name);
-    AB_FORWARD(p->sbe->host_sync(p->sdev.device_id, s));
+    AB_FORWARD(ab__dev_host_sync(p->sbe, p->sdev.device_id, s));
   }
   const uint32_t prev = ab__parallel_call_threads(p->o.threads);
   ab_status st = run_steps(&p->plan, src, &p->lay, p->q.src_rect || p->q.dst_rect ? &p->rect : NULL, &p->cv, dst,

@@ -32,7 +32,7 @@ static char backend_why[NBACKENDS][256]; /* why a backend has no devices */
 
 void ab_preload_drivers(void) {
   for (size_t i = 0; i < NBACKENDS; i++)
-    if (backends[i]->preload != NULL) backends[i]->preload();
+    ab__dev_preload(backends[i]);
 }
 
 void ab__ensure_init(void) {
@@ -42,7 +42,7 @@ void ab__ensure_init(void) {
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
     for (size_t i = 0; i < NBACKENDS; i++) {
-      ab_status st = backends[i]->init ? backends[i]->init() : AB_OK;
+      ab_status st = ab__dev_init(backends[i]);
       backend_up[i] = st == AB_OK;
       if (st != AB_OK) {
         /* The reason is kept for NO_DEVICE messages; the caller's own
@@ -63,7 +63,7 @@ void ab_shutdown(void) {
   pthread_mutex_lock(&init_lock);
   if (atomic_load_explicit(&inited, memory_order_relaxed)) {
     for (size_t i = NBACKENDS; i-- > 0;) {
-      if (backend_up[i] && backends[i]->shutdown) backends[i]->shutdown();
+      if (backend_up[i]) ab__dev_shutdown(backends[i]);
       backend_up[i] = false;
     }
     atomic_store_explicit(&inited, false, memory_order_release);
@@ -107,26 +107,12 @@ const char *ab_device_type_name(DLDeviceType type) {
 
 static int32_t count_of(int i) {
   ab__ensure_init();
-  return backend_up[i] ? backends[i]->device_count() : 0;
+  return backend_up[i] ? ab__dev_count(backends[i]) : 0;
 }
 
 int32_t ab_device_count(DLDeviceType type) {
   int i = backend_index(type);
   return i < 0 ? 0 : count_of(i);
-}
-
-static ab_status info_of(const struct ab_backend *be, int32_t id, struct ab_device_info *out) {
-  if (be->device_info == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot describe its devices", be->name);
-  struct ab_device_info tmp;
-  memset(&tmp, 0, sizeof tmp);
-  tmp.device.device_type = be->device_type;
-  tmp.device.device_id = id;
-  snprintf(tmp.backend, sizeof tmp.backend, "%s", be->name);
-  tmp.host_accessible = (be->caps & AB_CAP_HOST_ACCESSIBLE) != 0;
-  AB_FORWARD(be->device_info(id, &tmp));
-  *out = tmp;
-  return AB_OK;
 }
 
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
@@ -153,7 +139,7 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
     ab__save_error(saved);
     for (int32_t id = 0; id < n; id++) {
       struct ab_device_info info;
-      if (info_of(backends[i], id, &info) != AB_OK) continue;
+      if (ab__dev_info(backends[i], id, &info) != AB_OK) continue;
       /* OpenCL cannot say how much is free: total memory stands in. */
       uint64_t avail = info.free_memory ? info.free_memory : info.total_memory;
       if (id == 0 || avail > best_free) {
@@ -188,7 +174,7 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
 
 bool ab__staging_device(const struct ab_backend *be, int32_t id, DLDevice *out) {
   if (be->staging == 0) return false;
-  const int32_t sid = be->staging_id != NULL ? be->staging_id(id) : 0;
+  const int32_t sid = ab__dev_staging_id(be, id);
   if (sid < 0 || sid >= ab_device_count(be->staging)) return false;
   *out = (DLDevice){be->staging, sid};
   return true;
@@ -198,14 +184,14 @@ ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
   const struct ab_backend *be;
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
-  return info_of(be, dev.device_id, out);
+  return ab__dev_info(be, dev.device_id, out);
 }
 
 void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b) {
   struct ab_device_info info = {0}; /* written only on success; zeroed to quiet -Wmaybe-uninitialized */
   char saved[AB_ERRBUF_SIZE];
   ab__save_error(saved);
-  if (info_of(be, id, &info) == AB_OK) {
+  if (ab__dev_info(be, id, &info) == AB_OK) {
     *free_b = info.free_memory;
     *total_b = info.total_memory;
   } else {
@@ -214,74 +200,7 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
   ab__restore_error(saved);
 }
 
-/* ---- the only callers of the table ------------------------------------ */
-
-/* A numbered fault site for the tests' transfer sweep (ab__fault_arm_transfer). */
-#define INJECT_TRANSFER_FAULT(be, what)                                                              \
-  do {                                                                                             \
-    if (AB_UNLIKELY(ab__fault_transfer_check()))                                                   \
-      return AB_FAIL(AB_ERR_BACKEND, "%s: %s failed (injected transfer fault)", (be)->name, (what)); \
-  } while (0)
-
-ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out) {
-  if (be->alloc == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot allocate memory", be->name);
-  if (ab__fault_check())
-    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "%s:%" PRId32 ": allocation of %zu bytes failed (injected fault)",
-                   ab_device_type_name(be->device_type), id, bytes);
-  return be->alloc(id, bytes, out);
-}
-
-void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes) {
-  if (be->free != NULL) be->free(id, ptr, bytes);
-}
-
-ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream, bool async) {
-  if (be->copy == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot copy between its devices", be->name);
-  INJECT_TRANSFER_FAULT(be, "copy");
-  return be->copy(from, to, stream, async);
-}
-
-bool ab__dev_can_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset,
-                         const ab__convert_args *a) {
-  return be->convert != NULL && be->can_convert != NULL && be->can_convert(id, src, src_offset, a);
-}
-
-ab_status ab__dev_convert(const struct ab_backend *be, int32_t id, const void *src, uint64_t src_offset, void *dst,
-                          uint64_t dst_offset, const ab__convert_args *a, void *stream, bool async) {
-  if (be->convert == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot convert on its devices", be->name);
-  INJECT_TRANSFER_FAULT(be, "convert");
-  return be->convert(id, src, src_offset, dst, dst_offset, a, stream, async);
-}
-
-bool ab__dev_can_copy(const struct ab_backend *be, const DLTensor *from, DLDevice to, bool from_compact) {
-  if (be->copy == NULL) return false;
-  return be->can_copy == NULL || be->can_copy(from, to, from_compact);
-}
-
-ab_status ab__dev_write(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
-                        const void *src, size_t bytes, void *stream) {
-  if (be->write == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write from host memory", be->name);
-  INJECT_TRANSFER_FAULT(be, "write");
-  return be->write(id, handle, offset, src, bytes, stream);
-}
-
-ab_status ab__dev_read(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
-                       void *dst, size_t bytes, void *stream) {
-  if (be->read == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read into host memory", be->name);
-  INJECT_TRANSFER_FAULT(be, "read");
-  return be->read(id, handle, offset, dst, bytes, stream);
-}
-
-ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const void *handle,
-                              uint64_t begin, uint64_t end) {
-  if (be->check_range == NULL) return AB_OK; /* host memory: the producer's contract */
-  return be->check_range(id, handle, begin, end);
-}
+/* ---- layouts the transfers share ---------------------------------------- */
 
 bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
   int64_t bytes[AB_MAX_NDIM], shape[AB_MAX_NDIM], stride[AB_MAX_NDIM]; /* outermost first */
@@ -314,33 +233,6 @@ bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
   rect->row_pitch = row_pitch;
   rect->slice_pitch = slice_pitch;
   return true;
-}
-
-ab_status ab__dev_read_rect(const struct ab_backend *be, int32_t id, const void *handle, uint64_t offset,
-                            const ab__rect *rect, void *dst, void *stream) {
-  if (be->read_rect == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot read rectangles", be->name);
-  INJECT_TRANSFER_FAULT(be, "read_rect");
-  return be->read_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, dst, stream);
-}
-
-bool ab__dev_has_read_rect(const struct ab_backend *be) { return be->read_rect != NULL; }
-bool ab__dev_has_write_rect(const struct ab_backend *be) { return be->write_rect != NULL; }
-
-ab_status ab__dev_write_rect(const struct ab_backend *be, int32_t id, void *handle, uint64_t offset,
-                             const ab__rect *rect, const void *src, void *stream) {
-  if (be->write_rect == NULL)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot write rectangles", be->name);
-  INJECT_TRANSFER_FAULT(be, "write_rect");
-  return be->write_rect(id, handle, offset, rect->region, rect->row_pitch, rect->slice_pitch, src, stream);
-}
-
-uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id) {
-  return be->caps | (be->device_caps ? be->device_caps(id) : 0);
-}
-
-bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b) {
-  return a == b || (a != NULL && b != NULL && strcmp(a->name, b->name) == 0);
 }
 
 /* ---- device strings and the best device ---------------------------------- */
@@ -403,7 +295,7 @@ static int32_t discrete_opencl(void) {
   if (be == NULL) return -1;
   for (int32_t id = 0; id < ab_device_count(kDLOpenCL); id++) {
     struct ab_device_info info = {0};
-    if (info_of(be, id, &info) != AB_OK || info.unified_memory) continue;
+    if (ab__dev_info(be, id, &info) != AB_OK || info.unified_memory) continue;
     if (best < 0 || info.total_memory > best_total) {
       best = id;
       best_total = info.total_memory;
@@ -437,8 +329,7 @@ DLDevice ab_best_device(void) {
 ab_status ab_synchronize(DLDevice dev, void *stream) {
   const struct ab_backend *be;
   AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
-  if (be->synchronize == NULL) return AB_OK;
-  return be->synchronize(dev.device_id, stream);
+  return ab__dev_synchronize(be, dev.device_id, stream);
 }
 
 ab_status ab_peer_access(DLDevice from, DLDevice to, int *can) {
@@ -447,6 +338,6 @@ ab_status ab_peer_access(DLDevice from, DLDevice to, int *can) {
   AB_FORWARD(ab__check_device(from, "from device", false, &from, &fb));
   AB_FORWARD(ab__check_device(to, "to device", false, &to, &tb));
   if (from.device_type == to.device_type && from.device_id == to.device_id) *can = 1;
-  else *can = fb == tb && fb->peer_access != NULL && fb->peer_access(from.device_id, to.device_id);
+  else *can = fb == tb && ab__dev_peer_access(fb, from.device_id, to.device_id);
   return AB_OK;
 }

@@ -4,7 +4,7 @@
 #ifndef AB_POOL_H
 #define AB_POOL_H
 
-#include "backend.h"
+#include "core.h"
 
 struct ab__pool;
 

@@ -2,7 +2,7 @@
  * another. Pure: it sees only the query. */
 #include <inttypes.h>
 
-#include "backend.h"
+#include "core.h"
 #include "route.h"
 
 static bool same_device(DLDevice a, DLDevice b) {

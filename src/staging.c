@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core.h"
 #include "pool.h"
 
 #define MAX_CHUNKS 16
@@ -63,12 +63,6 @@ void ab__staging_reload_env(void) {
   pthread_mutex_unlock(&cfg_lock);
 }
 
-/* The ring's calls into the backend, each a numbered fault site. */
-#define RING_CALL(be, what, call) \
-  (AB_UNLIKELY(ab__fault_transfer_check()) \
-       ? AB_FAIL(AB_ERR_BACKEND, "%s: %s failed (injected transfer fault)", (be)->name, (what)) \
-       : (call))
-
 struct ring {
   const struct ab_backend *be;
   int32_t id;
@@ -85,21 +79,21 @@ struct ring {
  * DMA may still touch it. */
 static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
   bool drained = false;
-  if (st != AB_OK && r->be->stream_sync != NULL) {
-    r->be->stream_sync(r->id, stream);
+  if (st != AB_OK) {
+    ab__dev_stream_sync(r->be, r->id, stream);
     drained = true;
   }
   for (size_t i = 0; i < r->n; i++) {
     if (!r->busy[i]) continue;
-    ab_status w = RING_CALL(r->be, "fence_wait", r->be->fence_wait(r->fence[i]));
-    if (w != AB_OK && !drained && r->be->stream_sync != NULL) {
-      r->be->stream_sync(r->id, stream); /* a fence we cannot trust: wait for everything */
+    ab_status w = ab__dev_fence_wait(r->be, r->fence[i]);
+    if (w != AB_OK && !drained) {
+      ab__dev_stream_sync(r->be, r->id, stream); /* a fence we cannot trust: wait for everything */
       drained = true;
     }
     if (st == AB_OK) st = w;
   }
   for (size_t i = 0; i < r->n; i++) {
-    if (r->fence[i] != NULL) r->be->fence_free(r->fence[i]);
+    if (r->fence[i] != NULL) ab__dev_fence_free(r->be, r->fence[i]);
     if (r->chunk[i] != NULL) ab__pool_free(r->chunk[i]);
   }
   return st;
@@ -131,7 +125,7 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
   ab__save_error(saved);
   for (size_t i = 0; i < r->n; i++) {
     size_t want = bytes < *chunk ? bytes : *chunk;
-    if (ab__pool_alloc(sbe, sdev, want, &r->chunk[i]) != AB_OK || be->fence_new(id, &r->fence[i]) != AB_OK) {
+    if (ab__pool_alloc(sbe, sdev, want, &r->chunk[i]) != AB_OK || ab__dev_fence_new(be, id, &r->fence[i]) != AB_OK) {
       AB_LOG(AB_LOG_DEBUG, "staging ring for %zu bytes not available (%s): direct transfer", bytes, ab_last_error());
       (void)ring_close(r, AB_OK, NULL);
       ab__restore_error(saved);
@@ -144,19 +138,19 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
 /* Whether a transfer of `bytes` at host address `host` should take the ring. */
 static bool wanted(const struct ab_backend *be, int32_t id, const void *host, size_t bytes) {
   DLDevice sdev;
-  if (be->write_async == NULL || !ab__staging_device(be, id, &sdev)) return false;
+  if (!ab__dev_has_ring(be) || !ab__staging_device(be, id, &sdev)) return false;
   if (bytes < ab__staging_config().min) return false;
-  return !be->host_is_staged(host);
+  return !ab__dev_host_is_staged(be, host);
 }
 
 bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async) {
-  return async && be->write_async != NULL && be->host_is_staged(host);
+  return async && ab__dev_has_ring(be) && ab__dev_host_is_staged(be, host);
 }
 
 /* A queued transfer that failed may have left part of itself in flight:
  * the caller is about to give its buffers back, so wait for the stream. */
 static ab_status queued(const struct ab_backend *be, int32_t id, void *stream, ab_status st) {
-  if (st != AB_OK && be->stream_sync != NULL) be->stream_sync(id, stream);
+  if (st != AB_OK) ab__dev_stream_sync(be, id, stream);
   return st;
 }
 
@@ -165,7 +159,7 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
   struct ring r;
   size_t chunk;
   if (ab__staged_queueable(be, src, async))
-    return queued(be, id, stream, RING_CALL(be, "write_async", be->write_async(id, handle, offset, src, bytes, stream)));
+    return queued(be, id, stream, ab__dev_write_async(be, id, handle, offset, src, bytes, stream));
   if (!wanted(be, id, src, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_write(be, id, handle, offset, src, bytes, stream);
   ab_status st = AB_OK;
@@ -173,12 +167,12 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
     const size_t i = k % r.n, len = bytes - done < chunk ? bytes - done : chunk;
     if (r.busy[i]) {
       r.busy[i] = false;
-      st = RING_CALL(be, "fence_wait", be->fence_wait(r.fence[i]));
+      st = ab__dev_fence_wait(be, r.fence[i]);
       if (st != AB_OK) break;
     }
     memcpy(r.chunk[i]->ptr, (const char *)src + done, len);
-    st = RING_CALL(be, "write_async", be->write_async(id, handle, offset + done, r.chunk[i]->ptr, len, stream));
-    if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[i], stream));
+    st = ab__dev_write_async(be, id, handle, offset + done, r.chunk[i]->ptr, len, stream);
+    if (st == AB_OK) st = ab__dev_fence_record(be, id, r.fence[i], stream);
     r.busy[i] = st == AB_OK; /* otherwise ring_close drains the stream */
     done += len;
   }
@@ -190,7 +184,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
   struct ring r;
   size_t chunk;
   if (ab__staged_queueable(be, dst, async))
-    return queued(be, id, stream, RING_CALL(be, "read_async", be->read_async(id, handle, offset, dst, bytes, stream)));
+    return queued(be, id, stream, ab__dev_read_async(be, id, handle, offset, dst, bytes, stream));
   if (!wanted(be, id, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_read(be, id, handle, offset, dst, bytes, stream);
   const size_t nchunks = (bytes + chunk - 1) / chunk;
@@ -198,21 +192,20 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
   /* Chunk k lives in slot k % n; queue_read(k) starts it. */
 #define CHUNK_LEN(k) ((k) == nchunks - 1 ? bytes - (k) * chunk : chunk)
   for (size_t k = 0; k < r.n && st == AB_OK; k++) {
-    st = RING_CALL(be, "read_async", be->read_async(id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream));
-    if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[k], stream));
+    st = ab__dev_read_async(be, id, handle, offset + k * chunk, r.chunk[k]->ptr, CHUNK_LEN(k), stream);
+    if (st == AB_OK) st = ab__dev_fence_record(be, id, r.fence[k], stream);
     r.busy[k] = st == AB_OK;
   }
   for (size_t k = 0; k < nchunks && st == AB_OK; k++) {
     const size_t i = k % r.n;
     r.busy[i] = false;
-    st = RING_CALL(be, "fence_wait", be->fence_wait(r.fence[i]));
+    st = ab__dev_fence_wait(be, r.fence[i]);
     if (st != AB_OK) break;
     memcpy((char *)dst + k * chunk, r.chunk[i]->ptr, CHUNK_LEN(k));
     const size_t next = k + r.n;
     if (next < nchunks) {
-      st = RING_CALL(be, "read_async",
-                     be->read_async(id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream));
-      if (st == AB_OK) st = RING_CALL(be, "fence_record", be->fence_record(id, r.fence[i], stream));
+      st = ab__dev_read_async(be, id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream);
+      if (st == AB_OK) st = ab__dev_fence_record(be, id, r.fence[i], stream);
       r.busy[i] = st == AB_OK;
     }
   }

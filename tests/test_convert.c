@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "backend.h"
+#include "core.h"
 #include "support.h"
 
 static int dtype_eq(DLDataType a, DLDataType b) {

@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "backend.h"
+#include "core.h"
 #include "internal.h"
 #include "support.h"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core.h"
 #include "route.h"
 #include "support.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "core.h"
 #include "internal.h"
 #include "pool.h"
 #include "support.h"

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "converters/host/convert.h"
 #include "converters/host/gather.h"
 #ifdef AB_HAVE_CUDA_KERNELS
 #include "converters/cuda/convert.h"

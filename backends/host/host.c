@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "converters/host/convert.h"
 #include "parallel.h"
 
 static int32_t host_count(void) { return 1; }

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "converters/host/convert.h"
 #include "backends/opencl/icd_preload.h"
 #include "converters/host/gather.h"
 
