@@ -171,9 +171,15 @@ int main(int argc, char **argv) {
   if (px == NULL) return 1;
   int rc = 0;
   if (device != NULL && strcmp(device, "all") == 0) {
-    static const DLDeviceType types[] = {kDLCPU, kDLCUDA, kDLOpenCL};
-    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+    /* The host, and every device whose memory is its own (not host
+     * memory such as cuda_host): where a round trip means a transfer. */
+    DLDeviceType types[16];
+    const int ntypes = ab_device_types(types, 16);
+    for (int k = 0; k < ntypes && k < 16; k++)
       for (int32_t i = 0; i < ab_device_count(types[k]); i++) {
+        struct ab_device_info info;
+        if (types[k] != kDLCPU && (ab_device_info((DLDevice){types[k], i}, &info) != AB_OK || info.host_accessible))
+          continue;
         char path[4096];
         snprintf(path, sizeof path, "%.*s-%s%d.png", (int)(strlen(out) > 4 ? strlen(out) - 4 : strlen(out)), out,
                  ab_device_type_name(types[k]), (int)i);

@@ -165,13 +165,6 @@ struct ab_backend {
   void (*stream_sync)(int32_t id, void *stream);
 };
 
-extern const struct ab_backend ab__backend_host;
-#ifdef AB_HAVE_OPENCL
-extern const struct ab_backend ab__backend_opencl, ab__backend_opencl_host;
-#endif
-#ifdef AB_HAVE_CUDA
-extern const struct ab_backend ab__backend_cuda, ab__backend_cuda_host, ab__backend_cuda_managed;
-#endif
 
 /* ---- helpers for backends (device.c) ----------------------------------- */
 

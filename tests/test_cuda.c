@@ -147,6 +147,24 @@ Test(cuda, device_info_names_the_gpu) {
   }
 }
 
+Test(cuda, best_device_is_the_gpu_with_most_free_memory) {
+  need_devices(1);
+  unsetenv("AB_DEFAULT_DEVICE");
+  uint64_t most = 0;
+  for (int32_t i = 0; i < ab_device_count(kDLCUDA); i++) {
+    struct ab_device_info info;
+    cr_assert_eq(ab_device_info(CUDA(i), &info), AB_OK, "%s", ab_last_error());
+    if (info.free_memory > most) most = info.free_memory;
+  }
+  const DLDevice best = ab_best_device();
+  cr_assert_eq(best.device_type, kDLCUDA, "a CUDA device exists but %s was chosen",
+               ab_device_type_name(best.device_type));
+  struct ab_device_info chosen;
+  cr_assert_eq(ab_device_info(best, &chosen), AB_OK);
+  cr_assert_eq(chosen.free_memory, most, "cuda:%d has %llu bytes free, another has %llu", (int)best.device_id,
+               (unsigned long long)chosen.free_memory, (unsigned long long)most);
+}
+
 #ifdef AB_HAVE_CUDA
 static int current_device(void) {
   int d = -1;

@@ -72,6 +72,30 @@ Test(device, malformed_strings_are_refused_with_the_reason) {
   (void)d;
 }
 
+Test(device, types_list_every_type_with_devices_once_cpu_first) {
+  DLDeviceType types[32];
+  const int n = ab_device_types(types, 32);
+  cr_assert(n >= 1 && n <= 32, "%d types", n);
+  cr_assert_eq(ab_device_types(NULL, 0), n, "counting alone gives another number");
+  cr_assert_eq(types[0], kDLCPU);
+  DLDeviceType two[2] = {0, 0};
+  cr_assert_eq(ab_device_types(two, 1), n);
+  cr_assert(two[0] == kDLCPU && two[1] == 0, "max 1 wrote more than one type");
+  for (int k = 0; k < n; k++) {
+    cr_assert_neq(types[k], AB_DEVICE_OPENCL_HOST, "a staging-only type is listed");
+    cr_assert_str_neq(ab_device_type_name(types[k]), "unknown");
+    for (int j = 0; j < k; j++) cr_assert_neq(types[j], types[k], "%s is listed twice", ab_device_type_name(types[k]));
+  }
+  /* Every type with a device is listed. */
+  for (int t = 1; t < 32; t++) {
+    if (ab_device_count((DLDeviceType)t) == 0) continue;
+    int listed = 0;
+    for (int k = 0; k < n; k++) listed |= types[k] == (DLDeviceType)t;
+    cr_assert(listed, "%s has %d devices but is not listed", ab_device_type_name((DLDeviceType)t),
+              (int)ab_device_count((DLDeviceType)t));
+  }
+}
+
 Test(device, best_device_prefers_an_existing_choice_then_accelerators_then_cpu) {
   unsetenv("AB_DEFAULT_DEVICE");
   DLDevice best = ab_best_device();

@@ -21,8 +21,9 @@
 
 enum { EXIT_LIB = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
-static const DLDeviceType all_types[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged, kDLOpenCL};
-#define NTYPES (sizeof all_types / sizeof all_types[0])
+/* The device types of this build (ab_device_types), filled by main. */
+static DLDeviceType all_types[32];
+static size_t ntypes;
 
 static int lib_fail(const char *what) {
   fprintf(stderr, "abtool: %s: %s\n", what, ab_last_error());
@@ -72,7 +73,7 @@ static int cmd_info(int argc, char **argv) {
   }
   if (json) printf("{\"version\": \"%s\", \"device_types\": [", ab_version_string());
   else printf("arraybridge %s\n", ab_version_string());
-  for (size_t k = 0; k < NTYPES; k++) {
+  for (size_t k = 0; k < ntypes; k++) {
     const DLDeviceType type = all_types[k];
     const int32_t n = ab_device_count(type);
     char why[512] = "";
@@ -226,7 +227,7 @@ static int cmd_bandwidth(int argc, char **argv) {
       ndevs++;
     }
   } else {
-    for (size_t k = 0; k < NTYPES; k++)
+    for (size_t k = 0; k < ntypes; k++)
       for (int32_t i = 0; i < ab_device_count(all_types[k]) && ndevs < 64; i++)
         if (all_types[k] != kDLCUDAManaged) devs[ndevs++] = (DLDevice){all_types[k], i};
   }
@@ -454,7 +455,8 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? EXIT_USAGE : 0;
   }
-  int rc;
+  int rc, n = ab_device_types(all_types, (int)(sizeof all_types / sizeof all_types[0]));
+  ntypes = (size_t)n < sizeof all_types / sizeof all_types[0] ? (size_t)n : sizeof all_types / sizeof all_types[0];
   if (strcmp(argv[1], "info") == 0) rc = cmd_info(argc - 2, argv + 2);
   else if (strcmp(argv[1], "bandwidth") == 0) rc = cmd_bandwidth(argc - 2, argv + 2);
   else if (strcmp(argv[1], "convert") == 0) rc = cmd_convert(argc - 2, argv + 2);

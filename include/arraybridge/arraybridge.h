@@ -157,6 +157,22 @@ AB_API const char *ab_last_error(void);
  * not built in, or whose driver or devices are absent, is 0. Never fails. */
 AB_API int32_t ab_device_count(DLDeviceType type);
 
+/** The DLPack device types this build of the library serves, so that a
+ * program can list devices without a list of its own: kDLCPU first, then
+ * the type of every backend built in (kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+ * with the CUDA backend; kDLOpenCL with the OpenCL backend), whether or not
+ * a device of the type is present (ab_device_count says how many are). The
+ * library's private staging types (AB_DEVICE_OPENCL_HOST) are not listed.
+ * Writes at most `max` types into `out` (which may be NULL when `max` is 0)
+ * and returns how many there are in all. Never fails.
+ *
+ *     DLDeviceType types[16];
+ *     int n = ab_device_types(types, 16);
+ *     for (int k = 0; k < n && k < 16; k++)
+ *       for (int32_t i = 0; i < ab_device_count(types[k]); i++) ...
+ */
+AB_API int ab_device_types(DLDeviceType *out, int max);
+
 /** Description of one device. Sizes are in bytes; 0 means unknown. */
 struct ab_device_info {
   DLDevice device;    /**< the device described */
@@ -200,10 +216,13 @@ AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
 
 /** The best device for work: the AB_DEFAULT_DEVICE environment variable
  * when it is set and names a device that exists (a device string, read at
- * every call); else the CUDA device with the most free memory; else the
- * OpenCL device with the most memory that is not the host's own RAM (a
- * GPU); else cpu:0. For the "cuda if available else cpu" pattern. Never
- * fails; never leaves an error message behind. */
+ * every call); else the accelerator with the most memory to offer, an
+ * accelerator being a device whose memory is its own (not host memory such
+ * as cuda_host, nor the host's RAM as an OpenCL CPU device's is): devices
+ * that report their free memory (CUDA GPUs) come first, by free memory,
+ * then the others (OpenCL GPUs) by total memory; else cpu:0. For the "cuda
+ * if available else cpu" pattern. Never fails; never leaves an error
+ * message behind. */
 AB_API DLDevice ab_best_device(void);
 
 /** Loads the device drivers the library will use into the process, without

@@ -1245,10 +1245,11 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
 
 static PyObject *py_devices(PyObject *mod, PyObject *unused) {
   (void)mod, (void)unused;
-  static const DLDeviceType types[] = {kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged, kDLOpenCL};
+  DLDeviceType types[32];
+  const int ntypes = ab_device_types(types, 32);
   PyObject *list = PyList_New(0);
   if (list == NULL) return NULL;
-  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+  for (int k = 0; k < ntypes && k < 32; k++)
     for (int32_t i = 0; i < ab_device_count(types[k]); i++) {
       PyObject *s = device_string((DLDevice){types[k], i});
       if (s == NULL || PyList_Append(list, s) < 0) {

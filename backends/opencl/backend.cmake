@@ -1,0 +1,31 @@
+# The OpenCL backend: built when an ICD loader and the headers are found
+# (AB_WITH_OPENCL=OFF leaves it out). Included by CMakeLists.txt, whose
+# variables it appends to.
+if(AB_WITH_OPENCL)
+  find_package(OpenCL QUIET)
+  if(OpenCL_FOUND)
+    # The OpenCL C kernels travel inside the library as C arrays
+    # (ab__opencl_<name>_cl).
+    set(AB_CL_C "")
+    foreach(cl gather convert)
+      set(out "${PROJECT_BINARY_DIR}/generated/opencl_${cl}_cl.c")
+      add_custom_command(OUTPUT "${out}"
+        COMMAND ${CMAKE_COMMAND} -DIN=${PROJECT_SOURCE_DIR}/converters/opencl/${cl}.cl
+                -DOUT=${out} -DNAME=ab__opencl_${cl}_cl
+                -P ${PROJECT_SOURCE_DIR}/converters/opencl/embed.cmake
+        DEPENDS converters/opencl/${cl}.cl converters/opencl/embed.cmake
+        COMMENT "Embedding converters/opencl/${cl}.cl")
+      list(APPEND AB_CL_C "${out}")
+    endforeach()
+    list(APPEND AB_SOURCES backends/opencl/opencl.c backends/opencl/icd_preload.c ${AB_CL_C})
+    list(APPEND AB_BACKEND_TABLES ab__backend_opencl ab__backend_opencl_host)
+    list(APPEND AB_BACKENDS "opencl")
+    list(APPEND AB_BACKEND_DEFINITIONS AB_HAVE_OPENCL)
+    list(APPEND AB_BACKEND_INCLUDE_DIRS ${OpenCL_INCLUDE_DIRS})
+    list(APPEND AB_BACKEND_LIBRARIES OpenCL::OpenCL ${CMAKE_DL_LIBS})
+    set(AB_PC_LIBS_PRIVATE "${AB_PC_LIBS_PRIVATE} -lOpenCL -ldl")
+    set(AB_CONFIG_FIND_OPENCL "find_dependency(OpenCL)")
+  else()
+    message(STATUS "arraybridge: OpenCL ICD loader or headers not found: no OpenCL backend (apt-get install ocl-icd-opencl-dev opencl-headers)")
+  endif()
+endif()
