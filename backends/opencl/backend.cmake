@@ -13,7 +13,7 @@ if(AB_WITH_OPENCL)
         COMMAND ${CMAKE_COMMAND} -DIN=${PROJECT_SOURCE_DIR}/converters/opencl/${cl}.cl
                 -DOUT=${out} -DNAME=ab__opencl_${cl}_cl
                 -P ${PROJECT_SOURCE_DIR}/converters/opencl/embed.cmake
-        DEPENDS converters/opencl/${cl}.cl converters/opencl/embed.cmake
+        DEPENDS converters/opencl/${cl}.cl converters/opencl/kernels.def converters/opencl/embed.cmake
         COMMENT "Embedding converters/opencl/${cl}.cl")
       list(APPEND AB_CL_C "${out}")
     endforeach()

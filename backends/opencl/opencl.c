@@ -49,11 +49,17 @@
  * float16, bfloat16) and source kind (convert_kernel), then the narrowing
  * conversions (narrow_kernel), which only devices with doubles have (NULL
  * elsewhere), then the two that take the kinds as arguments: integers
- * exactly (K_INT) and float64 arithmetic (K_WIDE, doubles only). */
+ * exactly (K_INT) and float64 arithmetic (K_WIDE, doubles only). The
+ * conversions' lists are converters/opencl/kernels.def, which convert.cl
+ * defines its kernels from. */
+#include "converters/opencl/kernels.def"
+#define AB_COUNT_ONE_(...) +1
 #define NGATHER 5
-#define NSOURCES 8
-#define NCONVERT (3 * NSOURCES)
-#define NNARROW (NSOURCES * 4)
+#define NSOURCES (0 AB_CL_SOURCES(AB_COUNT_ONE_, , , ))
+#define NFLOAT_RESULTS (0 AB_CL_FLOAT_RESULTS(AB_COUNT_ONE_))
+#define NNARROW_RESULTS (0 AB_CL_NARROW_RESULTS(AB_COUNT_ONE_, , , ))
+#define NCONVERT (NFLOAT_RESULTS * NSOURCES)
+#define NNARROW (NSOURCES * NNARROW_RESULTS)
 #define NREQUIRED (NGATHER + NCONVERT)
 #define K_INT (NREQUIRED + NNARROW)
 #define K_WIDE (K_INT + 1)
@@ -508,22 +514,22 @@ static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
  * remembered, and those copies or conversions go through the host. Under
  * `lock`. */
 static bool program_ready(struct platform *p, int which) {
-  static const char *names[NKERNELS] = {
-    "ab_gather_1",     "ab_gather_2",    "ab_gather_4",    "ab_gather_8",     "ab_gather_16",
-    "ab_to_f32_u8",    "ab_to_f32_i8",   "ab_to_f32_u16",  "ab_to_f32_i16",   "ab_to_f32_bool",
-    "ab_to_f32_f16",   "ab_to_f32_bf16", "ab_to_f32_f32",  "ab_to_f16_u8",    "ab_to_f16_i8",
-    "ab_to_f16_u16",   "ab_to_f16_i16",  "ab_to_f16_bool", "ab_to_f16_f16",   "ab_to_f16_bf16",
-    "ab_to_f16_f32",   "ab_to_bf16_u8",  "ab_to_bf16_i8",  "ab_to_bf16_u16",  "ab_to_bf16_i16",
-    "ab_to_bf16_bool", "ab_to_bf16_f16", "ab_to_bf16_bf16", "ab_to_bf16_f32",
-    "ab_u8_to_u8",     "ab_u8_to_i8",    "ab_u8_to_u16",   "ab_u8_to_i16",
-    "ab_i8_to_u8",     "ab_i8_to_i8",    "ab_i8_to_u16",   "ab_i8_to_i16",
-    "ab_u16_to_u8",    "ab_u16_to_i8",   "ab_u16_to_u16",  "ab_u16_to_i16",
-    "ab_i16_to_u8",    "ab_i16_to_i8",   "ab_i16_to_u16",  "ab_i16_to_i16",
-    "ab_bool_to_u8",   "ab_bool_to_i8",  "ab_bool_to_u16", "ab_bool_to_i16",
-    "ab_f16_to_u8",    "ab_f16_to_i8",   "ab_f16_to_u16",  "ab_f16_to_i16",
-    "ab_bf16_to_u8",   "ab_bf16_to_i8",  "ab_bf16_to_u16", "ab_bf16_to_i16",
-    "ab_f32_to_u8",    "ab_f32_to_i8",   "ab_f32_to_u16",  "ab_f32_to_i16",
-    "ab_convert_int",  "ab_convert_wide"};
+  /* In the order of the kernel indexes (see NGATHER), from kernels.def. */
+#define AB_NAME_TO_(SUFFIX, TS, LOAD, KIND, RSUFFIX, TD, STORE) "ab_to_" #RSUFFIX "_" #SUFFIX,
+#define AB_NAMES_INTO_(RSUFFIX, TD, STORE, KIND) AB_CL_SOURCES(AB_NAME_TO_, RSUFFIX, TD, STORE)
+  /* The source's suffix is pasted (ab_<suffix>) before it is passed on, so
+   * that one that is a C macro (bool) is not expanded on the way. */
+#define AB_NAME_NARROW_(RSUFFIX, TD, CONV, KIND, PREFIX, TS, LOAD) #PREFIX "_to_" #RSUFFIX,
+#define AB_NAMES_FROM_(SUFFIX, TS, LOAD, KIND, A, B, C) AB_CL_NARROW_RESULTS(AB_NAME_NARROW_, ab_##SUFFIX, TS, LOAD)
+  static const char *const names[NKERNELS] = {
+    "ab_gather_1", "ab_gather_2", "ab_gather_4", "ab_gather_8", "ab_gather_16",
+    AB_CL_FLOAT_RESULTS(AB_NAMES_INTO_)
+    AB_CL_SOURCES(AB_NAMES_FROM_, , , )
+    "ab_convert_int", "ab_convert_wide"};
+#undef AB_NAME_TO_
+#undef AB_NAMES_INTO_
+#undef AB_NAME_NARROW_
+#undef AB_NAMES_FROM_
   const int first = which == 0 ? 0 : NGATHER, required = which == 0 ? NGATHER : NREQUIRED,
             last = which == 0 ? NGATHER : NKERNELS;
   if (p->prog[which] != NULL) return true;
@@ -668,9 +674,10 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream, bool 
 /* ---- conversions (converters/opencl/convert.cl) ---------------------- */
 
 /* The element kinds of convert.cl, by the codes ab_convert_int and
- * ab_convert_wide take (the enum at their head, same order). */
-enum cl_kind { CK_BOOL, CK_I8, CK_I16, CK_I32, CK_I64, CK_U8, CK_U16, CK_U32, CK_U64, CK_F16, CK_BF16, CK_F32, CK_F64,
-               CK_COUNT };
+ * ab_convert_wide take (AB_CL_KINDS, kernels.def). */
+#define AB_KIND_CODE_(KIND) CK_##KIND,
+enum cl_kind { AB_CL_KINDS(AB_KIND_CODE_) CK_COUNT };
+#undef AB_KIND_CODE_
 
 /* A one-lane dtype's kind, -1 for one the kernels do not take. */
 static int cl_kind(DLDataType d) {
@@ -694,11 +701,15 @@ static bool is_float_kind(int k) { return k == CK_F16 || k == CK_BF16 || k == CK
  * of one result type: AB_FOR_EACH_SOURCE's order in convert.cl), -1 when
  * convert.cl has none. */
 static int convert_kernel(DLDataType d) {
-  static const int8_t per_pair[CK_COUNT] = {
-    [CK_BOOL] = 4, [CK_I8] = 1,  [CK_I16] = 3, [CK_I32] = -1, [CK_I64] = -1, [CK_U8] = 0,  [CK_U16] = 2,
-    [CK_U32] = -1, [CK_U64] = -1, [CK_F16] = 5, [CK_BF16] = 6, [CK_F32] = 7, [CK_F64] = -1};
+  static const int kinds[NSOURCES] = {
+#define AB_SOURCE_KIND_(SUFFIX, TS, LOAD, KIND, A, B, C) CK_##KIND,
+    AB_CL_SOURCES(AB_SOURCE_KIND_, , , )
+#undef AB_SOURCE_KIND_
+  };
   const int k = cl_kind(d);
-  return k < 0 ? -1 : per_pair[k];
+  for (int i = 0; i < NSOURCES && k >= 0; i++)
+    if (kinds[i] == k) return i;
+  return -1;
 }
 
 #define MAX_CHANNELS 16
@@ -728,9 +739,16 @@ struct kconv {
  * a source kind (convert_kernel's order) into uint8, int8, uint16 or int16;
  * -1 for none. */
 static int narrow_kernel(DLDataType from, DLDataType to) {
+  static const int results[NNARROW_RESULTS] = {
+#define AB_NARROW_KIND_(RSUFFIX, TD, CONV, KIND, SS, TS, LOAD) CK_##KIND,
+    AB_CL_NARROW_RESULTS(AB_NARROW_KIND_, , , )
+#undef AB_NARROW_KIND_
+  };
   const int f = convert_kernel(from), k = cl_kind(to);
-  const int t = k == CK_U8 ? 0 : k == CK_I8 ? 1 : k == CK_U16 ? 2 : k == CK_I16 ? 3 : -1;
-  return f < 0 || t < 0 ? -1 : f * 4 + t;
+  int t = -1;
+  for (int i = 0; i < NNARROW_RESULTS && k >= 0; i++)
+    if (results[i] == k) t = i;
+  return f < 0 || t < 0 ? -1 : f * NNARROW_RESULTS + t;
 }
 
 /* The kernel for op (by the arithmetic the rules give it): the
@@ -741,10 +759,19 @@ static bool choose_kernel(const ab__cast_op *op, struct kconv *kc) {
   const ab__arith ar = ab__cast_arith(op->from, op->to, op->affine);
   if (ar == AB_ARITH_FLOAT32) {
     const int k = convert_kernel(op->from);
-    const int result = op->to.code == kDLFloat && op->to.bits == 32 ? 0 : op->to.code == kDLFloat ? 1 : 2;
+    static const int results[NFLOAT_RESULTS] = {
+#define AB_FLOAT_KIND_(RSUFFIX, TD, STORE, KIND) CK_##KIND,
+      AB_CL_FLOAT_RESULTS(AB_FLOAT_KIND_)
+#undef AB_FLOAT_KIND_
+    };
+    const int to = cl_kind(op->to);
+    int result = -1;
+    for (int i = 0; i < NFLOAT_RESULTS && to >= 0; i++)
+      if (results[i] == to) result = i;
+    if (result < 0) return false;
     /* A permutation of float16 or bfloat16 goes through float and back,
      * which would quiet a signalling NaN the host's gather keeps as it is. */
-    if (k < 0 || (result > 0 && !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits))
+    if (k < 0 || (to != CK_F32 && !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits))
       return false;
     kc->k = NGATHER + result * NSOURCES + k;
     kc->family = F_FLOAT32;

@@ -99,26 +99,15 @@ ushort ab_bf16_rne(float y) {
     STORE(dst, dst_off + gid, y);                                                               \
   }
 
-/* Every source kind: its name in kernel names, element type and load;
- * M is called with three more arguments of the caller's. The order is the
- * backend's (convert_kernel in backends/opencl/opencl.c). */
-#define AB_FOR_EACH_SOURCE(M, A, B, C)  \
-  M(u8, uchar, AB_LOAD_U8, A, B, C)     \
-  M(i8, char, AB_LOAD_I8, A, B, C)      \
-  M(u16, ushort, AB_LOAD_U16, A, B, C)  \
-  M(i16, short, AB_LOAD_I16, A, B, C)   \
-  M(bool, uchar, AB_LOAD_BOOL, A, B, C) \
-  M(f16, ushort, AB_LOAD_F16, A, B, C)  \
-  M(bf16, ushort, AB_LOAD_BF16, A, B, C) \
-  M(f32, float, AB_LOAD_F32, A, B, C)
+#include "kernels.def"
 
-/* One kernel per source kind and result type: ab_to_<result>_<source>. */
-#define AB_FLOAT32_MATH_FROM(SUFFIX, TS, LOAD, RSUFFIX, TD, STORE) \
+/* One kernel per result type and source kind (kernels.def):
+ * ab_to_<result>_<source>. */
+#define AB_FLOAT32_MATH_FROM(SUFFIX, TS, LOAD, KIND, RSUFFIX, TD, STORE) \
   AB_DEFINE_FLOAT32_MATH(ab_to_##RSUFFIX##_##SUFFIX, TS, LOAD, TD, STORE)
+#define AB_FLOAT32_MATH_INTO(RSUFFIX, TD, STORE, KIND) AB_CL_SOURCES(AB_FLOAT32_MATH_FROM, RSUFFIX, TD, STORE)
 
-AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, f32, float, AB_STORE_F32)
-AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, f16, ushort, AB_STORE_F16)
-AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, bf16, ushort, AB_STORE_BF16)
+AB_CL_FLOAT_RESULTS(AB_FLOAT32_MATH_INTO)
 
 /* The way back: every source kind above into uint8, int8, uint16 and
  * int16, narrowing on the device before the download (a float32 frame to
@@ -149,14 +138,12 @@ AB_FOR_EACH_SOURCE(AB_FLOAT32_MATH_FROM, bf16, ushort, AB_STORE_BF16)
     dst[dst_off + gid] = CONV(y);                                                                \
   }
 
-/* ab_<source>_to_<result> for the four integer results. */
-#define AB_NARROW_FROM(SUFFIX, TS, LOAD, A, B, C)                                                 \
-  AB_DEFINE_NARROW(ab_##SUFFIX##_to_u8, TS, LOAD, uchar, convert_uchar_sat_rte)                   \
-  AB_DEFINE_NARROW(ab_##SUFFIX##_to_i8, TS, LOAD, char, convert_char_sat_rte)                     \
-  AB_DEFINE_NARROW(ab_##SUFFIX##_to_u16, TS, LOAD, ushort, convert_ushort_sat_rte)                \
-  AB_DEFINE_NARROW(ab_##SUFFIX##_to_i16, TS, LOAD, short, convert_short_sat_rte)
+/* ab_<source>_to_<result> for the four integer results (kernels.def). */
+#define AB_NARROW_INTO(RSUFFIX, TD, CONV, KIND, SUFFIX, TS, LOAD) \
+  AB_DEFINE_NARROW(ab_##SUFFIX##_to_##RSUFFIX, TS, LOAD, TD, CONV)
+#define AB_NARROW_FROM(SUFFIX, TS, LOAD, KIND, A, B, C) AB_CL_NARROW_RESULTS(AB_NARROW_INTO, SUFFIX, TS, LOAD)
 
-AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
+AB_CL_SOURCES(AB_NARROW_FROM, , , )
 
 #endif
 
@@ -169,8 +156,9 @@ AB_FOR_EACH_SOURCE(AB_NARROW_FROM, , , )
  * through byte pointers cast to the element type, indexing whole elements
  * (the backend checks the offsets), so they need the buffers aligned as
  * the elements are, which the backend's allocations and checks give.
- * The kind codes: enum cl_kind in backends/opencl/opencl.c, same order. */
-enum { AB_BOOL, AB_I8, AB_I16, AB_I32, AB_I64, AB_U8, AB_U16, AB_U32, AB_U64, AB_F16, AB_BF16, AB_F32, AB_F64 };
+ * The kind codes: AB_CL_KINDS (kernels.def), as the backend numbers them. */
+#define AB_KIND_CODE(KIND) AB_##KIND,
+enum { AB_CL_KINDS(AB_KIND_CODE) };
 
 /* Source element i of integer or bool kind k as a long; a uint64 past
  * LONG_MAX sets *big and comes back as its bits. */
