@@ -34,6 +34,7 @@
 #ifndef AB_BACKEND_H
 #define AB_BACKEND_H
 
+#include "element.h"
 #include "internal.h"
 
 /* The arguments of a conversion (converters/host/convert.h). */
@@ -165,19 +166,5 @@ struct ab_backend {
   void (*stream_sync)(int32_t id, void *stream);
 };
 
-
-/* ---- helpers for backends (device.c) ----------------------------------- */
-
-/* Whether this tensor's layout is one rectangle transfer: rows of
- * contiguous bytes (up to 3-D after merging dims, positive strides, rows
- * and slices not overlapping, the slice pitch a multiple of the row pitch),
- * starting at data + byte_offset. Fills rect
- * when it is. Whether a backend can do rectangles is its read_rect /
- * write_rect. */
-typedef struct ab__rect {
-  size_t region[3];
-  size_t row_pitch, slice_pitch;
-} ab__rect;
-bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect);
 
 #endif /* AB_BACKEND_H */

@@ -147,7 +147,7 @@ static void convert_args(const DLTensor *cur, const conv *cv, ab__convert_args *
 }
 
 static void convert_host(const DLTensor *cur, const conv *cv, void *out) {
-  const size_t es = (size_t)(cur->dtype.bits / 8u) * cur->dtype.lanes;
+  const size_t es = ab__elsize(cur->dtype);
   int64_t pst[AB_MAX_NDIM];
   ab__convert_args a;
   convert_args(cur, cv, &a);
@@ -388,8 +388,8 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
   }
   if (!dtype_eq(cv->out_dtype, src->dtype) || affine || reorder) {
     if (!ab__cast_supported(src->dtype, cv->out_dtype, affine))
-      return AB_FAIL(AB_ERR_UNSUPPORTED, "cannot convert %s to %s%s", ab__dtype_name(src->dtype, a, sizeof a),
-                     ab__dtype_name(cv->out_dtype, b, sizeof b),
+      return AB_FAIL(AB_ERR_UNSUPPORTED, "cannot convert %s to %s%s", ab_dtype_name(src->dtype, a, sizeof a),
+                     ab_dtype_name(cv->out_dtype, b, sizeof b),
                      affine ? " with scale/offset" : "");
     cv->active = true;
   }
@@ -578,8 +578,8 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   ab_convert_opts o;
   AB_FORWARD(read_opts(opts, &o));
   if (o.dtype.bits != 0 && !dtype_eq(o.dtype, dst->dtype))
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->dtype is %s but dst is %s", ab__dtype_name(o.dtype, a, sizeof a),
-                   ab__dtype_name(dst->dtype, b, sizeof b));
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "opts->dtype is %s but dst is %s", ab_dtype_name(o.dtype, a, sizeof a),
+                   ab_dtype_name(dst->dtype, b, sizeof b));
   if (o.copy == AB_COPY_NEVER)
     return AB_FAIL(AB_ERR_COPY_REQUIRED, "opts->copy is AB_COPY_NEVER, but ab_convert_into always copies");
   if (o.flags & AB_CONVERT_READ_ONLY)
@@ -668,7 +668,7 @@ static void explain_step(struct text *t, const struct prepared *p, const ab__ste
       put_dev(t, s->to);
       put(t, ": ");
     }
-    put(t, "%s -> %s", ab__dtype_name(p->cv.op.from, a, sizeof a), ab__dtype_name(p->cv.op.to, b, sizeof b));
+    put(t, "%s -> %s", ab_dtype_name(p->cv.op.from, a, sizeof a), ab_dtype_name(p->cv.op.to, b, sizeof b));
     if (p->cv.op.affine) put(t, p->cv.op.channel_dim >= 0 ? ", scaled per channel" : ", scaled");
     put(t, " into compact ");
     put_dev(t, last ? p->tdev : s->via != kDLCPU ? s->to : staging);

@@ -211,41 +211,6 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
   ab__restore_error(saved);
 }
 
-/* ---- layouts the transfers share ---------------------------------------- */
-
-bool ab__rect_of(const DLTensor *t, size_t elsize, ab__rect *rect) {
-  int64_t bytes[AB_MAX_NDIM], shape[AB_MAX_NDIM], stride[AB_MAX_NDIM]; /* outermost first */
-  if (t->strides == NULL) return false;
-  /* Byte strides; a size-1 dim's stride says nothing (and may be huge). */
-  for (int32_t i = 0; i < t->ndim; i++) {
-    bytes[i] = 0;
-    if (t->shape[i] != 1 && __builtin_mul_overflow(t->strides[i], (int64_t)elsize, &bytes[i])) return false;
-  }
-  int n = ab__merge_dims(t->ndim, t->shape, bytes, shape, stride);
-  if (n > 3) return false;
-  for (int k = 0; k < n; k++)
-    if (stride[k] <= 0) return false;
-  if (n == 0 || stride[n - 1] != (int64_t)elsize) return false;
-  /* Pad to 3 dims: [slices, rows, row bytes]. */
-  int64_t s3[3] = {1, 1, 1}, p3[3] = {0, 0, 0};
-  for (int k = 0; k < n; k++) {
-    s3[3 - n + k] = shape[k];
-    p3[3 - n + k] = stride[k];
-  }
-  size_t row_bytes = (size_t)s3[2] * elsize;
-  size_t row_pitch = s3[1] > 1 ? (size_t)p3[1] : row_bytes;
-  size_t slice_pitch = s3[0] > 1 ? (size_t)p3[0] : row_pitch * (size_t)s3[1];
-  /* OpenCL's rules: rows and slices may not overlap, and the slice pitch is
-   * a whole number of row pitches. */
-  if (row_pitch < row_bytes || slice_pitch < row_pitch * (size_t)s3[1] || slice_pitch % row_pitch != 0) return false;
-  rect->region[0] = row_bytes;
-  rect->region[1] = (size_t)s3[1];
-  rect->region[2] = (size_t)s3[0];
-  rect->row_pitch = row_pitch;
-  rect->slice_pitch = slice_pitch;
-  return true;
-}
-
 /* ---- device strings and the best device ---------------------------------- */
 
 /* Writes `text` into buf for a message: at most 40 characters, anything

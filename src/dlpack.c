@@ -7,83 +7,50 @@
 
 #include "dlpack.h"
 
-/* DLPack type codes by number: the values are part of the DLPack ABI, and
- * naming them here lets a 1.0 header (which lacks the float8 names) still
- * accept tensors from 1.1+ producers. */
-enum {
-  CODE_INT = 0, CODE_UINT = 1, CODE_FLOAT = 2, CODE_OPAQUE = 3, CODE_BFLOAT = 4,
-  CODE_COMPLEX = 5, CODE_BOOL = 6,
-  CODE_FLOAT8_FIRST = 7, /* e3m4, e4m3, e4m3b11fnuz, e4m3fn, e4m3fnuz, e5m2, e5m2fnuz, e8m0fnu */
-  CODE_FLOAT8_LAST = 14,
-  CODE_FLOAT6_E2M3FN = 15, CODE_FLOAT6_E3M2FN = 16, CODE_FLOAT4_E2M1FN = 17,
-  CODE_COUNT = 18
-};
-
-static const char *const code_names[CODE_COUNT] = {
-  "int", "uint", "float", "opaque_handle", "bfloat", "complex", "bool",
-  "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
-  "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-  "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
-};
-
-const char *ab__dtype_name(DLDataType dt, char *buf, size_t len) {
-  int n;
-  if (dt.code < CODE_COUNT) {
-    bool sized = dt.code <= CODE_BOOL && dt.code != CODE_OPAQUE;
-    n = sized ? snprintf(buf, len, "%s%u", code_names[dt.code], (unsigned)dt.bits)
-              : snprintf(buf, len, "%s(bits %u)", code_names[dt.code], (unsigned)dt.bits);
-  } else {
-    n = snprintf(buf, len, "code %u bits %u", (unsigned)dt.code, (unsigned)dt.bits);
-  }
-  if (dt.lanes != 1 && n > 0 && (size_t)n < len)
-    snprintf(buf + n, len - (size_t)n, "x%u", (unsigned)dt.lanes);
-  return buf;
-}
-
 /* Whether (code, bits) names a DLPack type at all, sub-byte ones included. */
 static bool bits_valid(uint8_t code, unsigned bits) {
   switch (code) {
-  case CODE_INT:
-  case CODE_UINT:
+  case AB__CODE_INT:
+  case AB__CODE_UINT:
     return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16 || bits == 32 || bits == 64;
-  case CODE_FLOAT: return bits == 16 || bits == 32 || bits == 64;
-  case CODE_BFLOAT: return bits == 16;
-  case CODE_COMPLEX: return bits == 32 || bits == 64 || bits == 128;
-  case CODE_BOOL: return bits == 8;
-  case CODE_FLOAT6_E2M3FN:
-  case CODE_FLOAT6_E3M2FN: return bits == 6;
-  case CODE_FLOAT4_E2M1FN: return bits == 4;
-  default: return code >= CODE_FLOAT8_FIRST && code <= CODE_FLOAT8_LAST && bits == 8;
+  case AB__CODE_FLOAT: return bits == 16 || bits == 32 || bits == 64;
+  case AB__CODE_BFLOAT: return bits == 16;
+  case AB__CODE_COMPLEX: return bits == 32 || bits == 64 || bits == 128;
+  case AB__CODE_BOOL: return bits == 8;
+  case AB__CODE_FLOAT6_E2M3FN:
+  case AB__CODE_FLOAT6_E3M2FN: return bits == 6;
+  case AB__CODE_FLOAT4_E2M1FN: return bits == 4;
+  default: return code >= AB__CODE_FLOAT8_FIRST && code <= AB__CODE_FLOAT8_LAST && bits == 8;
   }
 }
 
 ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize) {
   char name[48];
-  if (dt.code >= CODE_COUNT)
+  if (dt.code >= AB__CODE_COUNT)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s dtype code %u is not a DLPack type code (known: 0..%d)",
-                   what, (unsigned)dt.code, CODE_COUNT - 1);
+                   what, (unsigned)dt.code, AB__CODE_COUNT - 1);
   if (dt.bits == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s has bits == 0", what,
-                   code_names[dt.code]);
+                   ab__dtype_code_name(dt.code));
   if (dt.lanes == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s has lanes == 0", what,
-                   ab__dtype_name(dt, name, sizeof name));
-  if (dt.code == CODE_OPAQUE)
+                   ab_dtype_name(dt, name, sizeof name));
+  if (dt.code == AB__CODE_OPAQUE)
     return AB_FAIL(AB_ERR_UNSUPPORTED,
                    "%s dtype is an opaque handle, which has no meaning across memory spaces", what);
-  if (dt.code == CODE_BOOL && dt.bits != 8)
+  if (dt.code == AB__CODE_BOOL && dt.bits != 8)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s dtype bool has bits == %u; DLPack bool is 8 bits", what, (unsigned)dt.bits);
   if (!bits_valid(dt.code, dt.bits))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s dtype %s does not exist (bad bits for code %s)",
-                   what, ab__dtype_name(dt, name, sizeof name), code_names[dt.code]);
+                   what, ab_dtype_name(dt, name, sizeof name), ab__dtype_code_name(dt.code));
   /* Sub-byte elements (int4, float4_e2m1fn, float6) are real DLPack types
    * that this version cannot address element by element. */
   if (dt.bits % 8 != 0)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "%s dtype %s is a sub-byte type, not supported", what,
-                   ab__dtype_name(dt, name, sizeof name));
-  *elsize = (size_t)(dt.bits / 8u) * dt.lanes;
+                   ab_dtype_name(dt, name, sizeof name));
+  *elsize = ab__elsize(dt);
   return AB_OK;
 }
 

@@ -19,9 +19,6 @@ typedef struct ab__layout {
  * `what` names it in messages. */
 ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize);
 
-/* Human name of a dtype ("float32", "uint8x4", "code 99 bits 8") into buf. */
-const char *ab__dtype_name(DLDataType dt, char *buf, size_t len);
-
 /* Validates ndim, shape and dtype, and fills *lay as for a compact tensor. */
 ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
                          const char *what, ab__layout *lay);

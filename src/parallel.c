@@ -10,6 +10,7 @@
  * queue; the caller works on its own job meanwhile, so nothing waits for
  * an idle worker), stop at ab_shutdown and are re-created after fork. */
 #include "parallel.h"
+#include "element.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -96,7 +97,7 @@ struct job {
 };
 
 static size_t out_size(const ab__host_job *w) {
-  return w->op != NULL ? (size_t)(w->op->to.bits / 8u) * w->op->to.lanes : w->es;
+  return w->op != NULL ? ab__elsize(w->op->to) : w->es;
 }
 
 static void run_whole(const ab__host_job *w, char *dst, const char *src, const int64_t *shape, const ab__cast_op *op) {

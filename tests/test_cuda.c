@@ -886,6 +886,7 @@ Test(cuda, every_runtime_failure_is_reported_and_cleaned_up) {
 #include "converters/cuda/convert.h"
 #include "converters/cuda/gather.h"
 #include "converters/host/gather.h"
+#include "element.h"
 
 /* Runs the kernel's per-element mapping (ab__cuda_gather_emulate, the same
  * code nvcc compiles for the device) over a host tensor, after the dim

@@ -193,3 +193,30 @@ Test(dtypes, compact_source_of_every_dtype_becomes_a_view) {
     r->deleter(r);
   }
 }
+
+Test(dtypes, names_round_trip_and_unknown_ones_are_refused_with_the_list) {
+  static const char *const names[] = {"bool",   "int8",    "int16",   "int32",    "int64",     "uint8",     "uint16", "uint32",
+                                      "uint64", "float16", "float32", "float64", "bfloat16", "complex64", "complex128"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    DLDataType d = {0, 0, 0};
+    char buf[32];
+    cr_assert_eq(ab_parse_dtype(names[i], &d), AB_OK, "%s: %s", names[i], ab_last_error());
+    cr_assert_eq(d.lanes, 1);
+    cr_assert_str_eq(ab_dtype_name(d, buf, sizeof buf), names[i]);
+  }
+  char buf[32];
+  cr_assert_str_eq(ab_dtype_name(dt(kDLFloat, 32, 4), buf, sizeof buf), "float32x4");
+  cr_assert_str_eq(ab_dtype_name(dt(kDLInt, 4, 1), buf, sizeof buf), "int4");
+  cr_assert_str_eq(ab_dtype_name(dt(99, 8, 1), buf, sizeof buf), "code 99 bits 8");
+  cr_assert_str_eq(ab_dtype_name(dt(kDLFloat, 32, 1), buf, 4), "flo", "not cut to the buffer");
+  cr_assert_null(ab_dtype_name(dt(kDLFloat, 32, 1), NULL, 0));
+  DLDataType keep = dt(kDLUInt, 8, 1);
+  const char *bad[] = {"float", "Float32", "float32x4", "", "int128"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert_eq(ab_parse_dtype(bad[i], &keep), AB_ERR_INVALID_ARGUMENT, "\"%s\" was taken", bad[i]);
+    cr_assert(strstr(ab_last_error(), "bfloat16") != NULL, "%s", ab_last_error());
+    cr_assert(keep.code == kDLUInt && keep.bits == 8, "out changed on failure");
+  }
+  cr_assert_eq(ab_parse_dtype(NULL, &keep), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(ab_parse_dtype("int8", NULL), AB_ERR_INVALID_ARGUMENT);
+}

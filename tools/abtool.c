@@ -301,23 +301,7 @@ static int cmd_bandwidth(int argc, char **argv) {
 
 /* ---- convert ------------------------------------------------------------------ */
 
-static int parse_dtype(const char *s, DLDataType *out) {
-  static const struct {
-    const char *name;
-    uint8_t code, bits;
-  } names[] = {
-    {"bool", kDLBool, 8},        {"int8", kDLInt, 8},           {"int16", kDLInt, 16},        {"int32", kDLInt, 32},
-    {"int64", kDLInt, 64},       {"uint8", kDLUInt, 8},         {"uint16", kDLUInt, 16},      {"uint32", kDLUInt, 32},
-    {"uint64", kDLUInt, 64},     {"float16", kDLFloat, 16},     {"float32", kDLFloat, 32},    {"float64", kDLFloat, 64},
-    {"bfloat16", kDLBfloat, 16}, {"complex64", kDLComplex, 64}, {"complex128", kDLComplex, 128},
-  };
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (strcmp(s, names[i].name) == 0) {
-      *out = (DLDataType){names[i].code, names[i].bits, 1};
-      return 0;
-    }
-  return -1;
-}
+static int parse_dtype(const char *s, DLDataType *out) { return ab_parse_dtype(s, out) == AB_OK ? 0 : -1; }
 
 static uint8_t *read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");

@@ -223,15 +223,8 @@ static void managed_free(int32_t id, void *ptr, size_t bytes) {
 /* ---- transfers ----------------------------------------------------------- */
 
 static size_t compact_bytes(const DLTensor *t, bool *compact) {
-  size_t bytes = (size_t)(t->dtype.bits / 8u) * t->dtype.lanes;
-  int64_t expect = 1;
-  *compact = true;
-  for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) *compact = false;
-    expect *= t->shape[i];
-  }
-  for (int32_t i = 0; i < t->ndim; i++) bytes *= (size_t)t->shape[i];
-  return bytes;
+  *compact = ab__is_compact(t);
+  return ab__elsize(t->dtype) * (size_t)ab__numel(t);
 }
 
 /* Whether cudaMemcpy2DAsync takes these pitches on device `id`: not past
@@ -349,7 +342,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     /* can_copy admitted one-device strided sources only: a rectangle, else
      * the gather kernel. */
     ab__rect r;
-    size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
+    size_t es = ab__elsize(from->dtype);
     if (ab__rect_of(from, es, &r)) {
       e = copy_rect(did, dst, r.region[0], r.region[0] * r.region[1], src, r.row_pitch, r.slice_pitch, r.region,
                     cudaMemcpyDeviceToDevice, stream, &what);
@@ -399,7 +392,7 @@ static bool kernel_runs_on(int32_t id) {
 static bool cuda_can_convert(int32_t id, const void *src, uint64_t src_offset, const ab__convert_args *a) {
   /* The kernels load whole elements: a misaligned source would fault
    * (cudaErrorMisalignedAddress, which ruins the context). */
-  const size_t es = a->op.from.bits / 8u;
+  const size_t es = ab__elsize(a->op.from);
   if (es == 0 || ((uintptr_t)src + src_offset) % es != 0) return false;
   return ab__cuda_convert_supported(a) && kernel_runs_on(id);
 }
@@ -419,7 +412,7 @@ static bool cuda_can_copy(const DLTensor *from, DLDevice to, bool from_compact) 
   ab__rect r;
   if (from_compact) return true;
   if (from->device.device_id != to.device_id) return false;
-  if (ab__rect_of(from, (size_t)(from->dtype.bits / 8u) * from->dtype.lanes, &r)) return true;
+  if (ab__rect_of(from, ab__elsize(from->dtype), &r)) return true;
 #ifdef AB_HAVE_CUDA_KERNELS
   return kernel_runs_on(from->device.device_id);
 #else

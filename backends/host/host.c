@@ -79,7 +79,7 @@ static void host_free(int32_t id, void *ptr, size_t bytes) {
 
 static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream, bool async) {
   int64_t st[AB_MAX_NDIM];
-  const size_t es = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
+  const size_t es = ab__elsize(from->dtype);
   (void)stream, (void)async; /* host copies are done when they return */
   int64_t acc = 1;
   for (int32_t i = from->ndim - 1; i >= 0; i--) {

@@ -472,7 +472,7 @@ static int width_index(size_t w) {
 }
 
 static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
-  size_t es = (size_t)(t->dtype.bits / 8u) * t->dtype.lanes, w = es;
+  size_t es = ab__elsize(t->dtype), w = es;
   int64_t shape[AB_MAX_NDIM + 1], stride[AB_MAX_NDIM + 1];
   int n = 0;
   if (width_index(es) < 0 || t->byte_offset % es != 0) w = 1;
@@ -654,17 +654,10 @@ static ab_status cl_copy(const DLTensor *from, DLTensor *to, void *stream, bool 
   cl_context ctx;
   cl_command_queue q;
   int32_t id = to->device.device_id;
-  bool compact = true;
-  size_t bytes = (size_t)(from->dtype.bits / 8u) * from->dtype.lanes;
-  int64_t expect = 1;
-  for (int32_t i = from->ndim - 1; i >= 0; i--) {
-    if (from->strides && from->shape[i] != 1 && from->strides[i] != expect) compact = false;
-    expect *= from->shape[i];
-  }
   AB_FORWARD(get_queue(id, &ctx, &q));
   if (stream != NULL) AB_FORWARD(use_stream(id, ctx, stream, &q));
-  if (!compact) return gather(id, from, to, q, stream, async);
-  for (int32_t i = 0; i < from->ndim; i++) bytes *= (size_t)from->shape[i];
+  if (!ab__is_compact(from)) return gather(id, from, to, q, stream, async);
+  const size_t bytes = ab__elsize(from->dtype) * (size_t)ab__numel(from);
   cl_int e = clEnqueueCopyBuffer(q, (cl_mem)from->data, (cl_mem)to->data, (size_t)from->byte_offset,
                                  (size_t)to->byte_offset, bytes, 0, NULL, NULL);
   if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
@@ -859,7 +852,7 @@ static bool cl_can_convert(int32_t id, const void *src, uint64_t src_offset, con
   cl_command_queue q;
   if (!conv_layout(args, &kc)) return false;
   /* The kernels index whole elements of the source */
-  if (src_offset % (args->op.from.bits / 8u) != 0) return false;
+  if (src_offset % ab__elsize(args->op.from) != 0) return false;
   /* float32 arithmetic or loads (denormal sources too) in the float32 and
    * narrowing kernels, and in the wide one where a side is a 16- or 32-bit
    * float; float64 in the narrowing and wide ones */
@@ -889,7 +882,7 @@ static ab_status cl_convert(int32_t id, const void *src, uint64_t src_offset, vo
   struct kconv kc;
   cl_context ctx;
   cl_command_queue q;
-  const size_t es = args->op.from.bits / 8u, os = args->op.to.bits / 8u;
+  const size_t es = ab__elsize(args->op.from), os = ab__elsize(args->op.to);
   if (!conv_layout(args, &kc) || src_offset % es != 0 || dst_offset % os != 0)
     return AB_FAIL(AB_ERR_INTERNAL, "opencl:%" PRId32 ": convert asked for a conversion the kernels cannot take", id);
   AB_FORWARD(get_queue(id, &ctx, &q));

@@ -6,6 +6,7 @@
 #include "arraybridge/arraybridge.h"
 #include "convert.h"
 #include "rounding.h"
+#include "src/element.h"
 
 /* ---- float16 and bfloat16 ------------------------------------------------ */
 
@@ -364,7 +365,7 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
   c.affine = op->affine;
   c.path = arith_of(c.from, c.to, op->affine);
   c.odd = !op->affine && (c.from == K_I64 || c.from == K_U64) && (c.to == K_F32 || c.to == K_F16 || c.to == K_BF16);
-  c.out_size = (size_t)(op->to.bits / 8u) * op->to.lanes;
+  c.out_size = ab__elsize(op->to);
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;
   double ts = op->scale, to = op->offset;

@@ -16,6 +16,7 @@
 
 #include "arraybridge/arraybridge.h"
 #include "gather.h"
+#include "src/element.h"
 
 
 typedef struct dims {
@@ -23,24 +24,6 @@ typedef struct dims {
   int64_t shape[AB_MAX_NDIM];
   int64_t st[AB_MAX_NDIM]; /* source byte strides */
 } dims;
-
-int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,
-                   int64_t *out_strides) {
-  int n = 0;
-  for (int32_t i = 0; i < ndim; i++) {
-    int64_t span;
-    if (shape[i] == 1) continue;
-    if (n > 0 && !__builtin_mul_overflow(strides[i], shape[i], &span) && out_strides[n - 1] == span) {
-      out_shape[n - 1] *= shape[i];
-      out_strides[n - 1] = strides[i];
-    } else {
-      out_shape[n] = shape[i];
-      out_strides[n] = strides[i];
-      n++;
-    }
-  }
-  return n;
-}
 
 static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
   d->n = ab__merge_dims(ndim, shape, st, d->shape, d->st);

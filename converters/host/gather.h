@@ -18,12 +18,5 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
  * from AB_HOST_STREAMING (1, 0) or measured once (auto); see gather.c. */
 int ab__host_streaming(void);
 
-/* Drops size-1 dims and merges each dim into its outer neighbour when the
- * two are contiguous (outer stride == inner stride * inner size, checked
- * for overflow), in whatever unit the strides are given. Writes the dims
- * left, outermost first, and returns how many. Every layout-specialised
- * path (this gather, rectangle transfers, the OpenCL kernel) starts here. */
-int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,
-                   int64_t *out_strides);
 
 #endif

@@ -153,6 +153,20 @@ AB_API const char *ab_last_error(void);
  * Whether a device stages through it: docs/pools.md (AB_OPENCL_PINNED). */
 #define AB_DEVICE_OPENCL_HOST ((DLDeviceType)0x10004)
 
+/** The name of a dtype as NumPy and the frameworks spell it: "bool",
+ * "int8" .. "int64", "uint8" .. "uint64", "float16", "float32", "float64",
+ * "bfloat16", "complex64", "complex128", with "x<lanes>" appended for more
+ * than one lane ("float32x4"); other DLPack types by DLPack's code name
+ * ("int4", "float8_e4m3fn(bits 8)"), and anything else as "code C bits B".
+ * Writes into buf (NUL-terminated, cut to len) and returns buf; nothing
+ * when buf is NULL or len 0. Never fails. */
+AB_API const char *ab_dtype_name(DLDataType dt, char *buf, size_t len);
+
+/** The one-lane dtype a name gives, as ab_dtype_name writes them ("bool",
+ * "int8" .. "complex128"): AB_OK and *out, or AB_ERR_INVALID_ARGUMENT (out
+ * untouched) with a message listing the names. */
+AB_API ab_status ab_parse_dtype(const char *name, DLDataType *out);
+
 /** Number of devices of a type: kDLCPU is always 1; a type whose backend is
  * not built in, or whose driver or devices are absent, is 0. Never fails. */
 AB_API int32_t ab_device_count(DLDeviceType type);

@@ -89,30 +89,13 @@ static PyObject *device_string(DLDevice d) {
   return PyUnicode_FromFormat("%s:%d", ab_device_type_name(d.device_type), (int)d.device_id);
 }
 
-static const struct {
-  const char *name;
-  uint8_t code, bits;
-} dtype_names[] = {
-  {"bool", kDLBool, 8},        {"int8", kDLInt, 8},         {"int16", kDLInt, 16},
-  {"int32", kDLInt, 32},       {"int64", kDLInt, 64},       {"uint8", kDLUInt, 8},
-  {"uint16", kDLUInt, 16},     {"uint32", kDLUInt, 32},     {"uint64", kDLUInt, 64},
-  {"float16", kDLFloat, 16},   {"float32", kDLFloat, 32},   {"float64", kDLFloat, 64},
-  {"bfloat16", kDLBfloat, 16}, {"complex64", kDLComplex, 64}, {"complex128", kDLComplex, 128},
-};
-#define NDTYPES (sizeof dtype_names / sizeof dtype_names[0])
-
 static PyObject *dtype_string(DLDataType t) {
-  for (size_t i = 0; i < NDTYPES; i++)
-    if (dtype_names[i].code == t.code && dtype_names[i].bits == t.bits) {
-      if (t.lanes == 1) return PyUnicode_FromString(dtype_names[i].name);
-      return PyUnicode_FromFormat("%sx%u", dtype_names[i].name, (unsigned)t.lanes);
-    }
-  return PyUnicode_FromFormat("dtype(code=%u, bits=%u, lanes=%u)", (unsigned)t.code, (unsigned)t.bits,
-                              (unsigned)t.lanes);
+  char name[64];
+  return PyUnicode_FromString(ab_dtype_name(t, name, sizeof name));
 }
 
-/* A dtype from a name ("float32"), or from anything whose str() is one
- * (numpy.dtype, numpy.float32's dtype). */
+/* A dtype from a name ("float32", as ab_parse_dtype reads them), or from
+ * anything whose str() is one (numpy.dtype, numpy.float32's dtype). */
 static int dtype_from_object(PyObject *o, DLDataType *out) {
   PyObject *s = PyObject_Str(o);
   if (s == NULL) return -1;
@@ -121,18 +104,10 @@ static int dtype_from_object(PyObject *o, DLDataType *out) {
     Py_DECREF(s);
     return -1;
   }
-  for (size_t i = 0; i < NDTYPES; i++)
-    if (strcmp(name, dtype_names[i].name) == 0) {
-      out->code = dtype_names[i].code;
-      out->bits = dtype_names[i].bits;
-      out->lanes = 1;
-      Py_DECREF(s);
-      return 0;
-    }
-  PyErr_Format(PyExc_ValueError, "unknown dtype \"%s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, "
-               "complex64/128)", name);
+  const ab_status st = ab_parse_dtype(name, out);
+  if (st != AB_OK) PyErr_SetString(PyExc_ValueError, ab_last_error());
   Py_DECREF(s);
-  return -1;
+  return st == AB_OK ? 0 : -1;
 }
 
 /* ---- the Tensor type -------------------------------------------------------- */
