@@ -51,6 +51,19 @@ ab_status ab__dev_info(const struct ab_backend *be, int32_t id, struct ab_device
   return AB_OK;
 }
 
+void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b) {
+  struct ab_device_info info = {0}; /* written only on success; zeroed to quiet -Wmaybe-uninitialized */
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
+  if (ab__dev_info(be, id, &info) == AB_OK) {
+    *free_b = info.free_memory;
+    *total_b = info.total_memory;
+  } else {
+    *free_b = *total_b = 0;
+  }
+  ab__restore_error(saved);
+}
+
 /* ---- memory and transfers ------------------------------------------------ */
 
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out) {

@@ -22,6 +22,9 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
 
 /* Initialises the backends once (thread-safe, lazily). */
 void ab__ensure_init(void);
+/* Shuts the backends down (ab_shutdown's last step); a later call
+ * initialises them again. */
+void ab__registry_shutdown(void);
 
 /* The backend serving `type`, or NULL if none is built in. */
 const struct ab_backend *ab__backend_for(DLDeviceType type);
@@ -31,10 +34,6 @@ const struct ab_backend *ab__backend_for(DLDeviceType type);
  * into *resolved. On success *be is the backend. */
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be);
-
-/* Total and free memory of a device, 0 when unknown. Never fails and
- * leaves the thread's error message as it was. */
-void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);
 
 /* ---- the wrappers (backend.c): the only callers of the table ------------ */
 
@@ -51,6 +50,9 @@ int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id);
 /* The device's description, with the core's fields (device, backend,
  * host_accessible) filled in. */
 ab_status ab__dev_info(const struct ab_backend *be, int32_t id, struct ab_device_info *out);
+/* Total and free memory of a device, 0 when unknown. Never fails and
+ * leaves the thread's error message as it was. */
+void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);
 ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, void **out);
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes);
 ab_status ab__dev_copy(const struct ab_backend *be, const DLTensor *from, DLTensor *to, void *stream, bool async);
