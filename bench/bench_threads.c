@@ -38,7 +38,7 @@ static double best_convert(const DLTensor *src, const ab_convert_opts *o) {
 static void threads(const char *n) {
   if (n != NULL) setenv("AB_NUM_THREADS", n, 1);
   else unsetenv("AB_NUM_THREADS");
-  ab__parallel_reload_env();
+  ab__env_reload();
 }
 
 int main(void) {

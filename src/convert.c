@@ -406,30 +406,17 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
   return AB_OK;
 }
 
-/* AB_CONVERT_PLACE: auto (default), host or device; read once, and again
- * after ab__convert_reload_env (tests). */
-static pthread_mutex_t place_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int place_read = -1; /* -1: not read yet */
-
-void ab__convert_reload_env(void) {
-  pthread_mutex_lock(&place_lock);
-  atomic_store(&place_read, -1);
-  pthread_mutex_unlock(&place_lock);
-}
+/* Where conversions run when the route leaves a choice: AB_CONVERT_PLACE
+ * (auto, host, device), read again after ab__env_reload (tests). */
+static ab__env_cache place_cache;
 
 static ab__place convert_place(void) {
-  int v = atomic_load_explicit(&place_read, memory_order_acquire);
-  if (AB_LIKELY(v >= 0)) return (ab__place)v;
-  pthread_mutex_lock(&place_lock);
-  const char *e = getenv("AB_CONVERT_PLACE");
-  ab__place p = AB_PLACE_AUTO;
-  if (e != NULL && strcmp(e, "host") == 0) p = AB_PLACE_HOST;
-  else if (e != NULL && strcmp(e, "device") == 0) p = AB_PLACE_DEVICE;
-  else if (e != NULL && *e != '\0' && strcmp(e, "auto") != 0)
-    AB_LOG(AB_LOG_ERROR, "AB_CONVERT_PLACE=\"%s\" ignored: want auto, host or device; using auto", e);
-  atomic_store_explicit(&place_read, (int)p, memory_order_release);
-  pthread_mutex_unlock(&place_lock);
-  return p;
+  static const struct ab__env_choice places[] = {
+    {"auto", AB_PLACE_AUTO}, {"host", AB_PLACE_HOST}, {"device", AB_PLACE_DEVICE}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&place_cache, &v))) return (ab__place)v;
+  return (ab__place)ab__env_keep(&place_cache,
+                                 (uint32_t)ab__env_choice("AB_CONVERT_PLACE", places, AB_PLACE_AUTO, "auto, host or device"));
 }
 
 /* into: the existing destination of ab_convert_into, else NULL. */

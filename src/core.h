@@ -118,14 +118,10 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
 bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async);
 /* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
  * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
- * direct), read once; ab__staging_reload_env re-reads them (tests). */
+ * direct), read once and again after ab__env_reload (tests). */
 struct ab__staging_config {
   size_t chunk, count, min;
 };
 struct ab__staging_config ab__staging_config(void);
-void ab__staging_reload_env(void);
-/* Re-reads AB_CONVERT_PLACE (auto, host, device: where conversions run
- * when the route leaves a choice) on the next conversion (tests). */
-void ab__convert_reload_env(void);
 
 #endif /* AB_CORE_H */

@@ -279,8 +279,8 @@ DLDevice ab_best_device(void) {
   char saved[AB_ERRBUF_SIZE];
   DLDevice dev = {kDLCPU, 0}, want;
   ab__save_error(saved);
-  const char *env = getenv("AB_DEFAULT_DEVICE");
-  if (env != NULL && *env != '\0') {
+  const char *env = ab__env_str("AB_DEFAULT_DEVICE"); /* read at every call, as documented */
+  if (env != NULL) {
     if (ab_parse_device(env, &want) == AB_OK && ab__check_device(want, "AB_DEFAULT_DEVICE", true, &want, NULL) == AB_OK) {
       ab__restore_error(saved);
       return want;

@@ -3,6 +3,7 @@
 #ifndef AB_INTERNAL_H
 #define AB_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -119,6 +120,45 @@ long ab__alloc_live_settled(void);
  * "2GB", "1048576" (binary and decimal suffixes, optional "B"), n chars of
  * s. False when malformed or overflowing. */
 bool ab__parse_size(const char *s, size_t n, uint64_t *out);
+
+/* ---- settings from the environment (env.c) ---------------------------- */
+
+/* Every AB_* variable is read through these. Unset and empty are alike; a
+ * malformed value is logged and the default used. Users cache what they
+ * read, together with ab__env_generation() at the time, and read again
+ * when it has changed: ab__env_reload() (tests) changes it. */
+unsigned ab__env_generation(void);
+void ab__env_reload(void);
+/* The value, or NULL when unset or empty (not copied: read it before any
+ * setenv). */
+const char *ab__env_str(const char *name);
+/* The value of the choice whose name the variable holds; dflt when unset;
+ * logged ("want <want>") and dflt when it is none of them. `choices` ends
+ * with a NULL name. */
+struct ab__env_choice {
+  const char *name;
+  int value;
+};
+int ab__env_choice(const char *name, const struct ab__env_choice *choices, int dflt, const char *want);
+/* A byte count ("4MiB", ab__parse_size) within [lo, hi]; dflt otherwise. */
+uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi, const char *example);
+/* A decimal integer within [lo, hi]; dflt otherwise. */
+long ab__env_int(const char *name, long dflt, long lo, long hi);
+/* A small setting cached with the generation it was read at, in one word
+ * (generation << 32 | value), for readers on hot paths: ab__env_cached
+ * gives the value while the generation holds, ab__env_keep stores a value
+ * just read. */
+typedef _Atomic uint64_t ab__env_cache;
+static inline bool ab__env_cached(ab__env_cache *c, uint32_t *value) {
+  const uint64_t w = atomic_load_explicit(c, memory_order_relaxed);
+  if ((uint32_t)(w >> 32) != ab__env_generation()) return false;
+  *value = (uint32_t)w;
+  return true;
+}
+static inline uint32_t ab__env_keep(ab__env_cache *c, uint32_t value) {
+  atomic_store_explicit(c, (uint64_t)ab__env_generation() << 32 | value, memory_order_relaxed);
+  return value;
+}
 
 /* ---- checked arithmetic ----------------------------------------------- */
 

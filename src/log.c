@@ -7,7 +7,7 @@
 
 #include "internal.h"
 
-static atomic_int level_cache = -1;
+static ab__env_cache level_cache;
 
 static int parse_level(const char *s) {
   static const char *names[] = {"off", "error", "warn", "info", "debug"};
@@ -19,12 +19,12 @@ static int parse_level(const char *s) {
   return AB_LOG_WARN;
 }
 
+/* Read once, and again after ab__env_reload. Parsed here rather than by
+ * ab__env_choice, which logs, and so asks for the level. */
 int ab__log_level(void) {
-  int lv = atomic_load_explicit(&level_cache, memory_order_relaxed);
-  if (AB_LIKELY(lv >= 0)) return lv;
-  lv = parse_level(getenv("AB_LOG_LEVEL"));
-  atomic_store_explicit(&level_cache, lv, memory_order_relaxed);
-  return lv;
+  uint32_t lv;
+  if (AB_LIKELY(ab__env_cached(&level_cache, &lv))) return (int)lv;
+  return (int)ab__env_keep(&level_cache, (uint32_t)parse_level(ab__env_str("AB_LOG_LEVEL")));
 }
 
 void ab__log(int level, const char *fmt, ...) {

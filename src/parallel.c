@@ -29,51 +29,37 @@
 /* ---- AB_NUM_THREADS, AB_PARALLEL_MIN ------------------------------------- */
 
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int env_threads = -1; /* -1: not read yet */
-static size_t env_min;
+static atomic_uint env_generation; /* of the values below; 0: never read */
+static atomic_int env_threads;
+static atomic_size_t env_min;
 
+/* AB_NUM_THREADS and AB_PARALLEL_MIN, read once and again after
+ * ab__env_reload (tests). */
 static void read_env(void) {
   pthread_mutex_lock(&env_lock);
-  if (atomic_load_explicit(&env_threads, memory_order_relaxed) < 0) {
+  const unsigned gen = ab__env_generation();
+  if (atomic_load_explicit(&env_generation, memory_order_relaxed) != gen) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
-    const char *v = getenv("AB_NUM_THREADS");
-    if (v != NULL && *v != '\0') {
-      char *end;
-      long t = strtol(v, &end, 10);
-      if (*end == '\0' && t >= 1 && t <= MAX_THREADS) n = (int)t;
-      else AB_LOG(AB_LOG_ERROR, "AB_NUM_THREADS=\"%s\" ignored: want 1..%d; using %d", v, MAX_THREADS, n);
-    }
+    n = (int)ab__env_int("AB_NUM_THREADS", n, 1, MAX_THREADS);
     /* Below about a megabyte per thread the hand-off costs more than the
      * second core saves (bench/results/2026-11-24-host-threads.md). */
-    uint64_t m = (uint64_t)1 << 20;
-    v = getenv("AB_PARALLEL_MIN");
-    if (v != NULL && *v != '\0' && !ab__parse_size(v, strlen(v), &m)) {
-      m = (uint64_t)1 << 20;
-      AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 1MiB", v);
-    }
-    env_min = m == 0 ? 1 : (size_t)m;
-    atomic_store_explicit(&env_threads, n, memory_order_release);
+    uint64_t m = ab__env_size("AB_PARALLEL_MIN", (uint64_t)1 << 20, 0, SIZE_MAX, "1MiB");
+    atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
+    atomic_store_explicit(&env_threads, n, memory_order_relaxed);
+    atomic_store_explicit(&env_generation, gen, memory_order_release);
   }
   pthread_mutex_unlock(&env_lock);
 }
 
 int ab__num_threads(void) {
-  int n = atomic_load_explicit(&env_threads, memory_order_acquire);
-  if (AB_LIKELY(n > 0)) return n;
-  read_env();
-  return atomic_load_explicit(&env_threads, memory_order_acquire);
+  if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+  return atomic_load_explicit(&env_threads, memory_order_relaxed);
 }
 
 size_t ab__parallel_min(void) {
-  (void)ab__num_threads();
-  return env_min; /* written before env_threads was published */
-}
-
-void ab__parallel_reload_env(void) {
-  pthread_mutex_lock(&env_lock);
-  atomic_store(&env_threads, -1);
-  pthread_mutex_unlock(&env_lock);
+  if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+  return atomic_load_explicit(&env_min, memory_order_relaxed);
 }
 
 /* ab_convert_opts.threads of the conversion this thread is running. */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "converters/host/convert.h"
+#include "internal.h"
 
 /* One host layout job: the ndim-dimensional array at src (byte strides,
  * any sign) into the compact row-major array dst. op NULL: a plain gather
@@ -45,8 +46,5 @@ uint32_t ab__parallel_call_threads(uint32_t n);
 
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);
-
-/* Reads AB_NUM_THREADS and AB_PARALLEL_MIN again (tests). */
-void ab__parallel_reload_env(void);
 
 #endif

@@ -93,7 +93,8 @@ struct limit_rule {
 };
 #define MAX_RULES 64
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool env_parsed;
+static unsigned env_generation; /* of the rules; 0: never parsed */
+static bool env_stale;          /* ab_shutdown asks for a new read */
 static int nrules;
 static struct limit_rule rules[MAX_RULES];
 static char env_error[256];
@@ -186,12 +187,15 @@ static void parse_env(const char *v) {
   }
 }
 
-/* The limit for dev from AB_MEMORY_LIMIT (later entries win), read once. */
+/* The limit for dev from AB_MEMORY_LIMIT (later entries win), read when
+ * a pool is created: once, and again after ab_shutdown or ab__env_reload. */
 static ab_status env_limit(DLDevice dev, uint64_t *out) {
   pthread_mutex_lock(&env_lock);
-  if (!env_parsed) {
-    parse_env(getenv("AB_MEMORY_LIMIT"));
-    env_parsed = true;
+  const unsigned gen = ab__env_generation();
+  if (env_generation != gen || env_stale) {
+    parse_env(ab__env_str("AB_MEMORY_LIMIT"));
+    env_generation = gen;
+    env_stale = false;
     if (env_error[0]) AB_LOG(AB_LOG_ERROR, "%s", env_error);
   }
   *out = 0;
@@ -204,9 +208,9 @@ static ab_status env_limit(DLDevice dev, uint64_t *out) {
   return AB_OK;
 }
 
-void ab__pool_reload_env(void) {
+static void env_reread(void) {
   pthread_mutex_lock(&env_lock);
-  env_parsed = false;
+  env_stale = true;
   pthread_mutex_unlock(&env_lock);
 }
 
@@ -717,7 +721,7 @@ void ab__pool_shutdown(void) {
       pthread_mutex_destroy(&p->lock);
       ab__free(p);
     }
-  ab__pool_reload_env();
+  env_reread();
 }
 
 long ab__alloc_live_settled(void) {

@@ -32,7 +32,4 @@ size_t ab__pool_round(size_t bytes);
  * blocks in use are trimmed and kept. */
 void ab__pool_shutdown(void);
 
-/* Re-reads AB_MEMORY_LIMIT on the next pool creation (tests). */
-void ab__pool_reload_env(void);
-
 #endif

@@ -29,38 +29,21 @@
 #define MAX_CHUNKS 16
 
 static pthread_mutex_t cfg_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool cfg_read;
+static unsigned cfg_generation; /* under cfg_lock; 0: never read */
 static struct ab__staging_config cfg;
-
-static size_t env_size(const char *name, const char *example, size_t dflt, size_t lo, size_t hi) {
-  const char *v = getenv(name);
-  uint64_t x;
-  if (v == NULL || *v == '\0') return dflt;
-  if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
-    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a number from %zu to %zu (e.g. %s); using %zu", name, v, lo, hi,
-           example, dflt);
-    return dflt;
-  }
-  return (size_t)x;
-}
 
 struct ab__staging_config ab__staging_config(void) {
   pthread_mutex_lock(&cfg_lock);
-  if (!cfg_read) {
-    cfg.chunk = env_size("AB_STAGING_CHUNK", "4MiB", (size_t)4 << 20, 4096, (size_t)1 << 30);
-    cfg.count = env_size("AB_STAGING_CHUNKS", "3", 3, 2, MAX_CHUNKS);
-    cfg.min = env_size("AB_STAGING_MIN", "1MiB", (size_t)1 << 20, 0, SIZE_MAX);
-    cfg_read = true;
+  const unsigned gen = ab__env_generation();
+  if (cfg_generation != gen) {
+    cfg.chunk = (size_t)ab__env_size("AB_STAGING_CHUNK", (uint64_t)4 << 20, 4096, (uint64_t)1 << 30, "4MiB");
+    cfg.count = (size_t)ab__env_size("AB_STAGING_CHUNKS", 3, 2, MAX_CHUNKS, "3");
+    cfg.min = (size_t)ab__env_size("AB_STAGING_MIN", (uint64_t)1 << 20, 0, SIZE_MAX, "1MiB");
+    cfg_generation = gen;
   }
   struct ab__staging_config c = cfg;
   pthread_mutex_unlock(&cfg_lock);
   return c;
-}
-
-void ab__staging_reload_env(void) {
-  pthread_mutex_lock(&cfg_lock);
-  cfg_read = false;
-  pthread_mutex_unlock(&cfg_lock);
 }
 
 struct ring {

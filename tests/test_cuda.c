@@ -1259,7 +1259,7 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
   /* The same pairs within one GPU: one kernel each, against the host. */
   need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
-  ab__convert_reload_env();
+  ab__env_reload();
   test_rng rng = {31};
   int runs = 0;
   for (size_t f = 0; f < CAST_NKINDS; f++) {
@@ -1299,13 +1299,13 @@ Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
   }
   cr_assert_eq(runs, CAST_NKINDS * CAST_NKINDS * 3);
   setenv("AB_CONVERT_PLACE", "auto", 1);
-  ab__convert_reload_env();
+  ab__env_reload();
 }
 
 Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
   need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
-  ab__convert_reload_env();
+  ab__env_reload();
   test_rng rng = {19};
   const DLDataType f32 = dt(kDLFloat, 32, 1);
   for (size_t t = 0; t < sizeof narrow_to / sizeof narrow_to[0]; t++) {
@@ -1335,14 +1335,14 @@ Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
     }
   }
   unsetenv("AB_CONVERT_PLACE");
-  ab__convert_reload_env();
+  ab__env_reload();
   assert_pool_clean(CUDA(0));
 }
 
 Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
   need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);
-  ab__convert_reload_env();
+  ab__env_reload();
   test_rng rng = {11};
   for (size_t f = 0; f < sizeof conv_from / sizeof conv_from[0]; f++) {
     for (int trial = 0; trial < 6; trial++) {
@@ -1373,5 +1373,5 @@ Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
     }
   }
   unsetenv("AB_CONVERT_PLACE");
-  ab__convert_reload_env();
+  ab__env_reload();
 }

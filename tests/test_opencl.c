@@ -749,7 +749,7 @@ static void pinned_mode(const char *mode) {
   else unsetenv("AB_OPENCL_PINNED");
   setenv("AB_STAGING_MIN", "1", 1);
   setenv("AB_STAGING_CHUNK", "64KiB", 1);
-  ab__staging_reload_env();
+  ab__env_reload();
   ab_shutdown();
 }
 
@@ -877,7 +877,7 @@ Test(opencl, a_pinned_limit_falls_back_to_pageable_staging_not_to_failure) {
   need_devices(1);
   pinned_mode("1");
   setenv("AB_MEMORY_LIMIT", "opencl_host:0=100KiB", 1);
-  ab__pool_reload_env();
+  ab__env_reload();
   ab_shutdown();
   enum { N = 200000 };
   uint8_t *v = malloc(N);
@@ -896,7 +896,7 @@ Test(opencl, a_pinned_limit_falls_back_to_pageable_staging_not_to_failure) {
   up->deleter(up);
   assert_pool_clean(PINNED(0));
   unsetenv("AB_MEMORY_LIMIT");
-  ab__pool_reload_env();
+  ab__env_reload();
   free(v);
 }
 
@@ -904,7 +904,7 @@ Test(opencl, a_pinned_limit_falls_back_to_pageable_staging_not_to_failure) {
 
 static void convert_place(const char *place) {
   setenv("AB_CONVERT_PLACE", place, 1);
-  ab__convert_reload_env();
+  ab__env_reload();
 }
 
 static uint64_t pool_allocations(DLDevice dev) { return stats_of(dev).allocations; }

@@ -16,12 +16,12 @@
 static void many_threads(void) {
   setenv("AB_NUM_THREADS", "4", 1);
   setenv("AB_PARALLEL_MIN", "1", 1);
-  ab__parallel_reload_env();
+  ab__env_reload();
 }
 
 static void one_thread(void) {
   setenv("AB_NUM_THREADS", "1", 1);
-  ab__parallel_reload_env();
+  ab__env_reload();
 }
 
 TestSuite(parallel, .init = many_threads);
@@ -172,17 +172,17 @@ Test(parallel, fork_and_shutdown_leave_working_threads) {
 Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   setenv("AB_NUM_THREADS", "3", 1);
   setenv("AB_PARALLEL_MIN", "2MiB", 1);
-  ab__parallel_reload_env();
+  ab__env_reload();
   cr_assert_eq(ab__num_threads(), 3);
   cr_assert_eq(ab__parallel_min(), (size_t)2 << 20);
   setenv("AB_NUM_THREADS", "0", 1); /* refused: the online cores */
   setenv("AB_PARALLEL_MIN", "lots", 1);
-  ab__parallel_reload_env();
+  ab__env_reload();
   cr_assert_eq(ab__num_threads(), (int)(sysconf(_SC_NPROCESSORS_ONLN) > 64 ? 64 : sysconf(_SC_NPROCESSORS_ONLN)));
   cr_assert_eq(ab__parallel_min(), (size_t)1 << 20);
   unsetenv("AB_NUM_THREADS");
   unsetenv("AB_PARALLEL_MIN");
-  ab__parallel_reload_env();
+  ab__env_reload();
 }
 
 Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {

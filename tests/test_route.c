@@ -341,10 +341,10 @@ Test(explain, says_where_a_conversion_runs) {
   if (ab_device_count(kDLOpenCL) == 0) cr_skip_test("the device plans need an OpenCL device");
   const DLDevice cl = {kDLOpenCL, 0};
   setenv("AB_CONVERT_PLACE", "device", 1);
-  ab__convert_reload_env();
+  ab__env_reload();
   ab_status st = ab_explain_convert(&t, cl, &o, buf, sizeof buf);
   unsetenv("AB_CONVERT_PLACE");
-  ab__convert_reload_env();
+  ab__env_reload();
   cr_assert_eq(st, AB_OK, "%s", ab_last_error());
   cr_assert_not_null(strstr(buf, "2 steps"), "%s", buf);
   cr_assert_not_null(strstr(buf, "1. upload cpu:0 -> opencl:0, 60 bytes as they are, for the conversion there"), "%s",

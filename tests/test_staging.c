@@ -155,7 +155,7 @@ static void setup(void) {
   setenv("AB_STAGING_CHUNK", "64KiB", 1);
   setenv("AB_STAGING_CHUNKS", "3", 1);
   setenv("AB_STAGING_MIN", "1", 1);
-  ab__staging_reload_env();
+  ab__env_reload();
   nqueued = ndone = 0;
   fences_live = fences_made = async_calls = direct_calls = fail_async_at = max_in_flight = stream_syncs = 0;
   staged_region = NULL;
@@ -217,7 +217,7 @@ Test(staging, a_short_transfer_is_cut_to_overlap_and_a_tiny_one_goes_direct) {
   assert_ring_closed();
   /* Below AB_STAGING_MIN: direct. */
   setenv("AB_STAGING_MIN", "1MiB", 1);
-  ab__staging_reload_env();
+  ab__env_reload();
   async_calls = 0;
   memset(dev, 0, n);
   cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK);
@@ -357,7 +357,7 @@ Test(staging, settings_come_from_the_environment_and_bad_values_keep_the_default
   setenv("AB_STAGING_CHUNK", "8MiB", 1);
   setenv("AB_STAGING_CHUNKS", "4", 1);
   setenv("AB_STAGING_MIN", "256KiB", 1);
-  ab__staging_reload_env();
+  ab__env_reload();
   struct ab__staging_config c = ab__staging_config();
   cr_assert_eq(c.chunk, (size_t)8 << 20);
   cr_assert_eq(c.count, 4);
@@ -365,7 +365,7 @@ Test(staging, settings_come_from_the_environment_and_bad_values_keep_the_default
   setenv("AB_STAGING_CHUNK", "lots", 1);
   setenv("AB_STAGING_CHUNKS", "1", 1);  /* below 2 */
   setenv("AB_STAGING_MIN", "-5", 1);
-  ab__staging_reload_env();
+  ab__env_reload();
   c = ab__staging_config();
   cr_assert_eq(c.chunk, (size_t)4 << 20);
   cr_assert_eq(c.count, 3);

@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 
 #include "internal.h"
@@ -87,10 +86,10 @@ static void preload_icd_dir(const char *dir) {
   closedir(d);
 }
 
-static bool env_off(const char *name) {
-  const char *v = getenv(name);
-  return v != NULL && (strcmp(v, "0") == 0 || strcasecmp(v, "off") == 0 || strcasecmp(v, "false") == 0 ||
-                       strcasecmp(v, "no") == 0);
+static bool deepbind_off(void) {
+  static const struct ab__env_choice modes[] = {{"1", 1},     {"on", 1},  {"true", 1}, {"yes", 1}, {"0", 0},
+                                                {"off", 0},   {"false", 0}, {"no", 0},  {NULL, 0}};
+  return !ab__env_choice("AB_OPENCL_DEEPBIND", modes, 1, "1 (on) or 0 (off, false, no)");
 }
 
 /* A sanitizer runtime in the process (a sanitized program, or one
@@ -109,7 +108,7 @@ static bool sanitizer_present(void) {
  * directory first; else a library), else the .icd files of the vendors
  * directory ($OPENCL_VENDOR_PATH, else /etc/OpenCL/vendors). */
 static void preload_all(void) {
-  if (env_off("AB_OPENCL_DEEPBIND")) return;
+  if (deepbind_off()) return;
   if (sanitizer_present()) {
     AB_LOG(AB_LOG_DEBUG, "a sanitizer runtime is loaded: OpenCL drivers are not preloaded with RTLD_DEEPBIND");
     return;

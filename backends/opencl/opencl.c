@@ -136,8 +136,8 @@ static bool contains_nocase(const char *hay, const char *needle) {
 }
 
 static ab_status device_type_filter(cl_device_type *out) {
-  const char *v = getenv("AB_OPENCL_DEVICE_TYPE");
-  if (v == NULL || *v == '\0' || strcmp(v, "all") == 0) *out = CL_DEVICE_TYPE_ALL;
+  const char *v = ab__env_str("AB_OPENCL_DEVICE_TYPE");
+  if (v == NULL || strcmp(v, "all") == 0) *out = CL_DEVICE_TYPE_ALL;
   else if (strcmp(v, "gpu") == 0) *out = CL_DEVICE_TYPE_GPU;
   else if (strcmp(v, "cpu") == 0) *out = CL_DEVICE_TYPE_CPU;
   else if (strcmp(v, "accelerator") == 0) *out = CL_DEVICE_TYPE_ACCELERATOR;
@@ -147,19 +147,16 @@ static ab_status device_type_filter(cl_device_type *out) {
 }
 
 static enum pinned_mode read_pinned_mode(void) {
-  const char *v = getenv("AB_OPENCL_PINNED");
-  if (v == NULL || *v == '\0' || strcmp(v, "auto") == 0) return PINNED_AUTO;
-  if (strcmp(v, "1") == 0 || strcmp(v, "on") == 0) return PINNED_ALL;
-  if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) return PINNED_NONE;
-  AB_LOG(AB_LOG_ERROR, "AB_OPENCL_PINNED=\"%s\" ignored: want auto, 1 (on) or 0 (off); using auto", v);
-  return PINNED_AUTO;
+  static const struct ab__env_choice modes[] = {{"auto", PINNED_AUTO}, {"1", PINNED_ALL}, {"on", PINNED_ALL},
+                                                {"0", PINNED_NONE},   {"off", PINNED_NONE}, {NULL, 0}};
+  return (enum pinned_mode)ab__env_choice("AB_OPENCL_PINNED", modes, PINNED_AUTO, "auto, 1 (on) or 0 (off)");
 }
 
 static ab_status cl_init(void) {
   cl_platform_id ids[MAX_PLATFORMS];
   cl_uint n = 0;
   cl_device_type type = CL_DEVICE_TYPE_ALL;
-  const char *want = getenv("AB_OPENCL_PLATFORM");
+  const char *want = ab__env_str("AB_OPENCL_PLATFORM");
 
   nplatforms = ndevices = 0;
   pinned_mode = read_pinned_mode();
@@ -197,7 +194,7 @@ static ab_status cl_init(void) {
   if (ndevices == 0)
     return AB_FAIL(AB_ERR_NO_DEVICE, "%u OpenCL platform%s but no device matched (AB_OPENCL_PLATFORM=%s, AB_OPENCL_DEVICE_TYPE=%s)",
                    (unsigned)n, n == 1 ? "" : "s", want ? want : "(unset)",
-                   getenv("AB_OPENCL_DEVICE_TYPE") ? getenv("AB_OPENCL_DEVICE_TYPE") : "(unset)");
+                   ab__env_str("AB_OPENCL_DEVICE_TYPE") ? ab__env_str("AB_OPENCL_DEVICE_TYPE") : "(unset)");
   return AB_OK;
 }
 
@@ -542,7 +539,7 @@ static bool program_ready(struct platform *p, int which) {
 #ifdef AB_FAULT_INJECTION
   /* test_opencl builds convert.cl as other compilers would (one that
    * refuses the generic kernels, one without doubles): test builds only. */
-  const char *test_opts = which == 1 ? getenv("AB_TEST_OPENCL_CONVERT_OPTIONS") : NULL;
+  const char *test_opts = which == 1 ? ab__env_str("AB_TEST_OPENCL_CONVERT_OPTIONS") : NULL;
   if (test_opts != NULL) opts = test_opts;
 #endif
   if (e == CL_SUCCESS) e = clBuildProgram(prog, 0, NULL, opts, NULL, NULL);

@@ -455,12 +455,12 @@ static int probe_streaming(void) {
 static int probe_streaming(void) { return 0; }
 #endif
 
+/* AB_HOST_STREAMING: 1 or 0 forces, auto (or unset) measures. Decided
+ * once per process (the probe is not cheap). */
 static void decide_streaming(void) {
-  const char *v = getenv("AB_HOST_STREAMING");
-  int m;
-  if (v != NULL && strcmp(v, "1") == 0) m = 1;
-  else if (v != NULL && strcmp(v, "0") == 0) m = 0;
-  else m = probe_streaming();
+  static const struct ab__env_choice modes[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
+  int m = ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0 or auto");
+  if (m < 0) m = probe_streaming();
   atomic_store_explicit(&streaming_mode, m, memory_order_release);
 }
 

@@ -1,0 +1,62 @@
+/* The AB_* environment variables, read the same way everywhere: unset and
+ * empty are alike, sizes take the suffixes of ab__parse_size, and a
+ * malformed value is logged once per read in one form ("NAME=\"value\"
+ * ignored: want ...; using ...") and replaced by the default, never a
+ * failure. Users cache what they read against ab__env_generation(), so
+ * that one call, ab__env_reload() (the tests'), makes every one of them
+ * read its variables again on next use. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static atomic_uint generation = 1;
+
+unsigned ab__env_generation(void) { return atomic_load_explicit(&generation, memory_order_acquire); }
+
+void ab__env_reload(void) { atomic_fetch_add_explicit(&generation, 1, memory_order_acq_rel); }
+
+const char *ab__env_str(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && *v != '\0' ? v : NULL;
+}
+
+int ab__env_choice(const char *name, const struct ab__env_choice *choices, int dflt, const char *want) {
+  const char *v = ab__env_str(name);
+  if (v == NULL) return dflt;
+  for (const struct ab__env_choice *c = choices; c->name != NULL; c++)
+    if (strcmp(v, c->name) == 0) return c->value;
+  const char *dname = "the default";
+  for (const struct ab__env_choice *c = choices; c->name != NULL; c++)
+    if (c->value == dflt) {
+      dname = c->name;
+      break;
+    }
+  AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %s; using %s", name, v, want, dname);
+  return dflt;
+}
+
+uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi, const char *example) {
+  const char *v = ab__env_str(name);
+  uint64_t x;
+  if (v == NULL) return dflt;
+  if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
+    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, v,
+           (unsigned long long)lo, (unsigned long long)hi, example, (unsigned long long)dflt);
+    return dflt;
+  }
+  return x;
+}
+
+long ab__env_int(const char *name, long dflt, long lo, long hi) {
+  const char *v = ab__env_str(name);
+  if (v == NULL) return dflt;
+  char *end;
+  long x = strtol(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi) {
+    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, v, lo, hi, dflt);
+    return dflt;
+  }
+  return x;
+}
