@@ -62,7 +62,8 @@ test-tsan: deps
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_threads(_sim|_parallel)?$$'
 
 # Valgrind memcheck where the sanitizers see least: the OpenCL routes
-# through PoCL (test_opencl, and a short thread stress across both
+# through PoCL (test_opencl and the conformance suite on OpenCL, and a
+# short thread stress across both
 # devices), from the normal build. Any error fails the test (valgrind
 # exits at the first one); leaks are the ASan tier's job, and PoCL's
 # toolchain subprocesses are not traced. tests/valgrind.supp holds only
@@ -72,6 +73,7 @@ VALGRIND = valgrind -q --error-exitcode=9 --exit-on-first-error=yes --leak-check
   --trace-children-skip='*/ld,*/ld.*,*/x86_64-linux-gnu-ld*,*clang*,*llvm*'
 test-valgrind: build
 	$(VALGRIND) $(BUILD)/tests/test_opencl --jobs=1 --short-filename
+	AB_TEST_EXPECT_DEVICES=2 $(VALGRIND) $(BUILD)/tests/test_conformance_opencl --jobs=1 --short-filename
 	$(VALGRIND) $(BUILD)/tests/stress_threads 2 400
 
 # The Python module against NumPy 2.x, JAX, PyTorch, TensorFlow and

@@ -68,7 +68,9 @@ int is_compact_copy_of(const DLManagedTensorVersioned *r, const DLTensor *src) {
     if (__builtin_mul_overflow(acc, t->shape[i] > 1 ? t->shape[i] : 1, &acc)) overflowed = 1;
   }
   if (numel_of(t->ndim, t->shape) == 0 && t->data != NULL) return 0;
-  if (t->data != NULL && ((uintptr_t)t->data % 256) != 0) return 0;
+  /* data is an address, 256-byte aligned; an OpenCL tensor's is a cl_mem
+   * handle, whose alignment says nothing */
+  if (t->data != NULL && t->device.device_type != kDLOpenCL && ((uintptr_t)t->data % 256) != 0) return 0;
   return 1;
 }
 
@@ -268,3 +270,47 @@ uint64_t pool_in_use(DLDevice dev) {
   cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
   return s.in_use_bytes.current;
 }
+
+DLManagedTensorVersioned *convert_ok_with(const DLTensor *src, DLDevice to, const ab_convert_opts *o) {
+  DLManagedTensorVersioned *r = NULL;
+  ab_status st = ab_convert_memory(src, to, o, &r);
+  cr_assert_eq(st, AB_OK, "convert %s:%d -> %s:%d: %s (%s)", ab_device_type_name(src->device.device_type),
+               (int)src->device.device_id, ab_device_type_name(to.device_type), (int)to.device_id,
+               ab_status_name(st), ab_last_error());
+  cr_assert_eq(r->dl_tensor.device.device_type, to.device_type);
+  return r;
+}
+
+DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy, void *stream) {
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = copy;
+  o.stream = stream;
+  return convert_ok_with(src, to, &o);
+}
+
+void assert_pool_clean(DLDevice dev) {
+  struct ab_pool_stats s = {.size = sizeof s};
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(s.in_use_bytes.current, 0, "%s:%d still has %llu bytes in use", ab_device_type_name(dev.device_type),
+               (int)dev.device_id, (unsigned long long)s.in_use_bytes.current);
+  cr_assert_eq(ab_pool_trim(dev), AB_OK);
+  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK);
+  cr_assert_eq(s.backend_allocs, s.backend_frees, "%s:%d: driver allocations leaked: %llu made, %llu freed",
+               ab_device_type_name(dev.device_type), (int)dev.device_id, (unsigned long long)s.backend_allocs,
+               (unsigned long long)s.backend_frees);
+  cr_assert_eq(s.reserved_bytes.current, 0);
+}
+
+void need_devices_of(DLDeviceType type, int n) {
+  const int32_t have = ab_device_count(type);
+  if (have >= n) return;
+  struct ab_device_info info;
+  ab_device_info((DLDevice){type, 0}, &info); /* fails; its message says why */
+  const char *expect = getenv("AB_TEST_EXPECT_DEVICES");
+  if (expect != NULL && atoi(expect) >= n)
+    cr_assert_fail("needs %d %s device%s and AB_TEST_EXPECT_DEVICES=%s says this machine has them, but it has %d: %s",
+                   n, ab_device_type_name(type), n == 1 ? "" : "s", expect, (int)have, ab_last_error());
+  cr_skip_test("needs %d %s device%s, have %d: %s", n, ab_device_type_name(type), n == 1 ? "" : "s", (int)have,
+               ab_last_error());
+}
+

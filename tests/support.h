@@ -115,4 +115,20 @@ int64_t first_different_element(DLDataType t, const void *a, const void *b, int6
 #  define AB_TEST_SANITIZED 0
 #endif
 
+/* ---- conversions and pools, checked (the test fails otherwise) ---- */
+
+/* src converted to `to` with opts `o` (NULL: the defaults): fails the test
+ * unless the call succeeds and the result is on a device of to's type. */
+DLManagedTensorVersioned *convert_ok_with(const DLTensor *src, DLDevice to, const ab_convert_opts *o);
+/* The same with only opts.copy and opts.stream set. */
+DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy, void *stream);
+/* dev's pool has nothing in use, and after a trim every driver allocation
+ * it made is freed (nothing reserved). */
+void assert_pool_clean(DLDevice dev);
+/* Skips the test, saying why, unless `type` has n devices; fails it
+ * instead when AB_TEST_EXPECT_DEVICES says this machine has at least n
+ * (make test sets it where CI has the devices: a missing device is a
+ * failure there, not a skip). */
+void need_devices_of(DLDeviceType type, int n);
+
 #endif

@@ -279,7 +279,7 @@ static const char *describe(int k, const unsigned char *p, char *buf, size_t len
 /* Converts and checks the result's contract: success, a copy (IS_COPIED),
  * the requested dtype, the permuted shape, compact strides, the target's
  * device type, data NULL exactly when there are no elements. */
-static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, const ab_convert_opts *o,
+static DLManagedTensorVersioned *convert_contract(const DLTensor *src, DLDevice to, const ab_convert_opts *o,
                                             const char *what) {
   DLManagedTensorVersioned *r = NULL;
   ab_status st = ab_convert_memory(src, to, o, &r);
@@ -321,7 +321,7 @@ static unsigned char *result_bytes(const DLManagedTensorVersioned *r, size_t nby
   if (r->dl_tensor.device.device_type == kDLCPU) {
     memcpy(b, r->dl_tensor.data, nbytes);
   } else {
-    DLManagedTensorVersioned *h = convert_ok(&r->dl_tensor, CPU0, NULL, what);
+    DLManagedTensorVersioned *h = convert_contract(&r->dl_tensor, CPU0, NULL, what);
     memcpy(b, h->dl_tensor.data, nbytes);
     h->deleter(h);
   }
@@ -343,7 +343,7 @@ static unsigned char *check_conversion(const DLTensor *src, const DLTensor *host
   const int32_t nd = src->ndim;
   const int64_t n = numel_of(nd, src->shape);
   const size_t fs = KD[from].size, ts = KD[to].size;
-  DLManagedTensorVersioned *r = convert_ok(src, target, o, what);
+  DLManagedTensorVersioned *r = convert_contract(src, target, o, what);
   *nbytes = (size_t)n * ts;
   unsigned char *got = result_bytes(r, *nbytes, what);
   r->deleter(r);
@@ -600,7 +600,7 @@ static void convert_one(int from, const void *x, int to, void *y, const ab_conve
   o.dtype = KD[to].dt;
   int64_t shape[1] = {1};
   DLTensor t = {(void *)x, CPU0, 1, KD[from].dt, shape, NULL, 0};
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "one element");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "one element");
   memcpy(y, r->dl_tensor.data, KD[to].size);
   r->deleter(r);
 }
@@ -695,7 +695,7 @@ Test(cast, uint8_to_float32_affine_is_a_float32_multiply_then_add) {
   o.scale = 1.0 / 255;
   o.offset = -0.5;
   const uint64_t in_use = pool_in_use(CPU0);
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "uint8 -> float32 affine");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "uint8 -> float32 affine");
   const float *y = r->dl_tensor.data;
   int differs_from_double = 0;
   for (int i = 0; i < 256; i++) {
@@ -763,7 +763,7 @@ Test(cast, wide_sources_use_float64_arithmetic_narrow_ones_float32) {
   o.flags = AB_CONVERT_AFFINE;
   o.scale = 1.0 / 3;
   o.offset = 0.1;
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "int32 -> float64 affine");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "int32 -> float64 affine");
   for (int64_t i = 0; i < shape[0]; i++) {
     volatile double m = (double)x[i] * o.scale;
     const double want = m + o.offset;
@@ -857,7 +857,7 @@ static void normalise_image(int64_t H, int64_t W, int64_t C, bool null_scale, bo
     o.channel_scale = null_scale ? NULL : cs;
     o.channel_offset = null_offset ? NULL : co;
   }
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, what);
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, what);
   const float *y = r->dl_tensor.data;
   int64_t bad = 0;
   for (int64_t c = 0; c < C; c++)
@@ -932,7 +932,7 @@ Test(cast, channel_axis_names_a_source_axis_not_a_result_axis) {
   o.channel_axis = 0;
   o.channel_scale = cs;
   o.channel_offset = co;
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "by hand");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "by hand");
   const double *y = r->dl_tensor.data;
   cr_expect_eq(y[0 * 4 + 3], (double)x[3 * 3 + 0] * 1000 - 7); /* result (0, 3) = source (3, 0) */
   cr_expect_eq(y[2 * 4 + 1], (double)x[1 * 3 + 2] * 10 - 0.25);
@@ -1185,26 +1185,26 @@ Test(cast, a_0d_tensor_converts_its_one_element) {
   const uint64_t in_use = pool_in_use(CPU0);
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = KD[R_I32].dt;
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "0-d float64 -> int32");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "0-d float64 -> int32");
   cr_assert_eq(r->dl_tensor.ndim, 0);
   cr_expect_eq(*(const int32_t *)r->dl_tensor.data, 2);
   r->deleter(r);
   o.dtype = KD[R_F16].dt;
-  r = convert_ok(&t, CPU0, &o, "0-d float64 -> float16");
+  r = convert_contract(&t, CPU0, &o, "0-d float64 -> float16");
   cr_expect_eq(*(const uint16_t *)r->dl_tensor.data, 0x4100);
   r->deleter(r);
   o.dtype = KD[R_I32].dt;
   o.flags = AB_CONVERT_AFFINE;
   o.scale = 2;
   o.offset = 1;
-  r = convert_ok(&t, CPU0, &o, "0-d float64 -> int32, x * 2 + 1");
+  r = convert_contract(&t, CPU0, &o, "0-d float64 -> int32, x * 2 + 1");
   cr_expect_eq(*(const int32_t *)r->dl_tensor.data, 6);
   r->deleter(r);
   uint8_t u = 200;
   DLTensor tu = {&u, CPU0, 0, KD[R_U8].dt, NULL, NULL, 0};
   ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
   o2.dtype = KD[R_I8].dt;
-  r = convert_ok(&tu, CPU0, &o2, "0-d uint8 -> int8");
+  r = convert_contract(&tu, CPU0, &o2, "0-d uint8 -> int8");
   cr_expect_eq(*(const int8_t *)r->dl_tensor.data, 127);
   r->deleter(r);
   cr_assert_eq(x, 2.5);
@@ -1219,7 +1219,7 @@ Test(cast, a_zero_size_tensor_gets_the_permuted_shape_and_no_data) {
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = KD[R_I16].dt;
   o.permute = perm;
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "zero-size float32 -> int16, permuted");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "zero-size float32 -> int16, permuted");
   cr_expect_eq(r->dl_tensor.shape[0], 4);
   cr_expect_eq(r->dl_tensor.shape[1], 3);
   cr_expect_eq(r->dl_tensor.shape[2], 0);
@@ -1228,13 +1228,13 @@ Test(cast, a_zero_size_tensor_gets_the_permuted_shape_and_no_data) {
   /* per channel along a zero-size axis, NULL arrays */
   o.flags = AB_CONVERT_PER_CHANNEL;
   o.channel_axis = 1;
-  r = convert_ok(&t, CPU0, &o, "zero-size, per channel along the empty axis");
+  r = convert_contract(&t, CPU0, &o, "zero-size, per channel along the empty axis");
   cr_expect_eq(r->dl_tensor.shape[0], 4);
   r->deleter(r);
   /* a permutation alone, same dtype */
   ab_convert_opts o3 = AB_CONVERT_OPTS_INIT;
   o3.permute = perm;
-  r = convert_ok(&t, CPU0, &o3, "zero-size, permuted only");
+  r = convert_contract(&t, CPU0, &o3, "zero-size, permuted only");
   cr_expect_eq(r->dl_tensor.shape[0], 4);
   cr_expect_eq(r->dl_tensor.shape[2], 0);
   r->deleter(r);
@@ -1321,7 +1321,7 @@ Test(cast, complex64_to_complex128_and_back_cast_each_part) {
   static const int32_t perm[2] = {1, 0};
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = dt(kDLComplex, 128, 1);
-  DLManagedTensorVersioned *r = convert_ok(&t, CPU0, &o, "complex64 -> complex128");
+  DLManagedTensorVersioned *r = convert_contract(&t, CPU0, &o, "complex64 -> complex128");
   const double *d = r->dl_tensor.data;
   for (size_t i = 0; i < 2 * n; i++) {
     const double want = parts[i];
@@ -1333,7 +1333,7 @@ Test(cast, complex64_to_complex128_and_back_cast_each_part) {
   ab_convert_opts o2 = AB_CONVERT_OPTS_INIT;
   o2.dtype = dt(kDLComplex, 64, 1);
   o2.permute = perm;
-  DLManagedTensorVersioned *r2 = convert_ok(&t2, CPU0, &o2, "complex128 -> complex64, permuted");
+  DLManagedTensorVersioned *r2 = convert_contract(&t2, CPU0, &o2, "complex128 -> complex64, permuted");
   const float *f = r2->dl_tensor.data;
   for (int64_t j = 0; j < 3; j++)
     for (int64_t i = 0; i < 2; i++)
@@ -1439,7 +1439,7 @@ Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_hos
   const uint64_t sum = checksum(host, sizeof host);
   int64_t whole_shape[2] = {10, 12};
   DLTensor whole = {host, CPU0, 2, KD[R_I16].dt, whole_shape, NULL, 0};
-  DLManagedTensorVersioned *dev = convert_ok(&whole, CL0, NULL, "upload");
+  DLManagedTensorVersioned *dev = convert_contract(&whole, CL0, NULL, "upload");
   const struct {
     const char *name;
     int64_t shape[2], strides[2], offset;
@@ -1499,7 +1499,7 @@ Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_hos
   fill_pattern(img, sizeof img, 23);
   int64_t si[3] = {6, 20, 3};
   DLTensor ti = {img, CPU0, 3, KD[R_U8].dt, si, NULL, 0};
-  DLManagedTensorVersioned *dimg = convert_ok(&ti, CL0, NULL, "upload image");
+  DLManagedTensorVersioned *dimg = convert_contract(&ti, CL0, NULL, "upload image");
   int64_t cshape[3] = {4, 16, 3}, cstrides[3] = {60, 3, 1};
   DLTensor v = dimg->dl_tensor;
   v.shape = cshape;

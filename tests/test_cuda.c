@@ -28,12 +28,7 @@ static void need_devices(int n) {
 #ifndef AB_HAVE_CUDA
   cr_skip_test("this build has no CUDA backend (toolkit not found at configure time)");
 #endif
-  int32_t have = ab_device_count(kDLCUDA);
-  if (have < n) {
-    struct ab_device_info info;
-    ab_device_info(CUDA(0), &info);
-    cr_skip_test("needs %d CUDA device%s, have %d: %s", n, n == 1 ? "" : "s", (int)have, ab_last_error());
-  }
+  need_devices_of(kDLCUDA, n);
 }
 
 /* The tests of work placed on the GPU: without the kernels (no nvcc at
@@ -43,32 +38,6 @@ static void need_kernels(void) {
 #ifndef AB_HAVE_CUDA_KERNELS
   cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time, or the simcuda build)");
 #endif
-}
-
-static DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_mode copy, void *stream) {
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.copy = copy;
-  o.stream = stream;
-  DLManagedTensorVersioned *r = NULL;
-  ab_status st = ab_convert_memory(src, to, &o, &r);
-  cr_assert_eq(st, AB_OK, "convert %s:%d -> %s:%d: %s (%s)", ab_device_type_name(src->device.device_type),
-               (int)src->device.device_id, ab_device_type_name(to.device_type), (int)to.device_id,
-               ab_status_name(st), ab_last_error());
-  cr_assert_eq(r->dl_tensor.device.device_type, to.device_type);
-  return r;
-}
-
-/* Every block back in its pool and, after a trim, every driver allocation
- * freed. */
-static void assert_pool_clean(DLDevice dev) {
-  struct ab_pool_stats s = {.size = sizeof s};
-  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK, "%s", ab_last_error());
-  cr_assert_eq(s.in_use_bytes.current, 0, "%s:%d still has %llu bytes in use", ab_device_type_name(dev.device_type),
-               (int)dev.device_id, (unsigned long long)s.in_use_bytes.current);
-  cr_assert_eq(ab_pool_trim(dev), AB_OK);
-  cr_assert_eq(ab_pool_stats(dev, &s), AB_OK);
-  cr_assert_eq(s.backend_allocs, s.backend_frees, "driver allocations leaked: %llu made, %llu freed",
-               (unsigned long long)s.backend_allocs, (unsigned long long)s.backend_frees);
 }
 
 /* ---- without a device ------------------------------------------------- */
@@ -172,72 +141,6 @@ static int current_device(void) {
   return d;
 }
 #endif
-
-Test(cuda, round_trips_are_exact_at_every_size) {
-  need_devices(1);
-  const int64_t sizes[] = {0, 1, 3, 4097, (int64_t)1 << 20, ((int64_t)64 << 20) + 5};
-  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-    int64_t shape[1] = {sizes[k]};
-    unsigned char *buf = malloc((size_t)sizes[k] + 1);
-    fill_pattern(buf, (size_t)sizes[k], (uint32_t)k + 7);
-    DLTensor h = {buf, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
-    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
-    cr_assert(is_compact_copy_of(g, &h));
-    cr_assert_eq(g->dl_tensor.device.device_id, 0);
-    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-    cr_assert_eq(first_diff_vs_reference(&h, back), -1, "%lld bytes differ after the round trip",
-                 (long long)sizes[k]);
-    back->deleter(back);
-    g->deleter(g);
-    free(buf);
-  }
-  assert_pool_clean(CUDA(0));
-}
-
-Test(cuda, strided_sources_arrive_compact_both_ways) {
-  need_devices(1);
-  /* A 3-channel crop (rows of contiguous bytes: a rectangle) and a
-   * transpose (not one) of a 37 x 53 x 3 u16 image. */
-  enum { H = 37, W = 53, C = 3 };
-  uint16_t *img = malloc(sizeof(uint16_t) * H * W * C);
-  fill_pattern(img, sizeof(uint16_t) * H * W * C, 11);
-  int64_t full[3] = {H, W, C};
-  DLTensor whole = {img, CPU0, 3, dt(kDLUInt, 16, 1), full, NULL, 0};
-  int64_t crop_shape[3] = {20, 30, 3}, crop_strides[3] = {W * C, C, 1};
-  DLTensor crop = {img, CPU0, 3, dt(kDLUInt, 16, 1), crop_shape, crop_strides, sizeof(uint16_t) * (5 * W * C + 7 * C)};
-  int64_t tr_shape[3] = {W, H, C}, tr_strides[3] = {C, W * C, 1};
-  DLTensor tr = {img, CPU0, 3, dt(kDLUInt, 16, 1), tr_shape, tr_strides, 0};
-
-  const DLTensor *cases[] = {&crop, &tr};
-  for (int c = 0; c < 2; c++) {
-    /* host strided -> device */
-    DLManagedTensorVersioned *g = convert_ok(cases[c], CUDA(0), AB_COPY_IF_NEEDED, NULL);
-    DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-    cr_assert_eq(first_diff_vs_reference(cases[c], back), -1, "case %d: host strided -> cuda", c);
-    back->deleter(back);
-    g->deleter(g);
-  }
-  /* device strided -> host and -> device: the same views over a device copy
-   * of the whole image. */
-  DLManagedTensorVersioned *gw = convert_ok(&whole, CUDA(0), AB_COPY_IF_NEEDED, NULL);
-  for (int c = 0; c < 2; c++) {
-    DLTensor view = *cases[c];
-    view.data = gw->dl_tensor.data;
-    view.device = CUDA(0);
-    DLManagedTensorVersioned *h = convert_ok(&view, CPU0, AB_COPY_IF_NEEDED, NULL);
-    cr_assert_eq(first_diff_vs_reference(cases[c], h), -1, "case %d: cuda strided -> host", c);
-    h->deleter(h);
-    DLManagedTensorVersioned *d = convert_ok(&view, CUDA(0), AB_COPY_ALWAYS, NULL);
-    cr_assert(is_compact_copy_of(d, &view));
-    h = convert_ok(&d->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-    cr_assert_eq(first_diff_vs_reference(cases[c], h), -1, "case %d: cuda strided -> cuda compact", c);
-    h->deleter(h);
-    d->deleter(d);
-  }
-  gw->deleter(gw);
-  free(img);
-  assert_pool_clean(CUDA(0));
-}
 
 Test(cuda, same_device_view_and_copy) {
   need_devices(1);
@@ -1253,53 +1156,6 @@ Test(cuda, every_cast_pair_matches_the_host_converter) {
   }
   cr_assert_eq(checked, CAST_NKINDS * CAST_NKINDS * 3);
 #endif
-}
-
-Test(cuda, every_cast_pair_runs_on_the_gpu_bit_exact_with_the_host) {
-  /* The same pairs within one GPU: one kernel each, against the host. */
-  need_kernels();
-  setenv("AB_CONVERT_PLACE", "device", 1);
-  ab__env_reload();
-  test_rng rng = {31};
-  int runs = 0;
-  for (size_t f = 0; f < CAST_NKINDS; f++) {
-    for (int trial = 0; trial < 3; trial++) {
-      int32_t ndim, perm[4], chan;
-      int64_t shape[4], n;
-      void *v = cast_source(&rng, cast_kinds[f], &ndim, shape, perm, &chan, &n);
-      DLTensor h = {v, CPU0, ndim, cast_kinds[f], shape, NULL, 0};
-      DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
-      for (size_t t = 0; t < CAST_NKINDS; t++) {
-        ab_convert_opts o;
-        const int mode = (trial + (int)t) % 3;
-        cast_opts(mode, cast_kinds[f], cast_kinds[t], chan, perm, &o);
-        DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
-        cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-        struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
-        cr_assert_eq(ab_pool_stats(CUDA(0), &before), AB_OK);
-        cr_assert_eq(ab_convert_memory(&g->dl_tensor, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
-        cr_assert_eq(ab_pool_stats(CUDA(0), &after), AB_OK);
-        cr_assert_eq(after.allocations - before.allocations, 1, "kind %zu -> %zu mode %d: not one kernel on the GPU", f,
-                     t, mode);
-        char plan[2048]; /* the host's route allocates one block on the GPU as well */
-        cr_assert_eq(ab_explain_convert(&g->dl_tensor, CUDA(0), &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
-        cr_assert(strstr(plan, "1. convert on cuda:0:") != NULL && strstr(plan, "2. ") == NULL,
-                  "kind %zu -> %zu mode %d: not one kernel on the GPU: %s", f, t, mode, plan);
-        got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-        const int64_t bad = first_different_element(cast_kinds[t], want->dl_tensor.data, got->dl_tensor.data, n);
-        cr_assert_eq(bad, -1, "kind %zu -> %zu mode %d element %lld differs from the host's", f, t, mode, (long long)bad);
-        runs++;
-        got->deleter(got);
-        dev->deleter(dev);
-        want->deleter(want);
-      }
-      g->deleter(g);
-      free(v);
-    }
-  }
-  cr_assert_eq(runs, CAST_NKINDS * CAST_NKINDS * 3);
-  setenv("AB_CONVERT_PLACE", "auto", 1);
-  ab__env_reload();
 }
 
 Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
