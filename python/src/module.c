@@ -1158,6 +1158,44 @@ static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
  * then onto the device it came from when this process has that device;
  * else it stays in host memory (AB_UNPICKLE_MISSING_DEVICE=fail raises
  * instead). Read-only survives. */
+/* A managed tensor over the memory of a Python buffer (compact, of the
+ * given shape and dtype), holding a buffer view of its own on `owner`
+ * until deleted. NULL with no exception when it cannot be made (out of
+ * memory: the caller copies instead), NULL with one on a Python error. */
+struct buffer_tensor {
+  DLManagedTensorVersioned mt;
+  Py_buffer view;
+  int64_t shape[AB_MAX_NDIM];
+};
+
+static void buffer_tensor_deleter(DLManagedTensorVersioned *self) {
+  struct buffer_tensor *bt = (struct buffer_tensor *)self;
+  PyGILState_STATE g = PyGILState_Ensure(); /* deleters may run without the GIL */
+  PyBuffer_Release(&bt->view);
+  PyGILState_Release(g);
+  PyMem_RawFree(bt);
+}
+
+static DLManagedTensorVersioned *buffer_tensor(PyObject *owner, const Py_buffer *like, int32_t ndim,
+                                               const int64_t *shape, DLDataType dtype) {
+  struct buffer_tensor *bt = PyMem_RawCalloc(1, sizeof *bt);
+  if (bt == NULL) return NULL;
+  if (PyObject_GetBuffer(owner, &bt->view, like->readonly ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) {
+    PyMem_RawFree(bt);
+    return NULL;
+  }
+  memcpy(bt->shape, shape, (size_t)ndim * sizeof *shape);
+  bt->mt.version.major = DLPACK_MAJOR_VERSION;
+  bt->mt.version.minor = DLPACK_MINOR_VERSION;
+  bt->mt.manager_ctx = bt;
+  bt->mt.deleter = buffer_tensor_deleter;
+  bt->mt.flags = bt->view.readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  bt->mt.dl_tensor = (DLTensor){bt->view.buf, {kDLCPU, 0}, ndim, dtype, bt->shape, NULL, 0};
+  return &bt->mt;
+}
+
+static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly);
+
 static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   PyObject *payload, *dtype_o, *shape_o, *device_o;
   int readonly;
@@ -1190,6 +1228,21 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
                         b.len);
   }
   DLManagedTensorVersioned *mt;
+  /* The payload's memory itself when it can be the tensor's (as NumPy's
+   * unpickling does): pickle's out-of-band buffers and Dask's frames are
+   * handed over without a copy. It must be writable unless the tensor is
+   * read-only, and aligned for the elements. */
+  const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
+  if (!negative && (!b.readonly || readonly) && (uintptr_t)b.buf % align == 0 &&
+      (mt = buffer_tensor(payload, &b, n, shape, dtype)) != NULL) {
+    PyBuffer_Release(&b);
+    if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    return place_rebuilt(mt, dev, readonly);
+  }
+  if (PyErr_Occurred()) {
+    PyBuffer_Release(&b);
+    return NULL;
+  }
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
   if (st != AB_OK) {
     PyBuffer_Release(&b);
@@ -1199,6 +1252,12 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   if (want > 0) memcpy(mt->dl_tensor.data, b.buf, want);
   PyBuffer_Release(&b);
   if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  return place_rebuilt(mt, dev, readonly);
+}
+
+/* A rebuilt host tensor onto the device it was pickled from, when this
+ * process has it (else it stays in host memory, and its device says so). */
+static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly) {
   PyObject *t = tensor_new_owning(mt, NULL);
   if (t == NULL || dev.device_type == kDLCPU) return t;
   if (dev.device_id >= ab_device_count(dev.device_type)) {

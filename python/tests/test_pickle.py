@@ -39,8 +39,44 @@ def test_protocol_5_hands_out_the_tensors_own_memory():
     raw = bufs[0].raw()
     assert raw.nbytes == a.nbytes and addr(np.frombuffer(raw, np.uint8)) == t.data_ptr
     u = pickle.loads(stream, buffers=bufs)
-    assert u.data_ptr != t.data_ptr  # the load copies into memory of its own
+    # The load takes the buffer it is given as its memory, as NumPy's does:
+    # here that is t's own, so u is a view of t.
+    assert u.data_ptr == t.data_ptr
     np.testing.assert_array_equal(np.from_dlpack(u), a)
+    # From a stream alone (the buffer in band: pickle makes a bytearray of
+    # it) the load adopts that bytearray, no copy of its own.
+    v = pickle.loads(pickle.dumps(t, protocol=5))
+    assert v.data_ptr != t.data_ptr
+    np.testing.assert_array_equal(np.from_dlpack(v), a)
+    np.from_dlpack(v)[0, 0] = -1.0  # writable, like the tensor pickled
+    assert np.from_dlpack(t)[0, 0] == a[0, 0]
+
+
+def test_a_load_copies_what_it_cannot_adopt():
+    rebuild = ab._arraybridge._rebuild_tensor
+    data = np.arange(8, dtype=np.float64)
+    # read-only bytes for a writable tensor: copied
+    raw = data.tobytes()
+    t = rebuild(raw, "float64", (8,), False, "cpu:0")
+    assert not t.readonly and np.from_dlpack(t)[3] == 3.0
+    np.from_dlpack(t)[3] = 9.0
+    assert np.frombuffer(raw, np.float64)[3] == 3.0
+    # the same bytes for a read-only tensor: adopted
+    r = rebuild(raw, "float64", (8,), True, "cpu:0")
+    assert r.readonly and r.data_ptr == addr(np.frombuffer(raw, np.float64))
+    # a misaligned buffer: copied into aligned memory
+    buf = bytearray(8 * 8 + 1)
+    view = memoryview(buf)[1:]
+    view[:] = data.tobytes()
+    m = rebuild(view, "float64", (8,), False, "cpu:0")
+    assert m.data_ptr % 8 == 0
+    np.testing.assert_array_equal(np.from_dlpack(m), data)
+    # an adopted buffer lives as long as the tensor does
+    ba = bytearray(data.tobytes())
+    k = rebuild(ba, "float64", (8,), False, "cpu:0")
+    assert k.data_ptr == addr(np.frombuffer(ba, np.float64))
+    del ba
+    np.testing.assert_array_equal(np.from_dlpack(k), data)
 
 
 def test_shapes_layouts_and_flags():
