@@ -49,6 +49,9 @@ from ._convert import convert_memory, detect_memory_type  # noqa: F401
 from ._cleanup import cleanup_all_gpu_frameworks  # noqa: F401
 from ._decorators import cupy, jax, memory_types, numpy, pyclesperanto, tensorflow, torch  # noqa: F401
 from ._stack import stack_slices, unstack_slices  # noqa: F401
+from . import _dask
+
+_dask.install()  # Tensor's Dask serializers, once distributed is imported (not imported here)
 
 __all__ = [
     # the seed API

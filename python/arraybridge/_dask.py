@@ -1,0 +1,106 @@
+"""Tensors as first-class passengers of Dask distributed.
+
+Dask serializes an object with the first family that takes it: "dask"
+(per-type dask_serialize functions: a msgpack header and a list of byte
+frames), then "pickle". This module registers Tensor with the "dask"
+family: the header carries dtype, shape, the read-only flag and the device
+the tensor came from, and the one frame is the tensor's own host memory (a
+memoryview of it, no copy) or, for a strided view or a device tensor, its
+bytes made compact in host memory once through the library's staging path.
+On the receiving side the frame becomes the tensor's memory (no copy where
+Dask hands over a writable, aligned buffer), and a device tensor goes back
+onto a device of the same kind and id when the worker has one, else stays
+in host memory: its .device says which (AB_UNPICKLE_MISSING_DEVICE=fail
+makes that an error instead), exactly as pickling does.
+
+`import arraybridge` does not import distributed: registration happens when
+both are imported, in either order (an import hook waits for
+distributed.protocol when it is not there yet). Dask's "cuda" family (GPU
+frames over UCX) is not registered: device tensors travel as host bytes.
+"""
+import importlib.abc
+import sys
+import threading
+
+from . import _arraybridge as _ab
+
+_PROTOCOL = "distributed.protocol"
+_lock = threading.Lock()
+_registered = False
+
+
+def serialize(t):
+    """(header, frames) of a Tensor for Dask: its host bytes, compact, as
+    one frame (the tensor's own memory when it already is such bytes)."""
+    host = _ab.to_device(t, "cpu", layout="compact")
+    header = {"dtype": t.dtype, "shape": list(t.shape), "readonly": bool(t.readonly), "device": t.device}
+    return header, [memoryview(host)]
+
+
+def deserialize(header, frames):
+    """The Tensor of serialize's header and frames."""
+    frame = frames[0] if len(frames) == 1 else b"".join(frames)
+    return _ab._rebuild_tensor(frame, header["dtype"], tuple(header["shape"]), header["readonly"], header["device"])
+
+
+def _register(protocol):
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        protocol.dask_serialize.register(_ab.Tensor)(serialize)
+        protocol.dask_deserialize.register(_ab.Tensor)(deserialize)
+        _registered = True
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Registers the serializers right after distributed.protocol has been
+    imported, then takes itself out of sys.meta_path."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _PROTOCOL:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _uninstall()
+            _register(module)
+
+        loader.exec_module = exec_then_register
+        return spec
+
+
+_hook = _WhenImported()
+
+
+def _uninstall():
+    try:
+        sys.meta_path.remove(_hook)
+    except ValueError:
+        pass
+
+
+def install():
+    """Registers now if distributed.protocol is imported, else when it is."""
+    protocol = sys.modules.get(_PROTOCOL)
+    if protocol is not None and hasattr(protocol, "dask_serialize"):
+        _register(protocol)
+    elif _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def registered():
+    """Whether the serializers are registered with distributed."""
+    return _registered

@@ -1,0 +1,246 @@
+"""Tensors through Dask distributed: the serializers (a header and the
+tensor's own memory as the frame), registration in either import order,
+a LocalCluster of two worker processes moving Tensors between them, the
+example pipeline against NumPy, and a worker killed mid-run. Every cluster
+listens on loopback only, lives a bounded time and is closed in a finally.
+"""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import arraybridge as ab
+from ab_support import addr, opencl
+
+EXPECT = os.environ.get("AB_TEST_EXPECT_FRAMEWORKS") == "1"
+# The example is imported by name, here and on the workers (Dask pickles
+# functions by reference where it can; a worker process starts with this
+# process's sys.path).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+
+
+def need_distributed():
+    try:
+        import distributed  # noqa: F401
+        import distributed.protocol
+        return distributed.protocol
+    except ImportError as e:
+        if EXPECT:
+            pytest.fail("distributed is not installed, but AB_TEST_EXPECT_FRAMEWORKS=1 (%s)" % e)
+        pytest.skip("distributed is not installed (%s)" % e)
+
+
+def run_py(code, **env):
+    full = dict(os.environ)
+    full.update(env)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+# ---- the serializers ----------------------------------------------------------------------
+
+
+def test_importing_arraybridge_does_not_import_distributed_and_either_order_registers():
+    need_distributed()
+    out = run_py("""
+        import sys, arraybridge
+        print("distributed" in sys.modules, arraybridge._dask.registered())
+        import distributed.protocol as dp
+        print(arraybridge._dask.registered(), dp.serialize(arraybridge.empty((2,), "uint8"))[0]["serializer"])
+        """)
+    assert out.split() == ["False", "False", "True", "dask"]
+    out = run_py("""
+        import distributed.protocol as dp, arraybridge
+        print(arraybridge._dask.registered(), dp.serialize(arraybridge.empty((2,), "uint8"))[0]["serializer"])
+        """)
+    assert out.split() == ["True", "dask"]
+
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64", "complex64", "complex128"]
+
+
+def test_a_host_tensors_frame_is_its_own_memory_and_every_dtype_round_trips():
+    dp = need_distributed()
+    rng = np.random.default_rng(3)
+    for dtype in DTYPES:
+        a = (rng.standard_normal((5, 7)) * 50).astype(dtype)
+        t = ab.to_device(a, "cpu")
+        header, frames = dp.serialize(t)
+        assert header["serializer"] == "dask" and len(frames) == 1
+        assert addr(np.frombuffer(frames[0], np.uint8)) == t.data_ptr  # no copy on the way out
+        u = dp.deserialize(header, frames)
+        assert isinstance(u, ab.Tensor) and u.dtype == dtype and u.shape == (5, 7) and u.device == "cpu:0"
+        np.testing.assert_array_equal(np.from_dlpack(u), a)
+
+
+def test_0d_empty_strided_and_read_only_tensors_travel():
+    dp = need_distributed()
+    base = np.arange(48, dtype=np.int32).reshape(6, 8)
+    ro = base.copy()
+    ro.flags.writeable = False
+    for a in (np.array(2.5), np.zeros((0, 4), np.uint16), base[::2, 1::3], base[::-1], base.T, ro):
+        t = ab.from_dlpack(a)
+        u = dp.deserialize(*dp.serialize(t))
+        assert u.shape == a.shape and u.dtype == t.dtype
+        np.testing.assert_array_equal(np.from_dlpack(u), a)
+        assert u.readonly == (a is ro)
+
+
+def test_opencl_tensors_come_back_on_their_device_or_on_the_host_where_there_is_none():
+    dp = need_distributed()
+    opencl(2)
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    g = ab.to_device(a, "opencl:1")
+    u = dp.deserialize(*dp.serialize(g))
+    assert u.device == "opencl:1"
+    np.testing.assert_array_equal(np.from_dlpack(ab.to_device(u, "cpu")), a)
+    # A process without OpenCL: the same frames land in host memory.
+    header, frames = dp.serialize(g)
+    blob = dp.dumps({"x": dp.to_serialize(g)})
+    code = """
+        import sys, numpy as np, arraybridge as ab, distributed.protocol as dp
+        frames = [bytes.fromhex(h) for h in sys.stdin.read().split()]
+        u = dp.loads(frames)["x"]
+        print(u.device, np.from_dlpack(u).sum())
+        """
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], input=" ".join(bytes(f).hex() for f in blob),
+                       env={**os.environ, "OCL_ICD_VENDORS": "/nonexistent", "OCL_ICD_FILENAMES": ""},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu:0", str(a.sum())]
+
+
+# ---- a local cluster ---------------------------------------------------------------------------
+
+
+def cluster(n_workers=2):
+    from distributed import LocalCluster
+    return LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1, host="127.0.0.1",
+                        dashboard_address=None, silence_logs=40, death_timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client():
+    need_distributed()
+    from distributed import Client
+    c = cl = None
+    try:
+        cl = cluster()
+        c = Client(cl, timeout=60)
+        c.wait_for_workers(2, timeout=60)
+        yield c
+    finally:
+        if c is not None:
+            c.close()
+        if cl is not None:
+            cl.close()
+
+
+def in_use_everywhere():
+    """Bytes in use in every pool of this process (run on the workers:
+    imports what it needs, refers to nothing of this module)."""
+    import arraybridge
+    return {d: arraybridge.memory_stats(d)["in_use_bytes"]["current"] for d in arraybridge.devices()
+            if not d.startswith("cuda")}
+
+
+def all_released(client, seconds=30):
+    """Waits until no worker has pool memory in use; the last reading."""
+    deadline = time.monotonic() + seconds
+    while True:
+        used = client.run(in_use_everywhere)
+        if all(v == 0 for stats in used.values() for v in stats.values()) or time.monotonic() > deadline:
+            return used
+        time.sleep(0.2)
+
+
+def test_tensors_are_scattered_made_on_one_worker_used_on_another_and_gathered(client):
+    a, b = sorted(client.scheduler_info()["workers"])
+    data = np.random.default_rng(7).standard_normal((64, 48)).astype(np.float32)
+    [t] = client.scatter([ab.to_device(data, "cpu")], workers=[a])
+
+    def made_on_a(t):
+        return ab.to_device(t, "opencl:0" if "opencl:0" in ab.devices() else "cpu", dtype="float64", scale=2.0)
+
+    def used_on_b(t):
+        return t.device, ab.to_device(t, "cpu", permute=(1, 0))
+
+    x = client.submit(made_on_a, t, workers=[a], pure=False)
+    y = client.submit(used_on_b, x, workers=[b], pure=False)
+    device, back = y.result(timeout=120)
+    assert device == ("opencl:0" if "opencl:0" in ab.devices() else "cpu:0")  # back on the same device there
+    np.testing.assert_array_equal(np.from_dlpack(back), (data.astype(np.float64) * 2.0).T)
+    assert client.gather(t).shape == (64, 48)
+
+
+def test_the_seed_api_and_decorators_run_inside_tasks(client):
+    def task(n):
+        import numpy
+        import arraybridge
+
+        @arraybridge.numpy(output_type="torch")
+        def double(x):
+            return x * 2
+
+        t = arraybridge.convert_memory(numpy.arange(n, dtype=numpy.float32), "numpy", "torch")
+        return double(t).numpy().sum(), arraybridge.convert_memory(t, "torch", "jax").shape
+
+    total, shape = client.submit(task, 10, pure=False).result(timeout=120)
+    assert total == 90 and shape == (10,)
+
+
+def test_the_example_pipeline_equals_numpy_and_leaves_no_pool_memory_in_use(client):
+    import dask_tiles as tiles
+    image = tiles.synthetic_image(384, 512, seed=5)
+    got = tiles.pipeline(client, image, tile=128, fan_in=3)
+    np.testing.assert_allclose(got, tiles.reference(image), rtol=1e-6, atol=1e-6)
+    # Every Tensor the tasks made is released: nothing in use on any worker.
+    used = all_released(client)
+    assert all(v == 0 for stats in used.values() for v in stats.values()), used
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_still_right():
+    need_distributed()
+    from distributed import Client
+    cl = c = None
+    try:
+        cl = cluster()
+        c = Client(cl, timeout=60)
+        c.wait_for_workers(2, timeout=60)
+        pids = c.run(os.getpid)
+        victim = sorted(pids)[0]
+
+        def slow_tile(i):
+            import time
+            import numpy
+            import arraybridge
+            time.sleep(0.05)
+            return arraybridge.to_device(numpy.full((32, 32), i, numpy.float32), "cpu", dtype="float64")
+
+        def total(*ts):
+            import numpy
+            return sum(float(numpy.from_dlpack(t).sum()) for t in ts)
+
+        parts = [c.submit(slow_tile, i, pure=False) for i in range(60)]
+        result = c.submit(total, *parts, pure=False)
+        time.sleep(0.5)  # some done, some running
+        os.kill(pids[victim], signal.SIGKILL)
+        assert result.result(timeout=180) == sum(i * 32 * 32 for i in range(60))
+        del parts, result
+        used = all_released(c)  # the survivor and the replacement: nothing leaked
+        assert all(v == 0 for stats in used.values() for v in stats.values()), used
+        assert pids[victim] not in c.run(os.getpid).values()  # a new process took its place
+    finally:
+        if c is not None:
+            c.close()
+        if cl is not None:
+            cl.close()
