@@ -13,7 +13,9 @@
  *
  * One context per platform holds its devices, with one in-order queue per
  * device; both are created on first use under a lock and released by
- * ab_shutdown. Every transfer is complete when the call returns.
+ * ab_shutdown. A transfer is complete when the call returns, except the
+ * work AB_CONVERT_ASYNC leaves queued on the caller's queue (backend.h,
+ * "Early return").
  *
  * The backend is four files: this one (platforms, devices, contexts and
  * queues, the two tables), transfers.c, kernels.c (the gather and

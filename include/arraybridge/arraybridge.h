@@ -339,7 +339,8 @@ typedef struct ab_convert_opts {
    * out-of-order one, is finished first and not used (docs/guide.md). */
   void *stream;
 
-  /* ---- since 0.2: read only when size covers them ---- */
+  /* ---- appended after the first layout (size 0 or the 0.1 size means
+   * none of them): read only when size covers them ---- */
 
   /** Result axis i is source axis permute[i] (NumPy's transpose(axes)):
    * {2, 0, 1} turns an HWC image into CHW. NULL keeps the order; otherwise
