@@ -150,7 +150,8 @@ uint32_t ab__dev_caps(const struct ab_backend *be, int32_t id) {
 }
 
 bool ab__same_family(const struct ab_backend *a, const struct ab_backend *b) {
-  return a == b || (a != NULL && b != NULL && strcmp(a->name, b->name) == 0);
+  if (a == NULL || b == NULL) return a == b;
+  return (a->family != NULL ? a->family : a) == (b->family != NULL ? b->family : b);
 }
 
 ab_status ab__dev_host_sync(const struct ab_backend *be, int32_t id, void *stream) {

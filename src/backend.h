@@ -60,8 +60,18 @@ enum {
 
 struct ab_backend {
   DLDeviceType device_type;
+  /* The driver family's name (cuda, opencl), as messages and
+   * ab_device_info's backend field say it. */
   const char *name;
   uint32_t caps;
+  /* The backend whose driver this one's memory belongs to (cuda_host and
+   * cuda_managed: cuda; opencl_host: opencl), so that a stream of one
+   * means something to the other; NULL for a backend of its own. */
+  const struct ab_backend *family;
+  /* For a private device type (AB_CAP_STAGING_ONLY, outside DLPack's
+   * numbering): its name in device strings ("opencl_host"); NULL
+   * otherwise (DLPack's types have theirs, ab_device_type_name). */
+  const char *type_name;
   /* Host-accessible memory this backend's transfers are fastest from and
    * into (CUDA: kDLCUDAHost, page-locked; OpenCL: AB_DEVICE_OPENCL_HOST),
    * used for staging buffers of routes through host memory; 0 = plain

@@ -99,7 +99,11 @@ const char *ab_device_type_name(DLDeviceType type) {
   case 17: return "maia";
   case 18: return "trn";
   case (int)AB_DEVICE_OPENCL_HOST: return "opencl_host";
-  default: return "unknown";
+  default: {
+    /* Another private type: the name its backend gives it. */
+    const struct ab_backend *be = ab__is_private_type((int)type) ? ab__backend_for(type) : NULL;
+    return be != NULL && be->type_name != NULL ? be->type_name : "unknown";
+  }
   }
 }
 
@@ -173,7 +177,7 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
                                   const struct ab_backend **be) {
   /* By its capability, and by value in builds without the backend. */
   const struct ab_backend *b = ab__backend_for(dev.device_type);
-  if ((b != NULL && (b->caps & AB_CAP_STAGING_ONLY)) || dev.device_type == AB_DEVICE_OPENCL_HOST)
+  if ((b != NULL && (b->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s %s:%" PRId32 " is the library's own staging memory, not a DLPack device type: no tensor may name it",
                    what, ab_device_type_name(dev.device_type), dev.device_id);

@@ -23,16 +23,24 @@
 /* ---- device types as small indexes ------------------------------------- */
 
 /* Tables indexed by device type (the pools, name lookups) use slots:
- * DLPack's types 1..AB__TYPE_SLOTS-2 are their own slot, and
- * AB_DEVICE_OPENCL_HOST, which lies outside DLPack's numbering, is the
- * last one. -1 for any other value. */
-#define AB__TYPE_SLOTS 32
+ * DLPack's types 1..AB__DLPACK_SLOTS-1 are their own slot, and the
+ * library's private types (a backend's staging memory, outside DLPack's
+ * numbering: AB_DEVICE_OPENCL_HOST is 0x10004) take the slots after them:
+ * the range [AB__PRIVATE_TYPE_BASE, AB__PRIVATE_TYPE_BASE +
+ * AB__PRIVATE_TYPES) is arraybridge's. -1 for any other value. */
+#define AB__DLPACK_SLOTS 32
+#define AB__PRIVATE_TYPE_BASE 0x10000
+#define AB__PRIVATE_TYPES 16
+#define AB__TYPE_SLOTS (AB__DLPACK_SLOTS + AB__PRIVATE_TYPES)
+static inline bool ab__is_private_type(int type) {
+  return type >= AB__PRIVATE_TYPE_BASE && type < AB__PRIVATE_TYPE_BASE + AB__PRIVATE_TYPES;
+}
 static inline int ab__type_slot(int type) {
-  if (type > 0 && type < AB__TYPE_SLOTS - 1) return type;
-  return type == (int)AB_DEVICE_OPENCL_HOST ? AB__TYPE_SLOTS - 1 : -1;
+  if (type > 0 && type < AB__DLPACK_SLOTS) return type;
+  return ab__is_private_type(type) ? AB__DLPACK_SLOTS + (type - AB__PRIVATE_TYPE_BASE) : -1;
 }
 static inline DLDeviceType ab__slot_type(int slot) {
-  return slot == AB__TYPE_SLOTS - 1 ? AB_DEVICE_OPENCL_HOST : (DLDeviceType)slot;
+  return slot >= AB__DLPACK_SLOTS ? (DLDeviceType)(AB__PRIVATE_TYPE_BASE + slot - AB__DLPACK_SLOTS) : (DLDeviceType)slot;
 }
 
 /* ---- errors (error.c) ------------------------------------------------- */

@@ -96,6 +96,25 @@ Test(device, types_list_every_type_with_devices_once_cpu_first) {
   }
 }
 
+Test(device, private_types_are_staging_memory_no_tensor_may_name) {
+  /* The library's range outside DLPack's numbering: AB_DEVICE_OPENCL_HOST
+   * and the rest, named or not, are never a tensor's device. */
+  cr_assert_str_eq(ab_device_type_name(AB_DEVICE_OPENCL_HOST), "opencl_host");
+  cr_assert_str_eq(ab_device_type_name((DLDeviceType)0x10005), "unknown");
+  float x = 1;
+  int64_t shape[1] = {1};
+  const DLDeviceType types[] = {AB_DEVICE_OPENCL_HOST, (DLDeviceType)0x10005, (DLDeviceType)0x1000f};
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+    DLTensor t = {&x, {types[k], 0}, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    cr_assert_eq(ab_tensor_validate(&t), AB_ERR_INVALID_ARGUMENT, "type %#x", (unsigned)types[k]);
+    cr_assert(strstr(ab_last_error(), "staging memory") != NULL, "%s", ab_last_error());
+  }
+  /* Past the range: not a device type at all. */
+  DLTensor t = {&x, {(DLDeviceType)0x10010, 0}, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_tensor_validate(&t), AB_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(ab_last_error(), "not a DLPack device type") != NULL, "%s", ab_last_error());
+}
+
 Test(device, best_device_prefers_an_existing_choice_then_accelerators_then_cpu) {
   unsetenv("AB_DEFAULT_DEVICE");
   DLDevice best = ab_best_device();

@@ -219,10 +219,14 @@ ab_status ab__cl_info(int32_t id, struct ab_device_info *out) {
   return AB_OK;
 }
 
+extern const struct ab_backend ab__backend_opencl;
+
 const struct ab_backend ab__backend_opencl_host = {
   .device_type = AB_DEVICE_OPENCL_HOST,
   .name = "opencl",
   .caps = AB_CAP_HOST_ACCESSIBLE | AB_CAP_STAGING_ONLY,
+  .family = &ab__backend_opencl,
+  .type_name = "opencl_host",
   /* no init or shutdown: the OpenCL backend's, which runs before */
   .device_count = ab__cl_pinned_count,
   .device_info = ab__cl_pinned_info,
