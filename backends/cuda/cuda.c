@@ -618,31 +618,24 @@ const struct ab_backend ab__backend_cuda = {
 };
 
 /* Host-accessible: copies between them and any host memory are the host
- * backend's, so only memory and identity are here. */
+ * backend's, so only memory and identity are here, and the wait for the
+ * device work that may still write them. */
+#define CUDA_HOST_SPACE                                                                             \
+  .name = "cuda", .caps = AB_CAP_HOST_ACCESSIBLE, .family = &ab__backend_cuda, .init = cuda_init, \
+  .device_count = space_count, .host_sync = space_host_sync, .synchronize = space_host_sync
+
 const struct ab_backend ab__backend_cuda_host = {
   .device_type = kDLCUDAHost,
-  .name = "cuda",
-  .caps = AB_CAP_HOST_ACCESSIBLE,
-  .family = &ab__backend_cuda,
-  .init = cuda_init,
-  .device_count = space_count,
+  CUDA_HOST_SPACE,
   .device_info = host_info,
   .alloc = pinned_alloc,
   .free = pinned_free,
-  .host_sync = space_host_sync,
-  .synchronize = space_host_sync,
 };
 
 const struct ab_backend ab__backend_cuda_managed = {
   .device_type = kDLCUDAManaged,
-  .name = "cuda",
-  .caps = AB_CAP_HOST_ACCESSIBLE,
-  .family = &ab__backend_cuda,
-  .init = cuda_init,
-  .device_count = space_count,
+  CUDA_HOST_SPACE,
   .device_info = managed_info,
   .alloc = managed_alloc,
   .free = managed_free,
-  .host_sync = space_host_sync,
-  .synchronize = space_host_sync,
 };

@@ -249,46 +249,37 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
   if (ka < na) scalar(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb);
 }
 
+/* An element size's micro-kernel where the CPU has one (SSE2 or AVX
+ * registers), else its portable tile loop. */
+#ifdef HAVE_X86_KERNELS
+#define TILE_MICRO(es, w, kernel, tile) tile_micro(d, dsa, s, sb, na, nb, (es), (w), (kernel), (tile))
+#else
+#define TILE_MICRO(es, w, kernel, tile) tile(d, dsa, s, sb, na, nb)
+#endif
+
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                      size_t es, bool nt) {
   switch (es) {
-  case 1:
-#ifdef HAVE_X86_KERNELS
-    tile_micro(d, dsa, s, sb, na, nb, 1, 16, tr16x16_8, tile_1);
-#else
-    tile_1(d, dsa, s, sb, na, nb);
-#endif
-    return;
-  case 2:
-#ifdef HAVE_X86_KERNELS
-    tile_micro(d, dsa, s, sb, na, nb, 2, 8, tr8x8_16, tile_2);
-#else
-    tile_2(d, dsa, s, sb, na, nb);
-#endif
-    return;
+  case 1: TILE_MICRO(1, 16, tr16x16_8, tile_1); return;
+  case 2: TILE_MICRO(2, 8, tr8x8_16, tile_2); return;
   case 4:
 #ifdef HAVE_X86_KERNELS
-    if (__builtin_cpu_supports("avx"))
-      tile_micro(d, dsa, s, sb, na, nb, 4, 8, nt ? tr8x8_32_nt : tr8x8_32, tile_4);
-    else tile_micro(d, dsa, s, sb, na, nb, 4, 4, tr4x4_32, tile_4);
-#else
+    if (!__builtin_cpu_supports("avx")) {
+      TILE_MICRO(4, 4, tr4x4_32, tile_4);
+      return;
+    }
+#endif
     (void)nt;
-    tile_4(d, dsa, s, sb, na, nb);
-#endif
+    TILE_MICRO(4, 8, nt ? tr8x8_32_nt : tr8x8_32, tile_4);
     return;
-  case 8:
-#ifdef HAVE_X86_KERNELS
-    tile_micro(d, dsa, s, sb, na, nb, 8, 2, tr2x2_64, tile_8);
-#else
-    tile_8(d, dsa, s, sb, na, nb);
-#endif
-    return;
+  case 8: TILE_MICRO(8, 2, tr2x2_64, tile_8); return;
   case 16: tile_16(d, dsa, s, sb, na, nb); return;
   default:
     for (int64_t a = 0; a < na; a++)
       for (int64_t b = 0; b < nb; b++) memcpy(d + a * dsa + (size_t)b * es, s + (size_t)a * es + b * sb, es);
   }
 }
+#undef TILE_MICRO
 
 /* Few rows (a small channel count, as in HWC -> CHW): deinterleave each
  * source pixel into `na` destination planes, a block of pixels at a time. */
