@@ -5,8 +5,8 @@
  * cast pair on the device against the host, and the fault sweeps. A
  * backend's own test file keeps only what is specific to it. A test that
  * needs more devices than the machine has skips, saying why, unless
- * AB_TEST_EXPECT_DEVICES says they should be there (make test), where it
- * fails. */
+ * AB_TEST_EXPECT_<TYPE> says they should be there (make test, the simcuda
+ * runs), where it fails. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,6 +4,7 @@
 
 #include "converters/host/convert.h" /* the 16-bit roundings */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,10 +307,17 @@ void need_devices_of(DLDeviceType type, int n) {
   if (have >= n) return;
   struct ab_device_info info;
   ab_device_info((DLDevice){type, 0}, &info); /* fails; its message says why */
-  const char *expect = getenv("AB_TEST_EXPECT_DEVICES");
+  /* AB_TEST_EXPECT_OPENCL, AB_TEST_EXPECT_CUDA, ...: the devices of that
+   * type the machine is known to have */
+  char var[64];
+  int k = snprintf(var, sizeof var, "AB_TEST_EXPECT_");
+  for (const char *c = ab_device_type_name(type); *c != '\0' && k < (int)sizeof var - 1; c++)
+    var[k++] = (char)(*c >= 'a' && *c <= 'z' ? *c - 'a' + 'A' : *c);
+  var[k] = '\0';
+  const char *expect = getenv(var);
   if (expect != NULL && atoi(expect) >= n)
-    cr_assert_fail("needs %d %s device%s and AB_TEST_EXPECT_DEVICES=%s says this machine has them, but it has %d: %s",
-                   n, ab_device_type_name(type), n == 1 ? "" : "s", expect, (int)have, ab_last_error());
+    cr_assert_fail("needs %d %s device%s and %s=%s says this machine has them, but it has %d: %s", n,
+                   ab_device_type_name(type), n == 1 ? "" : "s", var, expect, (int)have, ab_last_error());
   cr_skip_test("needs %d %s device%s, have %d: %s", n, ab_device_type_name(type), n == 1 ? "" : "s", (int)have,
                ab_last_error());
 }

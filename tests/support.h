@@ -126,9 +126,11 @@ DLManagedTensorVersioned *convert_ok(const DLTensor *src, DLDevice to, ab_copy_m
  * it made is freed (nothing reserved). */
 void assert_pool_clean(DLDevice dev);
 /* Skips the test, saying why, unless `type` has n devices; fails it
- * instead when AB_TEST_EXPECT_DEVICES says this machine has at least n
- * (make test sets it where CI has the devices: a missing device is a
- * failure there, not a skip). */
+ * instead when AB_TEST_EXPECT_<TYPE> (AB_TEST_EXPECT_OPENCL, ..._CUDA)
+ * says this machine has at least n: make test exports
+ * AB_TEST_EXPECT_OPENCL=2 (PoCL's two devices, which CI has), and the
+ * simcuda tests set AB_TEST_EXPECT_CUDA=2 (their two simulated GPUs); a
+ * plain ctest on another machine still skips, with the reason. */
 void need_devices_of(DLDeviceType type, int n);
 
 #endif

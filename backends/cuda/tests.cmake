@@ -22,7 +22,7 @@ if(TARGET arraybridge_simcuda)
   target_link_libraries(test_cuda_sim PRIVATE arraybridge_simcuda PkgConfig::CRITERION)
   # Two GPUs with peer access; then two without it, with every pageable
   # transfer through the staging ring in chunks the tests' tensors span.
-  set(sim_env "AB_SIMCUDA_DEVICES=2;AB_TEST_EXPECT_DEVICES=2")
+  set(sim_env "AB_SIMCUDA_DEVICES=2;AB_TEST_EXPECT_CUDA=2")
   if(AB_SANITIZE)
     list(APPEND sim_env "OCL_ICD_VENDORS=${CMAKE_CURRENT_BINARY_DIR}/no-icd") # see above
   else()
