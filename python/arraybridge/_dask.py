@@ -15,8 +15,15 @@ makes that an error instead), exactly as pickling does.
 
 `import arraybridge` does not import distributed: registration happens when
 both are imported, in either order (an import hook waits for
-distributed.protocol when it is not there yet). Dask's "cuda" family (GPU
-frames over UCX) is not registered: device tensors travel as host bytes.
+distributed.protocol when it is not there yet).
+
+Dask's "cuda" family, which a cluster on UCX tries first so that GPU
+frames go device to device, takes Tensors in CUDA memory: the frame is the
+tensor itself (its __cuda_array_interface__), and the receiving worker's
+frame (device memory UCX received into) becomes the new tensor's memory.
+Written against distributed.protocol.cuda's interface and tested against
+simcuda, the simulated runtime, only: it has never run on a GPU or over
+UCX.
 """
 import importlib.abc
 import sys
@@ -43,6 +50,33 @@ def deserialize(header, frames):
     return _ab._rebuild_tensor(frame, header["dtype"], tuple(header["shape"]), header["readonly"], header["device"])
 
 
+_CUDA = ("cuda:", "cuda_managed:")
+
+
+def cuda_serialize(t):
+    """(header, frames) of a Tensor in CUDA memory for Dask's "cuda" family
+    (UCX moves such frames GPU to GPU): the tensor itself, compact, as the
+    frame (its __cuda_array_interface__). Any other tensor is Dask's
+    NotImplementedError, so that the next family takes it."""
+    if not t.device.startswith(_CUDA):
+        raise NotImplementedError("arraybridge: only a Tensor in CUDA memory is a cuda frame")
+    frame = _ab.to_device(t, t.device, layout="compact")  # itself when already compact
+    header = {"dtype": t.dtype, "shape": list(t.shape), "readonly": bool(t.readonly), "device": t.device}
+    return header, [frame]
+
+
+def cuda_deserialize(header, frames):
+    """The Tensor of cuda_serialize's header and frame: the frame's device
+    memory (any object with __cuda_array_interface__: what UCX received
+    into, on this worker's GPU of the same id, else its GPU 0), zero-copy."""
+    (frame,) = frames
+    gpu = int(header["device"].split(":")[1])
+    if gpu >= sum(1 for d in _ab.devices() if d.startswith("cuda:")):
+        gpu = 0
+    t = _ab._from_cuda_array_interface(frame, gpu, dtype=header["dtype"], shape=tuple(header["shape"]))
+    return _ab.to_device(t, t.device, copy=True) if header["readonly"] and not t.readonly else t
+
+
 def _register(protocol):
     global _registered
     with _lock:
@@ -50,6 +84,10 @@ def _register(protocol):
             return
         protocol.dask_serialize.register(_ab.Tensor)(serialize)
         protocol.dask_deserialize.register(_ab.Tensor)(deserialize)
+        cuda = getattr(protocol, "cuda_serialize", None)
+        if cuda is not None:
+            cuda.register(_ab.Tensor)(cuda_serialize)
+            protocol.cuda_deserialize.register(_ab.Tensor)(cuda_deserialize)
         _registered = True
 
 

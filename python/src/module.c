@@ -228,6 +228,58 @@ static PyObject *tensor_data_ptr(TensorObject *self, void *closure) {
   return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)t->data + t->byte_offset);
 }
 
+/* The array-interface type string of a dtype ("<f4", "|u1", "|b1"), or
+ * NULL for one it cannot say (bfloat16, more than one lane). */
+static const char *typestr_of(DLDataType d) {
+  static const struct {
+    uint8_t code, bits;
+    const char *s;
+  } map[] = {
+    {kDLBool, 8, "|b1"},   {kDLInt, 8, "|i1"},    {kDLInt, 16, "<i2"},     {kDLInt, 32, "<i4"},
+    {kDLInt, 64, "<i8"},   {kDLUInt, 8, "|u1"},   {kDLUInt, 16, "<u2"},    {kDLUInt, 32, "<u4"},
+    {kDLUInt, 64, "<u8"},  {kDLFloat, 16, "<f2"}, {kDLFloat, 32, "<f4"},   {kDLFloat, 64, "<f8"},
+    {kDLComplex, 64, "<c8"}, {kDLComplex, 128, "<c16"},
+  };
+  for (size_t i = 0; d.lanes == 1 && i < sizeof map / sizeof map[0]; i++)
+    if (map[i].code == d.code && map[i].bits == d.bits) return map[i].s;
+  return NULL;
+}
+
+/* __cuda_array_interface__ (version 3), for a tensor in CUDA device or
+ * managed memory: CuPy, Numba and Dask's "cuda" serializers read it. Its
+ * data is complete (conversions synchronise before returning), so stream
+ * is None. AttributeError for other tensors, so hasattr() says no. */
+static PyObject *tensor_cai(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLTensor *t = dl(self);
+  const char *ts = typestr_of(t->dtype);
+  if ((t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged) || ts == NULL) {
+    PyErr_Format(PyExc_AttributeError, "__cuda_array_interface__: a %s tensor of %s has none (CUDA memory and "
+                 "NumPy's dtypes only)", ab_device_type_name(t->device.device_type), ts == NULL ? "this dtype" : ts);
+    return NULL;
+  }
+  PyObject *shape = tensor_shape(self, NULL), *strides = Py_None;
+  if (shape == NULL) return NULL;
+  Py_INCREF(Py_None);
+  int compact = 1;
+  for (int64_t i = t->ndim - 1, expect = 1; t->strides != NULL && i >= 0; expect *= t->shape[i], i--)
+    compact &= t->shape[i] == 1 || t->strides[i] == expect;
+  if (!compact) {
+    Py_DECREF(Py_None);
+    strides = PyTuple_New(t->ndim);
+    if (strides == NULL) {
+      Py_DECREF(shape);
+      return NULL;
+    }
+    const int64_t es = (int64_t)(t->dtype.bits / 8u);
+    for (int32_t i = 0; i < t->ndim; i++) PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t->strides[i] * es));
+  }
+  const int readonly = (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+  return Py_BuildValue("{s:N,s:s,s:(KO),s:i,s:N,s:O}", "shape", shape, "typestr", ts, "data",
+                       (unsigned long long)((uintptr_t)t->data + t->byte_offset), readonly ? Py_True : Py_False,
+                       "version", 3, "strides", strides, "stream", Py_None);
+}
+
 static PyObject *tensor_repr(TensorObject *self) {
   PyObject *shape = tensor_shape(self, NULL), *dtype = tensor_dtype(self, NULL), *dev = tensor_device(self, NULL);
   PyObject *r = NULL;
@@ -542,6 +594,8 @@ static PyGetSetDef tensor_getset[] = {
   {"nbytes", (getter)tensor_nbytes, NULL, "bytes of the elements", NULL},
   {"readonly", (getter)tensor_readonly, NULL, "whether the producer marked the data read-only", NULL},
   {"data_ptr", (getter)tensor_data_ptr, NULL, "address of the first element (data + byte_offset)", NULL},
+  {"__cuda_array_interface__", (getter)tensor_cai, NULL,
+   "the CUDA array interface (version 3) of a tensor in CUDA memory; AttributeError otherwise", NULL},
   {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1196,6 +1250,154 @@ static DLManagedTensorVersioned *buffer_tensor(PyObject *owner, const Py_buffer 
 
 static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly);
 
+/* A managed tensor over memory another Python object owns (it holds a
+ * reference until deleted): what _from_cuda_array_interface makes. */
+struct object_tensor {
+  DLManagedTensorVersioned mt;
+  PyObject *owner;
+  int64_t dims[2 * AB_MAX_NDIM];
+};
+
+static void object_tensor_deleter(DLManagedTensorVersioned *self) {
+  struct object_tensor *ot = (struct object_tensor *)self;
+  PyGILState_STATE g = PyGILState_Ensure(); /* deleters may run without the GIL */
+  Py_DECREF(ot->owner);
+  PyGILState_Release(g);
+  PyMem_RawFree(ot);
+}
+
+/* The dtype of an array-interface type string; -1 with ValueError. */
+static int dtype_of_typestr(const char *ts, DLDataType *out) {
+  for (uint8_t code = 0; code <= kDLBool; code++)
+    for (uint8_t bits = 8; bits != 0 && bits <= 128; bits = (uint8_t)(bits * 2)) {
+      const DLDataType d = {code, bits, 1};
+      const char *s = typestr_of(d);
+      /* "<" and "=" (native, little-endian here) are alike */
+      if (s != NULL && (strcmp(s, ts) == 0 || (ts[0] == '=' && strcmp(s + 1, ts + 1) == 0))) {
+        *out = d;
+        return 0;
+      }
+    }
+  PyErr_Format(PyExc_ValueError, "__cuda_array_interface__ typestr \"%s\" is not a dtype arraybridge takes", ts);
+  return -1;
+}
+
+/* _from_cuda_array_interface(obj, gpu_id, dtype=None, shape=None): a
+ * Tensor on cuda:gpu_id over the memory obj describes with its
+ * __cuda_array_interface__ (version 2 or 3), zero-copy, holding obj.
+ * dtype and shape reinterpret a compact buffer (a Dask frame of bytes) as
+ * the tensor it carries. A stream the interface names is waited for. */
+static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"obj", "gpu_id", "dtype", "shape", NULL};
+  PyObject *obj, *dtype_o = Py_None, *shape_o = Py_None;
+  int gpu_id;
+  (void)mod;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|OO:_from_cuda_array_interface", kwlist, &obj, &gpu_id, &dtype_o,
+                                   &shape_o))
+    return NULL;
+  PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+  if (cai == NULL) return NULL;
+  struct object_tensor *ot = NULL;
+  PyObject *result = NULL;
+  if (!PyDict_Check(cai)) {
+    PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ is not a dict");
+    goto done;
+  }
+  PyObject *data = PyDict_GetItemString(cai, "data"), *shape = PyDict_GetItemString(cai, "shape");
+  PyObject *ts = PyDict_GetItemString(cai, "typestr"), *strides = PyDict_GetItemString(cai, "strides");
+  PyObject *stream = PyDict_GetItemString(cai, "stream");
+  if (data == NULL || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || shape == NULL || ts == NULL ||
+      !PyUnicode_Check(ts)) {
+    PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ lacks data (ptr, readonly), shape or typestr");
+    goto done;
+  }
+  ot = PyMem_RawCalloc(1, sizeof *ot);
+  if (ot == NULL) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  DLTensor *t = &ot->mt.dl_tensor;
+  t->shape = ot->dims;
+  t->device = (DLDevice){kDLCUDA, gpu_id};
+  if (dtype_of_typestr(PyUnicode_AsUTF8(ts), &t->dtype) < 0 || shape_from_object(shape, t->shape, &t->ndim) < 0)
+    goto done;
+  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+  if (ptr == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+  const int readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
+  if (readonly < 0) goto done;
+  t->data = (void *)(uintptr_t)ptr;
+  const int64_t es = (int64_t)(t->dtype.bits / 8u);
+  if (strides != NULL && strides != Py_None) {
+    int32_t n;
+    if (shape_from_object(strides, ot->dims + AB_MAX_NDIM, &n) < 0) goto done;
+    if (n != t->ndim) {
+      PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ strides and shape differ in length");
+      goto done;
+    }
+    for (int32_t i = 0; i < n; i++) {
+      if (ot->dims[AB_MAX_NDIM + i] % es != 0) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ strides are not whole elements");
+        goto done;
+      }
+      ot->dims[AB_MAX_NDIM + i] /= es;
+    }
+    t->strides = ot->dims + AB_MAX_NDIM;
+  }
+  if (dtype_o != Py_None || shape_o != Py_None) {
+    /* A compact buffer read as the tensor it carries. */
+    int64_t have = es;
+    for (int32_t i = 0; i < t->ndim; i++) have *= t->shape[i];
+    DLDataType d = t->dtype;
+    int64_t want_shape[AB_MAX_NDIM];
+    int32_t want_ndim = 1;
+    want_shape[0] = have / es;
+    if ((dtype_o != Py_None && dtype_from_object(dtype_o, &d) < 0) ||
+        (shape_o != Py_None && shape_from_object(shape_o, want_shape, &want_ndim) < 0))
+      goto done;
+    int64_t want = (int64_t)(d.bits / 8u) * d.lanes;
+    for (int32_t i = 0; i < want_ndim; i++) want *= want_shape[i];
+    if (t->strides != NULL || want != have || ptr % (d.bits / 8u ? d.bits / 8u : 1) != 0) {
+      PyErr_Format(PyExc_ValueError, "a %lld-byte buffer%s is not the %lld bytes of that dtype and shape",
+                   (long long)have, t->strides != NULL ? " with strides" : "", (long long)want);
+      goto done;
+    }
+    t->dtype = d;
+    t->ndim = want_ndim;
+    memcpy(t->shape, want_shape, (size_t)want_ndim * sizeof *want_shape);
+  }
+  Py_INCREF(obj);
+  ot->owner = obj;
+  ot->mt.version.major = DLPACK_MAJOR_VERSION;
+  ot->mt.version.minor = DLPACK_MINOR_VERSION;
+  ot->mt.manager_ctx = ot;
+  ot->mt.deleter = object_tensor_deleter;
+  ot->mt.flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  DLManagedTensorVersioned *mt = &ot->mt;
+  ot = NULL; /* owned by mt from here */
+  ab_status st = ab_tensor_validate(&mt->dl_tensor);
+  if (st == AB_OK && stream != NULL && stream != Py_None) {
+    const unsigned long long sv = PyLong_AsUnsignedLongLong(stream);
+    if (sv == (unsigned long long)-1 && PyErr_Occurred()) {
+      release(mt);
+      goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = ab_synchronize(mt->dl_tensor.device, (void *)(uintptr_t)sv);
+    Py_END_ALLOW_THREADS
+  }
+  if (st != AB_OK) {
+    raise_and_release(st, mt);
+    goto done;
+  }
+  result = tensor_new_owning(mt, NULL);
+done:
+  PyMem_RawFree(ot);
+  Py_DECREF(cai);
+  return result;
+}
+
+
+
 static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   PyObject *payload, *dtype_o, *shape_o, *device_o;
   int readonly;
@@ -1462,6 +1664,9 @@ static PyMethodDef module_methods[] = {
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
   {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
   {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
+  {"_from_cuda_array_interface", (PyCFunction)(void (*)(void))py_from_cai, METH_VARARGS | METH_KEYWORDS,
+   "_from_cuda_array_interface(obj, gpu_id, dtype=None, shape=None)\n--\n\nA Tensor on cuda:gpu_id over obj's "
+   "__cuda_array_interface__, zero-copy (internal: Dask's cuda deserializer)."},
   {"_rebuild_tensor", py_rebuild_tensor, METH_VARARGS,
    "_rebuild_tensor(data, dtype, shape, readonly, device)\n--\n\nUnpickles a Tensor (see Tensor.__reduce_ex__)."},
   {"pool_summary", py_pool_summary, METH_O,

@@ -220,3 +220,44 @@ def test_cuda_and_opencl_through_the_host():
     assert c.device == "opencl:0"
     back = ab.to_device(c, "cuda:%d" % (n_cuda() - 1))
     assert np.array_equal(host(back).view(np.uint16), a.view(np.uint16))
+
+
+# ---- the CUDA array interface and Dask's "cuda" family ---------------------------------------
+
+
+def test_cuda_tensors_describe_themselves_with_the_cuda_array_interface():
+    a = sample("float32", (6, 5))
+    t = ab.to_device(a, "cuda:%d" % (n_cuda() - 1))
+    cai = t.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["typestr"] == "<f4" and cai["shape"] == (6, 5)
+    assert cai["data"] == (t.data_ptr, False) and cai["strides"] is None and cai["stream"] is None
+    assert not hasattr(ab.to_device(a, "cpu"), "__cuda_array_interface__")
+    assert not hasattr(ab.to_device(a.astype(np.float32), "cuda:0", dtype="bfloat16"), "__cuda_array_interface__")
+    # read back in: zero-copy, the same bytes, any shape the bytes make
+    u = ab._arraybridge._from_cuda_array_interface(t, n_cuda() - 1)
+    assert u.data_ptr == t.data_ptr and u.device == t.device and u.dtype == "float32"
+    np.testing.assert_array_equal(host(u), a)
+    w = ab._arraybridge._from_cuda_array_interface(t, n_cuda() - 1, dtype="uint8", shape=(a.nbytes,))
+    np.testing.assert_array_equal(host(w), a.view(np.uint8).reshape(-1))
+    with pytest.raises(ValueError, match="bytes"):
+        ab._arraybridge._from_cuda_array_interface(t, 0, dtype="uint8", shape=(a.nbytes + 1,))
+
+
+def test_dask_cuda_family_sends_the_device_memory_itself():
+    try:
+        import distributed.protocol as dp
+    except ImportError:
+        pytest.skip("distributed is not installed")
+    a = sample("int16", (9, 4))
+    t = ab.to_device(a, "cuda:%d" % (n_cuda() - 1))
+    header, frames = dp.serialize(t, serializers=("cuda",))
+    assert header["serializer"] == "cuda" and len(frames) == 1
+    assert frames[0].__cuda_array_interface__["data"][0] == t.data_ptr  # the tensor's memory, no copy
+    u = dp.deserialize(header, frames, deserializers=("cuda",))
+    assert u.device == t.device and u.shape == (9, 4) and u.dtype == "int16"
+    np.testing.assert_array_equal(host(u), a)
+    # A host tensor is not the cuda family's: the next family takes it.
+    h = ab.to_device(a, "cpu")
+    header, frames = dp.serialize(h, serializers=("cuda", "dask"))
+    assert header["serializer"] == "dask"
+    np.testing.assert_array_equal(np.from_dlpack(dp.deserialize(header, frames)), a)
