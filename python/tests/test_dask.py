@@ -4,6 +4,7 @@ a LocalCluster of two worker processes moving Tensors between them, the
 example pipeline against NumPy, and a worker killed mid-run. Every cluster
 listens on loopback only, lives a bounded time and is closed in a finally.
 """
+import contextlib
 import os
 import pathlib
 import signal
@@ -122,27 +123,30 @@ def test_opencl_tensors_come_back_on_their_device_or_on_the_host_where_there_is_
 # ---- a local cluster ---------------------------------------------------------------------------
 
 
-def cluster(n_workers=2):
-    from distributed import LocalCluster
-    return LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1, host="127.0.0.1",
-                        dashboard_address=None, silence_logs=40, death_timeout=60)
-
-
-@pytest.fixture(scope="module")
-def client():
-    need_distributed()
-    from distributed import Client
-    c = cl = None
+@contextlib.contextmanager
+def local_client(n_workers=2):
+    """A Client of a LocalCluster of n_workers processes, one thread each,
+    listening on loopback only; both closed however the block ends."""
+    from distributed import Client, LocalCluster
+    cl = c = None
     try:
-        cl = cluster()
+        cl = LocalCluster(n_workers=n_workers, processes=True, threads_per_worker=1, host="127.0.0.1",
+                          dashboard_address=None, silence_logs=40, death_timeout=60)
         c = Client(cl, timeout=60)
-        c.wait_for_workers(2, timeout=60)
+        c.wait_for_workers(n_workers, timeout=60)
         yield c
     finally:
         if c is not None:
             c.close()
         if cl is not None:
             cl.close()
+
+
+@pytest.fixture(scope="module")
+def client():
+    need_distributed()
+    with local_client() as c:
+        yield c
 
 
 def in_use_everywhere():
@@ -210,12 +214,7 @@ def test_the_example_pipeline_equals_numpy_and_leaves_no_pool_memory_in_use(clie
 
 def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_still_right():
     need_distributed()
-    from distributed import Client
-    cl = c = None
-    try:
-        cl = cluster()
-        c = Client(cl, timeout=60)
-        c.wait_for_workers(2, timeout=60)
+    with local_client() as c:
         pids = c.run(os.getpid)
         victim = sorted(pids)[0]
 
@@ -239,8 +238,3 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_still_right():
         used = all_released(c)  # the survivor and the replacement: nothing leaked
         assert all(v == 0 for stats in used.values() for v in stats.values()), used
         assert pids[victim] not in c.run(os.getpid).values()  # a new process took its place
-    finally:
-        if c is not None:
-            c.close()
-        if cl is not None:
-            cl.close()
