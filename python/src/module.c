@@ -228,6 +228,37 @@ static PyObject *tensor_data_ptr(TensorObject *self, void *closure) {
   return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)t->data + t->byte_offset);
 }
 
+/* Which strides a result may keep: any (a view keeps the source's), none
+ * negative (torch), or compact only (JAX, TensorFlow, pyclesperanto). */
+enum layout { LAYOUT_ANY, LAYOUT_NONNEGATIVE, LAYOUT_COMPACT };
+
+static int layout_arg(PyObject *o, enum layout *out) {
+  static const char *names[] = {"any", "nonnegative", "compact"};
+  *out = LAYOUT_ANY;
+  if (o == Py_None) return 0;
+  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+  for (int i = 0; s != NULL && i < 3; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = (enum layout)i;
+      return 0;
+    }
+  if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "layout must be 'any', 'nonnegative' or 'compact', not %R", o);
+  return -1;
+}
+
+/* Whether t's strides are what `want` allows (dims of size 1 and empty
+ * tensors have no stride that matters). */
+static int layout_ok(const DLTensor *t, enum layout want) {
+  if (want == LAYOUT_ANY || t->strides == NULL) return 1;
+  int64_t expect = 1;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] == 0) return 1;
+    if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
+    expect *= t->shape[i];
+  }
+  return 1;
+}
+
 /* The array-interface type string of a dtype ("<f4", "|u1", "|b1"), or
  * NULL for one it cannot say (bfloat16, more than one lane). */
 static const char *typestr_of(DLDataType d) {
@@ -261,10 +292,7 @@ static PyObject *tensor_cai(TensorObject *self, void *closure) {
   PyObject *shape = tensor_shape(self, NULL), *strides = Py_None;
   if (shape == NULL) return NULL;
   Py_INCREF(Py_None);
-  int compact = 1;
-  for (int64_t i = t->ndim - 1, expect = 1; t->strides != NULL && i >= 0; expect *= t->shape[i], i--)
-    compact &= t->shape[i] == 1 || t->strides[i] == expect;
-  if (!compact) {
+  if (!layout_ok(t, LAYOUT_COMPACT)) {
     Py_DECREF(Py_None);
     strides = PyTuple_New(t->ndim);
     if (strides == NULL) {
@@ -406,36 +434,6 @@ static int copy_arg(PyObject *copy) {
 
 static int is_cpu_like(DLDeviceType t) { return t == kDLCPU || t == kDLCUDAHost; }
 
-/* Which strides a result may keep: any (a view keeps the source's), none
- * negative (torch), or compact only (JAX, TensorFlow, pyclesperanto). */
-enum layout { LAYOUT_ANY, LAYOUT_NONNEGATIVE, LAYOUT_COMPACT };
-
-static int layout_arg(PyObject *o, enum layout *out) {
-  static const char *names[] = {"any", "nonnegative", "compact"};
-  *out = LAYOUT_ANY;
-  if (o == Py_None) return 0;
-  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
-  for (int i = 0; s != NULL && i < 3; i++)
-    if (strcmp(s, names[i]) == 0) {
-      *out = (enum layout)i;
-      return 0;
-    }
-  if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "layout must be 'any', 'nonnegative' or 'compact', not %R", o);
-  return -1;
-}
-
-/* Whether t's strides are what `want` allows (dims of size 1 and empty
- * tensors have no stride that matters). */
-static int layout_ok(const DLTensor *t, enum layout want) {
-  if (want == LAYOUT_ANY || t->strides == NULL) return 1;
-  int64_t expect = 1;
-  for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    if (t->shape[i] == 0) return 1;
-    if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
-    expect *= t->shape[i];
-  }
-  return 1;
-}
 
 
 /* ---- pickling --------------------------------------------------------------------- */
