@@ -37,7 +37,7 @@ struct ab__staging_config ab__staging_config(void) {
   const unsigned gen = ab__env_generation();
   if (cfg_generation != gen) {
     cfg.chunk = (size_t)ab__env_size("AB_STAGING_CHUNK", (uint64_t)4 << 20, 4096, (uint64_t)1 << 30, "4MiB");
-    cfg.count = (size_t)ab__env_size("AB_STAGING_CHUNKS", 3, 2, MAX_CHUNKS, "3");
+    cfg.count = (size_t)ab__env_int("AB_STAGING_CHUNKS", 3, 2, MAX_CHUNKS);
     cfg.min = (size_t)ab__env_size("AB_STAGING_MIN", (uint64_t)1 << 20, 0, SIZE_MAX, "1MiB");
     cfg_generation = gen;
   }

@@ -208,8 +208,6 @@ static ab_status run_steps(const ab__prepared *p, const DLTensor *src, DLTensor 
       out_offset = 0;
     }
     switch (s->kind) {
-    case AB_STEP_VIEW:
-      break;
     case AB_STEP_COPY: {
       if (x->last) {
         st = ab__dev_copy(be, &cur, dst, stream, async);

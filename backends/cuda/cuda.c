@@ -300,7 +300,7 @@ static void ensure_peer(int32_t to, int32_t from) {
     int can = 0;
     peer[to][from] = 2;
     if (!ab__env_choice("AB_CUDA_PEER", modes, 1, "1 (on) or 0 (off)")) {
-      AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: peer access disabled by AB_CUDA_PEER=0", (int)from, (int)to);
+      AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: peer access disabled by AB_CUDA_PEER", (int)from, (int)to);
     } else if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess && can) {
       cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);
       if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) peer[to][from] = 1;

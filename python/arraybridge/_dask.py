@@ -28,6 +28,7 @@ UCX.
 import importlib.abc
 import sys
 import threading
+import warnings
 
 from . import _arraybridge as _ab
 
@@ -68,13 +69,21 @@ def cuda_serialize(t):
 def cuda_deserialize(header, frames):
     """The Tensor of cuda_serialize's header and frame: the frame's device
     memory (any object with __cuda_array_interface__: what UCX received
-    into, on this worker's GPU of the same id, else its GPU 0), zero-copy."""
+    into), zero-copy. The interface does not say which GPU the memory is
+    on: the sender's id is tried first, then this worker's other GPUs, and
+    the one the library finds the memory on (it checks every CUDA pointer
+    against the device it is labelled with) is the tensor's device."""
     (frame,) = frames
-    gpu = int(header["device"].split(":")[1])
-    if gpu >= sum(1 for d in _ab.devices() if d.startswith("cuda:")):
-        gpu = 0
-    t = _ab._from_cuda_array_interface(frame, gpu, dtype=header["dtype"], shape=tuple(header["shape"]))
-    return _ab.to_device(t, t.device, copy=True) if header["readonly"] and not t.readonly else t
+    n = sum(1 for d in _ab.devices() if d.startswith("cuda:"))
+    first = int(header["device"].split(":")[1])
+    error = None
+    for gpu in [first] + [i for i in range(n) if i != first]:
+        try:
+            return _ab._from_cuda_array_interface(frame, gpu, dtype=header["dtype"], shape=tuple(header["shape"]),
+                                                 readonly=header["readonly"])
+        except ValueError as e:  # not this GPU's memory (or no such GPU)
+            error = e
+    raise ValueError("the frame's memory is on none of this worker's %d CUDA devices: %s" % (n, error))
 
 
 def _register(protocol):
@@ -91,9 +100,34 @@ def _register(protocol):
         _registered = True
 
 
+class _RegisteringLoader(importlib.abc.Loader):
+    """distributed.protocol's own loader, which registers the serializers
+    once the module has run. A wrapper of this one spec's loader: the
+    loader object itself, which may serve other modules (zipimport), is
+    left alone."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        _uninstall()
+        try:
+            _register(module)
+        except Exception as e:  # a distributed whose API moved: its import must still work
+            warnings.warn("arraybridge: Tensor's Dask serializers not registered: %r" % (e,), RuntimeWarning)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ...
+        return getattr(self._inner, name)
+
+
 class _WhenImported(importlib.abc.MetaPathFinder):
-    """Registers the serializers right after distributed.protocol has been
-    imported, then takes itself out of sys.meta_path."""
+    """Finds distributed.protocol as the other finders would, with a loader
+    that registers the serializers once it has run; then takes itself out
+    of sys.meta_path."""
 
     def find_spec(self, name, path, target=None):
         if name != _PROTOCOL:
@@ -106,17 +140,8 @@ class _WhenImported(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            _uninstall()
-            _register(module)
-
-        loader.exec_module = exec_then_register
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RegisteringLoader(spec.loader)
         return spec
 
 

@@ -127,6 +127,15 @@ static void release(DLManagedTensorVersioned *m) {
 
 /* Raises the library's error for `st`, then releases m (whose deleter may
  * run Python or call the library) without losing the exception. */
+/* release(m) with a Python exception pending: a producer's deleter may
+ * run Python, which must not see (or clear) it. */
+static void release_keeping_error(DLManagedTensorVersioned *m) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  release(m);
+  PyErr_Restore(type, value, tb);
+}
+
 static PyObject *raise_and_release(ab_status st, DLManagedTensorVersioned *m) {
   raise_status(st);
   PyObject *type, *value, *tb;
@@ -972,7 +981,7 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
   if (dtype != NULL) o.dtype = *dtype;
   if (map_apply(&mb, t, &o) < 0) {
     map_free(&mb);
-    release(mt);
+    release_keeping_error(mt);
     return NULL;
   }
   DLManagedTensorVersioned *out;
@@ -1039,20 +1048,26 @@ static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
  * 1 with TypeError set, else 0. */
 static int immutable_array(PyObject *o) {
   static const char *const frameworks[] = {"jax", "jaxlib", "tensorflow"};
+  static const char *const names[] = {"JAX", "JAX", "TensorFlow"};
   PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__module__");
-  const char *name = mod != NULL && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
-  int hit = 0;
-  for (size_t k = 0; name != NULL && k < sizeof frameworks / sizeof *frameworks && !hit; k++) {
-    const size_t n = strlen(frameworks[k]);
-    hit = strncmp(name, frameworks[k], n) == 0 && (name[n] == '\0' || name[n] == '.');
+  if (mod == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return 1; /* that error stands */
+    PyErr_Clear();
+    return 0;
   }
-  Py_XDECREF(mod);
-  PyErr_Clear();
-  if (hit)
+  const char *name = PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+  if (name == NULL) PyErr_Clear(); /* not a str: no framework's */
+  int hit = -1;
+  for (size_t k = 0; name != NULL && k < sizeof frameworks / sizeof *frameworks && hit < 0; k++) {
+    const size_t n = strlen(frameworks[k]);
+    if (strncmp(name, frameworks[k], n) == 0 && (name[n] == '\0' || name[n] == '.')) hit = (int)k;
+  }
+  Py_DECREF(mod); /* name is not read past here */
+  if (hit >= 0)
     PyErr_Format(PyExc_TypeError, "out is a %s array, which is immutable: convert_into writes only into mutable "
                                   "arrays (NumPy, PyTorch, CuPy, pyclesperanto, arraybridge Tensors)",
-                 name[0] == 't' ? "TensorFlow" : "JAX");
-  return hit;
+                 names[hit]);
+  return hit >= 0;
 }
 
 static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs) {
@@ -1086,7 +1101,7 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
   }
   if (import_tensor(out_o, &dst) < 0) {
     map_free(&mb);
-    release(src);
+    release_keeping_error(src);
     return NULL;
   }
   DLTensor plane = dst->dl_tensor;
@@ -1210,32 +1225,44 @@ static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
  * then onto the device it came from when this process has that device;
  * else it stays in host memory (AB_UNPICKLE_MISSING_DEVICE=fail raises
  * instead). Read-only survives. */
-/* A managed tensor over the memory of a Python buffer (compact, of the
- * given shape and dtype), holding a buffer view of its own on `owner`
- * until deleted. NULL with no exception when it cannot be made (out of
- * memory: the caller copies instead), NULL with one on a Python error. */
+/* A managed tensor over the memory of a Python buffer view it holds
+ * (buffer_tensor). */
 struct buffer_tensor {
   DLManagedTensorVersioned mt;
   Py_buffer view;
   int64_t shape[AB_MAX_NDIM];
 };
 
+/* Runs `release` on `arg` with the GIL: directly when this thread holds
+ * it; else taking it, unless the interpreter is finalising, when the
+ * Python object is leaked rather than touched (drop_owner's rule). */
+static void with_gil(void (*release)(void *), void *arg) {
+  if (PyGILState_Check()) {
+    release(arg);
+    return;
+  }
+  if (!interpreter_alive()) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  release(arg);
+  PyGILState_Release(g);
+}
+
+static void release_view(void *view) { PyBuffer_Release(view); }
+
 static void buffer_tensor_deleter(DLManagedTensorVersioned *self) {
   struct buffer_tensor *bt = (struct buffer_tensor *)self;
-  PyGILState_STATE g = PyGILState_Ensure(); /* deleters may run without the GIL */
-  PyBuffer_Release(&bt->view);
-  PyGILState_Release(g);
+  with_gil(release_view, &bt->view);
   PyMem_RawFree(bt);
 }
 
-static DLManagedTensorVersioned *buffer_tensor(PyObject *owner, const Py_buffer *like, int32_t ndim,
-                                               const int64_t *shape, DLDataType dtype) {
+/* A tensor over the memory of *view (already checked: its length is the
+ * elements', its address aligned for them), which it takes over: the
+ * caller no longer releases it. NULL (no exception, *view still the
+ * caller's) when out of host memory. */
+static DLManagedTensorVersioned *buffer_tensor(Py_buffer *view, int32_t ndim, const int64_t *shape, DLDataType dtype) {
   struct buffer_tensor *bt = PyMem_RawCalloc(1, sizeof *bt);
   if (bt == NULL) return NULL;
-  if (PyObject_GetBuffer(owner, &bt->view, like->readonly ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) {
-    PyMem_RawFree(bt);
-    return NULL;
-  }
+  bt->view = *view;
   memcpy(bt->shape, shape, (size_t)ndim * sizeof *shape);
   bt->mt.version.major = DLPACK_MAJOR_VERSION;
   bt->mt.version.minor = DLPACK_MINOR_VERSION;
@@ -1258,9 +1285,7 @@ struct object_tensor {
 
 static void object_tensor_deleter(DLManagedTensorVersioned *self) {
   struct object_tensor *ot = (struct object_tensor *)self;
-  PyGILState_STATE g = PyGILState_Ensure(); /* deleters may run without the GIL */
-  Py_DECREF(ot->owner);
-  PyGILState_Release(g);
+  drop_owner(ot->owner);
   PyMem_RawFree(ot);
 }
 
@@ -1286,21 +1311,27 @@ static int dtype_of_typestr(const char *ts, DLDataType *out) {
  * dtype and shape reinterpret a compact buffer (a Dask frame of bytes) as
  * the tensor it carries. A stream the interface names is waited for. */
 static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"obj", "gpu_id", "dtype", "shape", NULL};
+  static char *kwlist[] = {"obj", "gpu_id", "dtype", "shape", "readonly", NULL};
   PyObject *obj, *dtype_o = Py_None, *shape_o = Py_None;
-  int gpu_id;
+  int gpu_id, force_readonly = 0;
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|OO:_from_cuda_array_interface", kwlist, &obj, &gpu_id, &dtype_o,
-                                   &shape_o))
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|OOp:_from_cuda_array_interface", kwlist, &obj, &gpu_id, &dtype_o,
+                                   &shape_o, &force_readonly))
     return NULL;
-  PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+  PyObject *given = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+  if (given == NULL) return NULL;
+  if (!PyDict_Check(given)) {
+    Py_DECREF(given);
+    PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ is not a dict");
+    return NULL;
+  }
+  /* A copy of our own, holding its values: reading them may run the
+   * producer's code, which must not be able to free them under us. */
+  PyObject *cai = PyDict_Copy(given);
+  Py_DECREF(given);
   if (cai == NULL) return NULL;
   struct object_tensor *ot = NULL;
   PyObject *result = NULL;
-  if (!PyDict_Check(cai)) {
-    PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ is not a dict");
-    goto done;
-  }
   PyObject *data = PyDict_GetItemString(cai, "data"), *shape = PyDict_GetItemString(cai, "shape");
   PyObject *ts = PyDict_GetItemString(cai, "typestr"), *strides = PyDict_GetItemString(cai, "strides");
   PyObject *stream = PyDict_GetItemString(cai, "stream");
@@ -1317,7 +1348,8 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   DLTensor *t = &ot->mt.dl_tensor;
   t->shape = ot->dims;
   t->device = (DLDevice){kDLCUDA, gpu_id};
-  if (dtype_of_typestr(PyUnicode_AsUTF8(ts), &t->dtype) < 0 || shape_from_object(shape, t->shape, &t->ndim) < 0)
+  const char *ts_utf8 = PyUnicode_AsUTF8(ts);
+  if (ts_utf8 == NULL || dtype_of_typestr(ts_utf8, &t->dtype) < 0 || shape_from_object(shape, t->shape, &t->ndim) < 0)
     goto done;
   const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
   if (ptr == (unsigned long long)-1 && PyErr_Occurred()) goto done;
@@ -1348,11 +1380,11 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
     DLDataType d = t->dtype;
     int64_t want_shape[AB_MAX_NDIM];
     int32_t want_ndim = 1;
-    want_shape[0] = have / es;
-    if ((dtype_o != Py_None && dtype_from_object(dtype_o, &d) < 0) ||
-        (shape_o != Py_None && shape_from_object(shape_o, want_shape, &want_ndim) < 0))
-      goto done;
-    int64_t want = (int64_t)(d.bits / 8u) * d.lanes;
+    if (dtype_o != Py_None && dtype_from_object(dtype_o, &d) < 0) goto done;
+    const int64_t des = (int64_t)(d.bits / 8u) * d.lanes;
+    want_shape[0] = des > 0 ? have / des : 0; /* no shape: one dim of the new elements */
+    if (shape_o != Py_None && shape_from_object(shape_o, want_shape, &want_ndim) < 0) goto done;
+    int64_t want = des;
     for (int32_t i = 0; i < want_ndim; i++) want *= want_shape[i];
     if (t->strides != NULL || want != have || ptr % (d.bits / 8u ? d.bits / 8u : 1) != 0) {
       PyErr_Format(PyExc_ValueError, "a %lld-byte buffer%s is not the %lld bytes of that dtype and shape",
@@ -1369,14 +1401,14 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   ot->mt.version.minor = DLPACK_MINOR_VERSION;
   ot->mt.manager_ctx = ot;
   ot->mt.deleter = object_tensor_deleter;
-  ot->mt.flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  ot->mt.flags = readonly || force_readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
   DLManagedTensorVersioned *mt = &ot->mt;
   ot = NULL; /* owned by mt from here */
   ab_status st = ab_tensor_validate(&mt->dl_tensor);
   if (st == AB_OK && stream != NULL && stream != Py_None) {
     const unsigned long long sv = PyLong_AsUnsignedLongLong(stream);
     if (sv == (unsigned long long)-1 && PyErr_Occurred()) {
-      release(mt);
+      release_keeping_error(mt);
       goto done;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -1434,14 +1466,9 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
    * read-only, and aligned for the elements. */
   const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
   if (!negative && (!b.readonly || readonly) && (uintptr_t)b.buf % align == 0 &&
-      (mt = buffer_tensor(payload, &b, n, shape, dtype)) != NULL) {
-    PyBuffer_Release(&b);
+      (mt = buffer_tensor(&b, n, shape, dtype)) != NULL) {
     if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
     return place_rebuilt(mt, dev, readonly);
-  }
-  if (PyErr_Occurred()) {
-    PyBuffer_Release(&b);
-    return NULL;
   }
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
   if (st != AB_OK) {

@@ -261,3 +261,25 @@ def test_dask_cuda_family_sends_the_device_memory_itself():
     header, frames = dp.serialize(h, serializers=("cuda", "dask"))
     assert header["serializer"] == "dask"
     np.testing.assert_array_equal(np.from_dlpack(dp.deserialize(header, frames)), a)
+
+
+def test_cuda_frames_are_placed_on_the_gpu_their_memory_is_on_and_keep_read_only():
+    if n_cuda() < 2:
+        pytest.skip("needs two CUDA devices")
+    try:
+        import distributed.protocol as dp
+    except ImportError:
+        pytest.skip("distributed is not installed")
+    from arraybridge import _dask
+    a = sample("float32", (4, 4))
+    t = ab.to_device(a, "cuda:1")
+    header, frames = _dask.cuda_serialize(t)
+    header = dict(header, device="cuda:0", readonly=True)  # a sender whose id differs from the memory's
+    u = _dask.cuda_deserialize(header, frames)
+    assert u.device == "cuda:1" and u.readonly and u.data_ptr == t.data_ptr
+    np.testing.assert_array_equal(host(u), a)
+    # dtype alone: the buffer's bytes as that many new elements
+    b = ab.to_device(np.arange(16, dtype=np.uint8), "cuda:0")
+    f = ab._arraybridge._from_cuda_array_interface(b, 0, dtype="float32")
+    assert f.shape == (4,) and f.dtype == "float32"
+    assert dp is not None

@@ -238,3 +238,42 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_still_right():
         used = all_released(c)  # the survivor and the replacement: nothing leaked
         assert all(v == 0 for stats in used.values() for v in stats.values()), used
         assert pids[victim] not in c.run(os.getpid).values()  # a new process took its place
+
+
+def test_the_import_hook_wraps_only_distributed_protocol_and_never_breaks_its_import(tmp_path):
+    # A stand-in distributed in a zip (one loader object serves every
+    # module of the archive) whose protocol imports a sibling while it
+    # loads; and one whose protocol lacks the serializer registries.
+    import zipfile
+    good = {
+        "distributed/__init__.py": "",
+        "distributed/helper.py": "X = 1\n",
+        "distributed/protocol/__init__.py": textwrap.dedent("""
+            from distributed import helper
+            class Dispatch:
+                def __init__(self):
+                    self.funcs = {}
+                def register(self, cls):
+                    return lambda f: self.funcs.setdefault(cls, f)
+            dask_serialize, dask_deserialize = Dispatch(), Dispatch()
+            """),
+    }
+    bad = {"distributed/__init__.py": "", "distributed/protocol/__init__.py": "Y = 2\n"}
+    for name, files, want in (("good.zip", good, "True 1"), ("bad.zip", bad, "False 2")):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            for f, text in files.items():
+                z.writestr(f, text)
+        code = """
+            import sys, warnings
+            sys.path.insert(0, %r)
+            import arraybridge
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import distributed.protocol as p
+            print(arraybridge._dask.registered(), getattr(p, "Y", None) or len(p.dask_serialize.funcs))
+            print(len(caught))
+            """ % str(path)
+        out = run_py(code).split()
+        assert out[:2] == want.split(), out
+        assert out[2] == ("0" if name == "good.zip" else "1")  # the bad one warns, and imports all the same

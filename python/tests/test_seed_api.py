@@ -757,3 +757,33 @@ def test_threads_convert_to_both_opencl_devices_at_once():
         assert dev == i % 2
         np.testing.assert_array_equal(back, batches[i])
     assert cle.get_device().index == before
+
+
+def test_convert_into_reads_the_outs_module_name_safely():
+    # A type whose __module__ is made afresh on each read (a metaclass
+    # property): the name must be read before it is let go.
+    class Meta(type):
+        @property
+        def __module__(cls):
+            return "".join(["tensorflow", ".fake"])
+
+    class Fake(metaclass=Meta):
+        def __dlpack__(self, **kw):
+            raise AssertionError("never imported")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match="TensorFlow array"):
+        ab.convert_into(np.ones(3, np.float32), Fake())
+
+    class Broken(type):
+        @property
+        def __module__(cls):
+            raise KeyboardInterrupt
+
+    class Odd(metaclass=Broken):
+        pass
+
+    with pytest.raises(KeyboardInterrupt):
+        ab.convert_into(np.ones(3, np.float32), Odd())
