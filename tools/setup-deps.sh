@@ -37,6 +37,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# A CUDA toolkit is not installed here (it is large and, on Debian, in
+# non-free): without one the CUDA backend and its simulated-runtime tests
+# are not built, and this says so rather than leaving it to be noticed.
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup-deps: NOTE: no CUDA toolkit (nvcc) found: the CUDA backend and its tests against the simulated" \
+       "runtime will not be built. Install one (Debian: nvidia-cuda-toolkit, from non-free) to build them." >&2
+fi
+
 dlpack_major() {
   sed -n 's/^#define DLPACK_MAJOR_VERSION \([0-9]*\).*/\1/p' "$1" 2>/dev/null | head -n1 || true
 }

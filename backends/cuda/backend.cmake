@@ -43,6 +43,9 @@ if(AB_WITH_CUDA)
       message(STATUS "arraybridge: nvcc not found: CUDA without device kernels")
     endif()
   else()
-    message(STATUS "arraybridge: CUDA toolkit not found: no CUDA backend")
+    # Loud: the CUDA backend and every test of it against simcuda vanish.
+    message(WARNING "arraybridge: CUDA toolkit not found: NO CUDA BACKEND in this build, and none of its tests "
+                    "(not even against the simulated runtime). Install one (Debian: nvidia-cuda-toolkit from "
+                    "non-free; or NVIDIA's packages) and configure again, or pass -DAB_WITH_CUDA=OFF to say so.")
   endif()
 endif()
