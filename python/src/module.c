@@ -335,20 +335,27 @@ struct view_export {
   PyObject *owner;
 };
 
-static void drop_owner(PyObject *owner) {
-  if (PyGILState_Check()) { /* the usual case: a consumer deleting under the GIL */
-    Py_DECREF(owner);
+/* Runs `release` on `arg` with the GIL: directly when this thread holds
+ * it (the usual case: a consumer deleting under the GIL); else taking it,
+ * unless the interpreter is finalising, when the Python object is leaked
+ * rather than touched (a thread that calls in exactly as finalisation
+ * starts can still be stopped inside PyGILState_Ensure: CPython's rule for
+ * foreign threads). What every deleter of ours that holds Python objects
+ * does. */
+static void with_gil(void (*release)(void *), void *arg) {
+  if (PyGILState_Check()) {
+    release(arg);
     return;
   }
-  /* Another thread. Once the interpreter is finalising, leak the reference
-   * rather than touch Python (a thread that calls in exactly as
-   * finalisation starts can still be stopped inside PyGILState_Ensure:
-   * CPython's rule for foreign threads). */
   if (!interpreter_alive()) return;
   PyGILState_STATE g = PyGILState_Ensure();
-  Py_DECREF(owner);
+  release(arg);
   PyGILState_Release(g);
 }
+
+static void decref(void *o) { Py_DECREF((PyObject *)o); }
+
+static void drop_owner(PyObject *owner) { with_gil(decref, owner); }
 
 static void view_export_deleter(DLManagedTensorVersioned *m) {
   struct view_export *v = (struct view_export *)m;
@@ -1232,20 +1239,6 @@ struct buffer_tensor {
   Py_buffer view;
   int64_t shape[AB_MAX_NDIM];
 };
-
-/* Runs `release` on `arg` with the GIL: directly when this thread holds
- * it; else taking it, unless the interpreter is finalising, when the
- * Python object is leaked rather than touched (drop_owner's rule). */
-static void with_gil(void (*release)(void *), void *arg) {
-  if (PyGILState_Check()) {
-    release(arg);
-    return;
-  }
-  if (!interpreter_alive()) return;
-  PyGILState_STATE g = PyGILState_Ensure();
-  release(arg);
-  PyGILState_Release(g);
-}
 
 static void release_view(void *view) { PyBuffer_Release(view); }
 
