@@ -1,6 +1,11 @@
 /* Per-device caching pools: size classes, reuse, statistics, limits, trim
  * and the OOM sequence. Backends only allocate and free raw blocks.
  *
+ * Thread caches: in front of each pool, every thread that allocates from it
+ * keeps a few blocks of up to 256 KiB (see "thread caches" below), so that
+ * the common alloc-free cycle of threads converting at once takes no shared
+ * lock and writes no shared cache line.
+ *
  * Locking: one mutex per pool, held only for bookkeeping. Backend calls,
  * host allocations of descriptors and OOM callbacks run with no pool lock
  * held, so a callback may delete tensors (whose deleters take the lock) and
@@ -65,7 +70,9 @@ struct ab__pool {
   pthread_mutex_t lock;
   const struct ab_backend *be;
   DLDevice dev;
-  struct ab_pool_stats st; /* guarded by lock */
+  uint64_t gen;            /* unique per pool ever made: thread caches' key */
+  struct ab_pool_stats st; /* guarded by lock; its in_use_bytes and
+                            * requested_bytes are kept in use/req below */
   ab__block *bins[NCLASSES];
   ab__block *large;
   /* Left behind by ab_shutdown while tensors still held blocks: out of the
@@ -73,15 +80,24 @@ struct ab__pool {
    * blocks go back to the driver as they are freed, and the last one
    * destroys it. */
   bool orphaned;
+  struct tcache *caches; /* the threads' caches of this pool (registry lock) */
+  /* The in-use and requested gauges at pool level: blocks out of the
+   * shared cache, whether held by tensors or idle in a thread cache, and
+   * what was last asked of them. Atomic: thread-cache hits read them (and
+   * raise the peaks) without the pool lock. */
+  _Atomic uint64_t use, use_peak, req, req_peak;
 };
 
 #define MAX_TYPES AB__TYPE_SLOTS /* indexed by ab__type_slot */
 #define MAX_IDS 128
 static _Atomic(struct ab__pool *) table[MAX_TYPES][MAX_IDS];
 
-static void gauge_add(ab_gauge *g, uint64_t v) {
-  g->current += v;
-  if (g->current > g->peak) g->peak = g->current;
+static atomic_uint_fast64_t next_gen = 1;
+
+static void raise_peak(_Atomic uint64_t *peak, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
+  while (v > cur && !atomic_compare_exchange_weak_explicit(peak, &cur, v, memory_order_relaxed, memory_order_relaxed)) {
+  }
 }
 
 /* ---- AB_MEMORY_LIMIT ------------------------------------------------------ */
@@ -244,6 +260,7 @@ static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__
   pthread_mutexattr_destroy(&attr);
   p->be = be;
   p->dev = dev;
+  p->gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
   p->st.device = dev;
   p->st.limit_bytes = limit;
   struct ab__pool *expected = NULL;
@@ -299,11 +316,304 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
   p->st.cached_blocks++;
 }
 
-/* Returns every cached block to the backend; the bookkeeping under the
- * lock, the driver calls after it. Returns the bytes released. */
-static uint64_t release_cache(struct ab__pool *p) {
+/* ---- thread caches -----------------------------------------------------
+ * A thread that allocates from a pool gets a cache of its own for it: up to
+ * TC_PER_CLASS blocks per size class, TC_MAX_IDLE bytes in all, of blocks
+ * up to TC_MAX_SIZE. A free puts the block there when the freeing thread
+ * has a cache for the pool and it has room, and an allocation of that class
+ * takes it back, under the cache's own mutex only (uncontended but when a
+ * trim, a stats read or ab_shutdown visits). The rest is the shared path
+ * above, unchanged; AB_POOL_THREAD_CACHE=0 turns the caches off.
+ *
+ * Accounting: the pool-level gauges count a block idle in a thread cache as
+ * out of the pool (in use); the cache counts its idle bytes (and what was
+ * last requested of them). A read sums: current = pool level minus every
+ * cache's idle bytes, exact. A peak is raised by the thread that changes a
+ * gauge, from the pool level minus its own idle bytes: exact while one
+ * thread at a time keeps a cache of the pool; with several, it may
+ * overstate the true peak by the bytes idle in the other threads' caches at
+ * that moment (at most TC_MAX_IDLE each), never understate it. Counters
+ * (allocations, frees, hits) are kept per cache and summed when read.
+ *
+ * Lifetime: a cache is the owner thread's memory; the owner frees it at
+ * thread exit (a pthread key destructor, after giving its blocks back) or
+ * when it finds it detached. ab_shutdown detaches every cache of a pool
+ * (blocks back to the pool, `pool` set to NULL) before the pool goes.
+ *
+ * Lock order: registry, then a cache's lock, then the pool's lock. The
+ * owner's hit and free paths take only its cache's lock; the shared path
+ * takes only the pool's; nothing holds a cache's lock across the shared
+ * path or a backend call. */
+#define TC_MAX_SIZE ((size_t)256 << 10)
+#define TC_CLASSES 64 /* class_index(TC_MAX_SIZE) + 1 */
+#define TC_PER_CLASS 8
+#define TC_MAX_IDLE ((uint64_t)1 << 20)
+
+struct tcache {
+  pthread_mutex_t lock;
+  struct ab__pool *pool;      /* NULL once detached */
+  uint64_t gen;               /* the pool's gen; owner's lookup key */
+  struct tcache *next, *prev; /* in pool->caches, under the registry lock */
+  struct tcache *tnext;       /* the owner's list; owner only */
+  /* The rest under lock; idle and idle_req atomic so that their owner can
+   * read them without it (for the peaks). */
+  _Atomic uint64_t idle;     /* bytes of the blocks in bins */
+  _Atomic uint64_t idle_req; /* what was last requested of them */
+  uint64_t nblocks, allocations, hits, frees;
+  uint8_t count[TC_CLASSES];
+  ab__block *bins[TC_CLASSES];
+};
+
+static pthread_mutex_t registry = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t tc_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tc_key;
+static bool tc_key_ok;
+static _Thread_local struct tcache *my_caches, *my_last;
+
+static bool tc_enabled(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice choices[] = {{"1", 1}, {"on", 1}, {"0", 0}, {"off", 0}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
+  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_POOL_THREAD_CACHE", choices, 1, "1 or 0")) != 0;
+}
+
+static uint64_t relaxed(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }
+static void set_relaxed(_Atomic uint64_t *a, uint64_t v) { atomic_store_explicit(a, v, memory_order_relaxed); }
+
+/* Raises the pool's peaks from its level minus the caller's own idle bytes
+ * (see the accounting note above). */
+static void note_peaks(struct ab__pool *p, struct tcache *own) {
+  uint64_t idle = own != NULL ? relaxed(&own->idle) : 0;
+  uint64_t idle_req = own != NULL ? relaxed(&own->idle_req) : 0;
+  uint64_t use = relaxed(&p->use), req = relaxed(&p->req);
+  raise_peak(&p->use_peak, use > idle ? use - idle : 0);
+  raise_peak(&p->req_peak, req > idle_req ? req - idle_req : 0);
+}
+
+/* Gives a cache's blocks and counts to its pool. Under tc->lock. */
+static void tc_flush(struct tcache *tc) {
+  struct ab__pool *p = tc->pool;
+  pthread_mutex_lock(&p->lock);
+  for (int c = 0; c < TC_CLASSES; c++) {
+    while (tc->bins[c] != NULL) {
+      ab__block *b = tc->bins[c];
+      tc->bins[c] = b->next;
+      put_cached(p, b);
+    }
+    tc->count[c] = 0;
+  }
+  atomic_fetch_sub_explicit(&p->use, relaxed(&tc->idle), memory_order_relaxed);
+  atomic_fetch_sub_explicit(&p->req, relaxed(&tc->idle_req), memory_order_relaxed);
+  p->st.allocations += tc->allocations;
+  p->st.cache_hits += tc->hits;
+  p->st.frees += tc->frees;
+  pthread_mutex_unlock(&p->lock);
+  set_relaxed(&tc->idle, 0);
+  set_relaxed(&tc->idle_req, 0);
+  tc->nblocks = tc->allocations = tc->hits = tc->frees = 0;
+}
+
+/* Flushes a cache and takes it off its pool. Under the registry and
+ * tc->lock. */
+static void tc_detach(struct tcache *tc) {
+  struct ab__pool *p = tc->pool;
+  tc_flush(tc);
+  if (tc->prev != NULL) tc->prev->next = tc->next;
+  else p->caches = tc->next;
+  if (tc->next != NULL) tc->next->prev = tc->prev;
+  tc->next = tc->prev = NULL;
+  tc->pool = NULL;
+}
+
+/* Thread exit: every cache of the thread back to its pool, then freed. */
+static void tc_thread_exit(void *head) {
+  struct tcache *next;
+  for (struct tcache *tc = head; tc != NULL; tc = next) {
+    next = tc->tnext;
+    pthread_mutex_lock(&registry);
+    pthread_mutex_lock(&tc->lock);
+    if (tc->pool != NULL) tc_detach(tc);
+    pthread_mutex_unlock(&tc->lock);
+    pthread_mutex_unlock(&registry);
+    pthread_mutex_destroy(&tc->lock);
+    free(tc);
+  }
+  my_caches = my_last = NULL;
+}
+
+/* fork: no cache lock may be held by a thread the child will not have. */
+static void each_cache(bool lock) {
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++) {
+      struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
+      for (struct tcache *tc = p != NULL ? p->caches : NULL; tc != NULL; tc = tc->next) {
+        if (lock) pthread_mutex_lock(&tc->lock);
+        else pthread_mutex_unlock(&tc->lock);
+      }
+    }
+}
+static void fork_prepare(void) {
+  pthread_mutex_lock(&registry);
+  each_cache(true);
+}
+static void fork_done(void) {
+  each_cache(false);
+  pthread_mutex_unlock(&registry);
+}
+
+static void tc_init(void) {
+  tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
+  pthread_atfork(fork_prepare, fork_done, fork_done);
+}
+
+/* The caller's cache of p: found, made (when `create`), or NULL (off, no
+ * memory, no thread key). */
+static struct tcache *tc_get(struct ab__pool *p, bool create) {
+  struct tcache *tc = my_last;
+  if (AB_LIKELY(tc != NULL && tc->gen == p->gen)) return tc;
+  for (tc = my_caches; tc != NULL; tc = tc->tnext)
+    if (tc->gen == p->gen) return my_last = tc;
+  if (!create) return NULL;
+  pthread_once(&tc_once, tc_init);
+  if (!tc_key_ok) return NULL;
+  /* Free the caches ab_shutdown detached, while the list is walked anyway. */
+  for (struct tcache **link = &my_caches; *link != NULL;) {
+    struct tcache *old = *link;
+    pthread_mutex_lock(&old->lock);
+    bool dead = old->pool == NULL;
+    pthread_mutex_unlock(&old->lock);
+    if (!dead) {
+      link = &old->tnext;
+      continue;
+    }
+    *link = old->tnext;
+    if (my_last == old) my_last = NULL;
+    pthread_mutex_destroy(&old->lock);
+    free(old);
+  }
+  pthread_setspecific(tc_key, my_caches); /* the list's head for tc_thread_exit */
+  /* Not ab__calloc: a cache is the thread's, not a tracked library block,
+   * and a failure here only means the shared path. */
+  tc = calloc(1, sizeof *tc);
+  if (tc == NULL) return NULL;
+  pthread_mutex_init(&tc->lock, NULL);
+  tc->gen = p->gen;
+  tc->pool = p;
+  tc->tnext = my_caches;
+  if (pthread_setspecific(tc_key, tc) != 0) {
+    pthread_mutex_destroy(&tc->lock);
+    free(tc);
+    return NULL;
+  }
+  my_caches = tc;
+  pthread_mutex_lock(&registry);
+  tc->next = p->caches;
+  if (p->caches != NULL) p->caches->prev = tc;
+  p->caches = tc;
+  pthread_mutex_unlock(&registry);
+  return my_last = tc;
+}
+
+/* An allocation from the caller's cache, or NULL. */
+static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, size_t bytes) {
+  const int c = class_index(size);
+  pthread_mutex_lock(&tc->lock);
+  ab__block *b = tc->pool == p ? tc->bins[c] : NULL;
+  if (b != NULL) {
+    tc->bins[c] = b->next;
+    b->next = NULL;
+    tc->count[c]--;
+    tc->nblocks--;
+    set_relaxed(&tc->idle, relaxed(&tc->idle) - b->size);
+    set_relaxed(&tc->idle_req, relaxed(&tc->idle_req) - b->requested);
+    tc->allocations++;
+    tc->hits++;
+    if (bytes != b->requested) /* modular: a decrease wraps back */
+      atomic_fetch_add_explicit(&p->req, (uint64_t)bytes - b->requested, memory_order_relaxed);
+    b->requested = bytes;
+    note_peaks(p, tc);
+  }
+  pthread_mutex_unlock(&tc->lock);
+  return b;
+}
+
+/* A free into the caller's cache; false when it has none or no room. */
+static bool tc_put(ab__block *b) {
+  struct ab__pool *p = b->pool;
+  if (b->size > TC_MAX_SIZE || !tc_enabled()) return false;
+  struct tcache *tc = tc_get(p, false);
+  if (tc == NULL) return false;
+  const int c = class_index(b->size);
+  bool kept = false;
+  pthread_mutex_lock(&tc->lock);
+  if (tc->pool == p && tc->count[c] < TC_PER_CLASS && relaxed(&tc->idle) + b->size <= TC_MAX_IDLE) {
+    b->next = tc->bins[c];
+    tc->bins[c] = b;
+    tc->count[c]++;
+    tc->nblocks++;
+    set_relaxed(&tc->idle, relaxed(&tc->idle) + b->size);
+    set_relaxed(&tc->idle_req, relaxed(&tc->idle_req) + b->requested);
+    tc->frees++;
+    kept = true;
+  }
+  pthread_mutex_unlock(&tc->lock);
+  return kept;
+}
+
+/* Every cache of p back to p (and, with `detach`, off it). */
+static void flush_caches(struct ab__pool *p, bool detach) {
+  pthread_mutex_lock(&registry);
+  struct tcache *next;
+  for (struct tcache *tc = p->caches; tc != NULL; tc = next) {
+    next = tc->next;
+    pthread_mutex_lock(&tc->lock);
+    if (detach) tc_detach(tc);
+    else tc_flush(tc);
+    pthread_mutex_unlock(&tc->lock);
+  }
+  pthread_mutex_unlock(&registry);
+}
+
+/* A consistent reading of p's statistics, its caches summed in. */
+static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_peaks) {
+  pthread_mutex_lock(&registry);
+  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) pthread_mutex_lock(&tc->lock);
+  pthread_mutex_lock(&p->lock);
+  *s = p->st;
+  uint64_t idle = 0, idle_req = 0;
+  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) {
+    idle += relaxed(&tc->idle);
+    idle_req += relaxed(&tc->idle_req);
+    s->cached_blocks += tc->nblocks;
+    s->allocations += tc->allocations;
+    s->cache_hits += tc->hits;
+    s->frees += tc->frees;
+  }
+  s->in_use_bytes.current = relaxed(&p->use) - idle;
+  s->requested_bytes.current = relaxed(&p->req) - idle_req;
+  if (reset_peaks) {
+    p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
+    set_relaxed(&p->use_peak, s->in_use_bytes.current);
+    set_relaxed(&p->req_peak, s->requested_bytes.current);
+  }
+  s->reserved_bytes.peak = p->st.reserved_bytes.peak;
+  s->in_use_bytes.peak = relaxed(&p->use_peak);
+  s->requested_bytes.peak = relaxed(&p->req_peak);
+  if (s->in_use_bytes.peak < s->in_use_bytes.current) s->in_use_bytes.peak = s->in_use_bytes.current;
+  if (s->requested_bytes.peak < s->requested_bytes.current) s->requested_bytes.peak = s->requested_bytes.current;
+  pthread_mutex_unlock(&p->lock);
+  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) pthread_mutex_unlock(&tc->lock);
+  pthread_mutex_unlock(&registry);
+}
+
+/* Returns every cached block, the threads' caches' too, to the backend;
+ * the bookkeeping under the lock, the driver calls after it. Returns the
+ * bytes released. */
+static uint64_t release_cache(struct ab__pool *p, bool detach_caches) {
   ab__block *list = NULL;
   uint64_t bytes = 0, n = 0;
+  flush_caches(p, detach_caches);
   pthread_mutex_lock(&p->lock);
   for (int i = 0; i <= NCLASSES; i++) {
     ab__block **head = i < NCLASSES ? &p->bins[i] : &p->large;
@@ -500,7 +810,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
         return AB_OK;
       }
     }
-    release_cache(p);
+    release_cache(p, false);
     retries++;
     pthread_mutex_lock(&p->lock);
     p->st.oom_retries++;
@@ -513,8 +823,9 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
   ab__dev_meminfo(p->be, p->dev.device_id, &dfree, &dtotal);
   pthread_mutex_lock(&p->lock);
   p->st.oom_failures++;
-  struct ab_pool_stats s = p->st;
   pthread_mutex_unlock(&p->lock);
+  struct ab_pool_stats s;
+  read_stats(p, &s, false);
   char req[24], blk[24], used[24], res[24], lim[24], fr[24], tot[24];
   fmt_bytes(req, sizeof req, bytes);
   fmt_bytes(blk, sizeof blk, size);
@@ -538,12 +849,14 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
                  fr, tot, retries, retries == 1 ? "y" : "ies", rounds, rounds == 1 ? "" : "s");
 }
 
-/* A block goes to a caller: under the lock. */
-static void account_use(struct ab__pool *p, ab__block *b, size_t bytes) {
+/* A block goes to a caller: under the lock. `own` is the caller's cache
+ * of p, if it has one (for the peaks). */
+static void account_use(struct ab__pool *p, ab__block *b, size_t bytes, struct tcache *own) {
   b->requested = bytes;
   p->st.allocations++;
-  gauge_add(&p->st.in_use_bytes, b->size);
-  gauge_add(&p->st.requested_bytes, bytes);
+  atomic_fetch_add_explicit(&p->use, b->size, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->req, bytes, memory_order_relaxed);
+  note_peaks(p, own);
 }
 
 ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes, ab__block **out) {
@@ -554,12 +867,20 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
                    ab_device_type_name(dev.device_type), dev.device_id, bytes);
   AB_FORWARD(pool_get(be, dev, &p));
 
-  /* The hit path takes the lock once: find, unlink and account. */
+  /* The caller's own cache first: its lock only. */
+  struct tcache *tc = tc_enabled() ? tc_get(p, size <= TC_MAX_SIZE) : NULL;
+  ab__block *b = tc != NULL && size <= TC_MAX_SIZE ? tc_take(tc, p, size, bytes) : NULL;
+  if (b != NULL) {
+    *out = b;
+    return AB_OK;
+  }
+
+  /* The shared hit path takes the pool lock once: find, unlink, account. */
   pthread_mutex_lock(&p->lock);
-  ab__block *b = take_cached(p, size, false);
+  b = take_cached(p, size, false);
   if (b != NULL) {
     p->st.cache_hits++;
-    account_use(p, b, bytes);
+    account_use(p, b, bytes, tc);
     pthread_mutex_unlock(&p->lock);
     *out = b;
     return AB_OK;
@@ -572,7 +893,7 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
   if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, &b, &why);
   if (st != AB_OK) return st;
   pthread_mutex_lock(&p->lock);
-  account_use(p, b, bytes);
+  account_use(p, b, bytes, tc);
   pthread_mutex_unlock(&p->lock);
   *out = b;
   return AB_OK;
@@ -580,10 +901,11 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
 void ab__pool_free(ab__block *b) {
   struct ab__pool *p = b->pool;
+  if (tc_put(b)) return;
   pthread_mutex_lock(&p->lock);
   p->st.frees++;
-  p->st.in_use_bytes.current -= b->size;
-  p->st.requested_bytes.current -= b->requested;
+  atomic_fetch_sub_explicit(&p->use, b->size, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&p->req, b->requested, memory_order_relaxed);
   if (AB_LIKELY(!p->orphaned)) {
     put_cached(p, b);
     pthread_mutex_unlock(&p->lock);
@@ -591,7 +913,7 @@ void ab__pool_free(ab__block *b) {
   }
   p->st.reserved_bytes.current -= b->size;
   p->st.backend_frees++;
-  bool last = p->st.in_use_bytes.current == 0;
+  bool last = relaxed(&p->use) == 0;
   /* Read before unlocking: once unlocked, the thread freeing the last
    * block may destroy the pool. */
   const struct ab_backend *be = p->be;
@@ -619,9 +941,8 @@ ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {
   if (out->size == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out->size is 0; set it to sizeof(struct ab_pool_stats)");
   AB_FORWARD(pool_of(dev, &p));
-  pthread_mutex_lock(&p->lock);
-  struct ab_pool_stats s = p->st;
-  pthread_mutex_unlock(&p->lock);
+  struct ab_pool_stats s;
+  read_stats(p, &s, false);
   size_t n = out->size < sizeof s ? out->size : sizeof s;
   s.size = (uint32_t)n;
   memcpy(out, &s, n);
@@ -631,11 +952,8 @@ ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {
 ab_status ab_pool_reset_peak(DLDevice dev) {
   struct ab__pool *p;
   AB_FORWARD(pool_of(dev, &p));
-  pthread_mutex_lock(&p->lock);
-#define AB_RESET_PEAK_(name) p->st.name.peak = p->st.name.current;
-  AB_POOL_GAUGE_FIELDS(AB_RESET_PEAK_)
-#undef AB_RESET_PEAK_
-  pthread_mutex_unlock(&p->lock);
+  struct ab_pool_stats s;
+  read_stats(p, &s, true);
   return AB_OK;
 }
 
@@ -677,7 +995,7 @@ ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len) {
 ab_status ab_pool_trim(DLDevice dev) {
   struct ab__pool *p;
   AB_FORWARD(pool_of(dev, &p));
-  release_cache(p);
+  release_cache(p, false);
   return AB_OK;
 }
 
@@ -685,7 +1003,7 @@ void ab_pool_trim_all(void) {
   for (int t = 0; t < MAX_TYPES; t++)
     for (int i = 0; i < MAX_IDS; i++) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
-      if (p != NULL) release_cache(p);
+      if (p != NULL) release_cache(p, false);
     }
 }
 
@@ -703,9 +1021,9 @@ void ab__pool_shutdown(void) {
     for (int i = 0; i < MAX_IDS; i++) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
       if (p == NULL) continue;
-      release_cache(p);
+      release_cache(p, true);
       pthread_mutex_lock(&p->lock);
-      uint64_t in_use = p->st.in_use_bytes.current;
+      uint64_t in_use = relaxed(&p->use);
       pthread_mutex_unlock(&p->lock);
       atomic_store_explicit(&table[t][i], NULL, memory_order_release);
       if (in_use != 0) {

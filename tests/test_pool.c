@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "pool.h"
@@ -1289,4 +1291,239 @@ Test(pool, concurrent_deletes_from_an_orphaned_pool_are_safe) {
     pthread_barrier_destroy(&go);
   }
   cr_assert_eq(ab__alloc_live_settled(), live, "%ld blocks leaked", ab__alloc_live_settled() - live);
+}
+
+/* ---- 11. thread caches ------------------------------------------------------
+ * Each test runs twice (ctest: test_pool, and test_pool_no_thread_cache with
+ * AB_POOL_THREAD_CACHE=0): where the two differ, it asserts each. */
+
+static bool caches_on(void) {
+  const char *v = getenv("AB_POOL_THREAD_CACHE");
+  return v == NULL || (strcmp(v, "0") != 0 && strcmp(v, "off") != 0);
+}
+
+/* A thread that runs `before`, parks until the test lets it go, then runs
+ * `after` and exits. */
+struct parked {
+  pthread_t th;
+  pthread_barrier_t bar;
+  void (*before)(void), (*after)(void);
+};
+
+static void *parked_main(void *arg) {
+  struct parked *p = arg;
+  if (p->before) p->before();
+  pthread_barrier_wait(&p->bar);
+  pthread_barrier_wait(&p->bar);
+  if (p->after) p->after();
+  return NULL;
+}
+
+static void park(struct parked *p, void (*before)(void), void (*after)(void)) {
+  p->before = before;
+  p->after = after;
+  cr_assert_eq(pthread_barrier_init(&p->bar, NULL, 2), 0);
+  cr_assert_eq(pthread_create(&p->th, NULL, parked_main, p), 0);
+  pthread_barrier_wait(&p->bar); /* `before` has run */
+}
+
+static void unpark(struct parked *p) {
+  pthread_barrier_wait(&p->bar);
+  cr_assert_eq(pthread_join(p->th, NULL), 0);
+  pthread_barrier_destroy(&p->bar);
+}
+
+/* Off the main thread, where Criterion's asserts do not belong. */
+static void must_alloc_free(size_t n, int count) {
+  DLManagedTensorVersioned *t[8];
+  int64_t shape[1] = {(int64_t)n};
+  for (int i = 0; i < count; i++)
+    if (ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &t[i]) != AB_OK) abort();
+  for (int i = 0; i < count; i++) t[i]->deleter(t[i]);
+}
+static void one_4k(void) { must_alloc_free(4096, 1); }
+static void four_256k(void) { must_alloc_free(256 * KiB, 4); }
+static void mixed(void) {
+  must_alloc_free(300, 2);
+  must_alloc_free(64 * KiB, 1);
+}
+
+Test(pool, a_block_freed_on_a_thread_waits_in_its_cache_until_it_exits) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct ab_pool_stats s0 = get_stats();
+  struct parked t;
+  park(&t, one_4k, NULL);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.in_use_bytes.current, s0.in_use_bytes.current, "exact while the thread holds it idle");
+  cr_assert_eq(s1.requested_bytes.current, s0.requested_bytes.current);
+  cr_assert_eq(s1.cached_blocks, s0.cached_blocks + 1, "the idle block counts as cached");
+  cr_assert_eq(s1.reserved_bytes.current, s0.reserved_bytes.current + 4096);
+  cr_assert_eq(s1.allocations, s0.allocations + 1);
+  cr_assert_eq(s1.frees, s0.frees + 1);
+
+  /* The same class on this thread: the other thread's idle block is its
+   * own, so this is a new block (with caches off, the shared cache's). */
+  DLManagedTensorVersioned *a = alloc_bytes(4000);
+  struct ab_pool_stats s2 = get_stats();
+  cr_assert_eq(s2.backend_allocs, s1.backend_allocs + (caches_on() ? 1 : 0));
+  cr_assert_eq(s2.cache_hits + s2.cache_misses, s1.cache_hits + s1.cache_misses + 1);
+  cr_assert_eq(s2.in_use_bytes.current, s0.in_use_bytes.current + 4096);
+  cr_assert_eq(s2.requested_bytes.current, s0.requested_bytes.current + 4000);
+  drop(a);
+
+  /* Thread exit gives its cache back: two allocations now are two hits
+   * (this thread's own block, then the exited thread's), no driver call. */
+  unpark(&t);
+  struct ab_pool_stats s3 = get_stats();
+  cr_assert_eq(s3.cached_blocks, s0.cached_blocks + (caches_on() ? 2 : 1));
+  DLManagedTensorVersioned *b = alloc_bytes(4096), *c = caches_on() ? alloc_bytes(4096) : NULL;
+  struct ab_pool_stats s4 = get_stats();
+  cr_assert_eq(s4.backend_allocs, s3.backend_allocs, "no new driver block");
+  cr_assert_eq(s4.cache_hits, s3.cache_hits + (caches_on() ? 2 : 1));
+  drop(b);
+  if (c) drop(c);
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct ab_pool_stats s5 = get_stats();
+  cr_assert_eq(s5.reserved_bytes.current, 0);
+  cr_assert_eq(s5.backend_allocs, s5.backend_frees);
+}
+
+Test(pool, trim_and_stats_reach_every_threads_cache) {
+  long live = ab__alloc_live_settled();
+  struct ab_pool_stats s0 = get_stats();
+  struct parked t;
+  park(&t, mixed, mixed);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.cached_blocks, s0.cached_blocks + 3, "two 512 B blocks and a 64 KiB one idle on the thread");
+  cr_assert_eq(s1.reserved_bytes.current, s0.reserved_bytes.current + 2 * 512 + 64 * KiB);
+  cr_assert_eq(s1.in_use_bytes.current, s0.in_use_bytes.current);
+  cr_assert_eq(s1.allocations - s0.allocations, 3);
+  cr_assert_eq(s1.cache_hits + s1.cache_misses - s0.cache_hits - s0.cache_misses, 3);
+
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK); /* the thread is alive, parked */
+  struct ab_pool_stats s2 = get_stats();
+  cr_assert_eq(s2.reserved_bytes.current, 0, "%llu bytes still reserved", (unsigned long long)s2.reserved_bytes.current);
+  cr_assert_eq(s2.cached_blocks, 0);
+  cr_assert_eq(s2.backend_frees, s2.backend_allocs);
+  cr_assert_eq(ab__alloc_live_settled(), live);
+
+  unpark(&t); /* it allocates again after the trim, and exits */
+  struct ab_pool_stats s3 = get_stats();
+  cr_assert_eq(s3.allocations - s0.allocations, 6);
+  cr_assert_eq(s3.frees - s0.frees, 6);
+  cr_assert_eq(s3.in_use_bytes.current, 0);
+  cr_assert_eq(s3.requested_bytes.current, 0);
+  cr_assert_eq(s3.cached_blocks, 3, "its cache came back at exit");
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, the_oom_sequence_empties_other_threads_caches) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(ab_set_memory_limit(CPU0, MiB), AB_OK);
+  struct parked t;
+  park(&t, four_256k, NULL); /* 1 MiB reserved, idle on the thread */
+  struct ab_pool_stats s0 = get_stats();
+  cr_assert_eq(s0.reserved_bytes.current, MiB);
+  DLManagedTensorVersioned *a = alloc_bytes(512 * KiB);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.oom_retries, s0.oom_retries + 1);
+  cr_assert_eq(s1.oom_failures, s0.oom_failures);
+  cr_assert_eq(s1.reserved_bytes.current, 512 * KiB, "the idle blocks went back to the driver");
+  drop(a);
+  unpark(&t);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, peaks_are_exact_on_one_thread) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(ab_pool_reset_peak(CPU0), AB_OK);
+  drop(alloc_bytes(4096));
+  DLManagedTensorVersioned *a = alloc_bytes(8000); /* 8192, while the 4096 sits idle in a cache */
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.in_use_bytes.peak, 8192, "peak %llu", (unsigned long long)s.in_use_bytes.peak);
+  cr_assert_eq(s.requested_bytes.peak, 8000);
+  DLManagedTensorVersioned *b = alloc_bytes(4000); /* the idle block again */
+  s = get_stats();
+  cr_assert_eq(s.in_use_bytes.current, 8192 + 4096);
+  cr_assert_eq(s.in_use_bytes.peak, 8192 + 4096);
+  cr_assert_eq(s.requested_bytes.current, 12000);
+  cr_assert_eq(s.requested_bytes.peak, 12000);
+  drop(b);
+  b = alloc_bytes(3900); /* same block, asked for less */
+  s = get_stats();
+  cr_assert_eq(s.requested_bytes.current, 11900);
+  cr_assert_eq(s.requested_bytes.peak, 12000);
+  drop(a);
+  drop(b);
+  cr_assert_eq(ab_pool_reset_peak(CPU0), AB_OK);
+  s = get_stats();
+  cr_assert_eq(s.in_use_bytes.peak, 0);
+  cr_assert_eq(s.requested_bytes.peak, 0);
+  assert_pool_clean(CPU0);
+}
+
+static void one_64k(void) { must_alloc_free(64 * KiB, 1); }
+
+Test(pool, peaks_with_another_threads_idle_blocks_are_bounded) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, one_64k, NULL);
+  cr_assert_eq(ab_pool_reset_peak(CPU0), AB_OK);
+  DLManagedTensorVersioned *a = alloc_bytes(128 * KiB);
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.in_use_bytes.current, 128 * KiB);
+  if (caches_on()) {
+    /* never under the true peak, over it by at most the other thread's idle bytes */
+    cr_assert_geq(s.in_use_bytes.peak, 128 * KiB);
+    cr_assert_leq(s.in_use_bytes.peak, 128 * KiB + 64 * KiB, "peak %llu", (unsigned long long)s.in_use_bytes.peak);
+  } else {
+    cr_assert_eq(s.in_use_bytes.peak, 128 * KiB);
+  }
+  drop(a);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
+static void one_4k_again(void) {
+  /* After ab_shutdown detached this thread's cache: a new pool, a new cache. */
+  must_alloc_free(4096, 2);
+}
+
+Test(pool, shutdown_takes_back_a_live_threads_cache) {
+  long live = ab__alloc_live();
+  struct parked t;
+  park(&t, one_4k, one_4k_again);
+  ab_shutdown();
+  cr_assert_eq(ab__alloc_live(), live, "the idle block's descriptor was freed");
+  unpark(&t);
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.allocations, 2);
+  cr_assert_eq(s.frees, 2);
+  cr_assert_eq(s.in_use_bytes.current, 0);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, a_forked_child_uses_the_pool_beside_a_parked_threads_cache) {
+  struct parked t;
+  park(&t, one_4k, NULL);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    alarm(20);
+    DLManagedTensorVersioned *r;
+    int64_t shape[1] = {4096};
+    struct ab_pool_stats s = {.size = sizeof s};
+    bool ok = ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &r) == AB_OK;
+    if (ok) r->deleter(r);
+    ok = ok && ab_pool_stats(CPU0, &s) == AB_OK && s.in_use_bytes.current == 0;
+    ok = ok && ab_pool_trim(CPU0) == AB_OK && ab_pool_stats(CPU0, &s) == AB_OK && s.cached_blocks == 0;
+    _exit(ok ? 0 : 1);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+  unpark(&t);
+  assert_pool_clean(CPU0);
 }

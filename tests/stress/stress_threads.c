@@ -7,11 +7,13 @@
  * OpenCL device, each CUDA GPU with pinned and managed memory) with mixed options (views, copies, strided sources, bad
  * inputs, AB_DEVICE_AUTO), while the host pool runs under a memory limit so
  * that the OOM sequence runs concurrently, with an OOM callback that
- * trims. Every result is checked against a reference gather. At the end
+ * trims, and a monitor thread reads the host pool's statistics meanwhile.
+ * Every result is checked against a reference gather. At the end
  * every pool must have nothing in use and, after a trim, nothing reserved.
  * Prints "N passed, M failed" and exits non-zero on any failure. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +150,27 @@ static void check_pools_empty(void) {
   }
 }
 
+/* Reads the host pool's statistics while the workers run: the summed
+ * per-thread caches must always give a consistent picture. */
+static atomic_bool workers_done;
+static void *monitor(void *arg) {
+  (void)arg;
+  const DLDevice cpu = {kDLCPU, 0};
+  for (unsigned i = 0; !atomic_load(&workers_done); i++) {
+    struct ab_pool_stats s = {.size = sizeof s};
+    CHECK(ab_pool_stats(cpu, &s) == AB_OK, "monitor stats: %s", ab_last_error());
+    CHECK(s.in_use_bytes.current <= s.reserved_bytes.current, "monitor: %llu bytes in use, %llu reserved",
+          (unsigned long long)s.in_use_bytes.current, (unsigned long long)s.reserved_bytes.current);
+    CHECK(s.in_use_bytes.peak >= s.in_use_bytes.current && s.requested_bytes.peak >= s.requested_bytes.current,
+          "monitor: a peak under its current value");
+    CHECK(s.frees <= s.allocations && s.allocations <= s.cache_hits + s.cache_misses,
+          "monitor: %llu allocations, %llu frees, %llu hits, %llu misses", (unsigned long long)s.allocations,
+          (unsigned long long)s.frees, (unsigned long long)s.cache_hits, (unsigned long long)s.cache_misses);
+    if (i % 16 == 0) ab_pool_reset_peak(cpu);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   int nthreads = argc > 1 ? atoi(argv[1]) : 4, iters = argc > 2 ? atoi(argv[2]) : 2000;
   if (nthreads < 1 || nthreads > 64 || iters < 1) {
@@ -163,7 +186,11 @@ int main(int argc, char **argv) {
     w[i] = (struct worker){i, iters};
     pthread_create(&th[i], NULL, work, &w[i]);
   }
+  pthread_t mon;
+  pthread_create(&mon, NULL, monitor, NULL);
   for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+  atomic_store(&workers_done, true);
+  pthread_join(mon, NULL);
   struct ab_pool_stats host = {.size = sizeof host};
   ab_pool_stats((DLDevice){kDLCPU, 0}, &host);
   CHECK(host.oom_retries > 0, "the host pool's memory limit never came into play");
