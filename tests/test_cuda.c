@@ -431,6 +431,70 @@ Test(cuda, copies_between_two_gpus) {
   assert_pool_clean(CUDA(1));
 }
 
+#ifdef AB_TEST_SIMCUDA
+#include "simcuda/simcuda.h"
+
+/* One compact cuda:0 -> cuda:1 conversion; the peer copies it made. */
+static void one_peer_copy(long *direct, long *staged) {
+  int64_t shape[1] = {4096};
+  uint8_t *x = malloc(4096);
+  fill_pattern(x, 4096, 5);
+  DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  long d0, s0;
+  simcuda_peer_copies(&d0, &s0);
+  DLManagedTensorVersioned *b = convert_ok(&a->dl_tensor, CUDA(1), AB_COPY_IF_NEEDED, NULL);
+  simcuda_peer_copies(direct, staged);
+  *direct -= d0;
+  *staged -= s0;
+  DLManagedTensorVersioned *back = convert_ok(&b->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(first_diff_vs_reference(&h, back), -1);
+  DLManagedTensorVersioned *all[] = {a, b, back};
+  for (int i = 0; i < 3; i++) all[i]->deleter(all[i]);
+  free(x);
+}
+
+/* simcuda counts a peer copy as direct only when the destination GPU was
+ * given access to the source's memory: the backend must enable it, in the
+ * right direction, from the right current device. */
+Test(cuda, peer_copies_are_direct_where_the_gpus_allow_it) {
+  need_devices(2);
+  const char *mode = getenv("AB_SIMCUDA_PEER");
+  const bool can = mode == NULL || strcmp(mode, "none") != 0; /* all, or pairs (0 and 1 are one) */
+  long direct, staged;
+  one_peer_copy(&direct, &staged);
+  cr_assert_eq(direct + staged, 1, "one peer copy, not %ld", direct + staged);
+  cr_assert_eq(direct, can ? 1 : 0, "AB_SIMCUDA_PEER=%s: %ld direct, %ld staged", mode ? mode : "(all)", direct, staged);
+}
+
+/* A failure to enable peer access that may pass is not kept for good: the
+ * next copy asks again (a refusal is, as AB_CUDA_PEER=0 is). The runtime
+ * API documents that cudaDeviceEnablePeerAccess "may also return error
+ * codes from previous, asynchronous launches" (section 6.14): such an error
+ * says nothing about the two GPUs. */
+Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
+  need_devices(2);
+  const char *mode = getenv("AB_SIMCUDA_PEER");
+  if (mode != NULL && strcmp(mode, "none") == 0) cr_skip_test("AB_SIMCUDA_PEER=none: no peer access to enable");
+  long direct, staged;
+  simcuda_fail_call("cudaDeviceEnablePeerAccess", cudaErrorLaunchOutOfResources);
+  one_peer_copy(&direct, &staged);
+  cr_assert_eq(simcuda_failures(), 1, "the enable was not asked");
+  cr_assert_eq(staged, 1, "the first copy, without access, is staged");
+  one_peer_copy(&direct, &staged);
+  cr_assert_eq(direct, 1, "the second copy did not try again: %ld direct, %ld staged", direct, staged);
+}
+
+Test(cuda, AB_CUDA_PEER_off_keeps_peer_copies_staged) {
+  need_devices(2);
+  setenv("AB_CUDA_PEER", "off", 1);
+  long direct, staged;
+  one_peer_copy(&direct, &staged);
+  cr_assert_eq(direct, 0);
+  cr_assert_eq(staged, 1);
+}
+#endif
+
 Test(cuda, memory_that_is_not_the_labelled_device_is_refused) {
   need_devices(1);
   float x[16] = {0};

@@ -45,10 +45,13 @@ static int ndev;             /* devices, 0 when none or no driver */
 static char why[256];        /* why there are none */
 
 /* Peer access, per ordered pair (to, from): 0 not yet asked, 1 enabled,
- * 2 unavailable or disabled by AB_CUDA_PEER=0. Asked once, under a lock. */
+ * 2 unavailable or disabled by AB_CUDA_PEER=0, under a lock. A failure
+ * that may pass (not a refusal) is asked again at the next copy, up to
+ * PEER_TRIES times in all (peer_tries). */
 #define MAX_PEERS 64
+#define PEER_TRIES 3
 static pthread_mutex_t peer_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned char peer[MAX_PEERS][MAX_PEERS];
+static unsigned char peer[MAX_PEERS][MAX_PEERS], peer_tries[MAX_PEERS][MAX_PEERS];
 
 static void probe(void) {
   int n = 0;
@@ -290,7 +293,11 @@ static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size
 
 /* Lets device `to` reach `from`'s memory directly, once per ordered pair;
  * called with `to` current. cudaMemcpyPeerAsync is correct either way (the
- * driver stages through the host without it), so a refusal is only logged.
+ * driver stages through the host without it), so a refusal is only logged;
+ * so is any other failure, which is tried again at the next copy between
+ * the two (up to PEER_TRIES times: the call "may also return error codes
+ * from previous, asynchronous launches", runtime API 6.14, which must not
+ * cost the pair P2P for good).
  * AB_CUDA_PEER=0 keeps it off: on some PCIe systems staging beats P2P. */
 static void ensure_peer(int32_t to, int32_t from) {
   if (to >= MAX_PEERS || from >= MAX_PEERS) return;
@@ -303,8 +310,14 @@ static void ensure_peer(int32_t to, int32_t from) {
       AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: peer access disabled by AB_CUDA_PEER", (int)from, (int)to);
     } else if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess && can) {
       cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);
-      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) peer[to][from] = 1;
-      else AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: cudaDeviceEnablePeerAccess: %s", (int)from, (int)to, cudaGetErrorName(e));
+      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) {
+        peer[to][from] = 1;
+      } else {
+        const bool refused = e == cudaErrorPeerAccessUnsupported || e == cudaErrorInvalidDevice;
+        if (!refused && ++peer_tries[to][from] < PEER_TRIES) peer[to][from] = 0; /* ask again next time */
+        AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: cudaDeviceEnablePeerAccess: %s%s", (int)from, (int)to,
+               cudaGetErrorName(e), peer[to][from] == 0 ? " (will try again)" : "; copies are staged by the driver");
+      }
     }
     (void)cudaGetLastError(); /* AlreadyEnabled and refusals are not the caller's errors */
   }

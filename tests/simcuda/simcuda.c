@@ -142,21 +142,38 @@ static const char *_Atomic failed_call = "";
 
 const char *simcuda_failed_call(void) { return atomic_load(&failed) ? atomic_load(&failed_call) : ""; }
 
-/* Whether this call is the one armed to fail. */
-static bool injected(void) {
+/* The call armed by simcuda_fail_call: its next call fails, once. */
+static const char *_Atomic fail_name;
+static _Atomic cudaError_t fail_name_error;
+
+void simcuda_fail_call(const char *name, cudaError_t error) {
+  atomic_store(&fail_name_error, error);
+  atomic_store(&failed, 0);
+  atomic_store(&fail_name, name);
+}
+
+/* Whether this call (`fn`, its name) is the one armed to fail. */
+static bool injected(const char *fn, cudaError_t *error) {
+  const char *name = atomic_load(&fail_name);
+  if (name != NULL && strcmp(name, fn) == 0 && atomic_compare_exchange_strong(&fail_name, &name, NULL)) {
+    *error = atomic_load(&fail_name_error);
+    return true;
+  }
   const long at = atomic_load(&fail_at);
+  *error = atomic_load(&fail_error);
   return at > 0 && atomic_fetch_add(&fail_calls, 1) + 1 == at;
 }
 
-static cudaError_t injected_failure(const char *call) {
+static cudaError_t injected_failure(const char *call, cudaError_t error) {
   atomic_store(&failed_call, call);
   atomic_fetch_add(&failed, 1);
-  return fail(atomic_load(&fail_error));
+  return fail(error);
 }
 
-#define INJECT()                                  \
-  do {                                            \
-    if (injected()) return injected_failure(__func__); \
+#define INJECT()                                                 \
+  do {                                                           \
+    cudaError_t inj_;                                            \
+    if (injected(__func__, &inj_)) return injected_failure(__func__, inj_); \
   } while (0)
 
 enum space { PAGEABLE, DEVICE, PINNED, MANAGED };
@@ -506,6 +523,29 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
   return memcpy_on(dst, dpitch, src, spitch, width, height, kind, s, ASYNC);
 }
 
+/* Peer copies, direct or staged (simcuda_peer_copies). CUDA Runtime API,
+ * "Peer Device Memory Access": cudaDeviceEnablePeerAccess makes the peer's
+ * allocations "accessible by the current device", one direction, for the
+ * device's (primary) context, whichever thread asks; cudaMemcpyPeer[Async]
+ * copy between devices whether or not access is enabled (without it the
+ * driver stages through host memory). Modelled strictly: a copy is direct
+ * only when the destination device was given access to the source's
+ * memory (the destination pulls), so enabling the wrong direction, or from
+ * the wrong current device, shows up as a staged copy. The bytes and the
+ * ordering are the same either way. */
+static atomic_long peer_direct, peer_staged;
+
+void simcuda_peer_copies(long *direct, long *staged) {
+  *direct = atomic_load(&peer_direct);
+  *staged = atomic_load(&peer_staged);
+}
+
+/* Under mu: counts one peer copy. */
+static void count_peer(int dst_dev, int src_dev) {
+  if (peer_on[dst_dev][src_dev]) atomic_fetch_add(&peer_direct, 1);
+  else atomic_fetch_add(&peer_staged, 1);
+}
+
 /* Under mu: both pointers must be device memory of the devices named. */
 static cudaError_t check_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
   enum space ds, ss;
@@ -525,6 +565,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src
   cudaError_t e = n == 0 ? cudaSuccess : check_peer(dst, dst_dev, src, src_dev, n);
   if (e == cudaSuccess && n > 0)
     e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, queue_of(s), ASYNC, NULL);
+  if (e == cudaSuccess && n > 0) count_peer(dst_dev, src_dev);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
@@ -540,6 +581,7 @@ cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev,
   const int devs[3] = {dst_dev, src_dev, current};
   if (e == cudaSuccess && n > 0)
     e = copy2d(dst, n, src, n, n, 1, cudaMemcpyDeviceToDevice, &legacy[dst_dev], ASYNC, devs);
+  if (e == cudaSuccess && n > 0) count_peer(dst_dev, src_dev);
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
@@ -822,13 +864,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 /* An armed failure of a wait is reported after the wait: it stands for an
  * error of the work waited for, which then has ended. */
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  const bool fails = injected();
+  cudaError_t inj;
+  const bool fails = injected(__func__, &inj);
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
   pthread_mutex_lock(&mu);
   drain(queue_of(s));
   pthread_mutex_unlock(&mu);
-  return fails ? injected_failure(__func__) : cudaSuccess;
+  return fails ? injected_failure(__func__, inj) : cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -894,13 +937,14 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 
 /* Waits for the work before the latest record (none recorded: at once). */
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  const bool fails = injected();
+  cudaError_t inj;
+  const bool fails = injected(__func__, &inj);
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
   const uint64_t target = ev->recorded;
   while (ev->completed < target) pthread_cond_wait(&progress, &mu);
   pthread_mutex_unlock(&mu);
-  return fails ? injected_failure(__func__) : cudaSuccess;
+  return fails ? injected_failure(__func__, inj) : cudaSuccess;
 }
 
 /* Returns at once; a pending event goes when its last mark has run. */

@@ -12,10 +12,21 @@
  * that simcuda_failures() reports. Errors are never sticky here. */
 void simcuda_fail_nth(long n, cudaError_t error);
 
+/* The next call of the runtime function `name` ("cudaMalloc", a string
+ * that lives as long as the arming) fails with `error`, once; the
+ * simcuda_fail_nth count is not touched. Resets simcuda_failures(). */
+void simcuda_fail_call(const char *name, cudaError_t error);
+
 /* How many calls failed since the last simcuda_fail_nth: 0 or 1. */
 long simcuda_failures(void);
 
 /* The name of the call that failed ("" when none did). */
 const char *simcuda_failed_call(void);
+
+/* Copies made by cudaMemcpyPeer and cudaMemcpyPeerAsync since the process
+ * started: direct (the destination device had been given access to the
+ * source's memory with cudaDeviceEnablePeerAccess) and staged through the
+ * host (it had not: legal, slower). */
+void simcuda_peer_copies(long *direct, long *staged);
 
 #endif
