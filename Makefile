@@ -22,7 +22,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check
 
 all: build
 
@@ -101,6 +101,15 @@ test-python: deps
 	  cd $(PY_BUILD) && AB_SIMCUDA_DEVICES=2 AB_TEST_EXPECT_CUDA=2 PYTHONPATH=$(CURDIR)/$(PY_BUILD)/sim \
 	    venv/bin/python -m pytest -q $(CURDIR)/python/tests/test_cuda.py; \
 	else echo "test-python: no CUDA toolkit, so no CUDA tests of the module against simcuda"; fi
+
+# Everything that needs a CUDA GPU, in one command, into one report file
+# to attach to an issue (gpu-check-report.md; tools/gpu-check.sh says what
+# it runs). Without a GPU it stops and says so; AB_GPU_CHECK=sim runs the
+# same steps against simcuda, two simulated GPUs (CI does, after make test,
+# so that the script is right the day a GPU runs it), and the report's
+# first line then says SIMULATION.
+gpu-check: deps
+	tools/gpu-check.sh $(if $(filter sim,$(AB_GPU_CHECK)),--simulate,)
 
 # The API reference from the public header's comments, into
 # build-docs/html/index.html. docs/Doxyfile makes every warning an error.

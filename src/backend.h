@@ -99,6 +99,10 @@ struct ab_backend {
   /* Per-device capability bits (AB_CAP_UNIFIED_MEMORY); may be NULL. */
   uint32_t (*device_caps)(int32_t id);
   ab_status (*device_info)(int32_t id, struct ab_device_info *out);
+  /* AB_OK while device `id` can be used, else a failure with its message
+   * (CUDA after a sticky error: the process must restart); may be NULL
+   * (always usable). Asked by every device check of the core, so cheap. */
+  ab_status (*usable)(int32_t id);
 
   ab_status (*alloc)(int32_t id, size_t bytes, void **out);
   void (*free)(int32_t id, void *ptr, size_t bytes);

@@ -50,6 +50,8 @@ int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id);
 /* The device's description, with the core's fields (device, backend,
  * host_accessible) filled in. */
 ab_status ab__dev_info(const struct ab_backend *be, int32_t id, struct ab_device_info *out);
+/* Whether device id can still be used (ab_backend.usable). */
+ab_status ab__dev_usable(const struct ab_backend *be, int32_t id);
 /* Total and free memory of a device, 0 when unknown. Never fails and
  * leaves the thread's error message as it was. */
 void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);

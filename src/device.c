@@ -168,6 +168,7 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 " does not exist: %" PRId32 " %s device%s (ids 0..%" PRId32 ")",
                    what, tname, dev.device_id, n, tname, n == 1 ? "" : "s", n - 1);
   }
+  AB_FORWARD(ab__dev_usable(backends[i], dev.device_id));
   if (resolved) *resolved = dev;
   if (be) *be = backends[i];
   return AB_OK;

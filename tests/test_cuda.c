@@ -342,6 +342,43 @@ Test(cuda, host_reads_of_pinned_and_managed_memory_wait_for_the_callers_stream) 
 #endif
 }
 
+/* Without a stream, a host read of pinned or managed memory waits for the
+ * legacy default stream, and so for the device's blocking streams: the
+ * runtime documents that an operation issued to the legacy stream first
+ * waits for all blocking streams, but says of cudaStreamSynchronize only
+ * that it waits for the stream's own operations (simcuda takes that strict
+ * reading), so the backend must issue something there and wait for it. */
+Test(cuda, host_reads_without_a_stream_wait_for_blocking_streams) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess); /* blocking */
+  int32_t x[2048];
+  int64_t shape[1] = {2048};
+  fill_pattern(x, sizeof x, 40);
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  const DLDevice spaces[] = {PINNED, MANAGED};
+  for (int k = 0; k < 2; k++) {
+    fill_pattern(x, sizeof x, 41 + k);
+    DLManagedTensorVersioned *old = convert_ok(&h, spaces[k], AB_COPY_ALWAYS, NULL);
+    struct gate gt;
+    gate_close(&gt, s, 300);
+    cr_assert_eq(cudaMemcpyAsync(old->dl_tensor.data, g->dl_tensor.data, sizeof x, cudaMemcpyDefault, s), cudaSuccess);
+    DLManagedTensorVersioned *back = convert_ok(&old->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+    cr_assert(atomic_load(&gt.by_watchdog), "space %d: the host read did not wait for the blocking stream", k);
+    fill_pattern(x, sizeof x, 40);
+    cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0, "space %d: read before the blocking stream's copy ran", k);
+    back->deleter(back);
+    old->deleter(old);
+  }
+  g->deleter(g);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  assert_pool_clean(CUDA(0));
+#endif
+}
+
 Test(cuda, a_crop_with_a_pitch_past_the_gpus_limit_is_copied_row_by_row) {
   need_devices(1);
 #ifdef AB_HAVE_CUDA
@@ -483,6 +520,42 @@ Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
   cr_assert_eq(staged, 1, "the first copy, without access, is staged");
   one_peer_copy(&direct, &staged);
   cr_assert_eq(direct, 1, "the second copy did not try again: %ld direct, %ld staged", direct, staged);
+}
+
+/* A sticky error (cudaErrorIllegalAddress: "any further CUDA work will
+ * return the same error ... the process must be terminated and
+ * relaunched") is reported, and from then on every CUDA device refuses
+ * work at once, cached pool blocks included, while the host goes on. */
+Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) {
+  need_devices(2);
+  int64_t shape[1] = {4096};
+  uint8_t *x = malloc(4096);
+  fill_pattern(x, 4096, 9);
+  DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL), *t, *r = SENTINEL_OUT;
+  cr_assert_eq(ab_tensor_alloc(CUDA(1), 1, shape, dt(kDLUInt, 8, 1), &t), AB_OK);
+  t->deleter(t); /* a cached block now waits in cuda:1's pool */
+
+  simcuda_poison(cudaErrorIllegalAddress);
+  cr_assert_eq(ab_convert_memory(&h, CUDA(0), NULL, &r), AB_ERR_BACKEND);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert(strstr(ab_last_error(), "cudaErrorIllegalAddress") != NULL, "%s", ab_last_error());
+  /* cuda:1 did nothing wrong, but the process's CUDA is gone: its cached
+   * block is not handed out as a fresh tensor. */
+  cr_assert_eq(ab_tensor_alloc(CUDA(1), 1, shape, dt(kDLUInt, 8, 1), &r), AB_ERR_BACKEND);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert(strstr(ab_last_error(), "unusable") != NULL, "%s", ab_last_error());
+  cr_assert_eq(ab_convert_memory(&a->dl_tensor, CPU0, NULL, &r), AB_ERR_BACKEND);
+  cr_assert_eq(ab_convert_memory(&h, PINNED, NULL, &r), AB_ERR_BACKEND);
+  cr_assert_eq(r, SENTINEL_OUT);
+  /* The host is untouched. */
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(first_diff_vs_reference(&h, r), -1);
+  r->deleter(r);
+  a->deleter(a); /* its block goes back without a runtime call; no crash */
+  free(x);
 }
 
 Test(cuda, AB_CUDA_PEER_off_keeps_peer_copies_staged) {

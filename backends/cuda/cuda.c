@@ -66,7 +66,56 @@ static void probe(void) {
   ndev = n;
 }
 
+/* Sticky errors. The runtime documents each of these with "any further
+ * CUDA work will return the same error. To continue using CUDA, the
+ * process must be terminated and relaunched" (cudaErrorIllegalAddress,
+ * cudaErrorLaunchFailure, ...; cudaErrorAssert: "The device cannot be used
+ * again"). The first one seen is kept, and from then on every operation of
+ * the three CUDA backends (cuda, cuda_host, cuda_managed) fails at once with
+ * it (usable(), enter()), before a runtime call or a cached block of their
+ * pools is handed out: nothing more is done on CUDA in this process. */
+static _Atomic int sticky;  /* the cudaError_t; 0: none */
+static char sticky_why[192]; /* written once, before `sticky` is published */
+static pthread_mutex_t sticky_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool is_sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorAssert:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorLaunchFailure:
+    return true;
+  default:
+    return false;
+  }
+}
+
+static void note_sticky(cudaError_t e, int32_t id, const char *what) {
+  pthread_mutex_lock(&sticky_lock);
+  if (atomic_load_explicit(&sticky, memory_order_relaxed) == 0) {
+    snprintf(sticky_why, sizeof sticky_why, "%s on cuda:%d (in %s)", cudaGetErrorName(e), (int)id, what);
+    atomic_store_explicit(&sticky, (int)e, memory_order_release);
+    AB_LOG(AB_LOG_ERROR, "CUDA is unusable in this process from now on: %s", sticky_why);
+  }
+  pthread_mutex_unlock(&sticky_lock);
+}
+
+/* AB_OK, or the failure every CUDA operation returns after a sticky error. */
+static ab_status cuda_usable(int32_t id) {
+  if (AB_LIKELY(atomic_load_explicit(&sticky, memory_order_acquire) == 0)) return AB_OK;
+  return AB_FAIL(AB_ERR_BACKEND,
+                 "cuda:%" PRId32 ": CUDA is unusable in this process since %s, a sticky error: the CUDA runtime "
+                 "returns it for any further work until the process is restarted",
+                 id, sticky_why);
+}
+
 static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
+  if (is_sticky(e)) note_sticky(e, id, what);
   (void)cudaGetLastError(); /* clear the non-sticky error state */
   ab_status st = e == cudaErrorMemoryAllocation ? AB_ERR_OUT_OF_MEMORY
                : e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer ? AB_ERR_INVALID_ARGUMENT
@@ -87,6 +136,7 @@ static int32_t space_count(void) { return ndev > 0 ? 1 : 0; }
 
 /* Makes `id` current, remembering the caller's device in *prev. */
 static ab_status enter(int32_t id, int *prev) {
+  AB_FORWARD(cuda_usable(id));
   cudaError_t e = cudaGetDevice(prev);
   if (e != cudaSuccess) return fail_cuda(e, id, "cudaGetDevice");
   if (*prev == id) return AB_OK;
@@ -550,13 +600,32 @@ static void cuda_stream_sync(int32_t id, void *stream) {
 }
 
 /* Before host code reads pinned or managed memory: the caller's stream, or
- * without one the legacy default stream of the caller's current device
- * (which waits for its blocking streams), so that a kernel's writes are
- * complete. */
+ * without one the legacy default stream of the caller's current device and
+ * so its blocking streams, so that a kernel's writes are complete. The
+ * runtime API ("Stream synchronization behavior") says that an operation
+ * issued to the legacy stream first waits for every blocking stream; of
+ * cudaStreamSynchronize it says only that it waits for the stream's own
+ * operations. So for the legacy stream an event is recorded there (an
+ * operation) and waited for. */
 static ab_status space_host_sync(int32_t id, void *stream) {
   (void)id;
-  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
-  return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, "cudaStreamSynchronize before a host read");
+  AB_FORWARD(cuda_usable(id));
+  cudaStream_t s = (cudaStream_t)stream;
+  if (s != NULL && s != cudaStreamLegacy) {
+    cudaError_t e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, "cudaStreamSynchronize before a host read");
+  }
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return fail_cuda(e, -1, "cudaEventCreateWithFlags before a host read");
+  const char *what = "cudaEventRecord on the legacy stream before a host read";
+  e = cudaEventRecord(ev, s);
+  if (e == cudaSuccess) {
+    what = "cudaEventSynchronize before a host read";
+    e = cudaEventSynchronize(ev);
+  }
+  if (cudaEventDestroy(ev) != cudaSuccess && e == cudaSuccess) (void)cudaGetLastError();
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, what);
 }
 
 /* Page-locked (cudaHostAlloc) or registered (cudaHostRegister) memory:
@@ -604,6 +673,7 @@ const struct ab_backend ab__backend_cuda = {
   .init = cuda_init,
   .device_count = cuda_count,
   .device_caps = cuda_device_caps,
+  .usable = cuda_usable,
   .device_info = cuda_info,
   .alloc = cuda_alloc,
   .free = cuda_free,
@@ -640,6 +710,7 @@ const struct ab_backend ab__backend_cuda = {
 const struct ab_backend ab__backend_cuda_host = {
   .device_type = kDLCUDAHost,
   CUDA_HOST_SPACE,
+  .usable = cuda_usable,
   .device_info = host_info,
   .alloc = pinned_alloc,
   .free = pinned_free,
@@ -648,6 +719,7 @@ const struct ab_backend ab__backend_cuda_host = {
 const struct ab_backend ab__backend_cuda_managed = {
   .device_type = kDLCUDAManaged,
   CUDA_HOST_SPACE,
+  .usable = cuda_usable,
   .device_info = managed_info,
   .alloc = managed_alloc,
   .free = managed_free,

@@ -15,7 +15,9 @@
  *     copy that reads it has run, or a result read before a wait, shows up
  *     as wrong data. The legacy default stream (NULL, cudaStreamLegacy)
  *     and the blocking streams of a device wait for each other's earlier
- *     work; non-blocking streams wait for nothing. Events and streams
+ *     work (an operation issued to either), but cudaStreamSynchronize of
+ *     the legacy stream waits for its own operations only; non-blocking
+ *     streams wait for nothing. Events and streams
  *     belong to the device current at their creation, and an event is
  *     recorded only on a stream of its device.
  *   - cudaMemcpyAsync is asynchronous even for pageable memory (the
@@ -37,8 +39,10 @@
  *   - Errors are remembered per thread for cudaGetLastError; cudaMalloc
  *     fails past AB_SIMCUDA_MEMORY bytes per device (default 1 GiB).
  * cudaStreamPerThread is a blocking stream per thread and device.
- * Where it differs from a GPU: errors are never sticky; kernels do not
- * exist (the library is built without converters/cuda).
+ *   - Sticky errors (simcuda_poison): from then on every call that does
+ *     work fails with the error, as the runtime documents.
+ * Where it differs from a GPU: errors become sticky only when a test says
+ * so; kernels do not exist (the library is built without converters/cuda).
  *
  * Failures: simcuda_fail_nth() (simcuda.h) makes the n-th runtime call from
  * then on fail, for the tests' sweeps over the backend's error paths.
@@ -164,6 +168,39 @@ static bool injected(const char *fn, cudaError_t *error) {
   return at > 0 && atomic_fetch_add(&fail_calls, 1) + 1 == at;
 }
 
+/* Sticky errors (simcuda_poison). The runtime documents cudaErrorIllegalAddress
+ * and its kin with "any further CUDA work will return the same error. To
+ * continue using CUDA, the process must be terminated and relaunched": for
+ * the process, not one device. So once poisoned, every call but the
+ * queries that do no work on a device (counting and choosing devices,
+ * their properties, versions, the error queries) returns the error, the
+ * release calls included, and cudaGetLastError returns it without
+ * clearing it. */
+static _Atomic cudaError_t sticky;
+
+void simcuda_poison(cudaError_t error) { atomic_store(&sticky, error); }
+
+static bool sticky_exempt(const char *fn) {
+  static const char *const exempt[] = {"cudaGetDeviceCount", "cudaGetDevice", "cudaSetDevice", "cudaDriverGetVersion",
+                                       "cudaGetDeviceProperties", "cudaDeviceGetAttribute", "cudaDeviceGetPCIBusId",
+                                       "cudaDeviceCanAccessPeer"};
+  for (size_t i = 0; i < sizeof exempt / sizeof exempt[0]; i++)
+    if (strcmp(fn, exempt[i]) == 0) return true;
+  return false;
+}
+
+/* The sticky error for this call, or cudaSuccess. */
+static cudaError_t sticky_for(const char *fn) {
+  const cudaError_t e = atomic_load(&sticky);
+  return e != cudaSuccess && !sticky_exempt(fn) ? fail(e) : cudaSuccess;
+}
+
+#define STICKY()                                       \
+  do {                                                 \
+    const cudaError_t st_ = sticky_for(__func__);      \
+    if (st_ != cudaSuccess) return st_;                \
+  } while (0)
+
 static cudaError_t injected_failure(const char *call, cudaError_t error) {
   atomic_store(&failed_call, call);
   atomic_fetch_add(&failed, 1);
@@ -172,6 +209,7 @@ static cudaError_t injected_failure(const char *call, cudaError_t error) {
 
 #define INJECT()                                                 \
   do {                                                           \
+    STICKY();                                                    \
     cudaError_t inj_;                                            \
     if (injected(__func__, &inj_)) return injected_failure(__func__, inj_); \
   } while (0)
@@ -377,11 +415,15 @@ static struct op *new_op(int kind) {
 }
 
 /* Whether the host, waiting for q, must wait for work numbered below
- * `target`: a created stream's own work (which waited for what it
- * depends on); for the legacy stream, what a marker queued there would
- * wait for. Under mu. */
+ * `target`: q's own operations (each of which waited for what it depended
+ * on when it ran). For the legacy stream too: the runtime API says an
+ * operation issued to the legacy stream first waits for the blocking
+ * streams, but of cudaStreamSynchronize only that it "blocks until stream
+ * has completed all operations"; so, strictly, synchronising an idle
+ * legacy stream does not wait for a blocking stream's work (record an
+ * event there and wait for it instead). Under mu. */
 static bool host_waits(const struct queue *q, uint64_t target) {
-  return q->kind == Q_LEGACY ? busy_before(q, target) : pending_before(q, target);
+  return pending_before(q, target);
 }
 
 /* Under mu: until the work queued on q so far has run. */
@@ -698,8 +740,14 @@ static cudaError_t free_alloc(void *p, bool pinned) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void *p) { return free_alloc(p, false); }
-cudaError_t cudaFreeHost(void *p) { return free_alloc(p, true); }
+cudaError_t cudaFree(void *p) {
+  STICKY();
+  return free_alloc(p, false);
+}
+cudaError_t cudaFreeHost(void *p) {
+  STICKY();
+  return free_alloc(p, true);
+}
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p) {
   INJECT();
@@ -850,6 +898,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFla
 
 /* Returns at once; the stream goes when its work is done. */
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  STICKY();
   if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
   s->q.destroyed = true;
@@ -864,6 +913,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 /* An armed failure of a wait is reported after the wait: it stands for an
  * error of the work waited for, which then has ended. */
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  STICKY();
   cudaError_t inj;
   const bool fails = injected(__func__, &inj);
   pthread_once(&config_once, configure);
@@ -937,6 +987,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
 
 /* Waits for the work before the latest record (none recorded: at once). */
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  STICKY();
   cudaError_t inj;
   const bool fails = injected(__func__, &inj);
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
@@ -949,6 +1000,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 
 /* Returns at once; a pending event goes when its last mark has run. */
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  STICKY();
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
   const bool now = ev->pending == 0;
@@ -961,12 +1013,17 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 /* ---- errors ---------------------------------------------------------------------- */
 
 cudaError_t cudaGetLastError(void) {
+  const cudaError_t st = atomic_load(&sticky);
+  if (st != cudaSuccess) return st; /* never cleared */
   cudaError_t e = last_error;
   last_error = cudaSuccess;
   return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return last_error; }
+cudaError_t cudaPeekAtLastError(void) {
+  const cudaError_t st = atomic_load(&sticky);
+  return st != cudaSuccess ? st : last_error;
+}
 
 #define SIM_ERRORS(X)                                                              \
   X(cudaSuccess, "no error")                                                       \
@@ -978,6 +1035,8 @@ cudaError_t cudaPeekAtLastError(void) { return last_error; }
   X(cudaErrorNoDevice, "no CUDA-capable device is detected (simcuda: set AB_SIMCUDA_DEVICES)") \
   X(cudaErrorInvalidResourceHandle, "invalid resource handle")                     \
   X(cudaErrorNotReady, "device not ready")                                         \
+  X(cudaErrorIllegalAddress, "an illegal memory access was encountered")           \
+  X(cudaErrorLaunchOutOfResources, "too many resources requested for launch")         \
   X(cudaErrorPeerAccessUnsupported, "peer access is not supported between these two devices") \
   X(cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled")           \
   X(cudaErrorNotSupported, "operation not supported")                             \

@@ -9,7 +9,7 @@
  * runtime call would: returned, and kept for cudaGetLastError. A wait
  * (cudaStreamSynchronize, cudaEventSynchronize) fails after waiting, as an
  * error of the work it waited for would. n = 0 disarms. Resets the count
- * that simcuda_failures() reports. Errors are never sticky here. */
+ * that simcuda_failures() reports. These errors are not sticky. */
 void simcuda_fail_nth(long n, cudaError_t error);
 
 /* The next call of the runtime function `name` ("cudaMalloc", a string
@@ -22,6 +22,12 @@ long simcuda_failures(void);
 
 /* The name of the call that failed ("" when none did). */
 const char *simcuda_failed_call(void);
+
+/* From now on the process has hit a sticky error (cudaErrorIllegalAddress
+ * and its kin): every runtime call that does work returns it, and
+ * cudaGetLastError returns it without clearing it, for the rest of the
+ * process, as the runtime documents. */
+void simcuda_poison(cudaError_t error);
 
 /* Copies made by cudaMemcpyPeer and cudaMemcpyPeerAsync since the process
  * started: direct (the destination device had been given access to the
