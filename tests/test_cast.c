@@ -1532,3 +1532,58 @@ Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_hos
   cr_assert_eq(pool_in_use(CPU0), in_use, "host pool in_use did not return to its start");
   cr_assert_eq(pool_in_use(CL0), cl_in_use, "opencl:0 pool in_use did not return to its start");
 }
+
+/* ---- float32 -> float16 on x86: the F16C loop against the scalar one ------
+ * (AB_HOST_F16C=0 forces the scalar loop; on a CPU without F16C both runs
+ * are the scalar loop and the test still checks the NaN rules.) */
+#include "internal.h"
+
+static void f32_bits_to_f16(const uint32_t *bits, int64_t n, uint16_t *out) {
+  int64_t shape[1] = {n};
+  DLTensor t = {(void *)bits, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 16, 1);
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  memcpy(out, r->dl_tensor.data, (size_t)n * 2);
+  r->deleter(r);
+}
+
+Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
+  enum { N = 1 << 20 };
+  uint32_t *bits = malloc(N * sizeof *bits);
+  uint16_t *a = malloc(N * 2), *b = malloc(N * 2);
+  test_rng g = {0xf16c};
+  int64_t n = 0;
+  /* every exponent with random mantissas and both signs, then any bits */
+  for (uint32_t e = 0; e < 256; e++)
+    for (int k = 0; k < 64; k++) bits[n++] = (uint32_t)(rng_next(&g) & 0x807fffffu) | e << 23;
+  for (uint32_t h = 0; h < 0x10000; h++) bits[n++] = h << 13 | (uint32_t)(rng_next(&g) & 0x1fffu); /* around every float16 */
+  while (n < N) bits[n++] = (uint32_t)rng_next(&g);
+  setenv("AB_HOST_F16C", "1", 1);
+  ab__env_reload();
+  f32_bits_to_f16(bits, n, a);
+  setenv("AB_HOST_F16C", "0", 1);
+  ab__env_reload();
+  f32_bits_to_f16(bits, n, b);
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_eq(a[i], b[i], "float32 0x%08x: 0x%04x with F16C, 0x%04x without", bits[i], a[i], b[i]);
+  /* NaNs stay quiet with the top of their payload (IEEE 754, NumPy), both ways */
+  static const uint32_t nan_in[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa00000u};
+  static const uint16_t nan_out[] = {0x7e00, 0xfe00, 0x7e00, 0x7fff, 0x7f00};
+  uint16_t got[8];
+  uint32_t in[8] = {0};
+  memcpy(in, nan_in, sizeof nan_in);
+  for (int v = 0; v < 2; v++) {
+    setenv("AB_HOST_F16C", v ? "1" : "0", 1);
+    ab__env_reload();
+    f32_bits_to_f16(in, 8, got);
+    for (int i = 0; i < 5; i++)
+      cr_assert_eq(got[i], nan_out[i], "F16C %d: float32 0x%08x -> 0x%04x, want 0x%04x", v, in[i], got[i], nan_out[i]);
+  }
+  unsetenv("AB_HOST_F16C");
+  ab__env_reload();
+  free(bits);
+  free(a);
+  free(b);
+}

@@ -7,6 +7,7 @@
 #include "convert.h"
 #include "rounding.h"
 #include "src/element.h"
+#include "src/internal.h"
 
 /* ---- float16 and bfloat16 ------------------------------------------------ */
 
@@ -199,6 +200,36 @@ static double load_odd(enum kind k, const char *p) {
   return load_d(k, p);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+
+/* float32 -> float16, eight at a time with F16C's VCVTPS2PH: round to
+ * nearest even, tiny results to subnormals ("MXCSR.FTZ is ignored"),
+ * overflow to infinity, NaNs quiet with their top payload bits: the scalar
+ * loop's results bit for bit. Returns how many elements it did. */
+__attribute__((target("avx,f16c"))) static int64_t f32_to_f16_f16c(char *d, const char *s, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps((const float *)(const void *)(s + 4 * i));
+    _mm_storeu_si128((__m128i *)(void *)(d + 2 * i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+
+/* Whether the F16C loop runs: the CPU has it and AB_HOST_F16C is not 0
+ * (the tests force both ways). */
+static bool use_f16c(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice modes[] = {{"1", 1}, {"auto", 1}, {"0", 0}, {NULL, 0}};
+  uint32_t v;
+  if (!ab__env_cached(&cache, &v))
+    v = ab__env_keep(&cache, (uint32_t)(ab__env_choice("AB_HOST_F16C", modes, 1, "1, 0 or auto") &&
+                                        __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")));
+  return v != 0;
+}
+#endif
+
 /* n elements, source stride `ss` bytes, compact destination; scale/offset
  * per element when sc/of step (per_elem), else the first entries. */
 static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t n, int64_t ss, const double *sc,
@@ -210,7 +241,11 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
     return;
   case AB_ARITH_FLOAT32:
     if (!c->affine) {
-      for (int64_t i = 0; i < n; i++) store_f(c->to, d + (size_t)i * os, load_f(c->from, s + i * ss));
+      int64_t i = 0;
+#ifdef HAVE_X86
+      if (c->from == K_F32 && c->to == K_F16 && ss == 4 && n >= 8 && use_f16c()) i = f32_to_f16_f16c(d, s, n);
+#endif
+      for (; i < n; i++) store_f(c->to, d + (size_t)i * os, load_f(c->from, s + i * ss));
     } else if (!per_elem) {
       const float a = (float)sc[0], b = (float)of[0];
       for (int64_t i = 0; i < n; i++) {
@@ -247,10 +282,7 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
   }
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HAVE_X86 1
-
+#ifdef HAVE_X86
 /* 16 RGB pixels (48 bytes at p) into three planes at o0/o1/o2 + x:
  * pshufb deinterleave, widen to float, multiply, then add (the same two
  * IEEE operations as the scalar loop, so the results are identical). */

@@ -34,8 +34,11 @@ static inline AB_HD uint16_t ab__narrow_from_double(double x, int mbits, int bia
   const uint16_t sign = (uint16_t)((b >> 63) << 15);
   const int exp = (int)((b >> 52) & 0x7ff);
   const uint64_t man = b & ((1ull << 52) - 1);
+  /* A NaN stays quiet with the top bits of its payload, as IEEE 754's
+   * narrowing conversions (and x86's VCVTPS2PH, NumPy) do: a float32 quiet
+   * NaN 0x7fc00000 becomes float16 0x7e00, bfloat16 0x7fc0. */
   if (exp == 0x7ff)
-    return (uint16_t)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (unsigned)(man >> (53 - mbits)) : 0));
+    return (uint16_t)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (unsigned)(man >> (52 - mbits)) : 0));
   if (exp == 0) return sign; /* zero, or a double subnormal: far below the narrow type's range */
   const int e = exp - 1023 + bias;
   if (e >= 1) {

@@ -227,7 +227,8 @@ ushort ab_narrow_from_double(double x, int mbits, int bias, uint emax) {
   const uint sign = (uint)(b >> 63) << 15;
   const int exp = (int)((b >> 52) & 0x7ffUL);
   const ulong man = b & ((1UL << 52) - 1);
-  if (exp == 0x7ff) return (ushort)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (uint)(man >> (53 - mbits)) : 0u));
+  /* NaN: quiet, with the top bits of its payload (the host's rule) */
+  if (exp == 0x7ff) return (ushort)(sign | (emax << mbits) | (man ? (1u << (mbits - 1)) | (uint)(man >> (52 - mbits)) : 0u));
   if (exp == 0) return (ushort)sign;
   const int e = exp - 1023 + bias;
   if (e >= 1) {
