@@ -49,7 +49,7 @@ demo: build
 test: test-normal test-asan test-tsan test-valgrind test-python docs
 	@if grep -q cudart_static $(BUILD)/arraybridge.pc; then \
 	  echo "make test: the CUDA backend was built and tested against simcuda, the simulated runtime (on a GPU only where one is present)"; \
-	else echo "make test: NO CUDA TOOLKIT: the CUDA backend and its tests were not built (tools/setup-deps.sh does not install one; see README)"; fi
+	else echo "make test: NO CUDA TOOLKIT: the CUDA backend and its tests were not built (AB_CUDA_TOOLKIT=none, or setup-deps could not fetch one; see README)"; fi
 
 test-normal: build
 	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)

@@ -3,6 +3,20 @@
 # when nvcc is there too. Included by CMakeLists.txt, whose variables it
 # appends to.
 if(AB_WITH_CUDA)
+  # Where the machine has no toolkit of its own, the one tools/setup-deps.sh
+  # unpacks from NVIDIA's PyPI wheels into .deps/cuda: used only when no
+  # other is named (CUDAToolkit_ROOT, CUDACXX) or found (nvcc on PATH or in
+  # /usr/local/cuda).
+  set(_ab_wheel_cuda "${PROJECT_SOURCE_DIR}/.deps/cuda/nvidia/cu13")
+  if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND NOT DEFINED ENV{CUDACXX}
+     AND NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS "${_ab_wheel_cuda}/bin/nvcc")
+    find_program(_ab_system_nvcc nvcc PATHS /usr/local/cuda/bin NO_CACHE)
+    if(NOT _ab_system_nvcc)
+      message(STATUS "arraybridge: using the CUDA toolkit in ${_ab_wheel_cuda} (tools/setup-deps.sh, from PyPI)")
+      set(CUDAToolkit_ROOT "${_ab_wheel_cuda}")
+      set(CMAKE_CUDA_COMPILER "${_ab_wheel_cuda}/bin/nvcc" CACHE FILEPATH "nvcc from .deps/cuda")
+    endif()
+  endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND TARGET CUDA::cudart_static)
     # cudart is linked statically: the library then loads on machines with
@@ -45,7 +59,8 @@ if(AB_WITH_CUDA)
   else()
     # Loud: the CUDA backend and every test of it against simcuda vanish.
     message(WARNING "arraybridge: CUDA toolkit not found: NO CUDA BACKEND in this build, and none of its tests "
-                    "(not even against the simulated runtime). Install one (Debian: nvidia-cuda-toolkit from "
-                    "non-free; or NVIDIA's packages) and configure again, or pass -DAB_WITH_CUDA=OFF to say so.")
+                    "(not even against the simulated runtime). tools/setup-deps.sh (make build, make test) fetches "
+                    "one from PyPI into .deps/cuda unless AB_CUDA_TOOLKIT=none or the fetch failed; or install "
+                    "one and configure again, or pass -DAB_WITH_CUDA=OFF to say so.")
   endif()
 endif()

@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "converters/host/convert.h"
+#include "converters/host/gather.h"
 #include "parallel.h"
 
 static int32_t host_count(void) { return 1; }
@@ -54,6 +55,13 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
   out->total_memory = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
   out->free_memory = mem_available();
   out->unified_memory = 1;
+  /* What the host moves run with (abtool info prints it): the SIMD kernels
+   * this CPU gets, the threads, and the streaming-store choice (measured at
+   * the first large transpose, so "auto" until then). */
+  const int nt = ab__host_streaming_known();
+  snprintf(out->version, sizeof out->version, "kernels: %s%s; %d threads; streaming stores %s",
+           ab__host_avx_tiles() ? "avx" : "sse", ab__host_f16c() ? " f16c" : "", ab__num_threads(),
+           nt < 0 ? "auto" : nt ? "on" : "off");
   return AB_OK;
 }
 

@@ -230,6 +230,14 @@ static bool use_f16c(void) {
 }
 #endif
 
+bool ab__host_f16c(void) {
+#ifdef HAVE_X86
+  return use_f16c();
+#else
+  return false;
+#endif
+}
+
 /* n elements, source stride `ss` bytes, compact destination; scale/offset
  * per element when sc/of step (per_elem), else the first entries. */
 static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t n, int64_t ss, const double *sc,

@@ -57,6 +57,9 @@ typedef struct ab__convert_args {
 /* Whether the cast from -> to (with an affine map when `affine`) is one
  * the converters perform. */
 bool ab__cast_supported(DLDataType from, DLDataType to, bool affine);
+/* Whether float32 -> float16 runs the F16C loop (x86 with F16C, and
+ * AB_HOST_F16C not 0). */
+bool ab__host_f16c(void);
 
 /* The arithmetic the rules above give a supported conversion: integers
  * exactly (no affine map, integer or bool both ways), float32, float64, or

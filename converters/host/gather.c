@@ -463,6 +463,16 @@ int ab__host_streaming(void) {
   return atomic_load_explicit(&streaming_mode, memory_order_acquire);
 }
 
+int ab__host_streaming_known(void) { return atomic_load_explicit(&streaming_mode, memory_order_acquire); }
+
+bool ab__host_avx_tiles(void) {
+#ifdef HAVE_X86_KERNELS
+  return __builtin_cpu_supports("avx");
+#else
+  return false;
+#endif
+}
+
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize) {
   dims d;

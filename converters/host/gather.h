@@ -2,6 +2,7 @@
 #ifndef AB_CONVERTERS_HOST_GATHER_H
 #define AB_CONVERTERS_HOST_GATHER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,10 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 /* Whether large transposes use streaming stores on this machine: 1 or 0,
  * from AB_HOST_STREAMING (1, 0) or measured once (auto); see gather.c. */
 int ab__host_streaming(void);
+/* The same without deciding: 1, 0, or -1 while not yet measured. */
+int ab__host_streaming_known(void);
+/* Whether the 4-byte transpose tiles use AVX (else SSE). */
+bool ab__host_avx_tiles(void);
 
 
 #endif

@@ -193,7 +193,9 @@ struct ab_device_info {
   char name[128];     /**< e.g. the CPU model, "NVIDIA H100 80GB HBM3" */
   char backend[16];   /**< "host", "cuda", "opencl" */
   char vendor[64];    /**< "" when the backend does not say */
-  char version[64];   /**< driver/platform version string, "" when unknown */
+  char version[64];   /**< driver/platform version string, "" when unknown;
+                           for cpu:0 the host kernels, threads and
+                           streaming-store choice in use */
   uint64_t total_memory; /**< memory of the device */
   uint64_t free_memory;  /**< memory free now (0 on OpenCL, which cannot tell) */
   uint64_t max_alloc_size; /**< largest single allocation, 0 = unknown */
