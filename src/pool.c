@@ -367,7 +367,7 @@ struct tcache {
 static pthread_mutex_t registry = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t tc_once = PTHREAD_ONCE_INIT;
 static pthread_key_t tc_key;
-static bool tc_key_ok;
+static atomic_bool tc_key_ok;
 static _Thread_local struct tcache *my_caches, *my_last;
 
 static bool tc_enabled(void) {
@@ -464,7 +464,15 @@ static void fork_done(void) {
 
 static void tc_init(void) {
   tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
-  pthread_atfork(fork_prepare, fork_done, fork_done);
+  pthread_atfork(fork_prepare, fork_done, fork_done); /* glibc drops these at dlclose */
+}
+
+/* At dlclose (or exit): no thread-exit destructor may run into unloaded
+ * code afterwards; the caches of threads still running are left (memory,
+ * not a crash). */
+__attribute__((destructor)) static void tc_unload(void) {
+  if (tc_key_ok) pthread_key_delete(tc_key);
+  tc_key_ok = false;
 }
 
 /* The caller's cache of p: found, made (when `create`), or NULL (off, no
