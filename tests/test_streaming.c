@@ -8,39 +8,88 @@
 #include "converters/host/gather.h"
 #include "support.h"
 
-/* A 2048 x 1030 float32 transpose (8 MiB out, above the streaming
- * threshold; 1030 leaves a ragged edge), and a strided one of float64,
- * against the reference gather. */
+/* Transposes with outputs above the streaming threshold (4 MiB), against
+ * the reference gather, for every element size the tiles cover (1, 2, 4, 8
+ * and 16 bytes, and 12, which has no tile of its own): sides that are not
+ * multiples of the tile (ragged edges), output rows whose length is not a
+ * multiple of 16 bytes (so most rows start unaligned and are written with
+ * an ordinary head and tail), and a batched (N, H, W) transpose. */
+struct tcase {
+  int64_t rows, cols; /* of the output */
+  DLDataType dt;
+  int64_t batch;      /* 0: 2-D */
+};
+static const struct tcase tcases[] = {
+  {1030, 2048, {kDLFloat, 32, 1}, 0}, /* 8 MiB, ragged edge */
+  {1030, 1024, {kDLFloat, 64, 1}, 0},
+  {2053, 2047, {kDLUInt, 8, 1}, 0},   /* odd rows: every alignment */
+  {1031, 2049, {kDLUInt, 16, 1}, 0},
+  {1031, 1027, {kDLFloat, 32, 1}, 0}, /* 4 MiB, rows of 4108 bytes */
+  {517, 515, {kDLComplex, 128, 1}, 0},
+  {701, 503, {kDLFloat, 32, 3}, 0},   /* 12-byte elements: the plain path */
+  {515, 1029, {kDLFloat, 32, 1}, 3},  /* 3 x (515 x 1029) */
+};
+
 static void transposes_match(void) {
-  static float a[2048 * 1030];
-  static double b[1024 * 1030];
-  fill_pattern(a, sizeof a, 3);
-  fill_pattern(b, sizeof b, 4);
-  int64_t shape[2] = {1030, 2048}, st[2] = {1, 1030};
-  DLTensor t = {a, CPU0, 2, {kDLFloat, 32, 1}, shape, st, 0};
-  int64_t shape2[2] = {1030, 1024}, st2[2] = {1, 1030};
-  DLTensor u = {b, CPU0, 2, {kDLFloat, 64, 1}, shape2, st2, 0};
-  const DLTensor *cases[2] = {&t, &u};
-  for (int k = 0; k < 2; k++) {
+  for (size_t k = 0; k < sizeof tcases / sizeof tcases[0]; k++) {
+    const struct tcase *c = &tcases[k];
+    const size_t es = (size_t)c->dt.bits / 8 * c->dt.lanes;
+    const int64_t nb = c->batch ? c->batch : 1;
+    const size_t bytes = (size_t)(nb * c->rows * c->cols) * es;
+    void *a = malloc(bytes);
+    cr_assert_not_null(a);
+    fill_pattern(a, bytes, (uint32_t)k + 3);
+    /* The source is cols x rows, row-major; its transposed view is rows x
+     * cols with strides (1, rows). */
+    int64_t shape[3] = {nb, c->rows, c->cols};
+    int64_t st[3] = {c->rows * c->cols, 1, c->rows};
+    DLTensor t = {a, CPU0, c->batch ? 3 : 2, c->dt, c->batch ? shape : shape + 1, c->batch ? st : st + 1, 0};
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
     o.copy = AB_COPY_ALWAYS;
     o.threads = 1; /* the whole output in one call: the streaming threshold applies */
     DLManagedTensorVersioned *r;
-    cr_assert_eq(ab_convert_memory(cases[k], CPU0, &o, &r), AB_OK, "%s", ab_last_error());
-    cr_assert_eq(first_diff_vs_reference(cases[k], r), -1, "case %d differs", k);
+    cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+    cr_assert_eq(first_diff_vs_reference(&t, r), -1, "case %zu (%lld x %lld, %zu-byte elements) differs", k,
+                 (long long)c->rows, (long long)c->cols, es);
     r->deleter(r);
+    free(a);
   }
+}
+
+/* ab_convert_into a destination whose start is not 16-byte aligned: the
+ * first row's head is written with ordinary stores. */
+static void unaligned_destination_matches(void) {
+  const int64_t rows = 1024, cols = 1100;
+  float *a = malloc((size_t)(rows * cols) * 4);
+  char *raw = malloc((size_t)(rows * cols) * 4 + 64);
+  cr_assert(a != NULL && raw != NULL);
+  fill_pattern(a, (size_t)(rows * cols) * 4, 9);
+  int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
+  DLTensor t = {a, CPU0, 2, {kDLFloat, 32, 1}, shape, st, 0};
+  DLTensor d = {raw + 4, CPU0, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 1;
+  cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "%s", ab_last_error());
+  const float *out = (const float *)(void *)(raw + 4);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      cr_assert_eq(memcmp(&out[i * cols + j], &a[j * rows + i], 4), 0, "element (%lld, %lld) differs", (long long)i,
+                   (long long)j);
+  free(a);
+  free(raw);
 }
 
 Test(streaming, forced_on_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "1", 1);
   transposes_match();
+  unaligned_destination_matches();
   cr_assert_eq(ab__host_streaming(), 1);
 }
 
 Test(streaming, forced_off_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "0", 1);
   transposes_match();
+  unaligned_destination_matches();
   cr_assert_eq(ab__host_streaming(), 0);
 }
 

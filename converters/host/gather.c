@@ -105,10 +105,10 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements and 2 x 2 blocks of 8-byte
  * ones. Large outputs may use non-temporal stores, as memcpy does, so the
  * destination is not read for ownership and does not evict the source:
- * where the CPU gains by them (ab__host_streaming, below).
+ * where the CPU gains by them (ab__host_streaming, below), through a
+ * buffered tile that writes whole lines (transpose_streamed).
  * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
- * beat 16 and 32, and streaming stores take 4096^2 f32 from ~0.6x to ~0.8x
- * of memcpy. */
+ * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
 #define TILE_B 128
 /* Outputs at least this large are written with streaming stores. */
@@ -130,10 +130,8 @@ static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
   _mm_storeu_ps((float *)(void *)(d + 2 * dsa), r2);
   _mm_storeu_ps((float *)(void *)(d + 3 * dsa), r3);
 }
-/* 8x8 tile of 4-byte elements with AVX (unpack, shuffle, lane permute).
- * `nt`: streaming stores; d and dsa are then multiples of 32. */
-__attribute__((target("avx"))) static inline void tr8x8_32_mode(char *d, int64_t dsa, const char *s,
-                                                                 int64_t sb, int nt) {
+/* 8x8 tile of 4-byte elements with AVX (unpack, shuffle, lane permute). */
+__attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m256 r[8], t[8], u[8];
   for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps((const float *)(const void *)(s + i * sb));
   for (int i = 0; i < 8; i += 2) {
@@ -147,23 +145,9 @@ __attribute__((target("avx"))) static inline void tr8x8_32_mode(char *d, int64_t
     u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
   }
   for (int i = 0; i < 4; i++) {
-    __m256 lo = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    __m256 hi = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-    float *p = (float *)(void *)(d + i * dsa), *q = (float *)(void *)(d + (i + 4) * dsa);
-    if (nt) {
-      _mm256_stream_ps(p, lo);
-      _mm256_stream_ps(q, hi);
-    } else {
-      _mm256_storeu_ps(p, lo);
-      _mm256_storeu_ps(q, hi);
-    }
+    _mm256_storeu_ps((float *)(void *)(d + i * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps((float *)(void *)(d + (i + 4) * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
   }
-}
-__attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const char *s, int64_t sb) {
-  tr8x8_32_mode(d, dsa, s, sb, 0);
-}
-__attribute__((target("avx"))) static void tr8x8_32_nt(char *d, int64_t dsa, const char *s, int64_t sb) {
-  tr8x8_32_mode(d, dsa, s, sb, 1);
 }
 /* 8x8 tile of 2-byte elements (SSE2): eight source rows (fixed b,
  * a..a+7) become eight destination rows (fixed a, b..b+7), by unpacking
@@ -258,7 +242,7 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
 #endif
 
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
-                     size_t es, bool nt) {
+                     size_t es) {
   switch (es) {
   case 1: TILE_MICRO(1, 16, tr16x16_8, tile_1); return;
   case 2: TILE_MICRO(2, 8, tr8x8_16, tile_2); return;
@@ -269,8 +253,7 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
       return;
     }
 #endif
-    (void)nt;
-    TILE_MICRO(4, 8, nt ? tr8x8_32_nt : tr8x8_32, tile_4);
+    TILE_MICRO(4, 8, tr8x8_32, tile_4);
     return;
   case 8: TILE_MICRO(8, 2, tr2x2_64, tile_8); return;
   case 16: tile_16(d, dsa, s, sb, na, nb); return;
@@ -365,6 +348,50 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
   deint_u8_scalar(p, (const unsigned char *)s, nb, C);
 }
 
+/* The streaming variant: whole cache lines out. Streaming stores pay only
+ * when each line is written whole and at once: the write-combining buffer
+ * then goes to memory without the line ever being read. A tile written
+ * straight to the destination writes each output row a register (16-32
+ * bytes) at a time, eight rows in turn, and the partial lines that leaves
+ * are what made streaming collapse on Intel (issue 18). So a tile of
+ * SEG x SEG bytes (32 x 32 float32, 128 x 128 uint8) is transposed into a
+ * buffer that stays in L1, by the same micro-kernels, and each of its rows,
+ * SEG bytes of one output row, is then streamed out in one go; the strips
+ * run along the output rows (a inner), so the source is read as SEG-row
+ * bands walked left to right. Measured on an Intel Xeon VM (4096^2
+ * float32, one thread): 0.41x of memcpy for the plain tiles, 0.9-1.0x for
+ * this; 64- and 256-byte segments were slower (bench/results/). */
+#define SEG 128
+
+#ifdef HAVE_X86_KERNELS
+/* n bytes to d with streaming stores where d is 16-byte aligned; the
+ * unaligned head and tail with ordinary ones. */
+static void stream_out(char *d, const char *s, size_t n) {
+  size_t head = (size_t)(-(uintptr_t)d & 15);
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 16 <= n; i += 16)
+    _mm_stream_si128((__m128i *)(void *)(d + i), _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+  memcpy(d + i, s + i, n - i);
+}
+
+static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
+                               size_t es) {
+  _Alignas(64) char buf[SEG * SEG];
+  const int64_t t = SEG / (int64_t)es; /* elements per tile side */
+  for (int64_t b0 = 0; b0 < nb; b0 += t) {
+    const int64_t mb = nb - b0 < t ? nb - b0 : t;
+    for (int64_t a0 = 0; a0 < na; a0 += t) {
+      const int64_t ma = na - a0 < t ? na - a0 : t;
+      tile_any(buf, SEG, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
+      for (int64_t a = 0; a < ma; a++)
+        stream_out(d + (a0 + a) * dsa + b0 * (int64_t)es, buf + a * SEG, (size_t)mb * es);
+    }
+  }
+}
+#endif
+
 struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
@@ -391,14 +418,17 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     }
     return;
   }
-  /* Streaming stores need every 8-element store 32-byte aligned: tiles
-   * start at multiples of 8 elements, so d and dsa decide. */
-  const bool nt = c->nt && ((uintptr_t)d % 32 == 0) && dsa % 32 == 0;
+#ifdef HAVE_X86_KERNELS
+  if (c->nt && SEG % es == 0) {
+    transpose_streamed(d, dsa, s, sb, na, nb, es);
+    return;
+  }
+#endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
     int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
     for (int64_t a0 = 0; a0 < na; a0 += TILE_A) {
       int64_t ma = na - a0 < TILE_A ? na - a0 : TILE_A;
-      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es, nt);
+      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
     }
   }
 }
