@@ -100,3 +100,25 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   cr_assert(m == 0 || m == 1);
   cr_assert_eq(ab__host_streaming(), m, "the measured choice changed");
 }
+
+/* Each tile width (AB_HOST_TILES caps it) with plain and with streaming
+ * stores: the same bytes. Where the CPU lacks the width, the test runs the
+ * widest it has (said by ab__host_tiles). */
+static void tiles_match(const char *tiles, const char *streaming) {
+  setenv("AB_HOST_TILES", tiles, 1);
+  setenv("AB_HOST_STREAMING", streaming, 1);
+  transposes_match();
+  unaligned_destination_matches();
+#if defined(__x86_64__)
+  const bool has = strcmp(tiles, "sse2") == 0 || __builtin_cpu_supports("avx");
+#else
+  const bool has = false; /* portable tiles only */
+#endif
+  if (has) cr_assert_str_eq(ab__host_tiles(), tiles);
+  else cr_log_warn("this CPU has no %s: ran %s tiles", tiles, ab__host_tiles());
+}
+
+Test(tiles, sse2_plain) { tiles_match("sse2", "0"); }
+Test(tiles, sse2_streamed) { tiles_match("sse2", "1"); }
+Test(tiles, avx_plain) { tiles_match("avx", "0"); }
+Test(tiles, avx_streamed) { tiles_match("avx", "1"); }

@@ -60,7 +60,7 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
    * the first large transpose, so "auto" until then). */
   const int nt = ab__host_streaming_known();
   snprintf(out->version, sizeof out->version, "kernels: %s%s; %d threads; streaming stores %s",
-           ab__host_avx_tiles() ? "avx" : "sse", ab__host_f16c() ? " f16c" : "", ab__num_threads(),
+           ab__host_tiles(), ab__host_f16c() ? " f16c" : "", ab__num_threads(),
            nt < 0 ? "auto" : nt ? "on" : "off");
   return AB_OK;
 }

@@ -233,6 +233,26 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
   if (ka < na) scalar(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb);
 }
 
+/* The widest tiles this CPU runs, capped by AB_HOST_TILES (sse2, avx or
+ * auto; the tests force each): SSE2 (every x86-64: 4x4 float32) or AVX
+ * (8x8 float32); the 1-, 2- and 8-byte tiles are SSE2 either way. AVX2
+ * versions of the 1- and 2-byte tiles (two tiles per register, half the
+ * shuffles) were tried and measured no faster: those transposes wait on
+ * memory, not on shuffles. */
+enum { TILES_SSE2, TILES_AVX };
+#ifdef HAVE_X86_KERNELS
+static int tiles_level(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice caps[] = {
+    {"auto", TILES_AVX}, {"avx", TILES_AVX}, {"sse2", TILES_SSE2}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
+  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX, "auto, avx or sse2");
+  int cpu = __builtin_cpu_supports("avx") ? TILES_AVX : TILES_SSE2;
+  return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
+}
+#endif
+
 /* An element size's micro-kernel where the CPU has one (SSE2 or AVX
  * registers), else its portable tile loop. */
 #ifdef HAVE_X86_KERNELS
@@ -248,7 +268,7 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
   case 2: TILE_MICRO(2, 8, tr8x8_16, tile_2); return;
   case 4:
 #ifdef HAVE_X86_KERNELS
-    if (!__builtin_cpu_supports("avx")) {
+    if (tiles_level() < TILES_AVX) {
       TILE_MICRO(4, 4, tr4x4_32, tile_4);
       return;
     }
@@ -495,11 +515,12 @@ int ab__host_streaming(void) {
 
 int ab__host_streaming_known(void) { return atomic_load_explicit(&streaming_mode, memory_order_acquire); }
 
-bool ab__host_avx_tiles(void) {
+const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS
-  return __builtin_cpu_supports("avx");
+  static const char *const names[] = {"sse2", "avx"};
+  return names[tiles_level()];
 #else
-  return false;
+  return "portable";
 #endif
 }
 
