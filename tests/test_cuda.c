@@ -468,6 +468,64 @@ Test(cuda, copies_between_two_gpus) {
   assert_pool_clean(CUDA(1));
 }
 
+/* The DLPack stream values 1 (legacy) and 2 (per-thread), and a stream of
+ * the target: a peer copy must not read the source before the work queued
+ * for it on the source GPU's legacy stream (here a rewrite held behind a
+ * gate). cudaMemcpyPeerAsync alone is ordered only after the destination's
+ * stream: with 1 and 2 it read the old bytes (review finding 7). */
+Test(cuda, peer_copies_on_any_stream_wait_for_the_source_gpu) {
+  need_devices(2);
+#ifdef AB_HAVE_CUDA
+  uint8_t x[8192], y[8192];
+  int64_t shape[1] = {8192};
+  fill_pattern(x, sizeof x, 50);
+  fill_pattern(y, sizeof y, 51);
+  DLTensor hx = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0}, hy = hx;
+  hy.data = y;
+  cr_assert_eq(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t mine;
+  cr_assert_eq(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), cudaSuccess);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  void *const streams[] = {(void *)(uintptr_t)1, (void *)(uintptr_t)2, mine};
+  for (int k = 0; k < 3; k++) {
+    DLManagedTensorVersioned *src = convert_ok(&hx, CUDA(0), AB_COPY_ALWAYS, NULL);
+    DLManagedTensorVersioned *fresh = convert_ok(&hy, CUDA(0), AB_COPY_ALWAYS, NULL);
+    struct gate gt;
+    gate_close(&gt, NULL, 300); /* cuda:0's legacy stream */
+    cr_assert_eq(cudaMemcpyAsync(src->dl_tensor.data, fresh->dl_tensor.data, sizeof x, cudaMemcpyDefault, NULL),
+                 cudaSuccess);
+    DLManagedTensorVersioned *r = convert_ok(&src->dl_tensor, CUDA(1), AB_COPY_ALWAYS, streams[k]);
+    cr_assert_eq(current_device(), 0);
+    DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+    cr_assert(atomic_load(&gt.by_watchdog), "stream %d: the gate opened early: the test proves nothing", k);
+    cr_assert_eq(first_diff_vs_reference(&hy, back), -1, "stream %d: the peer copy read the source too early", k);
+    DLManagedTensorVersioned *all[] = {src, fresh, r, back};
+    for (int i = 0; i < 4; i++) all[i]->deleter(all[i]);
+  }
+  cr_assert_eq(cudaStreamDestroy(mine), cudaSuccess);
+  assert_pool_clean(CUDA(0));
+  assert_pool_clean(CUDA(1));
+#endif
+}
+
+/* ab_synchronize(cuda:0, NULL) is documented to wait for the legacy stream
+ * and so for the device's blocking streams; cudaStreamSynchronize(0) is
+ * documented to wait only for the legacy stream's own work (finding 8). */
+Test(cuda, synchronize_without_a_stream_waits_for_blocking_streams) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess); /* blocking */
+  struct gate gt;
+  gate_close(&gt, s, 300);
+  cr_assert_eq(ab_synchronize(CUDA(0), NULL), AB_OK, "%s", ab_last_error());
+  cr_assert(atomic_load(&gt.by_watchdog), "ab_synchronize returned before the blocking stream's work ran");
+  cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+#endif
+}
+
 #ifdef AB_TEST_SIMCUDA
 #include "simcuda/simcuda.h"
 

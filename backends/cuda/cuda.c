@@ -341,6 +341,34 @@ static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size
 #endif
 }
 
+
+/* Before a cudaMemcpyPeerAsync on the destination's `stream`: the copy
+ * must not read the source before the work already queued for it on the
+ * source GPU has run. An event recorded on the source's legacy stream (an
+ * operation there: after every blocking stream's earlier work, runtime API
+ * "Stream synchronization behavior"), or on its per-thread stream when the
+ * caller names that one, and waited for by `stream` (cudaStreamWaitEvent:
+ * "event may be from a different device than stream"). The event may be
+ * destroyed at once: its resources go when the wait has run. Leaves `did`
+ * current. */
+static cudaError_t wait_for_source(int32_t sid, int32_t did, cudaStream_t stream) {
+  cudaEvent_t ev;
+  cudaError_t e = cudaSetDevice(sid);
+  if (e == cudaSuccess) {
+    e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, stream == cudaStreamPerThread ? cudaStreamPerThread : cudaStreamLegacy);
+      cudaError_t back = cudaSetDevice(did);
+      if (e == cudaSuccess) e = back;
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, ev, 0);
+      cudaError_t gone = cudaEventDestroy(ev);
+      return e == cudaSuccess ? gone : e;
+    }
+  }
+  if (cudaSetDevice(did) != cudaSuccess) (void)cudaGetLastError(); /* e is the error to report */
+  return e;
+}
+
 /* Lets device `to` reach `from`'s memory directly, once per ordered pair;
  * called with `to` current. cudaMemcpyPeerAsync is correct either way (the
  * driver stages through the host without it), so a refusal is only logged;
@@ -390,16 +418,23 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
   } else if (compact) {
     /* Peer access when enabled, else the driver stages through the host.
-     * Without a stream, the synchronous form: it is ordered after work on
-     * both devices' default streams (the async one only after the
-     * destination's), so data a kernel just wrote on the source is seen. */
+     * Without a stream, or with the legacy one (DLPack's 1, the same
+     * stream), cudaMemcpyPeer: it is "serialized with respect to all
+     * pending and future asynchronous work" of both devices, so data a
+     * kernel just wrote on the source is seen. cudaMemcpyPeerAsync is
+     * ordered only after the caller's stream on the destination, so on
+     * any other stream the copy first waits for the source GPU. */
     ensure_peer(did, sid);
-    if (stream == NULL) {
+    if (stream == NULL || stream == cudaStreamLegacy) {
       what = "cudaMemcpyPeer";
       e = cudaMemcpyPeer(dst, did, src, sid, bytes);
     } else {
-      what = "cudaMemcpyPeerAsync";
-      e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
+      what = "a wait for the source GPU before cudaMemcpyPeerAsync";
+      e = wait_for_source(sid, did, (cudaStream_t)stream);
+      if (e == cudaSuccess) {
+        what = "cudaMemcpyPeerAsync";
+        e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
+      }
     }
   } else {
     /* can_copy admitted one-device strided sources only: a rectangle, else
@@ -584,12 +619,15 @@ static bool cuda_peer_access(int32_t from, int32_t to) {
   return can != 0;
 }
 
+static cudaError_t wait_stream(cudaStream_t s, const char **what);
+
 static ab_status cuda_synchronize(int32_t id, void *stream) {
   int prev;
+  const char *what;
   AB_FORWARD(enter(id, &prev));
-  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  cudaError_t e = wait_stream((cudaStream_t)stream, &what);
   leave(id, prev);
-  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, "cudaStreamSynchronize");
+  return e == cudaSuccess ? AB_OK : fail_cuda(e, id, what);
 }
 
 static void cuda_stream_sync(int32_t id, void *stream) {
@@ -599,32 +637,38 @@ static void cuda_stream_sync(int32_t id, void *stream) {
   leave(id, prev);
 }
 
-/* Before host code reads pinned or managed memory: the caller's stream, or
- * without one the legacy default stream of the caller's current device and
- * so its blocking streams, so that a kernel's writes are complete. The
- * runtime API ("Stream synchronization behavior") says that an operation
+/* Waits for a stream of the current device: a stream the caller names, or
+ * without one (or with cudaStreamLegacy) the legacy default stream and so
+ * its blocking streams, so that a kernel's writes are complete. Before
+ * host code reads pinned or managed memory (space_host_sync) and for
+ * ab_synchronize (cuda_synchronize). The runtime API ("Stream synchronization behavior") says that an operation
  * issued to the legacy stream first waits for every blocking stream; of
  * cudaStreamSynchronize it says only that it waits for the stream's own
  * operations. So for the legacy stream an event is recorded there (an
  * operation) and waited for. */
-static ab_status space_host_sync(int32_t id, void *stream) {
-  (void)id;
-  AB_FORWARD(cuda_usable(id));
-  cudaStream_t s = (cudaStream_t)stream;
+static cudaError_t wait_stream(cudaStream_t s, const char **what) {
   if (s != NULL && s != cudaStreamLegacy) {
-    cudaError_t e = cudaStreamSynchronize(s);
-    return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, "cudaStreamSynchronize before a host read");
+    *what = "cudaStreamSynchronize";
+    return cudaStreamSynchronize(s);
   }
   cudaEvent_t ev;
+  *what = "cudaEventCreateWithFlags";
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return fail_cuda(e, -1, "cudaEventCreateWithFlags before a host read");
-  const char *what = "cudaEventRecord on the legacy stream before a host read";
+  if (e != cudaSuccess) return e;
+  *what = "cudaEventRecord on the legacy stream";
   e = cudaEventRecord(ev, s);
   if (e == cudaSuccess) {
-    what = "cudaEventSynchronize before a host read";
+    *what = "cudaEventSynchronize";
     e = cudaEventSynchronize(ev);
   }
   if (cudaEventDestroy(ev) != cudaSuccess && e == cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
+static ab_status space_host_sync(int32_t id, void *stream) {
+  const char *what;
+  AB_FORWARD(cuda_usable(id));
+  cudaError_t e = wait_stream((cudaStream_t)stream, &what);
   return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, what);
 }
 

@@ -255,7 +255,7 @@ static cudaError_t resolve(const void *p, size_t n, enum space *sp, int *dev, ch
 static uint64_t next_seq = 1;
 
 struct op {
-  enum { OP_COPY, OP_HOST_FN, OP_MARK } kind;
+  enum { OP_COPY, OP_HOST_FN, OP_MARK, OP_WAIT } kind;
   uint64_t seq;
   int peer_devs[3]; /* cudaMemcpyPeer: ordered with all work of these (-1: none) */
   char *dst;
@@ -327,6 +327,8 @@ static bool busy_before(const struct queue *q, uint64_t seq) {
 
 /* Whether o, at the head of q, must wait. Under mu. */
 static bool blocked(const struct queue *q, const struct op *o) {
+  /* cudaStreamWaitEvent: until the work before the record it saw has run. */
+  if (o->kind == OP_WAIT && o->event->completed < o->mark) return true;
   if (o->peer_devs[0] < 0) {
     struct queue probe = *q;
     probe.head = NULL; /* o itself heads q */
@@ -365,9 +367,9 @@ static void *worker(void *arg) {
     if (o->kind == OP_COPY) run_copy(o);
     else if (o->kind == OP_HOST_FN) o->fn(o->arg);
     pthread_mutex_lock(&mu);
-    if (o->kind == OP_MARK) {
+    if (o->kind == OP_MARK || o->kind == OP_WAIT) {
       struct CUevent_st *ev = o->event;
-      if (ev->completed < o->mark) ev->completed = o->mark;
+      if (o->kind == OP_MARK && ev->completed < o->mark) ev->completed = o->mark;
       if (--ev->pending == 0 && ev->destroyed) free(ev);
     }
     q->head = o->next;
@@ -981,6 +983,26 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
     ev->recorded = o->mark;
     ev->pending++;
   }
+  pthread_mutex_unlock(&mu);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+/* Runtime API 6.4, cudaStreamWaitEvent: work queued on s after the call
+ * waits for the work captured by the event's latest record (none recorded:
+ * no wait); "event may be from a different device than stream". The wait
+ * is an operation of s, so later work of s, and of streams that wait for
+ * s, is held too. flags must be 0 (cudaEventWaitDefault). */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int flags) {
+  INJECT();
+  if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  struct op *o = new_op(OP_WAIT);
+  if (o == NULL) return fail(cudaErrorMemoryAllocation);
+  pthread_mutex_lock(&mu);
+  o->event = ev;
+  o->mark = ev->recorded;
+  cudaError_t e = enqueue(queue_of(s), o);
+  if (e == cudaSuccess) ev->pending++;
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
