@@ -205,15 +205,23 @@ ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opt
     .extent = lay->numel > 0 ? (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize : 0,
   };
   p->q.out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes;
+  /* The device kernels store whole elements: a destination whose start is
+   * not a multiple of the result's element size (DLPack allows any
+   * byte_offset) has its conversion on the host. On CUDA a misaligned
+   * store is cudaErrorMisalignedAddress, which ends all CUDA work in the
+   * process; OpenCL refused the step. */
+  const size_t out_es = p->cv.active ? ab__elsize(p->cv.out_dtype) : 0;
+  const bool into_aligned =
+    into == NULL || out_es == 0 || ((uintptr_t)into->data + into->byte_offset) % out_es == 0;
   p->q.place = convert_place();
   /* Asking whether a device can convert may build its kernels: only when
    * the planner would use the answer. */
-  if (p->cv.active && lay->numel > 0 && ab__route_converts_on_source(&p->q)) {
+  if (into_aligned && p->cv.active && lay->numel > 0 && ab__route_converts_on_source(&p->q)) {
     ab__convert_args a;
     ab__conv_args(src, &p->cv, &a);
     p->q.src_convert = ab__dev_can_convert(sbe, p->sdev.device_id, src->data, src->byte_offset, &a);
   }
-  if (into_ok && p->cv.active && lay->numel > 0 && ab__route_converts_on_target(&p->q)) {
+  if (into_ok && into_aligned && p->cv.active && lay->numel > 0 && ab__route_converts_on_target(&p->q)) {
     DLTensor compact = *src;
     compact.strides = NULL;
     ab__convert_args a;

@@ -389,6 +389,44 @@ static void sweep(bool persistent) {
   free(v);
 }
 
+/* ab_convert_into a destination on the device whose byte_offset is not a
+ * multiple of the result's element size (DLPack allows it), with the
+ * conversion placed on the device where the route allows: the kernels
+ * store whole elements, so the library must convert elsewhere rather than
+ * fail the step (OpenCL: AB_ERR_INTERNAL) or fault (CUDA: a misaligned
+ * store ends all CUDA work in the process). */
+Test(conformance, a_conversion_into_an_unaligned_destination_is_exact) {
+  need_devices(1);
+  convert_place("device");
+  uint8_t x[300];
+  fill_pattern(x, sizeof x, 61);
+  int64_t shape[1] = {300}, bshape[1] = {300 * 4 + 8};
+  DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *src = convert_ok(&h, DEV(0), AB_COPY_ALWAYS, NULL), *buf;
+  cr_assert_eq(ab_tensor_alloc(DEV(0), 1, bshape, dt(kDLUInt, 8, 1), &buf), AB_OK, "%s", ab_last_error());
+  for (uint64_t off = 1; off < 4; off++) {
+    DLTensor d = buf->dl_tensor;
+    d.dtype = dt(kDLInt, 32, 1);
+    d.shape = shape;
+    d.strides = NULL;
+    d.byte_offset = off;
+    cr_assert_eq(ab_convert_into(&src->dl_tensor, &d, NULL), AB_OK, "byte_offset %llu: %s", (unsigned long long)off,
+                 ab_last_error());
+    DLManagedTensorVersioned *back = convert_ok(&buf->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+    const uint8_t *b = (const uint8_t *)back->dl_tensor.data + off;
+    for (int i = 0; i < 300; i++) {
+      int32_t v;
+      memcpy(&v, b + 4 * i, 4);
+      cr_assert_eq(v, (int32_t)x[i], "byte_offset %llu, element %d: %d, want %d", (unsigned long long)off, i, v, x[i]);
+    }
+    back->deleter(back);
+  }
+  buf->deleter(buf);
+  src->deleter(src);
+  convert_place("auto");
+  assert_pool_clean(DEV(0));
+}
+
 Test(conformance, fault_sweep_transient) {
   need_devices(1);
   sweep(false);
