@@ -373,14 +373,15 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
  * then goes to memory without the line ever being read. A tile written
  * straight to the destination writes each output row a register (16-32
  * bytes) at a time, eight rows in turn, and the partial lines that leaves
- * are what made streaming collapse on Intel (issue 18). So a tile of
- * SEG x SEG bytes (32 x 32 float32, 128 x 128 uint8) is transposed into a
- * buffer that stays in L1, by the same micro-kernels, and each of its rows,
- * SEG bytes of one output row, is then streamed out in one go; the strips
- * run along the output rows (a inner), so the source is read as SEG-row
- * bands walked left to right. Measured on an Intel Xeon VM (4096^2
- * float32, one thread): 0.41x of memcpy for the plain tiles, 0.9-1.0x for
- * this; 64- and 256-byte segments were slower (bench/results/). */
+ * are what made streaming collapse on Intel (issue 18). So a square tile
+ * whose rows are SEG bytes (32 x 32 float32, 128 x 128 uint8) is
+ * transposed into a buffer that stays in L1, by the same micro-kernels,
+ * and each of its rows, SEG bytes of one output row, is then streamed out
+ * in one go; the strips run along the output rows (a inner), so the source
+ * is read as bands of SEG / es rows walked left to right. Measured on an
+ * Intel Xeon VM (4096^2 float32, one thread): 0.41x of memcpy for the
+ * plain tiles, 0.9-1.6x for this; 64- and 256-byte rows were slower
+ * (bench/results/2026-11-25-streamed-transposes.md). */
 #define SEG 128
 
 #ifdef HAVE_X86_KERNELS
