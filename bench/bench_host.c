@@ -110,33 +110,38 @@ static void job_memcpy_threads(void *p) {
   sink += ((unsigned char *)c->whole.dst)[c->whole.n / 2];
 }
 
-/* 2-D transposes of n x n elements of `es` bytes through ab_convert_memory,
- * on one thread and on all, beside memcpy on one thread and on all. */
+/* 2-D transposes of n x n elements of `es` bytes through ab_convert_memory
+ * (and batched ones: `batch` planes, each transposed), on one thread and
+ * on all, beside memcpy on one thread and on all. */
 static void bench_transposes(int quick) {
-  static const struct { int64_t n; DLDataType d; const char *name; } cases[] = {
-    {4000, {kDLFloat, 32, 1}, "f32"}, {4096, {kDLFloat, 32, 1}, "f32"}, {4104, {kDLFloat, 32, 1}, "f32"},
-    {4096, {kDLUInt, 8, 1}, "u8"},    {4096, {kDLUInt, 16, 1}, "u16"},  {4096, {kDLFloat, 64, 1}, "f64"},
+  static const struct { int64_t batch, n; DLDataType d; const char *name; } cases[] = {
+    {1, 4000, {kDLFloat, 32, 1}, "f32"}, {1, 4096, {kDLFloat, 32, 1}, "f32"}, {1, 4104, {kDLFloat, 32, 1}, "f32"},
+    {1, 4096, {kDLUInt, 8, 1}, "u8"},    {1, 4096, {kDLUInt, 16, 1}, "u16"},  {1, 4096, {kDLFloat, 64, 1}, "f64"},
+    {16, 1024, {kDLFloat, 32, 1}, "f32"}, {16, 1000, {kDLUInt, 8, 1}, "u8"},
   };
   const int all = ab__num_threads();
   printf("\n%-30s %10s %10s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
          "1thr/memcpy", "all/memcpyT");
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    const int64_t n = quick ? cases[k].n / 4 : cases[k].n;
-    const size_t es = cases[k].d.bits / 8u, bytes = (size_t)(n * n) * es;
+    const int64_t n = quick ? cases[k].n / 4 : cases[k].n, nb = cases[k].batch;
+    const size_t es = cases[k].d.bits / 8u, bytes = (size_t)(nb * n * n) * es;
     char *a = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096), *b = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     for (size_t i = 0; i < bytes; i++) a[i] = (char)(i * 13);
     memset(b, 0, bytes);
     struct mc m = {b, a, bytes};
     struct mct mt = {{b, a, bytes}, all};
     const double one_mc = time_job(job_memcpy, &m), all_mc = time_job(job_memcpy_threads, &mt);
-    int64_t shape[2] = {n, n}, str[2] = {1, n};
-    struct cv c = {{a, {kDLCPU, 0}, 2, cases[k].d, shape, str, 0}, AB_CONVERT_OPTS_INIT};
+    int64_t shape[3] = {nb, n, n}, str[3] = {n * n, 1, n};
+    const int batched = nb > 1;
+    struct cv c = {{a, {kDLCPU, 0}, batched ? 3 : 2, cases[k].d, batched ? shape : shape + 1, batched ? str : str + 1, 0},
+                   AB_CONVERT_OPTS_INIT};
     c.o.threads = 1;
     const double one = time_job(job_convert, &c);
     c.o.threads = 0;
     const double many = time_job(job_convert, &c);
     char label[64];
-    snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)n, cases[k].name);
+    if (batched) snprintf(label, sizeof label, "%lldx(%lldx%lld) %s", (long long)nb, (long long)n, (long long)n, cases[k].name);
+    else snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)n, cases[k].name);
     printf("%-30s %10.2f %10.2f %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9, (double)bytes / many / 1e9,
            one_mc / one, all_mc / many);
     free(a);
