@@ -38,11 +38,36 @@ if(AB_WITH_CUDA)
     include(CheckLanguage)
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
-      # Real code for Turing to Blackwell (CUDA 13 dropped older ones), and
-      # PTX of the newest for GPUs after it. Override with
-      # -DCMAKE_CUDA_ARCHITECTURES=... (e.g. "native" on the GPU machine).
-      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-        set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;86-real;89-real;90-real;100-real;120")
+      # Real code for every architecture from Turing on that this nvcc
+      # knows (CUDA 13 dropped older ones; an older nvcc lacks the newest,
+      # and naming one it does not know fails the build), PTX of the newest
+      # for the GPUs after it, and PTX of Turing's, which the driver can
+      # compile for any later GPU: one whose major version no SASS here
+      # serves (Jetson Thor, sm_110, beside compute_120's PTX, which needs
+      # 12.0) still runs the kernels instead of sending its strided work
+      # through the host. Override with -DCMAKE_CUDA_ARCHITECTURES=... or
+      # the CUDAARCHS environment variable (e.g. "native" on a GPU machine).
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+        execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --list-gpu-arch OUTPUT_VARIABLE _ab_nvcc_archs
+                        RESULT_VARIABLE _ab_rc ERROR_QUIET)
+        set(_ab_archs "")
+        foreach(_ab_a 75 80 86 89 90 100 110 120)
+          if(_ab_rc EQUAL 0 AND _ab_nvcc_archs MATCHES "compute_${_ab_a}[^0-9]")
+            list(APPEND _ab_archs ${_ab_a})
+          endif()
+        endforeach()
+        if(NOT _ab_archs)
+          set(_ab_archs 75 80 86 89 90) # an nvcc without --list-gpu-arch (before CUDA 11.0)
+        endif()
+        list(GET _ab_archs -1 _ab_newest)
+        set(CMAKE_CUDA_ARCHITECTURES "")
+        foreach(_ab_a ${_ab_archs})
+          if(_ab_a EQUAL 75 OR _ab_a EQUAL _ab_newest)
+            list(APPEND CMAKE_CUDA_ARCHITECTURES ${_ab_a}) # SASS and PTX
+          else()
+            list(APPEND CMAKE_CUDA_ARCHITECTURES ${_ab_a}-real)
+          endif()
+        endforeach()
       endif()
       enable_language(CUDA)
       # Programs linking the static library stay C programs (linked by the C
