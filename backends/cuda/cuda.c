@@ -178,7 +178,7 @@ static ab_status cuda_info(int32_t id, struct ab_device_info *out) {
   if (e != cudaSuccess) return fail_cuda(e, id, "cudaGetDeviceProperties");
   snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof out->name - 1, p.name);
   snprintf(out->vendor, sizeof out->vendor, "NVIDIA");
-  (void)cudaDriverGetVersion(&drv);
+  if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError(); /* not the caller's error */
   snprintf(out->version, sizeof out->version, "CUDA driver %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10,
            CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
   out->compute_capability = p.major * 10 + p.minor;
@@ -456,9 +456,17 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
 
 #ifdef AB_HAVE_CUDA_KERNELS
 /* Whether the gather kernel has code for device `id` (built for sm_75 and
- * later plus PTX of the newest: an older GPU has none). Asked once per
- * device. */
+ * later plus PTX of Turing's and of the newest: a GPU older than 7.5 has
+ * none). The answer is kept once known: yes, or no for the errors that say
+ * the binary has no code for this GPU; any other failure (a device switch
+ * refused, memory short while the driver compiles PTX) says nothing about
+ * the binary, so the next call asks again. */
 static unsigned char kernel_state[MAX_PEERS]; /* 0 unknown, 1 yes, 2 no */
+
+static bool no_code_for_gpu(cudaError_t e) {
+  return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+         e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidPtx || e == cudaErrorInvalidKernelImage;
+}
 
 static bool kernel_runs_on(int32_t id) {
   if (id >= MAX_PEERS) return false;
@@ -467,12 +475,14 @@ static bool kernel_runs_on(int32_t id) {
     int prev;
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
-    kernel_state[id] = 2;
     if (enter(id, &prev) == AB_OK) {
       cudaError_t e = ab__cuda_gather_available();
       if (e == cudaSuccess) kernel_state[id] = 1;
-      else AB_LOG(AB_LOG_INFO, "cuda:%d: no gather kernel for this GPU (%s): strided copies go through the host",
-                  (int)id, cudaGetErrorName(e));
+      else if (no_code_for_gpu(e)) kernel_state[id] = 2;
+      if (e != cudaSuccess)
+        AB_LOG(AB_LOG_INFO, "cuda:%d: %s the gather kernel (%s): strided copies go through the host%s", (int)id,
+               kernel_state[id] == 2 ? "no code for this GPU in" : "could not look up", cudaGetErrorName(e),
+               kernel_state[id] == 2 ? "" : " this time");
       (void)cudaGetLastError();
       leave(id, prev);
     }

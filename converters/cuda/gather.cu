@@ -60,8 +60,16 @@ cudaError_t launch(void *dst, const void *src, const desc &d, int64_t n, cudaStr
   const int threads = 256;
   const int64_t want = (n + threads - 1) / threads;
   const unsigned blocks = (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
-  gather_kernel<W><<<blocks, threads, 0, stream>>>(static_cast<W *>(dst), static_cast<const char *>(src), d, n);
-  return cudaGetLastError();
+  /* cudaLaunchKernel returns this launch's own error; after <<<>>>,
+   * cudaGetLastError would also report one the application left pending in
+   * a runtime it shares with us (cudart_static), as if it were ours. */
+  W *to = static_cast<W *>(dst);
+  const char *from = static_cast<const char *>(src);
+  desc dd = d;
+  int64_t count = n;
+  void *args[] = {&to, &from, &dd, &count};
+  return cudaLaunchKernel(reinterpret_cast<const void *>(&gather_kernel<W>), dim3(blocks), dim3(threads), args, 0,
+                          stream);
 }
 
 template <typename W>
