@@ -11,9 +11,9 @@
 /* Transposes with outputs above the streaming threshold (4 MiB), against
  * the reference gather, for every element size the tiles cover (1, 2, 4, 8
  * and 16 bytes, and 12, which has no tile of its own): sides that are not
- * multiples of the tile (ragged edges), output rows whose length is not a
- * multiple of 16 bytes (so most rows start unaligned and are written with
- * an ordinary head and tail), and a batched (N, H, W) transpose. */
+ * multiples of the tile (ragged edges), output rows that are whole 16-byte
+ * units (streamed where streaming is on) and rows that are not (which
+ * take the ordinary tiles even then), and batched (N, H, W) transposes. */
 struct tcase {
   int64_t rows, cols; /* of the output */
   DLDataType dt;
@@ -23,11 +23,15 @@ static const struct tcase tcases[] = {
   {1030, 2048, {kDLFloat, 32, 1}, 0}, /* 8 MiB, ragged edge */
   {1030, 1024, {kDLFloat, 64, 1}, 0},
   {2053, 2047, {kDLUInt, 8, 1}, 0},   /* odd rows: every alignment */
+  {2051, 2064, {kDLUInt, 8, 1}, 0},   /* 16-byte rows, ragged against 128 */
   {1031, 2049, {kDLUInt, 16, 1}, 0},
+  {1031, 2056, {kDLUInt, 16, 1}, 0},
   {1031, 1027, {kDLFloat, 32, 1}, 0}, /* 4 MiB, rows of 4108 bytes */
   {517, 515, {kDLComplex, 128, 1}, 0},
   {701, 503, {kDLFloat, 32, 3}, 0},   /* 12-byte elements: the plain path */
   {515, 1029, {kDLFloat, 32, 1}, 3},  /* 3 x (515 x 1029) */
+  {515, 1028, {kDLFloat, 32, 1}, 3},
+  {1001, 1040, {kDLUInt, 8, 1}, 5},
 };
 
 static void transposes_match(void) {
