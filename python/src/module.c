@@ -540,7 +540,7 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
     }
     long sv = PyLong_AsLong(stream);
     if (sv == -1 && PyErr_Occurred()) PyErr_Clear(); /* a handle beyond long: not 0 */
-    if (target.device_type == kDLCUDA && sv == 0) {
+    if ((target.device_type == kDLCUDA || target.device_type == kDLCUDAManaged) && sv == 0) {
       PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous for CUDA (DLPack): use 1 (legacy default) or 2 "
                                         "(per-thread default)");
       return NULL;
@@ -1332,6 +1332,18 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
       !PyUnicode_Check(ts)) {
     PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ lacks data (ptr, readonly), shape or typestr");
     goto done;
+  }
+  /* CUDA Array Interface v3: "0 is disallowed due to its ambiguity" (the
+   * legacy or the per-thread default stream); 1 and 2 name them. */
+  if (stream != NULL && PyLong_Check(stream)) {
+    int overflow;
+    const long long sv = PyLong_AsLongLongAndOverflow(stream, &overflow);
+    if (sv == -1 && PyErr_Occurred()) goto done;
+    if (sv == 0 && !overflow) {
+      PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ stream 0 is disallowed (version 3: ambiguous); "
+                                        "1 is the legacy default stream, 2 the per-thread one");
+      goto done;
+    }
   }
   ot = PyMem_RawCalloc(1, sizeof *ot);
   if (ot == NULL) {

@@ -125,6 +125,11 @@ def test_stream_argument_of_a_cuda_tensor():
         t.__dlpack__(stream=0)
     with pytest.raises(TypeError):
         t.__dlpack__(stream="1")
+    # managed memory is CUDA's too: 0 is as ambiguous there
+    m = ab.to_device(np.arange(8, dtype=np.float32), "cuda_managed")
+    assert "dltensor" in repr(m.__dlpack__(stream=1))
+    with pytest.raises(ValueError, match="ambiguous"):
+        m.__dlpack__(stream=0)
     # dl_device=cpu: a host copy, so a CPU consumer can take it; then a
     # stream makes no sense.
     with pytest.raises(ValueError, match="host memory"):
@@ -241,6 +246,16 @@ def test_cuda_tensors_describe_themselves_with_the_cuda_array_interface():
     np.testing.assert_array_equal(host(w), a.view(np.uint8).reshape(-1))
     with pytest.raises(ValueError, match="bytes"):
         ab._arraybridge._from_cuda_array_interface(t, 0, dtype="uint8", shape=(a.nbytes + 1,))
+    # a producer's stream: 0 is disallowed by version 3 of the interface
+
+    class Producer:
+        def __init__(self, stream):
+            self.__cuda_array_interface__ = dict(t.__cuda_array_interface__, stream=stream)
+
+    with pytest.raises(ValueError, match="stream 0 is disallowed"):
+        ab._arraybridge._from_cuda_array_interface(Producer(0), n_cuda() - 1)
+    v = ab._arraybridge._from_cuda_array_interface(Producer(1), n_cuda() - 1)
+    np.testing.assert_array_equal(host(v), a)
 
 
 def test_dask_cuda_family_sends_the_device_memory_itself():
