@@ -27,6 +27,7 @@ UCX.
 """
 import importlib.abc
 import sys
+import pickle
 import threading
 import warnings
 
@@ -42,7 +43,8 @@ def serialize(t):
     one frame (the tensor's own memory when it already is such bytes)."""
     host = _ab.to_device(t, "cpu", layout="compact")
     header = {"dtype": t.dtype, "shape": list(t.shape), "readonly": bool(t.readonly), "device": t.device}
-    return header, [memoryview(host)]
+    # its bytes, one-dimensional (memoryview(host) has its dtype and shape)
+    return header, [pickle.PickleBuffer(host).raw()]
 
 
 def deserialize(header, frames):

@@ -259,9 +259,10 @@ static int layout_arg(PyObject *o, enum layout *out) {
  * tensors have no stride that matters). */
 static int layout_ok(const DLTensor *t, enum layout want) {
   if (want == LAYOUT_ANY || t->strides == NULL) return 1;
+  for (int32_t i = 0; i < t->ndim; i++)
+    if (t->shape[i] == 0) return 1; /* no element: any strides will do */
   int64_t expect = 1;
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    if (t->shape[i] == 0) return 1;
     if (t->shape[i] != 1 && (want == LAYOUT_COMPACT ? t->strides[i] != expect : t->strides[i] < 0)) return 0;
     expect *= t->shape[i];
   }
@@ -469,8 +470,26 @@ static int host_compact(const DLTensor *t) {
   return is_cpu_like(t->device.device_type) && layout_ok(t, LAYOUT_COMPACT);
 }
 
-/* The buffer protocol, for compact host tensors: their bytes, read-only
- * when the tensor is. What pickle protocol 5 hands out of band. */
+/* The struct-module format of a dtype that has one, else NULL. */
+static const char *struct_format(DLDataType d) {
+  if (d.lanes != 1) return NULL;
+  switch (d.code) {
+  case kDLInt: return d.bits == 8 ? "b" : d.bits == 16 ? "h" : d.bits == 32 ? "i" : d.bits == 64 ? "q" : NULL;
+  case kDLUInt: return d.bits == 8 ? "B" : d.bits == 16 ? "H" : d.bits == 32 ? "I" : d.bits == 64 ? "Q" : NULL;
+  case kDLFloat: return d.bits == 16 ? "e" : d.bits == 32 ? "f" : d.bits == 64 ? "d" : NULL;
+  case kDLComplex: return d.bits == 64 ? "Zf" : d.bits == 128 ? "Zd" : NULL;
+  case kDLBool: return d.bits == 8 ? "?" : NULL;
+  default: return NULL; /* bfloat16, float8: no struct code */
+  }
+}
+
+/* The buffer protocol, for compact host tensors, read-only when the tensor
+ * is: what pickle protocol 5 hands out of band, and what np.asarray and
+ * memoryview read. A consumer that asks for the format and shape
+ * (PyBUF_FORMAT | PyBUF_ND, as NumPy does) gets the tensor's dtype, shape
+ * and strides, so np.asarray(t) is t as an array; one that asks for plain
+ * bytes (pickle, PyBUF_SIMPLE) gets them; a dtype the struct module cannot
+ * name (bfloat16, float8) is plain bytes either way. */
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
   static char empty;
   const DLTensor *t = dl(self);
@@ -483,11 +502,40 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
   }
   const size_t n = byte_size(t);
   char *data = n == 0 ? &empty : (char *)t->data + t->byte_offset;
-  return PyBuffer_FillInfo(view, (PyObject *)self, data, (Py_ssize_t)n,
-                           (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0, flags);
+  if (PyBuffer_FillInfo(view, (PyObject *)self, data, (Py_ssize_t)n,
+                        (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0, flags) < 0)
+    return -1;
+  const char *fmt = struct_format(t->dtype);
+  if (fmt == NULL || (flags & PyBUF_FORMAT) != PyBUF_FORMAT || (flags & PyBUF_ND) != PyBUF_ND) return 0;
+  /* shape, then strides: freed by tensor_releasebuffer */
+  Py_ssize_t *dims = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(t->ndim > 0 ? t->ndim : 1));
+  if (dims == NULL) {
+    PyBuffer_Release(view);
+    PyErr_NoMemory();
+    return -1;
+  }
+  const Py_ssize_t es = (Py_ssize_t)(t->dtype.bits / 8u);
+  Py_ssize_t stride = es;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    dims[i] = (Py_ssize_t)t->shape[i];
+    dims[t->ndim + i] = stride;
+    stride *= dims[i];
+  }
+  view->internal = dims;
+  view->format = (char *)fmt;
+  view->itemsize = es;
+  view->ndim = t->ndim;
+  view->shape = t->ndim > 0 ? dims : NULL;
+  view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES && t->ndim > 0 ? dims + t->ndim : NULL;
+  return 0;
 }
 
-static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer, NULL};
+static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
+  (void)self;
+  PyMem_Free(view->internal);
+}
+
+static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer, (releasebufferproc)tensor_releasebuffer};
 
 /* pickle: (the module's _rebuild_tensor, (bytes, dtype, shape, read-only,
  * device)). The bytes are the tensor's own memory when it is compact host

@@ -487,3 +487,28 @@ def test_a_producer_whose_dlpack_device_raises_passes_the_error_on():
 
     with pytest.raises(KeyError, match="from the producer"):
         ab.from_dlpack(Broken())
+
+
+def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
+    # The buffer protocol with format and shape (what np.asarray asks for):
+    # the tensor as an array, sharing its memory, read-only where it is.
+    for dt in ("int8", "uint16", "int32", "uint64", "float16", "float32", "float64", "complex64", "complex128", "bool"):
+        a = (np.arange(24) % 7).astype(dt).reshape(2, 3, 4)
+        t = ab.to_device(a, "cpu", copy=True)
+        b = np.asarray(t)
+        assert b.dtype == a.dtype and b.shape == (2, 3, 4), (dt, b.dtype, b.shape)
+        np.testing.assert_array_equal(b, a)
+        assert b.__array_interface__["data"][0] == t.data_ptr
+        m = memoryview(t)
+        assert m.shape == (2, 3, 4) and m.itemsize == a.itemsize and m.nbytes == a.nbytes
+    ro = np.arange(5.0)
+    ro.flags.writeable = False
+    assert not np.asarray(ab.from_dlpack(ro)).flags.writeable
+    assert np.asarray(ab.to_device(np.array(2.5, np.float32), "cpu", copy=True)).shape == ()
+    assert np.asarray(ab.to_device(np.zeros((0, 3), np.int16), "cpu")).shape == (0, 3)
+    # pickle and plain readers still get bytes; a dtype without a struct
+    # code (bfloat16) stays bytes for every reader
+    t = ab.to_device(np.arange(6, dtype=np.int32), "cpu", copy=True)
+    assert bytes(t) == np.arange(6, dtype=np.int32).tobytes()
+    bf = ab.to_device(np.arange(4, dtype=np.float32), "cpu", dtype="bfloat16")
+    assert memoryview(bf).format == "B" and memoryview(bf).nbytes == 8
