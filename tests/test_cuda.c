@@ -549,6 +549,29 @@ static void one_peer_copy(long *direct, long *staged) {
   free(x);
 }
 
+/* ab_best_device (and cuda:auto) ranks GPUs by free memory, and
+ * cudaMemGetInfo needs the GPU's primary context: the documented cost is
+ * that context on every GPU, once (review finding 6), and no more: a
+ * second call makes none, and nothing else in the ranking makes one. */
+Test(cuda, best_device_costs_each_gpu_its_context_once) {
+  need_devices(2);
+  const int n = ab_device_count(kDLCUDA);
+  int had = 0;
+  for (int d = 0; d < n; d++) had += simcuda_context_active(d);
+  long made0, info0, made1, info1, made2, info2;
+  simcuda_contexts(&made0, &info0);
+  const DLDevice b = ab_best_device();
+  simcuda_contexts(&made1, &info1);
+  cr_assert_eq(b.device_type, kDLCUDA);
+  cr_assert_eq(made1 - made0, n - had, "%ld contexts made for %d GPUs, %d of which had one", made1 - made0, n, had);
+  cr_assert_eq(info1 - info0, n, "%ld cudaMemGetInfo calls for %d GPUs", info1 - info0, n);
+  for (int d = 0; d < n; d++) cr_assert(simcuda_context_active(d));
+  const DLDevice again = ab_best_device();
+  simcuda_contexts(&made2, &info2);
+  cr_assert_eq(made2, made1, "a second ab_best_device made %ld contexts", made2 - made1);
+  cr_assert_eq(again.device_id, b.device_id);
+}
+
 /* simcuda counts a peer copy as direct only when the destination GPU was
  * given access to the source's memory: the backend must enable it, in the
  * right direction, from the right current device. */

@@ -226,6 +226,31 @@ struct alloc {
 };
 static struct alloc *allocs;
 static size_t used[SIM_MAX_DEVICES];
+
+/* Primary contexts (runtime API, "Initialization" and "Context
+ * Management"): a device's is created the first time a call needs one on
+ * it: cudaSetDevice ("will now immediately initialize the runtime state on
+ * the primary context", CUDA 12.0 on) and the calls that work on the
+ * current device (memory, streams, events, cudaMemGetInfo); not by the
+ * calls that only describe devices (cudaGetDeviceCount,
+ * cudaGetDeviceProperties, cudaDeviceGetAttribute, cudaDeviceCanAccessPeer,
+ * cudaDeviceGetPCIBusId). A real context costs hundreds of MB of the GPU's
+ * memory and tens to hundreds of ms: counted, so tests can hold the
+ * library to what it documents (simcuda_contexts). */
+static atomic_bool ctx_active[SIM_MAX_DEVICES];
+static atomic_long contexts_made, meminfo_calls;
+
+static void need_context(int d) {
+  bool no = false;
+  if (atomic_compare_exchange_strong(&ctx_active[d], &no, true)) atomic_fetch_add(&contexts_made, 1);
+}
+
+void simcuda_contexts(long *made, long *meminfo) {
+  *made = atomic_load(&contexts_made);
+  *meminfo = atomic_load(&meminfo_calls);
+}
+
+bool simcuda_context_active(int dev) { return dev >= 0 && dev < SIM_MAX_DEVICES && atomic_load(&ctx_active[dev]); }
 static unsigned char peer_on[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
 
 /* Where [p, p + n) lives; *host is the address to touch it through. Under
@@ -661,6 +686,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
   if (p == NULL) return fail(cudaErrorInvalidValue);
   if (n > SIZE_MAX - 4096) return fail(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&mu);
@@ -678,6 +704,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
   (void)flags;
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
   if (p == NULL) return fail(cudaErrorInvalidValue);
   pthread_mutex_lock(&mu);
   cudaError_t e = n > SIZE_MAX - 4096 ? cudaErrorMemoryAllocation : add_alloc(p, n, PINNED, current);
@@ -689,6 +716,7 @@ cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
   if (p == NULL || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost)) return fail(cudaErrorInvalidValue);
   pthread_mutex_lock(&mu);
   cudaError_t e = n > SIZE_MAX - 4096 ? cudaErrorMemoryAllocation : add_alloc(p, n, MANAGED, current);
@@ -775,6 +803,8 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
+  atomic_fetch_add(&meminfo_calls, 1);
   pthread_mutex_lock(&mu);
   *free_bytes = dev_memory - used[current];
   *total = dev_memory;
@@ -808,6 +838,7 @@ cudaError_t cudaSetDevice(int d) {
   pthread_once(&config_once, configure);
   if (bad_device(d)) return fail(ndev == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice);
   current = d;
+  need_context(d);
   return cudaSuccess;
 }
 
@@ -883,6 +914,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
   INJECT();
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
   if (out == NULL || (flags & ~(unsigned)cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
   struct CUstream_st *s = calloc(1, sizeof *s);
   if (s == NULL) return fail(cudaErrorMemoryAllocation);
@@ -956,6 +988,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
   (void)flags;
   pthread_once(&config_once, configure);
   if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
   struct CUevent_st *e = calloc(1, sizeof *e);
   if (e == NULL) return fail(cudaErrorMemoryAllocation);
   e->dev = current;

@@ -3,6 +3,7 @@
 #define AB_SIMCUDA_H
 
 #include <driver_types.h>
+#include <stdbool.h>
 
 /* From now on, the n-th call into the runtime (counting every call but the
  * error queries and the release calls) fails with `error`, as a real
@@ -34,5 +35,11 @@ void simcuda_poison(cudaError_t error);
  * source's memory with cudaDeviceEnablePeerAccess) and staged through the
  * host (it had not: legal, slower). */
 void simcuda_peer_copies(long *direct, long *staged);
+
+/* Primary contexts created since the process started (cudaSetDevice and
+ * the calls that work on the current device create the device's, once),
+ * and the cudaMemGetInfo calls; whether device `dev` has its context. */
+void simcuda_contexts(long *made, long *meminfo_calls);
+bool simcuda_context_active(int dev);
 
 #endif
