@@ -166,6 +166,12 @@ ab_status ab__dev_host_sync(const struct ab_backend *be, int32_t id, void *strea
 
 bool ab__dev_needs_host_sync(const struct ab_backend *be) { return be->host_sync != NULL; }
 
+ab_status ab__dev_host_write_sync(const struct ab_backend *be, int32_t id) {
+  if (be->host_write_sync == NULL) return AB_OK;
+  INJECT_TRANSFER_FAULT(be, "host_write_sync");
+  return be->host_write_sync(id);
+}
+
 ab_status ab__dev_synchronize(const struct ab_backend *be, int32_t id, void *stream) {
   return be->synchronize != NULL ? be->synchronize(id, stream) : AB_OK;
 }

@@ -141,6 +141,11 @@ struct ab_backend {
    * type; waits for `stream` (this family's, or NULL for the default
    * one). May be NULL. */
   ab_status (*host_sync)(int32_t id, void *stream);
+  /* Called before host code writes a result of this type (CUDA managed
+   * memory on a system where the CPU may not touch it while the GPU has
+   * work in flight: it waits for the GPUs to be idle); AB_OK at once where
+   * nothing is needed. May be NULL. */
+  ab_status (*host_write_sync)(int32_t id);
   /* ab_synchronize: waits for `stream` (NULL: the default) on device id.
    * NULL for backends with nothing to wait for. */
   ab_status (*synchronize)(int32_t id, void *stream);

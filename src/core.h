@@ -84,6 +84,8 @@ ab_status ab__dev_check_range(const struct ab_backend *be, int32_t id, const voi
  * (see ab_backend.host_sync); AB_OK when be has nothing to wait for. */
 ab_status ab__dev_host_sync(const struct ab_backend *be, int32_t id, void *stream);
 bool ab__dev_needs_host_sync(const struct ab_backend *be);
+/* Before host code writes a result in be's memory (ab_backend.host_write_sync). */
+ab_status ab__dev_host_write_sync(const struct ab_backend *be, int32_t id);
 ab_status ab__dev_synchronize(const struct ab_backend *be, int32_t id, void *stream);
 bool ab__dev_peer_access(const struct ab_backend *be, int32_t from, int32_t to);
 /* The staging ring's operations (see ab_backend): has_ring says whether

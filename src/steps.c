@@ -311,6 +311,9 @@ ab_status ab__run_copy(const DLTensor *src, const ab__prepared *p, DLTensor *dst
     void *s = owner.stream != NULL && ab__same_family(p->sbe, owner.be) ? owner.stream : NULL;
     AB_FORWARD(ab__dev_host_sync(p->sbe, p->sdev.device_id, s));
   }
+  /* And memory host code will write, for the same reason (managed memory
+   * on a GPU without concurrent access). */
+  if (to_host) AB_FORWARD(ab__dev_host_write_sync(p->tbe, p->tdev.device_id));
   const uint32_t prev = ab__parallel_call_threads(p->o.threads);
   ab_status st = run_steps(p, src, dst, ab__staging_for(p), &owner);
   ab__parallel_call_threads(prev);

@@ -572,6 +572,43 @@ Test(cuda, best_device_costs_each_gpu_its_context_once) {
   cr_assert_eq(again.device_id, b.device_id);
 }
 
+/* Where a GPU lacks concurrent managed access (WSL2, Windows), the CPU may
+ * touch no managed memory while any GPU work is in flight, on any stream:
+ * host code reads a managed source and writes a managed result only with
+ * every GPU idle (review finding 12). A non-blocking stream, which neither
+ * the legacy stream nor host reads otherwise wait for, is held behind a
+ * gate with a copy into managed memory; reading that memory back, and
+ * converting host data into a new managed result, must both wait. */
+Test(cuda, without_concurrent_managed_access_host_code_waits_for_idle_gpus) {
+  setenv("AB_SIMCUDA_CONCURRENT_MANAGED", "0", 1); /* read when simcuda starts, below */
+  need_devices(1);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  int32_t x[2048];
+  int64_t shape[1] = {2048};
+  fill_pattern(x, sizeof x, 70);
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  fill_pattern(x, sizeof x, 71);
+  DLManagedTensorVersioned *m = convert_ok(&h, MANAGED, AB_COPY_ALWAYS, NULL);
+  struct gate gt;
+  gate_close(&gt, s, 300);
+  cr_assert_eq(cudaMemcpyAsync(m->dl_tensor.data, g->dl_tensor.data, sizeof x, cudaMemcpyDefault, s), cudaSuccess);
+  DLManagedTensorVersioned *back = convert_ok(&m->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+  cr_assert(atomic_load(&gt.by_watchdog), "a host read of managed memory ran while a GPU had work in flight");
+  fill_pattern(x, sizeof x, 70);
+  cr_assert(memcmp(back->dl_tensor.data, x, sizeof x) == 0, "read before the stream's copy ran");
+  /* a write: host data into a new managed result while the gate (work of
+   * the GPU's, touching no managed memory) holds the stream */
+  gate_close(&gt, s, 300);
+  DLManagedTensorVersioned *w = convert_ok(&h, MANAGED, AB_COPY_ALWAYS, NULL);
+  cr_assert(atomic_load(&gt.by_watchdog), "host code wrote managed memory while a GPU had work in flight");
+  DLManagedTensorVersioned *all[] = {g, m, back, w};
+  for (int i = 0; i < 4; i++) all[i]->deleter(all[i]);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* simcuda counts a peer copy as direct only when the destination GPU was
  * given access to the source's memory: the backend must enable it, in the
  * right direction, from the right current device. */

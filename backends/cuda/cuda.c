@@ -682,6 +682,58 @@ static ab_status space_host_sync(int32_t id, void *stream) {
   return e == cudaSuccess ? AB_OK : fail_cuda(e, -1, what);
 }
 
+/* Managed memory where the CPU may not touch it while a GPU has work in
+ * flight: a GPU without cudaDevAttrConcurrentManagedAccess (WSL2, Windows)
+ * holds every managed allocation, used by its work or not, while any of
+ * its work runs, and a host access then faults (the Programming Guide's
+ * "Unified Memory on devices without full CUDA Unified Memory support").
+ * Whether every GPU has the attribute is asked once (it needs no context). */
+static atomic_int managed_concurrency = -1; /* -1 not asked; 0 or 1 */
+
+static bool managed_concurrent(void) {
+  int v = atomic_load_explicit(&managed_concurrency, memory_order_acquire);
+  if (v >= 0) return v != 0;
+  v = 1;
+  for (int d = 0; d < ndev; d++) {
+    int a = 0;
+    if (cudaDeviceGetAttribute(&a, cudaDevAttrConcurrentManagedAccess, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false; /* unknown this time: the careful reading, and ask again */
+    }
+    if (!a) v = 0;
+  }
+  if (!v) AB_LOG(AB_LOG_INFO, "cuda: a GPU without concurrent managed access: host code touches managed memory "
+                               "only with every GPU idle (cudaDeviceSynchronize)");
+  atomic_store_explicit(&managed_concurrency, v, memory_order_release);
+  return v != 0;
+}
+
+/* Every GPU idle, where host code may not otherwise touch managed memory. */
+static ab_status managed_idle(void) {
+  if (managed_concurrent()) return AB_OK;
+  for (int32_t d = 0; d < ndev; d++) {
+    int prev;
+    AB_FORWARD(enter(d, &prev));
+    cudaError_t e = cudaDeviceSynchronize();
+    leave(d, prev);
+    if (e != cudaSuccess) return fail_cuda(e, d, "cudaDeviceSynchronize before host code touches managed memory");
+  }
+  return AB_OK;
+}
+
+/* Before host code reads managed memory: the stream, as for pinned, and
+ * the GPUs idle where managed memory asks for that. */
+static ab_status managed_host_sync(int32_t id, void *stream) {
+  AB_FORWARD(space_host_sync(id, stream));
+  return managed_idle();
+}
+
+/* Before host code writes a managed result. */
+static ab_status managed_host_write_sync(int32_t id) {
+  AB_FORWARD(cuda_usable(id));
+  return managed_idle();
+}
+
 /* Page-locked (cudaHostAlloc) or registered (cudaHostRegister) memory:
  * DMA reaches it directly. */
 static bool cuda_host_is_staged(const void *p) {
@@ -759,13 +811,15 @@ const struct ab_backend ab__backend_cuda = {
  * device work that may still write them. */
 #define CUDA_HOST_SPACE                                                                             \
   .name = "cuda", .caps = AB_CAP_HOST_ACCESSIBLE, .family = &ab__backend_cuda, .init = cuda_init, \
-  .device_count = space_count, .host_sync = space_host_sync, .synchronize = space_host_sync
+  .device_count = space_count
 
 const struct ab_backend ab__backend_cuda_host = {
   .device_type = kDLCUDAHost,
   CUDA_HOST_SPACE,
   .usable = cuda_usable,
   .device_info = host_info,
+  .host_sync = space_host_sync,
+  .synchronize = space_host_sync,
   .alloc = pinned_alloc,
   .free = pinned_free,
 };
@@ -775,6 +829,9 @@ const struct ab_backend ab__backend_cuda_managed = {
   CUDA_HOST_SPACE,
   .usable = cuda_usable,
   .device_info = managed_info,
+  .host_sync = managed_host_sync,
+  .host_write_sync = managed_host_write_sync,
+  .synchronize = managed_host_sync,
   .alloc = managed_alloc,
   .free = managed_free,
 };

@@ -93,6 +93,11 @@ static long env_long(const char *name, long dflt) {
 
 static void init_queues(void);
 
+/* cudaDevAttrConcurrentManagedAccess of every device (AB_SIMCUDA_CONCURRENT_MANAGED=0:
+ * none has it, as on WSL2 and Windows, where the CPU may touch no managed
+ * memory while the GPU has work in flight). */
+static bool concurrent_managed = true;
+
 static void configure(void) {
   ndev = (int)env_long("AB_SIMCUDA_DEVICES", 0);
   if (ndev > SIM_MAX_DEVICES) ndev = SIM_MAX_DEVICES;
@@ -105,6 +110,7 @@ static void configure(void) {
     fprintf(stderr, "simcuda: AB_SIMCUDA_DELAY_US=%ld: at most 999999\n", delay_us);
     abort();
   }
+  concurrent_managed = env_long("AB_SIMCUDA_CONCURRENT_MANAGED", 1) != 0;
   const char *p = getenv("AB_SIMCUDA_PEER");
   if (p != NULL && strcmp(p, "none") == 0) peer_mode = PEER_NONE;
   else if (p != NULL && strcmp(p, "pairs") == 0) peer_mode = PEER_PAIRS;
@@ -866,6 +872,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
   case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
   case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
   case cudaDevAttrUnifiedAddressing: *v = 1; return cudaSuccess;
+  case cudaDevAttrConcurrentManagedAccess: *v = concurrent_managed; return cudaSuccess;
   default:
     /* Say so rather than invent a value: add it here. */
     fprintf(stderr, "simcuda: cudaDeviceGetAttribute(%d) is not simulated\n", (int)attr);
@@ -956,6 +963,27 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   drain(queue_of(s));
   pthread_mutex_unlock(&mu);
   return fails ? injected_failure(__func__, inj) : cudaSuccess;
+}
+
+/* Runtime API 6.2: "Blocks until the device has completed all preceding
+ * requested tasks": every stream of the current device, the legacy one,
+ * created ones and every thread's per-thread one. */
+cudaError_t cudaDeviceSynchronize(void) {
+  INJECT();
+  pthread_once(&config_once, configure);
+  if (ndev == 0) return fail(cudaErrorNoDevice);
+  need_context(current);
+  pthread_mutex_lock(&mu);
+  const uint64_t target = next_seq;
+  for (;;) {
+    bool busy = pending_before(&legacy[current], target);
+    for (struct CUstream_st *st = streams; st != NULL && !busy; st = st->next)
+      busy = st->q.dev == current && pending_before(&st->q, target);
+    if (!busy) break;
+    pthread_cond_wait(&progress, &mu);
+  }
+  pthread_mutex_unlock(&mu);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
