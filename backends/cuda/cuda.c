@@ -341,7 +341,6 @@ static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size
 #endif
 }
 
-
 /* Before a cudaMemcpyPeerAsync on the destination's `stream`: the copy
  * must not read the source before the work already queued for it on the
  * source GPU has run. An event recorded on the source's legacy stream (an
@@ -651,11 +650,11 @@ static void cuda_stream_sync(int32_t id, void *stream) {
  * without one (or with cudaStreamLegacy) the legacy default stream and so
  * its blocking streams, so that a kernel's writes are complete. Before
  * host code reads pinned or managed memory (space_host_sync) and for
- * ab_synchronize (cuda_synchronize). The runtime API ("Stream synchronization behavior") says that an operation
- * issued to the legacy stream first waits for every blocking stream; of
- * cudaStreamSynchronize it says only that it waits for the stream's own
- * operations. So for the legacy stream an event is recorded there (an
- * operation) and waited for. */
+ * ab_synchronize (cuda_synchronize). The runtime API ("Stream
+ * synchronization behavior") says that an operation issued to the legacy
+ * stream first waits for every blocking stream; of cudaStreamSynchronize
+ * it says only that it waits for the stream's own operations. So for the
+ * legacy stream an event is recorded there (an operation) and waited for. */
 static cudaError_t wait_stream(cudaStream_t s, const char **what) {
   if (s != NULL && s != cudaStreamLegacy) {
     *what = "cudaStreamSynchronize";
