@@ -257,6 +257,7 @@ void simcuda_contexts(long *made, long *meminfo) {
 }
 
 bool simcuda_context_active(int dev) { return dev >= 0 && dev < SIM_MAX_DEVICES && atomic_load(&ctx_active[dev]); }
+
 static unsigned char peer_on[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
 
 /* Where [p, p + n) lives; *host is the address to touch it through. Under
