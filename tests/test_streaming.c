@@ -105,16 +105,36 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   cr_assert_eq(ab__host_streaming(), m, "the measured choice changed");
 }
 
-/* Each tile width (AB_HOST_TILES caps it) with plain and with streaming
- * stores: the same bytes. Where the CPU lacks the width, the test runs the
+/* Packed uint8 HWC images of 1-4 channels (3 and 4: the deinterleave
+ * kernels) as CHW views, widths with and without a 16-pixel tail. */
+static void hwc_to_chw_matches(void) {
+  for (int64_t c = 1; c <= 4; c++)
+    for (int64_t w = 61; w <= 64; w += 3) {
+      const int64_t h = 37;
+      uint8_t *img = malloc((size_t)(h * w * c));
+      cr_assert_not_null(img);
+      fill_pattern(img, (size_t)(h * w * c), (uint32_t)(c * 100 + w));
+      int64_t shape[3] = {c, h, w}, st[3] = {1, w * c, c};
+      DLTensor t = {img, CPU0, 3, {kDLUInt, 8, 1}, shape, st, 0};
+      DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_ALWAYS, NULL);
+      cr_assert_eq(first_diff_vs_reference(&t, r), -1, "%lld channels, width %lld", (long long)c, (long long)w);
+      r->deleter(r);
+      free(img);
+    }
+}
+
+/* Each kernel set (AB_HOST_TILES caps it) with plain and with streaming
+ * stores: the same bytes. Where the CPU lacks the set, the test runs the
  * widest it has (said by ab__host_tiles). */
 static void tiles_match(const char *tiles, const char *streaming) {
   setenv("AB_HOST_TILES", tiles, 1);
   setenv("AB_HOST_STREAMING", streaming, 1);
   transposes_match();
   unaligned_destination_matches();
+  hwc_to_chw_matches();
 #if defined(__x86_64__)
-  const bool has = strcmp(tiles, "sse2") == 0 || __builtin_cpu_supports("avx");
+  const bool has = strcmp(tiles, "sse2") == 0 || (strcmp(tiles, "ssse3") == 0 && __builtin_cpu_supports("ssse3")) ||
+                   (__builtin_cpu_supports("avx") && __builtin_cpu_supports("ssse3"));
 #else
   const bool has = false; /* portable tiles only */
 #endif
@@ -124,5 +144,6 @@ static void tiles_match(const char *tiles, const char *streaming) {
 
 Test(tiles, sse2_plain) { tiles_match("sse2", "0"); }
 Test(tiles, sse2_streamed) { tiles_match("sse2", "1"); }
+Test(tiles, ssse3_plain) { tiles_match("ssse3", "0"); }
 Test(tiles, avx_plain) { tiles_match("avx", "0"); }
 Test(tiles, avx_streamed) { tiles_match("avx", "1"); }

@@ -233,22 +233,25 @@ static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
   if (ka < na) scalar(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb);
 }
 
-/* The widest tiles this CPU runs, capped by AB_HOST_TILES (sse2, avx or
- * auto; the tests force each): SSE2 (every x86-64: 4x4 float32) or AVX
- * (8x8 float32); the 1-, 2- and 8-byte tiles are SSE2 either way. AVX2
- * versions of the 1- and 2-byte tiles (two tiles per register, half the
- * shuffles) were tried and measured no faster: those transposes wait on
- * memory, not on shuffles. */
-enum { TILES_SSE2, TILES_AVX };
+/* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
+ * avx or auto; the tests force each): SSE2 (every x86-64: 4x4 float32
+ * tiles, the scalar 3- and 4-channel deinterleave), SSSE3 (the shuffle
+ * deinterleave) or AVX (8x8 float32 tiles); the 1-, 2- and 8-byte tiles
+ * are SSE2 throughout. AVX2 versions of the 1- and 2-byte tiles (two
+ * tiles per register, half the shuffles) were tried and measured no
+ * faster: those transposes wait on memory, not on shuffles. */
+enum { TILES_SSE2, TILES_SSSE3, TILES_AVX };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice caps[] = {
-    {"auto", TILES_AVX}, {"avx", TILES_AVX}, {"sse2", TILES_SSE2}, {NULL, 0}};
+    {"auto", TILES_AVX}, {"avx", TILES_AVX}, {"ssse3", TILES_SSSE3}, {"sse2", TILES_SSE2}, {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX, "auto, avx or sse2");
-  int cpu = __builtin_cpu_supports("avx") ? TILES_AVX : TILES_SSE2;
+  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX, "auto, avx, ssse3 or sse2");
+  int cpu = __builtin_cpu_supports("avx") && __builtin_cpu_supports("ssse3") ? TILES_AVX
+            : __builtin_cpu_supports("ssse3")                                ? TILES_SSSE3
+                                                                             : TILES_SSE2;
   return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
 }
 #endif
@@ -360,7 +363,7 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
   unsigned char *p[4];
   for (int c = 0; c < C; c++) p[c] = (unsigned char *)d + c * dsa;
 #ifdef HAVE_X86_KERNELS
-  if (__builtin_cpu_supports("ssse3")) {
+  if (tiles_level() >= TILES_SSSE3) {
     deint_u8_ssse3(p, (const unsigned char *)s, nb, C);
     return;
   }
@@ -522,7 +525,7 @@ int ab__host_streaming_known(void) { return atomic_load_explicit(&streaming_mode
 
 const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS
-  static const char *const names[] = {"sse2", "avx"};
+  static const char *const names[] = {"sse2", "ssse3", "avx"};
   return names[tiles_level()];
 #else
   return "portable";

@@ -20,7 +20,7 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 int ab__host_streaming(void);
 /* The same without deciding: 1, 0, or -1 while not yet measured. */
 int ab__host_streaming_known(void);
-/* The transpose tiles this CPU runs ("avx", "sse2"; "portable"
+/* The host kernels this CPU runs ("avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
 
