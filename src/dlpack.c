@@ -56,15 +56,15 @@ ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize) {
 
 ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
                          const char *what, ab__layout *lay) {
-  ab__layout l = {0};
   int64_t numel = 1, nbytes;
+  size_t elsize;
 
   if (ndim < 0 || ndim > AB_MAX_NDIM)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s ndim is %" PRId32 "; must be in [0, %d]",
                    what, ndim, AB_MAX_NDIM);
   if (ndim > 0 && shape == NULL)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s shape is NULL with ndim %" PRId32, what, ndim);
-  AB_FORWARD(ab__check_dtype(dtype, what, &l.elsize));
+  AB_FORWARD(ab__check_dtype(dtype, what, &elsize));
   for (int32_t i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s shape[%" PRId32 "] is %" PRId64 "; must be >= 0",
@@ -78,43 +78,49 @@ ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s element count overflows int64 at shape[%" PRId32 "] = %" PRId64,
                      what, i, shape[i]);
   }
-  if (ab__mul_overflow_i64(numel, (int64_t)l.elsize, &nbytes) || (uint64_t)nbytes > SIZE_MAX)
+  if (ab__mul_overflow_i64(numel, (int64_t)elsize, &nbytes) || (uint64_t)nbytes > SIZE_MAX)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s byte size (%" PRId64 " elements x %zu bytes) overflows",
-                   what, numel, l.elsize);
-  l.numel = numel;
-  l.nbytes = (size_t)nbytes;
-  l.compact = true;
-  l.max_off = numel > 0 ? nbytes - (int64_t)l.elsize : 0;
-  *lay = l;
+                   what, numel, elsize);
+  /* Field by field into *lay: a local struct copied out whole was read back
+   * with wide loads right after its narrow stores, a store-forwarding stall
+   * that cost ~10% of a small conversion (perf). */
+  lay->elsize = elsize;
+  lay->numel = numel;
+  lay->nbytes = (size_t)nbytes;
+  lay->compact = true;
+  lay->min_off = 0;
+  lay->max_off = numel > 0 ? nbytes - (int64_t)elsize : 0;
   return AB_OK;
 }
 
 ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay) {
-  ab__layout l;
-
   if (t == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s is NULL", what);
-  AB_FORWARD(ab__check_shape(t->ndim, t->shape, t->dtype, what, &l));
-  int64_t numel = l.numel;
+  AB_FORWARD(ab__check_shape(t->ndim, t->shape, t->dtype, what, lay));
+  const int64_t numel = lay->numel;
+  const size_t elsize = lay->elsize;
   if (numel > 0) {
     if (t->data == NULL)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s->data is NULL but the tensor has %" PRId64 " elements",
                      what, numel);
+    int64_t min_off = 0, max_off = lay->max_off;
     if (t->strides != NULL) {
       int64_t expect = 1;
-      l.max_off = 0;
+      bool compact = true;
+      max_off = 0;
       for (int32_t i = t->ndim - 1; i >= 0; i--) {
         int64_t n = t->shape[i], s = t->strides[i], span;
         if (n == 1) continue; /* a size-1 dim may carry any stride */
-        if (s != expect) l.compact = false;
+        if (s != expect) compact = false;
         if (ab__mul_overflow_i64(n - 1, s, &span) ||
-            ab__mul_overflow_i64(span, (int64_t)l.elsize, &span) ||
-            (span >= 0 ? ab__add_overflow_i64(l.max_off, span, &l.max_off)
-                       : ab__add_overflow_i64(l.min_off, span, &l.min_off)))
+            ab__mul_overflow_i64(span, (int64_t)elsize, &span) ||
+            (span >= 0 ? ab__add_overflow_i64(max_off, span, &max_off)
+                       : ab__add_overflow_i64(min_off, span, &min_off)))
           return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                          "%s byte extent overflows int64 at dim %" PRId32 " (shape %" PRId64 ", stride %" PRId64 ")",
                          what, i, n, s);
         expect *= n; /* cannot overflow: bounded by numel */
       }
+      lay->compact = compact;
     }
     /* The addressed range must be one that an object can span (at most
      * PTRDIFF_MAX bytes, so the gather's pointer arithmetic is defined) and
@@ -122,17 +128,18 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
      * handle (OpenCL cl_mem) check offsets within the buffer themselves. */
     uint64_t base = (uint64_t)(uintptr_t)t->data, start, end, span;
     /* max_off >= 0 >= min_off, so the difference fits in uint64 */
-    if (__builtin_add_overflow((uint64_t)l.max_off - (uint64_t)l.min_off, (uint64_t)l.elsize, &span) ||
+    if (__builtin_add_overflow((uint64_t)max_off - (uint64_t)min_off, (uint64_t)elsize, &span) ||
         span > (uint64_t)PTRDIFF_MAX || t->byte_offset > (uint64_t)INT64_MAX ||
         __builtin_add_overflow(base, t->byte_offset, &start) ||
-        __builtin_add_overflow(start, (uint64_t)l.max_off + l.elsize, &end) ||
-        (uint64_t)0 - (uint64_t)l.min_off > start)
+        __builtin_add_overflow(start, (uint64_t)max_off + elsize, &end) ||
+        (uint64_t)0 - (uint64_t)min_off > start)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                      "%s addresses bytes outside any possible buffer (data %p, byte_offset %" PRIu64
                      ", extent [%" PRId64 ", %" PRId64 "] + %zu)",
-                     what, t->data, t->byte_offset, l.min_off, l.max_off, l.elsize);
+                     what, t->data, t->byte_offset, min_off, max_off, elsize);
+    lay->min_off = min_off;
+    lay->max_off = max_off;
   }
-  *lay = l;
   return AB_OK;
 }
 

@@ -19,12 +19,14 @@ typedef struct ab__layout {
  * `what` names it in messages. */
 ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize);
 
-/* Validates ndim, shape and dtype, and fills *lay as for a compact tensor. */
+/* Validates ndim, shape and dtype, and fills *lay as for a compact tensor
+ * (on failure *lay may be partly written). */
 ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
                          const char *what, ab__layout *lay);
 
 /* Validates shape, dtype, strides, data and offsets of `t` (not its device;
- * see ab__check_device) without reading its data. `what` names it. */
+ * see ab__check_device) without reading its data. `what` names it. On
+ * failure *lay may be partly written. */
 ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay);
 
 /* The managed tensors the library makes: one allocation holds the struct,

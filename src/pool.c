@@ -15,6 +15,7 @@
 #define _GNU_SOURCE 1 /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,8 +350,19 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
 #define TC_PER_CLASS 8
 #define TC_MAX_IDLE ((uint64_t)1 << 20)
 
+/* A cache's lock: held for a few dozen ns, almost always by its owner
+ * alone (others take it only to trim, read statistics, shut down or fork),
+ * so a flag and a yield beat a mutex: one atomic exchange to take it and a
+ * plain store to give it back, where pthread_mutex_lock and _unlock were
+ * two atomic operations and two calls (16% of a 4 KiB conversion, perf). */
+typedef atomic_flag tc_lock_t;
+static void tc_lock(tc_lock_t *l) {
+  while (atomic_flag_test_and_set_explicit(l, memory_order_acquire)) sched_yield();
+}
+static void tc_unlock(tc_lock_t *l) { atomic_flag_clear_explicit(l, memory_order_release); }
+
 struct tcache {
-  pthread_mutex_t lock;
+  tc_lock_t lock;
   struct ab__pool *pool;      /* NULL once detached */
   uint64_t gen;               /* the pool's gen; owner's lookup key */
   struct tcache *next, *prev; /* in pool->caches, under the registry lock */
@@ -432,11 +444,10 @@ static void tc_thread_exit(void *head) {
   for (struct tcache *tc = head; tc != NULL; tc = next) {
     next = tc->tnext;
     pthread_mutex_lock(&registry);
-    pthread_mutex_lock(&tc->lock);
+    tc_lock(&tc->lock);
     if (tc->pool != NULL) tc_detach(tc);
-    pthread_mutex_unlock(&tc->lock);
+    tc_unlock(&tc->lock);
     pthread_mutex_unlock(&registry);
-    pthread_mutex_destroy(&tc->lock);
     free(tc);
   }
   my_caches = my_last = NULL;
@@ -448,8 +459,8 @@ static void each_cache(bool lock) {
     for (int i = 0; i < MAX_IDS; i++) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
       for (struct tcache *tc = p != NULL ? p->caches : NULL; tc != NULL; tc = tc->next) {
-        if (lock) pthread_mutex_lock(&tc->lock);
-        else pthread_mutex_unlock(&tc->lock);
+        if (lock) tc_lock(&tc->lock);
+        else tc_unlock(&tc->lock);
       }
     }
 }
@@ -488,16 +499,15 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
   /* Free the caches ab_shutdown detached, while the list is walked anyway. */
   for (struct tcache **link = &my_caches; *link != NULL;) {
     struct tcache *old = *link;
-    pthread_mutex_lock(&old->lock);
+    tc_lock(&old->lock);
     bool dead = old->pool == NULL;
-    pthread_mutex_unlock(&old->lock);
+    tc_unlock(&old->lock);
     if (!dead) {
       link = &old->tnext;
       continue;
     }
     *link = old->tnext;
     if (my_last == old) my_last = NULL;
-    pthread_mutex_destroy(&old->lock);
     free(old);
   }
   pthread_setspecific(tc_key, my_caches); /* the list's head for tc_thread_exit */
@@ -505,12 +515,11 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
    * and a failure here only means the shared path. */
   tc = calloc(1, sizeof *tc);
   if (tc == NULL) return NULL;
-  pthread_mutex_init(&tc->lock, NULL);
+  atomic_flag_clear(&tc->lock);
   tc->gen = p->gen;
   tc->pool = p;
   tc->tnext = my_caches;
   if (pthread_setspecific(tc_key, tc) != 0) {
-    pthread_mutex_destroy(&tc->lock);
     free(tc);
     return NULL;
   }
@@ -526,7 +535,7 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
 /* An allocation from the caller's cache, or NULL. */
 static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, size_t bytes) {
   const int c = class_index(size);
-  pthread_mutex_lock(&tc->lock);
+  tc_lock(&tc->lock);
   ab__block *b = tc->pool == p ? tc->bins[c] : NULL;
   if (b != NULL) {
     tc->bins[c] = b->next;
@@ -542,7 +551,7 @@ static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, si
     b->requested = bytes;
     note_peaks(p, tc);
   }
-  pthread_mutex_unlock(&tc->lock);
+  tc_unlock(&tc->lock);
   return b;
 }
 
@@ -554,7 +563,7 @@ static bool tc_put(ab__block *b) {
   if (tc == NULL) return false;
   const int c = class_index(b->size);
   bool kept = false;
-  pthread_mutex_lock(&tc->lock);
+  tc_lock(&tc->lock);
   if (tc->pool == p && tc->count[c] < TC_PER_CLASS && relaxed(&tc->idle) + b->size <= TC_MAX_IDLE) {
     b->next = tc->bins[c];
     tc->bins[c] = b;
@@ -565,7 +574,7 @@ static bool tc_put(ab__block *b) {
     tc->frees++;
     kept = true;
   }
-  pthread_mutex_unlock(&tc->lock);
+  tc_unlock(&tc->lock);
   return kept;
 }
 
@@ -575,10 +584,10 @@ static void flush_caches(struct ab__pool *p, bool detach) {
   struct tcache *next;
   for (struct tcache *tc = p->caches; tc != NULL; tc = next) {
     next = tc->next;
-    pthread_mutex_lock(&tc->lock);
+    tc_lock(&tc->lock);
     if (detach) tc_detach(tc);
     else tc_flush(tc);
-    pthread_mutex_unlock(&tc->lock);
+    tc_unlock(&tc->lock);
   }
   pthread_mutex_unlock(&registry);
 }
@@ -586,7 +595,7 @@ static void flush_caches(struct ab__pool *p, bool detach) {
 /* A consistent reading of p's statistics, its caches summed in. */
 static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_peaks) {
   pthread_mutex_lock(&registry);
-  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) pthread_mutex_lock(&tc->lock);
+  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) tc_lock(&tc->lock);
   pthread_mutex_lock(&p->lock);
   *s = p->st;
   uint64_t idle = 0, idle_req = 0;
@@ -611,7 +620,7 @@ static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_p
   if (s->in_use_bytes.peak < s->in_use_bytes.current) s->in_use_bytes.peak = s->in_use_bytes.current;
   if (s->requested_bytes.peak < s->requested_bytes.current) s->requested_bytes.peak = s->requested_bytes.current;
   pthread_mutex_unlock(&p->lock);
-  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) pthread_mutex_unlock(&tc->lock);
+  for (struct tcache *tc = p->caches; tc != NULL; tc = tc->next) tc_unlock(&tc->lock);
   pthread_mutex_unlock(&registry);
 }
 
