@@ -400,7 +400,7 @@ Test(conformance, a_conversion_into_an_unaligned_destination_is_exact) {
   convert_place("device");
   uint8_t x[300];
   fill_pattern(x, sizeof x, 61);
-  int64_t shape[1] = {300}, bshape[1] = {300 * 4 + 8};
+  int64_t shape[1] = {300}, bshape[1] = {300 * 4 + 8}; /* also holds 50 x 6 int32 and 8 bytes */
   DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
   DLManagedTensorVersioned *src = convert_ok(&h, DEV(0), AB_COPY_ALWAYS, NULL), *buf;
   cr_assert_eq(ab_tensor_alloc(DEV(0), 1, bshape, dt(kDLUInt, 8, 1), &buf), AB_OK, "%s", ab_last_error());
@@ -421,6 +421,36 @@ Test(conformance, a_conversion_into_an_unaligned_destination_is_exact) {
     }
     back->deleter(back);
   }
+  /* and a plain copy of a transposed view, no conversion: the device's
+   * strided gather must not move whole elements to an unaligned place */
+  int32_t y[6 * 50];
+  fill_pattern(y, sizeof y, 62);
+  int64_t yshape[2] = {6, 50}, tshape[2] = {50, 6}, tst[2] = {1, 50};
+  DLTensor hy = {y, CPU0, 2, dt(kDLInt, 32, 1), yshape, NULL, 0};
+  DLManagedTensorVersioned *gy = convert_ok(&hy, DEV(0), AB_COPY_ALWAYS, NULL);
+  DLTensor view = gy->dl_tensor, hview = hy;
+  view.shape = hview.shape = tshape;
+  view.strides = hview.strides = tst;
+  for (uint64_t off = 0; off < 8; off++) {
+    DLTensor d = buf->dl_tensor;
+    d.ndim = 2;
+    d.dtype = dt(kDLInt, 32, 1);
+    d.shape = tshape;
+    d.strides = NULL;
+    d.byte_offset = off;
+    cr_assert_eq(ab_convert_into(&view, &d, NULL), AB_OK, "byte_offset %llu: %s", (unsigned long long)off,
+                 ab_last_error());
+    DLManagedTensorVersioned *back = convert_ok(&buf->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+    const uint8_t *b = (const uint8_t *)back->dl_tensor.data + off;
+    for (int i = 0; i < 50; i++)
+      for (int j = 0; j < 6; j++) {
+        int32_t v;
+        memcpy(&v, b + 4 * (i * 6 + j), 4);
+        cr_assert_eq(v, y[j * 50 + i], "copy at byte_offset %llu, element (%d, %d)", (unsigned long long)off, i, j);
+      }
+    back->deleter(back);
+  }
+  gy->deleter(gy);
   buf->deleter(buf);
   src->deleter(src);
   convert_place("auto");

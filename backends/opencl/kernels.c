@@ -26,11 +26,15 @@ static int width_index(size_t w) {
   }
 }
 
-static bool kernel_layout(const DLTensor *t, struct klayout *kl) {
+/* The gather's layout of source t, moved in units of its element size
+ * where both ends allow it, else bytes: dst_offset is the destination's
+ * byte offset (an ab_convert_into destination may sit at any byte), which
+ * the kernel indexes in the same units. */
+static bool kernel_layout(const DLTensor *t, uint64_t dst_offset, struct klayout *kl) {
   size_t es = ab__elsize(t->dtype), w = es;
   int64_t shape[AB_MAX_NDIM + 1], stride[AB_MAX_NDIM + 1];
   int n = 0;
-  if (width_index(es) < 0 || t->byte_offset % es != 0) w = 1;
+  if (width_index(es) < 0 || t->byte_offset % es != 0 || dst_offset % es != 0) w = 1;
   int64_t scale = (int64_t)(es / w);
   if (t->strides == NULL) return false; /* compact: clEnqueueCopyBuffer's job */
   int64_t units[AB_MAX_NDIM];
@@ -135,7 +139,9 @@ static bool program_ready(struct platform *p, int which) {
 static bool kernels_ready(struct platform *p) { return program_ready(p, 0); }
 
 /* Copies within one context: a compact source with clEnqueueCopyBuffer, a
- * strided one (up to 8 dims after merging) with the gather kernel. */
+ * strided one (up to 8 dims after merging) with the gather kernel, in
+ * element units or, for a destination at an unaligned byte offset, in
+ * bytes: both layouts must fit. */
 bool ab__cl_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
   cl_context theirs = NULL;
   struct klayout kl;
@@ -143,7 +149,7 @@ bool ab__cl_can_copy(const DLTensor *from, DLDevice to, bool from_compact) {
     return false;
   struct platform *p = &ab__cl_platforms[ab__cl_devices[to.device_id].platform];
   pthread_mutex_lock(&ab__cl_lock);
-  bool ok = p->ctx != NULL && theirs == p->ctx && (from_compact || (kernel_layout(from, &kl) && kernels_ready(p)));
+  bool ok = p->ctx != NULL && theirs == p->ctx && (from_compact || (kernel_layout(from, 0, &kl) && kernel_layout(from, 1, &kl) && kernels_ready(p)));
   pthread_mutex_unlock(&ab__cl_lock);
   return ok;
 }
@@ -182,7 +188,7 @@ static cl_int done_or_started(cl_command_queue q, void *stream, bool async) {
 static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_command_queue q, void *stream, bool async) {
   struct klayout kl;
   struct platform *p = &ab__cl_platforms[ab__cl_devices[id].platform];
-  if (!kernel_layout(from, &kl))
+  if (!kernel_layout(from, to->byte_offset, &kl))
     return AB_FAIL(AB_ERR_INTERNAL, "opencl:%" PRId32 ": gather asked for a layout the kernel cannot take", id);
   size_t w = (size_t)1 << kl.k; /* kernels 0..4 move 1, 2, 4, 8, 16 bytes */
   cl_ulong src_off = kl.offset, dst_off = to->byte_offset / w, n = kl.count;
