@@ -507,6 +507,17 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
     return -1;
   const char *fmt = struct_format(t->dtype);
   if (fmt == NULL || (flags & PyBUF_FORMAT) != PyBUF_FORMAT || (flags & PyBUF_ND) != PyBUF_ND) return 0;
+  /* Row-major memory: a reader that insists on Fortran order gets it only
+   * where the two agree (at most one dim longer than 1). */
+  if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS) {
+    int long_dims = 0;
+    for (int32_t i = 0; i < t->ndim; i++) long_dims += t->shape[i] > 1;
+    if (long_dims > 1) {
+      PyBuffer_Release(view);
+      PyErr_SetString(PyExc_BufferError, "the tensor is row-major (C order), not Fortran-contiguous");
+      return -1;
+    }
+  }
   /* shape, then strides: freed by tensor_releasebuffer */
   Py_ssize_t *dims = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(t->ndim > 0 ? t->ndim : 1));
   if (dims == NULL) {

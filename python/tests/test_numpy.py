@@ -512,3 +512,17 @@ def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
     assert bytes(t) == np.arange(6, dtype=np.int32).tobytes()
     bf = ab.to_device(np.arange(4, dtype=np.float32), "cpu", dtype="bfloat16")
     assert memoryview(bf).format == "B" and memoryview(bf).nbytes == 8
+    # a reader that wants Fortran order is refused (the memory is C order)
+    ctypes = pytest.importorskip("ctypes")
+    buf = (ctypes.c_char * ctypes.sizeof(ctypes.c_void_p * 11))()
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes, get.restype = (ctypes.py_object, ctypes.c_void_p, ctypes.c_int), ctypes.c_int
+    PyBUF_F_CONTIGUOUS, PyBUF_FORMAT = 0x0040 | 0x0008 | 0x0010, 0x0004
+    rel = ctypes.pythonapi.PyBuffer_Release
+    rel.argtypes = (ctypes.c_void_p,)
+    with pytest.raises(BufferError, match="Fortran"):
+        get(ab.to_device(np.zeros((2, 3), np.float32), "cpu", copy=True), ctypes.addressof(buf),
+            PyBUF_F_CONTIGUOUS | PyBUF_FORMAT)
+    one = ab.to_device(np.zeros((1, 3), np.float32), "cpu", copy=True)  # one long dim: both orders
+    assert get(one, ctypes.addressof(buf), PyBUF_F_CONTIGUOUS | PyBUF_FORMAT) == 0
+    rel(ctypes.addressof(buf))
