@@ -388,9 +388,9 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
 #define SEG 128
 
 #ifdef HAVE_X86_KERNELS
-/* n bytes to d, 16-byte aligned, with streaming stores (the rest of n
- * past a multiple of 16, which the callers never leave, with ordinary
- * ones). */
+/* n bytes to d, 16-byte aligned, with streaming stores; n is a multiple
+ * of 16 (visit_transpose sees to it), and a rest would be written with
+ * ordinary stores. */
 static void stream_out(char *d, const char *s, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -445,9 +445,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
    * into a line that streaming stores also write pulls it into the cache,
    * and the streaming stores then flush it again, line by line (a
    * 1000-wide uint8 plane, whose rows start 8 bytes apart from alignment,
-   * ran at 0.1 GB/s that way). Then every output row is whole 16-byte
-   * units, and so is each SEG-byte piece of it. */
-  if (c->nt && SEG % es == 0 && (uintptr_t)d % 16 == 0 && dsa % 16 == 0) {
+   * ran at 0.1 GB/s that way), and whose rows are whole 16-byte units
+   * (a batched output's rows can be shorter than their stride), so that
+   * each SEG-byte piece of a row is too. */
+  if (c->nt && SEG % es == 0 && (uintptr_t)d % 16 == 0 && dsa % 16 == 0 && (nb * (int64_t)es) % 16 == 0) {
     transpose_streamed(d, dsa, s, sb, na, nb, es);
     return;
   }
