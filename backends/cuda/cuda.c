@@ -358,7 +358,13 @@ static cudaError_t wait_for_source(int32_t sid, int32_t did, cudaStream_t stream
     if (e == cudaSuccess) {
       e = cudaEventRecord(ev, stream == cudaStreamPerThread ? cudaStreamPerThread : cudaStreamLegacy);
       cudaError_t back = cudaSetDevice(did);
-      if (e == cudaSuccess) e = back;
+      if (back != cudaSuccess) {
+        /* The copy must not go on from sid (a cudaSetDevice to a device
+         * that took work a moment ago fails only on a sticky error, after
+         * which no CUDA device is used again). */
+        (void)cudaEventDestroy(ev);
+        return back;
+      }
       if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, ev, 0);
       cudaError_t gone = cudaEventDestroy(ev);
       return e == cudaSuccess ? gone : e;
@@ -464,7 +470,8 @@ static unsigned char kernel_state[MAX_PEERS]; /* 0 unknown, 1 yes, 2 no */
 
 static bool no_code_for_gpu(cudaError_t e) {
   return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
-         e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidPtx || e == cudaErrorInvalidKernelImage;
+         e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidPtx || e == cudaErrorInvalidKernelImage ||
+         e == cudaErrorJitCompilerNotFound || e == cudaErrorJitCompilationDisabled;
 }
 
 static bool kernel_runs_on(int32_t id) {
