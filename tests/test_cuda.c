@@ -508,6 +508,37 @@ Test(cuda, peer_copies_on_any_stream_wait_for_the_source_gpu) {
 #endif
 }
 
+/* The runtime's rule the peer-copy wait rests on (cudaStreamWaitEvent:
+ * the wait is for the work the event captured when the wait was queued),
+ * checked on the runtime itself: recording the event again afterwards, on
+ * an idle stream, does not release the wait. */
+Test(cuda, a_stream_wait_is_for_the_record_it_saw) {
+  need_devices(1);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t a, b, c;
+  cr_assert_eq(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  cr_assert_eq(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  cr_assert_eq(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t ev;
+  cr_assert_eq(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  struct gate gt;
+  gate_close(&gt, a, 20000);
+  cr_assert_eq(cudaEventRecord(ev, a), cudaSuccess); /* behind the gate */
+  cr_assert_eq(cudaStreamWaitEvent(c, ev, 0), cudaSuccess);
+  cr_assert_eq(cudaEventRecord(ev, b), cudaSuccess); /* runs at once */
+  cr_assert_eq(cudaStreamSynchronize(b), cudaSuccess);
+  nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+  cr_assert_eq(cudaStreamQuery(c), cudaErrorNotReady, "the wait was released by a later record");
+  atomic_store(&gt.opened, true);
+  cr_assert_eq(cudaStreamSynchronize(c), cudaSuccess);
+  cr_assert(!atomic_load(&gt.by_watchdog));
+  cr_assert_eq(cudaEventDestroy(ev), cudaSuccess);
+  cudaStream_t all[] = {a, b, c};
+  for (int i = 0; i < 3; i++) cr_assert_eq(cudaStreamDestroy(all[i]), cudaSuccess);
+#endif
+}
+
 /* ab_synchronize(cuda:0, NULL) is documented to wait for the legacy stream
  * and so for the device's blocking streams; cudaStreamSynchronize(0) is
  * documented to wait only for the legacy stream's own work (finding 8). */

@@ -298,6 +298,7 @@ struct op {
   void *arg;
   struct CUevent_st *event;
   uint64_t mark;
+  struct record *rec; /* OP_MARK: the record it completes; OP_WAIT: the one it waits for */
   struct op *next;
 };
 
@@ -317,12 +318,33 @@ struct CUstream_st {
   struct CUstream_st *next;
 };
 
+/* One cudaEventRecord: whether the work it captured has run. Shared, with
+ * a count, by the mark that runs it, the event (its latest record) and
+ * every cudaStreamWaitEvent and cudaEventSynchronize that waits for it:
+ * records of one event may run out of order (on different streams), so a
+ * waiter waits for its own record, not for "some later mark ran". */
+struct record {
+  bool done;
+  int refs;
+};
+
 struct CUevent_st {
   int dev;
   uint64_t recorded, completed; /* the latest record's mark, and the highest run */
-  unsigned pending;             /* marks queued and not yet run */
+  struct record *latest;        /* the latest record, or NULL */
+  unsigned pending;             /* marks and waits queued and not yet run */
   bool destroyed;
 };
+
+/* Under mu. */
+static void drop_record(struct record *r) {
+  if (r != NULL && --r->refs == 0) free(r);
+}
+
+static void free_event(struct CUevent_st *ev) {
+  drop_record(ev->latest);
+  free(ev);
+}
 
 static struct queue legacy[SIM_MAX_DEVICES];
 static struct CUstream_st *streams;
@@ -360,7 +382,7 @@ static bool busy_before(const struct queue *q, uint64_t seq) {
 /* Whether o, at the head of q, must wait. Under mu. */
 static bool blocked(const struct queue *q, const struct op *o) {
   /* cudaStreamWaitEvent: until the work before the record it saw has run. */
-  if (o->kind == OP_WAIT && o->event->completed < o->mark) return true;
+  if (o->kind == OP_WAIT && o->rec != NULL && !o->rec->done) return true;
   if (o->peer_devs[0] < 0) {
     struct queue probe = *q;
     probe.head = NULL; /* o itself heads q */
@@ -401,8 +423,12 @@ static void *worker(void *arg) {
     pthread_mutex_lock(&mu);
     if (o->kind == OP_MARK || o->kind == OP_WAIT) {
       struct CUevent_st *ev = o->event;
-      if (o->kind == OP_MARK && ev->completed < o->mark) ev->completed = o->mark;
-      if (--ev->pending == 0 && ev->destroyed) free(ev);
+      if (o->kind == OP_MARK) {
+        if (ev->completed < o->mark) ev->completed = o->mark;
+        o->rec->done = true;
+      }
+      drop_record(o->rec);
+      if (--ev->pending == 0 && ev->destroyed) free_event(ev);
     }
     q->head = o->next;
     if (q->head == NULL) q->tail = NULL;
@@ -1030,20 +1056,32 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
   INJECT();
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   struct op *o = new_op(OP_MARK);
-  if (o == NULL) return fail(cudaErrorMemoryAllocation);
+  struct record *rec = calloc(1, sizeof *rec);
+  if (o == NULL || rec == NULL) {
+    free(o);
+    free(rec);
+    return fail(cudaErrorMemoryAllocation);
+  }
   pthread_mutex_lock(&mu);
   struct queue *q = queue_of(s);
   if (q->dev != ev->dev) {
     pthread_mutex_unlock(&mu);
     free(o);
+    free(rec);
     return fail(cudaErrorInvalidResourceHandle);
   }
   o->event = ev;
   o->mark = ev->recorded + 1;
-  cudaError_t e = enqueue(q, o);
+  o->rec = rec;
+  rec->refs = 2; /* the mark's and the event's */
+  cudaError_t e = enqueue(q, o); /* frees o on failure */
   if (e == cudaSuccess) {
     ev->recorded = o->mark;
     ev->pending++;
+    drop_record(ev->latest);
+    ev->latest = rec;
+  } else {
+    free(rec);
   }
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
@@ -1063,8 +1101,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned int fla
   pthread_mutex_lock(&mu);
   o->event = ev;
   o->mark = ev->recorded;
+  o->rec = ev->latest;
+  if (o->rec != NULL) o->rec->refs++;
   cudaError_t e = enqueue(queue_of(s), o);
   if (e == cudaSuccess) ev->pending++;
+  else if (ev->latest != NULL) ev->latest->refs--; /* o is gone; the event still holds it */
   pthread_mutex_unlock(&mu);
   return e == cudaSuccess ? e : fail(e);
 }
@@ -1076,8 +1117,12 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   const bool fails = injected(__func__, &inj);
   if (ev == NULL) return fail(cudaErrorInvalidResourceHandle);
   pthread_mutex_lock(&mu);
-  const uint64_t target = ev->recorded;
-  while (ev->completed < target) pthread_cond_wait(&progress, &mu);
+  struct record *r = ev->latest;
+  if (r != NULL) {
+    r->refs++;
+    while (!r->done) pthread_cond_wait(&progress, &mu);
+    drop_record(r);
+  }
   pthread_mutex_unlock(&mu);
   return fails ? injected_failure(__func__, inj) : cudaSuccess;
 }
@@ -1089,8 +1134,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   pthread_mutex_lock(&mu);
   const bool now = ev->pending == 0;
   ev->destroyed = true;
+  if (now) free_event(ev);
   pthread_mutex_unlock(&mu);
-  if (now) free(ev);
   return cudaSuccess;
 }
 
