@@ -11,13 +11,15 @@
 /* Transposes with outputs above the streaming threshold (4 MiB), against
  * the reference gather, for every element size the tiles cover (1, 2, 4, 8
  * and 16 bytes, and 12, which has no tile of its own): sides that are not
- * multiples of the tile (ragged edges), output rows that are whole 16-byte
- * units (streamed where streaming is on) and rows that are not (which
- * take the ordinary tiles even then), and batched (N, H, W) transposes. */
+ * multiples of the tile (ragged edges), output rows that start at every
+ * offset in a cache line (the streamed tiles join lines across tiles and
+ * write row ends with ordinary stores), batched (N, H, W) transposes, and
+ * a 3-D permutation whose output rows are cut by a middle dimension into
+ * pieces that meet inside lines. */
 struct tcase {
   int64_t rows, cols; /* of the output */
   DLDataType dt;
-  int64_t batch;      /* 0: 2-D */
+  int64_t batch;      /* 0: 2-D; < 0: -batch pieces of each output row, (rows, -batch, cols) */
 };
 static const struct tcase tcases[] = {
   {1030, 2048, {kDLFloat, 32, 1}, 0}, /* 8 MiB, ragged edge */
@@ -32,22 +34,32 @@ static const struct tcase tcases[] = {
   {515, 1029, {kDLFloat, 32, 1}, 3},  /* 3 x (515 x 1029) */
   {515, 1028, {kDLFloat, 32, 1}, 3},
   {1001, 1040, {kDLUInt, 8, 1}, 5},
+  {1030, 1100, {kDLUInt, 16, 1}, 3},  /* rows of 2200 bytes: 8 bytes off 16 */
+  {2050, 3, {kDLUInt, 8, 1}, 0},      /* rows shorter than a tile */
+  {1031, 1000, {kDLFloat, 32, 1}, -3}, /* (1031, 3, 1000): pieces of 4000 bytes */
+  {523, 1999, {kDLUInt, 8, 1}, -5},   /* pieces of 1999 bytes */
 };
 
 static void transposes_match(void) {
   for (size_t k = 0; k < sizeof tcases / sizeof tcases[0]; k++) {
     const struct tcase *c = &tcases[k];
     const size_t es = (size_t)c->dt.bits / 8 * c->dt.lanes;
-    const int64_t nb = c->batch ? c->batch : 1;
+    const int64_t nb = c->batch > 0 ? c->batch : c->batch < 0 ? -c->batch : 1;
     const size_t bytes = (size_t)(nb * c->rows * c->cols) * es;
     void *a = malloc(bytes);
     cr_assert_not_null(a);
     fill_pattern(a, bytes, (uint32_t)k + 3);
     /* The source is cols x rows, row-major; its transposed view is rows x
-     * cols with strides (1, rows). */
+     * cols with strides (1, rows). Batched: nb such sources one after the
+     * other. Pieces: a (cols, nb, rows) source read as (rows, nb, cols). */
     int64_t shape[3] = {nb, c->rows, c->cols};
     int64_t st[3] = {c->rows * c->cols, 1, c->rows};
+    int64_t pshape[3] = {c->rows, nb, c->cols}, pst[3] = {1, c->rows, nb * c->rows};
     DLTensor t = {a, CPU0, c->batch ? 3 : 2, c->dt, c->batch ? shape : shape + 1, c->batch ? st : st + 1, 0};
+    if (c->batch < 0) {
+      t.shape = pshape;
+      t.strides = pst;
+    }
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
     o.copy = AB_COPY_ALWAYS;
     o.threads = 1; /* the whole output in one call: the streaming threshold applies */
@@ -60,27 +72,40 @@ static void transposes_match(void) {
   }
 }
 
-/* ab_convert_into a destination whose start is not 16-byte aligned: the
- * first row's head is written with ordinary stores. */
+/* ab_convert_into destinations that start at odd offsets in a cache line
+ * (float32 at 4 bytes in; uint8 at 1 and 33; uint16 at 18), with the
+ * bytes just before and after the destination left alone. */
 static void unaligned_destination_matches(void) {
-  const int64_t rows = 1024, cols = 1100;
-  float *a = malloc((size_t)(rows * cols) * 4);
-  char *raw = malloc((size_t)(rows * cols) * 4 + 64);
-  cr_assert(a != NULL && raw != NULL);
-  fill_pattern(a, (size_t)(rows * cols) * 4, 9);
-  int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
-  DLTensor t = {a, CPU0, 2, {kDLFloat, 32, 1}, shape, st, 0};
-  DLTensor d = {raw + 4, CPU0, 2, {kDLFloat, 32, 1}, shape, NULL, 0};
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.threads = 1;
-  cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "%s", ab_last_error());
-  const float *out = (const float *)(void *)(raw + 4);
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++)
-      cr_assert_eq(memcmp(&out[i * cols + j], &a[j * rows + i], 4), 0, "element (%lld, %lld) differs", (long long)i,
-                   (long long)j);
-  free(a);
-  free(raw);
+  static const struct { DLDataType dt; int64_t rows, cols; size_t at; } cases[] = {
+    {{kDLFloat, 32, 1}, 1024, 1100, 4},
+    {{kDLUInt, 8, 1}, 2047, 2100, 1},
+    {{kDLUInt, 8, 1}, 2050, 2048, 33},
+    {{kDLUInt, 16, 1}, 1500, 1500, 18},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t rows = cases[k].rows, cols = cases[k].cols;
+    const size_t es = cases[k].dt.bits / 8u, bytes = (size_t)(rows * cols) * es, at = cases[k].at;
+    char *a = malloc(bytes), *raw = malloc(bytes + 128);
+    cr_assert(a != NULL && raw != NULL);
+    fill_pattern(a, bytes, 9 + (uint32_t)k);
+    memset(raw, 0x5a, bytes + 128);
+    int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
+    DLTensor t = {a, CPU0, 2, cases[k].dt, shape, st, 0};
+    DLTensor d = {raw + at, CPU0, 2, cases[k].dt, shape, NULL, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.threads = 1;
+    cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "%s", ab_last_error());
+    const char *out = raw + at;
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
+                     "case %zu: element (%lld, %lld) differs", k, (long long)i, (long long)j);
+    for (size_t i = 0; i < at; i++) cr_assert_eq(raw[i], 0x5a, "case %zu: byte %zu before the destination written", k, i);
+    for (size_t i = at + bytes; i < bytes + 128; i++)
+      cr_assert_eq(raw[i], 0x5a, "case %zu: byte %zu past the destination written", k, i - at - bytes);
+    free(a);
+    free(raw);
+  }
 }
 
 Test(streaming, forced_on_gives_the_reference_bytes) {
@@ -133,8 +158,18 @@ static void tiles_match(const char *tiles, const char *streaming) {
   unaligned_destination_matches();
   hwc_to_chw_matches();
 #if defined(__x86_64__)
-  const bool has = strcmp(tiles, "sse2") == 0 || (strcmp(tiles, "ssse3") == 0 && __builtin_cpu_supports("ssse3")) ||
-                   (__builtin_cpu_supports("avx") && __builtin_cpu_supports("ssse3"));
+  /* The CPU features each set needs, cumulative as tiles_level has them. */
+  static const char *const sets[] = {"sse2", "ssse3", "avx", "avx2", "avx512"};
+  bool ok = true, has = false;
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0] && ok; i++) {
+    ok = i == 0                                                            ? true
+         : i == 1                                                          ? __builtin_cpu_supports("ssse3")
+         : i == 2                                                          ? __builtin_cpu_supports("avx")
+         : i == 3                                                          ? __builtin_cpu_supports("avx2")
+                                                                           : __builtin_cpu_supports("avx512f") &&
+                                                                               __builtin_cpu_supports("avx512bw");
+    if (ok && strcmp(sets[i], tiles) == 0) has = true;
+  }
 #else
   const bool has = false; /* portable tiles only */
 #endif
@@ -147,3 +182,7 @@ Test(tiles, sse2_streamed) { tiles_match("sse2", "1"); }
 Test(tiles, ssse3_plain) { tiles_match("ssse3", "0"); }
 Test(tiles, avx_plain) { tiles_match("avx", "0"); }
 Test(tiles, avx_streamed) { tiles_match("avx", "1"); }
+Test(tiles, avx2_plain) { tiles_match("avx2", "0"); }
+Test(tiles, avx2_streamed) { tiles_match("avx2", "1"); }
+Test(tiles, avx512_plain) { tiles_match("avx512", "0"); }
+Test(tiles, avx512_streamed) { tiles_match("avx512", "1"); }

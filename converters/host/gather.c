@@ -102,8 +102,9 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * src(a, b) = a * es + b * sb: `a` is contiguous in the source, `b` in the
  * destination. The source is walked in strips of TILE_B rows, each cut into
  * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
- * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements and 2 x 2 blocks of 8-byte
- * ones. Large outputs may use non-temporal stores, as memcpy does, so the
+ * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements, 2 x 2 blocks of 8-byte
+ * ones, and 16 x 16 uint8 and 8 x 8 uint16 blocks (SSE2; with AVX2 and
+ * AVX-512, two or four such blocks side by side at once). Large outputs may use non-temporal stores, as memcpy does, so the
  * destination is not read for ownership and does not evict the source:
  * where the CPU gains by them (ab__host_streaming, below), through a
  * buffered tile that writes whole lines (transpose_streamed).
@@ -204,6 +205,80 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   _mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi64(r0, r1));
   _mm_storeu_si128((__m128i *)(void *)(d + dsa), _mm_unpackhi_epi64(r0, r1));
 }
+
+/* Wide 1- and 2-byte tiles: the SSE2 networks above run in every 128-bit
+ * lane of an AVX2 or AVX-512 register at once, lane L holding columns
+ * 16L.. (bytes) of each source row, so one load takes 32 or 64 bytes of a
+ * row (a whole cache line with AVX-512) and each shuffle does the work of
+ * two or four; lane L of a result is one 16-byte destination row, stored
+ * by itself. A 16 x 64 uint8 tile is 64 shuffles where four 16 x 16 tiles
+ * are 256. Measured in L1 on the Intel Xeon VM: 12 GB/s (SSE2), 22 (AVX2),
+ * 30 (AVX-512) for uint8 (bench/results/2026-11-25-wide-tiles.md). */
+#define ST_LANES_256(p, v, apart)                                                                  \
+  do {                                                                                             \
+    _mm_storeu_si128((__m128i *)(void *)(p), _mm256_castsi256_si128(v));                           \
+    _mm_storeu_si128((__m128i *)(void *)((p) + (apart)), _mm256_extracti128_si256(v, 1));          \
+  } while (0)
+#define ST_LANES_512(p, v, apart)                                                                  \
+  do {                                                                                             \
+    _mm_storeu_si128((__m128i *)(void *)(p), _mm512_castsi512_si128(v));                           \
+    _mm_storeu_si128((__m128i *)(void *)((p) + (apart)), _mm512_extracti32x4_epi32(v, 1));         \
+    _mm_storeu_si128((__m128i *)(void *)((p) + 2 * (apart)), _mm512_extracti32x4_epi32(v, 2));     \
+    _mm_storeu_si128((__m128i *)(void *)((p) + 3 * (apart)), _mm512_extracti32x4_epi32(v, 3));     \
+  } while (0)
+#define LOAD_256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define LOAD_512(p) _mm512_loadu_si512((const void *)(p))
+
+/* 16 source rows of 16 * lanes bytes -> 16 * lanes destination rows of 16
+ * bytes: tr16x16_8 lane by lane (V: the register type, W: its intrinsics'
+ * prefix). */
+#define DEFINE_WIDE_8(NAME, TARGET, V, W, LOAD, STORE_LANES)                                        \
+  __attribute__((target(TARGET))) static void NAME(char *d, int64_t dsa, const char *s, int64_t sb) { \
+    V r[16], t[16];                                                                                \
+    for (int i = 0; i < 16; i++) r[i] = LOAD(s + i * sb);                                          \
+    for (int i = 0; i < 16; i += 2) {                                                              \
+      t[i] = W##_unpacklo_epi8(r[i], r[i + 1]);                                                    \
+      t[i + 1] = W##_unpackhi_epi8(r[i], r[i + 1]);                                                \
+    }                                                                                              \
+    for (int g = 0; g < 16; g += 4)                                                                \
+      for (int h = 0; h < 2; h++) {                                                                \
+        r[g + 2 * h] = W##_unpacklo_epi16(t[g + h], t[g + 2 + h]);                                 \
+        r[g + 2 * h + 1] = W##_unpackhi_epi16(t[g + h], t[g + 2 + h]);                             \
+      }                                                                                            \
+    for (int g = 0; g < 16; g += 8)                                                                \
+      for (int h = 0; h < 4; h++) {                                                                \
+        t[g + 2 * h] = W##_unpacklo_epi32(r[g + h], r[g + 4 + h]);                                 \
+        t[g + 2 * h + 1] = W##_unpackhi_epi32(r[g + h], r[g + 4 + h]);                             \
+      }                                                                                            \
+    for (int c = 0; c < 8; c++) {                                                                  \
+      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(t[c], t[8 + c]), 16 * dsa);                \
+      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(t[c], t[8 + c]), 16 * dsa);            \
+    }                                                                                              \
+  }
+/* 8 source rows of 8 * lanes 2-byte elements -> 8 * lanes destination rows
+ * of 8: tr8x8_16 lane by lane. */
+#define DEFINE_WIDE_16(NAME, TARGET, V, W, LOAD, STORE_LANES)                                       \
+  __attribute__((target(TARGET))) static void NAME(char *d, int64_t dsa, const char *s, int64_t sb) { \
+    V r[8], t[8], u[8];                                                                            \
+    for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
+    for (int i = 0; i < 8; i += 2) {                                                               \
+      t[i] = W##_unpacklo_epi16(r[i], r[i + 1]);                                                   \
+      t[i + 1] = W##_unpackhi_epi16(r[i], r[i + 1]);                                               \
+    }                                                                                              \
+    for (int g = 0; g < 8; g += 4)                                                                 \
+      for (int h = 0; h < 2; h++) {                                                                \
+        u[g + 2 * h] = W##_unpacklo_epi32(t[g + h], t[g + 2 + h]);                                 \
+        u[g + 2 * h + 1] = W##_unpackhi_epi32(t[g + h], t[g + 2 + h]);                             \
+      }                                                                                            \
+    for (int c = 0; c < 4; c++) {                                                                  \
+      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);                 \
+      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);             \
+    }                                                                                              \
+  }
+DEFINE_WIDE_8(tr16x32_8, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
+DEFINE_WIDE_8(tr16x64_8, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
+DEFINE_WIDE_16(tr8x16_16, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
+DEFINE_WIDE_16(tr8x32_16, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
 #endif
 
 #define DEFINE_TILE(N)                                                             \
@@ -221,37 +296,51 @@ DEFINE_TILE(16)
 
 typedef void (*micro_fn)(char *d, int64_t dsa, const char *s, int64_t sb);
 
-/* Runs a k x k micro-kernel over the largest k-aligned part of an na x nb
- * tile, and the scalar tile on the ragged right and bottom edges. */
+typedef void (*scalar_fn)(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb);
+
+/* Runs a micro-kernel that takes wa destination rows by wb columns over the
+ * largest such multiple of an na x nb tile, and the scalar tile on the
+ * ragged right and bottom edges. */
 static void tile_micro(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
-                       int64_t es, int64_t k, micro_fn micro,
-                       void (*scalar)(char *, int64_t, const char *, int64_t, int64_t, int64_t)) {
-  int64_t ka = na - na % k, kb = nb - nb % k;
-  for (int64_t a = 0; a < ka; a += k)
-    for (int64_t b = 0; b < kb; b += k) micro(d + a * dsa + b * es, dsa, s + a * es + b * sb, sb);
+                       int64_t es, int64_t wa, int64_t wb, micro_fn micro, scalar_fn scalar) {
+  int64_t ka = na - na % wa, kb = nb - nb % wb;
+  for (int64_t a = 0; a < ka; a += wa)
+    for (int64_t b = 0; b < kb; b += wb) micro(d + a * dsa + b * es, dsa, s + a * es + b * sb, sb);
   if (kb < nb) scalar(d + kb * es, dsa, s + kb * sb, sb, ka, nb - kb);
   if (ka < na) scalar(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb);
 }
 
+/* A wide kernel (wa rows) over the rows it covers whole, then the square
+ * one (wb x wb) over the rest. */
+static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, int64_t es,
+                      int64_t wa, int64_t wb, micro_fn wide, micro_fn square, scalar_fn scalar) {
+  const int64_t ka = na - na % wa;
+  tile_micro(d, dsa, s, sb, ka, nb, es, wa, wb, wide, scalar);
+  tile_micro(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb, es, wb, wb, square, scalar);
+}
+
 /* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
- * avx or auto; the tests force each): SSE2 (every x86-64: 4x4 float32
- * tiles, the scalar 3- and 4-channel deinterleave), SSSE3 (the shuffle
- * deinterleave) or AVX (8x8 float32 tiles); the 1-, 2- and 8-byte tiles
- * are SSE2 throughout. AVX2 versions of the 1- and 2-byte tiles (two
- * tiles per register, half the shuffles) were tried and measured no
- * faster: those transposes wait on memory, not on shuffles. */
-enum { TILES_SSE2, TILES_SSSE3, TILES_AVX };
+ * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
+ * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles, the scalar 3- and
+ * 4-channel deinterleave), SSSE3 (the shuffle deinterleave), AVX (8x8
+ * float32 tiles), AVX2 (uint8 and uint16 tiles two lanes wide) or AVX-512
+ * (F and BW: four lanes wide); 8-byte tiles are SSE2 throughout. */
+enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
   static ab__env_cache cache;
-  static const struct ab__env_choice caps[] = {
-    {"auto", TILES_AVX}, {"avx", TILES_AVX}, {"ssse3", TILES_SSSE3}, {"sse2", TILES_SSE2}, {NULL, 0}};
+  static const struct ab__env_choice caps[] = {{"auto", TILES_AVX512}, {"avx512", TILES_AVX512}, {"avx2", TILES_AVX2},
+                                               {"avx", TILES_AVX},     {"ssse3", TILES_SSSE3},     {"sse2", TILES_SSE2},
+                                               {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX, "auto, avx, ssse3 or sse2");
-  int cpu = __builtin_cpu_supports("avx") && __builtin_cpu_supports("ssse3") ? TILES_AVX
-            : __builtin_cpu_supports("ssse3")                                ? TILES_SSSE3
-                                                                             : TILES_SSE2;
+  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX512, "auto, avx512, avx2, avx, ssse3 or sse2");
+  /* libgcc's answers include the operating system's: AVX and AVX-512
+   * count only where it saves their registers. */
+  const bool ssse3 = __builtin_cpu_supports("ssse3"), avx = ssse3 && __builtin_cpu_supports("avx"),
+             avx2 = avx && __builtin_cpu_supports("avx2"),
+             avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  int cpu = avx512 ? TILES_AVX512 : avx2 ? TILES_AVX2 : avx ? TILES_AVX : ssse3 ? TILES_SSSE3 : TILES_SSE2;
   return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
 }
 #endif
@@ -259,19 +348,48 @@ static int tiles_level(void) {
 /* An element size's micro-kernel where the CPU has one (SSE2 or AVX
  * registers), else its portable tile loop. */
 #ifdef HAVE_X86_KERNELS
-#define TILE_MICRO(es, w, kernel, tile) tile_micro(d, dsa, s, sb, na, nb, (es), (w), (kernel), (tile))
+#define TILE_MICRO(es, w, kernel, tile) tile_micro(d, dsa, s, sb, na, nb, (es), (w), (w), (kernel), (tile))
+#define TILE_WIDE(es, wa, w, wide, square, tile) tile_wide(d, dsa, s, sb, na, nb, (es), (wa), (w), (wide), (square), (tile))
 #else
 #define TILE_MICRO(es, w, kernel, tile) tile(d, dsa, s, sb, na, nb)
+#define TILE_WIDE(es, wa, w, wide, square, tile) tile(d, dsa, s, sb, na, nb)
 #endif
 
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                      size_t es) {
+#ifdef HAVE_X86_KERNELS
+  const int level = tiles_level();
+#endif
   switch (es) {
-  case 1: TILE_MICRO(1, 16, tr16x16_8, tile_1); return;
-  case 2: TILE_MICRO(2, 8, tr8x8_16, tile_2); return;
+  case 1:
+#ifdef HAVE_X86_KERNELS
+    if (level >= TILES_AVX512) {
+      TILE_WIDE(1, 64, 16, tr16x64_8, tr16x16_8, tile_1);
+      return;
+    }
+    if (level >= TILES_AVX2) {
+      TILE_WIDE(1, 32, 16, tr16x32_8, tr16x16_8, tile_1);
+      return;
+    }
+#endif
+    TILE_MICRO(1, 16, tr16x16_8, tile_1);
+    return;
+  case 2:
+#ifdef HAVE_X86_KERNELS
+    if (level >= TILES_AVX512) {
+      TILE_WIDE(2, 32, 8, tr8x32_16, tr8x8_16, tile_2);
+      return;
+    }
+    if (level >= TILES_AVX2) {
+      TILE_WIDE(2, 16, 8, tr8x16_16, tr8x8_16, tile_2);
+      return;
+    }
+#endif
+    TILE_MICRO(2, 8, tr8x8_16, tile_2);
+    return;
   case 4:
 #ifdef HAVE_X86_KERNELS
-    if (tiles_level() < TILES_AVX) {
+    if (level < TILES_AVX) {
       TILE_MICRO(4, 4, tr4x4_32, tile_4);
       return;
     }
@@ -286,6 +404,7 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
   }
 }
 #undef TILE_MICRO
+#undef TILE_WIDE
 
 /* Few rows (a small channel count, as in HWC -> CHW): deinterleave each
  * source pixel into `na` destination planes, a block of pixels at a time. */
@@ -380,26 +499,64 @@ static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
  * whose rows are SEG bytes (32 x 32 float32, 128 x 128 uint8) is
  * transposed into a buffer that stays in L1, by the same micro-kernels,
  * and each of its rows, SEG bytes of one output row, is then streamed out
- * in one go; the strips run along the output rows (a inner), so the source
- * is read as bands of SEG / es rows walked left to right. Measured on an
- * Intel Xeon VM (4096^2 float32, one thread): 0.41x of memcpy for the
- * plain tiles, 0.9-1.6x for this; 64- and 256-byte rows were slower
- * (bench/results/2026-11-25-streamed-transposes.md). */
+ * in whole destination lines (stream_row); the strips run along the output
+ * rows (a inner), so the source is read as bands of SEG / es rows walked
+ * left to right. Measured on an Intel Xeon VM (4096^2 float32, one
+ * thread): 0.41x of memcpy for the plain tiles, 0.9-1.6x for this; 64- and
+ * 256-byte rows were slower, and walking the source a column strip at a
+ * time (a outer) halved the speed (bench/results/). */
 #define SEG 128
+#define LINE 64
 
 #ifdef HAVE_X86_KERNELS
-/* n bytes to d, 16-byte aligned, with streaming stores; n is a multiple
- * of 16 (visit_transpose sees to it), and a rest would be written with
- * ordinary stores. */
-static void stream_out(char *d, const char *s, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm_stream_si128((__m128i *)(void *)(d + i), _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
-  memcpy(d + i, s + i, n - i);
+static inline void stream16(char *d, const char *s) {
+  _mm_stream_si128((__m128i *)(void *)d, _mm_loadu_si128((const __m128i *)(const void *)s));
 }
 
+/* One tile row: the n bytes at c go to d, the next bytes of an output row.
+ * Output rows rarely start on a line (4104 float32: every other row 32
+ * bytes in), so a tile row's bytes seldom match the lines they fall in.
+ * Whole lines are streamed; the line that straddles this tile and the
+ * previous one is joined from `carry`, which holds the previous tile's
+ * last LINE bytes of this row (those past its last whole line were not
+ * written), and this tile's head; this tile's last LINE bytes wait there
+ * for the next. The row's first partial line (first) and last (last) get
+ * ordinary stores, and so does the other side of those lines (the
+ * neighbouring row's end or start, likewise partial): every line is
+ * written all one way, for an ordinary store into a line that streaming
+ * stores also write pulls it into the cache and the streaming stores then
+ * flush it again (a 1000-wide uint8 plane ran at 0.1 GB/s that way). Tiles
+ * other than a row's last are SEG bytes, a whole number of lines, so each
+ * finds the row at the same offset in a line as the one before. */
+static void stream_row(char *d, const char *c, size_t n, char *carry, bool first, bool last) {
+  size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
+  if (first) {
+    if (r > n) r = n;
+    memcpy(d, c, r);
+  } else if (r > n) { /* the row ends inside the straddling line: all ordinary */
+    memcpy(d - (LINE - r), carry + r, LINE - r);
+    memcpy(d, c, n);
+    return;
+  } else if (r > 0) {
+    char *line = d - (LINE - r);
+    if (r % 16 == 0) {
+      for (size_t k = 0; k < LINE; k += 16) stream16(line + k, k < LINE - r ? carry + r + k : c + k - (LINE - r));
+    } else {
+      _Alignas(16) char joined[LINE];
+      memcpy(joined, carry + r, LINE - r);
+      memcpy(joined + LINE - r, c, r);
+      for (size_t k = 0; k < LINE; k += 16) stream16(line + k, joined + k);
+    }
+  }
+  const size_t whole = (n - r) & ~(size_t)(LINE - 1);
+  for (size_t k = 0; k < whole; k += 16) stream16(d + r + k, c + r + k);
+  if (last) memcpy(d + r + whole, c + r + whole, n - r - whole);
+  else if (r > 0) memcpy(carry, c + n - LINE, LINE);
+}
+
+/* carry: LINE bytes for each of the na destination rows. */
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
-                               size_t es) {
+                               size_t es, char *carry) {
   _Alignas(64) char buf[SEG * SEG];
   const int64_t t = SEG / (int64_t)es; /* elements per tile side */
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
@@ -408,7 +565,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
       const int64_t ma = na - a0 < t ? na - a0 : t;
       tile_any(buf, SEG, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
       for (int64_t a = 0; a < ma; a++)
-        stream_out(d + (a0 + a) * dsa + b0 * (int64_t)es, buf + a * SEG, (size_t)mb * es);
+        stream_row(d + (a0 + a) * dsa + b0 * (int64_t)es, buf + a * SEG, (size_t)mb * es, carry + (a0 + a) * LINE,
+                   b0 == 0, b0 + mb == nb);
     }
   }
 }
@@ -417,7 +575,7 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
 struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
-  bool nt; /* streaming stores allowed (large output) */
+  char *carry; /* non-NULL: streaming stores (a large output), LINE bytes a row */
 };
 
 static void visit_transpose(void *ctx, char *d, const char *s) {
@@ -441,15 +599,8 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #ifdef HAVE_X86_KERNELS
-  /* Only where every tile row starts 16-byte aligned: an ordinary store
-   * into a line that streaming stores also write pulls it into the cache,
-   * and the streaming stores then flush it again, line by line (a
-   * 1000-wide uint8 plane, whose rows start 8 bytes apart from alignment,
-   * ran at 0.1 GB/s that way), and whose rows are whole 16-byte units
-   * (a batched output's rows can be shorter than their stride), so that
-   * each SEG-byte piece of a row is too. */
-  if (c->nt && SEG % es == 0 && (uintptr_t)d % 16 == 0 && dsa % 16 == 0 && (nb * (int64_t)es) % 16 == 0) {
-    transpose_streamed(d, dsa, s, sb, na, nb, es);
+  if (c->carry != NULL) {
+    transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
     return;
   }
 #endif
@@ -482,13 +633,14 @@ static double seconds(void) {
 static int probe_streaming(void) {
   enum { R = 1024, C = 2048 }; /* a R x C float32 source, transposed */
   float *s = aligned_alloc(64, (size_t)R * C * 4), *d = aligned_alloc(64, (size_t)R * C * 4);
+  char *carry = malloc((size_t)C * LINE);
   int choice = 0;
-  if (s != NULL && d != NULL) {
+  if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < (size_t)R * C; i++) s[i] = (float)i;
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 3; rep++)
       for (int nt = 0; nt < 2; nt++) {
-        struct transpose_ctx c = {C, R, (int64_t)R * 4, (int64_t)C * 4, 4, nt == 1};
+        struct transpose_ctx c = {C, R, (int64_t)R * 4, (int64_t)C * 4, 4, nt == 1 ? carry : NULL};
         double t0 = seconds();
         visit_transpose(&c, (char *)d, (const char *)s);
         _mm_sfence();
@@ -499,6 +651,7 @@ static int probe_streaming(void) {
   }
   free(s);
   free(d);
+  free(carry);
   return choice;
 }
 #else
@@ -526,7 +679,7 @@ int ab__host_streaming_known(void) { return atomic_load_explicit(&streaming_mode
 
 const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS
-  static const char *const names[] = {"sse2", "ssse3", "avx"};
+  static const char *const names[] = {"sse2", "ssse3", "avx", "avx2", "avx512"};
   return names[tiles_level()];
 #else
   return "portable";
@@ -563,12 +716,22 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    int64_t total = d.shape[0] * dst_st[0];
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize,
-                              (size_t)total >= NT_THRESHOLD && ab__host_streaming() == 1};
+    const int64_t total = d.shape[0] * dst_st[0];
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, NULL};
+#ifdef HAVE_X86_KERNELS
+    /* Streaming stores for large outputs where the CPU gains by them, in
+     * tiles of SEG-byte rows (element sizes that divide it) and output rows
+     * of one tile or more. Without room for the carried lines the plain
+     * tiles do it. */
+    if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4 && ab__host_streaming() == 1)
+      c.carry = malloc((size_t)c.na * LINE);
+#endif
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
 #ifdef HAVE_X86_KERNELS
-    if (c.nt) _mm_sfence(); /* order the streaming stores before the caller's */
+    if (c.carry != NULL) {
+      _mm_sfence(); /* order the streaming stores before the caller's */
+      free(c.carry);
+    }
 #endif
     return;
   }
