@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "plan.h"
 
 const char *ab_version_string(void) { return AB_VERSION_STRING; }
@@ -180,16 +181,19 @@ static ab__place convert_place(void) {
                                  (uint32_t)ab__env_choice("AB_CONVERT_PLACE", places, AB_PLACE_AUTO, "auto, host or device"));
 }
 
-/* into: the existing destination of ab_convert_into, else NULL. */
-ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, const DLTensor *into,
-                      ab__prepared *p) {
+/* The request's checks: the options, the source, both devices and the
+ * conversion asked for (p's o, lay, devices, backends and cv). */
+static ab_status check_request(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, ab__prepared *p) {
   AB_FORWARD(read_opts(opts, &p->o));
   AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
   AB_FORWARD(ab__check_tensor_device(src->device, "src device", false, &p->sdev, &p->sbe));
   AB_FORWARD(ab__check_tensor_device(target, "target device", true, &p->tdev, &p->tbe));
   AB_FORWARD(check_handle_range(src, &p->lay, p->sbe, p->sdev));
-  AB_FORWARD(read_conversion(src, &p->lay, &p->o, &p->cv));
+  return read_conversion(src, &p->lay, &p->o, &p->cv);
+}
 
+/* The route of a checked request (the rest of p). */
+static ab_status plan_request(const DLTensor *src, const DLTensor *into, ab__prepared *p) {
   const ab__layout *lay = &p->lay;
   const struct ab_backend *sbe = p->sbe, *tbe = p->tbe;
   /* A destination the target's backend cannot use in its own copies and
@@ -247,26 +251,58 @@ ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opt
   return ab__plan_route(&p->q, &p->plan);
 }
 
+/* into: the existing destination of ab_convert_into, else NULL. */
+ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, const DLTensor *into,
+                      ab__prepared *p) {
+  AB_FORWARD(check_request(src, target, opts, p));
+  return plan_request(src, into, p);
+}
+
+/* The commonest copy (issue 18: a 4 KiB one cost 2.5x malloc + memcpy +
+ * free, a third of it planning): compact bytes from host memory into new
+ * host memory, nothing converted, too few for a second thread. Its plan
+ * would be one host copy; it is made here without one. */
+static bool plain_host_copy(const ab__prepared *p) {
+  return p->sbe == p->tbe && p->sbe->device_type == kDLCPU && !p->cv.active && p->lay.compact &&
+         p->o.copy == AB_COPY_ALWAYS && p->lay.nbytes < ab__parallel_min();
+}
+
+/* A new tensor on p's target holding the result of p's plan (or, for a
+ * plain host copy, of one memcpy). */
+static ab_status copy_to_new(const DLTensor *src, const ab__prepared *p, bool plain, struct ab__tensor **out) {
+  const ab__conv *cv = &p->cv;
+  struct ab__tensor *t;
+  const size_t nbytes = cv->active ? cv->out_nbytes : p->lay.nbytes;
+  AB_FORWARD(ab__tensor_create(p->tdev, src->ndim, cv->active ? cv->out_shape : src->shape,
+                               cv->active ? cv->out_dtype : src->dtype, p->tbe, nbytes, &t));
+  ab_status st = AB_OK;
+  if (plain) {
+    if (nbytes > 0) memcpy(t->mt.dl_tensor.data, (const char *)src->data + src->byte_offset, nbytes);
+  } else {
+    st = ab__run_copy(src, p, &t->mt.dl_tensor);
+  }
+  if (st != AB_OK) {
+    ab__tensor_discard(t);
+    return st;
+  }
+  t->mt.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
+  *out = t;
+  return AB_OK;
+}
+
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
                             DLManagedTensorVersioned **out) {
   ab__prepared p;
   struct ab__tensor *t = NULL;
 
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
-  AB_FORWARD(ab__prepare(src, target, opts, NULL, &p));
-  if (p.plan.steps[0].kind == AB_STEP_VIEW) {
-    AB_FORWARD(export_view(src, &p.lay, p.tdev, &t));
+  AB_FORWARD(check_request(src, target, opts, &p));
+  if (plain_host_copy(&p)) {
+    AB_FORWARD(copy_to_new(src, &p, true, &t));
   } else {
-    const ab__conv *cv = &p.cv;
-    AB_FORWARD(ab__tensor_new(p.tdev, src->ndim, cv->active ? cv->out_shape : src->shape,
-                              cv->active ? cv->out_dtype : src->dtype, &t));
-    ab_status st = ab__tensor_alloc_data(t, p.tbe, cv->active ? cv->out_nbytes : p.lay.nbytes);
-    if (st == AB_OK) st = ab__run_copy(src, &p, &t->mt.dl_tensor);
-    if (st != AB_OK) {
-      ab__tensor_discard(t);
-      return st;
-    }
-    t->mt.flags = DLPACK_FLAG_BITMASK_IS_COPIED;
+    AB_FORWARD(plan_request(src, NULL, &p));
+    if (p.plan.steps[0].kind == AB_STEP_VIEW) AB_FORWARD(export_view(src, &p.lay, p.tdev, &t));
+    else AB_FORWARD(copy_to_new(src, &p, false, &t));
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -323,17 +359,11 @@ ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDa
   ab__layout lay;
   const struct ab_backend *be;
   struct ab__tensor *t;
-  ab_status st;
 
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   AB_FORWARD(ab__check_shape(ndim, shape, dtype, "tensor", &lay));
   AB_FORWARD(ab__check_tensor_device(dev, "device", true, &dev, &be));
-  AB_FORWARD(ab__tensor_new(dev, ndim, shape, dtype, &t));
-  st = ab__tensor_alloc_data(t, be, lay.nbytes);
-  if (st != AB_OK) {
-    ab__tensor_discard(t);
-    return st;
-  }
+  AB_FORWARD(ab__tensor_create(dev, ndim, shape, dtype, be, lay.nbytes, &t));
   *out = &t->mt;
   return AB_OK;
 }

@@ -151,8 +151,38 @@ static void tensor_deleter(DLManagedTensorVersioned *self) {
 
 void ab__tensor_discard(struct ab__tensor *t) {
   if (t == NULL) return;
-  if (t->block != NULL) ab__pool_free(t->block);
-  ab__free(t);
+  ab__block *b = t->block;
+  const bool in_block = b != NULL && (void *)t == (void *)b->room; /* read before b goes back */
+  if (b != NULL) ab__pool_free(b);
+  if (!in_block) ab__free(t);
+}
+
+/* The most dims whose shape and strides fit in a block's room beside the
+ * struct. */
+#define ROOM_DIMS ((AB_BLOCK_ROOM - sizeof(struct ab__tensor)) / (2 * sizeof(int64_t)))
+_Static_assert(sizeof(struct ab__tensor) + 4 * 2 * sizeof(int64_t) <= AB_BLOCK_ROOM,
+               "a block's room holds a tensor of 4 dims");
+
+/* The header of a tensor at t, which has room for ndim dims. */
+static void init_header(struct ab__tensor *t, DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype) {
+  int64_t *sh = t->dims, *st = t->dims + ndim, stride = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) {
+    sh[i] = shape[i];
+    st[i] = stride;
+    /* Only an empty tensor can overflow here (validation skips the product
+     * of its other dims); its strides address nothing, so saturate. */
+    if (ab__mul_overflow_i64(stride, shape[i] > 1 ? shape[i] : 1, &stride)) stride = INT64_MAX;
+  }
+  /* Field by field: a memset of the struct first compiled to `rep stos`,
+   * whose start-up was a tenth of a 4 KiB conversion (perf). */
+  t->mt.version.major = DLPACK_MAJOR_VERSION;
+  t->mt.version.minor = DLPACK_MINOR_VERSION;
+  t->mt.manager_ctx = t;
+  t->mt.deleter = tensor_deleter;
+  t->mt.flags = 0;
+  t->mt.dl_tensor = (DLTensor){.data = NULL, .device = dev, .ndim = ndim, .dtype = dtype,
+                               .shape = ndim > 0 ? sh : NULL, .strides = ndim > 0 ? st : NULL, .byte_offset = 0};
+  t->block = NULL;
 }
 
 ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
@@ -162,37 +192,34 @@ ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
   if (t == NULL)
     return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory for a tensor header",
                    sizeof *t + extra);
-  memset(t, 0, sizeof *t);
-  int64_t *sh = t->dims, *st = t->dims + ndim, stride = 1;
-  for (int32_t i = ndim - 1; i >= 0; i--) {
-    sh[i] = shape[i];
-    st[i] = stride;
-    /* Only an empty tensor can overflow here (validation skips the product
-     * of its other dims); its strides address nothing, so saturate. */
-    if (ab__mul_overflow_i64(stride, shape[i] > 1 ? shape[i] : 1, &stride)) stride = INT64_MAX;
-  }
-  t->mt.version.major = DLPACK_MAJOR_VERSION;
-  t->mt.version.minor = DLPACK_MINOR_VERSION;
-  t->mt.manager_ctx = t;
-  t->mt.deleter = tensor_deleter;
-  t->mt.flags = 0;
-  t->mt.dl_tensor.data = NULL;
-  t->mt.dl_tensor.device = dev;
-  t->mt.dl_tensor.ndim = ndim;
-  t->mt.dl_tensor.dtype = dtype;
-  t->mt.dl_tensor.shape = ndim > 0 ? sh : NULL;
-  t->mt.dl_tensor.strides = ndim > 0 ? st : NULL;
-  t->mt.dl_tensor.byte_offset = 0;
+  init_header(t, dev, ndim, shape, dtype);
   *out = t;
   return AB_OK;
 }
 
-ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be, size_t nbytes) {
-  if (nbytes == 0) return AB_OK;
-  ab__block *b;
-  AB_FORWARD(ab__pool_alloc(be, t->mt.dl_tensor.device, nbytes, &b));
+ab_status ab__tensor_create(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype,
+                            const struct ab_backend *be, size_t nbytes, struct ab__tensor **out) {
+  struct ab__tensor *t = NULL;
+  ab__block *b = NULL;
+  if (nbytes > 0 && ndim >= 0 && (size_t)ndim <= ROOM_DIMS) {
+    AB_FORWARD(ab__pool_alloc(be, dev, nbytes, &b));
+    t = (struct ab__tensor *)(void *)b->room;
+    init_header(t, dev, ndim, shape, dtype);
+  } else {
+    AB_FORWARD(ab__tensor_new(dev, ndim, shape, dtype, &t));
+    if (nbytes == 0) {
+      *out = t;
+      return AB_OK;
+    }
+    ab_status st = ab__pool_alloc(be, dev, nbytes, &b);
+    if (st != AB_OK) {
+      ab__free(t);
+      return st;
+    }
+  }
   t->block = b;
   t->mt.dl_tensor.data = b->ptr;
+  *out = t;
   return AB_OK;
 }
 

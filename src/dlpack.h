@@ -30,7 +30,9 @@ ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
 ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay);
 
 /* The managed tensors the library makes: one allocation holds the struct,
- * the bookkeeping and the shape and strides arrays. */
+ * the bookkeeping and the shape and strides arrays; for a tensor with a
+ * pooled block and up to AB_TENSOR_ROOM_DIMS dims that is the block's
+ * descriptor (ab__tensor_create). */
 struct ab__tensor {
   DLManagedTensorVersioned mt; /* first: the deleter casts self back */
   ab__block *block;            /* data owned by this tensor; NULL for views */
@@ -43,10 +45,10 @@ struct ab__tensor {
 ab_status ab__tensor_new(DLDevice dev, int32_t ndim, const int64_t *shape,
                          DLDataType dtype, struct ab__tensor **out);
 
-/* Gives `t` a data block of `nbytes` from its device's pool, which backend
- * `be` serves (none when 0). */
-ab_status ab__tensor_alloc_data(struct ab__tensor *t, const struct ab_backend *be,
-                                size_t nbytes);
+/* A tensor as ab__tensor_new makes one, with a data block of `nbytes`
+ * from its device's pool, which backend `be` serves (none when 0). */
+ab_status ab__tensor_create(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype,
+                            const struct ab_backend *be, size_t nbytes, struct ab__tensor **out);
 
 /* Frees a tensor and returns its block to the pool; what the deleter does. */
 void ab__tensor_discard(struct ab__tensor *t);

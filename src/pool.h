@@ -4,18 +4,27 @@
 #ifndef AB_POOL_H
 #define AB_POOL_H
 
+#include <stddef.h>
+
 #include "core.h"
 
 struct ab__pool;
 
+/* Bytes of room in a block's descriptor for whoever holds the block. */
+#define AB_BLOCK_ROOM 160
+
 /* A block handed out by a pool. `ptr` is the device pointer (or handle);
- * the descriptor is host memory owned by the pool. */
+ * the descriptor is host memory owned by the pool. `room` is the holder's
+ * while it holds the block, for a small header of its own (dlpack.c keeps
+ * a tensor's there), so a pooled tensor costs no second allocation: a
+ * malloc and free were an eighth of a 4 KiB conversion (issue 18). */
 typedef struct ab__block {
   void *ptr;
   size_t size;      /* rounded size class, what the backend allocated */
   size_t requested; /* what the caller asked for */
   struct ab__pool *pool;
   struct ab__block *next; /* free-list link while cached */
+  _Alignas(max_align_t) unsigned char room[AB_BLOCK_ROOM];
 } ab__block;
 
 /* Allocates `bytes` (> 0) on dev from its pool, running the OOM sequence

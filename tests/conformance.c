@@ -378,7 +378,10 @@ static void sweep(bool persistent) {
     faults++;
   }
   cr_assert_lt(n, 500);
-  cr_assert_geq(faults, 6, "only %d fault points on the %s routes", faults, type_name());
+  /* At least five: on the cpu routes the host pool, the first result's
+   * block descriptor (which holds its header) and block, and the headers
+   * of the two zero-copy views that follow. */
+  cr_assert_geq(faults, 5, "only %d fault points on the %s routes", faults, type_name());
   /* Staging chunks are an optimisation: a run whose only lost allocation
    * was a staging chunk transfers directly and succeeds. */
   if (persistent && !staged)

@@ -139,6 +139,58 @@ Test(convert, copy_always_returns_an_owned_aligned_compact_copy) {
   cr_assert_eq(ab__alloc_live_settled(), live, "the copy's deleter leaked");
 }
 
+/* A copy's header lives in its pooled block's descriptor up to 4 dims and
+ * is allocated on its own beyond (and for empty tensors): each way the
+ * result carries its own shape and canonical strides, two live copies
+ * share nothing, a header reused with its block is rewritten, and the
+ * deleters leave nothing behind. */
+Test(convert, copies_of_any_rank_own_their_headers) {
+  float v[64];
+  for (int i = 0; i < 64; i++) v[i] = (float)i;
+  long live = ab__alloc_live_settled();
+  for (int32_t nd = 0; nd <= 8; nd++) {
+    int64_t shape[8], shape2[8];
+    for (int32_t i = 0; i < nd; i++) {
+      shape[i] = i < 3 ? 2 : 1;        /* 8 elements at most */
+      shape2[i] = i == nd - 1 ? 1 : 2; /* another shape, as many dims */
+    }
+    DLTensor a = {v, CPU0, nd, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    DLTensor b = {v + 8, CPU0, nd, dt(kDLFloat, 32, 1), shape2, NULL, 0};
+    ab_convert_opts o = {.copy = AB_COPY_ALWAYS};
+    DLManagedTensorVersioned *ra, *rb;
+    cr_assert_eq(ab_convert_memory(&a, CPU0, &o, &ra), AB_OK, "%d dims: %s", nd, ab_last_error());
+    cr_assert_eq(ab_convert_memory(&b, CPU0, &o, &rb), AB_OK, "%d dims: %s", nd, ab_last_error());
+    cr_assert(is_compact_copy_of(ra, &a), "%d dims", nd);
+    cr_assert(is_compact_copy_of(rb, &b), "%d dims", nd);
+    cr_assert_neq((void *)ra, (void *)rb);
+    cr_assert_neq(ra->dl_tensor.data, rb->dl_tensor.data);
+    cr_assert_eq(ra->manager_ctx != NULL, true);
+    if (nd > 0) cr_assert_neq(ra->dl_tensor.shape, rb->dl_tensor.shape);
+    assert_compact_strides(&ra->dl_tensor, "ra");
+    assert_compact_strides(&rb->dl_tensor, "rb");
+    /* a's block (and, up to 4 dims, its header) goes back and serves the
+     * next copy of the same size: the header must be b's shape now */
+    ra->deleter(ra);
+    DLManagedTensorVersioned *rc;
+    cr_assert_eq(ab_convert_memory(&b, CPU0, &o, &rc), AB_OK, "%d dims: %s", nd, ab_last_error());
+    cr_assert(is_compact_copy_of(rc, &b), "%d dims: a reused header kept the old shape", nd);
+    cr_assert_eq(rc->flags, DLPACK_FLAG_BITMASK_IS_COPIED);
+    for (int32_t i = 0; i < nd; i++) cr_assert_eq(rc->dl_tensor.shape[i], shape2[i], "%d dims: shape[%d]", nd, i);
+    rb->deleter(rb);
+    rc->deleter(rc);
+  }
+  /* an empty copy has no block: its header is its own */
+  int64_t empty_shape[2] = {3, 0};
+  DLTensor e = {v, CPU0, 2, dt(kDLFloat, 32, 1), empty_shape, NULL, 0};
+  ab_convert_opts o = {.copy = AB_COPY_ALWAYS};
+  DLManagedTensorVersioned *re;
+  cr_assert_eq(ab_convert_memory(&e, CPU0, &o, &re), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(re->dl_tensor.shape[0], 3);
+  cr_assert_eq(re->dl_tensor.shape[1], 0);
+  re->deleter(re);
+  cr_assert_eq(ab__alloc_live_settled(), live, "the copies' deleters leaked");
+}
+
 Test(convert, non_compact_source_with_if_needed_is_copied) {
   struct fixture f;
   fixture_init(&f);
