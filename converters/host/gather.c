@@ -103,8 +103,8 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * destination. The source is walked in strips of TILE_B rows, each cut into
  * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
  * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements, 2 x 2 blocks of 8-byte
- * ones, and 16 x 16 uint8 and 8 x 8 uint16 blocks (SSE2; with AVX2 and
- * AVX-512, two or four such blocks side by side at once). Large outputs may use non-temporal stores, as memcpy does, so the
+ * ones, and 16 x 16 uint8 (SSE2; with AVX2 and AVX-512, two or four such
+ * blocks side by side at once) and 8 x 8 uint16 blocks. Large outputs may use non-temporal stores, as memcpy does, so the
  * destination is not read for ownership and does not evict the source:
  * where the CPU gains by them (ab__host_streaming, below), through a
  * buffered tile that writes whole lines (transpose_streamed).
@@ -206,14 +206,17 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   _mm_storeu_si128((__m128i *)(void *)(d + dsa), _mm_unpackhi_epi64(r0, r1));
 }
 
-/* Wide 1- and 2-byte tiles: the SSE2 networks above run in every 128-bit
- * lane of an AVX2 or AVX-512 register at once, lane L holding columns
- * 16L.. (bytes) of each source row, so one load takes 32 or 64 bytes of a
- * row (a whole cache line with AVX-512) and each shuffle does the work of
- * two or four; lane L of a result is one 16-byte destination row, stored
- * by itself. A 16 x 64 uint8 tile is 64 shuffles where four 16 x 16 tiles
- * are 256. Measured in L1 on the Intel Xeon VM: 12 GB/s (SSE2), 22 (AVX2),
- * 30 (AVX-512) for uint8 (bench/results/2026-11-25-wide-tiles.md). */
+/* Wide uint8 tiles: the SSE2 network above runs in every 128-bit lane of
+ * an AVX2 or AVX-512 register at once, lane L holding bytes 16L.. of each
+ * source row, so one load takes 32 or 64 bytes of a row (a whole cache
+ * line with AVX-512) and each shuffle does the work of two or four; lane
+ * L of a result is one 16-byte destination row, stored by itself. A
+ * 16 x 64 tile is 64 shuffles where four 16 x 16 tiles are 256. Measured
+ * on the Intel Xeon VM (bench/results/2026-11-25-wide-tiles.md): 12 GB/s
+ * (SSE2), 22 (AVX2), 30 (AVX-512) in L1; a 4096^2 transpose 6.0, 7.0 and
+ * 7.0 GB/s. The same for uint16 ran 14, 22 and 32 GB/s in L1 but slower
+ * than the SSE2 tile in whole transposes (8.7 against 8.0-8.3 GB/s at
+ * 4096^2, 5.9 against 3.9-5.2 at 8192^2), so it was not kept. */
 #define ST_LANES_256(p, v, apart)                                                                  \
   do {                                                                                             \
     _mm_storeu_si128((__m128i *)(void *)(p), _mm256_castsi256_si128(v));                           \
@@ -255,30 +258,8 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
       STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(t[c], t[8 + c]), 16 * dsa);            \
     }                                                                                              \
   }
-/* 8 source rows of 8 * lanes 2-byte elements -> 8 * lanes destination rows
- * of 8: tr8x8_16 lane by lane. */
-#define DEFINE_WIDE_16(NAME, TARGET, V, W, LOAD, STORE_LANES)                                       \
-  __attribute__((target(TARGET))) static void NAME(char *d, int64_t dsa, const char *s, int64_t sb) { \
-    V r[8], t[8], u[8];                                                                            \
-    for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
-    for (int i = 0; i < 8; i += 2) {                                                               \
-      t[i] = W##_unpacklo_epi16(r[i], r[i + 1]);                                                   \
-      t[i + 1] = W##_unpackhi_epi16(r[i], r[i + 1]);                                               \
-    }                                                                                              \
-    for (int g = 0; g < 8; g += 4)                                                                 \
-      for (int h = 0; h < 2; h++) {                                                                \
-        u[g + 2 * h] = W##_unpacklo_epi32(t[g + h], t[g + 2 + h]);                                 \
-        u[g + 2 * h + 1] = W##_unpackhi_epi32(t[g + h], t[g + 2 + h]);                             \
-      }                                                                                            \
-    for (int c = 0; c < 4; c++) {                                                                  \
-      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);                 \
-      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);             \
-    }                                                                                              \
-  }
 DEFINE_WIDE_8(tr16x32_8, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
 DEFINE_WIDE_8(tr16x64_8, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
-DEFINE_WIDE_16(tr8x16_16, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
-DEFINE_WIDE_16(tr8x32_16, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
 #endif
 
 #define DEFINE_TILE(N)                                                             \
@@ -323,8 +304,8 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles, the scalar 3- and
  * 4-channel deinterleave), SSSE3 (the shuffle deinterleave), AVX (8x8
- * float32 tiles), AVX2 (uint8 and uint16 tiles two lanes wide) or AVX-512
- * (F and BW: four lanes wide); 8-byte tiles are SSE2 throughout. */
+ * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F and BW:
+ * four lanes wide); 2- and 8-byte tiles are SSE2 throughout. */
 enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
@@ -375,16 +356,6 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
     TILE_MICRO(1, 16, tr16x16_8, tile_1);
     return;
   case 2:
-#ifdef HAVE_X86_KERNELS
-    if (level >= TILES_AVX512) {
-      TILE_WIDE(2, 32, 8, tr8x32_16, tr8x8_16, tile_2);
-      return;
-    }
-    if (level >= TILES_AVX2) {
-      TILE_WIDE(2, 16, 8, tr8x16_16, tr8x8_16, tile_2);
-      return;
-    }
-#endif
     TILE_MICRO(2, 8, tr8x8_16, tile_2);
     return;
   case 4:
