@@ -17,7 +17,7 @@ endfunction()
 
 expect(0 "cpu: 1 device" info)
 # the host kernels and threads it runs with (the kernel choice, explained)
-expect(0 "threads; streaming stores " info)
+expect(0 "threads; stores 1-16B: " info)
 expect(0 "\"type\": \"cpu\", \"count\": 1" info --json)
 expect(0 "from row to column" bandwidth --sizes 4K --reps 1 --devices cpu)
 expect(0 "usage: abtool convert" convert --help)

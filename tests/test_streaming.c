@@ -1,6 +1,8 @@
-/* Large transposes with streaming stores and without (AB_HOST_STREAMING
- * forces each; auto measures which this CPU prefers): the same bytes. Each
- * test runs in a process of its own, so the variable is read afresh. */
+/* Large transposes with ordinary stores, streamed from L1 tiles and
+ * streamed from L2 blocks (AB_HOST_STREAMING=0, 1, blocked forces each;
+ * auto measures which this CPU prefers, per element size): the same
+ * bytes. Each test runs in a process of its own, so the variable is read
+ * afresh. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,12 +124,25 @@ Test(streaming, forced_off_gives_the_reference_bytes) {
   cr_assert_eq(ab__host_streaming(), 0);
 }
 
+Test(streaming, forced_blocked_gives_the_reference_bytes) {
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  transposes_match();
+  unaligned_destination_matches();
+  for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode(es), 2, "%zu-byte elements", es);
+  cr_assert_eq(ab__host_transpose_mode(12), 0, "12-byte elements have no streamed variant");
+}
+
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   unsetenv("AB_HOST_STREAMING");
+  for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode_known(es), -1, "decided before use");
   transposes_match();
-  const int m = ab__host_streaming();
-  cr_assert(m == 0 || m == 1);
-  cr_assert_eq(ab__host_streaming(), m, "the measured choice changed");
+  for (size_t es = 1; es <= 16; es *= 2) {
+    const int m = ab__host_transpose_mode_known(es);
+    cr_assert(m >= 0 && m <= 2, "%zu-byte elements: %d after a large transpose of them", es, m);
+    cr_assert_eq(ab__host_transpose_mode(es), m, "%zu-byte elements: the measured choice changed", es);
+    cr_log_info("%zu-byte elements: %s", es, ab__host_transpose_mode_name(m));
+  }
+  cr_assert_eq(ab__host_streaming(), ab__host_transpose_mode(4));
 }
 
 /* Packed uint8 HWC images of 1-4 channels (3 and 4: the deinterleave
@@ -148,8 +163,8 @@ static void hwc_to_chw_matches(void) {
     }
 }
 
-/* Each kernel set (AB_HOST_TILES caps it) with plain and with streaming
- * stores: the same bytes. Where the CPU lacks the set, the test runs the
+/* Each kernel set (AB_HOST_TILES caps it) with plain stores, streamed L1
+ * tiles and streamed L2 blocks: the same bytes. Where the CPU lacks the set, the test runs the
  * widest it has (said by ab__host_tiles). */
 static void tiles_match(const char *tiles, const char *streaming) {
   setenv("AB_HOST_TILES", tiles, 1);
@@ -186,3 +201,7 @@ Test(tiles, avx2_plain) { tiles_match("avx2", "0"); }
 Test(tiles, avx2_streamed) { tiles_match("avx2", "1"); }
 Test(tiles, avx512_plain) { tiles_match("avx512", "0"); }
 Test(tiles, avx512_streamed) { tiles_match("avx512", "1"); }
+Test(tiles, sse2_blocked) { tiles_match("sse2", "blocked"); }
+Test(tiles, avx_blocked) { tiles_match("avx", "blocked"); }
+Test(tiles, avx2_blocked) { tiles_match("avx2", "blocked"); }
+Test(tiles, avx512_blocked) { tiles_match("avx512", "blocked"); }

@@ -56,12 +56,13 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
   out->free_memory = mem_available();
   out->unified_memory = 1;
   /* What the host moves run with (abtool info prints it): the SIMD kernels
-   * this CPU gets, the threads, and the streaming-store choice (measured at
-   * the first large transpose, so "auto" until then). */
-  const int nt = ab__host_streaming_known();
-  snprintf(out->version, sizeof out->version, "kernels: %s%s; %d threads; streaming stores %s",
-           ab__host_tiles(), ab__host_f16c() ? " f16c" : "", ab__num_threads(),
-           nt < 0 ? "auto" : nt ? "on" : "off");
+   * this CPU gets, the threads, and how large transposes of 1, 2, 4, 8 and
+   * 16-byte elements write: p(lain), s(treamed), b(locked), or a(uto) until
+   * measured at the first large transpose of that size. */
+  char m[5];
+  for (int i = 0; i < 5; i++) m[i] = ab__host_transpose_mode_name(ab__host_transpose_mode_known((size_t)1 << i))[0];
+  snprintf(out->version, sizeof out->version, "kernels: %s%s; %d threads; stores 1-16B: %c/%c/%c/%c/%c",
+           ab__host_tiles(), ab__host_f16c() ? " f16c" : "", ab__num_threads(), m[0], m[1], m[2], m[3], m[4]);
   return AB_OK;
 }
 

@@ -150,6 +150,38 @@ __attribute__((target("avx"))) static void tr8x8_32(char *d, int64_t dsa, const 
     _mm256_storeu_ps((float *)(void *)(d + (i + 4) * dsa), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
   }
 }
+/* 16x16 tile of 4-byte elements with AVX-512: every load and store a whole
+ * 64-byte line (where the rows are line-aligned). Unpacking 32- and
+ * 64-bit pairs leaves 4x4 blocks in the 128-bit lanes; two rounds of lane
+ * shuffles put each block where its destination row wants it (r[k] ends
+ * as destination row k). */
+__attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(s + i * sb));
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+  for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(d + k * dsa), r[k]);
+}
 /* 8x8 tile of 2-byte elements (SSE2): eight source rows (fixed b,
  * a..a+7) become eight destination rows (fixed a, b..b+7), by unpacking
  * 16-, 32- and 64-bit pairs in turn. */
@@ -487,13 +519,22 @@ static inline void stream16(char *d, const char *s) {
 /* n bytes (whole lines) to line-aligned d, 32 bytes a store: half the
  * store instructions of stream16, which were a bottleneck of their own
  * (a 2048^2 uint8 transpose from cache, Intel Xeon VM: 7.3 -> 10.4 GB/s;
- * 64-byte AVX-512 stores were no faster). */
+ * 64-byte AVX-512 stores were no faster there; on the AMD EPYC VM they
+ * were 3-5% faster, so AVX-512 machines get them). */
 __attribute__((target("avx"))) static void stream_lines_avx(char *d, const char *s, size_t n) {
   for (size_t k = 0; k < n; k += 32)
     _mm256_stream_si256((__m256i *)(void *)(d + k), _mm256_loadu_si256((const __m256i *)(const void *)(s + k)));
 }
 
+__attribute__((target("avx512f"))) static void stream_lines_avx512(char *d, const char *s, size_t n) {
+  for (size_t k = 0; k < n; k += 64) _mm512_stream_si512((void *)(d + k), _mm512_loadu_si512((const void *)(s + k)));
+}
+
 static void stream_lines(char *d, const char *s, size_t n) {
+  if (tiles_level() >= TILES_AVX512) {
+    stream_lines_avx512(d, s, n);
+    return;
+  }
   if (tiles_level() >= TILES_AVX) {
     stream_lines_avx(d, s, n);
     return;
@@ -520,7 +561,7 @@ static void stream_row(char *d, const char *c, size_t n, char *carry, bool first
   size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
   if (first) {
     if (r > n) r = n;
-    memcpy(d, c, r);
+    if (r > 0) memcpy(d, c, r);
   } else if (r > n) { /* the row ends inside the straddling line: all ordinary */
     memcpy(d - (LINE - r), carry + r, LINE - r);
     memcpy(d, c, n);
@@ -538,7 +579,9 @@ static void stream_row(char *d, const char *c, size_t n, char *carry, bool first
   }
   const size_t whole = (n - r) & ~(size_t)(LINE - 1);
   stream_lines(d + r, c + r, whole);
-  if (last) memcpy(d + r + whole, c + r + whole, n - r - whole);
+  if (last) {
+    if (n > r + whole) memcpy(d + r + whole, c + r + whole, n - r - whole);
+  }
   else if (r > 0) memcpy(carry, c + n - LINE, LINE);
 }
 
@@ -558,12 +601,106 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
     }
   }
 }
+
+/* The blocked variant: the streamed tiles' bytes, a different walk through
+ * memory. On an AMD EPYC (Zen 5) VM the L1 tiles above ran at 0.4-0.5x of
+ * memcpy (float32 4096^2, one thread), and timing the parts apart showed
+ * why: reading a band of source rows in 128-byte pieces a tile at a time
+ * is slow there (32 rows: 21-25 GB/s against 37 for a plain read), and
+ * the reads and the streamed writes took turns. So a block is BLK_COLS
+ * source columns by SEG bytes of output rows, filled into an L2 buffer
+ * 16 source rows at a time, left to right, so a few rows are read as
+ * long runs, and the previous block (the other half of the buffer) is
+ * streamed out while this one fills, a share after every chunk, so the
+ * reads and the writes overlap. Measured there: float32 4096^2 from 12
+ * (plain) and 8-9 GB/s (streamed tiles) to about 18, 0.75x of memcpy
+ * (bench/results/2026-11-25-amd-blocked.md). Rows of the buffer are
+ * BLK_PITCH apart, a line more than they hold, so the rows a micro-kernel
+ * writes do not all fall in one L1 set. Output rows are streamed with
+ * stream_row and its carried lines, as above. */
+#define BLK_COLS 1024
+#define BLK_PITCH (SEG + LINE)
+#define BLK_STRIP 16 /* source rows read together */
+#define BLK_BUFFER ((size_t)2 * BLK_COLS * BLK_PITCH + LINE) /* and room to align it */
+
+/* The tiles of a block: for float32 with AVX-512 the 16 x 16 kernel, which
+ * reads and writes whole lines (the 8 x 8 one took the blocks from 17.5
+ * to 8.7 GB/s there); every other case as tile_any. The plain and L1
+ * tiles keep 8 x 8, which measured the same either way on the EPYC and
+ * are what the Intel figures were taken with. */
+static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es) {
+  if (es == 4 && tiles_level() >= TILES_AVX512) tile_micro(d, dsa, s, sb, na, nb, 4, 16, 16, tr16x16_32, tile_4);
+  else tile_any(d, dsa, s, sb, na, nb, es);
+}
+
+/* A filled block waiting to be streamed out: rows [done, rows) remain. */
+struct blk_pending {
+  char *d;         /* its first output row, at its first column */
+  const char *buf; /* its buffer rows */
+  int64_t a0;      /* index of its first output row (for the carry) */
+  int64_t rows, done;
+  size_t n; /* bytes of each output row it holds */
+  bool first, last;
+};
+
+static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry) {
+  /* Output rows that start on lines and blocks of whole lines have no
+   * partial lines to join: straight out (stream_row's bookkeeping cost
+   * 20-40% here). */
+  if (p->n % LINE == 0 && ((uintptr_t)p->d | (uintptr_t)dsa) % LINE == 0) {
+    for (; p->done < upto; p->done++) stream_lines(p->d + p->done * dsa, p->buf + p->done * BLK_PITCH, p->n);
+    return;
+  }
+  for (; p->done < upto; p->done++)
+    stream_row(p->d + p->done * dsa, p->buf + p->done * BLK_PITCH, p->n, carry + (p->a0 + p->done) * LINE, p->first,
+               p->last);
+}
+
+/* carry: LINE bytes for each of the na destination rows; bufs: BLK_BUFFER. */
+static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
+                              char *carry, char *bufs) {
+  const int64_t t = SEG / (int64_t)es; /* source rows of a block */
+  /* Source columns filled between two shares of streaming: a line of
+   * each source row (16 columns at least; 64 for uint8, the wide tiles).
+   * Shares this small (8 output rows for float32) overlapped best: 64
+   * columns ran 12 GB/s where 16 ran 17.5. */
+  const int64_t cw = es <= 4 ? LINE / (int64_t)es : 16;
+  struct blk_pending p = {0};
+  int half = 0;
+  for (int64_t b0 = 0; b0 < nb; b0 += t) {
+    const int64_t mb = nb - b0 < t ? nb - b0 : t;
+    for (int64_t a0 = 0; a0 < na; a0 += BLK_COLS) {
+      const int64_t ma = na - a0 < BLK_COLS ? na - a0 : BLK_COLS;
+      char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
+      const int64_t chunks = ((mb + BLK_STRIP - 1) / BLK_STRIP) * ((ma + cw - 1) / cw);
+      int64_t k = 0;
+      for (int64_t b = 0; b < mb; b += BLK_STRIP) {
+        const int64_t hb = mb - b < BLK_STRIP ? mb - b : BLK_STRIP;
+        for (int64_t a = 0; a < ma; a += cw) {
+          const int64_t ha = ma - a < cw ? ma - a : cw;
+          tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
+                   ha, hb, es);
+          blk_stream(&p, p.rows * ++k / chunks, dsa, carry);
+        }
+      }
+      blk_stream(&p, p.rows, dsa, carry);
+      p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb};
+      half ^= 1;
+    }
+  }
+  blk_stream(&p, p.rows, dsa, carry);
+}
 #endif
+
+/* How a large transpose writes its output: ordinary stores from the plain
+ * tiles, or streaming stores from the L1 tiles or from the L2 blocks. */
+enum { TR_PLAIN, TR_STREAMED, TR_BLOCKED, TR_MODES };
 
 struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
-  char *carry; /* non-NULL: streaming stores (a large output), LINE bytes a row */
+  int mode;
+  char *carry; /* streamed and blocked: LINE bytes a row, then (blocked) BLK_BUFFER */
 };
 
 static void visit_transpose(void *ctx, char *d, const char *s) {
@@ -587,8 +724,14 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #ifdef HAVE_X86_KERNELS
-  if (c->carry != NULL) {
+  if (c->mode == TR_STREAMED) {
     transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
+    return;
+  }
+  if (c->mode == TR_BLOCKED) {
+    char *bufs = c->carry + (size_t)na * LINE;
+    bufs += -(uintptr_t)bufs & (LINE - 1); /* whole lines: the buffer is read and written a line at a time */
+    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs);
     return;
   }
 #endif
@@ -601,15 +744,33 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   }
 }
 
-/* ---- streaming stores: measured, not assumed -------------------------------
- * Whether large transposes write with streaming stores. They help on some
- * CPUs (the destination is not read for ownership) and collapse on others
- * (an Intel Skylake-SP server: 3.3 -> 0.46 GB/s, issue 18), so the choice is
- * the CPU's: AB_HOST_STREAMING=1 or 0 forces it; otherwise (auto) the first
- * transpose large enough to use them times an 8 MiB float32 transpose both
- * ways (best of two after a warm-up, 20-40 ms once per process) and keeps
- * the faster, streaming only when it wins by 10% or more. */
-static _Atomic int streaming_mode = -1; /* -1: not decided; 0 plain; 1 streaming */
+/* ---- the store variant: measured, not assumed ------------------------------
+ * How large transposes write (TR_PLAIN, TR_STREAMED or TR_BLOCKED), per
+ * element size (1, 2, 4, 8 and 16 bytes: the sizes SEG holds whole).
+ * Streaming stores help on some CPUs (the destination is not read for
+ * ownership) and collapse on others (an Intel Skylake-SP server: 3.3 ->
+ * 0.46 GB/s, issue 18); which walk through memory wins differs too (on an
+ * Intel Xeon VM the L1 tiles, on an AMD EPYC VM the L2 blocks), and so
+ * does the answer between element sizes on one CPU (the EPYC: plain uint8
+ * tiles 2.2 GB/s, streamed 11). So the choice is the CPU's, made for each
+ * element size: AB_HOST_STREAMING=0, 1 or blocked forces one; otherwise
+ * (auto) the first transpose of that element size large enough to stream
+ * times an 8 MiB transpose of it each way (best of two after a warm-up,
+ * 20-60 ms once per process and size) and keeps the fastest; a streaming
+ * variant only when it wins by 10% or more. */
+#define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
+static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
+
+static int tr_class(size_t es) {
+  switch (es) {
+  case 1: return 0;
+  case 2: return 1;
+  case 4: return 2;
+  case 8: return 3;
+  case 16: return 4;
+  default: return -1;
+  }
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 static double seconds(void) {
@@ -618,24 +779,27 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int probe_streaming(void) {
-  enum { R = 1024, C = 2048 }; /* a R x C float32 source, transposed */
-  float *s = aligned_alloc(64, (size_t)R * C * 4), *d = aligned_alloc(64, (size_t)R * C * 4);
-  char *carry = malloc((size_t)C * LINE);
-  int choice = 0;
+static int probe_mode(size_t es) {
+  /* A R x C source of es-byte elements (8 MiB), transposed. */
+  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es;
+  const size_t bytes = (size_t)(R * C) * es;
+  char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, bytes);
+  char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
+  int choice = TR_PLAIN;
   if (s != NULL && d != NULL && carry != NULL) {
-    for (size_t i = 0; i < (size_t)R * C; i++) s[i] = (float)i;
-    double best[2] = {1e30, 1e30};
+    for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
+    double best[TR_MODES] = {1e30, 1e30, 1e30};
     for (int rep = 0; rep < 3; rep++)
-      for (int nt = 0; nt < 2; nt++) {
-        struct transpose_ctx c = {C, R, (int64_t)R * 4, (int64_t)C * 4, 4, nt == 1 ? carry : NULL};
+      for (int m = 0; m < TR_MODES; m++) {
+        struct transpose_ctx c = {C, R, R * (int64_t)es, C * (int64_t)es, es, m, carry};
         double t0 = seconds();
-        visit_transpose(&c, (char *)d, (const char *)s);
+        visit_transpose(&c, d, s);
         _mm_sfence();
         double dt = seconds() - t0;
-        if (rep > 0 && dt < best[nt]) best[nt] = dt; /* the first round warms up */
+        if (rep > 0 && dt < best[m]) best[m] = dt; /* the first round warms up */
       }
-    choice = best[1] * 1.1 <= best[0];
+    const int fast = best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
+    if (best[fast] * 1.1 <= best[TR_PLAIN]) choice = fast;
   }
   free(s);
   free(d);
@@ -643,27 +807,55 @@ static int probe_streaming(void) {
   return choice;
 }
 #else
-static int probe_streaming(void) { return 0; }
+static int probe_mode(size_t es) {
+  (void)es;
+  return TR_PLAIN;
+}
 #endif
 
-/* AB_HOST_STREAMING: 1 or 0 forces, auto (or unset) measures. Decided
- * once per process (the probe is not cheap). */
-static void decide_streaming(void) {
-  static const struct ab__env_choice modes[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
-  int m = ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0 or auto");
-  if (m < 0) m = probe_streaming();
-  atomic_store_explicit(&streaming_mode, m, memory_order_release);
+/* AB_HOST_STREAMING: 0, 1 or blocked forces, auto (or unset) measures.
+ * Decided once per process and element size (the probe is not cheap). */
+static int forced_mode(void) {
+  static const struct ab__env_choice modes[] = {
+      {"auto", -1}, {"1", TR_STREAMED}, {"0", TR_PLAIN}, {"blocked", TR_BLOCKED}, {NULL, 0}};
+  return ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked or auto");
 }
 
-int ab__host_streaming(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  int m = atomic_load_explicit(&streaming_mode, memory_order_acquire);
+#define DEFINE_DECIDE(K, ES)                                                           \
+  static void decide_##K(void) {                                                       \
+    int m = forced_mode();                                                             \
+    if (m < 0) m = probe_mode(ES);                                                     \
+    atomic_store_explicit(&tr_mode[K], m, memory_order_release);                       \
+  }
+DEFINE_DECIDE(0, 1)
+DEFINE_DECIDE(1, 2)
+DEFINE_DECIDE(2, 4)
+DEFINE_DECIDE(3, 8)
+DEFINE_DECIDE(4, 16)
+
+int ab__host_transpose_mode(size_t es) {
+  static pthread_once_t once[TR_CLASSES] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
+                                            PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+  static void (*const decide[TR_CLASSES])(void) = {decide_0, decide_1, decide_2, decide_3, decide_4};
+  const int k = tr_class(es);
+  if (k < 0) return TR_PLAIN;
+  int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
   if (m >= 0) return m;
-  pthread_once(&once, decide_streaming); /* one thread measures; the others wait for its answer */
-  return atomic_load_explicit(&streaming_mode, memory_order_acquire);
+  pthread_once(&once[k], decide[k]); /* one thread measures; the others wait for its answer */
+  return atomic_load_explicit(&tr_mode[k], memory_order_acquire);
 }
 
-int ab__host_streaming_known(void) { return atomic_load_explicit(&streaming_mode, memory_order_acquire); }
+int ab__host_transpose_mode_known(size_t es) {
+  const int k = tr_class(es);
+  return k < 0 ? TR_PLAIN : atomic_load_explicit(&tr_mode[k], memory_order_acquire);
+}
+
+const char *ab__host_transpose_mode_name(int mode) {
+  static const char *const names[] = {"plain", "streamed", "blocked"};
+  return mode >= 0 && mode < TR_MODES ? names[mode] : "auto";
+}
+
+int ab__host_streaming(void) { return ab__host_transpose_mode(4); }
 
 const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS
@@ -705,20 +897,25 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
     const int64_t total = d.shape[0] * dst_st[0];
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, NULL};
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL};
 #ifdef HAVE_X86_KERNELS
     /* Streaming stores for large outputs where the CPU gains by them, in
      * tiles of SEG-byte rows (element sizes that divide it) and output rows
-     * of one tile or more. Without room for the carried lines the plain
-     * tiles do it. */
-    if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4 && ab__host_streaming() == 1)
-      c.carry = malloc((size_t)c.na * LINE);
+     * of one tile or more. Without room for the carried lines (and the
+     * blocks' buffer) the plain tiles do it. */
+    if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
+      const int mode = ab__host_transpose_mode(elsize);
+      if (mode != TR_PLAIN) {
+        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : 0));
+        if (c.carry != NULL) c.mode = mode;
+      }
+    }
 #endif
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
 #ifdef HAVE_X86_KERNELS
     if (c.carry != NULL) {
       _mm_sfence(); /* order the streaming stores before the caller's */
-      free(c.carry);
+      ab__free(c.carry);
     }
 #endif
     return;

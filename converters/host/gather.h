@@ -15,11 +15,18 @@
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize);
 
-/* Whether large transposes use streaming stores on this machine: 1 or 0,
- * from AB_HOST_STREAMING (1, 0) or measured once (auto); see gather.c. */
+/* How large transposes of es-byte elements write on this machine: 0
+ * (plain tiles, ordinary stores), 1 (streamed L1 tiles) or 2 (streamed L2
+ * blocks), from AB_HOST_STREAMING (0, 1, blocked) or measured once per
+ * element size (auto); element sizes other than 1, 2, 4, 8 and 16 bytes
+ * are always 0. See gather.c. */
+int ab__host_transpose_mode(size_t es);
+/* The same without deciding: -1 while not yet measured. */
+int ab__host_transpose_mode_known(size_t es);
+/* "plain", "streamed", "blocked" for 0, 1, 2; "auto" for -1. */
+const char *ab__host_transpose_mode_name(int mode);
+/* ab__host_transpose_mode(4): the float32 choice. */
 int ab__host_streaming(void);
-/* The same without deciding: 1, 0, or -1 while not yet measured. */
-int ab__host_streaming_known(void);
 /* The host kernels this CPU runs ("avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
