@@ -760,6 +760,12 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
+/* The same for outputs whose rows do not all start on a line: the faster
+ * of the plain and L1 tiles. The blocks join the lines two blocks share
+ * row by row as the L1 tiles do, and there that cost more than the blocks
+ * gain (EPYC: 4104^2 float32 9.0 GB/s against 10.1 plain; 1000-byte
+ * uint8 rows 4.1-4.5 against 5.4-5.9). Set before tr_mode. */
+static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 static int tr_class(size_t es) {
   switch (es) {
@@ -779,11 +785,13 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int probe_mode(size_t es) {
+/* The fastest for line-aligned rows; *off the fastest without the blocks. */
+static int probe_mode(size_t es, int *off) {
   /* A R x C source of es-byte elements (8 MiB), transposed. */
   const int64_t R = 1024, C = 2048 * 4 / (int64_t)es;
   const size_t bytes = (size_t)(R * C) * es;
   char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, bytes);
+  *off = TR_PLAIN;
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
   int choice = TR_PLAIN;
   if (s != NULL && d != NULL && carry != NULL) {
@@ -800,6 +808,7 @@ static int probe_mode(size_t es) {
       }
     const int fast = best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
     if (best[fast] * 1.1 <= best[TR_PLAIN]) choice = fast;
+    if (best[TR_STREAMED] * 1.1 <= best[TR_PLAIN]) *off = TR_STREAMED;
   }
   free(s);
   free(d);
@@ -807,8 +816,9 @@ static int probe_mode(size_t es) {
   return choice;
 }
 #else
-static int probe_mode(size_t es) {
+static int probe_mode(size_t es, int *off) {
   (void)es;
+  *off = TR_PLAIN;
   return TR_PLAIN;
 }
 #endif
@@ -823,8 +833,9 @@ static int forced_mode(void) {
 
 #define DEFINE_DECIDE(K, ES)                                                           \
   static void decide_##K(void) {                                                       \
-    int m = forced_mode();                                                             \
-    if (m < 0) m = probe_mode(ES);                                                     \
+    int m = forced_mode(), off = m;                                                    \
+    if (m < 0) m = probe_mode(ES, &off);                                               \
+    atomic_store_explicit(&tr_mode_off[K], off, memory_order_relaxed);                 \
     atomic_store_explicit(&tr_mode[K], m, memory_order_release);                       \
   }
 DEFINE_DECIDE(0, 1)
@@ -848,6 +859,13 @@ int ab__host_transpose_mode(size_t es) {
 int ab__host_transpose_mode_known(size_t es) {
   const int k = tr_class(es);
   return k < 0 ? TR_PLAIN : atomic_load_explicit(&tr_mode[k], memory_order_acquire);
+}
+
+/* The variant for an output whose rows start on lines (aligned) or not. */
+static int transpose_mode_for(size_t es, bool aligned) {
+  const int m = ab__host_transpose_mode(es);
+  const int k = tr_class(es);
+  return aligned || k < 0 ? m : atomic_load_explicit(&tr_mode_off[k], memory_order_relaxed);
 }
 
 const char *ab__host_transpose_mode_name(int mode) {
@@ -904,7 +922,9 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
      * of one tile or more. Without room for the carried lines (and the
      * blocks' buffer) the plain tiles do it. */
     if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
-      const int mode = ab__host_transpose_mode(elsize);
+      bool aligned = (uintptr_t)dst % LINE == 0;
+      for (int i = 0; i < last; i++) aligned = aligned && dst_st[i] % LINE == 0;
+      const int mode = transpose_mode_for(elsize, aligned);
       if (mode != TR_PLAIN) {
         c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : 0));
         if (c.carry != NULL) c.mode = mode;
