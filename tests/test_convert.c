@@ -145,8 +145,8 @@ Test(convert, copy_always_returns_an_owned_aligned_compact_copy) {
  * share nothing, a header reused with its block is rewritten, and the
  * deleters leave nothing behind. */
 Test(convert, copies_of_any_rank_own_their_headers) {
-  float v[64];
-  for (int i = 0; i < 64; i++) v[i] = (float)i;
+  float v[8 + 128]; /* b's 2^7 elements start at v + 8 */
+  for (int i = 0; i < 8 + 128; i++) v[i] = (float)i;
   long live = ab__alloc_live_settled();
   for (int32_t nd = 0; nd <= 8; nd++) {
     int64_t shape[8], shape2[8];
