@@ -15,9 +15,9 @@
  * and 16 bytes, and 12, which has no tile of its own): sides that are not
  * multiples of the tile (ragged edges), output rows that start at every
  * offset in a cache line (the streamed tiles join lines across tiles and
- * write row ends with ordinary stores), batched (N, H, W) transposes, and
- * a 3-D permutation whose output rows are cut by a middle dimension into
- * pieces that meet inside lines. */
+ * write row ends with ordinary stores) and rows that all start on lines,
+ * batched (N, H, W) transposes, and a 3-D permutation whose output rows
+ * are cut by a middle dimension into pieces that meet inside lines. */
 struct tcase {
   int64_t rows, cols; /* of the output */
   DLDataType dt;
@@ -40,6 +40,11 @@ static const struct tcase tcases[] = {
   {2050, 3, {kDLUInt, 8, 1}, 0},      /* rows shorter than a tile */
   {1031, 1000, {kDLFloat, 32, 1}, -3}, /* (1031, 3, 1000): pieces of 4000 bytes */
   {523, 1999, {kDLUInt, 8, 1}, -5},   /* pieces of 1999 bytes */
+  /* rows that start on lines: the L2 blocks stream them straight out */
+  {2048, 2048, {kDLUInt, 8, 1}, 0},
+  {1024, 2048, {kDLUInt, 16, 1}, 0},
+  {512, 1024, {kDLComplex, 128, 1}, 0},
+  {1100, 1024, {kDLUInt, 8, 1}, 4},    /* 4 x (1100 x 1024): a ragged last group of columns */
 };
 
 static void transposes_match(void) {

@@ -106,8 +106,9 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * ones, and 16 x 16 uint8 (SSE2; with AVX2 and AVX-512, two or four such
  * blocks side by side at once) and 8 x 8 uint16 blocks. Large outputs may use non-temporal stores, as memcpy does, so the
  * destination is not read for ownership and does not evict the source:
- * where the CPU gains by them (ab__host_streaming, below), through a
- * buffered tile that writes whole lines (transpose_streamed).
+ * where the CPU gains by them (ab__host_transpose_mode, below), through
+ * buffered L1 tiles or L2 blocks that write whole lines
+ * (transpose_streamed, transpose_blocked).
  * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
  * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
@@ -292,6 +293,47 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   }
 DEFINE_WIDE_8(tr16x32_8, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
 DEFINE_WIDE_8(tr16x64_8, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
+
+/* uint16 the same way: tr8x8_16 in each 128-bit lane of an AVX-512
+ * register, 8 source rows of 32 elements (whole lines) -> 32 destination
+ * rows of 8. Used by the L2 blocks only (see tile_block). */
+__attribute__((target("avx512f,avx512bw"))) static void tr8x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = LOAD_512(s + i * sb);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm512_unpacklo_epi16(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi16(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 8; g += 4)
+    for (int h = 0; h < 2; h++) {
+      u[g + 2 * h] = _mm512_unpacklo_epi32(t[g + h], t[g + 2 + h]);
+      u[g + 2 * h + 1] = _mm512_unpackhi_epi32(t[g + h], t[g + 2 + h]);
+    }
+  for (int c = 0; c < 4; c++) {
+    ST_LANES_512(d + (2 * c) * dsa, _mm512_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);
+    ST_LANES_512(d + (2 * c + 1) * dsa, _mm512_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);
+  }
+}
+
+/* 8x8 tile of 8-byte elements with AVX-512, whole lines in and out: pairs
+ * of rows unpacked, then two rounds of 128-bit lane shuffles gather each
+ * column's four row pairs. Used by the L2 blocks only. */
+__attribute__((target("avx512f"))) static void tr8x8_64(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i r[8], t[8];
+  for (int i = 0; i < 8; i++) r[i] = LOAD_512(s + i * sb);
+  for (int i = 0; i < 8; i += 2) { /* lane L of t[i + h]: column 2L + h of rows i, i+1 */
+    t[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi64(r[i], r[i + 1]);
+  }
+  for (int h = 0; h < 2; h++) {
+    const __m512i u0 = _mm512_shuffle_i64x2(t[h], t[2 + h], 0x88), u1 = _mm512_shuffle_i64x2(t[h], t[2 + h], 0xdd);
+    const __m512i v0 = _mm512_shuffle_i64x2(t[4 + h], t[6 + h], 0x88), v1 = _mm512_shuffle_i64x2(t[4 + h], t[6 + h], 0xdd);
+    _mm512_storeu_si512((void *)(d + h * dsa), _mm512_shuffle_i64x2(u0, v0, 0x88));
+    _mm512_storeu_si512((void *)(d + (4 + h) * dsa), _mm512_shuffle_i64x2(u0, v0, 0xdd));
+    _mm512_storeu_si512((void *)(d + (2 + h) * dsa), _mm512_shuffle_i64x2(u1, v1, 0x88));
+    _mm512_storeu_si512((void *)(d + (6 + h) * dsa), _mm512_shuffle_i64x2(u1, v1, 0xdd));
+  }
+}
 #endif
 
 #define DEFINE_TILE(N)                                                             \
@@ -623,14 +665,29 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
 #define BLK_STRIP 16 /* source rows read together */
 #define BLK_BUFFER ((size_t)2 * BLK_COLS * BLK_PITCH + LINE) /* and room to align it */
 
-/* The tiles of a block: for float32 with AVX-512 the 16 x 16 kernel, which
- * reads and writes whole lines (the 8 x 8 one took the blocks from 17.5
- * to 8.7 GB/s there); every other case as tile_any. The plain and L1
- * tiles keep 8 x 8, which measured the same either way on the EPYC and
- * are what the Intel figures were taken with. */
+/* The tiles of a block: with AVX-512, kernels that read whole source
+ * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
+ * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
+ * against 7.3 GB/s) and 8 x 32 for uint16 (9.5-10.6 against 8.2-8.4);
+ * every other case as tile_any. The plain and L1 tiles keep theirs: the
+ * 16 x 16 float32 one measured the same there on the EPYC, wide uint16
+ * ones slower on the Intel VM, where those variants were tuned. */
 static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es) {
-  if (es == 4 && tiles_level() >= TILES_AVX512) tile_micro(d, dsa, s, sb, na, nb, 4, 16, 16, tr16x16_32, tile_4);
-  else tile_any(d, dsa, s, sb, na, nb, es);
+  if (tiles_level() >= TILES_AVX512) {
+    if (es == 4) {
+      tile_micro(d, dsa, s, sb, na, nb, 4, 16, 16, tr16x16_32, tile_4);
+      return;
+    }
+    if (es == 8) {
+      tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
+      return;
+    }
+    if (es == 2) {
+      tile_wide(d, dsa, s, sb, na, nb, 2, 32, 8, tr8x32_16, tr8x8_16, tile_2);
+      return;
+    }
+  }
+  tile_any(d, dsa, s, sb, na, nb, es);
 }
 
 /* A filled block waiting to be streamed out: rows [done, rows) remain. */
@@ -665,12 +722,17 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * Shares this small (8 output rows for float32) overlapped best: 64
    * columns ran 12 GB/s where 16 ran 17.5. */
   const int64_t cw = es <= 4 ? LINE / (int64_t)es : 16;
+  /* Source columns of a block: rows of about 2 KiB, 128 to BLK_COLS
+   * columns (EPYC, 4096^2: float64 11.6 GB/s with 128 columns, 10.2 with
+   * 512; float32 15.6 with 256-512, 14.6 with 1024; uint8 about the same
+   * with 512-1024, slower with 2048 and more). */
+  const int64_t bc = es >= 16 ? 128 : es == 1 ? BLK_COLS : 2048 / (int64_t)es;
   struct blk_pending p = {0};
   int half = 0;
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
     const int64_t mb = nb - b0 < t ? nb - b0 : t;
-    for (int64_t a0 = 0; a0 < na; a0 += BLK_COLS) {
-      const int64_t ma = na - a0 < BLK_COLS ? na - a0 : BLK_COLS;
+    for (int64_t a0 = 0; a0 < na; a0 += bc) {
+      const int64_t ma = na - a0 < bc ? na - a0 : bc;
       char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
       const int64_t chunks = ((mb + BLK_STRIP - 1) / BLK_STRIP) * ((ma + cw - 1) / cw);
       int64_t k = 0;
@@ -755,16 +817,17 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * tiles 2.2 GB/s, streamed 11). So the choice is the CPU's, made for each
  * element size: AB_HOST_STREAMING=0, 1 or blocked forces one; otherwise
  * (auto) the first transpose of that element size large enough to stream
- * times an 8 MiB transpose of it each way (best of two after a warm-up,
- * 20-60 ms once per process and size) and keeps the fastest; a streaming
- * variant only when it wins by 10% or more. */
+ * times an 8 MiB transpose of it each way, once with line-aligned output
+ * rows and once with rows off a line (best of two after a warm-up; 20-40
+ * ms once per process and size on the EPYC VM) and keeps the fastest of
+ * each; a streaming variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
-/* The same for outputs whose rows do not all start on a line: the faster
- * of the plain and L1 tiles. The blocks join the lines two blocks share
- * row by row as the L1 tiles do, and there that cost more than the blocks
- * gain (EPYC: 4104^2 float32 9.0 GB/s against 10.1 plain; 1000-byte
- * uint8 rows 4.1-4.5 against 5.4-5.9). Set before tr_mode. */
+/* The same for outputs whose rows do not all start on a line, measured
+ * apart: the blocks and the L1 tiles then join the lines two tiles share
+ * row by row, and on the EPYC that cost the blocks more than they gain
+ * (4104^2 float32 9.0 GB/s against 10.1 plain; 1000-byte uint8 rows
+ * 4.1-4.5 against 5.4-5.9). Set before tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 static int tr_class(size_t es) {
@@ -785,30 +848,48 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* The fastest for line-aligned rows; *off the fastest without the blocks. */
+/* Times each variant on one R x C source of es-byte elements (8 MiB): best
+ * of two after a warm-up, into best[]. Output rows are pitch bytes apart
+ * from d. */
+static void probe_time(char *d, int64_t pitch, const char *s, int64_t R, int64_t C, size_t es, char *carry,
+                       double *best) {
+  for (int m = 0; m < TR_MODES; m++) best[m] = 1e30;
+  for (int rep = 0; rep < 3; rep++)
+    for (int m = 0; m < TR_MODES; m++) {
+      struct transpose_ctx c = {C, R, pitch, C * (int64_t)es, es, m, carry};
+      double t0 = seconds();
+      visit_transpose(&c, d, s);
+      _mm_sfence();
+      double dt = seconds() - t0;
+      if (rep > 0 && dt < best[m]) best[m] = dt; /* the first round warms up */
+    }
+}
+
+/* The fastest variant: a streaming one only where it beats the plain
+ * tiles by 10% or more. */
+static int probe_pick(const double *best) {
+  const int fast = best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
+  return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
+}
+
+/* The variant for line-aligned output rows, and in *off the one for rows
+ * that start off a line, measured on rows 32 bytes off every other line
+ * (as 4104 float32 columns are). Where memory for the trial is short,
+ * the plain tiles, for the rest of the process. */
 static int probe_mode(size_t es, int *off) {
-  /* A R x C source of es-byte elements (8 MiB), transposed. */
-  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es;
+  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es;
   const size_t bytes = (size_t)(R * C) * es;
-  char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, bytes);
-  *off = TR_PLAIN;
+  char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, (size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
   int choice = TR_PLAIN;
+  *off = TR_PLAIN;
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
-    double best[TR_MODES] = {1e30, 1e30, 1e30};
-    for (int rep = 0; rep < 3; rep++)
-      for (int m = 0; m < TR_MODES; m++) {
-        struct transpose_ctx c = {C, R, R * (int64_t)es, C * (int64_t)es, es, m, carry};
-        double t0 = seconds();
-        visit_transpose(&c, d, s);
-        _mm_sfence();
-        double dt = seconds() - t0;
-        if (rep > 0 && dt < best[m]) best[m] = dt; /* the first round warms up */
-      }
-    const int fast = best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
-    if (best[fast] * 1.1 <= best[TR_PLAIN]) choice = fast;
-    if (best[TR_STREAMED] * 1.1 <= best[TR_PLAIN]) *off = TR_STREAMED;
+    double best[TR_MODES];
+    probe_time(d, pitch, s, R, C, es, carry, best);
+    choice = probe_pick(best);
+    probe_time(d, pitch + 32, s, R, C, es, carry, best);
+    *off = probe_pick(best);
   }
   free(s);
   free(d);
@@ -858,7 +939,14 @@ int ab__host_transpose_mode(size_t es) {
 
 int ab__host_transpose_mode_known(size_t es) {
   const int k = tr_class(es);
-  return k < 0 ? TR_PLAIN : atomic_load_explicit(&tr_mode[k], memory_order_acquire);
+#ifdef HAVE_X86_KERNELS
+  if (k < 0) return TR_PLAIN;
+  const int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
+  return m >= 0 ? m : forced_mode(); /* forced: known before any transpose */
+#else
+  (void)k;
+  return TR_PLAIN; /* no streamed variants here */
+#endif
 }
 
 /* The variant for an output whose rows start on lines (aligned) or not. */
