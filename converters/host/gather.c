@@ -722,11 +722,11 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * Shares this small (8 output rows for float32) overlapped best: 64
    * columns ran 12 GB/s where 16 ran 17.5. */
   const int64_t cw = es <= 4 ? LINE / (int64_t)es : 16;
-  /* Source columns of a block: rows of about 2 KiB, 128 to BLK_COLS
-   * columns (EPYC, 4096^2: float64 11.6 GB/s with 128 columns, 10.2 with
-   * 512; float32 15.6 with 256-512, 14.6 with 1024; uint8 about the same
-   * with 512-1024, slower with 2048 and more). */
-  const int64_t bc = es >= 16 ? 128 : es == 1 ? BLK_COLS : 2048 / (int64_t)es;
+  /* Source columns of a block: BLK_COLS, or rows of 2 KiB for 8- and
+   * 16-byte elements (EPYC, bench_host: 16 x 1024^2 float32 19-20 GB/s
+   * with 1024 columns, 14.5 with 512; 4096^2 float64 the same with 128 to
+   * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness). */
+  const int64_t bc = es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
   struct blk_pending p = {0};
   int half = 0;
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
@@ -824,10 +824,11 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
 /* The same for outputs whose rows do not all start on a line, measured
- * apart: the blocks and the L1 tiles then join the lines two tiles share
- * row by row, and on the EPYC that cost the blocks more than they gain
- * (4104^2 float32 9.0 GB/s against 10.1 plain; 1000-byte uint8 rows
- * 4.1-4.5 against 5.4-5.9). Set before tr_mode. */
+ * apart and never the blocks (unless forced): the blocks and the L1 tiles
+ * then join the lines two tiles share row by row, and on the EPYC that
+ * cost the blocks more than they gain (4104^2 float32 7-9 GB/s against
+ * 10.1 plain; 1000-byte uint8 rows 4.1-4.5 against 5.4-5.9). Set before
+ * tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 static int tr_class(size_t es) {
@@ -867,15 +868,18 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t R, int64_t
 
 /* The fastest variant: a streaming one only where it beats the plain
  * tiles by 10% or more. */
-static int probe_pick(const double *best) {
-  const int fast = best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
+static int probe_pick(const double *best, bool blocks) {
+  const int fast = blocks && best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
 /* The variant for line-aligned output rows, and in *off the one for rows
  * that start off a line, measured on rows 32 bytes off every other line
- * (as 4104 float32 columns are). Where memory for the trial is short,
- * the plain tiles, for the rest of the process. */
+ * (as 4104 float32 columns are) between the plain and L1 tiles only: the
+ * trial's 8 MiB sit in the EPYC's 32 MiB L3, where the blocks' line joins
+ * looked cheap (the trial picked them for every size), while on 64 MiB
+ * they were not (4104^2 float32: blocks 7-9 GB/s, plain 10). Where memory
+ * for the trial is short, the plain tiles, for the rest of the process. */
 static int probe_mode(size_t es, int *off) {
   const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es;
   const size_t bytes = (size_t)(R * C) * es;
@@ -887,9 +891,9 @@ static int probe_mode(size_t es, int *off) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     double best[TR_MODES];
     probe_time(d, pitch, s, R, C, es, carry, best);
-    choice = probe_pick(best);
+    choice = probe_pick(best, true);
     probe_time(d, pitch + 32, s, R, C, es, carry, best);
-    *off = probe_pick(best);
+    *off = probe_pick(best, false);
   }
   free(s);
   free(d);
