@@ -379,7 +379,9 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles, the scalar 3- and
  * 4-channel deinterleave), SSSE3 (the shuffle deinterleave), AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F and BW:
- * four lanes wide); 2- and 8-byte tiles are SSE2 throughout. */
+ * four lanes wide; the L2 blocks' float32, float64 and uint16 kernels; and
+ * with VBMI the byte deinterleave); the plain and L1 tiles' 2- and 8-byte
+ * kernels are SSE2 throughout. */
 enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
@@ -469,7 +471,10 @@ DEFINE_PLANES(4)
 /* Specialised 3- and 4-channel byte deinterleave (packed HWC -> planes).
  * The portable loop is what the compiler makes of it; on x86-64 with SSSE3
  * (every x86-64 CPU since about 2008, checked at run time) each group of 16
- * pixels is C loads, C*C byte shuffles and ORs, and C stores. */
+ * pixels is C loads, C*C byte shuffles and ORs, and C stores; with AVX-512
+ * VBMI (Ice Lake, Zen 4 and later) each group of 64 is C loads, 2C byte
+ * permutes and blends, and C stores (EPYC VM, a 3840 x 2160 RGB frame:
+ * 14.0-14.6 GB/s with SSSE3, 22.5-23.6 with VBMI, 0.92-1.02x of memcpy). */
 static void deint_u8_scalar(unsigned char *const *p, const unsigned char *q, int64_t nb, int C) {
   for (int64_t b = 0; b < nb; b++)
     for (int c = 0; c < C; c++) p[c][b] = q[C * b + c];
@@ -523,10 +528,55 @@ __attribute__((target("ssse3"))) static void deint_u8_ssse3(unsigned char *const
 }
 #endif
 
+#ifdef HAVE_X86_KERNELS
+/* The same with AVX-512 VBMI byte permutes, 64 pixels a round: channel c
+ * of pixel i is input byte C*i+c of the 3 or 4 loaded vectors; one
+ * two-source permute takes those in the first 128 bytes, a second (of
+ * the third vector, or of the last two) the rest, and a blend joins them. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void deint_u8_vbmi(unsigned char *const *p,
+                                                                                const unsigned char *q,
+                                                                                int64_t nb, int C) {
+  __m512i lo_idx[4], hi_idx[4];
+  __mmask64 hi_mask[4];
+  for (int c = 0; c < C; c++) {
+    _Alignas(64) unsigned char lo[64], hi[64];
+    uint64_t m = 0;
+    for (int i = 0; i < 64; i++) {
+      const int at = C * i + c;
+      lo[i] = (unsigned char)(at & 127);
+      hi[i] = (unsigned char)(C == 3 ? (at - 128) & 63 : at & 127);
+      if (at >= 128) m |= 1ull << i;
+    }
+    lo_idx[c] = _mm512_load_si512((const void *)lo);
+    hi_idx[c] = _mm512_load_si512((const void *)hi);
+    hi_mask[c] = (__mmask64)m;
+  }
+  int64_t b = 0;
+  for (; b + 64 <= nb; b += 64) {
+    const unsigned char *s = q + (int64_t)C * b;
+    const __m512i v0 = _mm512_loadu_si512((const void *)s), v1 = _mm512_loadu_si512((const void *)(s + 64)),
+                  v2 = _mm512_loadu_si512((const void *)(s + 128));
+    const __m512i v3 = C == 4 ? _mm512_loadu_si512((const void *)(s + 192)) : v2;
+    for (int c = 0; c < C; c++) {
+      const __m512i lo = _mm512_permutex2var_epi8(v0, lo_idx[c], v1);
+      const __m512i hi = C == 3 ? _mm512_permutexvar_epi8(hi_idx[c], v2) : _mm512_permutex2var_epi8(v2, hi_idx[c], v3);
+      _mm512_storeu_si512((void *)(p[c] + b), _mm512_mask_blend_epi8(hi_mask[c], lo, hi));
+    }
+  }
+  unsigned char *tail[4];
+  for (int c = 0; c < C; c++) tail[c] = p[c] + b;
+  deint_u8_ssse3(tail, q + (int64_t)C * b, nb - b, C);
+}
+#endif
+
 static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
   unsigned char *p[4];
   for (int c = 0; c < C; c++) p[c] = (unsigned char *)d + c * dsa;
 #ifdef HAVE_X86_KERNELS
+  if (tiles_level() >= TILES_AVX512 && __builtin_cpu_supports("avx512vbmi")) {
+    deint_u8_vbmi(p, (const unsigned char *)s, nb, C);
+    return;
+  }
   if (tiles_level() >= TILES_SSSE3) {
     deint_u8_ssse3(p, (const unsigned char *)s, nb, C);
     return;
