@@ -22,30 +22,33 @@ struct tcase {
   int64_t rows, cols; /* of the output */
   DLDataType dt;
   int64_t batch;      /* 0: 2-D; < 0: -batch pieces of each output row, (rows, -batch, cols) */
+  size_t at;          /* the source starts this many bytes into a line; 0: 16 * (case % 3) */
 };
 static const struct tcase tcases[] = {
-  {1030, 2048, {kDLFloat, 32, 1}, 0}, /* 8 MiB, ragged edge */
-  {1030, 1024, {kDLFloat, 64, 1}, 0},
-  {2053, 2047, {kDLUInt, 8, 1}, 0},   /* odd rows: every alignment */
-  {2051, 2064, {kDLUInt, 8, 1}, 0},   /* 16-byte rows, ragged against 128 */
-  {1031, 2049, {kDLUInt, 16, 1}, 0},
-  {1031, 2056, {kDLUInt, 16, 1}, 0},
-  {1031, 1027, {kDLFloat, 32, 1}, 0}, /* 4 MiB, rows of 4108 bytes */
-  {517, 515, {kDLComplex, 128, 1}, 0},
-  {701, 503, {kDLFloat, 32, 3}, 0},   /* 12-byte elements: the plain path */
-  {515, 1029, {kDLFloat, 32, 1}, 3},  /* 3 x (515 x 1029) */
-  {515, 1028, {kDLFloat, 32, 1}, 3},
-  {1001, 1040, {kDLUInt, 8, 1}, 5},
-  {1030, 1100, {kDLUInt, 16, 1}, 3},  /* rows of 2200 bytes: 8 bytes off 16 */
-  {2050, 3, {kDLUInt, 8, 1}, 0},      /* rows shorter than a tile */
-  {1031, 1000, {kDLFloat, 32, 1}, -3}, /* (1031, 3, 1000): pieces of 4000 bytes */
-  {523, 1999, {kDLUInt, 8, 1}, -5},   /* pieces of 1999 bytes */
+  {1030, 2048, {kDLFloat, 32, 1}, 0, 0}, /* 8 MiB, ragged edge */
+  {1030, 1024, {kDLFloat, 64, 1}, 0, 0},
+  {2053, 2047, {kDLUInt, 8, 1}, 0, 0},   /* odd rows: every alignment */
+  {2051, 2064, {kDLUInt, 8, 1}, 0, 0},   /* 16-byte rows, ragged against 128 */
+  {1031, 2049, {kDLUInt, 16, 1}, 0, 0},
+  {1031, 2056, {kDLUInt, 16, 1}, 0, 0},
+  {1031, 1027, {kDLFloat, 32, 1}, 0, 0}, /* 4 MiB, rows of 4108 bytes */
+  {517, 515, {kDLComplex, 128, 1}, 0, 0},
+  {701, 503, {kDLFloat, 32, 3}, 0, 0},   /* 12-byte elements: the plain path */
+  {515, 1029, {kDLFloat, 32, 1}, 3, 0},  /* 3 x (515 x 1029) */
+  {515, 1028, {kDLFloat, 32, 1}, 3, 0},
+  {1001, 1040, {kDLUInt, 8, 1}, 5, 0},
+  {1030, 1100, {kDLUInt, 16, 1}, 3, 0},  /* rows of 2200 bytes: 8 bytes off 16 */
+  {2050, 3, {kDLUInt, 8, 1}, 0, 0},      /* rows shorter than a tile */
+  {1031, 1000, {kDLFloat, 32, 1}, -3, 0}, /* (1031, 3, 1000): pieces of 4000 bytes */
+  {523, 1999, {kDLUInt, 8, 1}, -5, 0},   /* pieces of 1999 bytes */
   /* rows that start on lines: the L2 blocks stream them straight out */
-  {2048, 2048, {kDLUInt, 8, 1}, 0},
-  {1024, 2048, {kDLUInt, 16, 1}, 0},
-  {512, 1024, {kDLComplex, 128, 1}, 0},
-  {1100, 1024, {kDLUInt, 8, 1}, 4},    /* 4 x (1100 x 1024): a ragged last group of columns */
-  {1040, 2048, {kDLFloat, 32, 1}, 0},  /* source rows of 4160 bytes: one offset in a line for all */
+  {2048, 2048, {kDLUInt, 8, 1}, 0, 0},
+  {1024, 2048, {kDLUInt, 16, 1}, 0, 0},
+  {512, 1024, {kDLComplex, 128, 1}, 0, 0},
+  {1100, 1024, {kDLUInt, 8, 1}, 4, 0},    /* 4 x (1100 x 1024): a ragged last group of columns */
+  {1040, 2048, {kDLFloat, 32, 1}, 0, 0},  /* source rows of 4160 bytes: one offset in a line for all */
+  {1032, 1024, {kDLFloat, 64, 1}, 0, 48}, /* the same for 8- and 16-byte elements */
+  {516, 1030, {kDLComplex, 128, 1}, 0, 16},
 };
 
 static void transposes_match(void) {
@@ -58,7 +61,7 @@ static void transposes_match(void) {
      * arrays start 16 bytes in), case by case. */
     void *base = NULL;
     cr_assert_eq(posix_memalign(&base, 64, bytes + 64), 0);
-    char *a = (char *)base + 16 * (k % 3);
+    char *a = (char *)base + (c->at ? c->at : 16 * (k % 3));
     fill_pattern(a, bytes, (uint32_t)k + 3);
     /* The source is cols x rows, row-major; its transposed view is rows x
      * cols with strides (1, rows). Batched: nb such sources one after the

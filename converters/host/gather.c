@@ -249,7 +249,8 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
  * (SSE2), 22 (AVX2), 30 (AVX-512) in L1; a 4096^2 transpose 6.0, 7.0 and
  * 7.0 GB/s. The same for uint16 ran 14, 22 and 32 GB/s in L1 but slower
  * than the SSE2 tile in whole transposes (8.7 against 8.0-8.3 GB/s at
- * 4096^2, 5.9 against 3.9-5.2 at 8192^2), so it was not kept. */
+ * 4096^2, 5.9 against 3.9-5.2 at 8192^2), so the plain and L1 tiles keep
+ * the SSE2 one; the L2 blocks use it (tr8x32_16, below), on the EPYC. */
 #define ST_LANES_256(p, v, apart)                                                                  \
   do {                                                                                             \
     _mm_storeu_si128((__m128i *)(void *)(p), _mm256_castsi256_si128(v));                           \
@@ -699,8 +700,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * memcpy (float32 4096^2, one thread), and timing the parts apart showed
  * why: reading a band of source rows in 128-byte pieces a tile at a time
  * is slow there (32 rows: 21-25 GB/s against 37 for a plain read), and
- * the reads and the streamed writes took turns. So a block is BLK_COLS
- * source columns by SEG bytes of output rows, filled into an L2 buffer
+ * the reads and the streamed writes took turns. So a block is up to
+ * BLK_COLS source columns by SEG bytes of output rows, filled into an L2 buffer
  * 8 or 16 source rows at a time, left to right, so a few rows are read as
  * long runs, and the previous block (the other half of the buffer) is
  * streamed out while this one fills, a share after every chunk, so the
@@ -776,9 +777,10 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * with 1024 columns, 14.5 with 512; 4096^2 float64 the same with 128 to
    * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness). */
   const int64_t bc = es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
-  /* Source rows read together: the height of the block's micro-kernel
-   * (EPYC, 4096^2: uint16 14.1 GB/s with 8 rows, 11.1 with 16; float64
-   * 14.5 against 12.0; float32 15 with 16, 9.4 with 8, 6.4 with 32). */
+  /* Source rows read together: 16 where the block's micro-kernel is 16
+   * rows tall (uint8; float32 with AVX-512), else 8 (EPYC, 4096^2: uint16
+   * 14.1 GB/s with 8 rows, 11.1 with 16; float64 14.5 against 12.0;
+   * float32 15 with 16, 9.4 with 8, 6.4 with 32). */
   const int64_t strip = es == 1 || (es == 4 && tiles_level() >= TILES_AVX512) ? 16 : 8;
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk in each block, so the
@@ -878,9 +880,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * element size: AB_HOST_STREAMING=0, 1 or blocked forces one; otherwise
  * (auto) the first transpose of that element size large enough to stream
  * times an 8 MiB transpose of it each way, once with line-aligned output
- * rows and once with rows off a line (best of two after a warm-up; 20-40
- * ms once per process and size on the EPYC VM) and keeps the fastest of
- * each; a streaming variant only when it wins by 10% or more. */
+ * rows and once with rows off a line (best of two after a warm-up; about
+ * 20 ms once per process and size on the EPYC VM) and keeps the fastest
+ * of each (for rows off a line, of the plain and L1 tiles only; see
+ * tr_mode_off); a streaming variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
 /* The same for outputs whose rows do not all start on a line, measured
@@ -909,14 +912,14 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Times each variant on one R x C source of es-byte elements (8 MiB): best
- * of two after a warm-up, into best[]. Output rows are pitch bytes apart
- * from d. */
+/* Times the first `modes` variants on one R x C source of es-byte elements
+ * (8 MiB): best of two after a warm-up, into best[] (the others 1e30).
+ * Output rows are pitch bytes apart from d. */
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t R, int64_t C, size_t es, char *carry,
-                       double *best) {
+                       int modes, double *best) {
   for (int m = 0; m < TR_MODES; m++) best[m] = 1e30;
   for (int rep = 0; rep < 3; rep++)
-    for (int m = 0; m < TR_MODES; m++) {
+    for (int m = 0; m < modes; m++) {
       struct transpose_ctx c = {C, R, pitch, C * (int64_t)es, es, m, carry};
       double t0 = seconds();
       visit_transpose(&c, d, s);
@@ -950,9 +953,9 @@ static int probe_mode(size_t es, int *off) {
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     double best[TR_MODES];
-    probe_time(d, pitch, s, R, C, es, carry, best);
+    probe_time(d, pitch, s, R, C, es, carry, TR_MODES, best);
     choice = probe_pick(best, true);
-    probe_time(d, pitch + 32, s, R, C, es, carry, best);
+    probe_time(d, pitch + 32, s, R, C, es, carry, TR_BLOCKED, best);
     *off = probe_pick(best, false);
   }
   free(s);
