@@ -783,19 +783,21 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * float32 15 with 16, 9.4 with 8, 6.4 with 32). */
   const int64_t strip = es == 1 || (es == 4 && tiles_level() >= TILES_AVX512) ? 16 : 8;
   /* A source whose rows all start at one offset in a line (NumPy's large
-   * arrays: 16 bytes in) gets a narrow first chunk in each block, so the
-   * kernels' loads after it take whole lines, not two halves (EPYC,
-   * 4000^2 float32 from Python, one thread: 5.8 -> 12.3 GB/s). Blocks are a
-   * whole number of lines wide, so each starts at the same offset. */
+   * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
+   * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
+   * Python, one thread: 5.8 -> 12.3 GB/s). The first block is skew + bc -
+   * LINE / es columns wide, so every later block starts on a line and
+   * needs no narrow chunk of its own (nor a ragged last one). */
   const int64_t skew = sb % LINE == 0 && (uintptr_t)s % es == 0 ? (int64_t)((-(uintptr_t)s & (LINE - 1)) / es) : 0;
   struct blk_pending p = {0};
   int half = 0;
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
     const int64_t mb = nb - b0 < t ? nb - b0 : t;
-    for (int64_t a0 = 0; a0 < na; a0 += bc) {
-      const int64_t ma = na - a0 < bc ? na - a0 : bc;
+    for (int64_t a0 = 0, ma; a0 < na; a0 += ma) {
+      ma = a0 == 0 && skew > 0 ? skew + bc - LINE / (int64_t)es : bc;
+      if (ma > na - a0) ma = na - a0;
       char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
-      const int64_t head = skew < ma ? skew : 0;
+      const int64_t head = a0 == 0 && skew < ma ? skew : 0;
       const int64_t chunks = ((mb + strip - 1) / strip) * ((head > 0) + (ma - head + cw - 1) / cw);
       int64_t k = 0;
       for (int64_t b = 0; b < mb; b += strip) {
