@@ -28,6 +28,19 @@ const char *ab__dtype_code_name(uint8_t code);
  * bytes). */
 static inline size_t ab__elsize(DLDataType dt) { return (size_t)(dt.bits / 8u) * dt.lanes; }
 
+/* 0-4 for element widths of 1, 2, 4, 8 and 16 bytes (the widths that
+ * kernels specialise for), -1 for any other. */
+static inline int ab__width_index(size_t w) {
+  switch (w) {
+  case 1: return 0;
+  case 2: return 1;
+  case 4: return 2;
+  case 8: return 3;
+  case 16: return 4;
+  default: return -1;
+  }
+}
+
 /* Whether t is row-major compact: no strides, or strides equal to the
  * compact ones on every dim longer than 1 (a size-1 dim's stride says
  * nothing). Shape and strides must be valid. */

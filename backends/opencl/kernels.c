@@ -15,17 +15,6 @@ struct klayout {
   uint64_t count;  /* elements of width w */
 };
 
-static int width_index(size_t w) {
-  switch (w) {
-  case 1: return 0;
-  case 2: return 1;
-  case 4: return 2;
-  case 8: return 3;
-  case 16: return 4;
-  default: return -1;
-  }
-}
-
 /* The gather's layout of source t, moved in units of its element size
  * where both ends allow it, else bytes: dst_offset is the destination's
  * byte offset (an ab_convert_into destination may sit at any byte), which
@@ -34,7 +23,7 @@ static bool kernel_layout(const DLTensor *t, uint64_t dst_offset, struct klayout
   size_t es = ab__elsize(t->dtype), w = es;
   int64_t shape[AB_MAX_NDIM + 1], stride[AB_MAX_NDIM + 1];
   int n = 0;
-  if (width_index(es) < 0 || t->byte_offset % es != 0 || dst_offset % es != 0) w = 1;
+  if (ab__width_index(es) < 0 || t->byte_offset % es != 0 || dst_offset % es != 0) w = 1;
   int64_t scale = (int64_t)(es / w);
   if (t->strides == NULL) return false; /* compact: clEnqueueCopyBuffer's job */
   int64_t units[AB_MAX_NDIM];
@@ -54,7 +43,7 @@ static bool kernel_layout(const DLTensor *t, uint64_t dst_offset, struct klayout
   if (n > 8) return false;
   memset(kl, 0, sizeof *kl);
   kl->n = n;
-  kl->k = width_index(w);
+  kl->k = ab__width_index(w);
   kl->offset = t->byte_offset / w;
   kl->count = 1;
   for (int i = 0; i < n; i++) {

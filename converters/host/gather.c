@@ -896,17 +896,6 @@ static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decide
  * tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
-static int tr_class(size_t es) {
-  switch (es) {
-  case 1: return 0;
-  case 2: return 1;
-  case 4: return 2;
-  case 8: return 3;
-  case 16: return 4;
-  default: return -1;
-  }
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
 static double seconds(void) {
   struct timespec t;
@@ -998,7 +987,7 @@ int ab__host_transpose_mode(size_t es) {
   static pthread_once_t once[TR_CLASSES] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
                                             PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
   static void (*const decide[TR_CLASSES])(void) = {decide_0, decide_1, decide_2, decide_3, decide_4};
-  const int k = tr_class(es);
+  const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
   int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
   if (m >= 0) return m;
@@ -1007,7 +996,7 @@ int ab__host_transpose_mode(size_t es) {
 }
 
 int ab__host_transpose_mode_known(size_t es) {
-  const int k = tr_class(es);
+  const int k = ab__width_index(es);
 #ifdef HAVE_X86_KERNELS
   if (k < 0) return TR_PLAIN;
   const int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
@@ -1021,7 +1010,7 @@ int ab__host_transpose_mode_known(size_t es) {
 /* The variant for an output whose rows start on lines (aligned) or not. */
 static int transpose_mode_for(size_t es, bool aligned) {
   const int m = ab__host_transpose_mode(es);
-  const int k = tr_class(es);
+  const int k = ab__width_index(es);
   return aligned || k < 0 ? m : atomic_load_explicit(&tr_mode_off[k], memory_order_relaxed);
 }
 
