@@ -1528,3 +1528,51 @@ Test(pool, a_forked_child_uses_the_pool_beside_a_parked_threads_cache) {
   unpark(&t);
   assert_pool_clean(CPU0);
 }
+
+/* ---- huge pages for large host blocks --------------------------------- */
+
+/* Host blocks of 4 MiB and more start on a 2 MiB boundary (offered to the
+ * kernel for transparent huge pages); AB_HOST_HUGEPAGES=0 leaves them
+ * page-aligned only. Whether the kernel then gives huge pages is its
+ * choice (/sys/kernel/mm/transparent_hugepage), so that is logged, not
+ * asserted. */
+static uintptr_t large_block_address(void) {
+  DLManagedTensorVersioned *t;
+  cr_assert_eq(try_alloc(6 * MiB + 100, &t), AB_OK, "%s", ab_last_error());
+  memset(t->dl_tensor.data, 1, 6 * MiB + 100);
+  const uintptr_t at = (uintptr_t)t->dl_tensor.data;
+  t->deleter(t);
+  return at;
+}
+
+Test(pool, large_host_blocks_start_on_huge_page_boundaries) {
+  unsetenv("AB_HOST_HUGEPAGES");
+#if defined(__linux__)
+  cr_assert_eq(large_block_address() % (2 * MiB), 0, "a 6 MiB host block is not 2 MiB-aligned");
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, "AnonHugePages:", 14) == 0) cr_log_info("after a 6 MiB block: %s", line);
+  if (f != NULL) fclose(f);
+#else
+  cr_assert_eq(large_block_address() % 4096, 0);
+#endif
+  DLManagedTensorVersioned *small;
+  cr_assert_eq(try_alloc(1 * MiB, &small), AB_OK);
+  cr_assert_eq((uintptr_t)small->dl_tensor.data % 4096, 0, "a 1 MiB host block is page-aligned");
+  small->deleter(small);
+}
+
+Test(pool, large_host_blocks_without_huge_pages_are_page_aligned) {
+  setenv("AB_HOST_HUGEPAGES", "0", 1);
+  int misaligned = 0;
+  for (int i = 0; i < 8; i++) { /* some start off a 2 MiB boundary (malloc's header) */
+    DLManagedTensorVersioned *t;
+    cr_assert_eq(try_alloc((size_t)(5 + i) * MiB, &t), AB_OK);
+    cr_assert_eq((uintptr_t)t->dl_tensor.data % 4096, 0);
+    misaligned += (uintptr_t)t->dl_tensor.data % (2 * MiB) != 0;
+    t->deleter(t);
+    ab_pool_trim(CPU0);
+  }
+  cr_assert_gt(misaligned, 0, "AB_HOST_HUGEPAGES=0 still aligned every block to 2 MiB");
+}
