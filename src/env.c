@@ -22,6 +22,8 @@ const char *ab__env_str(const char *name) {
   return v != NULL && *v != '\0' ? v : NULL;
 }
 
+const struct ab__env_choice ab__env_on_off[] = {{"1", 1}, {"on", 1}, {"0", 0}, {"off", 0}, {NULL, 0}};
+
 int ab__env_choice(const char *name, const struct ab__env_choice *choices, int dflt, const char *want) {
   const char *v = ab__env_str(name);
   if (v == NULL) return dflt;

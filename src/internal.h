@@ -148,6 +148,8 @@ struct ab__env_choice {
   int value;
 };
 int ab__env_choice(const char *name, const struct ab__env_choice *choices, int dflt, const char *want);
+/* The choices of a switch: 1 or on (1), 0 or off (0). */
+extern const struct ab__env_choice ab__env_on_off[];
 /* A byte count ("4MiB", ab__parse_size) within [lo, hi]; dflt otherwise. */
 uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi, const char *example);
 /* A decimal integer within [lo, hi]; dflt otherwise. */

@@ -384,10 +384,9 @@ static _Thread_local struct tcache *my_caches, *my_last;
 
 static bool tc_enabled(void) {
   static ab__env_cache cache;
-  static const struct ab__env_choice choices[] = {{"1", 1}, {"on", 1}, {"0", 0}, {"off", 0}, {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_POOL_THREAD_CACHE", choices, 1, "1 or 0")) != 0;
+  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_POOL_THREAD_CACHE", ab__env_on_off, 1, "1 or 0")) != 0;
 }
 
 static uint64_t relaxed(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }

@@ -386,10 +386,9 @@ static void ensure_peer(int32_t to, int32_t from) {
   if (to >= MAX_PEERS || from >= MAX_PEERS) return;
   pthread_mutex_lock(&peer_lock);
   if (peer[to][from] == 0) {
-    static const struct ab__env_choice modes[] = {{"1", 1}, {"on", 1}, {"0", 0}, {"off", 0}, {NULL, 0}};
     int can = 0;
     peer[to][from] = 2;
-    if (!ab__env_choice("AB_CUDA_PEER", modes, 1, "1 (on) or 0 (off)")) {
+    if (!ab__env_choice("AB_CUDA_PEER", ab__env_on_off, 1, "1 (on) or 0 (off)")) {
       AB_LOG(AB_LOG_INFO, "cuda:%d -> cuda:%d: peer access disabled by AB_CUDA_PEER", (int)from, (int)to);
     } else if (cudaDeviceCanAccessPeer(&can, to, from) == cudaSuccess && can) {
       cudaError_t e = cudaDeviceEnablePeerAccess(from, 0);

@@ -86,10 +86,9 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
 static bool hugepages_wanted(void) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static ab__env_cache cache;
-  static const struct ab__env_choice choices[] = {{"1", 1}, {"on", 1}, {"0", 0}, {"off", 0}, {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_HUGEPAGES", choices, 1, "1 or 0")) != 0;
+  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_HUGEPAGES", ab__env_on_off, 1, "1 or 0")) != 0;
 #else
   return false;
 #endif
