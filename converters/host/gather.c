@@ -183,74 +183,15 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
   }
   for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(d + k * dsa), r[k]);
 }
-/* 8x8 tile of 2-byte elements (SSE2): eight source rows (fixed b,
- * a..a+7) become eight destination rows (fixed a, b..b+7), by unpacking
- * 16-, 32- and 64-bit pairs in turn. */
-static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m128i r[8], t[8], u[8];
-  for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(s + i * sb));
-  for (int i = 0; i < 8; i += 2) { /* t[i]: columns 0-3 of rows i, i+1; t[i+1]: columns 4-7 */
-    t[i] = _mm_unpacklo_epi16(r[i], r[i + 1]);
-    t[i + 1] = _mm_unpackhi_epi16(r[i], r[i + 1]);
-  }
-  for (int g = 0; g < 8; g += 4) /* rows g..g+3: u[g + c/2] holds columns c, c+1 */
-    for (int h = 0; h < 2; h++) {
-      u[g + 2 * h] = _mm_unpacklo_epi32(t[g + h], t[g + 2 + h]);
-      u[g + 2 * h + 1] = _mm_unpackhi_epi32(t[g + h], t[g + 2 + h]);
-    }
-  for (int c = 0; c < 4; c++) { /* columns 2c, 2c+1 of rows 0-3 and 4-7 */
-    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c) * dsa), _mm_unpacklo_epi64(u[c], u[4 + c]));
-    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c + 1) * dsa), _mm_unpackhi_epi64(u[c], u[4 + c]));
-  }
-}
-/* 16x16 tile of bytes (SSE2), the same way with one more unpack stage. */
-static inline void tr16x16_8(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m128i r[16], t[16];
-  for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(s + i * sb));
-  /* Stage w (1, 2, 4, 8 bytes) pairs groups of w rows and interleaves
-   * them in units of w bytes, so each register holds 2w-row slices of
-   * 16 / 2w columns: after the 8-, 16- and 32-bit stages t[g + c] holds
-   * columns 2c and 2c+1 of rows g..g+7, and the 64-bit stage joins the
-   * two row halves into whole columns. */
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm_unpacklo_epi8(r[i], r[i + 1]);
-    t[i + 1] = _mm_unpackhi_epi8(r[i], r[i + 1]);
-  }
-  for (int g = 0; g < 16; g += 4)
-    for (int h = 0; h < 2; h++) {
-      r[g + 2 * h] = _mm_unpacklo_epi16(t[g + h], t[g + 2 + h]);
-      r[g + 2 * h + 1] = _mm_unpackhi_epi16(t[g + h], t[g + 2 + h]);
-    }
-  for (int g = 0; g < 16; g += 8)
-    for (int h = 0; h < 4; h++) {
-      t[g + 2 * h] = _mm_unpacklo_epi32(r[g + h], r[g + 4 + h]);
-      t[g + 2 * h + 1] = _mm_unpackhi_epi32(r[g + h], r[g + 4 + h]);
-    }
-  for (int c = 0; c < 8; c++) {
-    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c) * dsa), _mm_unpacklo_epi64(t[c], t[8 + c]));
-    _mm_storeu_si128((__m128i *)(void *)(d + (2 * c + 1) * dsa), _mm_unpackhi_epi64(t[c], t[8 + c]));
-  }
-}
-/* 2x2 tile of 8-byte elements. */
-static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
-  __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(s + sb));
-  _mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi64(r0, r1));
-  _mm_storeu_si128((__m128i *)(void *)(d + dsa), _mm_unpackhi_epi64(r0, r1));
-}
-
-/* Wide uint8 tiles: the SSE2 network above runs in every 128-bit lane of
- * an AVX2 or AVX-512 register at once, lane L holding bytes 16L.. of each
- * source row, so one load takes 32 or 64 bytes of a row (a whole cache
- * line with AVX-512) and each shuffle does the work of two or four; lane
- * L of a result is one 16-byte destination row, stored by itself. A
- * 16 x 64 tile is 64 shuffles where four 16 x 16 tiles are 256. Measured
- * on the Intel Xeon VM (bench/results/2026-11-25-wide-tiles.md): 12 GB/s
- * (SSE2), 22 (AVX2), 30 (AVX-512) in L1; a 4096^2 transpose 6.0, 7.0 and
- * 7.0 GB/s. The same for uint16 ran 14, 22 and 32 GB/s in L1 but slower
- * than the SSE2 tile in whole transposes (8.7 against 8.0-8.3 GB/s at
- * 4096^2, 5.9 against 3.9-5.2 at 8192^2), so the plain and L1 tiles keep
- * the SSE2 one; the L2 blocks use it (tr8x32_16, below), on the EPYC. */
+/* The byte and uint16 tiles, written once for every register width: the
+ * SSE2 network below runs in every 128-bit lane of a V register at once
+ * (W: its intrinsics' prefix), lane L holding elements 16L / es.. of each
+ * source row, so one load takes 16, 32 or 64 bytes of a row and each
+ * shuffle does the work of one, two or four; lane L of a result is one
+ * 16-byte destination row, stored by itself (STORE_LANES, `apart` bytes
+ * between the lanes' rows). ATTR is the target the wider ones need. */
+#define ST_LANES_128(p, v, apart) _mm_storeu_si128((__m128i *)(void *)(p), (v))
+#define LOAD_128(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
 #define ST_LANES_256(p, v, apart)                                                                  \
   do {                                                                                             \
     _mm_storeu_si128((__m128i *)(void *)(p), _mm256_castsi256_si128(v));                           \
@@ -266,11 +207,14 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
 #define LOAD_256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
 #define LOAD_512(p) _mm512_loadu_si512((const void *)(p))
 
-/* 16 source rows of 16 * lanes bytes -> 16 * lanes destination rows of 16
- * bytes: tr16x16_8 lane by lane (V: the register type, W: its intrinsics'
- * prefix). */
-#define DEFINE_WIDE_8(NAME, TARGET, V, W, LOAD, STORE_LANES)                                        \
-  __attribute__((target(TARGET))) static void NAME(char *d, int64_t dsa, const char *s, int64_t sb) { \
+/* 16x16 tiles of bytes, lane by lane: 16 source rows of 16 * lanes bytes
+ * -> 16 * lanes destination rows of 16 bytes. Stage w (1, 2, 4, 8 bytes)
+ * pairs groups of w rows and interleaves them in units of w bytes, so each
+ * register holds 2w-row slices of 16 / 2w columns: after the 8-, 16- and
+ * 32-bit stages t[g + c] holds columns 2c and 2c+1 of rows g..g+7, and the
+ * 64-bit stage joins the two row halves into whole columns. */
+#define DEFINE_WIDE_8(NAME, ATTR, V, W, LOAD, STORE_LANES)                                          \
+  ATTR static inline void NAME(char *d, int64_t dsa, const char *s, int64_t sb) {                  \
     V r[16], t[16];                                                                                \
     for (int i = 0; i < 16; i++) r[i] = LOAD(s + i * sb);                                          \
     for (int i = 0; i < 16; i += 2) {                                                              \
@@ -292,28 +236,48 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
       STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(t[c], t[8 + c]), 16 * dsa);            \
     }                                                                                              \
   }
-DEFINE_WIDE_8(tr16x32_8, "avx2", __m256i, _mm256, LOAD_256, ST_LANES_256)
-DEFINE_WIDE_8(tr16x64_8, "avx512f,avx512bw", __m512i, _mm512, LOAD_512, ST_LANES_512)
 
-/* uint16 the same way: tr8x8_16 in each 128-bit lane of an AVX-512
- * register, 8 source rows of 32 elements (whole lines) -> 32 destination
- * rows of 8. Used by the L2 blocks only (see tile_block). */
-__attribute__((target("avx512f,avx512bw"))) static void tr8x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m512i r[8], t[8], u[8];
-  for (int i = 0; i < 8; i++) r[i] = LOAD_512(s + i * sb);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm512_unpacklo_epi16(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi16(r[i], r[i + 1]);
+/* 8x8 tiles of 2-byte elements, lane by lane: 8 source rows (fixed b,
+ * a..a+8*lanes-1) -> 8 * lanes destination rows (fixed a, b..b+7), by
+ * unpacking 16-, 32- and 64-bit pairs in turn. */
+#define DEFINE_WIDE_16(NAME, ATTR, V, W, LOAD, STORE_LANES)                                         \
+  ATTR static inline void NAME(char *d, int64_t dsa, const char *s, int64_t sb) {                  \
+    V r[8], t[8], u[8];                                                                            \
+    for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
+    for (int i = 0; i < 8; i += 2) {                                                               \
+      t[i] = W##_unpacklo_epi16(r[i], r[i + 1]);                                                   \
+      t[i + 1] = W##_unpackhi_epi16(r[i], r[i + 1]);                                               \
+    }                                                                                              \
+    for (int g = 0; g < 8; g += 4)                                                                 \
+      for (int h = 0; h < 2; h++) {                                                                \
+        u[g + 2 * h] = W##_unpacklo_epi32(t[g + h], t[g + 2 + h]);                                 \
+        u[g + 2 * h + 1] = W##_unpackhi_epi32(t[g + h], t[g + 2 + h]);                             \
+      }                                                                                            \
+    for (int c = 0; c < 4; c++) {                                                                  \
+      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);                \
+      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);            \
+    }                                                                                              \
   }
-  for (int g = 0; g < 8; g += 4)
-    for (int h = 0; h < 2; h++) {
-      u[g + 2 * h] = _mm512_unpacklo_epi32(t[g + h], t[g + 2 + h]);
-      u[g + 2 * h + 1] = _mm512_unpackhi_epi32(t[g + h], t[g + 2 + h]);
-    }
-  for (int c = 0; c < 4; c++) {
-    ST_LANES_512(d + (2 * c) * dsa, _mm512_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);
-    ST_LANES_512(d + (2 * c + 1) * dsa, _mm512_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);
-  }
+/* SSE2 (every x86-64), the plain and L1 tiles' and the narrow ones' of
+ * the blocks. Wider: a 16 x 64 byte tile is 64 shuffles where four 16 x 16
+ * tiles are 256. Measured on the Intel Xeon VM
+ * (bench/results/2026-11-25-wide-tiles.md): uint8 12 GB/s (SSE2), 22
+ * (AVX2), 30 (AVX-512) in L1, a 4096^2 transpose 6.0, 7.0 and 7.0 GB/s.
+ * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
+ * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
+ * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
+ * blocks use the AVX-512 one (tr8x32_16), faster on the EPYC. */
+DEFINE_WIDE_8(tr16x16_8, , __m128i, _mm, LOAD_128, ST_LANES_128)
+DEFINE_WIDE_16(tr8x8_16, , __m128i, _mm, LOAD_128, ST_LANES_128)
+DEFINE_WIDE_8(tr16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256, ST_LANES_256)
+DEFINE_WIDE_8(tr16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512, ST_LANES_512)
+DEFINE_WIDE_16(tr8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512, ST_LANES_512)
+/* 2x2 tile of 8-byte elements. */
+static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+  __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(s + sb));
+  _mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi64(r0, r1));
+  _mm_storeu_si128((__m128i *)(void *)(d + dsa), _mm_unpackhi_epi64(r0, r1));
 }
 
 /* 8x8 tile of 8-byte elements with AVX-512, whole lines in and out: pairs
