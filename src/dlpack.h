@@ -31,7 +31,7 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
 
 /* The managed tensors the library makes: one allocation holds the struct,
  * the bookkeeping and the shape and strides arrays; for a tensor with a
- * pooled block and up to AB_TENSOR_ROOM_DIMS dims that is the block's
+ * pooled block and up to ROOM_DIMS (dlpack.c) dims that is the block's
  * descriptor (ab__tensor_create). */
 struct ab__tensor {
   DLManagedTensorVersioned mt; /* first: the deleter casts self back */

@@ -229,8 +229,9 @@ void ab__host_run(const ab__host_job *w) {
    * 0.75-0.80x of memcpy on both threads, in 8 KiB ones 0.90-0.92x. Bands
    * widen up to MIN_STRIP bytes, but never below one band a thread. */
   if (w->byte_strides[0] == (int64_t)w->es && (size_t)j.band * w->es < MIN_STRIP) {
-    int64_t strip = (int64_t)(MIN_STRIP / w->es), per_thread = (n + t - 1) / t;
-    j.band = strip < per_thread ? strip : per_thread > j.band ? per_thread : j.band;
+    const int64_t strip = (int64_t)(MIN_STRIP / w->es), per_thread = (n + t - 1) / t;
+    const int64_t want = strip < per_thread ? strip : per_thread; /* a strip, or a band a thread */
+    if (want > j.band) j.band = want;
   }
   j.nbands = (n + j.band - 1) / j.band;
   atomic_init(&j.next, 0);
