@@ -763,11 +763,15 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   const int level = tiles_level();
   const int64_t strip = es == 1 || (es == 4 && level >= TILES_AVX512) ? 16 : 8;
   /* Rows of whole lines go out through one inline loop of 64-byte stores
-   * (blk_rows_avx512), except uint16's. EPYC, 4096^2, one thread, three
-   * runs each: float32 17.8-18.4 -> 20.2-20.3 GB/s, float64 15.7-16.3 ->
-   * 17.6-18.2, uint8 15.4-16.2 -> 18.5-19.3, but uint16 13.4-13.5 ->
-   * 11.8-11.9 (its chunks are half as large; why it loses is not known). */
-  const bool rows_inline = level >= TILES_AVX512 && es != 2;
+   * (blk_rows_avx512) where output rows are 8 KiB apart or more, and not
+   * for uint16. EPYC, one thread, 4096^2, three runs each: float32
+   * 17.8-18.4 -> 20.2-20.3 GB/s, float64 15.7-16.3 -> 17.6-18.2, uint8
+   * 15.4-16.2 -> 18.5-19.3; but uint16 13.4-13.5 -> 11.8-11.9 (its chunks
+   * are half as large), and batches of float32 planes with rows 2-4 KiB
+   * apart lost (1024^2 planes: 22.2-22.6 -> 16.3-17.7 GB/s), while at 8
+   * KiB they gained (2048^2: 16.7-18.0 -> 18.9-19.1). Why the rows' spacing
+   * matters is not known; the calls' pause between rows is what differs. */
+  const bool rows_inline = level >= TILES_AVX512 && es != 2 && dsa >= 8192;
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
