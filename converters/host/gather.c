@@ -188,8 +188,9 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * (W: its intrinsics' prefix), lane L holding elements 16L / es.. of each
  * source row, so one load takes 16, 32 or 64 bytes of a row and each
  * shuffle does the work of one, two or four; lane L of a result is one
- * 16-byte destination row, stored by itself (STORE_LANES, `apart` bytes
- * between the lanes' rows). ATTR is the target the wider ones need. */
+ * 16-byte destination row, stored by itself (the byte tiles' STORE_LANES,
+ * `apart` bytes between the lanes' rows) or joined with others (the
+ * uint16 network's users). ATTR is the target the wider ones need. */
 #define ST_LANES_128(p, v, apart) _mm_storeu_si128((__m128i *)(void *)(p), (v))
 #define LOAD_128(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
 #define ST_LANES_256(p, v, apart)                                                                  \
@@ -239,9 +240,10 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
 
 /* 8x8 tiles of 2-byte elements, lane by lane: 8 source rows (fixed b,
  * a..a+8*lanes-1) -> 8 * lanes destination rows (fixed a, b..b+7), by
- * unpacking 16-, 32- and 64-bit pairs in turn. */
-#define DEFINE_WIDE_16(NAME, ATTR, V, W, LOAD, STORE_LANES)                                         \
-  ATTR static inline void NAME(char *d, int64_t dsa, const char *s, int64_t sb) {                  \
+ * unpacking 16-, 32- and 64-bit pairs in turn. The network leaves in lane
+ * L of h[k] destination row k + 8L. */
+#define DEFINE_NET_16(NAME, ATTR, V, W, LOAD)                                                       \
+  ATTR static inline void NAME(V h[8], const char *s, int64_t sb) {                                \
     V r[8], t[8], u[8];                                                                            \
     for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
     for (int i = 0; i < 8; i += 2) {                                                               \
@@ -249,13 +251,13 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
       t[i + 1] = W##_unpackhi_epi16(r[i], r[i + 1]);                                               \
     }                                                                                              \
     for (int g = 0; g < 8; g += 4)                                                                 \
-      for (int h = 0; h < 2; h++) {                                                                \
-        u[g + 2 * h] = W##_unpacklo_epi32(t[g + h], t[g + 2 + h]);                                 \
-        u[g + 2 * h + 1] = W##_unpackhi_epi32(t[g + h], t[g + 2 + h]);                             \
+      for (int k = 0; k < 2; k++) {                                                                \
+        u[g + 2 * k] = W##_unpacklo_epi32(t[g + k], t[g + 2 + k]);                                 \
+        u[g + 2 * k + 1] = W##_unpackhi_epi32(t[g + k], t[g + 2 + k]);                             \
       }                                                                                            \
     for (int c = 0; c < 4; c++) {                                                                  \
-      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(u[c], u[4 + c]), 8 * dsa);                \
-      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(u[c], u[4 + c]), 8 * dsa);            \
+      h[2 * c] = W##_unpacklo_epi64(u[c], u[4 + c]);                                               \
+      h[2 * c + 1] = W##_unpackhi_epi64(u[c], u[4 + c]);                                           \
     }                                                                                              \
   }
 /* SSE2 (every x86-64), the plain and L1 tiles' and the narrow ones' of
@@ -266,12 +268,33 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
  * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
- * blocks use the AVX-512 one (tr8x32_16), faster on the EPYC. */
+ * blocks use an AVX-512 one (tr16x32_16), faster on the EPYC. */
 DEFINE_WIDE_8(tr16x16_8, , __m128i, _mm, LOAD_128, ST_LANES_128)
-DEFINE_WIDE_16(tr8x8_16, , __m128i, _mm, LOAD_128, ST_LANES_128)
 DEFINE_WIDE_8(tr16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256, ST_LANES_256)
 DEFINE_WIDE_8(tr16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512, ST_LANES_512)
-DEFINE_WIDE_16(tr8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512, ST_LANES_512)
+DEFINE_NET_16(net8x8_16, , __m128i, _mm, LOAD_128)
+DEFINE_NET_16(net8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
+static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m128i h[8];
+  net8x8_16(h, s, sb);
+  for (int k = 0; k < 8; k++) _mm_storeu_si128((__m128i *)(void *)(d + k * dsa), h[k]);
+}
+/* 16 x 32 tile of uint16 with AVX-512, for the L2 blocks: rows 0-7 and
+ * 8-15 through the 8 x 8 network four lanes wide, then each destination
+ * row's two 16-byte halves joined (vpermt2q) and stored as 32 bytes. */
+__attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i h[2][8];
+  net8x32_16(h[0], s, sb);
+  net8x32_16(h[1], s + 8 * sb, sb);
+  const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  for (int k = 0; k < 8; k++) {
+    const __m512i a = _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]), b = _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]);
+    _mm256_storeu_si256((__m256i *)(void *)(d + k * dsa), _mm512_castsi512_si256(a));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 8) * dsa), _mm512_extracti64x4_epi64(a, 1));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 16) * dsa), _mm512_castsi512_si256(b));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 24) * dsa), _mm512_extracti64x4_epi64(b, 1));
+  }
+}
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
@@ -682,7 +705,9 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
 /* The tiles of a block: with AVX-512, kernels that read whole source
  * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
  * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
- * against 7.3 GB/s) and 8 x 32 for uint16 (9.5-10.6 against 8.2-8.4);
+ * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
+ * three runs each: 10.5-12.4 GB/s with the 8 x 32 tile before it, 12.4-13.0
+ * with this one; from L3, 2048^2: 18.6-19.6 against 21.8-24.1);
  * every other case as tile_any. The plain and L1 tiles keep theirs: the
  * 16 x 16 float32 one measured the same there on the EPYC, wide uint16
  * ones slower on the Intel VM, where those variants were tuned. */
@@ -697,8 +722,10 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
       tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
       return;
     }
-    if (es == 2) {
-      tile_wide(d, dsa, s, sb, na, nb, 2, 32, 8, tr8x32_16, tr8x8_16, tile_2);
+    if (es == 2) { /* the 16 x 32 kernel over the rows it covers whole, 8 x 8 tiles after */
+      const int64_t ka = na - na % 32;
+      tile_micro(d, dsa, s, sb, ka, nb, 2, 32, 16, tr16x32_16, tile_2);
+      tile_micro(d + ka * dsa, dsa, s + ka * 2, sb, na - ka, nb, 2, 8, 8, tr8x8_16, tile_2);
       return;
     }
   }
@@ -757,21 +784,23 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness). */
   const int64_t bc = es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
   /* Source rows read together: 16 where the block's micro-kernel is 16
-   * rows tall (uint8; float32 with AVX-512), else 8 (EPYC, 4096^2: uint16
-   * 14.1 GB/s with 8 rows, 11.1 with 16; float64 14.5 against 12.0;
-   * float32 15 with 16, 9.4 with 8, 6.4 with 32). */
+   * rows tall (uint8; float32 and uint16 with AVX-512), else 8 (EPYC,
+   * 4096^2: float64 14.5 GB/s with 8 rows against 12.0 with 16; float32
+   * 15 with 16, 9.4 with 8, 6.4 with 32; uint16 with its 8 x 32 tile 14.1
+   * with 8 rows, 11.1 with 16). */
   const int level = tiles_level();
-  const int64_t strip = es == 1 || (es == 4 && level >= TILES_AVX512) ? 16 : 8;
+  const int64_t strip = es == 1 || ((es == 2 || es == 4) && level >= TILES_AVX512) ? 16 : 8;
   /* Rows of whole lines go out through one inline loop of 64-byte stores
-   * (blk_rows_avx512) where output rows are 8 KiB apart or more, and not
-   * for uint16. EPYC, one thread, 4096^2, three runs each: float32
-   * 17.8-18.4 -> 20.2-20.3 GB/s, float64 15.7-16.3 -> 17.6-18.2, uint8
-   * 15.4-16.2 -> 18.5-19.3; but uint16 13.4-13.5 -> 11.8-11.9 (its chunks
-   * are half as large), and batches of float32 planes with rows 2-4 KiB
-   * apart lost (1024^2 planes: 22.2-22.6 -> 16.3-17.7 GB/s), while at 8
-   * KiB they gained (2048^2: 16.7-18.0 -> 18.9-19.1). Why the rows' spacing
-   * matters is not known; the calls' pause between rows is what differs. */
-  const bool rows_inline = level >= TILES_AVX512 && es != 2 && dsa >= 8192;
+   * (blk_rows_avx512) where output rows are 8 KiB apart or more. EPYC,
+   * one thread, 4096^2, three runs each: float32 17.8-18.4 -> 20.2-20.3
+   * GB/s, float64 15.7-16.3 -> 17.6-18.2, uint8 15.4-16.2 -> 18.5-19.3;
+   * but batches of float32 planes with rows 2-4 KiB apart lost (1024^2
+   * planes: 22.2-22.6 -> 16.3-17.7 GB/s), while at 8 KiB they gained
+   * (2048^2: 16.7-18.0 -> 18.9-19.1). Why the rows' spacing matters is not
+   * known; the calls' pause between rows is what differs. (uint16 lost
+   * with it too, 13.4 -> 11.8, while its tile was 8 rows tall and its
+   * chunks half the size; with the 16-row tile it gains.) */
+  const bool rows_inline = level >= TILES_AVX512 && dsa >= 8192;
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
