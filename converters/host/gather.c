@@ -722,6 +722,10 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
       tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
       return;
     }
+    if (es == 1) {
+      tile_wide(d, dsa, s, sb, na, nb, 1, 64, 16, tr16x64_8, tr16x16_8, tile_1);
+      return;
+    }
     if (es == 2) { /* the 16 x 32 kernel over the rows it covers whole, 8 x 8 tiles after */
       const int64_t ka = na - na % 32;
       tile_micro(d, dsa, s, sb, ka, nb, 2, 32, 16, tr16x32_16, tile_2);
