@@ -915,8 +915,11 @@ static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decide
  * apart and never the blocks (unless forced): the blocks and the L1 tiles
  * then join the lines two tiles share row by row, and on the EPYC that
  * cost the blocks more than they gain (4104^2 float32 7-9 GB/s against
- * 10.1 plain; 1000-byte uint8 rows 4.1-4.5 against 5.4-5.9). Set before
- * tr_mode. */
+ * 10.1 plain; 1000-byte uint8 rows 4.1-4.5 against 5.4-5.9). Sources
+ * whose rows start at different offsets in a line take this one too: the
+ * blocks' whole-line loads then straddle lines (EPYC, a 1920 x 1080
+ * float32 source, output rows on lines: plain 24.9 GB/s, blocks 17.9).
+ * Set before tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1030,7 +1033,8 @@ int ab__host_transpose_mode_known(size_t es) {
 #endif
 }
 
-/* The variant for an output whose rows start on lines (aligned) or not. */
+/* The variant for an output whose rows start on lines, from source rows
+ * at one offset in a line (aligned), or not. */
 static int transpose_mode_for(size_t es, bool aligned) {
   const int m = ab__host_transpose_mode(es);
   const int k = ab__width_index(es);
@@ -1091,7 +1095,10 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
      * of one tile or more. Without room for the carried lines (and the
      * blocks' buffer) the plain tiles do it. */
     if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
-      bool aligned = (uintptr_t)dst % LINE == 0;
+      /* Output rows that all start on a line, read from source rows that
+       * all start at one offset in a line (the blocks' kernels then load
+       * whole lines after a narrow first chunk). */
+      bool aligned = (uintptr_t)dst % LINE == 0 && c.sb % LINE == 0;
       for (int i = 0; i < last; i++) aligned = aligned && dst_st[i] % LINE == 0;
       const int mode = transpose_mode_for(elsize, aligned);
       if (mode != TR_PLAIN) {
