@@ -104,11 +104,12 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
  * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements, 2 x 2 blocks of 8-byte
  * ones, and 16 x 16 uint8 (SSE2; with AVX2 and AVX-512, two or four such
- * blocks side by side at once) and 8 x 8 uint16 blocks. Large outputs may use non-temporal stores, as memcpy does, so the
- * destination is not read for ownership and does not evict the source:
- * where the CPU gains by them (ab__host_transpose_mode, below), through
- * buffered L1 tiles or L2 blocks that write whole lines
- * (transpose_streamed, transpose_blocked).
+ * blocks side by side at once) and 8 x 8 uint16 blocks (the L2 blocks
+ * below have AVX-512 kernels of their own). Large outputs may use
+ * non-temporal stores, as memcpy does, so the destination is not read
+ * for ownership and does not evict the source: where the CPU gains by
+ * them (ab__host_transpose_mode, below), through buffered L1 tiles or L2
+ * blocks that write whole lines (transpose_streamed, transpose_blocked).
  * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
  * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
@@ -706,8 +707,9 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
  * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
  * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
- * three runs each: 10.5-12.4 GB/s with the 8 x 32 tile before it, 12.4-13.0
- * with this one; from L3, 2048^2: 18.6-19.6 against 21.8-24.1);
+ * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
+ * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 the
+ * 16 x 64 tile of tile_any (called directly, without its level check);
  * every other case as tile_any. The plain and L1 tiles keep theirs: the
  * 16 x 16 float32 one measured the same there on the EPYC, wide uint16
  * ones slower on the Intel VM, where those variants were tuned. */
@@ -907,20 +909,27 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * times an 8 MiB transpose of it each way, once with line-aligned output
  * rows and once with rows off a line (best of two after a warm-up; about
  * 20 ms once per process and size on the EPYC VM) and keeps the fastest
- * of each (for rows off a line, of the plain and L1 tiles only; see
- * tr_mode_off); a streaming variant only when it wins by 10% or more. */
+ * for each of three kinds of transposes (tr_mode, tr_mode_off,
+ * tr_mode_src); a streaming variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
-static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1}; /* -1: not decided */
-/* The same for outputs whose rows do not all start on a line, measured
- * apart and never the blocks (unless forced): the blocks and the L1 tiles
- * then join the lines two tiles share row by row, and on the EPYC that
- * cost the blocks more than they gain (4104^2 float32 7-9 GB/s against
- * 10.1 plain; 1000-byte uint8 rows 4.1-4.5 against 5.4-5.9). Sources
- * whose rows start at different offsets in a line take this one too: the
- * blocks' whole-line loads then straddle lines (EPYC, a 1920 x 1080
- * float32 source, output rows on lines: plain 24.9 GB/s, blocks 17.9).
+/* Output rows that all start on a line, from source rows that all start
+ * at one offset in a line (the blocks' kernels then load whole lines
+ * after a narrow first chunk). -1: not decided. */
+static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
+/* Output rows that do not all start on a line, from such sources: the
+ * blocks and the L1 tiles then join the lines two tiles share row by row.
+ * Measured on rows 32 bytes off every other line. EPYC, 64 MiB float32,
+ * one thread: blocks 13.3-14.3 GB/s against 10.4-12.4 plain for 4104 x
+ * 4096, 3000 x 4000 and 1000 x 16384 outputs; uint16 11.3 against 6.9.
  * Set before tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
+/* Sources whose rows start at different offsets in a line, whatever the
+ * output: the plain or the L1 tiles, the faster in the off-a-line trial,
+ * never the blocks (unless forced), whose whole-line loads would then
+ * straddle lines: EPYC, a 1920 x 1080 float32 source (output rows on
+ * lines): plain 24.9 GB/s, blocks 17.8; 4104^2 float32 10.1-10.5 plain,
+ * 7-9 blocks. Set before tr_mode. */
+static _Atomic int tr_mode_src[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 static double seconds(void) {
@@ -953,27 +962,26 @@ static int probe_pick(const double *best, bool blocks) {
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
-/* The variant for line-aligned output rows, and in *off the one for rows
- * that start off a line, measured on rows 32 bytes off every other line
- * (as 4104 float32 columns are) between the plain and L1 tiles only: the
- * trial's 8 MiB sit in the EPYC's 32 MiB L3, where the blocks' line joins
- * looked cheap (the trial picked them for every size), while on 64 MiB
- * they were not (4104^2 float32: blocks 7-9 GB/s, plain 10). Where memory
- * for the trial is short, the plain tiles, for the rest of the process. */
-static int probe_mode(size_t es, int *off) {
+/* The variant for line-aligned output rows, and in *off and *src those
+ * for rows that start off a line (tr_mode_off, tr_mode_src), measured on
+ * output rows 32 bytes off every other line (as 4104 float32 columns
+ * are). Where memory for the trial is short, the plain tiles, for the rest
+ * of the process. */
+static int probe_mode(size_t es, int *off, int *src) {
   const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es;
   const size_t bytes = (size_t)(R * C) * es;
   char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, (size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
   int choice = TR_PLAIN;
-  *off = TR_PLAIN;
+  *off = *src = TR_PLAIN;
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     double best[TR_MODES];
     probe_time(d, pitch, s, R, C, es, carry, TR_MODES, best);
     choice = probe_pick(best, true);
-    probe_time(d, pitch + 32, s, R, C, es, carry, TR_BLOCKED, best);
-    *off = probe_pick(best, false);
+    probe_time(d, pitch + 32, s, R, C, es, carry, TR_MODES, best);
+    *off = probe_pick(best, true);
+    *src = probe_pick(best, false);
   }
   free(s);
   free(d);
@@ -981,9 +989,9 @@ static int probe_mode(size_t es, int *off) {
   return choice;
 }
 #else
-static int probe_mode(size_t es, int *off) {
+static int probe_mode(size_t es, int *off, int *src) {
   (void)es;
-  *off = TR_PLAIN;
+  *off = *src = TR_PLAIN;
   return TR_PLAIN;
 }
 #endif
@@ -998,9 +1006,10 @@ static int forced_mode(void) {
 
 #define DEFINE_DECIDE(K, ES)                                                           \
   static void decide_##K(void) {                                                       \
-    int m = forced_mode(), off = m;                                                    \
-    if (m < 0) m = probe_mode(ES, &off);                                               \
+    int m = forced_mode(), off = m, src = m;                                           \
+    if (m < 0) m = probe_mode(ES, &off, &src);                                         \
     atomic_store_explicit(&tr_mode_off[K], off, memory_order_relaxed);                 \
+    atomic_store_explicit(&tr_mode_src[K], src, memory_order_relaxed);                 \
     atomic_store_explicit(&tr_mode[K], m, memory_order_release);                       \
   }
 DEFINE_DECIDE(0, 1)
@@ -1033,12 +1042,14 @@ int ab__host_transpose_mode_known(size_t es) {
 #endif
 }
 
-/* The variant for an output whose rows start on lines, from source rows
- * at one offset in a line (aligned), or not. */
-static int transpose_mode_for(size_t es, bool aligned) {
+/* The variant for an output whose rows all start on lines (rows_on_lines)
+ * or not, from source rows all at one offset in a line (src_on_lines) or
+ * not. */
+static int transpose_mode_for(size_t es, bool rows_on_lines, bool src_on_lines) {
   const int m = ab__host_transpose_mode(es);
   const int k = ab__width_index(es);
-  return aligned || k < 0 ? m : atomic_load_explicit(&tr_mode_off[k], memory_order_relaxed);
+  if (k < 0 || (rows_on_lines && src_on_lines)) return m;
+  return atomic_load_explicit(src_on_lines ? &tr_mode_off[k] : &tr_mode_src[k], memory_order_relaxed);
 }
 
 const char *ab__host_transpose_mode_name(int mode) {
@@ -1095,12 +1106,9 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
      * of one tile or more. Without room for the carried lines (and the
      * blocks' buffer) the plain tiles do it. */
     if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
-      /* Output rows that all start on a line, read from source rows that
-       * all start at one offset in a line (the blocks' kernels then load
-       * whole lines after a narrow first chunk). */
-      bool aligned = (uintptr_t)dst % LINE == 0 && c.sb % LINE == 0;
-      for (int i = 0; i < last; i++) aligned = aligned && dst_st[i] % LINE == 0;
-      const int mode = transpose_mode_for(elsize, aligned);
+      bool rows_on_lines = (uintptr_t)dst % LINE == 0;
+      for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
+      const int mode = transpose_mode_for(elsize, rows_on_lines, c.sb % LINE == 0);
       if (mode != TR_PLAIN) {
         c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : 0));
         if (c.carry != NULL) c.mode = mode;
