@@ -22,7 +22,7 @@ struct tcase {
   int64_t rows, cols; /* of the output */
   DLDataType dt;
   int64_t batch;      /* 0: 2-D; < 0: -batch pieces of each output row, (rows, -batch, cols) */
-  size_t at;          /* the source starts this many bytes into a line; 0: 16 * (case % 3) */
+  size_t at;          /* the source starts this many bytes into a line (64: on one); 0: 16 * (case % 3) */
 };
 static const struct tcase tcases[] = {
   {1030, 2048, {kDLFloat, 32, 1}, 0, 0}, /* 8 MiB, ragged edge */
@@ -49,6 +49,7 @@ static const struct tcase tcases[] = {
   {1040, 2048, {kDLFloat, 32, 1}, 0, 0},  /* source rows of 4160 bytes: one offset in a line for all */
   {1032, 1024, {kDLFloat, 64, 1}, 0, 48}, /* the same for 8- and 16-byte elements */
   {516, 1030, {kDLComplex, 128, 1}, 0, 16},
+  {1024, 4096, {kDLUInt, 16, 1}, 0, 64},  /* output rows 8 KiB apart (the blocks' inline loop), source on a line */
 };
 
 static void transposes_match(void) {
