@@ -666,6 +666,36 @@ static void stream_row(char *d, const char *c, size_t n, char *carry, bool first
   else if (r > 0) memcpy(carry, c + n - LINE, LINE);
 }
 
+/* stream_row with AVX-512: the straddling line joined in a register by
+ * two masked loads (bytes past the ones it needs are not read) and
+ * written with one 64-byte streaming store, not four 16-byte ones, the
+ * whole lines in one loop, the carried line kept with one load and
+ * store. Used by the L2 blocks: perf had a third of the time of a
+ * blocked transpose with 4000-byte output rows stalled on the first
+ * 16-byte store of the joined line (EPYC). */
+__attribute__((target("avx512f,avx512bw"))) static void stream_row_avx512(char *d, const char *c, size_t n, char *carry, bool first, bool last) {
+  size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
+  if (first) {
+    if (r > n) r = n;
+    if (r > 0) memcpy(d, c, r);
+  } else if (r > n) { /* the row ends inside the straddling line: all ordinary */
+    memcpy(d - (LINE - r), carry + r, LINE - r);
+    memcpy(d, c, n);
+    return;
+  } else if (r > 0) {
+    const __mmask64 own = ~(__mmask64)0 >> r; /* the line's first LINE - r bytes: the carried ones */
+    const __m512i joined = _mm512_mask_loadu_epi8(_mm512_maskz_loadu_epi8(own, carry + r), ~own, c - (LINE - r));
+    _mm512_stream_si512((void *)(d - (LINE - r)), joined);
+  }
+  const size_t whole = (n - r) & ~(size_t)(LINE - 1);
+  for (size_t k = r; k < r + whole; k += LINE) _mm512_stream_si512((void *)(d + k), _mm512_loadu_si512(c + k));
+  if (last) {
+    if (n > r + whole) memcpy(d + r + whole, c + r + whole, n - r - whole);
+  } else if (r > 0) {
+    _mm512_storeu_si512(carry, _mm512_loadu_si512(c + n - LINE));
+  }
+}
+
 /* carry: LINE bytes for each of the na destination rows. */
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                                size_t es, char *carry) {
@@ -758,8 +788,9 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
 }
 
 /* Out to rows [done, upto) of the pending block. rows_inline: see
- * transpose_blocked. */
-static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry, bool rows_inline) {
+ * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
+static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry, bool rows_inline,
+                       bool avx512) {
   if (upto <= p->done) return;
   /* Output rows that start on lines and blocks of whole lines have no
    * partial lines to join: straight out (stream_row's bookkeeping cost
@@ -768,6 +799,10 @@ static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *c
     if (rows_inline) blk_rows_avx512(p->d + p->done * dsa, dsa, p->buf + p->done * BLK_PITCH, upto - p->done, p->n);
     else
       for (int64_t r = p->done; r < upto; r++) stream_lines(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n);
+  } else if (avx512) {
+    for (int64_t r = p->done; r < upto; r++)
+      stream_row_avx512(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n, carry + (p->a0 + r) * LINE, p->first,
+                        p->last);
   } else {
     for (int64_t r = p->done; r < upto; r++)
       stream_row(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
@@ -831,15 +866,15 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
           ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
           tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
                      ha, hb, es, level);
-          blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline);
+          blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline, level >= TILES_AVX512);
         }
       }
-      blk_stream(&p, p.rows, dsa, carry, rows_inline);
+      blk_stream(&p, p.rows, dsa, carry, rows_inline, level >= TILES_AVX512);
       p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb};
       half ^= 1;
     }
   }
-  blk_stream(&p, p.rows, dsa, carry, rows_inline);
+  blk_stream(&p, p.rows, dsa, carry, rows_inline, level >= TILES_AVX512);
 }
 #endif
 
