@@ -983,14 +983,15 @@ static double seconds(void) {
 }
 
 /* Times the first `modes` variants on one R x C source of es-byte elements
- * (8 MiB): best of two after a warm-up, into best[] (the others 1e30).
- * Output rows are pitch bytes apart from d. */
-static void probe_time(char *d, int64_t pitch, const char *s, int64_t R, int64_t C, size_t es, char *carry,
-                       int modes, double *best) {
+ * (8 MiB), its rows spitch bytes apart from s: best of two after a
+ * warm-up, into best[] (the others 1e30). Output rows are pitch bytes
+ * apart from d. */
+static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
+                       char *carry, int modes, double *best) {
   for (int m = 0; m < TR_MODES; m++) best[m] = 1e30;
   for (int rep = 0; rep < 3; rep++)
     for (int m = 0; m < modes; m++) {
-      struct transpose_ctx c = {C, R, pitch, C * (int64_t)es, es, m, carry};
+      struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry};
       double t0 = seconds();
       visit_transpose(&c, d, s);
       _mm_sfence();
@@ -1009,17 +1010,22 @@ static int probe_pick(const double *best, bool blocks) {
 /* The variant for line-aligned output rows from line-aligned source
  * rows, and in *off and *src those for tr_mode_off and tr_mode_src,
  * measured on output rows 32 bytes off every other line (as 4104 float32
- * columns are). A trial with source rows off lines as well picked the
- * blocks for every size (its 4 KiB-apart output rows alias in L1 for the
- * plain tiles), while a 1920 x 1080 float32 source ran 39-53 GB/s plain
- * and 26 in the blocks; uint16 and float64 sources off lines would gain
- * by the blocks (3001^2 uint16 10.0 GB/s against 8.5 streamed, 2001^2
- * float64 13.5 against 8.5), a gain left for a probe that can tell these
- * apart. Where memory for the trial is short, the plain tiles, for the
- * rest of the process. */
+ * columns are), and for *src source rows likewise, between the plain and
+ * L1 tiles only (with the blocks in it, that trial picked them for every
+ * size, while a 1920 x 1080 float32 source ran 31 GB/s plain and 26 in
+ * the blocks). The trial sits in the L3 of the EPYC VM and each variant
+ * finds the output where the one before left it, out of the cache; so it
+ * cannot see what a 64 MiB transpose, or one into a still-cached output,
+ * prefers. There its *src picks the L1 tiles for every size: uint8
+ * 3000^2 13.7 -> 19.8 GB/s, uint16 3001^2 5.0 -> 15.5, float64 2001^2
+ * 10.3 -> 12.1 against the plain tiles, but float32 4104^2 10.2 -> 9.3
+ * and, repeated into the same cached output, 2056 x 1032 39 -> 30. Timing
+ * each variant back to back (the output cached) picked plain for float32
+ * but flipped between runs for uint16 and float64. Where memory for the
+ * trial is short, the plain tiles, for the rest of the process. */
 static int probe_mode(size_t es, int *off, int *src) {
-  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es;
-  const size_t bytes = (size_t)(R * C) * es;
+  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
+  const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, (size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
   int choice = TR_PLAIN;
@@ -1027,10 +1033,11 @@ static int probe_mode(size_t es, int *off, int *src) {
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     double best[TR_MODES];
-    probe_time(d, pitch, s, R, C, es, carry, TR_MODES, best);
+    probe_time(d, pitch, s, spitch, R, C, es, carry, TR_MODES, best);
     choice = probe_pick(best, true);
-    probe_time(d, pitch + 32, s, R, C, es, carry, TR_MODES, best);
+    probe_time(d, pitch + 32, s, spitch, R, C, es, carry, TR_MODES, best);
     *off = probe_pick(best, true);
+    probe_time(d, pitch + 32, s, spitch + 32, R, C, es, carry, TR_BLOCKED, best);
     *src = probe_pick(best, false);
   }
   free(s);
