@@ -50,6 +50,11 @@ static const struct tcase tcases[] = {
   {1032, 1024, {kDLFloat, 64, 1}, 0, 48}, /* the same for 8- and 16-byte elements */
   {516, 1030, {kDLComplex, 128, 1}, 0, 16},
   {1024, 4096, {kDLUInt, 16, 1}, 0, 64},  /* output rows 8 KiB apart (the blocks' inline loop), source on a line */
+  /* sources at one offset in a line, wider than one block: a narrow first
+   * chunk, then blocks of equal width */
+  {2048, 1030, {kDLFloat, 32, 1}, 0, 16},
+  {2112, 2050, {kDLUInt, 8, 1}, 0, 16},
+  {1088, 2100, {kDLUInt, 16, 1}, 0, 32},
 };
 
 static void transposes_match(void) {

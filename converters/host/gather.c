@@ -368,9 +368,10 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles, the scalar 3- and
  * 4-channel deinterleave), SSSE3 (the shuffle deinterleave), AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F and BW:
- * four lanes wide; the L2 blocks' float32, float64 and uint16 kernels; and
- * with VBMI the byte deinterleave); the plain and L1 tiles' 2- and 8-byte
- * kernels are SSE2 throughout. */
+ * four lanes wide; the L2 blocks' float32, float64 and uint16 kernels;
+ * streamed lines joined and written 64 bytes at a time; and with VBMI the
+ * byte deinterleave); the plain and L1 tiles' 2- and 8-byte kernels are
+ * SSE2 throughout. */
 enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
@@ -676,7 +677,8 @@ static void stream_row(char *d, const char *c, size_t n, char *carry, bool first
  * 3000^2 uint8 11.5-12.5 -> 20 GB/s, 3001^2 uint16 7.6-7.9 -> 11.9-13.1,
  * 2001^2 float64 7.9-9.2 -> 11.8); never measured on an Intel CPU with
  * AVX-512, where the probe still weighs them against the plain tiles. */
-__attribute__((target("avx512f,avx512bw"))) static void stream_row_avx512(char *d, const char *c, size_t n, char *carry, bool first, bool last) {
+__attribute__((target("avx512f,avx512bw"))) static void stream_row_avx512(char *d, const char *c, size_t n, char *carry,
+                                                                          bool first, bool last) {
   size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
   if (first) {
     if (r > n) r = n;
@@ -702,7 +704,11 @@ __attribute__((target("avx512f,avx512bw"))) static void stream_row_avx512(char *
 /* carry: LINE bytes for each of the na destination rows. */
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                                size_t es, char *carry) {
-  _Alignas(64) char buf[SEG * SEG];
+  /* A line before the tile's rows: stream_row_avx512's masked load of a
+   * row's head starts up to a line before it (the bytes it does not need
+   * are not read, but every address stays in the array). */
+  _Alignas(64) char bufs[LINE + SEG * SEG];
+  char *const buf = bufs + LINE;
   const int64_t t = SEG / (int64_t)es; /* elements per tile side */
   const bool avx512 = tiles_level() >= TILES_AVX512;
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
@@ -849,15 +855,21 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
-   * Python, one thread: 5.8 -> 12.3 GB/s). The first block is skew + bc -
+   * Python, one thread: 5.8 -> 12.3 GB/s). The first block is skew + bw -
    * LINE / es columns wide, so every later block starts on a line and
-   * needs no narrow chunk of its own (nor a ragged last one). */
+   * needs no narrow chunk of its own. */
   const int64_t skew = sb % LINE == 0 && (uintptr_t)s % es == 0 ? (int64_t)((-(uintptr_t)s & (LINE - 1)) / es) : 0;
-  /* Blocks of equal width (whole chunks), not bc columns and a ragged
-   * rest: a narrow last block streams out with little to overlap. */
-  const int64_t nblk = (na + bc - 1) / bc;
-  int64_t bw = ((na + nblk - 1) / nblk + cw - 1) / cw * cw;
-  if (bw > bc) bw = bc;
+  /* Blocks of equal width bw (whole chunks; the first narrower by the
+   * skew's line), not bc columns and a ragged rest: a narrow last block
+   * streams out with little to overlap, and the next band's first block
+   * then fills alone (EPYC, 64 MiB float32, one thread, a source 16 bytes
+   * into a line as NumPy's are: 1024 output rows, once cut 1020 + 4, 10.5
+   * -> 15.5 GB/s; 2048 rows 13.3 -> 17.9; 1080 rows from a line-aligned
+   * source, forced to the blocks, 19 -> 26). bc is a whole number of
+   * chunks, so bw <= bc. */
+  const int64_t span = na + (skew > 0 ? LINE / (int64_t)es - skew : 0);
+  const int64_t nblk = (span + bc - 1) / bc;
+  const int64_t bw = ((span + nblk - 1) / nblk + cw - 1) / cw * cw;
   struct blk_pending p = {0};
   int half = 0;
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
@@ -950,11 +962,11 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * tiles 2.2 GB/s, streamed 11). So the choice is the CPU's, made for each
  * element size: AB_HOST_STREAMING=0, 1 or blocked forces one; otherwise
  * (auto) the first transpose of that element size large enough to stream
- * times an 8 MiB transpose of it each way, once with line-aligned output
- * rows and once with rows off a line (best of two after a warm-up; about
- * 20 ms once per process and size on the EPYC VM) and keeps the fastest
- * for each of three kinds of transposes (tr_mode, tr_mode_off,
- * tr_mode_src); a streaming variant only when it wins by 10% or more. */
+ * times an 8 MiB transpose of it three ways, one for each of three kinds
+ * of transposes (tr_mode, tr_mode_off, tr_mode_src: see probe_mode; best
+ * of two after a warm-up; about 20 ms once per process and size on the
+ * EPYC VM) and keeps the fastest for each kind, a streaming variant only
+ * when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 /* Output rows that all start on a line, from source rows that all start
  * at one offset in a line (the blocks' kernels then load whole lines
@@ -968,11 +980,11 @@ static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
  * Set before tr_mode. */
 static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
 /* Sources whose rows start at different offsets in a line, whatever the
- * output: the plain or the L1 tiles, the faster in the off-a-line trial,
- * never the blocks (unless forced), whose whole-line loads would then
- * straddle lines: EPYC, a 1920 x 1080 float32 source (output rows on
- * lines): plain 24.9 GB/s, blocks 17.8; 4104^2 float32 10.1-10.5 plain,
- * 7-9 blocks. Set before tr_mode. */
+ * output: the plain or the L1 tiles, the faster in a trial of its own
+ * (source and output rows off lines), never the blocks (unless forced),
+ * whose whole-line loads would then straddle lines: EPYC, a 1920 x 1080
+ * float32 source (output rows on lines): plain 24.9 GB/s, blocks 17.8;
+ * 4104^2 float32 10.1-10.5 plain, 7-9 blocks. Set before tr_mode. */
 static _Atomic int tr_mode_src[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1007,16 +1019,16 @@ static int probe_pick(const double *best, bool blocks) {
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
-/* The variant for line-aligned output rows from line-aligned source
- * rows, and in *off and *src those for tr_mode_off and tr_mode_src,
- * measured on output rows 32 bytes off every other line (as 4104 float32
- * columns are), and for *src source rows likewise, between the plain and
- * L1 tiles only (with the blocks in it, that trial picked them for every
- * size, while a 1920 x 1080 float32 source ran 31 GB/s plain and 26 in
- * the blocks). The trial sits in the L3 of the EPYC VM and each variant
- * finds the output where the one before left it, out of the cache; so it
- * cannot see what a 64 MiB transpose, or one into a still-cached output,
- * prefers. There its *src picks the L1 tiles for every size: uint8
+/* Three trials: the variant for line-aligned output rows from
+ * line-aligned source rows (returned); in *off the one for output rows 32
+ * bytes off every other line (as 4104 float32 columns are), any of the
+ * three; in *src the one for source rows off lines likewise, the plain or
+ * the L1 tiles only (with the blocks in it, that trial picked them for
+ * every size, while a 1920 x 1080 float32 source ran 31 GB/s plain and 26
+ * in the blocks). The trials sit in the L3 of the EPYC VM and each variant
+ * finds the output where the one before left it, out of the cache; so
+ * they cannot see what a 64 MiB transpose, or one into a still-cached
+ * output, prefers. There the *src trial picks the L1 tiles for every size: uint8
  * 3000^2 13.7 -> 19.8 GB/s, uint16 3001^2 5.0 -> 15.5, float64 2001^2
  * 10.3 -> 12.1 against the plain tiles, but float32 4104^2 10.2 -> 9.3
  * and, repeated into the same cached output, 2056 x 1032 39 -> 30. Timing
@@ -1167,7 +1179,9 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
       const int mode = transpose_mode_for(elsize, rows_on_lines, c.sb % LINE == 0);
       if (mode != TR_PLAIN) {
-        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : 0));
+        /* the blocks' buffer after the carried lines; or a line of slack
+         * for stream_row_avx512's masked load of the last row's carry */
+        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : LINE));
         if (c.carry != NULL) c.mode = mode;
       }
     }
