@@ -850,8 +850,11 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * (2048^2: 16.7-18.0 -> 18.9-19.1). Why the rows' spacing matters is not
    * known; the calls' pause between rows is what differs. (uint16 lost
    * with it too, 13.4 -> 11.8, while its tile was 8 rows tall and its
-   * chunks half the size; with the 16-row tile it gains.) */
-  const bool rows_inline = level >= TILES_AVX512 && dsa >= 8192;
+   * chunks half the size; with the 16-row tile it gains.) uint8, whose
+   * tile takes longest, gains at any spacing: 4096^2 (4 KiB rows)
+   * 16.8-17.2 -> 18.6-19.3 GB/s, 64 x 1024^2 8.2-10.2 -> 10.6-12.3, where
+   * float32 planes of 1024^2 still lost 18.4-18.8 -> 17.2-17.7. */
+  const bool rows_inline = level >= TILES_AVX512 && (dsa >= 8192 || es == 1);
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
