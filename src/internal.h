@@ -169,6 +169,12 @@ static inline uint32_t ab__env_keep(ab__env_cache *c, uint32_t value) {
   atomic_store_explicit(c, (uint64_t)ab__env_generation() << 32 | value, memory_order_relaxed);
   return value;
 }
+/* A switch (ab__env_on_off) read through such a cache: dflt when unset. */
+static inline bool ab__env_switch(ab__env_cache *c, const char *name, int dflt) {
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(c, &v))) return v != 0;
+  return ab__env_keep(c, (uint32_t)ab__env_choice(name, ab__env_on_off, dflt, "1 or 0")) != 0;
+}
 
 /* ---- checked arithmetic ----------------------------------------------- */
 

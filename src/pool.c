@@ -384,9 +384,7 @@ static _Thread_local struct tcache *my_caches, *my_last;
 
 static bool tc_enabled(void) {
   static ab__env_cache cache;
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_POOL_THREAD_CACHE", ab__env_on_off, 1, "1 or 0")) != 0;
+  return ab__env_switch(&cache, "AB_POOL_THREAD_CACHE", 1);
 }
 
 static uint64_t relaxed(_Atomic uint64_t *a) { return atomic_load_explicit(a, memory_order_relaxed); }

@@ -86,9 +86,7 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
 static bool hugepages_wanted(void) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static ab__env_cache cache;
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  return ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_HUGEPAGES", ab__env_on_off, 1, "1 or 0")) != 0;
+  return ab__env_switch(&cache, "AB_HOST_HUGEPAGES", 1);
 #else
   return false;
 #endif
