@@ -209,34 +209,39 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
 #define LOAD_256(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
 #define LOAD_512(p) _mm512_loadu_si512((const void *)(p))
 
+/* One stage of the unpack networks below, over n registers: pairs
+ * in[g + k] and in[g + dist + k] in groups of 2 * dist and interleaves
+ * them in units of BITS, the low halves to out[g + 2k], the high halves to
+ * out[g + 2k + 1]. */
+#define UNPACK_STAGE(W, BITS, out, in, n, dist)                                                     \
+  for (int g = 0; g < (n); g += 2 * (dist))                                                        \
+    for (int k = 0; k < (dist); k++) {                                                             \
+      out[g + 2 * k] = W##_unpacklo_epi##BITS(in[g + k], in[g + (dist) + k]);                     \
+      out[g + 2 * k + 1] = W##_unpackhi_epi##BITS(in[g + k], in[g + (dist) + k]);                 \
+    }
+
 /* 16x16 tiles of bytes, lane by lane: 16 source rows of 16 * lanes bytes
  * -> 16 * lanes destination rows of 16 bytes. Stage w (1, 2, 4, 8 bytes)
  * pairs groups of w rows and interleaves them in units of w bytes, so each
  * register holds 2w-row slices of 16 / 2w columns: after the 8-, 16- and
  * 32-bit stages t[g + c] holds columns 2c and 2c+1 of rows g..g+7, and the
- * 64-bit stage joins the two row halves into whole columns. */
-#define DEFINE_WIDE_8(NAME, ATTR, V, W, LOAD, STORE_LANES)                                          \
-  ATTR static inline void NAME(char *d, int64_t dsa, const char *s, int64_t sb) {                  \
+ * 64-bit stage joins the two row halves into whole columns. The network
+ * leaves in lane L of h[k] destination row k + 16L. */
+#define DEFINE_NET_8(NAME, ATTR, V, W, LOAD)                                                        \
+  ATTR static inline void NAME(V h[16], const char *s, int64_t sb) {                               \
     V r[16], t[16];                                                                                \
     for (int i = 0; i < 16; i++) r[i] = LOAD(s + i * sb);                                          \
-    for (int i = 0; i < 16; i += 2) {                                                              \
-      t[i] = W##_unpacklo_epi8(r[i], r[i + 1]);                                                    \
-      t[i + 1] = W##_unpackhi_epi8(r[i], r[i + 1]);                                                \
-    }                                                                                              \
-    for (int g = 0; g < 16; g += 4)                                                                \
-      for (int h = 0; h < 2; h++) {                                                                \
-        r[g + 2 * h] = W##_unpacklo_epi16(t[g + h], t[g + 2 + h]);                                 \
-        r[g + 2 * h + 1] = W##_unpackhi_epi16(t[g + h], t[g + 2 + h]);                             \
-      }                                                                                            \
-    for (int g = 0; g < 16; g += 8)                                                                \
-      for (int h = 0; h < 4; h++) {                                                                \
-        t[g + 2 * h] = W##_unpacklo_epi32(r[g + h], r[g + 4 + h]);                                 \
-        t[g + 2 * h + 1] = W##_unpackhi_epi32(r[g + h], r[g + 4 + h]);                             \
-      }                                                                                            \
-    for (int c = 0; c < 8; c++) {                                                                  \
-      STORE_LANES(d + (2 * c) * dsa, W##_unpacklo_epi64(t[c], t[8 + c]), 16 * dsa);                \
-      STORE_LANES(d + (2 * c + 1) * dsa, W##_unpackhi_epi64(t[c], t[8 + c]), 16 * dsa);            \
-    }                                                                                              \
+    UNPACK_STAGE(W, 8, t, r, 16, 1)                                                                \
+    UNPACK_STAGE(W, 16, r, t, 16, 2)                                                               \
+    UNPACK_STAGE(W, 32, t, r, 16, 4)                                                               \
+    UNPACK_STAGE(W, 64, h, t, 16, 8)                                                               \
+  }
+/* The byte network's results stored lane by lane (STORE_LANES). */
+#define DEFINE_WIDE_8(NAME, NET, ATTR, V, STORE_LANES)                                              \
+  ATTR static inline void NAME(char *d, int64_t dsa, const char *s, int64_t sb) {                  \
+    V h[16];                                                                                       \
+    NET(h, s, sb);                                                                                 \
+    for (int k = 0; k < 16; k++) STORE_LANES(d + k * dsa, h[k], 16 * dsa);                         \
   }
 
 /* 8x8 tiles of 2-byte elements, lane by lane: 8 source rows (fixed b,
@@ -247,19 +252,9 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
   ATTR static inline void NAME(V h[8], const char *s, int64_t sb) {                                \
     V r[8], t[8], u[8];                                                                            \
     for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
-    for (int i = 0; i < 8; i += 2) {                                                               \
-      t[i] = W##_unpacklo_epi16(r[i], r[i + 1]);                                                   \
-      t[i + 1] = W##_unpackhi_epi16(r[i], r[i + 1]);                                               \
-    }                                                                                              \
-    for (int g = 0; g < 8; g += 4)                                                                 \
-      for (int k = 0; k < 2; k++) {                                                                \
-        u[g + 2 * k] = W##_unpacklo_epi32(t[g + k], t[g + 2 + k]);                                 \
-        u[g + 2 * k + 1] = W##_unpackhi_epi32(t[g + k], t[g + 2 + k]);                             \
-      }                                                                                            \
-    for (int c = 0; c < 4; c++) {                                                                  \
-      h[2 * c] = W##_unpacklo_epi64(u[c], u[4 + c]);                                               \
-      h[2 * c + 1] = W##_unpackhi_epi64(u[c], u[4 + c]);                                           \
-    }                                                                                              \
+    UNPACK_STAGE(W, 16, t, r, 8, 1)                                                                \
+    UNPACK_STAGE(W, 32, u, t, 8, 2)                                                                \
+    UNPACK_STAGE(W, 64, h, u, 8, 4)                                                                \
   }
 /* SSE2 (every x86-64), the plain and L1 tiles' and the narrow ones' of
  * the blocks. Wider: a 16 x 64 byte tile is 64 shuffles where four 16 x 16
@@ -270,9 +265,12 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
  * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
  * blocks use an AVX-512 one (tr16x32_16), faster on the EPYC. */
-DEFINE_WIDE_8(tr16x16_8, , __m128i, _mm, LOAD_128, ST_LANES_128)
-DEFINE_WIDE_8(tr16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256, ST_LANES_256)
-DEFINE_WIDE_8(tr16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512, ST_LANES_512)
+DEFINE_NET_8(net16x16_8, , __m128i, _mm, LOAD_128)
+DEFINE_NET_8(net16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256)
+DEFINE_NET_8(net16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
+DEFINE_WIDE_8(tr16x16_8, net16x16_8, , __m128i, ST_LANES_128)
+DEFINE_WIDE_8(tr16x32_8, net16x32_8, __attribute__((target("avx2"))), __m256i, ST_LANES_256)
+DEFINE_WIDE_8(tr16x64_8, net16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, ST_LANES_512)
 DEFINE_NET_16(net8x8_16, , __m128i, _mm, LOAD_128)
 DEFINE_NET_16(net8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
 static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
