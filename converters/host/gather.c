@@ -606,7 +606,7 @@ __attribute__((target("avx"))) static void stream_lines_avx(char *d, const char 
     _mm256_stream_si256((__m256i *)(void *)(d + k), _mm256_loadu_si256((const __m256i *)(const void *)(s + k)));
 }
 
-__attribute__((target("avx512f"))) static void stream_lines_avx512(char *d, const char *s, size_t n) {
+__attribute__((target("avx512f"))) static inline void stream_lines_avx512(char *d, const char *s, size_t n) {
   for (size_t k = 0; k < n; k += 64) _mm512_stream_si512((void *)(d + k), _mm512_loadu_si512((const void *)(s + k)));
 }
 
@@ -636,68 +636,70 @@ static void stream_lines(char *d, const char *s, size_t n) {
  * stores also write pulls it into the cache and the streaming stores then
  * flush it again (a 1000-wide uint8 plane ran at 0.1 GB/s that way). Tiles
  * other than a row's last are SEG bytes, a whole number of lines, so each
- * finds the row at the same offset in a line as the one before. */
-static void stream_row(char *d, const char *c, size_t n, char *carry, bool first, bool last) {
-  size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
-  if (first) {
-    if (r > n) r = n;
-    if (r > 0) memcpy(d, c, r);
-  } else if (r > n) { /* the row ends inside the straddling line: all ordinary */
-    memcpy(d - (LINE - r), carry + r, LINE - r);
-    memcpy(d, c, n);
-    return;
-  } else if (r > 0) {
-    char *line = d - (LINE - r);
-    if (r % 16 == 0) {
-      for (size_t k = 0; k < LINE; k += 16) stream16(line + k, k < LINE - r ? carry + r + k : c + k - (LINE - r));
-    } else {
-      _Alignas(16) char joined[LINE];
-      memcpy(joined, carry + r, LINE - r);
-      memcpy(joined + LINE - r, c, r);
-      for (size_t k = 0; k < LINE; k += 16) stream16(line + k, joined + k);
-    }
+ * finds the row at the same offset in a line as the one before. JOIN
+ * writes the straddling line, LINES the whole ones, KEEP this tile's last
+ * line into the carry. */
+#define DEFINE_STREAM_ROW(NAME, ATTR, JOIN, LINES, KEEP)                                            \
+  ATTR static void NAME(char *d, const char *c, size_t n, char *carry, bool first, bool last) {    \
+    size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */               \
+    if (first) {                                                                                   \
+      if (r > n) r = n;                                                                            \
+      if (r > 0) memcpy(d, c, r);                                                                  \
+    } else if (r > n) { /* the row ends inside the straddling line: all ordinary */               \
+      memcpy(d - (LINE - r), carry + r, LINE - r);                                                 \
+      memcpy(d, c, n);                                                                             \
+      return;                                                                                      \
+    } else if (r > 0) {                                                                            \
+      JOIN(d - (LINE - r), carry + r, c, r);                                                       \
+    }                                                                                              \
+    const size_t whole = (n - r) & ~(size_t)(LINE - 1);                                            \
+    LINES(d + r, c + r, whole);                                                                    \
+    if (last) {                                                                                    \
+      if (n > r + whole) memcpy(d + r + whole, c + r + whole, n - r - whole);                      \
+    } else if (r > 0) {                                                                            \
+      KEEP(carry, c + n - LINE);                                                                   \
+    }                                                                                              \
   }
-  const size_t whole = (n - r) & ~(size_t)(LINE - 1);
-  stream_lines(d + r, c + r, whole);
-  if (last) {
-    if (n > r + whole) memcpy(d + r + whole, c + r + whole, n - r - whole);
+
+/* The straddling line at `line`: LINE - r carried bytes from `carried`,
+ * then this tile's first r bytes from c. */
+static inline void join_line(char *line, const char *carried, const char *c, size_t r) {
+  if (r % 16 == 0) {
+    for (size_t k = 0; k < LINE; k += 16) stream16(line + k, k < LINE - r ? carried + k : c + k - (LINE - r));
+  } else {
+    _Alignas(16) char joined[LINE];
+    memcpy(joined, carried, LINE - r);
+    memcpy(joined + LINE - r, c, r);
+    for (size_t k = 0; k < LINE; k += 16) stream16(line + k, joined + k);
   }
-  else if (r > 0) memcpy(carry, c + n - LINE, LINE);
 }
 
-/* stream_row with AVX-512: the straddling line joined in a register by
- * two masked loads (bytes past the ones it needs are not read) and
- * written with one 64-byte streaming store, not four 16-byte ones, the
- * whole lines in one loop, the carried line kept with one load and
- * store. perf had a third of the time of a blocked transpose with
- * 4000-byte output rows stalled on the first 16-byte store of the joined
- * line (EPYC). The L1 tiles gain as much there (64 MiB, forced to them:
- * 3000^2 uint8 11.5-12.5 -> 20 GB/s, 3001^2 uint16 7.6-7.9 -> 11.9-13.1,
- * 2001^2 float64 7.9-9.2 -> 11.8); never measured on an Intel CPU with
- * AVX-512, where the probe still weighs them against the plain tiles. */
-__attribute__((target("avx512f,avx512bw"))) static void stream_row_avx512(char *d, const char *c, size_t n, char *carry,
-                                                                          bool first, bool last) {
-  size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
-  if (first) {
-    if (r > n) r = n;
-    if (r > 0) memcpy(d, c, r);
-  } else if (r > n) { /* the row ends inside the straddling line: all ordinary */
-    memcpy(d - (LINE - r), carry + r, LINE - r);
-    memcpy(d, c, n);
-    return;
-  } else if (r > 0) {
-    const __mmask64 own = ~(__mmask64)0 >> r; /* the line's first LINE - r bytes: the carried ones */
-    const __m512i joined = _mm512_mask_loadu_epi8(_mm512_maskz_loadu_epi8(own, carry + r), ~own, c - (LINE - r));
-    _mm512_stream_si512((void *)(d - (LINE - r)), joined);
-  }
-  const size_t whole = (n - r) & ~(size_t)(LINE - 1);
-  for (size_t k = r; k < r + whole; k += LINE) _mm512_stream_si512((void *)(d + k), _mm512_loadu_si512(c + k));
-  if (last) {
-    if (n > r + whole) memcpy(d + r + whole, c + r + whole, n - r - whole);
-  } else if (r > 0) {
-    _mm512_storeu_si512(carry, _mm512_loadu_si512(c + n - LINE));
-  }
+static inline void keep_line(char *carry, const char *last) { memcpy(carry, last, LINE); }
+
+DEFINE_STREAM_ROW(stream_row, , join_line, stream_lines, keep_line)
+
+/* With AVX-512 the straddling line is joined in a register by two masked
+ * loads (bytes past the ones it needs are not read) and written with one
+ * 64-byte streaming store, not four 16-byte ones, the whole lines go out
+ * in one loop and the carried line is kept with one load and store. perf
+ * had a third of the time of a blocked transpose with 4000-byte output
+ * rows stalled on the first 16-byte store of the joined line (EPYC). The
+ * L1 tiles gain as much there (64 MiB, forced to them: 3000^2 uint8
+ * 11.5-12.5 -> 20 GB/s, 3001^2 uint16 7.6-7.9 -> 11.9-13.1, 2001^2
+ * float64 7.9-9.2 -> 11.8); never measured on an Intel CPU with AVX-512,
+ * where the probe still weighs them against the plain tiles. */
+__attribute__((target("avx512f,avx512bw"))) static inline void join_line_avx512(char *line, const char *carried,
+                                                                                const char *c, size_t r) {
+  const __mmask64 own = ~(__mmask64)0 >> r; /* the line's first LINE - r bytes: the carried ones */
+  _mm512_stream_si512((void *)line, _mm512_mask_loadu_epi8(_mm512_maskz_loadu_epi8(own, carried), ~own, c - (LINE - r)));
 }
+
+__attribute__((target("avx512f"))) static inline void keep_line_avx512(char *carry, const char *last) {
+  _mm512_storeu_si512(carry, _mm512_loadu_si512(last));
+}
+
+DEFINE_STREAM_ROW(stream_row_avx512, __attribute__((target("avx512f,avx512bw"))), join_line_avx512, stream_lines_avx512,
+                  keep_line_avx512)
 
 /* carry: LINE bytes for each of the na destination rows. */
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
@@ -791,8 +793,7 @@ struct blk_pending {
  * the time of a uint8 transpose from L3 (perf, EPYC). */
 __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t dsa, const char *buf, int64_t rows,
                                                                size_t n) {
-  for (int64_t r = 0; r < rows; r++, d += dsa, buf += BLK_PITCH)
-    for (size_t k = 0; k < n; k += LINE) _mm512_stream_si512((void *)(d + k), _mm512_load_si512((const void *)(buf + k)));
+  for (int64_t r = 0; r < rows; r++, d += dsa, buf += BLK_PITCH) stream_lines_avx512(d, buf, n);
 }
 
 /* Out to rows [done, upto) of the pending block. rows_inline: see
@@ -807,13 +808,10 @@ static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *c
     if (rows_inline) blk_rows_avx512(p->d + p->done * dsa, dsa, p->buf + p->done * BLK_PITCH, upto - p->done, p->n);
     else
       for (int64_t r = p->done; r < upto; r++) stream_lines(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n);
-  } else if (avx512) {
-    for (int64_t r = p->done; r < upto; r++)
-      stream_row_avx512(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n, carry + (p->a0 + r) * LINE, p->first,
-                        p->last);
   } else {
+    void (*const row)(char *, const char *, size_t, char *, bool, bool) = avx512 ? stream_row_avx512 : stream_row;
     for (int64_t r = p->done; r < upto; r++)
-      stream_row(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
+      row(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
   }
   p->done = upto;
 }
@@ -852,7 +850,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * tile takes longest, gains at any spacing: 4096^2 (4 KiB rows)
    * 16.8-17.2 -> 18.6-19.3 GB/s, 64 x 1024^2 8.2-10.2 -> 10.6-12.3, where
    * float32 planes of 1024^2 still lost 18.4-18.8 -> 17.2-17.7. */
-  const bool rows_inline = level >= TILES_AVX512 && (dsa >= 8192 || es == 1);
+  const bool avx512 = level >= TILES_AVX512, rows_inline = avx512 && (dsa >= 8192 || es == 1);
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
@@ -888,15 +886,15 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
           ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
           tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
                      ha, hb, es, level);
-          blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline, level >= TILES_AVX512);
+          blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline, avx512);
         }
       }
-      blk_stream(&p, p.rows, dsa, carry, rows_inline, level >= TILES_AVX512);
+      blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
       p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb};
       half ^= 1;
     }
   }
-  blk_stream(&p, p.rows, dsa, carry, rows_inline, level >= TILES_AVX512);
+  blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
 }
 #endif
 
