@@ -611,11 +611,12 @@ __attribute__((target("avx512f"))) static inline void stream_lines_avx512(char *
 }
 
 static void stream_lines(char *d, const char *s, size_t n) {
-  if (tiles_level() >= TILES_AVX512) {
+  const int level = tiles_level();
+  if (level >= TILES_AVX512) {
     stream_lines_avx512(d, s, n);
     return;
   }
-  if (tiles_level() >= TILES_AVX) {
+  if (level >= TILES_AVX) {
     stream_lines_avx(d, s, n);
     return;
   }
