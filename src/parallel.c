@@ -87,9 +87,16 @@ static size_t out_size(const ab__host_job *w) {
   return w->op != NULL ? ab__elsize(w->op->to) : w->es;
 }
 
+/* Bands of a gather tell it the bytes of the whole job (its source and
+ * output), which decide how a large transpose writes (gather.h). */
 static void run_whole(const ab__host_job *w, char *dst, const char *src, const int64_t *shape, const ab__cast_op *op) {
-  if (op == NULL) ab__host_gather(dst, src, w->ndim, shape, w->byte_strides, w->es);
-  else ab__host_convert(dst, src, w->ndim, shape, w->byte_strides, op);
+  if (op != NULL) {
+    ab__host_convert(dst, src, w->ndim, shape, w->byte_strides, op);
+    return;
+  }
+  size_t whole = w->es * 2;
+  for (int32_t i = 0; i < w->ndim; i++) whole *= (size_t)w->shape[i];
+  ab__host_gather_part(dst, src, w->ndim, shape, w->byte_strides, w->es, whole);
 }
 
 /* Band b: indices [b * band, ...) of dim 0, a sub-array of its own whose

@@ -148,6 +148,13 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
   unaligned_destination_matches();
   for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode(es), 2, "%zu-byte elements", es);
   cr_assert_eq(ab__host_transpose_mode(12), 0, "12-byte elements have no streamed variant");
+  /* forced: every kind of rows, from the cache or from memory */
+  for (size_t es = 1; es <= 16; es *= 2)
+    for (int kind = 0; kind < 4; kind++)
+      for (size_t whole = 1 << 20; whole <= (size_t)1 << 34; whole <<= 11)
+        cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole), 2, "%zu-byte elements, kind %d, %zu bytes",
+                     es, kind, whole);
+  cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30), 0);
 }
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
@@ -161,6 +168,17 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
     cr_log_info("%zu-byte elements: %s", es, ab__host_transpose_mode_name(m));
   }
   cr_assert_eq(ab__host_streaming(), ab__host_transpose_mode(4));
+  /* The choice for rows on lines from memory is the one the mode reports;
+   * every kind's is a variant, and the same when asked again. */
+  for (size_t es = 1; es <= 16; es *= 2) {
+    cr_assert_eq(ab__host_transpose_pick(es, true, true, (size_t)1 << 40), ab__host_transpose_mode(es));
+    for (int kind = 0; kind < 4; kind++)
+      for (size_t whole = 1 << 20; whole <= (size_t)1 << 40; whole <<= 4) {
+        const int p = ab__host_transpose_pick(es, kind & 1, kind & 2, whole);
+        cr_assert(p >= 0 && p <= 2, "%zu-byte elements, kind %d, %zu bytes: %d", es, kind, whole, p);
+        cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole), p);
+      }
+  }
 }
 
 /* Packed uint8 HWC images of 1-4 channels (3 and 4: the deinterleave

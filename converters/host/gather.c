@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -952,40 +953,93 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 }
 
 /* ---- the store variant: measured, not assumed ------------------------------
- * How large transposes write (TR_PLAIN, TR_STREAMED or TR_BLOCKED), per
- * element size (1, 2, 4, 8 and 16 bytes: the sizes SEG holds whole).
+ * How large transposes write (TR_PLAIN, TR_STREAMED or TR_BLOCKED).
  * Streaming stores help on some CPUs (the destination is not read for
  * ownership) and collapse on others (an Intel Skylake-SP server: 3.3 ->
  * 0.46 GB/s, issue 18); which walk through memory wins differs too (on an
  * Intel Xeon VM the L1 tiles, on an AMD EPYC VM the L2 blocks), and so
  * does the answer between element sizes on one CPU (the EPYC: plain uint8
- * tiles 2.2 GB/s, streamed 11). So the choice is the CPU's, made for each
- * element size: AB_HOST_STREAMING=0, 1 or blocked forces one; otherwise
- * (auto) the first transpose of that element size large enough to stream
- * times an 8 MiB transpose of it three ways, one for each of three kinds
- * of transposes (tr_mode, tr_mode_off, tr_mode_src: see probe_mode; best
- * of two after a warm-up; about 20 ms once per process and size on the
- * EPYC VM) and keeps the fastest for each kind, a streaming variant only
- * when it wins by 10% or more. */
+ * tiles 2.2 GB/s, streamed 11), between kinds of rows (TR_KINDS) and
+ * between transposes that run from the last-level cache and those that
+ * run from memory (TR_REGIMES). So the choice is the CPU's, made for each
+ * element size (1, 2, 4, 8 and 16 bytes: the sizes SEG holds whole), kind
+ * and regime: AB_HOST_STREAMING=0, 1 or blocked forces one for all;
+ * otherwise (auto) the first transpose of that element size large enough
+ * to stream times an 8 MiB transpose of it each way for each kind of rows
+ * (probe_time, probe_mode: about 50 ms once per process and size on the
+ * EPYC VM) and keeps the fastest for each kind and regime, a streaming
+ * variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
-/* Output rows that all start on a line, from source rows that all start
- * at one offset in a line (the blocks' kernels then load whole lines
- * after a narrow first chunk). -1: not decided. */
+
+/* Kinds of rows: output rows that all start on a line or not, from source
+ * rows that all start at one offset in a line (the blocks' kernels then
+ * load whole lines after a narrow first chunk) or not. They differ most
+ * in the blocks, which join the lines two blocks share in output rows off
+ * lines and straddle lines in their loads from sources off them. EPYC,
+ * 64 MiB float32, one thread, GB/s plain / streamed / blocked: on lines
+ * (4096^2) 11.7 / 10.3 / 18.7; output off (4104 x 4096) 11.7 / 10.2 /
+ * 15.6; source off (4096 x 4104) 10.4 / 8.7 / 16.0; both off (4104^2)
+ * 10.4 / 8.2 / 9.4. Why the blocks lose only where both are off, and only
+ * at such sizes, is not known: reading the source through aligned loads
+ * into a buffer first lost the same. */
+enum { TR_ON_LINES, TR_OUT_OFF, TR_SRC_OFF, TR_BOTH_OFF, TR_KINDS };
+/* Regimes: a transpose whose source and output fit in the last-level
+ * cache together (llc_bytes) may find them there, as a trial repeated on
+ * one 8 MiB transpose does; a larger one reads and writes memory, as the
+ * trial does after evicting both from every cache. The answers differ:
+ * EPYC, uint8, rows on lines: the blocks from the cache (4096^2, 16 MiB:
+ * 13.4-15.9 GB/s against 9.1-9.3 in the L1 tiles), the L1 tiles from
+ * memory (8192^2: 9.0 against 5.8). What an 8 MiB trial cannot show is
+ * still missed: float32 with both kinds of rows off lines, from memory,
+ * ran 10.4 GB/s in the plain tiles and 9.4 in the blocks the trial picks
+ * (4104^2); its trial of 2048 x 1024 had the blocks at twice the plain
+ * tiles' speed. */
+enum { TR_CACHED, TR_MEMORY, TR_REGIMES };
+
+/* tr_pick[size][regime][kind]: written once per size before tr_mode[size]
+ * publishes it (release), read after it (acquire). */
+static int tr_pick[TR_CLASSES][TR_REGIMES][TR_KINDS];
+/* -1 until decided, then the choice for rows on lines from memory (the
+ * largest transposes; what abtool info prints). */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
-/* Output rows that do not all start on a line, from such sources: the
- * blocks and the L1 tiles then join the lines two tiles share row by row.
- * Measured on rows 32 bytes off every other line. EPYC, 64 MiB float32,
- * one thread: blocks 13.3-14.3 GB/s against 10.4-12.4 plain for 4104 x
- * 4096, 3000 x 4000 and 1000 x 16384 outputs; uint16 11.3 against 6.9.
- * Set before tr_mode. */
-static _Atomic int tr_mode_off[TR_CLASSES] = {-1, -1, -1, -1, -1};
-/* Sources whose rows start at different offsets in a line, whatever the
- * output: the plain or the L1 tiles, the faster in a trial of its own
- * (source and output rows off lines), never the blocks (unless forced),
- * whose whole-line loads would then straddle lines: EPYC, a 1920 x 1080
- * float32 source (output rows on lines): plain 24.9 GB/s, blocks 17.8;
- * 4104^2 float32 10.1-10.5 plain, 7-9 blocks. Set before tr_mode. */
-static _Atomic int tr_mode_src[TR_CLASSES] = {-1, -1, -1, -1, -1};
+
+/* Bytes of the last-level cache one core sees (Linux sysfs: the highest
+ * level of cpu0's data or unified caches), 0 where unknown: then every
+ * large transpose counts as one from memory. glibc's sysconf answer is
+ * not used: on the EPYC VM it says 384 MiB, every L3 of the host, where
+ * the VM's core sees 32. */
+static size_t llc_bytes(void) {
+  static _Atomic long long cached = -1;
+  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return (size_t)v;
+  int best_level = 0;
+  v = 0;
+  for (int i = 0; i < 16; i++) {
+    char path[96], type[32] = "", unit = 0;
+    int level = 0;
+    long long size = 0;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) break;
+    const bool got_level = fscanf(f, "%d", &level) == 1;
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+    if ((f = fopen(path, "r")) != NULL) {
+      if (fscanf(f, "%31s", type) != 1) type[0] = 0;
+      fclose(f);
+    }
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    if ((f = fopen(path, "r")) == NULL) continue;
+    const int got = fscanf(f, "%lld%c", &size, &unit);
+    fclose(f);
+    if (!got_level || got < 1 || level <= best_level || strcmp(type, "Instruction") == 0) continue;
+    best_level = level;
+    v = size * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
+  }
+  if (v < 0) v = 0;
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return (size_t)v;
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 static double seconds(void) {
@@ -994,74 +1048,97 @@ static double seconds(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Times the first `modes` variants on one R x C source of es-byte elements
- * (8 MiB), its rows spitch bytes apart from s: best of two after a
- * warm-up, into best[] (the others 1e30). Output rows are pitch bytes
- * apart from d. */
+/* Out of every cache (clflush is SSE2: every x86-64 CPU has it); 16 MiB
+ * take about 0.4 ms on the EPYC VM. */
+static void evict(const char *p, size_t n) {
+  for (size_t i = 0; i < n; i += LINE) _mm_clflush(p + i);
+  _mm_mfence();
+}
+
+/* Times the three variants on one R x C source of es-byte elements (8 MiB),
+ * its rows spitch bytes apart from s, into output rows pitch bytes apart
+ * from d: the blocks once to warm up, then each variant twice as it
+ * stands (each finds the output where the one before left it:
+ * best[TR_CACHED]) and twice after evicting source and output
+ * (best[TR_MEMORY]), best of two; the second time only where the first
+ * was within 1.5x of the fastest in that regime. (The plain uint8 tiles
+ * run at a fifth of the others' speed: with a warm-up of each variant and
+ * no cut the uint8 trials took 100 ms on the EPYC VM; so, 65.) */
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
-                       char *carry, int modes, double *best) {
-  for (int m = 0; m < TR_MODES; m++) best[m] = 1e30;
+                       char *carry, double best[TR_REGIMES][TR_MODES]) {
+  double fastest[TR_REGIMES] = {1e30, 1e30};
+  for (int r = 0; r < TR_REGIMES; r++)
+    for (int m = 0; m < TR_MODES; m++) best[r][m] = 1e30;
   for (int rep = 0; rep < 3; rep++)
-    for (int m = 0; m < modes; m++) {
-      struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry};
-      double t0 = seconds();
-      visit_transpose(&c, d, s);
-      _mm_sfence();
-      double dt = seconds() - t0;
-      if (rep > 0 && dt < best[m]) best[m] = dt; /* the first round warms up */
-    }
+    for (int m = 0; m < TR_MODES; m++)
+      for (int r = 0; r < (rep == 0 ? 1 : TR_REGIMES); r++) {
+        if ((rep == 0 && m != TR_BLOCKED) || (rep == 2 && best[r][m] > 1.5 * fastest[r])) continue;
+        if (r == TR_MEMORY) {
+          evict(s, (size_t)(R * spitch));
+          evict(d, (size_t)(C * pitch));
+        }
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry};
+        const double t0 = seconds();
+        visit_transpose(&c, d, s);
+        _mm_sfence();
+        const double dt = seconds() - t0;
+        if (rep > 0 && dt < best[r][m]) best[r][m] = dt;
+        if (rep > 0 && dt < fastest[r]) fastest[r] = dt;
+      }
 }
 
 /* The fastest variant: a streaming one only where it beats the plain
- * tiles by 10% or more. */
+ * tiles by 10% or more, and the blocks only where they beat the L1 tiles
+ * by as much too. The blocks fill one block while the one before streams
+ * out, so a transpose's first and last blocks overlap nothing, which the
+ * trial's single large transpose hides: EPYC, 16 uint8 planes of 1000^2
+ * (both kinds of rows off lines) ran 5 GB/s in the blocks against 10-14
+ * in the L1 tiles, where their trial had the two within 5%. */
 static int probe_pick(const double *best, bool blocks) {
-  const int fast = blocks && best[TR_BLOCKED] < best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
+  const int fast = blocks && best[TR_BLOCKED] * 1.1 <= best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
-/* Three trials: the variant for line-aligned output rows from
- * line-aligned source rows (returned); in *off the one for output rows 32
- * bytes off every other line (as 4104 float32 columns are), any of the
- * three; in *src the one for source rows off lines likewise, the plain or
- * the L1 tiles only (with the blocks in it, that trial picked them for
- * every size, while a 1920 x 1080 float32 source ran 31 GB/s plain and 26
- * in the blocks). The trials sit in the L3 of the EPYC VM and each variant
- * finds the output where the one before left it, out of the cache; so
- * they cannot see what a 64 MiB transpose, or one into a still-cached
- * output, prefers. There the *src trial picks the L1 tiles for every size: uint8
- * 3000^2 13.7 -> 19.8 GB/s, uint16 3001^2 5.0 -> 15.5, float64 2001^2
- * 10.3 -> 12.1 against the plain tiles, but float32 4104^2 10.2 -> 9.3
- * and, repeated into the same cached output, 2056 x 1032 39 -> 30. Timing
- * each variant back to back (the output cached) picked plain for float32
- * but flipped between runs for uint16 and float64. Where memory for the
- * trial is short, the plain tiles, for the rest of the process. */
-static int probe_mode(size_t es, int *off, int *src) {
-  const int64_t R = 1024, C = 2048 * 4 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
+/* One trial per kind of rows, on one 8 MiB source of 2048 rows: rows off
+ * lines are 32 bytes off every other line (as 4104 float32 columns are).
+ * The shape matters: with 1024 source rows (float32 output rows of 4 KiB)
+ * the trial put the plain tiles ahead for float32 sources off lines, as
+ * they are at that shape (64 MiB, EPYC: 10.0 GB/s against 8.9 in the
+ * blocks), while with output rows of 8 and 16 KiB the blocks win by 1.6x
+ * (16.4 and 15.7 against 10.3 and 10.4). Both kinds of
+ * rows off lines from the cache get the plain or the L1 tiles, never the
+ * blocks: there the L1 tiles won for every size measured on the EPYC VM
+ * (8 MiB, GB/s, L1 tiles against blocks: uint8 13.5-16.8 against
+ * 11.1-11.8, uint16 18.9 against 17.0-18.2, float32 24.2 against
+ * 20.1-21.6, float64 20.5-22.6 against 20.0-20.8), while the trial put
+ * the blocks ahead in one uint8 run of three, and 16 uint8 planes of
+ * 1000^2 then ran at half the speed. Where memory for the trials is short,
+ * the plain tiles, for the rest of the process. */
+static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
+  const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, (size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
-  int choice = TR_PLAIN;
-  *off = *src = TR_PLAIN;
+  for (int r = 0; r < TR_REGIMES; r++)
+    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = TR_PLAIN;
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
-    double best[TR_MODES];
-    probe_time(d, pitch, s, spitch, R, C, es, carry, TR_MODES, best);
-    choice = probe_pick(best, true);
-    probe_time(d, pitch + 32, s, spitch, R, C, es, carry, TR_MODES, best);
-    *off = probe_pick(best, true);
-    probe_time(d, pitch + 32, s, spitch + 32, R, C, es, carry, TR_BLOCKED, best);
-    *src = probe_pick(best, false);
+    for (int k = 0; k < TR_KINDS; k++) {
+      const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
+      double best[TR_REGIMES][TR_MODES];
+      probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
+      for (int r = 0; r < TR_REGIMES; r++) pick[r][k] = probe_pick(best[r], r == TR_MEMORY || k != TR_BOTH_OFF);
+    }
   }
   free(s);
   free(d);
   free(carry);
-  return choice;
 }
 #else
-static int probe_mode(size_t es, int *off, int *src) {
+static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   (void)es;
-  *off = *src = TR_PLAIN;
-  return TR_PLAIN;
+  for (int r = 0; r < TR_REGIMES; r++)
+    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = TR_PLAIN;
 }
 #endif
 
@@ -1073,14 +1150,19 @@ static int forced_mode(void) {
   return ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked or auto");
 }
 
-#define DEFINE_DECIDE(K, ES)                                                           \
-  static void decide_##K(void) {                                                       \
-    int m = forced_mode(), off = m, src = m;                                           \
-    if (m < 0) m = probe_mode(ES, &off, &src);                                         \
-    atomic_store_explicit(&tr_mode_off[K], off, memory_order_relaxed);                 \
-    atomic_store_explicit(&tr_mode_src[K], src, memory_order_relaxed);                 \
-    atomic_store_explicit(&tr_mode[K], m, memory_order_release);                       \
-  }
+static void decide(int k, size_t es) {
+  int pick[TR_REGIMES][TR_KINDS];
+  const int m = forced_mode();
+  if (m >= 0)
+    for (int r = 0; r < TR_REGIMES; r++)
+      for (int j = 0; j < TR_KINDS; j++) pick[r][j] = m;
+  else probe_mode(es, pick);
+  memcpy(tr_pick[k], pick, sizeof pick);
+  atomic_store_explicit(&tr_mode[k], pick[TR_MEMORY][TR_ON_LINES], memory_order_release);
+}
+
+#define DEFINE_DECIDE(K, ES) \
+  static void decide_##K(void) { decide(K, ES); }
 DEFINE_DECIDE(0, 1)
 DEFINE_DECIDE(1, 2)
 DEFINE_DECIDE(2, 4)
@@ -1090,12 +1172,12 @@ DEFINE_DECIDE(4, 16)
 int ab__host_transpose_mode(size_t es) {
   static pthread_once_t once[TR_CLASSES] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
                                             PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
-  static void (*const decide[TR_CLASSES])(void) = {decide_0, decide_1, decide_2, decide_3, decide_4};
+  static void (*const decide_for[TR_CLASSES])(void) = {decide_0, decide_1, decide_2, decide_3, decide_4};
   const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
   int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
   if (m >= 0) return m;
-  pthread_once(&once[k], decide[k]); /* one thread measures; the others wait for its answer */
+  pthread_once(&once[k], decide_for[k]); /* one thread measures; the others wait for its answer */
   return atomic_load_explicit(&tr_mode[k], memory_order_acquire);
 }
 
@@ -1111,14 +1193,14 @@ int ab__host_transpose_mode_known(size_t es) {
 #endif
 }
 
-/* The variant for an output whose rows all start on lines (rows_on_lines)
- * or not, from source rows all at one offset in a line (src_on_lines) or
- * not. */
-static int transpose_mode_for(size_t es, bool rows_on_lines, bool src_on_lines) {
-  const int m = ab__host_transpose_mode(es);
+int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole) {
+  const int m = ab__host_transpose_mode(es); /* decides, and publishes tr_pick[k] */
   const int k = ab__width_index(es);
-  if (k < 0 || (rows_on_lines && src_on_lines)) return m;
-  return atomic_load_explicit(src_on_lines ? &tr_mode_off[k] : &tr_mode_src[k], memory_order_relaxed);
+  if (k < 0) return m;
+  const size_t llc = llc_bytes();
+  const int regime = llc > 0 && whole <= llc ? TR_CACHED : TR_MEMORY;
+  const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
+  return tr_pick[k][regime][kind];
 }
 
 const char *ab__host_transpose_mode_name(int mode) {
@@ -1139,6 +1221,11 @@ const char *ab__host_tiles(void) {
 
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize) {
+  ab__host_gather_part(dst, src, ndim, shape, byte_strides, elsize, 0);
+}
+
+void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_t *shape,
+                          const int64_t *byte_strides, size_t elsize, size_t whole) {
   dims d;
   int64_t dst_st[AB_MAX_NDIM];
   const int64_t es = (int64_t)elsize;
@@ -1177,7 +1264,8 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
     if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
-      const int mode = transpose_mode_for(elsize, rows_on_lines, c.sb % LINE == 0);
+      const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0,
+                                               whole > 0 ? whole : 2 * (size_t)total);
       if (mode != TR_PLAIN) {
         /* the blocks' buffer after the carried lines; or a line of slack
          * for stream_row_avx512's masked load of the last row's carry */

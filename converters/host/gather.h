@@ -15,6 +15,13 @@
 void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                      const int64_t *byte_strides, size_t elsize);
 
+/* The same for a part of a larger conversion (a band of it on one
+ * thread): whole is the bytes the whole one reads and writes (source and
+ * output), which decide whether a large transpose is timed as one from
+ * the last-level cache or from memory; 0: this part alone. */
+void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_t *shape,
+                          const int64_t *byte_strides, size_t elsize, size_t whole);
+
 /* How large transposes of es-byte elements write on this machine: 0
  * (plain tiles, ordinary stores), 1 (streamed L1 tiles) or 2 (streamed L2
  * blocks), from AB_HOST_STREAMING (0, 1, blocked) or measured once per
@@ -23,11 +30,16 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 int ab__host_transpose_mode(size_t es);
 /* The same without deciding: -1 while not yet measured. */
 int ab__host_transpose_mode_known(size_t es);
+/* The variant (0, 1, 2 as above) for one large transpose: output rows all
+ * on cache lines or not, source rows all at one offset in a line or not,
+ * reading and writing `whole` bytes in all (the last-level cache or
+ * memory). Decides as ab__host_transpose_mode. */
+int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole);
 /* "plain", "streamed", "blocked" for 0, 1, 2; "auto" for -1. */
 const char *ab__host_transpose_mode_name(int mode);
 /* ab__host_transpose_mode(4): the float32 choice. */
 int ab__host_streaming(void);
-/* The host kernels this CPU runs ("avx", "ssse3", "sse2"; "portable"
+/* The host kernels this CPU runs ("avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
 
