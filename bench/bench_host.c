@@ -110,28 +110,35 @@ static void job_memcpy_threads(void *p) {
   sink += ((unsigned char *)c->whole.dst)[c->whole.n / 2];
 }
 
-/* 2-D transposes of n x n elements of `es` bytes through ab_convert_memory
- * (and batched ones: `batch` planes, each transposed), on one thread and
- * on all, beside memcpy on one thread and on all. */
+/* 2-D transposes of arrays of n x m elements of `es` bytes (m = n where
+ * not given) through ab_convert_memory (and batched ones: `batch` planes,
+ * each transposed), on one thread and on all, beside memcpy on one thread
+ * and on all. The rectangular ones have source rows that do not all start
+ * at one offset in a cache line (4104 float32 or uint16 columns, 2052
+ * float64), or are uint8 from memory (8192^2, 64 MiB). */
 static void bench_transposes(int quick) {
-  static const struct { int64_t batch, n; DLDataType d; const char *name; } cases[] = {
-    {1, 4000, {kDLFloat, 32, 1}, "f32"}, {1, 4096, {kDLFloat, 32, 1}, "f32"}, {1, 4104, {kDLFloat, 32, 1}, "f32"},
-    {1, 4096, {kDLUInt, 8, 1}, "u8"},    {1, 4096, {kDLUInt, 16, 1}, "u16"},  {1, 4096, {kDLFloat, 64, 1}, "f64"},
-    {16, 1024, {kDLFloat, 32, 1}, "f32"}, {16, 1000, {kDLUInt, 8, 1}, "u8"},
+  static const struct { int64_t batch, n, m; DLDataType d; const char *name; } cases[] = {
+    {1, 4000, 0, {kDLFloat, 32, 1}, "f32"},  {1, 4096, 0, {kDLFloat, 32, 1}, "f32"},
+    {1, 4104, 0, {kDLFloat, 32, 1}, "f32"},  {1, 4096, 0, {kDLUInt, 8, 1}, "u8"},
+    {1, 4096, 0, {kDLUInt, 16, 1}, "u16"},   {1, 4096, 0, {kDLFloat, 64, 1}, "f64"},
+    {16, 1024, 0, {kDLFloat, 32, 1}, "f32"}, {16, 1000, 0, {kDLUInt, 8, 1}, "u8"},
+    {1, 4096, 4104, {kDLFloat, 32, 1}, "f32"}, {1, 4096, 4104, {kDLUInt, 16, 1}, "u16"},
+    {1, 2048, 2052, {kDLFloat, 64, 1}, "f64"}, {1, 8192, 0, {kDLUInt, 8, 1}, "u8"},
   };
   const int all = ab__num_threads();
   printf("\n%-30s %10s %10s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
          "1thr/memcpy", "all/memcpyT");
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    const int64_t n = quick ? cases[k].n / 4 : cases[k].n, nb = cases[k].batch;
-    const size_t es = cases[k].d.bits / 8u, bytes = (size_t)(nb * n * n) * es;
+    const int64_t m0 = cases[k].m > 0 ? cases[k].m : cases[k].n;
+    const int64_t n = quick ? cases[k].n / 4 : cases[k].n, m = quick ? m0 / 4 : m0, nb = cases[k].batch;
+    const size_t es = cases[k].d.bits / 8u, bytes = (size_t)(nb * n * m) * es;
     char *a = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096), *b = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     for (size_t i = 0; i < bytes; i++) a[i] = (char)(i * 13);
     memset(b, 0, bytes);
-    struct mc m = {b, a, bytes};
+    struct mc mc1 = {b, a, bytes};
     struct mct mt = {{b, a, bytes}, all};
-    const double one_mc = time_job(job_memcpy, &m), all_mc = time_job(job_memcpy_threads, &mt);
-    int64_t shape[3] = {nb, n, n}, str[3] = {n * n, 1, n};
+    const double one_mc = time_job(job_memcpy, &mc1), all_mc = time_job(job_memcpy_threads, &mt);
+    int64_t shape[3] = {nb, m, n}, str[3] = {n * m, 1, m}; /* the transpose of n rows of m */
     const int batched = nb > 1;
     struct cv c = {{a, {kDLCPU, 0}, batched ? 3 : 2, cases[k].d, batched ? shape : shape + 1, batched ? str : str + 1, 0},
                    AB_CONVERT_OPTS_INIT};
@@ -141,13 +148,13 @@ static void bench_transposes(int quick) {
     const double many = time_job(job_convert, &c);
     char label[64];
     if (batched) snprintf(label, sizeof label, "%lldx(%lldx%lld) %s", (long long)nb, (long long)n, (long long)n, cases[k].name);
-    else snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)n, cases[k].name);
+    else snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)m, cases[k].name);
     printf("%-30s %10.2f %10.2f %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9, (double)bytes / many / 1e9,
            one_mc / one, all_mc / many);
     free(a);
     free(b);
   }
-  printf("(memcpyT: memcpy on %d threads, one slice each)\n", all);
+  printf("(n x m: the array transposed, n rows of m elements; memcpyT: memcpy on %d threads, one slice each)\n", all);
 }
 
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
