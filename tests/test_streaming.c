@@ -142,10 +142,39 @@ Test(streaming, forced_off_gives_the_reference_bytes) {
   cr_assert_eq(ab__host_streaming(), 0);
 }
 
+/* Transposes judged as parts of a conversion larger than any last-level
+ * cache (ab__host_gather_part's whole): the blocks then prefetch the next
+ * rows for 1- and 2-byte elements. Sources at every offset in a line and
+ * output rows on and off lines, against element-by-element copies. */
+static void memory_regime_matches(void) {
+  static const struct { size_t es; int64_t rows, cols; size_t at; } cases[] = {
+    {1, 2048, 2048, 0}, {1, 2056, 2050, 16}, {1, 3001, 1999, 3}, {2, 1024, 2048, 0},
+    {2, 1032, 2052, 32}, {2, 1500, 1503, 2}, {4, 1030, 2050, 16}, {8, 1028, 1030, 8},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const size_t es = cases[k].es, at = cases[k].at;
+    const int64_t rows = cases[k].rows, cols = cases[k].cols;
+    const size_t bytes = (size_t)(rows * cols) * es;
+    char *raw = malloc(bytes + 64), *out = malloc(bytes);
+    cr_assert(raw != NULL && out != NULL);
+    char *a = raw + at; /* cols x rows, row-major; read as its rows x cols transpose */
+    fill_pattern(a, bytes, 21 + (uint32_t)k);
+    const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+    ab__host_gather_part(out, a, 2, shape, st, es, (size_t)1 << 50);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
+                     "case %zu: element (%lld, %lld) differs", k, (long long)i, (long long)j);
+    free(raw);
+    free(out);
+  }
+}
+
 Test(streaming, forced_blocked_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
   transposes_match();
   unaligned_destination_matches();
+  memory_regime_matches();
   for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode(es), 2, "%zu-byte elements", es);
   cr_assert_eq(ab__host_transpose_mode(12), 0, "12-byte elements have no streamed variant");
   /* forced: every kind of rows, from the cache or from memory */
@@ -161,6 +190,7 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   unsetenv("AB_HOST_STREAMING");
   for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode_known(es), -1, "decided before use");
   transposes_match();
+  memory_regime_matches();
   for (size_t es = 1; es <= 16; es *= 2) {
     const int m = ab__host_transpose_mode_known(es);
     cr_assert(m >= 0 && m <= 2, "%zu-byte elements: %d after a large transpose of them", es, m);
