@@ -176,6 +176,10 @@ static inline bool ab__env_switch(ab__env_cache *c, const char *name, int dflt) 
   return ab__env_keep(c, (uint32_t)ab__env_choice(name, ab__env_on_off, dflt, "1 or 0")) != 0;
 }
 
+/* AB_HOST_HUGEPAGES (on unless 0): whether large host blocks are offered
+ * to the kernel for transparent huge pages (backends/host/host.c). */
+bool ab__host_hugepages(void);
+
 /* ---- checked arithmetic ----------------------------------------------- */
 
 static inline bool ab__mul_overflow_i64(int64_t a, int64_t b, int64_t *r) {

@@ -86,7 +86,7 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
 #define HUGE_MIN ((size_t)4 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
 
-static bool hugepages_wanted(void) {
+bool ab__host_hugepages(void) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   static ab__env_cache cache;
   return ab__env_switch(&cache, "AB_HOST_HUGEPAGES", 1);
@@ -103,7 +103,7 @@ static ab_status host_alloc(int32_t id, size_t bytes, void **out) {
    * read ran at 3.5 GB/s into it against 11 GB/s into a page-aligned one
    * (bench/results/2026-11-22-opencl.md). */
   size_t align = bytes >= ((size_t)64 << 10) ? (size_t)4096 : AB_ALIGNMENT;
-  const bool huge = bytes >= HUGE_MIN && hugepages_wanted();
+  const bool huge = bytes >= HUGE_MIN && ab__host_hugepages();
   if (huge) align = HUGE_PAGE;
   void *p = ab__aligned_alloc(align, bytes);
   if (p == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "cpu:0: cannot allocate %zu bytes of host memory", bytes);

@@ -7,12 +7,14 @@
  *      transposes, HWC -> CHW)                  -> blocked 2-D transpose
  *   4. anything else (broadcast, reversed, gaps)-> strided element loop
  * Element moves are bit copies specialised for 1, 2, 4, 8 and 16 bytes. */
+#define _DEFAULT_SOURCE 1 /* madvise, MADV_HUGEPAGE */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "arraybridge/arraybridge.h"
@@ -1133,6 +1135,23 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
       }
 }
 
+/* The trials' arrays, laid out as the library's own large outputs are
+ * (backends/host/host.c) and as NumPy lays out large arrays: from a 2 MiB
+ * boundary, offered for huge pages where AB_HOST_HUGEPAGES allows. The
+ * trials from the cache still scatter between processes on the EPYC VM,
+ * whose L3 other tenants share (uint8, both kinds of rows off lines, the
+ * L1 tiles in five processes: 9.2-19.8 GB/s, and 7.8-23 with 4 KiB
+ * pages), so a close call between the plain and the L1 tiles can go
+ * either way from one process to the next. */
+static void *trial_alloc(size_t bytes) {
+  const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) & ~(huge - 1);
+  void *p = aligned_alloc(huge, n);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (p != NULL && ab__host_hugepages()) (void)madvise(p, n, MADV_HUGEPAGE); /* advice: a refusal changes nothing */
+#endif
+  return p;
+}
+
 /* The fastest variant: a streaming one only where it beats the plain
  * tiles by 10% or more, and the blocks only where they beat the L1 tiles
  * by as much too. The blocks fill one block while the one before streams
@@ -1163,7 +1182,7 @@ static int probe_pick(const double *best, bool blocks) {
 static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
-  char *s = aligned_alloc(64, bytes), *d = aligned_alloc(64, (size_t)C * (size_t)(pitch + 32));
+  char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
   for (int r = 0; r < TR_REGIMES; r++)
     for (int k = 0; k < TR_KINDS; k++) pick[r][k] = TR_PLAIN;
