@@ -1007,7 +1007,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * and regime: AB_HOST_STREAMING=0, 1 or blocked forces one for all;
  * otherwise (auto) the first transpose of that element size large enough
  * to stream times an 8 MiB transpose of it each way for each kind of rows
- * (probe_time, probe_mode: about 50 ms once per process and size on the
+ * (probe_time, probe_mode: 30-65 ms once per process and size on the
  * EPYC VM) and keeps the fastest for each kind and regime, a streaming
  * variant only when it wins by 10% or more. */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
@@ -1020,21 +1020,21 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * 64 MiB float32, one thread, GB/s plain / streamed / blocked: on lines
  * (4096^2) 11.7 / 10.3 / 18.7; output off (4104 x 4096) 11.7 / 10.2 /
  * 15.6; source off (4096 x 4104) 10.4 / 8.7 / 16.0; both off (4104^2)
- * 10.4 / 8.2 / 9.4. Why the blocks lose only where both are off, and only
- * at such sizes, is not known: reading the source through aligned loads
- * into a buffer first lost the same. */
+ * 10.4 / 8.2 / 9.4, until the blocks went down the source (16.9; see
+ * transpose_blocked). Why the blocks going across lost only where both
+ * are off, and only at such sizes, is not known: reading the source
+ * through aligned loads into a buffer first lost the same. */
 enum { TR_ON_LINES, TR_OUT_OFF, TR_SRC_OFF, TR_BOTH_OFF, TR_KINDS };
 /* Regimes: a transpose whose source and output fit in the last-level
  * cache together (llc_bytes) may find them there, as a trial repeated on
  * one 8 MiB transpose does; a larger one reads and writes memory, as the
  * trial does after evicting both from every cache. The answers differ:
- * EPYC, uint8, rows on lines: the blocks from the cache (4096^2, 16 MiB:
- * 13.4-15.9 GB/s against 9.1-9.3 in the L1 tiles), the L1 tiles from
- * memory (8192^2: 9.0 against 5.8). What an 8 MiB trial cannot show is
- * still missed: float32 with both kinds of rows off lines, from memory,
- * ran 10.4 GB/s in the plain tiles and 9.4 in the blocks the trial picks
- * (4104^2); its trial of 2048 x 1024 had the blocks at twice the plain
- * tiles' speed. */
+ * EPYC, float32 with both kinds of rows off lines: the L1 tiles from the
+ * cache (8 MiB: 24.2 GB/s against 19.3 plain), the blocks from memory
+ * (4104^2: 16.9 against 10.4 plain and 8.2 in the L1 tiles). What one
+ * 8 MiB trial cannot show is still missed: from memory it picks the L1
+ * tiles for uint8 with rows on lines (9.1-9.9 GB/s at 64 MiB), where the
+ * blocks ran 10.0-10.9. */
 enum { TR_CACHED, TR_MEMORY, TR_REGIMES };
 
 /* tr_pick[size][regime][kind]: written once per size before tr_mode[size]
@@ -1157,8 +1157,8 @@ static void *trial_alloc(size_t bytes) {
  * by as much too. The blocks fill one block while the one before streams
  * out, so a transpose's first and last blocks overlap nothing, which the
  * trial's single large transpose hides: EPYC, 16 uint8 planes of 1000^2
- * (both kinds of rows off lines) ran 5 GB/s in the blocks against 10-14
- * in the L1 tiles, where their trial had the two within 5%. */
+ * (both kinds of rows off lines) ran 9.8-11.7 GB/s in the blocks against
+ * 14.7-15.3 in the L1 tiles, where their trial had the two within 5%. */
 static int probe_pick(const double *best, bool blocks) {
   const int fast = blocks && best[TR_BLOCKED] * 1.1 <= best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
@@ -1168,17 +1168,14 @@ static int probe_pick(const double *best, bool blocks) {
  * lines are 32 bytes off every other line (as 4104 float32 columns are).
  * The shape matters: with 1024 source rows (float32 output rows of 4 KiB)
  * the trial put the plain tiles ahead for float32 sources off lines, as
- * they are at that shape (64 MiB, EPYC: 10.0 GB/s against 8.9 in the
- * blocks), while with output rows of 8 and 16 KiB the blocks win by 1.6x
- * (16.4 and 15.7 against 10.3 and 10.4). Both kinds of
- * rows off lines from the cache get the plain or the L1 tiles, never the
- * blocks: there the L1 tiles won for every size measured on the EPYC VM
- * (8 MiB, GB/s, L1 tiles against blocks: uint8 13.5-16.8 against
- * 11.1-11.8, uint16 18.9 against 17.0-18.2, float32 24.2 against
- * 20.1-21.6, float64 20.5-22.6 against 20.0-20.8), while the trial put
- * the blocks ahead in one uint8 run of three, and 16 uint8 planes of
- * 1000^2 then ran at half the speed. Where memory for the trials is short,
- * the plain tiles, for the rest of the process. */
+ * they then were at that shape (64 MiB, EPYC: 10.0 GB/s against 8.9 in
+ * the blocks going across), while with output rows of 8 and 16 KiB the
+ * blocks won by 1.6x. Both kinds of rows off lines from the cache get the
+ * plain or the L1 tiles, never the blocks: in 4-16 MiB shapes on the EPYC
+ * VM the blocks were no faster than the L1 tiles in most, fell to 3.2
+ * GB/s in one (uint8, 2048^2), and batches of small uint8 planes ran at
+ * two thirds of the L1 tiles' speed in them (see probe_pick). Where memory
+ * for the trials is short, the plain tiles, for the rest of the process. */
 static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
