@@ -238,6 +238,7 @@ static void tiles_match(const char *tiles, const char *streaming) {
   transposes_match();
   unaligned_destination_matches();
   hwc_to_chw_matches();
+  memory_regime_matches();
 #if defined(__x86_64__)
   /* The CPU features each set needs, cumulative as tiles_level has them. */
   static const char *const sets[] = {"sse2", "ssse3", "avx", "avx2", "avx512"};
