@@ -144,20 +144,28 @@ Test(streaming, forced_off_gives_the_reference_bytes) {
 
 /* Transposes judged as parts of a conversion larger than any last-level
  * cache (ab__host_gather_part's whole): the blocks then prefetch the next
- * rows for 1- and 2-byte elements. Sources at every offset in a line and
- * output rows on and off lines, against element-by-element copies. */
+ * rows for 1- and 2-byte elements. Sources at every offset in a line,
+ * output rows on lines (from a line, rows of whole lines) and off them,
+ * every kind of rows for each element size, against element-by-element
+ * copies. */
 static void memory_regime_matches(void) {
-  static const struct { size_t es; int64_t rows, cols; size_t at; } cases[] = {
-    {1, 2048, 2048, 0}, {1, 2056, 2050, 16}, {1, 3001, 1999, 3}, {2, 1024, 2048, 0},
-    {2, 1032, 2052, 32}, {2, 1500, 1503, 2}, {4, 1030, 2050, 16}, {8, 1028, 1030, 8},
+  static const struct { size_t es; int64_t rows, cols; size_t at, out_at; } cases[] = {
+    /* source rows are `rows` elements apart, output rows `cols`: kinds on
+     * lines, source off, output off, both off (output 16 bytes into a line) */
+    {1, 2048, 2048, 0, 0},  {1, 2050, 2048, 16, 0}, {1, 2048, 2056, 0, 0},  {1, 2056, 2048, 0, 16},
+    {1, 3001, 1999, 3, 0},  {2, 1024, 2048, 0, 0},  {2, 1032, 2048, 0, 0},  {2, 1024, 2052, 32, 0},
+    {2, 1500, 1503, 2, 0},  {4, 1030, 2048, 0, 0},  {4, 1024, 2050, 16, 0}, {8, 1024, 1030, 8, 0},
+    {8, 1028, 1030, 8, 16},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const size_t es = cases[k].es, at = cases[k].at;
     const int64_t rows = cases[k].rows, cols = cases[k].cols;
     const size_t bytes = (size_t)(rows * cols) * es;
-    char *raw = malloc(bytes + 64), *out = malloc(bytes);
-    cr_assert(raw != NULL && out != NULL);
-    char *a = raw + at; /* cols x rows, row-major; read as its rows x cols transpose */
+    void *raw = NULL, *outs = NULL;
+    cr_assert_eq(posix_memalign(&raw, 64, bytes + 64), 0);
+    cr_assert_eq(posix_memalign(&outs, 64, bytes + 64), 0);
+    char *a = (char *)raw + at; /* cols x rows, row-major; read as its rows x cols transpose */
+    char *out = (char *)outs + cases[k].out_at;
     fill_pattern(a, bytes, 21 + (uint32_t)k);
     const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
     ab__host_gather_part(out, a, 2, shape, st, es, (size_t)1 << 50);
@@ -166,7 +174,7 @@ static void memory_regime_matches(void) {
         cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
                      "case %zu: element (%lld, %lld) differs", k, (long long)i, (long long)j);
     free(raw);
-    free(out);
+    free(outs);
   }
 }
 

@@ -889,9 +889,10 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * source, every band of one block's columns before the next block's,
    * so a group of output rows is written whole before the next; for 8 and
    * 16 bytes across, every block of one band before the next band. EPYC,
-   * one thread, blocks, 64 MiB from memory, GB/s across -> down: float32
-   * 4096^2 19.6 -> 20.6, sources off lines (4096 x 4104) 17.6 -> 18.6,
-   * both kinds of rows off lines (4096 x 4104 output, source 4104 wide)
+   * one thread, blocks, 64 MiB from memory (a harness at -O3; figures of
+   * the library build are lower), GB/s across -> down: float32 4096^2
+   * 19.6 -> 20.6, sources off lines (4096 x 4104) 17.6 -> 18.6, both
+   * kinds of rows off lines (4096^2 in source and output rows 4104 wide)
    * 9.8 -> 16.9; uint16 4096 x 8192 11.7 -> 13.2; uint8 8192^2 6.0 ->
    * 8.0, and 16 MiB (4096^2) 7.0 -> 10.3; but float64 4096^2 17.2-18.3 ->
    * 14.5-15.2 and 2048 x 2052 16.5-16.8 -> 14.3-14.6, complex128 the
@@ -917,7 +918,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
          * next strip's rows (in the last strip of a band, the next band's,
          * which the next block reads going down): their blocks read 128
          * and 64 rows in runs of 1 and 2 KiB, too short for the hardware
-         * prefetcher. EPYC, one thread, blocks forced, 64 MiB, GB/s: uint8
+         * prefetcher. EPYC, one thread, blocks forced, 64 MiB, the library
+         * build (ab__host_gather), GB/s: uint8
          * 8192^2 7.4-7.7 -> 9.7-10.6, with both kinds of rows off lines
          * (8200^2) 6.4-6.5 -> 8.8-8.9; uint16 4096 x 8192 14.2-14.4 ->
          * 16.6-16.8, 4104 x 8200 10.2-11.0 -> 12.3-12.6. Into L2, one
@@ -1009,7 +1011,8 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * to stream times an 8 MiB transpose of it each way for each kind of rows
  * (probe_time, probe_mode: 30-65 ms once per process and size on the
  * EPYC VM) and keeps the fastest for each kind and regime, a streaming
- * variant only when it wins by 10% or more. */
+ * variant only when it wins by 10% or more, the blocks only when they
+ * also beat the L1 tiles by 10% (probe_pick). */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 
 /* Kinds of rows: output rows that all start on a line or not, from source
@@ -1083,7 +1086,14 @@ static size_t llc_bytes(void) {
 }
 
 /* Whether a transpose that reads and writes `whole` bytes in all runs
- * from memory (TR_MEMORY) rather than from the last-level cache. */
+ * from memory (TR_MEMORY) rather than from the last-level cache. The
+ * cached trial covers about 16.5 MiB (source and output), so between that
+ * and the whole cache its picks are stretched; they held better than the
+ * memory trial's there on the EPYC VM (32 MiB L3): a 4096^2 uint8
+ * transpose, 32 MiB in all, ran 13.4-16 GB/s in the blocks picked from
+ * the cache and 9.1-9.3 in the L1 tiles that the memory trial picks in
+ * some processes; 16 uint8 planes of 1000^2 would get the blocks from the
+ * memory trial (10-12 GB/s, against 15 in the L1 tiles). */
 static bool from_memory(size_t whole) {
   const size_t llc = llc_bytes();
   return llc == 0 || whole > llc;

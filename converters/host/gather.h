@@ -22,11 +22,13 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                           const int64_t *byte_strides, size_t elsize, size_t whole);
 
-/* How large transposes of es-byte elements write on this machine: 0
- * (plain tiles, ordinary stores), 1 (streamed L1 tiles) or 2 (streamed L2
- * blocks), from AB_HOST_STREAMING (0, 1, blocked) or measured once per
- * element size (auto); element sizes other than 1, 2, 4, 8 and 16 bytes
- * are always 0. See gather.c. */
+/* How large transposes of es-byte elements write on this machine, for
+ * output rows on cache lines from source rows at one offset in a line,
+ * too large for the last-level cache (other rows and sizes:
+ * ab__host_transpose_pick): 0 (plain tiles, ordinary stores), 1 (streamed
+ * L1 tiles) or 2 (streamed L2 blocks), from AB_HOST_STREAMING (0, 1,
+ * blocked) or measured once per element size (auto); element sizes other
+ * than 1, 2, 4, 8 and 16 bytes are always 0. See gather.c. */
 int ab__host_transpose_mode(size_t es);
 /* The same without deciding: -1 while not yet measured. */
 int ab__host_transpose_mode_known(size_t es);
@@ -37,7 +39,7 @@ int ab__host_transpose_mode_known(size_t es);
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole);
 /* "plain", "streamed", "blocked" for 0, 1, 2; "auto" for -1. */
 const char *ab__host_transpose_mode_name(int mode);
-/* ab__host_transpose_mode(4): the float32 choice. */
+/* ab__host_transpose_mode(4): that choice for float32. */
 int ab__host_streaming(void);
 /* The host kernels this CPU runs ("avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
