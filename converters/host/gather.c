@@ -737,7 +737,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * 8 or 16 source rows at a time, left to right, so a few rows are read as
  * long runs, and the previous block (the other half of the buffer) is
  * streamed out while this one fills, a share after every chunk, so the
- * reads and the writes overlap. Measured there: float32 4096^2 from 12
+ * reads and the writes overlap (the order of the blocks themselves, and
+ * the prefetches, are in transpose_blocked). Measured there: float32 4096^2 from 12
  * (plain) and 8-9 GB/s (streamed tiles) to about 18, 0.75x of memcpy
  * (bench/results/2026-11-25-amd-blocked.md). Rows of the buffer are
  * BLK_PITCH apart, a line more than they hold, so the rows a micro-kernel
