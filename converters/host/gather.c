@@ -1192,12 +1192,17 @@ static int probe_pick(const double *best, bool blocks) {
  * the trial put the plain tiles ahead for float32 sources off lines, as
  * they then were at that shape (64 MiB, EPYC: 10.0 GB/s against 8.9 in
  * the blocks going across), while with output rows of 8 and 16 KiB the
- * blocks won by 1.6x. Both kinds of rows off lines from the cache get the
- * plain or the L1 tiles, never the blocks: in 4-16 MiB shapes on the EPYC
- * VM the blocks were no faster than the L1 tiles in most, fell to 3.2
- * GB/s in one (uint8, 2048^2), and batches of small uint8 planes ran at
- * two thirds of the L1 tiles' speed in them (see probe_pick). Where memory
- * for the trials is short, the plain tiles, for the rest of the process. */
+ * blocks won by 1.6x. uint8 with both kinds of rows off lines from the
+ * cache gets the plain or the L1 tiles, never the blocks: batches of small
+ * uint8 planes run slowly in them (EPYC, one thread, 16 x 1000^2: 4.2-6.6
+ * GB/s in bench_host where the trial let them in, against 6.9-9.2 with
+ * the plain or L1 tiles; blocks forced, 4.5-5.9 against 9.9-14.6 in the
+ * L1 tiles), and the trial, one 8 MiB transpose, cannot see it. For
+ * larger elements the blocks stay in that trial: uint16 planes ran faster
+ * in them (8 x 1000^2: 17.8-19.0 against 6.5-13.1 in the L1 tiles and 7.0-
+ * 7.3 plain, which the trial without them picked in nine processes of
+ * ten). Where memory for the trials is short, the plain tiles, for the
+ * rest of the process. */
 static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
@@ -1211,7 +1216,7 @@ static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
       const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
       double best[TR_REGIMES][TR_MODES];
       probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
-      for (int r = 0; r < TR_REGIMES; r++) pick[r][k] = probe_pick(best[r], r == TR_MEMORY || k != TR_BOTH_OFF);
+      for (int r = 0; r < TR_REGIMES; r++) pick[r][k] = probe_pick(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF);
     }
   }
   free(s);
