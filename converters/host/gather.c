@@ -1059,6 +1059,12 @@ static int tr_pick[TR_CLASSES][TR_REGIMES][TR_KINDS];
  * largest transposes; what abtool info prints). */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
+/* Every kind and regime the same variant. */
+static void pick_all(int pick[TR_REGIMES][TR_KINDS], int mode) {
+  for (int r = 0; r < TR_REGIMES; r++)
+    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = mode;
+}
+
 /* Bytes of the last-level cache one core sees (Linux sysfs: the highest
  * level of cpu0's data or unified caches), 0 where unknown: then every
  * large transpose counts as one from memory. glibc's sysconf answer is
@@ -1208,8 +1214,7 @@ static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
   char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
-  for (int r = 0; r < TR_REGIMES; r++)
-    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = TR_PLAIN;
+  pick_all(pick, TR_PLAIN);
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     for (int k = 0; k < TR_KINDS; k++) {
@@ -1226,8 +1231,7 @@ static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
 #else
 static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   (void)es;
-  for (int r = 0; r < TR_REGIMES; r++)
-    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = TR_PLAIN;
+  pick_all(pick, TR_PLAIN);
 }
 #endif
 
@@ -1242,9 +1246,7 @@ static int forced_mode(void) {
 static void decide(int k, size_t es) {
   int pick[TR_REGIMES][TR_KINDS];
   const int m = forced_mode();
-  if (m >= 0)
-    for (int r = 0; r < TR_REGIMES; r++)
-      for (int j = 0; j < TR_KINDS; j++) pick[r][j] = m;
+  if (m >= 0) pick_all(pick, m);
   else probe_mode(es, pick);
   memcpy(tr_pick[k], pick, sizeof pick);
   atomic_store_explicit(&tr_mode[k], pick[TR_MEMORY][TR_ON_LINES], memory_order_release);
