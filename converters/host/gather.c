@@ -831,9 +831,10 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
 }
 
 /* carry: LINE bytes for each of the na destination rows; bufs: BLK_BUFFER;
- * prefetch: see the loop below. */
+ * from_memory: the whole transpose is larger than the last-level cache
+ * (the prefetches below). */
 static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
-                              char *carry, char *bufs, bool prefetch) {
+                              char *carry, char *bufs, bool from_memory) {
   const int64_t t = SEG / (int64_t)es; /* source rows of a block */
   /* Source columns filled between two shares of streaming: a line of
    * each source row (16 columns at least; 64 for uint8, the wide tiles).
@@ -884,6 +885,29 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   const int64_t span = na + (skew > 0 ? LINE / (int64_t)es - skew : 0);
   const int64_t nblk = (span + bc - 1) / bc;
   const int64_t bw = ((span + nblk - 1) / nblk + cw - 1) / cw * cw;
+  /* uint8 and uint16, from the cache or not, ask for the next chunk's
+   * line of each of a chunk's rows into L1: perf had the uint8
+   * tile waiting on its loads of 16 rows' lines (a fifth of its
+   * samples on the first). EPYC, one thread, blocks forced, the
+   * library build, three runs: uint8 4096^2 13.5-15.1 -> 16.5-17.4
+   * GB/s, 2048^2 18.9-19.3 -> 19.6-21.2; uint16 4096^2 16.2-17.7 ->
+   * 18.2-19.3; bench_host, uint8 8192^2 8.9-9.4 -> 11.6-11.8. Two
+   * or four chunks ahead were no better; float32 and float64 gained
+   * nothing (2048^2 float32 lost 5-15%). */
+  const bool next_chunk = es <= 2;
+  /* From memory, uint8 and uint16 also ask for the same columns of the
+   * next strip's rows into L2 (in the last strip of a band, the next
+   * band's, which the next block reads going down): their blocks read 128
+   * and 64 rows in runs of 1 and 2 KiB, too short for the hardware
+   * prefetcher. EPYC, one thread, blocks forced, 64 MiB, the library build
+   * (ab__host_gather), GB/s: uint8 8192^2 7.4-7.7 -> 9.7-10.6, with both
+   * kinds of rows off lines (8200^2) 6.4-6.5 -> 8.8-8.9; uint16 4096 x
+   * 8192 14.2-14.4 -> 16.6-16.8, 4104 x 8200 10.2-11.0 -> 12.3-12.6. One
+   * strip ahead: into L1, or two and four strips ahead, were no better.
+   * Not from the cache (8 MiB, a harness: uint8 18.4 -> 16.8, uint16 22.2
+   * -> 18.0), nor for float32, whose 4 KiB runs the hardware follows
+   * (4096^2: 20.8 -> 15.0). */
+  const bool next_strip = next_chunk && from_memory;
   struct blk_pending p = {0};
   int half = 0;
   /* The order of the blocks: for elements of up to 4 bytes down the
@@ -915,31 +939,9 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
         ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
         tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
                    ha, hb, es, level);
-        /* From memory, uint8 and uint16 ask for the same columns of the
-         * next strip's rows (in the last strip of a band, the next band's,
-         * which the next block reads going down): their blocks read 128
-         * and 64 rows in runs of 1 and 2 KiB, too short for the hardware
-         * prefetcher. EPYC, one thread, blocks forced, 64 MiB, the library
-         * build (ab__host_gather), GB/s: uint8
-         * 8192^2 7.4-7.7 -> 9.7-10.6, with both kinds of rows off lines
-         * (8200^2) 6.4-6.5 -> 8.8-8.9; uint16 4096 x 8192 14.2-14.4 ->
-         * 16.6-16.8, 4104 x 8200 10.2-11.0 -> 12.3-12.6. Into L2, one
-         * strip ahead: into L1, or two and four strips ahead, were no
-         * better. Not from the cache (8 MiB, a harness: uint8 18.4 -> 16.8,
-         * uint16 22.2 -> 18.0), nor for float32, whose 4 KiB runs the
-         * hardware follows (4096^2: 20.8 -> 15.0). */
-        /* uint8 and uint16, from the cache or not, ask for the next
-         * chunk's line of each of these rows into L1: perf had the uint8
-         * tile waiting on its loads of 16 rows' lines (a fifth of its
-         * samples on the first). EPYC, one thread, blocks forced, the
-         * library build, three runs: uint8 4096^2 13.5-15.1 -> 16.5-17.4
-         * GB/s, 2048^2 18.9-19.3 -> 19.6-21.2; uint16 4096^2 16.2-17.7 ->
-         * 18.2-19.3; bench_host, uint8 8192^2 8.9-9.4 -> 11.6-11.8. Two
-         * or four chunks ahead were no better; float32 and float64 gained
-         * nothing (2048^2 float32 lost 5-15%). */
-        if (es <= 2 && a + ha < ma)
+        if (next_chunk && a + ha < ma)
           for (int64_t j = 0; j < hb; j++) _mm_prefetch(s + (a0 + a + ha) * (int64_t)es + (b0 + b + j) * sb, _MM_HINT_T0);
-        if (prefetch && b0 + b + strip < nb) {
+        if (next_strip && b0 + b + strip < nb) {
           const int64_t r0 = b0 + b + strip, rows = nb - r0 < hb ? nb - r0 : hb;
           prefetch_rows(s + (a0 + a) * (int64_t)es + r0 * sb, sb, rows, (size_t)ha * es);
         }
@@ -994,7 +996,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   if (c->mode == TR_BLOCKED) {
     char *bufs = c->carry + (size_t)na * LINE;
     bufs += -(uintptr_t)bufs & (LINE - 1); /* whole lines: the buffer is read and written a line at a time */
-    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory && es <= 2);
+    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory);
     return;
   }
 #endif
