@@ -219,6 +219,52 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   }
 }
 
+/* A band of a large conversion writes as the whole conversion does: the
+ * bands of a batch of 1 MB planes on two threads are below the streaming
+ * threshold (4 MiB) each, and while they were judged alone they took the
+ * plain tiles (and two threads ran no faster than one). The variant is
+ * decided at the first transpose that may stream, so whether a size's
+ * choice is known afterwards tells whether anything asked for it. */
+Test(streaming, bands_of_a_large_conversion_may_stream) {
+  unsetenv("AB_HOST_STREAMING"); /* measured: decided at the first use (forced ones are known at once) */
+  /* one uint8 plane of 1024 x 1000 through ab__host_gather_part: alone, too
+   * small to stream; as a band of a 32 MiB conversion, large enough */
+  const int64_t rows = 1024, cols = 1000;
+  char *a = malloc((size_t)(rows * cols)), *out = malloc((size_t)(rows * cols));
+  cr_assert(a != NULL && out != NULL);
+  fill_pattern(a, (size_t)(rows * cols), 41);
+  const int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
+  ab__host_gather_part(out, a, 2, shape, st, 1, 0);
+  cr_assert_eq(ab__host_transpose_mode_known(1), -1, "a 1 MB transpose alone asked for a streaming variant");
+  memset(out, 0, (size_t)(rows * cols));
+  ab__host_gather_part(out, a, 2, shape, st, 1, (size_t)32 << 20);
+  cr_assert_geq(ab__host_transpose_mode_known(1), 0, "a 1 MB band of a 32 MiB conversion did not ask");
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      cr_assert_eq(out[i * cols + j], a[j * rows + i], "element (%lld, %lld) differs", (long long)i, (long long)j);
+  free(a);
+  free(out);
+  /* through ab_convert_memory on two threads: 16 uint16 planes of 700 x
+   * 720 (1 MB each), bands of two planes */
+  const int64_t n = 16, h = 700, w = 720;
+  const size_t bytes = (size_t)(n * h * w) * 2;
+  uint16_t *src = malloc(bytes);
+  cr_assert_not_null(src);
+  fill_pattern(src, bytes, 43);
+  int64_t bshape[3] = {n, h, w}, bst[3] = {h * w, 1, h}; /* each plane a w x h source read transposed */
+  DLTensor t = {src, CPU0, 3, {kDLUInt, 16, 1}, bshape, bst, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  o.threads = 2;
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab__host_transpose_mode_known(2), -1, "decided before use");
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_geq(ab__host_transpose_mode_known(2), 0, "the bands of a 16 MB conversion did not ask");
+  cr_assert_eq(first_diff_vs_reference(&t, r), -1);
+  r->deleter(r);
+  free(src);
+}
+
 /* Packed uint8 HWC images of 1-4 channels (3 and 4: the deinterleave
  * kernels) as CHW views, widths with and without a 16-pixel tail. */
 static void hwc_to_chw_matches(void) {

@@ -117,7 +117,8 @@ static void visit_strided(void *ctx, char *d, const char *s) {
  * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
 #define TILE_B 128
-/* Outputs at least this large are written with streaming stores. */
+/* Transposes whose whole conversion writes at least this much may use
+ * streaming stores (ab__host_gather_part). */
 #define NT_THRESHOLD ((size_t)4 << 20)
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1352,11 +1353,15 @@ void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_
     /* Streaming stores for large outputs where the CPU gains by them, in
      * tiles of SEG-byte rows (element sizes that divide it) and output rows
      * of one tile or more. Without room for the carried lines (and the
-     * blocks' buffer) the plain tiles do it. */
-    if ((size_t)total >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
+     * blocks' buffer) the plain tiles do it. Large is the whole
+     * conversion's output, not this band's: bands of a batch of planes on
+     * two threads are a plane or two, and when they took the plain tiles
+     * two threads ran no faster than one (EPYC, 16 uint8 planes of 1000^2,
+     * bands of 1 MB: 15-16 GB/s; with the whole's variant, 34-36). */
+    if (whole == 0) whole = 2 * (size_t)total;
+    if (whole / 2 >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
-      if (whole == 0) whole = 2 * (size_t)total;
       const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole);
       c.from_memory = from_memory(whole);
       if (mode != TR_PLAIN) {

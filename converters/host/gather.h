@@ -17,8 +17,9 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 
 /* The same for a part of a larger conversion (a band of it on one
  * thread): whole is the bytes the whole one reads and writes (source and
- * output), which decide whether a large transpose is timed as one from
- * the last-level cache or from memory; 0: this part alone. */
+ * output), which decide whether a transpose is large enough for
+ * streaming stores and whether it is timed as one from the last-level
+ * cache or from memory; 0: this part alone. */
 void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                           const int64_t *byte_strides, size_t elsize, size_t whole);
 
