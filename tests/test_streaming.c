@@ -265,22 +265,40 @@ Test(streaming, bands_of_a_large_conversion_may_stream) {
   free(src);
 }
 
-/* Packed uint8 HWC images of 1-4 channels (3 and 4: the deinterleave
- * kernels) as CHW views, widths with and without a 16-pixel tail. */
-static void hwc_to_chw_matches(void) {
-  for (int64_t c = 1; c <= 4; c++)
-    for (int64_t w = 61; w <= 64; w += 3) {
-      const int64_t h = 37;
-      uint8_t *img = malloc((size_t)(h * w * c));
-      cr_assert_not_null(img);
-      fill_pattern(img, (size_t)(h * w * c), (uint32_t)(c * 100 + w));
-      int64_t shape[3] = {c, h, w}, st[3] = {1, w * c, c};
-      DLTensor t = {img, CPU0, 3, {kDLUInt, 8, 1}, shape, st, 0};
-      DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_ALWAYS, NULL);
-      cr_assert_eq(first_diff_vs_reference(&t, r), -1, "%lld channels, width %lld", (long long)c, (long long)w);
-      r->deleter(r);
-      free(img);
-    }
+/* Images of 1-4 channels of 1, 2, 4 and 8 bytes, HWC to CHW and CHW to
+ * HWC (the pixel and plane loops; uint8 HWC to CHW with 3 and 4 channels
+ * also the VBMI kernel), widths with and without a tail past a whole
+ * vector; and 3 channels of 4-channel pixels (not packed: the element
+ * loop), against the reference gather. */
+static void pixels_and_planes_match(void) {
+  static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLUInt, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1}};
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+    for (int64_t c = 1; c <= 4; c++)
+      for (int64_t w = 61; w <= 64; w += 3) {
+        const int64_t h = 37, es = types[k].bits / 8, px = c == 3 ? 4 : c; /* elements a pixel holds */
+        char *img = malloc((size_t)(h * w * px * es));
+        cr_assert_not_null(img);
+        fill_pattern(img, (size_t)(h * w * px * es), (uint32_t)(c * 100 + w + (int64_t)k * 1000));
+        /* HWC as a CHW view: packed, and (3 channels) the first 3 of 4 */
+        for (int packed = 0; packed < 2; packed++) {
+          if (!packed && c != 3) continue;
+          const int64_t stride = packed ? c : px;
+          int64_t shape[3] = {c, h, w}, st[3] = {1, w * stride, stride};
+          DLTensor t = {img, CPU0, 3, types[k], shape, st, 0};
+          DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_ALWAYS, NULL);
+          cr_assert_eq(first_diff_vs_reference(&t, r), -1, "HWC -> CHW, %lld-byte elements, %lld channels, width %lld%s",
+                       (long long)es, (long long)c, (long long)w, packed ? "" : ", pixels of 4");
+          r->deleter(r);
+        }
+        /* CHW as an HWC view */
+        int64_t shape[3] = {h, w, c}, st[3] = {w, 1, h * w};
+        DLTensor t = {img, CPU0, 3, types[k], shape, st, 0};
+        DLManagedTensorVersioned *r = convert_ok(&t, CPU0, AB_COPY_ALWAYS, NULL);
+        cr_assert_eq(first_diff_vs_reference(&t, r), -1, "CHW -> HWC, %lld-byte elements, %lld channels, width %lld",
+                     (long long)es, (long long)c, (long long)w);
+        r->deleter(r);
+        free(img);
+      }
 }
 
 /* Each kernel set (AB_HOST_TILES caps it) with plain stores, streamed L1
@@ -291,7 +309,7 @@ static void tiles_match(const char *tiles, const char *streaming) {
   setenv("AB_HOST_STREAMING", streaming, 1);
   transposes_match();
   unaligned_destination_matches();
-  hwc_to_chw_matches();
+  pixels_and_planes_match();
   memory_regime_matches();
 #if defined(__x86_64__)
   /* The CPU features each set needs, cumulative as tiles_level has them. */

@@ -367,13 +367,13 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
 
 /* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
- * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles, the scalar 3- and
- * 4-channel deinterleave), SSSE3 (the shuffle deinterleave), AVX (8x8
+ * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles), SSSE3, AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F and BW:
  * four lanes wide; the L2 blocks' float32, float64 and uint16 kernels;
  * streamed lines joined and written 64 bytes at a time; and with VBMI the
- * byte deinterleave); the plain and L1 tiles' 2- and 8-byte kernels are
- * SSE2 throughout. */
+ * uint8 pixels-to-planes kernel); the plain and L1 tiles' 2- and 8-byte
+ * kernels are SSE2 throughout. The pixel and plane loops are compiled for
+ * SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
@@ -445,8 +445,10 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
 #undef TILE_MICRO
 #undef TILE_WIDE
 
-/* Few rows (a small channel count, as in HWC -> CHW): deinterleave each
- * source pixel into `na` destination planes, a block of pixels at a time. */
+/* Few rows (a small channel count, as in HWC -> CHW) from pixels that
+ * are not packed (3 channels of RGBA, say; packed ones have the pixel
+ * loops below): deinterleave each source pixel into `na` destination
+ * planes, a block of pixels at a time. */
 #define DEFINE_PLANES(N)                                                              \
   static void planes_##N(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, \
                          int64_t nb) {                                                \
@@ -460,74 +462,94 @@ DEFINE_PLANES(1)
 DEFINE_PLANES(2)
 DEFINE_PLANES(4)
 
-/* Specialised 3- and 4-channel byte deinterleave (packed HWC -> planes).
- * The portable loop is what the compiler makes of it; on x86-64 with SSSE3
- * (every x86-64 CPU since about 2008, checked at run time) each group of 16
- * pixels is C loads, C*C byte shuffles and ORs, and C stores; with AVX-512
- * VBMI (Ice Lake, Zen 4 and later) each group of 64 is C loads, 2C byte
- * permutes and blends, and C stores (EPYC VM, a 3840 x 2160 RGB frame:
- * 14.0-14.6 GB/s with SSSE3, 22.5-23.6 with VBMI, 0.92-1.02x of memcpy). */
-static void deint_u8_scalar(unsigned char *const *p, const unsigned char *q, int64_t nb, int C) {
-  for (int64_t b = 0; b < nb; b++)
-    for (int c = 0; c < C; c++) p[c][b] = q[C * b + c];
-}
 
-#ifdef HAVE_X86_KERNELS
-__attribute__((target("ssse3"))) static void deint_u8_ssse3(unsigned char *const *p,
-                                                            const unsigned char *q, int64_t nb,
-                                                            int C) {
-  /* mask[c][k]: lane i takes input byte C*i+c when it lies in vector k. */
-  _Alignas(16) signed char m[4][4][16];
-  __m128i mk[4][4];
-  for (int c = 0; c < C; c++)
-    for (int k = 0; k < C; k++) {
-      for (int i = 0; i < 16; i++) {
-        int src = C * i + c;
-        m[c][k][i] = (signed char)(src / 16 == k ? src % 16 : -128);
-      }
-      mk[c][k] = _mm_load_si128((const __m128i *)(const void *)m[c][k]);
-    }
-  int64_t b = 0;
-  if (C == 3) {
-    for (; b + 16 <= nb; b += 16) {
-      const unsigned char *s = q + 3 * b;
-      __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)s);
-      __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-      __m128i v2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-      for (int c = 0; c < 3; c++) {
-        __m128i r = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, mk[c][0]), _mm_shuffle_epi8(v1, mk[c][1])),
-                                 _mm_shuffle_epi8(v2, mk[c][2]));
-        _mm_storeu_si128((__m128i *)(void *)(p[c] + b), r);
-      }
-    }
-  } else {
-    for (; b + 16 <= nb; b += 16) {
-      const unsigned char *s = q + 4 * b;
-      __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)s);
-      __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
-      __m128i v2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
-      __m128i v3 = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
-      for (int c = 0; c < 4; c++) {
-        __m128i r = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, mk[c][0]), _mm_shuffle_epi8(v1, mk[c][1])),
-                                 _mm_or_si128(_mm_shuffle_epi8(v2, mk[c][2]), _mm_shuffle_epi8(v3, mk[c][3])));
-        _mm_storeu_si128((__m128i *)(void *)(p[c] + b), r);
-      }
-    }
+/* Pixels and planes: 2, 3 or 4 channels of 1, 2, 4 or 8 bytes, packed
+ * pixels (HWC) to planes (CHW) and back. One loop per direction, channel
+ * count and element size, which the compiler vectorizes (this file is
+ * built at -O3) into whatever shuffles the instruction set has, compiled
+ * for four sets and run in the widest that the CPU and AB_HOST_TILES
+ * allow. Element-by-element copies ran 0.13-0.66x of memcpy; these, on the
+ * EPYC VM (a harness, GCC 12, 2M pixels of each kind, from the cache):
+ * SSE2 0.2-1.1x (0.13x for uint8 with 3 channels, which needs byte
+ * shuffles), SSSE3 0.5-1.0x, AVX2 0.5-1.2x, AVX-512 (F, BW) 0.8-1.1x for
+ * every kind. The pointers' types allow any alignment. */
+#if defined(__GNUC__)
+#define HAVE_PIXEL_LOOPS 1
+typedef uint8_t px1 __attribute__((aligned(1), may_alias));
+typedef uint16_t px2 __attribute__((aligned(1), may_alias));
+typedef uint32_t px4 __attribute__((aligned(1), may_alias));
+typedef uint64_t px8 __attribute__((aligned(1), may_alias));
+/* to_planes: C planes, dsa bytes apart from d, from n packed pixels at s;
+ * to_pixels: n packed pixels at d from C planes, sb bytes apart from s. */
+typedef void (*planes_fn)(char *d, int64_t dsa, const char *s, int64_t n);
+typedef void (*pixels_fn)(char *d, const char *s, int64_t sb, int64_t n);
+#define DEFINE_PIXEL_LOOPS(ATTR, SET, T, C)                                                            \
+  ATTR static void to_planes_##SET##_##T##_##C(char *d, int64_t dsa, const char *s, int64_t n) {     \
+    const T *restrict q = (const T *)(const void *)s;                                                 \
+    T *restrict p[C];                                                                                 \
+    for (int c = 0; c < (C); c++) p[c] = (T *)(void *)(d + c * dsa);                                   \
+    for (int64_t i = 0; i < n; i++)                                                                   \
+      for (int c = 0; c < (C); c++) p[c][i] = q[(C) * i + c];                                         \
+  }                                                                                                   \
+  ATTR static void to_pixels_##SET##_##T##_##C(char *d, const char *s, int64_t sb, int64_t n) {      \
+    T *restrict q = (T *)(void *)d;                                                                   \
+    const T *restrict p[C];                                                                           \
+    for (int c = 0; c < (C); c++) p[c] = (const T *)(const void *)(s + c * sb);                        \
+    for (int64_t i = 0; i < n; i++)                                                                   \
+      for (int c = 0; c < (C); c++) q[(C) * i + c] = p[c][i];                                         \
   }
-  unsigned char *tail[4];
-  for (int c = 0; c < C; c++) tail[c] = p[c] + b;
-  deint_u8_scalar(tail, q + C * b, nb - b, C);
+#define DEFINE_PIXEL_SIZE(ATTR, SET, T) \
+  DEFINE_PIXEL_LOOPS(ATTR, SET, T, 2) DEFINE_PIXEL_LOOPS(ATTR, SET, T, 3) DEFINE_PIXEL_LOOPS(ATTR, SET, T, 4)
+#define PIXEL_ROW(SET, T, DIR) {DIR##_##SET##_##T##_2, DIR##_##SET##_##T##_3, DIR##_##SET##_##T##_4}
+/* One set's loops: [element size 1, 2, 4, 8][channels 2, 3, 4]. */
+struct pixel_loops {
+  planes_fn to_planes[4][3];
+  pixels_fn to_pixels[4][3];
+};
+#define DEFINE_PIXEL_SET(ATTR, SET)                                                                     \
+  DEFINE_PIXEL_SIZE(ATTR, SET, px1)                                                                     \
+  DEFINE_PIXEL_SIZE(ATTR, SET, px2)                                                                     \
+  DEFINE_PIXEL_SIZE(ATTR, SET, px4)                                                                     \
+  DEFINE_PIXEL_SIZE(ATTR, SET, px8)                                                                     \
+  static const struct pixel_loops pixels_##SET = {                                                      \
+      {PIXEL_ROW(SET, px1, to_planes), PIXEL_ROW(SET, px2, to_planes), PIXEL_ROW(SET, px4, to_planes),   \
+       PIXEL_ROW(SET, px8, to_planes)},                                                                 \
+      {PIXEL_ROW(SET, px1, to_pixels), PIXEL_ROW(SET, px2, to_pixels), PIXEL_ROW(SET, px4, to_pixels),   \
+       PIXEL_ROW(SET, px8, to_pixels)}};
+DEFINE_PIXEL_SET(, base)
+#ifdef HAVE_X86_KERNELS
+DEFINE_PIXEL_SET(__attribute__((target("ssse3"))), ssse3)
+DEFINE_PIXEL_SET(__attribute__((target("avx2"))), avx2)
+DEFINE_PIXEL_SET(__attribute__((target("avx512f,avx512bw"))), avx512)
+#endif
+
+/* The loops for es-byte elements in the widest set this CPU runs; NULL
+ * for other element sizes. */
+static const struct pixel_loops *pixel_loops(size_t es, int *size) {
+  const int k = es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : es == 8 ? 3 : -1;
+  if (k < 0) return NULL;
+  *size = k;
+#ifdef HAVE_X86_KERNELS
+  const int level = tiles_level();
+  if (level >= TILES_AVX512) return &pixels_avx512;
+  if (level >= TILES_AVX2) return &pixels_avx2;
+  if (level >= TILES_SSSE3) return &pixels_ssse3;
+#endif
+  return &pixels_base;
 }
 #endif
 
 #ifdef HAVE_X86_KERNELS
-/* The same with AVX-512 VBMI byte permutes, 64 pixels a round: channel c
- * of pixel i is input byte C*i+c of the 3 or 4 loaded vectors; one
- * two-source permute takes those in the first 128 bytes, a second (of
- * the third vector, or of the last two) the rest, and a blend joins them. */
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void deint_u8_vbmi(unsigned char *const *p,
-                                                                                const unsigned char *q,
-                                                                                int64_t nb, int C) {
+/* uint8 pixels of 3 or 4 channels to planes with AVX-512 VBMI byte
+ * permutes (Ice Lake, Zen 4 and later), 64 pixels a round, faster than
+ * what the compiler makes of the loop above (EPYC VM, a 3840 x 2160
+ * frame, from memory: 24 GB/s against 19-20, 0.75-0.83x of memcpy):
+ * channel c of pixel i is input byte C*i+c of the 3 or 4 loaded vectors;
+ * one two-source permute takes those in the first 128 bytes, a second (of
+ * the third vector, or of the last two) the rest, and a blend joins them.
+ * The last pixels go through the AVX-512 loop. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void planes_u8_vbmi(char *d, int64_t dsa, const char *s,
+                                                                                 int64_t nb, int C) {
   __m512i lo_idx[4], hi_idx[4];
   __mmask64 hi_mask[4];
   for (int c = 0; c < C; c++) {
@@ -545,37 +567,18 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void deint_u8_vbmi
   }
   int64_t b = 0;
   for (; b + 64 <= nb; b += 64) {
-    const unsigned char *s = q + (int64_t)C * b;
-    const __m512i v0 = _mm512_loadu_si512((const void *)s), v1 = _mm512_loadu_si512((const void *)(s + 64)),
-                  v2 = _mm512_loadu_si512((const void *)(s + 128));
-    const __m512i v3 = C == 4 ? _mm512_loadu_si512((const void *)(s + 192)) : v2;
+    const char *q = s + (int64_t)C * b;
+    const __m512i v0 = LOAD_512(q), v1 = LOAD_512(q + 64), v2 = LOAD_512(q + 128);
+    const __m512i v3 = C == 4 ? LOAD_512(q + 192) : v2;
     for (int c = 0; c < C; c++) {
       const __m512i lo = _mm512_permutex2var_epi8(v0, lo_idx[c], v1);
       const __m512i hi = C == 3 ? _mm512_permutexvar_epi8(hi_idx[c], v2) : _mm512_permutex2var_epi8(v2, hi_idx[c], v3);
-      _mm512_storeu_si512((void *)(p[c] + b), _mm512_mask_blend_epi8(hi_mask[c], lo, hi));
+      _mm512_storeu_si512((void *)(d + c * dsa + b), _mm512_mask_blend_epi8(hi_mask[c], lo, hi));
     }
   }
-  unsigned char *tail[4];
-  for (int c = 0; c < C; c++) tail[c] = p[c] + b;
-  deint_u8_ssse3(tail, q + (int64_t)C * b, nb - b, C);
+  pixels_avx512.to_planes[0][C - 2](d + b, dsa, s + (int64_t)C * b, nb - b);
 }
 #endif
-
-static void deint_u8(char *d, int64_t dsa, const char *s, int64_t nb, int C) {
-  unsigned char *p[4];
-  for (int c = 0; c < C; c++) p[c] = (unsigned char *)d + c * dsa;
-#ifdef HAVE_X86_KERNELS
-  if (tiles_level() >= TILES_AVX512 && __builtin_cpu_supports("avx512vbmi")) {
-    deint_u8_vbmi(p, (const unsigned char *)s, nb, C);
-    return;
-  }
-  if (tiles_level() >= TILES_SSSE3) {
-    deint_u8_ssse3(p, (const unsigned char *)s, nb, C);
-    return;
-  }
-#endif
-  deint_u8_scalar(p, (const unsigned char *)s, nb, C);
-}
 
 /* The streaming variant: whole cache lines out. Streaming stores pay only
  * when each line is written whole and at once: the write-combining buffer
@@ -973,10 +976,26 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const struct transpose_ctx *c = ctx;
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
   const size_t es = c->es;
-  if (na <= 4 && (int64_t)es * na == sb && es == 1 && (na == 3 || na == 4)) {
-    deint_u8(d, dsa, s, nb, (int)na);
+#ifdef HAVE_X86_KERNELS
+  if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512 &&
+      __builtin_cpu_supports("avx512vbmi")) {
+    planes_u8_vbmi(d, dsa, s, nb, (int)na);
     return;
   }
+#endif
+#ifdef HAVE_PIXEL_LOOPS
+  /* packed pixels of 2-4 channels to planes, or back */
+  int size;
+  const struct pixel_loops *px = pixel_loops(es, &size);
+  if (px != NULL && na >= 2 && na <= 4 && sb == (int64_t)es * na) {
+    px->to_planes[size][na - 2](d, dsa, s, nb);
+    return;
+  }
+  if (px != NULL && nb >= 2 && nb <= 4 && dsa == (int64_t)es * nb) {
+    px->to_pixels[size][nb - 2](d, s, sb, na);
+    return;
+  }
+#endif
   if (na <= 4 && (es == 1 || es == 2 || es == 4)) {
     /* Blocks of pixels so the na output streams and the input stay cached. */
     for (int64_t b0 = 0; b0 < nb; b0 += 4096) {
