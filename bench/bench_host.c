@@ -157,6 +157,38 @@ static void bench_transposes(int quick) {
   printf("(n x m: the array transposed, n rows of m elements; memcpyT: memcpy on %d threads, one slice each)\n", all);
 }
 
+/* Images of 2, 3 and 4 channels between packed pixels (HWC) and planes
+ * (CHW), both ways, through ab_convert_memory on one thread, beside
+ * memcpy of the same bytes. */
+static void bench_pixels(int quick) {
+  static const struct { DLDataType d; const char *name; } types[] = {
+      {{kDLUInt, 8, 1}, "u8"}, {{kDLUInt, 16, 1}, "u16"}, {{kDLFloat, 32, 1}, "f32"}};
+  const int64_t H = quick ? 540 : 2160, W = quick ? 960 : 3840;
+  printf("\n%-30s %10s %10s %12s %12s\n", "pixels <-> planes (1 thread)", "HWC->CHW", "CHW->HWC", "/memcpy", "/memcpy");
+  for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+    for (int64_t C = 2; C <= 4; C++) {
+      const size_t bytes = (size_t)(H * W * C) * (types[k].d.bits / 8u);
+      char *a = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096), *b = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+      for (size_t i = 0; i < bytes; i++) a[i] = (char)(i * 7);
+      memset(b, 0, bytes);
+      struct mc m = {b, a, bytes};
+      const double base = time_job(job_memcpy, &m);
+      int64_t pshape[3] = {C, H, W}, pst[3] = {1, W * C, C}; /* HWC read as CHW */
+      int64_t ishape[3] = {H, W, C}, ist[3] = {W, 1, H * W}; /* CHW read as HWC */
+      struct cv to_planes = {{a, {kDLCPU, 0}, 3, types[k].d, pshape, pst, 0}, AB_CONVERT_OPTS_INIT};
+      struct cv to_pixels = {{a, {kDLCPU, 0}, 3, types[k].d, ishape, ist, 0}, AB_CONVERT_OPTS_INIT};
+      to_planes.o.threads = to_pixels.o.threads = 1;
+      const double tp = time_job(job_convert, &to_planes), tx = time_job(job_convert, &to_pixels);
+      char label[64];
+      snprintf(label, sizeof label, "%lldx%lldx%lld %s", (long long)H, (long long)W, (long long)C, types[k].name);
+      printf("%-30s %10.2f %10.2f %11.2fx %11.2fx\n", label, (double)bytes / tp / 1e9, (double)bytes / tx / 1e9,
+             base / tp, base / tx);
+      free(a);
+      free(b);
+    }
+  printf("(GB/s of the image's bytes; memcpy on one thread)\n");
+}
+
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
   double t[64];
   for (int r = 0; r < reps; r++) {
@@ -210,6 +242,7 @@ int main(int argc, char **argv) {
   bench_layout("HWC->CHW u8", &hwc, ib, out, ibase);
 
   bench_transposes(quick);
+  bench_pixels(quick);
 
   /* -- per-call overheads -- */
   printf("\n");
