@@ -996,6 +996,126 @@ Test(cast, per_channel_along_any_axis_with_and_without_permutation) {
   free(check_conversion(&tw, &tw, CPU0, &o, "int32 per channel -> float32", &nb));
 }
 
+/* Casts of sources whose rows are not contiguous, large enough that the
+ * host converter cuts them into chunks (256 KiB of source each, gathered
+ * then cast as contiguous rows): several chunks along one dim, a ragged
+ * last chunk, chunks under an outer dim, per-channel maps along a dim
+ * outside the chunks, along the cut dim and along the innermost one (which
+ * takes the element loop), every arithmetic path, on edge values. */
+Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
+  test_rng g = {0xc4a5700du};
+  size_t nb;
+  double cs[700], co[700];
+  for (int i = 0; i < 700; i++) {
+    cs[i] = (i % 7) * 0.25 - 0.5;
+    co[i] = (i % 5) * 3.0 - 1.5;
+  }
+  /* an HWC float32 image (301 x 300 x 3) as CHW uint8, per channel */
+  float *img = malloc(301 * 300 * 3 * sizeof(float));
+  cr_assert_not_null(img);
+  fill_cast_probes(img, 301 * 300 * 3, KD[R_F32].dt, &g);
+  int64_t hwc[3] = {301, 300, 3};
+  DLTensor ti = {img, CPU0, 3, KD[R_F32].dt, hwc, NULL, 0};
+  const int32_t to_chw[3] = {2, 0, 1};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_U8].dt;
+  o.permute = to_chw;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 2;
+  o.channel_scale = cs;
+  o.channel_offset = co;
+  free(check_conversion(&ti, &ti, CPU0, &o, "float32 HWC -> uint8 CHW per channel", &nb));
+  free(img);
+  /* transposed views (650 x 700 sources read as 700 x 650) of each kind */
+  static const struct { int from, to; int map; } tr[] = {
+    {R_F32, R_F16, 0}, {R_F32, R_I8, 1}, {R_I16, R_I8, 0},  {R_F64, R_I32, 1}, {R_U8, R_F32, 1},
+    {R_U16, R_F64, 0}, {R_I32, R_F32, 1}, {R_F32, R_F32, 2}, {R_F32, R_U16, 3}, {R_U8, R_F32, 2},
+  };
+  for (size_t k = 0; k < sizeof tr / sizeof tr[0]; k++) {
+    const int64_t rows = 700, cols = 650;
+    void *a = malloc((size_t)(rows * cols) * KD[tr[k].from].size);
+    cr_assert_not_null(a);
+    fill_cast_probes(a, rows * cols, KD[tr[k].from].dt, &g);
+    int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
+    DLTensor t = {a, CPU0, 2, KD[tr[k].from].dt, shape, st, 0};
+    ab_convert_opts q = AB_CONVERT_OPTS_INIT;
+    q.dtype = KD[tr[k].to].dt;
+    if (tr[k].map == 1) {
+      q.flags = AB_CONVERT_AFFINE;
+      q.scale = 0.75;
+      q.offset = -3.5;
+    } else if (tr[k].map >= 2) { /* 2: per row of the result (the cut dim), 3: per column (innermost) */
+      q.flags = AB_CONVERT_PER_CHANNEL;
+      q.channel_axis = tr[k].map == 2 ? 0 : 1;
+      q.channel_scale = cs;
+      q.channel_offset = tr[k].map == 2 ? co : NULL;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "transposed %s -> %s, map %d", KD[tr[k].from].name, KD[tr[k].to].name, tr[k].map);
+    free(check_conversion(&t, &t, CPU0, &q, what, &nb));
+    free(a);
+  }
+  /* a 4-D uint8 source (2, 3, 200, 250) permuted to (3, 250, 2, 200): chunks
+   * of the second dim under the first */
+  uint8_t *u = malloc(2 * 3 * 200 * 250);
+  cr_assert_not_null(u);
+  fill_pattern(u, 2 * 3 * 200 * 250, 7);
+  int64_t s4[4] = {2, 3, 200, 250};
+  DLTensor t4 = {u, CPU0, 4, KD[R_U8].dt, s4, NULL, 0};
+  const int32_t p4[4] = {1, 3, 0, 2};
+  ab_convert_opts q = AB_CONVERT_OPTS_INIT;
+  q.dtype = KD[R_F32].dt;
+  q.permute = p4;
+  q.flags = AB_CONVERT_AFFINE;
+  q.scale = 1.0 / 255;
+  q.offset = -0.5;
+  free(check_conversion(&t4, &t4, CPU0, &q, "uint8 (2,3,200,250) -> float32 (3,250,2,200)", &nb));
+  q.flags = AB_CONVERT_PER_CHANNEL;
+  q.channel_axis = 1; /* result dim 0, outside the chunks */
+  q.channel_scale = cs;
+  q.channel_offset = co;
+  free(check_conversion(&t4, &t4, CPU0, &q, "uint8 4-D per channel -> float32", &nb));
+  free(u);
+}
+
+/* Every pair with an affine map (and, when `plain`, without), on each
+ * pair's edge values: the contiguous loops (and the element loop where a
+ * pair has none) against the reference. */
+static void every_pair_matches(bool plain) {
+  for (int from = 0; from < R_COUNT; from++) {
+    if (plain) check_every_target_from(from);
+    struct vals v = make_values(from);
+    int64_t shape[1] = {(int64_t)v.n};
+    DLTensor src = {v.b, CPU0, 1, KD[from].dt, shape, NULL, 0};
+    for (int to = 0; to < R_COUNT; to++) {
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = KD[to].dt;
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = to == R_BOOL ? 1.0 : -0.75;
+      o.offset = 2.5;
+      char what[64];
+      snprintf(what, sizeof what, "%s -> %s, affine", KD[from].name, KD[to].name);
+      size_t nb;
+      free(check_conversion(&src, &src, CPU0, &o, what, &nb));
+    }
+    free(v.b);
+  }
+}
+
+Test(cast, every_pair_with_an_affine_map_matches_the_reference) { every_pair_matches(false); }
+
+/* The contiguous loops are compiled for the baseline, AVX2 and AVX-512;
+ * AB_HOST_TILES caps which runs (the tests above run the widest). */
+Test(cast, every_pair_in_baseline_loops_matches_the_reference) {
+  setenv("AB_HOST_TILES", "sse2", 1);
+  every_pair_matches(true);
+}
+
+Test(cast, every_pair_in_avx2_loops_matches_the_reference) {
+  setenv("AB_HOST_TILES", "avx2", 1);
+  every_pair_matches(true);
+}
+
 /* ---- 4. permutations of strided sources ------------------------------------------- */
 
 enum layout { L_COMPACT, L_CROP, L_NEGATIVE, L_BROADCAST, L_COUNT };

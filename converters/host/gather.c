@@ -374,7 +374,8 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * uint8 pixels-to-planes kernel); the plain and L1 tiles' 2- and 8-byte
  * kernels are SSE2 throughout. The pixel and plane loops are compiled for
  * SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
-enum { TILES_SSE2, TILES_SSSE3, TILES_AVX, TILES_AVX2, TILES_AVX512 };
+enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
+       TILES_AVX512 = AB_TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
   static ab__env_cache cache;
@@ -1321,6 +1322,14 @@ const char *ab__host_transpose_mode_name(int mode) {
 }
 
 int ab__host_streaming(void) { return ab__host_transpose_mode(4); }
+
+int ab__host_tiles_level(void) {
+#ifdef HAVE_X86_KERNELS
+  return tiles_level();
+#else
+  return AB_TILES_SSE2;
+#endif
+}
 
 const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS

@@ -42,6 +42,11 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
 const char *ab__host_transpose_mode_name(int mode);
 /* ab__host_transpose_mode(4): that choice for float32. */
 int ab__host_streaming(void);
+/* The instruction sets of the host kernels, in order, and the widest this
+ * CPU runs as AB_HOST_TILES caps it (AB_TILES_SSE2 off x86-64); the cast
+ * loops (convert.c) follow it too. */
+enum { AB_TILES_SSE2, AB_TILES_SSSE3, AB_TILES_AVX, AB_TILES_AVX2, AB_TILES_AVX512 };
+int ab__host_tiles_level(void);
 /* The host kernels this CPU runs ("avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
