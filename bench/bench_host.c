@@ -189,6 +189,73 @@ static void bench_pixels(int quick) {
   printf("(GB/s of the image's bytes; memcpy on one thread)\n");
 }
 
+/* Casts through ab_convert_memory on one thread: contiguous, and from
+ * sources whose rows are not contiguous (CHW planes to HWC pixels, HWC to
+ * CHW, a transposed 2880^2 view), against memcpy of the larger side's
+ * bytes (a cast reads one size and writes another; "GB/s" counts the
+ * source and result bytes together, halved, as memcpy's would be). */
+static void bench_casts(int quick) {
+  const int64_t H = quick ? 540 : 2160, W = quick ? 960 : 3840, C = 3, N = quick ? 720 : 2880;
+  static const struct { const char *name; DLDataType from, to; int layout, affine; } cases[] = {
+    {"f32 -> u8 *255", {kDLFloat, 32, 1}, {kDLUInt, 8, 1}, 0, 1},
+    {"u8 -> f32", {kDLUInt, 8, 1}, {kDLFloat, 32, 1}, 0, 0},
+    {"f64 -> f32", {kDLFloat, 64, 1}, {kDLFloat, 32, 1}, 0, 0},
+    {"i16 -> f32 /255", {kDLInt, 16, 1}, {kDLFloat, 32, 1}, 0, 1},
+    {"f32 -> f16", {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, 0, 0},
+    {"CHW f32 -> HWC u8 *255", {kDLFloat, 32, 1}, {kDLUInt, 8, 1}, 1, 1},
+    {"CHW u8 -> HWC f32", {kDLUInt, 8, 1}, {kDLFloat, 32, 1}, 1, 0},
+    {"HWC f32 -> CHW f16", {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, 2, 0},
+    {"transposed f32 -> f16", {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, 3, 0},
+    {"transposed u8 -> f32", {kDLUInt, 8, 1}, {kDLFloat, 32, 1}, 3, 0},
+  };
+  const size_t n = (size_t)(H * W * C), most = n * 8; /* elements of every case: H x W x 3, or N^2 <= that */
+  char *a = aligned_alloc(4096, most), *b = aligned_alloc(4096, most);
+  for (size_t i = 0; i < most / 4; i++) ((float *)(void *)a)[i] = (float)(i % 251) / 251.0f;
+  memset(b, 0, most);
+  printf("\n%-30s %10s %12s   (%lldx%lldx3 images, %lld^2 transposed)\n", "casts (1 thread)", "GB/s", "/memcpy",
+         (long long)H, (long long)W, (long long)N);
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int64_t shape[3], st[3];
+    int32_t perm[3] = {0, 1, 2};
+    int nd = 3;
+    const int lay = cases[k].layout;
+    if (lay == 0) {
+      nd = 1;
+      shape[0] = (int64_t)n;
+      st[0] = 1;
+    } else if (lay == 1) { /* planes (C, H, W) to pixels (H, W, C) */
+      shape[0] = C, shape[1] = H, shape[2] = W;
+      st[0] = H * W, st[1] = W, st[2] = 1;
+      perm[0] = 1, perm[1] = 2, perm[2] = 0;
+    } else if (lay == 2) { /* pixels (H, W, C) to planes (C, H, W) */
+      shape[0] = H, shape[1] = W, shape[2] = C;
+      st[0] = W * C, st[1] = C, st[2] = 1;
+      perm[0] = 2, perm[1] = 0, perm[2] = 1;
+    } else { /* a transposed N x N view */
+      nd = 2;
+      shape[0] = N, shape[1] = N;
+      st[0] = 1, st[1] = N;
+    }
+    struct cv c = {{a, {kDLCPU, 0}, nd, cases[k].from, shape, st, 0}, AB_CONVERT_OPTS_INIT};
+    c.o.dtype = cases[k].to;
+    c.o.threads = 1;
+    if (lay == 1 || lay == 2) c.o.permute = perm;
+    if (cases[k].affine) {
+      c.o.flags = AB_CONVERT_AFFINE;
+      c.o.scale = cases[k].to.bits == 8 ? 255.0 : 1.0 / 255;
+    }
+    size_t el = 1;
+    for (int i = 0; i < nd; i++) el *= (size_t)shape[i];
+    const size_t in = el * cases[k].from.bits / 8, out = el * cases[k].to.bits / 8, big = in > out ? in : out;
+    struct mc m = {b, a, big};
+    const double base = time_job(job_memcpy, &m), t = time_job(job_convert, &c);
+    printf("%-30s %10.2f %11.2fx\n", cases[k].name, (double)(in + out) / 2 / t / 1e9, base / t * (double)(in + out) / 2 / (double)big);
+  }
+  printf("(memcpy of the larger side, one thread)\n");
+  free(a);
+  free(b);
+}
+
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
   double t[64];
   for (int r = 0; r < reps; r++) {
@@ -243,6 +310,7 @@ int main(int argc, char **argv) {
 
   bench_transposes(quick);
   bench_pixels(quick);
+  bench_casts(quick);
 
   /* -- per-call overheads -- */
   printf("\n");
