@@ -999,9 +999,10 @@ Test(cast, per_channel_along_any_axis_with_and_without_permutation) {
 /* Casts of sources whose rows are not contiguous, large enough that the
  * host converter cuts them into chunks (256 KiB of source each, gathered
  * then cast as contiguous rows): several chunks along one dim, a ragged
- * last chunk, chunks under an outer dim, per-channel maps along a dim
- * outside the chunks, along the cut dim and along the innermost one (which
- * takes the element loop), every arithmetic path, on edge values. */
+ * last chunk, chunks under outer dims, channels riding in every chunk,
+ * per-channel maps along a dim before the chunks, along a riding one,
+ * along the cut dim and along the innermost one (which takes the element
+ * loop), every arithmetic path, on edge values. */
 Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   test_rng g = {0xc4a5700du};
   size_t nb;
@@ -1030,6 +1031,7 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   static const struct { int from, to; int map; } tr[] = {
     {R_F32, R_F16, 0}, {R_F32, R_I8, 1}, {R_I16, R_I8, 0},  {R_F64, R_I32, 1}, {R_U8, R_F32, 1},
     {R_U16, R_F64, 0}, {R_I32, R_F32, 1}, {R_F32, R_F32, 2}, {R_F32, R_U16, 3}, {R_U8, R_F32, 2},
+    {R_F64, R_F32, 4},
   };
   for (size_t k = 0; k < sizeof tr / sizeof tr[0]; k++) {
     const int64_t rows = 700, cols = 650;
@@ -1044,37 +1046,59 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
       q.flags = AB_CONVERT_AFFINE;
       q.scale = 0.75;
       q.offset = -3.5;
-    } else if (tr[k].map >= 2) { /* 2: per row of the result (the cut dim), 3: per column (innermost) */
+    } else if (tr[k].map >= 2) { /* per row of the result (the cut dim; 4: no scale), 3: per column (innermost) */
       q.flags = AB_CONVERT_PER_CHANNEL;
-      q.channel_axis = tr[k].map == 2 ? 0 : 1;
-      q.channel_scale = cs;
-      q.channel_offset = tr[k].map == 2 ? co : NULL;
+      q.channel_axis = tr[k].map == 3 ? 1 : 0;
+      q.channel_scale = tr[k].map == 4 ? NULL : cs;
+      q.channel_offset = tr[k].map == 3 ? NULL : co;
     }
     char what[96];
     snprintf(what, sizeof what, "transposed %s -> %s, map %d", KD[tr[k].from].name, KD[tr[k].to].name, tr[k].map);
     free(check_conversion(&t, &t, CPU0, &q, what, &nb));
     free(a);
   }
-  /* a 4-D uint8 source (2, 3, 200, 250) permuted to (3, 250, 2, 200): chunks
-   * of the second dim under the first */
-  uint8_t *u = malloc(2 * 3 * 200 * 250);
-  cr_assert_not_null(u);
-  fill_pattern(u, 2 * 3 * 200 * 250, 7);
-  int64_t s4[4] = {2, 3, 200, 250};
-  DLTensor t4 = {u, CPU0, 4, KD[R_U8].dt, s4, NULL, 0};
-  const int32_t p4[4] = {1, 3, 0, 2};
+  /* batched transposes: a float32 source (2, 3, 260, 300) as (2, 3, 300,
+   * 260) int16, cut at its third dim (chunks of 240 rows and a ragged
+   * 60) under the first two, with a channel along the second */
+  float *f4 = malloc(2 * 3 * 260 * 300 * sizeof(float));
+  cr_assert_not_null(f4);
+  fill_cast_probes(f4, 2 * 3 * 260 * 300, KD[R_F32].dt, &g);
+  int64_t s4[4] = {2, 3, 260, 300};
+  DLTensor t4 = {f4, CPU0, 4, KD[R_F32].dt, s4, NULL, 0};
+  const int32_t p4[4] = {0, 1, 3, 2};
   ab_convert_opts q = AB_CONVERT_OPTS_INIT;
-  q.dtype = KD[R_F32].dt;
+  q.dtype = KD[R_I16].dt;
   q.permute = p4;
   q.flags = AB_CONVERT_AFFINE;
-  q.scale = 1.0 / 255;
+  q.scale = 300.0;
   q.offset = -0.5;
-  free(check_conversion(&t4, &t4, CPU0, &q, "uint8 (2,3,200,250) -> float32 (3,250,2,200)", &nb));
+  free(check_conversion(&t4, &t4, CPU0, &q, "float32 (2,3,260,300) -> int16 (2,3,300,260)", &nb));
   q.flags = AB_CONVERT_PER_CHANNEL;
-  q.channel_axis = 1; /* result dim 0, outside the chunks */
+  q.channel_axis = 1; /* result dim 1, before the chunks */
   q.channel_scale = cs;
   q.channel_offset = co;
-  free(check_conversion(&t4, &t4, CPU0, &q, "uint8 4-D per channel -> float32", &nb));
+  free(check_conversion(&t4, &t4, CPU0, &q, "float32 4-D per channel -> int16", &nb));
+  free(f4);
+  /* a batch of two uint16 HWC images (300 x 450 x 4) as CHW float32: the
+   * four channels ride in every chunk (pixels to planes), chunks of 64
+   * rows and a ragged 44, per channel with a scale and no offset */
+  uint16_t *u = malloc(2 * 300 * 450 * 4 * sizeof(uint16_t));
+  cr_assert_not_null(u);
+  fill_cast_probes(u, 2 * 300 * 450 * 4, KD[R_U16].dt, &g);
+  int64_t sb[4] = {2, 300, 450, 4};
+  DLTensor tb = {u, CPU0, 4, KD[R_U16].dt, sb, NULL, 0};
+  const int32_t pb[4] = {0, 3, 1, 2};
+  ab_convert_opts r = AB_CONVERT_OPTS_INIT;
+  r.dtype = KD[R_F32].dt;
+  r.permute = pb;
+  r.flags = AB_CONVERT_PER_CHANNEL;
+  r.channel_axis = 3;
+  r.channel_scale = cs;
+  free(check_conversion(&tb, &tb, CPU0, &r, "uint16 NHWC -> float32 NCHW per channel", &nb));
+  r.dtype = KD[R_U8].dt;
+  r.flags = AB_CONVERT_AFFINE;
+  r.scale = 1.0 / 256;
+  free(check_conversion(&tb, &tb, CPU0, &r, "uint16 NHWC -> uint8 NCHW", &nb));
   free(u);
 }
 

@@ -264,7 +264,8 @@ static inline double fast_clamp_round(double v, double lo, double hi) {
   v = v == v ? v : 0.0;
   v = v < lo ? lo : v;
   v = v > hi ? hi : v;
-  return (v + 6755399441055744.0) - 6755399441055744.0;
+  const double t = v + 6755399441055744.0; /* assigned: rounded to double even where sums keep more (x87) */
+  return t - 6755399441055744.0;
 }
 #define FAST_STORE_float(v) ((float)(v))
 #define FAST_STORE_double(v) ((double)(v))
@@ -528,15 +529,17 @@ static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const in
  * view), or whose rows are short: the element loop would read it an
  * element at a time across rows, a cache line for each, or pay a call per
  * few elements. Instead the result is cut into chunks of at most
- * CAST_CHUNK source bytes, each a run of indices of one dim k with every
- * dim after it whole, so that each chunk is a sub-array of the source and
- * one compact piece of the result; each is gathered into a buffer by the
- * gather kernels (transposes in tiles, pixels to planes) and cast from
- * there as contiguous rows (the loops above where the pair has one, the
- * element loop's contiguous case otherwise). The map must be the same along a chunk's
- * rows: per tensor, or per channel along dim k or a dim before it.
- * Returns false, having done nothing, where that does not hold or where
- * the buffer cannot be had. */
+ * CAST_CHUNK source bytes (measured: see bench/results/2026-11-25-pixels-
+ * and-casts.md), each a run of indices of one dim k with every dim after
+ * it whole (and the channel dims below), so that each chunk is a
+ * sub-array of the source and one compact piece of the result (one piece
+ * per channel); each is gathered into a buffer by the gather kernels
+ * (transposes in tiles, pixels to planes) and cast from there as
+ * contiguous rows (the loops above where the pair has one, the element
+ * loop's contiguous case otherwise). The map must be the same along a
+ * chunk's rows: per tensor, or per channel along dim k or a dim before
+ * it. Returns false, having done nothing, where that does not hold or
+ * where the buffer cannot be had. */
 #define CAST_CHUNK ((size_t)256 << 10)
 static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *src, int32_t ndim, const int64_t *shape,
                               const int64_t *bst, const ab__cast_op *op) {
@@ -544,42 +547,66 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *sr
   int32_t k = ndim - 1;
   int64_t inner = 1; /* elements of dims k+1.. */
   while (k > 0 && (size_t)(inner * shape[k]) * c->in_size <= CAST_CHUNK) inner *= shape[k--];
+  /* Dims q..k-1 ride whole in every chunk where they are the channels of
+   * pixels: 16 indices or fewer, each dim's source extent within a cache
+   * line (an HWC source read as CHW). A chunk is then gathered from every
+   * channel at once (pixels to planes) and cast into a piece of each
+   * plane, where a chunk per channel read each pixel once per channel.
+   * Dims before q take chunks of their own, an index at a time. */
+  int32_t q = k;
+  int64_t outer = 1;
+  while (q > 0 && outer * shape[q - 1] <= 16 && (bst[q - 1] < 0 ? -bst[q - 1] : bst[q - 1]) * shape[q - 1] <= 64 &&
+         (size_t)(outer * shape[q - 1] * inner) * c->in_size <= CAST_CHUNK)
+    outer *= shape[--q];
   const bool chan = op->affine && op->channel_dim >= 0;
   if (chan && op->channel_dim > k) return false;
   /* rows of dim k a chunk: a multiple of 16 where there are that many,
    * so that a transposed chunk is whole tiles wide */
-  const int64_t fit = (int64_t)(CAST_CHUNK / ((size_t)inner * c->in_size)), rows = fit < 16 ? (fit < 1 ? 1 : fit) : fit / 16 * 16;
-  const int64_t step = rows < shape[k] ? rows : shape[k];
-  char *buf = ab__malloc((size_t)(step * inner) * c->in_size);
+  const int64_t fit = (int64_t)(CAST_CHUNK / ((size_t)(outer * inner) * c->in_size));
+  const int64_t rows = fit < 16 ? (fit < 1 ? 1 : fit) : fit / 16 * 16, step = rows < shape[k] ? rows : shape[k];
+  char *buf = ab__malloc((size_t)(outer * step * inner) * c->in_size);
   if (buf == NULL) return false;
   int64_t idx[AB_MAX_NDIM] = {0}, sub_shape[AB_MAX_NDIM], sub_st[AB_MAX_NDIM];
-  for (int32_t i = k; i < ndim; i++) {
-    sub_shape[i - k] = shape[i];
-    sub_st[i - k] = bst[i];
+  for (int32_t i = q; i < ndim; i++) {
+    sub_shape[i - q] = shape[i];
+    sub_st[i - q] = bst[i];
   }
   const double *sc = op->channel_scale, *of = op->channel_offset;
-  char *d = dst;
+  const int64_t plane = shape[k] * inner; /* result elements of one index of dims q..k-1 */
+  char *d = dst;                          /* the result of the current index of dims 0..q-1 */
   for (;;) {
     const char *s = src;
-    for (int32_t i = 0; i < k; i++) s += idx[i] * bst[i];
+    for (int32_t i = 0; i < q; i++) s += idx[i] * bst[i];
     for (int64_t k0 = 0; k0 < shape[k]; k0 += step) {
       const int64_t m = shape[k] - k0 < step ? shape[k] - k0 : step;
-      sub_shape[0] = m;
-      ab__host_gather(buf, s + k0 * bst[k], ndim - k, sub_shape, sub_st, c->in_size);
-      if (chan && op->channel_dim == k) { /* a channel for each index of dim k */
-        for (int64_t j = 0; j < m; j++) {
-          const double a = sc ? sc[k0 + j] : 1.0, b = of ? of[k0 + j] : 0.0;
-          convert_row(c, d + (size_t)(j * inner) * c->out_size, buf + (size_t)(j * inner) * c->in_size, inner,
-                      (int64_t)c->in_size, &a, &b, false);
+      sub_shape[k - q] = m;
+      ab__host_gather(buf, s + k0 * bst[k], ndim - q, sub_shape, sub_st, c->in_size);
+      /* piece o of the buffer: index o of dims q..k-1, rows k0..k0+m of dim k */
+      for (int64_t o = 0; o < outer; o++) {
+        const char *from = buf + (size_t)(o * m * inner) * c->in_size;
+        char *to = d + (size_t)(o * plane + k0 * inner) * c->out_size;
+        if (chan && op->channel_dim == k) { /* a channel for each index of dim k */
+          for (int64_t j = 0; j < m; j++) {
+            const double a = sc ? sc[k0 + j] : 1.0, b = of ? of[k0 + j] : 0.0;
+            convert_row(c, to + (size_t)(j * inner) * c->out_size, from + (size_t)(j * inner) * c->in_size, inner,
+                        (int64_t)c->in_size, &a, &b, false);
+          }
+          continue;
         }
-      } else {
-        const int64_t ch = chan ? idx[op->channel_dim] : 0;
+        int64_t ch = 0;
+        if (chan && op->channel_dim < q) {
+          ch = idx[op->channel_dim];
+        } else if (chan) { /* the channel's index within o: dims q..k-1, row-major */
+          int64_t r = o;
+          for (int32_t i = k - 1; i > op->channel_dim; i--) r /= shape[i];
+          ch = r % shape[op->channel_dim];
+        }
         const double a = !chan ? op->scale : sc ? sc[ch] : 1.0, b = !chan ? op->offset : of ? of[ch] : 0.0;
-        convert_row(c, d, buf, m * inner, (int64_t)c->in_size, &a, &b, false);
+        convert_row(c, to, from, m * inner, (int64_t)c->in_size, &a, &b, false);
       }
-      d += (size_t)(m * inner) * c->out_size;
     }
-    int32_t i = k - 1;
+    d += (size_t)(outer * plane) * c->out_size;
+    int32_t i = q - 1;
     for (; i >= 0; i--) {
       if (++idx[i] < shape[i]) break;
       idx[i] = 0;
