@@ -261,9 +261,9 @@ bool ab__host_f16c(void) {
  * element loop's rules: floats as a C cast, integers of LO..HI clamped,
  * rounded half to even, NaN 0. */
 static inline double fast_clamp_round(double v, double lo, double hi) {
-  v = v == v ? v : 0.0;
-  v = v < lo ? lo : v;
-  v = v > hi ? hi : v;
+  if (lo < 0) v = v == v ? v : 0.0; /* unsigned results: the clamp below makes NaN lo, 0 */
+  v = v > lo ? v : lo; /* as written, x86's max and min, NaN included: one instruction each */
+  v = v < hi ? v : hi;
   const double t = v + 6755399441055744.0; /* assigned: rounded to double even where sums keep more (x87) */
   return t - 6755399441055744.0;
 }
