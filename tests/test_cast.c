@@ -1128,6 +1128,38 @@ static void every_pair_matches(bool plain) {
 
 Test(cast, every_pair_with_an_affine_map_matches_the_reference) { every_pair_matches(false); }
 
+/* Rows of every length up to two vectors and around the float16 loops'
+ * 512-element blocks, from the end of each kind's edge values (so the
+ * last elements differ from row to row), to every result, with and
+ * without a map: the loops' tails. */
+Test(cast, ragged_rows_match_the_reference) {
+  static const size_t lengths[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 511, 513, 1023, 1025};
+  for (int from = 0; from < R_COUNT; from++) {
+    struct vals v = make_values(from);
+    for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+      const size_t n = lengths[l] < v.n ? lengths[l] : v.n;
+      int64_t shape[1] = {(int64_t)n};
+      DLTensor src = {v.b + (v.n - n) * KD[from].size, CPU0, 1, KD[from].dt, shape, NULL, 0};
+      for (int to = 0; to < R_COUNT; to++)
+        for (int map = 0; map < 2; map++) {
+          ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+          o.dtype = KD[to].dt;
+          o.copy = AB_COPY_ALWAYS;
+          if (map) {
+            o.flags = AB_CONVERT_AFFINE;
+            o.scale = 1.5;
+            o.offset = -0.25;
+          }
+          char what[80];
+          snprintf(what, sizeof what, "%zu of %s -> %s%s", n, KD[from].name, KD[to].name, map ? ", affine" : "");
+          size_t nb;
+          free(check_conversion(&src, &src, CPU0, &o, what, &nb));
+        }
+    }
+    free(v.b);
+  }
+}
+
 /* The contiguous loops are compiled for the baseline, AVX2 and AVX-512;
  * AB_HOST_TILES caps which runs (the tests above run the widest). */
 Test(cast, every_pair_in_baseline_loops_matches_the_reference) {
