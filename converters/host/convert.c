@@ -259,8 +259,9 @@ bool ab__host_f16c(void) {
  * Only where the source is contiguous and the map the same along the
  * row; the tests hold every pair to the element loop's reference on edge
  * values. One difference: a NaN from a float16 or bfloat16 source keeps
- * its payload (quieted) here, as F16C and the GPUs' conversions do, where
- * the element loop gives the default NaN of its sign. */
+ * its payload here (F16C quiets a signalling float16 NaN; a bfloat16's
+ * bits are widened as they are), as hardware conversions do, where the
+ * element loop gives the default NaN of its sign. */
 
 /* bfloat16 as its bits, for the loops' type names. */
 typedef uint16_t bf16_bits;
