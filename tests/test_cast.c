@@ -1129,17 +1129,23 @@ static void every_pair_matches(bool plain) {
 Test(cast, every_pair_with_an_affine_map_matches_the_reference) { every_pair_matches(false); }
 
 /* Rows of every length up to two vectors and around the float16 loops'
- * 512-element blocks, from the end of each kind's edge values (so the
- * last elements differ from row to row), to every result, with and
- * without a map: the loops' tails. */
-Test(cast, ragged_rows_match_the_reference) {
+ * 512-element blocks, of each kind's edge values picked at random (so the
+ * last elements of a row, which the loops' tails take, are of every
+ * sort), to every result, with and without a map, in each instruction
+ * set's loops. */
+static void ragged_rows_match(void) {
   static const size_t lengths[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 511, 513, 1023, 1025};
+  test_rng g = {0x7a99edu};
   for (int from = 0; from < R_COUNT; from++) {
     struct vals v = make_values(from);
+    const size_t es = KD[from].size;
+    unsigned char *row = malloc(1025 * es);
+    cr_assert_not_null(row);
     for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
-      const size_t n = lengths[l] < v.n ? lengths[l] : v.n;
+      const size_t n = lengths[l];
+      for (size_t i = 0; i < n; i++) memcpy(row + i * es, v.b + (size_t)rng_between(&g, 0, (int64_t)v.n - 1) * es, es);
       int64_t shape[1] = {(int64_t)n};
-      DLTensor src = {v.b + (v.n - n) * KD[from].size, CPU0, 1, KD[from].dt, shape, NULL, 0};
+      DLTensor src = {row, CPU0, 1, KD[from].dt, shape, NULL, 0};
       for (int to = 0; to < R_COUNT; to++)
         for (int map = 0; map < 2; map++) {
           ab_convert_opts o = AB_CONVERT_OPTS_INIT;
@@ -1156,10 +1162,50 @@ Test(cast, ragged_rows_match_the_reference) {
           free(check_conversion(&src, &src, CPU0, &o, what, &nb));
         }
     }
+    free(row);
     free(v.b);
   }
 }
 
+Test(cast, ragged_rows_match_the_reference) { ragged_rows_match(); }
+
+Test(cast, ragged_rows_in_baseline_loops_match_the_reference) {
+  setenv("AB_HOST_TILES", "sse2", 1);
+  ragged_rows_match();
+}
+
+Test(cast, ragged_rows_in_avx2_loops_match_the_reference) {
+  setenv("AB_HOST_TILES", "avx2", 1);
+  ragged_rows_match();
+}
+
+/* A float16 or bfloat16 NaN becomes the default NaN of its sign, whatever
+ * its payload, signalling or not, and whether the row is contiguous (the
+ * vector loops) or strided (the element loop): the same bits either way. */
+Test(cast, half_nans_become_the_default_nan_of_their_sign_on_every_path) {
+  static const uint16_t f16[] = {0x7d01, 0xfd01, 0x7e00, 0xfe00, 0x7fff, 0x3c00, 0x7c00, 0xfc00, 0x7c01};
+  static const uint16_t bf16[] = {0x7f81, 0xff81, 0x7fc0, 0xffc0, 0x7fff, 0x3f80, 0x7f80, 0xff80, 0x7f80 | 1};
+  static const uint32_t want[] = {0x7fc00000u, 0xffc00000u, 0x7fc00000u, 0xffc00000u, 0x7fc00000u,
+                                  0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fc00000u};
+  for (int half = 0; half < 2; half++)
+    for (int stride = 1; stride <= 2; stride++) {
+      uint16_t src[2 * 9 * 2]; /* 9 values, repeated so vector loops take them: 18 */
+      for (int i = 0; i < 18; i++) src[i * stride] = (half ? bf16 : f16)[i % 9];
+      int64_t shape[1] = {18}, st[1] = {stride};
+      DLTensor t = {src, CPU0, 1, {half ? kDLBfloat : kDLFloat, 16, 1}, shape, st, 0};
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = (DLDataType){kDLFloat, 32, 1};
+      DLManagedTensorVersioned *r;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      for (int i = 0; i < 18; i++) {
+        uint32_t got;
+        memcpy(&got, (const char *)r->dl_tensor.data + 4 * i, 4);
+        cr_assert_eq(got, want[i % 9], "%s, stride %d, element %d: %08x, want %08x", half ? "bfloat16" : "float16",
+                     stride, i, got, want[i % 9]);
+      }
+      r->deleter(r);
+    }
+}
 /* The contiguous loops are compiled for the baseline, AVX2 and AVX-512;
  * AB_HOST_TILES caps which runs (the tests above run the widest). */
 Test(cast, every_pair_in_baseline_loops_matches_the_reference) {
