@@ -471,8 +471,8 @@ DEFINE_PLANES(4)
  * for four sets and run in the widest that the CPU and AB_HOST_TILES
  * allow. Element-by-element copies ran 0.13-0.66x of memcpy; these, on the
  * EPYC VM (a harness, GCC 12, 2M pixels of each kind, from the cache):
- * SSE2 0.2-1.1x (0.13x for uint8 with 3 channels, which needs byte
- * shuffles), SSSE3 0.5-1.0x, AVX2 0.5-1.2x, AVX-512 (F, BW) 0.8-1.1x for
+ * SSE2 0.4-1.2x but 0.13x for uint8 with 3 channels, which needs byte
+ * shuffles; SSSE3 0.5-1.0x, AVX2 0.5-1.2x, AVX-512 (F, BW) 0.8-1.1x for
  * every kind. The pointers' types allow any alignment. */
 #if defined(__GNUC__)
 #define HAVE_PIXEL_LOOPS 1
