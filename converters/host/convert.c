@@ -248,8 +248,8 @@ bool ab__host_f16c(void) {
 /* ---- contiguous rows of the common pairs ------------------------------------------
  * The loops below, one per (source, result) pair of int8, uint8, int16,
  * uint16, int32, uint32, float32 and float64 sources and int8, uint8,
- * int16, uint16, int32, float32 and float64 results (and, with F16C,
- * float16 and bfloat16 either side), with the rules of the element loop
+ * int16, uint16, int32, float32 and float64 results (and bfloat16, and
+ * float16 where F16C runs, either side), with the rules of the element loop
  * spelled so that the compiler vectorizes them (this file is built at
  * -O3): typed pointers instead of a switch per element, and a float into
  * an integer clamped first (NaN to 0) and then rounded half to even by
