@@ -444,7 +444,8 @@ DEFINE_FAST_SET(__attribute__((target("avx2"))), avx2)
 DEFINE_FAST_SET(__attribute__((target("avx512f,avx512bw,avx512vl"))), avx512)
 #endif
 
-/* The loop of this CPU for a pair of kinds other than float16, or NULL. */
+/* The loop of this CPU for a pair of kinds other than float16, or NULL
+ * (fast_row has already kept out half results of float64 arithmetic). */
 static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
   static const signed char src[K_NONE] = {[K_BOOL] = -1, [K_I8] = 0,    [K_U8] = 1,    [K_I16] = 2,  [K_U16] = 3,
                                           [K_I32] = 4,   [K_U32] = 5,   [K_F32] = 6,   [K_F64] = 7,  [K_I64] = -1,
@@ -453,8 +454,6 @@ static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
                                           [K_I32] = 4,   [K_U32] = -1,  [K_F32] = 5,   [K_F64] = 6,  [K_I64] = -1,
                                           [K_U64] = -1,  [K_F16] = -1,  [K_BF16] = 7,  [K_C64] = -1, [K_C128] = -1};
   if (from >= K_NONE || to >= K_NONE || src[from] < 0 || dst[to] < 0) return NULL;
-  /* a bfloat16 result from float64 arithmetic: rounded once from the double, not here */
-  if (to == K_BF16 && (from == K_F64 || from == K_I32 || from == K_U32)) return NULL;
 #ifdef HAVE_X86
   const int level = ab__host_tiles_level();
   if (level >= AB_TILES_AVX512 && __builtin_cpu_supports("avx512vl")) return fast_avx512[src[from]][dst[to]];
@@ -529,11 +528,14 @@ static void fast_f16_row(fast_row_fn inner, char *d, const char *s, int64_t n, a
 
 /* The loop for a pair of kinds, or NULL; for a pair with float16 on a
  * side, the loop with float32 in its place (run by fast_f16_row), where
- * F16C runs and the float16 result would come from float32 arithmetic. */
+ * F16C runs. A float16 or bfloat16 result from float64 arithmetic (wide
+ * sources) is rounded once from the double by the element loop, not
+ * through a float32 here. */
 static fast_row_fn fast_row(enum kind from, enum kind to) {
+  if ((to == K_F16 || to == K_BF16) && arith_of(from, to, false) != AB_ARITH_FLOAT32) return NULL;
   if (from != K_F16 && to != K_F16) return fast_plain_row(from, to);
 #ifdef HAVE_X86
-  if (!use_f16c() || (to == K_F16 && (from == K_F64 || from == K_I32 || from == K_U32))) return NULL;
+  if (!use_f16c()) return NULL;
   return fast_plain_row(from == K_F16 ? K_F32 : from, to == K_F16 ? K_F32 : to);
 #else
   return NULL;
