@@ -985,14 +985,17 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   }
 #endif
 #ifdef HAVE_PIXEL_LOOPS
-  /* packed pixels of 2-4 channels to planes, or back */
+  /* packed pixels of 2-4 channels to planes, or back (the loops are
+   * looked up only for those shapes, not for every plane of a transpose) */
+  const bool to_planes = na >= 2 && na <= 4 && sb == (int64_t)es * na;
+  const bool to_pixels = nb >= 2 && nb <= 4 && dsa == (int64_t)es * nb;
   int size;
-  const struct pixel_loops *px = pixel_loops(es, &size);
-  if (px != NULL && na >= 2 && na <= 4 && sb == (int64_t)es * na) {
+  const struct pixel_loops *px = to_planes || to_pixels ? pixel_loops(es, &size) : NULL;
+  if (px != NULL && to_planes) {
     px->to_planes[size][na - 2](d, dsa, s, nb);
     return;
   }
-  if (px != NULL && nb >= 2 && nb <= 4 && dsa == (int64_t)es * nb) {
+  if (px != NULL) {
     px->to_pixels[size][nb - 2](d, s, sb, na);
     return;
   }
