@@ -996,6 +996,17 @@ Test(cast, per_channel_along_any_axis_with_and_without_permutation) {
   free(check_conversion(&tw, &tw, CPU0, &o, "int32 per channel -> float32", &nb));
 }
 
+/* A host tensor of `kind` and `shape` (with `strides`, or compact; either
+ * way it holds the elements of the shape, no more), filled with that
+ * kind's edge values; the caller frees its data. */
+static DLTensor probe_tensor(int kind, int32_t ndim, int64_t *shape, int64_t *strides, test_rng *g) {
+  const int64_t n = numel_of(ndim, shape);
+  void *p = malloc((size_t)n * KD[kind].size);
+  cr_assert_not_null(p);
+  fill_cast_probes(p, n, KD[kind].dt, g);
+  return (DLTensor){p, CPU0, ndim, KD[kind].dt, shape, strides, 0};
+}
+
 /* Casts of sources whose rows are not contiguous, large enough that the
  * host converter cuts them into chunks (256 KiB of source each, gathered
  * then cast as contiguous rows): several chunks along one dim, a ragged
@@ -1012,11 +1023,8 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
     co[i] = (i % 5) * 3.0 - 1.5;
   }
   /* an HWC float32 image (301 x 300 x 3) as CHW uint8, per channel */
-  float *img = malloc(301 * 300 * 3 * sizeof(float));
-  cr_assert_not_null(img);
-  fill_cast_probes(img, 301 * 300 * 3, KD[R_F32].dt, &g);
   int64_t hwc[3] = {301, 300, 3};
-  DLTensor ti = {img, CPU0, 3, KD[R_F32].dt, hwc, NULL, 0};
+  DLTensor ti = probe_tensor(R_F32, 3, hwc, NULL, &g);
   const int32_t to_chw[3] = {2, 0, 1};
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = KD[R_U8].dt;
@@ -1026,7 +1034,7 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   o.channel_scale = cs;
   o.channel_offset = co;
   free(check_conversion(&ti, &ti, CPU0, &o, "float32 HWC -> uint8 CHW per channel", &nb));
-  free(img);
+  free(ti.data);
   /* transposed views (650 x 700 sources read as 700 x 650) of each kind */
   static const struct { int from, to; int map; } tr[] = {
     {R_F32, R_F16, 0}, {R_F32, R_I8, 1}, {R_I16, R_I8, 0},  {R_F64, R_I32, 1}, {R_U8, R_F32, 1},
@@ -1034,12 +1042,8 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
     {R_F64, R_F32, 4},
   };
   for (size_t k = 0; k < sizeof tr / sizeof tr[0]; k++) {
-    const int64_t rows = 700, cols = 650;
-    void *a = malloc((size_t)(rows * cols) * KD[tr[k].from].size);
-    cr_assert_not_null(a);
-    fill_cast_probes(a, rows * cols, KD[tr[k].from].dt, &g);
-    int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
-    DLTensor t = {a, CPU0, 2, KD[tr[k].from].dt, shape, st, 0};
+    int64_t shape[2] = {700, 650}, st[2] = {1, 700};
+    DLTensor t = probe_tensor(tr[k].from, 2, shape, st, &g);
     ab_convert_opts q = AB_CONVERT_OPTS_INIT;
     q.dtype = KD[tr[k].to].dt;
     if (tr[k].map == 1) {
@@ -1055,16 +1059,13 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
     char what[96];
     snprintf(what, sizeof what, "transposed %s -> %s, map %d", KD[tr[k].from].name, KD[tr[k].to].name, tr[k].map);
     free(check_conversion(&t, &t, CPU0, &q, what, &nb));
-    free(a);
+    free(t.data);
   }
   /* batched transposes: a float32 source (2, 3, 260, 300) as (2, 3, 300,
    * 260) int16, cut at its third dim (chunks of 240 rows and a ragged
    * 60) under the first two, with a channel along the second */
-  float *f4 = malloc(2 * 3 * 260 * 300 * sizeof(float));
-  cr_assert_not_null(f4);
-  fill_cast_probes(f4, 2 * 3 * 260 * 300, KD[R_F32].dt, &g);
   int64_t s4[4] = {2, 3, 260, 300};
-  DLTensor t4 = {f4, CPU0, 4, KD[R_F32].dt, s4, NULL, 0};
+  DLTensor t4 = probe_tensor(R_F32, 4, s4, NULL, &g);
   const int32_t p4[4] = {0, 1, 3, 2};
   ab_convert_opts q = AB_CONVERT_OPTS_INIT;
   q.dtype = KD[R_I16].dt;
@@ -1078,15 +1079,12 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   q.channel_scale = cs;
   q.channel_offset = co;
   free(check_conversion(&t4, &t4, CPU0, &q, "float32 4-D per channel -> int16", &nb));
-  free(f4);
+  free(t4.data);
   /* a batch of two uint16 HWC images (300 x 450 x 4) as CHW float32: the
    * four channels ride in every chunk (pixels to planes), chunks of 64
    * rows and a ragged 44, per channel with a scale and no offset */
-  uint16_t *u = malloc(2 * 300 * 450 * 4 * sizeof(uint16_t));
-  cr_assert_not_null(u);
-  fill_cast_probes(u, 2 * 300 * 450 * 4, KD[R_U16].dt, &g);
   int64_t sb[4] = {2, 300, 450, 4};
-  DLTensor tb = {u, CPU0, 4, KD[R_U16].dt, sb, NULL, 0};
+  DLTensor tb = probe_tensor(R_U16, 4, sb, NULL, &g);
   const int32_t pb[4] = {0, 3, 1, 2};
   ab_convert_opts r = AB_CONVERT_OPTS_INIT;
   r.dtype = KD[R_F32].dt;
@@ -1099,7 +1097,7 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   r.flags = AB_CONVERT_AFFINE;
   r.scale = 1.0 / 256;
   free(check_conversion(&tb, &tb, CPU0, &r, "uint16 NHWC -> uint8 NCHW", &nb));
-  free(u);
+  free(tb.data);
 }
 
 /* Every pair with an affine map (and, when `plain`, without), on each
