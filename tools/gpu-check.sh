@@ -15,6 +15,11 @@
 # tests are told how many GPUs there are (AB_TEST_EXPECT_CUDA), so a GPU
 # the runtime does not see fails them instead of skipping them.
 #
+# AB_GPU_PREBUILT=DIR runs the programs found in DIR (tools/gpu-bundle.sh
+# makes it, with the shared libraries they need) instead of configuring
+# and building: for a GPU machine without Criterion or a network. The
+# Python module is still built on the spot, into $AB_GPU_BUILD.
+#
 # Without a GPU and without --simulate it stops (exit 2) and says why. With
 # --simulate the report's first line says SIMULATION: CI runs it that way,
 # so that this script stays right until a GPU runs it; what it proves then
@@ -123,6 +128,23 @@ if [ "$simulate" = 1 ]; then
   step conformance_cuda "$build/tests/test_conformance_cuda_sim" --jobs=1 --short-filename
   step stress_threads env AB_SIMCUDA_DELAY_US=5 "$build/tests/stress_threads_sim" 4 400
   step bench_cuda env AB_SIMCUDA_DELAY_US=0 "$build/bench/bench_cuda_sim" 4
+elif [ -n "${AB_GPU_PREBUILT:-}" ]; then
+  # Programs built elsewhere (tools/gpu-bundle.sh): for a GPU machine that
+  # lacks the test framework or the network to install it.
+  build=$AB_GPU_PREBUILT
+  for p in abtool tests/test_cuda tests/test_conformance_cuda tests/stress_threads bench/bench_cuda; do
+    if [ ! -x "$build/$p" ]; then
+      echo "gpu-check: AB_GPU_PREBUILT=$build has no $p" | tee -a "$report" >&2
+      exit 2
+    fi
+  done
+  echo "- prebuilt programs from $build ($(cat "$build/BUILT" 2>/dev/null || echo 'no BUILT note'))" >> "$report"
+  step abtool_info "$build/abtool" info
+  step test_cuda "$build/tests/test_cuda" --jobs=1 --short-filename
+  step conformance_cuda "$build/tests/test_conformance_cuda" --jobs=1 --short-filename
+  step stress_threads "$build/tests/stress_threads" 4 1500
+  step bench_cuda "$build/bench/bench_cuda"
+  build=${AB_GPU_BUILD:-build-gpu}
 else
   step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAB_BUILD_TESTS=ON -DAB_BUILD_BENCH=ON
   step build cmake --build "$build" -j "$jobs"
@@ -139,6 +161,7 @@ fi
 
 # ---- Python -----------------------------------------------------------------
 py=${AB_GPU_PYTHON:-$root/build-python/venv/bin/python}
+case "$py" in */*) ;; *) py=$(command -v "$py" || echo "$py") ;; esac # a name on PATH
 if [ ! -x "$py" ] || ! "$py" -c 'import numpy, pytest' 2>/dev/null; then
   msg="no Python venv with the test requirements at $py (make test-python makes one; or set AB_GPU_PYTHON): the Python CUDA tests did not run"
   echo "gpu-check: $msg"
