@@ -1,14 +1,20 @@
 /* Host layout work on all cores.
  *
- * A large gather or conversion is cut into bands along its outermost
- * dimension, when that is long enough to give every thread several bands
- * (cutting an inner one would leave each band's output in pieces, and
- * would split what the kernels take whole: the channels of an HWC -> CHW
- * deinterleave, say); the bands go to a small persistent pool of worker threads and to the caller,
- * who takes bands too and returns when the last one is done. Workers start
- * on first need, are shared by every calling thread (a job waits in a
- * queue; the caller works on its own job meanwhile, so nothing waits for
- * an idle worker), stop at ab_shutdown and are re-created after fork. */
+ * A large gather or conversion is cut into bands, which go to a small
+ * persistent pool of worker threads and to the caller, who takes bands too
+ * and returns when the last one is done. The bands cut the outermost
+ * dimension when it is long enough to give every thread several, or one
+ * index each to nearly every thread (a batch of planes: each band one or
+ * more whole planes). A gather whose outermost dimension is shorter (the
+ * 3 planes of an HWC -> CHW deinterleave, a batch of fewer planes than
+ * threads) is cut along the next one instead, every band taking all of
+ * the outermost: its output is then a strip of every plane, written in
+ * place (ab__host_gather_into), and the pixel kernels still take the
+ * channels whole. Conversions are never cut so (their kernels write
+ * compact outputs). Workers start on first need, are shared by every
+ * calling thread (a job waits in a queue; the caller works on its own job
+ * meanwhile, so nothing waits for an idle worker), stop at ab_shutdown
+ * and are re-created after fork. */
 #include "parallel.h"
 #include "element.h"
 
@@ -76,7 +82,8 @@ uint32_t ab__parallel_call_threads(uint32_t n) {
 
 struct job {
   const ab__host_job *work;
-  int64_t band;        /* indices of dim 0 per band */
+  int cut;             /* the dim the bands cut: 0, or 1 (then all of dim 0 in each) */
+  int64_t band;        /* indices of dim `cut` per band */
   int64_t nbands;
   atomic_llong next;   /* the next band to claim */
   int active;          /* workers inside the job (under lock) */
@@ -87,6 +94,13 @@ static size_t out_size(const ab__host_job *w) {
   return w->op != NULL ? ab__elsize(w->op->to) : w->es;
 }
 
+/* The bytes a whole gather job reads and writes. */
+static size_t whole_bytes(const ab__host_job *w) {
+  size_t whole = w->es * 2;
+  for (int32_t i = 0; i < w->ndim; i++) whole *= (size_t)w->shape[i];
+  return whole;
+}
+
 /* Bands of a gather tell it the bytes of the whole job (its source and
  * output), which decide how a large transpose writes (gather.h). */
 static void run_whole(const ab__host_job *w, char *dst, const char *src, const int64_t *shape, const ab__cast_op *op) {
@@ -94,22 +108,33 @@ static void run_whole(const ab__host_job *w, char *dst, const char *src, const i
     ab__host_convert(dst, src, w->ndim, shape, w->byte_strides, op);
     return;
   }
-  size_t whole = w->es * 2;
-  for (int32_t i = 0; i < w->ndim; i++) whole *= (size_t)w->shape[i];
-  ab__host_gather_part(dst, src, w->ndim, shape, w->byte_strides, w->es, whole);
+  ab__host_gather_part(dst, src, w->ndim, shape, w->byte_strides, w->es, whole_bytes(w));
 }
 
-/* Band b: indices [b * band, ...) of dim 0, a sub-array of its own whose
- * output is one compact piece of the result's. */
+/* Band b: indices [b * band, ...) of dim `cut`, a sub-array of its own.
+ * Cutting dim 0, its output is one compact piece of the result's; cutting
+ * dim 1, a strip of every index of dim 0, written where the whole's
+ * compact layout puts it. */
 static void run_band(const struct job *j, int64_t b) {
   const ab__host_job *w = j->work;
+  const int c = j->cut;
   const int64_t b0 = b * j->band;
+  const size_t osz = out_size(w);
   int64_t shape[AB_MAX_NDIM], inner = 1;
-  for (int32_t i = 1; i < w->ndim; i++) inner *= w->shape[i];
+  for (int32_t i = c + 1; i < w->ndim; i++) inner *= w->shape[i];
   memcpy(shape, w->shape, (size_t)w->ndim * sizeof shape[0]);
-  shape[0] = w->shape[0] - b0 < j->band ? w->shape[0] - b0 : j->band;
-  char *d = w->dst + (size_t)(b0 * inner) * out_size(w);
-  const char *src = w->src + b0 * w->byte_strides[0];
+  shape[c] = w->shape[c] - b0 < j->band ? w->shape[c] - b0 : j->band;
+  char *d = w->dst + (size_t)(b0 * inner) * osz;
+  const char *src = w->src + b0 * w->byte_strides[c];
+  if (c == 1) {
+    int64_t dst_st[AB_MAX_NDIM], acc = (int64_t)osz;
+    for (int32_t i = w->ndim - 1; i >= 0; i--) {
+      dst_st[i] = acc;
+      acc *= w->shape[i];
+    }
+    ab__host_gather_into(d, dst_st, src, w->ndim, shape, w->byte_strides, w->es, whole_bytes(w));
+    return;
+  }
   if (w->op == NULL) {
     run_whole(w, d, src, shape, NULL);
     return;
@@ -211,6 +236,22 @@ void ab__parallel_shutdown(void) {
 
 /* ---- the entry ------------------------------------------------------------------ */
 
+/* Which dim the bands of a job on t threads cut (see the top), or -1 for
+ * none: dim 0 when it gives every thread several bands, or one band each
+ * to at least 3/4 of t threads in every round (16 planes on 16 threads or
+ * on 2, 12 on 16, not 17 on 16) unless dim 0 is the source's contiguous
+ * one (pixel channels: one band a channel would read every pixel once per
+ * channel); else dim 1, for a gather, when it gives every thread several
+ * bands. */
+static int pick_cut(const ab__host_job *w, int64_t t) {
+  const int64_t n0 = w->shape[0], want = BANDS_PER_THREAD * t;
+  if (n0 >= want) return 0;
+  const int64_t rounds = (n0 + t - 1) / t;
+  if (n0 >= t && 4 * n0 >= 3 * rounds * t && w->byte_strides[0] != (int64_t)w->es) return 0;
+  if (w->op == NULL && w->ndim >= 2 && w->shape[1] >= want) return 1;
+  return -1;
+}
+
 void ab__host_run(const ab__host_job *w) {
   int64_t numel = 1;
   for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
@@ -218,24 +259,25 @@ void ab__host_run(const ab__host_job *w) {
   int64_t t = call_threads == 0 ? (int64_t)ab__num_threads() : (int64_t)call_threads;
   if (t > MAX_THREADS) t = MAX_THREADS;
   if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
-  if (t <= 1 || w->ndim == 0 || w->shape[0] < BANDS_PER_THREAD * t) {
+  const int cut = t <= 1 || w->ndim == 0 ? -1 : pick_cut(w, t);
+  if (cut < 0) {
     run_whole(w, w->dst, w->src, w->shape, w->op);
     return;
   }
-  struct job j = {.work = w, .active = 0, .queued = NULL};
-  const int64_t n = w->shape[0], nb = t * BANDS_PER_THREAD;
+  struct job j = {.work = w, .cut = cut, .active = 0, .queued = NULL};
+  const int64_t n = w->shape[cut], nb = t * BANDS_PER_THREAD;
   j.band = (n + nb - 1) / nb;
   /* Bands of whole 16-index blocks where there are enough, so the kernels'
    * tiles and streaming stores stay aligned inside each band. */
   if (j.band >= 32) j.band = (j.band + 15) / 16 * 16;
-  /* Where the outermost dim is the source's contiguous one (a transpose),
+  /* Where the cut dim is the source's contiguous one (a transpose),
    * a band reads a strip of every source row, and narrow strips read
    * memory in pieces too short for the prefetchers. Two threads on the
    * Intel Xeon VM: 4096^2 uint8 in 512-byte strips ran 9.3 GB/s (1.1x one
    * thread), in 2 KiB ones 12.9-14.3; 4000^2 float32 in 2 KiB strips
    * 0.75-0.80x of memcpy on both threads, in 8 KiB ones 0.90-0.92x. Bands
    * widen up to MIN_STRIP bytes, but never below one band a thread. */
-  if (w->byte_strides[0] == (int64_t)w->es && (size_t)j.band * w->es < MIN_STRIP) {
+  if (w->byte_strides[cut] == (int64_t)w->es && (size_t)j.band * w->es < MIN_STRIP) {
     const int64_t strip = (int64_t)(MIN_STRIP / w->es), per_thread = (n + t - 1) / t;
     const int64_t want = strip < per_thread ? strip : per_thread; /* a strip, or a band a thread */
     if (want > j.band) j.band = want;

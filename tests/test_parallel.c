@@ -232,3 +232,45 @@ Test(parallel, opts_threads_caps_the_threads_of_one_call) {
   r->deleter(r);
   cr_assert_eq(threads_now(), before + 2, "threads = 3 did not start two workers");
 }
+
+/* Gathers whose outermost dim is too short for bands of its own: the
+ * planes of HWC -> CHW (cut along the rows, every band a strip of every
+ * plane, the pixel kernels taking the channels whole), a batch of fewer
+ * planes than threads, one plane behind a dim of 1, and a batch of a few
+ * planes per thread (one band a plane). Each starts workers (it ran on
+ * the caller alone before) and gives the reference's bytes. */
+Test(parallel, short_outer_dims_still_take_every_thread) {
+  static uint8_t buf[4 << 20];
+  fill_pattern(buf, sizeof buf, 21);
+  for (DLDeviceType k = kDLCPU; k <= kDLOpenCL; k++) (void)ab_device_count(k); /* PoCL's threads first */
+  static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLUInt, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1}};
+  for (int k = 0; k < 4; k++) {
+    const int64_t es = types[k].bits / 8;
+    struct {
+      int64_t shape[3], strides[3];
+    } cases[] = {
+        {{2, 64, 301}, {1, 2 * 301, 2}}, /* HWC -> CHW, 2, 3 and 4 channels */
+        {{3, 64, 301}, {1, 3 * 301, 3}},
+        {{4, 64, 301}, {1, 4 * 301, 4}},
+        {{2, 130, 100}, {13000, 1, 130}}, /* 2 planes of 100 x 130, transposed */
+        {{1, 130, 100}, {13000, 1, 130}}, /* one, behind a dim of 1 */
+        {{6, 40, 50}, {2000, 1, 40}},     /* 6 planes of 50 x 40 on 3 threads */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      DLTensor t = {buf, CPU0, 3, types[k], cases[c].shape, cases[c].strides, 0};
+      cr_assert_leq((size_t)numel_of(3, cases[c].shape) * (size_t)es * 2, sizeof buf);
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.copy = AB_COPY_ALWAYS;
+      o.threads = 3;
+      ab__parallel_shutdown(); /* no workers: the call below starts what it uses */
+      const int before = threads_now();
+      DLManagedTensorVersioned *r;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      cr_assert_eq(first_diff_vs_reference(&t, r), -1, "%d-byte case %zu: bands differ from the reference",
+                   (int)es, c);
+      r->deleter(r);
+      cr_assert_eq(threads_now(), before + 2, "%d-byte case %zu ran on %d workers, not 2", (int)es, c,
+                   threads_now() - before);
+    }
+  }
+}

@@ -1350,23 +1350,51 @@ void ab__host_gather(void *dst, const void *src, int32_t ndim, const int64_t *sh
 
 void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_t *shape,
                           const int64_t *byte_strides, size_t elsize, size_t whole) {
+  ab__host_gather_into(dst, NULL, src, ndim, shape, byte_strides, elsize, whole);
+}
+
+/* Drops size-1 dims and merges neighbours contiguous in both the source
+ * and the output (simplify, for an output with strides of its own). */
+static void simplify_both(dims *d, int64_t *dst_st, int32_t ndim, const int64_t *shape, const int64_t *st,
+                          const int64_t *dst_strides) {
+  int n = 0;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] == 1) continue;
+    if (n > 0 && d->st[n - 1] == st[i] * shape[i] && dst_st[n - 1] == dst_strides[i] * shape[i]) {
+      d->shape[n - 1] *= shape[i];
+      d->st[n - 1] = st[i];
+      dst_st[n - 1] = dst_strides[i];
+    } else {
+      d->shape[n] = shape[i];
+      d->st[n] = st[i];
+      dst_st[n] = dst_strides[i];
+      n++;
+    }
+  }
+  d->n = n;
+}
+
+void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src, int32_t ndim,
+                          const int64_t *shape, const int64_t *byte_strides, size_t elsize, size_t whole) {
   dims d;
   int64_t dst_st[AB_MAX_NDIM];
   const int64_t es = (int64_t)elsize;
 
   for (int32_t i = 0; i < ndim; i++)
     if (shape[i] == 0) return;
-  simplify(&d, ndim, shape, byte_strides);
-  if (d.n == 0 || (d.n == 1 && d.st[0] == es)) {
-    memcpy(dst, src, (size_t)(d.n == 0 ? 1 : d.shape[0]) * elsize);
-    return;
-  }
-  {
+  if (dst_strides != NULL) {
+    simplify_both(&d, dst_st, ndim, shape, byte_strides, dst_strides);
+  } else {
+    simplify(&d, ndim, shape, byte_strides);
     int64_t acc = es;
     for (int i = d.n - 1; i >= 0; i--) {
       dst_st[i] = acc;
       acc *= d.shape[i];
     }
+  }
+  if (d.n == 0 || (d.n == 1 && d.st[0] == es)) {
+    memcpy(dst, src, (size_t)(d.n == 0 ? 1 : d.shape[0]) * elsize);
+    return;
   }
   const int last = d.n - 1;
   if (d.st[last] == es) {
@@ -1378,7 +1406,8 @@ void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    const int64_t total = d.shape[0] * dst_st[0];
+    int64_t total = es; /* the output's bytes */
+    for (int i = 0; i < d.n; i++) total *= d.shape[i];
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false};
 #ifdef HAVE_X86_KERNELS
     /* Streaming stores for large outputs where the CPU gains by them, in
