@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "parallel.h"
 #include "pool.h"
 
 #define MAX_CHUNKS 16
@@ -44,6 +45,17 @@ struct ab__staging_config ab__staging_config(void) {
   struct ab__staging_config c = cfg;
   pthread_mutex_unlock(&cfg_lock);
   return c;
+}
+
+/* A chunk's host side, on all cores when it is large (ab__host_run): one
+ * thread's memcpy is what limits a ring, not the DMA. On an H100 behind
+ * PCIe 5 (Xeon VM, 16 cores, one thread's memcpy 6-10 GB/s) 1 GiB to
+ * pageable memory ran 5-7 GB/s through single-threaded chunks against the
+ * driver's own 10-14 GB/s (bench/results/2026-11-25-gpu-check-h100.md). */
+static void host_copy(void *dst, const void *src, size_t n) {
+  const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
+  const ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  ab__host_run(&job);
 }
 
 struct ring {
@@ -153,7 +165,7 @@ ab_status ab__staged_write(const struct ab_backend *be, int32_t id, void *handle
       st = ab__dev_fence_wait(be, r.fence[i]);
       if (st != AB_OK) break;
     }
-    memcpy(r.chunk[i]->ptr, (const char *)src + done, len);
+    host_copy(r.chunk[i]->ptr, (const char *)src + done, len);
     st = ab__dev_write_async(be, id, handle, offset + done, r.chunk[i]->ptr, len, stream);
     if (st == AB_OK) st = ab__dev_fence_record(be, id, r.fence[i], stream);
     r.busy[i] = st == AB_OK; /* otherwise ring_close drains the stream */
@@ -184,7 +196,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
     r.busy[i] = false;
     st = ab__dev_fence_wait(be, r.fence[i]);
     if (st != AB_OK) break;
-    memcpy((char *)dst + k * chunk, r.chunk[i]->ptr, CHUNK_LEN(k));
+    host_copy((char *)dst + k * chunk, r.chunk[i]->ptr, CHUNK_LEN(k));
     const size_t next = k + r.n;
     if (next < nchunks) {
       st = ab__dev_read_async(be, id, handle, offset + next * chunk, r.chunk[i]->ptr, CHUNK_LEN(next), stream);
