@@ -120,7 +120,8 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
 /* Whether ab__staged_write/read with `async` would only queue the transfer
  * from or into `host` (the host side already is staging memory). */
 bool ab__staged_queueable(const struct ab_backend *be, const void *host, bool async);
-/* The ring's settings: AB_STAGING_CHUNK (bytes per chunk), AB_STAGING_CHUNKS
+/* The ring's settings: AB_STAGING_CHUNK (bytes per chunk; 0: not set, the
+ * ring picks one from the threads the call may use), AB_STAGING_CHUNKS
  * (chunks in flight, 2..16) and AB_STAGING_MIN (smaller transfers go
  * direct), read once and again after ab__env_reload (tests). */
 struct ab__staging_config {

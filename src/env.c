@@ -44,8 +44,12 @@ uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi,
   uint64_t x;
   if (v == NULL) return dflt;
   if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
-    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, v,
-           (unsigned long long)lo, (unsigned long long)hi, example, (unsigned long long)dflt);
+    if (dflt < lo) /* a default outside the range: the caller's own choice */
+      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using the default",
+             name, v, (unsigned long long)lo, (unsigned long long)hi, example);
+    else
+      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, v,
+             (unsigned long long)lo, (unsigned long long)hi, example, (unsigned long long)dflt);
     return dflt;
   }
   return x;

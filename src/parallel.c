@@ -78,6 +78,11 @@ uint32_t ab__parallel_call_threads(uint32_t n) {
   return prev;
 }
 
+int ab__parallel_threads(void) {
+  const int t = call_threads == 0 ? ab__num_threads() : (int)call_threads;
+  return t > MAX_THREADS ? MAX_THREADS : t;
+}
+
 /* ---- bands ------------------------------------------------------------------- */
 
 struct job {
@@ -256,8 +261,7 @@ void ab__host_run(const ab__host_job *w) {
   int64_t numel = 1;
   for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
   const size_t bytes = (size_t)numel * out_size(w), min = ab__parallel_min();
-  int64_t t = call_threads == 0 ? (int64_t)ab__num_threads() : (int64_t)call_threads;
-  if (t > MAX_THREADS) t = MAX_THREADS;
+  int64_t t = ab__parallel_threads();
   if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
   const int cut = t <= 1 || w->ndim == 0 ? -1 : pick_cut(w, t);
   if (cut < 0) {

@@ -38,6 +38,10 @@ void ab__host_run(const ab__host_job *job);
 int ab__num_threads(void);
 size_t ab__parallel_min(void);
 
+/* Threads a large host move of the calling thread may use now: its cap
+ * (ab__parallel_call_threads) or else ab__num_threads(). */
+int ab__parallel_threads(void);
+
 /* Sets the calling thread's cap on threads for the host moves it runs
  * until the next call (ab_convert_opts.threads: 0 = the default, n = up to
  * n); returns the previous cap. ab_convert_memory sets it around a

@@ -13,11 +13,14 @@
  * they are reused across calls) and go back to it only after every
  * transfer that touches them has completed, failure or not.
  *
- * Settings (environment, read once): AB_STAGING_CHUNK (default 4MiB),
+ * Settings (environment, read once): AB_STAGING_CHUNK (default: the
+ * threads the call may use times AB_PARALLEL_MIN, from 4 MiB to 64 MiB, so
+ * that every thread takes a part of each chunk's host copy),
  * AB_STAGING_CHUNKS (default 3, 2..16), AB_STAGING_MIN (default 1MiB:
  * smaller transfers go direct, where a ring's fences cost more than they
- * save). The defaults are provisional until bench_cuda measures them on a
- * GPU (docs/guide.md). */
+ * save). Measured on an H100 behind PCIe 5 with 16 Xeon cores
+ * (bench/results/2026-11-25-gpu-check-h100.md): 1 GiB pageable <-> GPU in
+ * chunks of 4 MiB 19-22 GB/s, of 16 MiB 46-52 GB/s (pinned: 55). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -37,7 +40,7 @@ struct ab__staging_config ab__staging_config(void) {
   pthread_mutex_lock(&cfg_lock);
   const unsigned gen = ab__env_generation();
   if (cfg_generation != gen) {
-    cfg.chunk = (size_t)ab__env_size("AB_STAGING_CHUNK", (uint64_t)4 << 20, 4096, (uint64_t)1 << 30, "4MiB");
+    cfg.chunk = (size_t)ab__env_size("AB_STAGING_CHUNK", 0, 4096, (uint64_t)1 << 30, "4MiB");
     cfg.count = (size_t)ab__env_int("AB_STAGING_CHUNKS", 3, 2, MAX_CHUNKS);
     cfg.min = (size_t)ab__env_size("AB_STAGING_MIN", (uint64_t)1 << 20, 0, SIZE_MAX, "1MiB");
     cfg_generation = gen;
@@ -97,6 +100,17 @@ static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
 /* Sets up the slots; false when the ring cannot be had (no staging memory
  * left, no fences): the caller then transfers directly, which is slower
  * but right, and the thread's message is left as it was. */
+/* The default chunk: AB_PARALLEL_MIN bytes for every thread the call may
+ * use (ab__host_run gives a chunk that many threads), 4 MiB to 64 MiB,
+ * whole 64 KiB. */
+static size_t auto_chunk(void) {
+  const size_t lo = (size_t)4 << 20, hi = (size_t)64 << 20, per = ab__parallel_min();
+  const size_t t = (size_t)ab__parallel_threads();
+  size_t c = per != 0 && t > hi / per ? hi : t * per;
+  c = c < lo ? lo : c > hi ? hi : c;
+  return c & ~(((size_t)64 << 10) - 1);
+}
+
 static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, size_t bytes, size_t *chunk) {
   struct ab__staging_config c = ab__staging_config();
   DLDevice sdev;
@@ -107,6 +121,7 @@ static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, s
   r->id = id;
   /* A transfer shorter than the whole ring is cut into `count` pieces (of
    * at least 64 KiB, page-rounded) so that it still overlaps. */
+  if (c.chunk == 0) c.chunk = auto_chunk();
   *chunk = c.chunk;
   if (bytes / c.count < c.chunk) {
     size_t piece = (bytes + c.count - 1) / c.count;

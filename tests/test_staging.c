@@ -11,6 +11,7 @@
 
 #include "core.h"
 #include "internal.h"
+#include "parallel.h"
 #include "pool.h"
 #include "support.h"
 
@@ -353,6 +354,39 @@ Test(staging, a_failing_transfer_is_reported_after_the_ring_drains) {
   free(dev);
 }
 
+/* Unset, AB_STAGING_CHUNK is AB_PARALLEL_MIN for every thread the call
+ * may use (each thread then copies a part of every chunk), 4 to 64 MiB. */
+static int chunks_of_a_write(size_t n, const char *threads, uint32_t call_threads) {
+  setenv("AB_NUM_THREADS", threads, 1);
+  ab__env_reload();
+  unsigned char *src = calloc(1, n), *dev = malloc(n);
+  cr_assert(src != NULL && dev != NULL);
+  async_calls = 0;
+  const uint32_t prev = ab__parallel_call_threads(call_threads);
+  cr_assert_eq(ab__staged_write(&sim, 0, dev, 0, src, n, NULL, false), AB_OK, "%s", ab_last_error());
+  ab__parallel_call_threads(prev);
+  cr_assert(memcmp(dev, src, n) == 0);
+  assert_ring_closed();
+  free(src);
+  free(dev);
+  return async_calls;
+}
+
+Test(staging, the_default_chunk_grows_with_the_threads) {
+  unsetenv("AB_STAGING_CHUNK");
+  setenv("AB_PARALLEL_MIN", "1MiB", 1);
+  const size_t n = (size_t)48 << 20;
+  cr_assert_eq(chunks_of_a_write(n, "2", 0), 12, "2 threads: 4 MiB chunks");
+  cr_assert_eq(chunks_of_a_write(n, "8", 0), 6, "8 threads: 8 MiB chunks");
+  cr_assert_eq(chunks_of_a_write(n, "8", 1), 12, "a call capped at 1 thread: 4 MiB chunks");
+  cr_assert_eq(chunks_of_a_write(n, "64", 0), 3, "64 threads: 64 MiB, cut in 3 pieces of 16 MiB");
+  setenv("AB_PARALLEL_MIN", "3000000", 1); /* 6 threads: 18,000,000 bytes, down to whole 64 KiB */
+  cr_assert_eq(chunks_of_a_write(n, "6", 0), 3, "6 x 3,000,000 bytes");
+  unsetenv("AB_NUM_THREADS");
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+}
+
 Test(staging, settings_come_from_the_environment_and_bad_values_keep_the_defaults) {
   setenv("AB_STAGING_CHUNK", "8MiB", 1);
   setenv("AB_STAGING_CHUNKS", "4", 1);
@@ -367,7 +401,7 @@ Test(staging, settings_come_from_the_environment_and_bad_values_keep_the_default
   setenv("AB_STAGING_MIN", "-5", 1);
   ab__env_reload();
   c = ab__staging_config();
-  cr_assert_eq(c.chunk, (size_t)4 << 20);
+  cr_assert_eq(c.chunk, 0); /* the ring's own choice */
   cr_assert_eq(c.count, 3);
   cr_assert_eq(c.min, (size_t)1 << 20);
 }
