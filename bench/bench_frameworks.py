@@ -6,7 +6,8 @@ framework's import. Ratios > 1 mean ours is faster.
     python bench/bench_frameworks.py [repeats]
 
 Needs NumPy; each of torch, jax, tensorflow, pyclesperanto is timed where
-installed (pyclesperanto on its device 0, PoCL here)."""
+installed (pyclesperanto on its device 0, PoCL here). With a CUDA build of
+torch and a GPU, also NumPy to torch and CuPy on GPU 0 and back."""
 import sys
 import timeit
 
@@ -35,6 +36,42 @@ def have(name):
         return None
 
 
+def gpu_rows(torch, cv):
+    """NumPy (pageable memory) to a GPU framework and back, against the
+    framework's own call; both synchronized, so each row is a whole copy."""
+    cupy = have("cupy")
+    sync = torch.cuda.synchronize
+    for nbytes, label in ((1 << 20, "1 MiB"), (64 << 20, "64 MiB"), (256 << 20, "256 MiB")):
+        a = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
+        number = 50 if nbytes <= 1 << 20 else 3
+        g = torch.from_numpy(a).cuda()
+
+        def theirs_up():
+            torch.from_numpy(a).cuda()
+            sync()
+
+        def ours_up():
+            cv(a, "numpy", "torch", gpu_id=0)
+            sync()
+
+        row("numpy->torch cuda (.cuda())", label, theirs_up, ours_up, number)
+        row("torch cuda->numpy (.cpu().numpy())", label, lambda: g.cpu().numpy(), lambda: cv(g, "torch", "numpy"),
+            number)
+        if cupy:
+            c = cupy.asarray(a)
+
+            def theirs_cupy():
+                cupy.asarray(a)
+                cupy.cuda.Device().synchronize()
+
+            def ours_cupy():
+                cv(a, "numpy", "cupy", gpu_id=0)
+                cupy.cuda.Device().synchronize()
+
+            row("numpy->cupy (cupy.asarray)", label, theirs_cupy, ours_cupy, number)
+            row("cupy->numpy (cupy.asnumpy)", label, lambda: cupy.asnumpy(c), lambda: cv(c, "cupy", "numpy"), number)
+
+
 def main():
     torch, jax, tf, cle = have("torch"), have("jax"), have("tensorflow"), have("pyclesperanto")
     if jax:
@@ -61,6 +98,8 @@ def main():
             n2 = max(1, number // 10)
             row("numpy->cle (cle.push)", label, lambda: cle.push(a), lambda: cv(a, "numpy", "pyclesperanto", 0), n2)
             row("cle->numpy (cle.pull)", label, lambda: cle.pull(g), lambda: cv(g, "pyclesperanto", "numpy"), n2)
+    if torch and torch.cuda.is_available():
+        gpu_rows(torch, cv)
     slices = [np.random.default_rng(i).random((512, 512), dtype=np.float32) for i in range(64)]
     row("stack 64x512x512 -> numpy (np.stack)", "64 MiB", lambda: np.stack(slices),
         lambda: ab.stack_slices(slices, "numpy"), 3)
