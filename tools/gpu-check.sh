@@ -22,7 +22,7 @@
 #
 # Without a GPU and without --simulate it stops (exit 2) and says why. With
 # --simulate the report's first line says SIMULATION: CI runs it that way,
-# so that this script stays right until a GPU runs it; what it proves then
+# so that this script stays right between GPU runs; what it proves then
 # is the script and the host side, nothing about a GPU.
 #
 # The report ($AB_GPU_REPORT, default gpu-check-report.md): the machine
