@@ -226,6 +226,13 @@ static void start_workers(int want) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+int ab__parallel_workers(void) {
+  pthread_mutex_lock(&lock);
+  const int n = nworkers;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
 void ab__parallel_shutdown(void) {
   pthread_mutex_lock(&lock);
   stopping = true;

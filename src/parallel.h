@@ -48,6 +48,10 @@ int ab__parallel_threads(void);
  * conversion, so moves made for it through any backend see it. */
 uint32_t ab__parallel_call_threads(uint32_t n);
 
+/* Worker threads running now (for tests: a job that was cut into bands
+ * started t - 1 of them). */
+int ab__parallel_workers(void);
+
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);
 

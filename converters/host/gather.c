@@ -100,6 +100,14 @@ static void visit_strided(void *ctx, char *d, const char *s) {
   strided_any(d, s, c->n, c->st, c->es);
 }
 
+/* An output whose innermost dim is not contiguous (a band of one row of
+ * every plane, in ab__host_gather_into): element by element both ways. */
+struct scatter_ctx { int64_t n, st, dst; size_t es; };
+static void visit_scatter(void *ctx, char *d, const char *s) {
+  struct scatter_ctx *c = ctx;
+  for (int64_t i = 0; i < c->n; i++) memcpy(d + i * c->dst, s + i * c->st, c->es);
+}
+
 /* ---- case 3: blocked 2-D transpose ------------------------------------
  * dst[a][b] = src[a][b] where, in bytes, dst(a, b) = a * dsa + b * es and
  * src(a, b) = a * es + b * sb: `a` is contiguous in the source, `b` in the
@@ -1392,11 +1400,16 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
       acc *= d.shape[i];
     }
   }
-  if (d.n == 0 || (d.n == 1 && d.st[0] == es)) {
+  if (d.n == 0 || (d.n == 1 && d.st[0] == es && dst_st[0] == es)) {
     memcpy(dst, src, (size_t)(d.n == 0 ? 1 : d.shape[0]) * elsize);
     return;
   }
   const int last = d.n - 1;
+  if (dst_st[last] != es) {
+    struct scatter_ctx c = {d.shape[last], d.st[last], dst_st[last], elsize};
+    for_outer(&d, dst_st, 1ull << last, dst, src, visit_scatter, &c);
+    return;
+  }
   if (d.st[last] == es) {
     struct rows_ctx c = {(size_t)(d.shape[last] * es)};
     for_outer(&d, dst_st, 1ull << last, dst, src, visit_row, &c);

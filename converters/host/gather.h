@@ -25,9 +25,10 @@ void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_
 
 /* The same into an output that need not be compact: dst_strides[i] is
  * the byte distance in dst between neighbours along dim i (NULL: compact
- * row-major), positive, with the innermost dim of size > 1 at elsize (rows
- * of output stay contiguous: a band of every plane of a larger output,
- * say). dst and the bytes it addresses must not overlap src. */
+ * row-major), positive, not overlapping (a band of every plane of a larger
+ * output, say). The kernels run where the innermost dim of size > 1 is
+ * contiguous in the output; elsewhere it goes element by element. dst and
+ * the bytes it addresses must not overlap src. */
 void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src, int32_t ndim,
                           const int64_t *shape, const int64_t *byte_strides, size_t elsize, size_t whole);
 
