@@ -354,8 +354,8 @@ Test(staging, a_failing_transfer_is_reported_after_the_ring_drains) {
   free(dev);
 }
 
-/* Unset, AB_STAGING_CHUNK is AB_PARALLEL_MIN for every thread the call
- * may use (each thread then copies a part of every chunk), 4 to 64 MiB. */
+/* Unset, AB_STAGING_CHUNK is 1 MiB for every thread the call may use
+ * (each thread then copies a part of every chunk), 4 to 64 MiB. */
 static int chunks_of_a_write(size_t n, const char *threads, uint32_t call_threads) {
   setenv("AB_NUM_THREADS", threads, 1);
   ab__env_reload();
@@ -380,8 +380,8 @@ Test(staging, the_default_chunk_grows_with_the_threads) {
   cr_assert_eq(chunks_of_a_write(n, "8", 0), 6, "8 threads: 8 MiB chunks");
   cr_assert_eq(chunks_of_a_write(n, "8", 1), 12, "a call capped at 1 thread: 4 MiB chunks");
   cr_assert_eq(chunks_of_a_write(n, "64", 0), 3, "64 threads: 64 MiB, cut in 3 pieces of 16 MiB");
-  setenv("AB_PARALLEL_MIN", "3000000", 1); /* 6 threads: 18,000,000 bytes, down to whole 64 KiB */
-  cr_assert_eq(chunks_of_a_write(n, "6", 0), 3, "6 x 3,000,000 bytes");
+  setenv("AB_PARALLEL_MIN", "256KiB", 1); /* splits chunks finer, does not shrink them */
+  cr_assert_eq(chunks_of_a_write(n, "6", 0), 8, "6 threads: 6 MiB chunks");
   unsetenv("AB_NUM_THREADS");
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
