@@ -24,10 +24,11 @@ typedef struct ab__host_job {
   const ab__cast_op *op;
 } ab__host_job;
 
-/* Runs the job: in the caller's thread when it is small, its outermost
- * dimension short, or one thread is asked for; else in bands of the
- * outermost dimension on up to AB_NUM_THREADS threads (the caller among
- * them). Returns when every band is done; the
+/* Runs the job: in the caller's thread when it is small, its outer
+ * dimensions short, or one thread is asked for; else in bands of one
+ * dimension (parallel.c: the outermost, or for a gather the next one) on
+ * up to AB_NUM_THREADS threads (the caller among them). Returns when
+ * every band is done; the
  * result is the same bytes either way. Thread-safe: concurrent callers
  * share the workers. */
 void ab__host_run(const ab__host_job *job);

@@ -97,9 +97,6 @@ static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
   return st;
 }
 
-/* Sets up the slots; false when the ring cannot be had (no staging memory
- * left, no fences): the caller then transfers directly, which is slower
- * but right, and the thread's message is left as it was. */
 /* The default chunk: 1 MiB for every thread the call may use, 4 MiB to
  * 64 MiB. Each thread copies a part of every chunk (ab__host_run, down to
  * AB_PARALLEL_MIN a thread), and fewer, larger chunks wait on fewer
@@ -110,6 +107,9 @@ static size_t auto_chunk(void) {
   return (t < 4 ? 4 : t > 64 ? 64 : t) << 20;
 }
 
+/* Sets up the slots; false when the ring cannot be had (no staging memory
+ * left, no fences): the caller then transfers directly, which is slower
+ * but right, and the thread's message is left as it was. */
 static bool ring_open(struct ring *r, const struct ab_backend *be, int32_t id, size_t bytes, size_t *chunk) {
   struct ab__staging_config c = ab__staging_config();
   DLDevice sdev;
