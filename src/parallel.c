@@ -267,7 +267,9 @@ static int pick_cut(const ab__host_job *w, int64_t t) {
 void ab__host_run(const ab__host_job *w) {
   int64_t numel = 1;
   for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
-  const size_t bytes = (size_t)numel * out_size(w), min = ab__parallel_min();
+  size_t min = ab__parallel_min();
+  if (w->min_part != 0 && w->min_part < min) min = w->min_part;
+  const size_t bytes = (size_t)numel * out_size(w);
   int64_t t = ab__parallel_threads();
   if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
   const int cut = t <= 1 || w->ndim == 0 ? -1 : pick_cut(w, t);

@@ -22,6 +22,7 @@ typedef struct ab__host_job {
   const int64_t *shape, *byte_strides;
   size_t es;
   const ab__cast_op *op;
+  size_t min_part; /* bytes of output a thread at least, when below AB_PARALLEL_MIN; 0: AB_PARALLEL_MIN */
 } ab__host_job;
 
 /* Runs the job: in the caller's thread when it is small, its outer

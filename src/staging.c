@@ -54,10 +54,15 @@ struct ab__staging_config ab__staging_config(void) {
  * thread's memcpy is what limits a ring, not the DMA. On an H100 behind
  * PCIe 5 (Xeon VM, 16 cores, one thread's memcpy 6-10 GB/s) 1 GiB to
  * pageable memory ran 5-7 GB/s through single-threaded chunks against the
- * driver's own 10-14 GB/s (bench/results/2026-11-25-gpu-check-h100.md). */
+ * driver's own 10-14 GB/s (bench/results/2026-11-25-gpu-check-h100.md).
+ * The copies split down to RING_PART a thread (or AB_PARALLEL_MIN, if
+ * lower): a 4 MiB transfer is three pieces of 1.4 MiB, which at 1 MiB a
+ * thread went on one thread (8 GB/s there), at 256 KiB on five (14-17). */
+#define RING_PART ((size_t)256 << 10)
 static void host_copy(void *dst, const void *src, size_t n) {
   const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
-  const ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  const ab__host_job job = {
+      .dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1, .min_part = RING_PART};
   ab__host_run(&job);
 }
 

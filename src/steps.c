@@ -66,7 +66,7 @@ static void convert_host(const DLTensor *cur, const ab__conv *cv, void *out) {
       !op->affine && op->from.code == op->to.code && op->from.bits == op->to.bits && op->from.lanes == op->to.lanes;
   /* A pure permutation takes the fast gather; on all cores when large. */
   const ab__host_job job = {out, (const char *)cur->data + cur->byte_offset, a.ndim, a.shape, pst, es,
-                            permutation_only ? NULL : op};
+                            permutation_only ? NULL : op, 0};
   ab__host_run(&job);
 }
 

@@ -324,3 +324,37 @@ Test(parallel, strips_of_every_plane_in_every_store_mode) {
   ab__env_reload();
   free(a);
 }
+
+/* A job's own min_part (the staging ring's copies) splits finer than
+ * AB_PARALLEL_MIN, never coarser. */
+Test(parallel, a_jobs_min_part_splits_finer_than_the_default) {
+  setenv("AB_PARALLEL_MIN", "1GiB", 1);
+  ab__env_reload();
+  const size_t n = (size_t)1 << 20;
+  char *src = malloc(n), *dst = malloc(n);
+  cr_assert(src != NULL && dst != NULL);
+  fill_pattern(src, n, 33);
+  const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
+  ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  const uint32_t prev = ab__parallel_call_threads(4);
+  ab__parallel_shutdown();
+  ab__host_run(&job); /* 1 MiB < 1 GiB: the caller alone */
+  cr_assert_eq(ab__parallel_workers(), 0);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  memset(dst, 0, n);
+  job.min_part = (size_t)256 << 10; /* four parts of 256 KiB: the caller and three workers */
+  ab__host_run(&job);
+  cr_assert_eq(ab__parallel_workers(), 3);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  setenv("AB_PARALLEL_MIN", "64KiB", 1); /* a larger min_part does not hold the default back */
+  ab__env_reload();
+  ab__parallel_shutdown();
+  job.min_part = (size_t)1 << 30;
+  memset(dst, 0, n);
+  ab__host_run(&job);
+  cr_assert_eq(ab__parallel_workers(), 3);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  ab__parallel_call_threads(prev);
+  free(src);
+  free(dst);
+}

@@ -133,7 +133,7 @@ static ab_status host_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     if (!from->strides) acc *= from->shape[i];
   }
   const ab__host_job job = {(char *)to->data + to->byte_offset, (const char *)from->data + from->byte_offset,
-                            from->ndim, from->shape, st, es, NULL};
+                            from->ndim, from->shape, st, es, NULL, 0};
   ab__host_run(&job); /* on all cores when large */
   return AB_OK;
 }
