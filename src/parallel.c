@@ -5,13 +5,12 @@
  * and returns when the last one is done. The bands cut the outermost
  * dimension when it is long enough to give every thread several, or one
  * index each to nearly every thread (a batch of planes: each band one or
- * more whole planes). A gather whose outermost dimension is shorter (the
- * 3 planes of an HWC -> CHW deinterleave, a batch of fewer planes than
- * threads) is cut along the next one instead, every band taking all of
- * the outermost: its output is then a strip of every plane, written in
- * place (ab__host_gather_into), and the pixel kernels still take the
- * channels whole. Conversions are never cut so (their kernels write
- * compact outputs). Workers start on first need, are shared by every
+ * more whole planes). A job whose outermost dimension is shorter (the 3
+ * planes of an HWC -> CHW deinterleave or normalization, a batch of fewer
+ * planes than threads) is cut along the next one instead, every band
+ * taking all of the outermost: its output is then a strip of every plane,
+ * written in place (ab__host_gather_into, ab__host_convert_into), and the
+ * pixel kernels still take the channels whole. Workers start on first need, are shared by every
  * calling thread (a job waits in a queue; the caller works on its own job
  * meanwhile, so nothing waits for an idle worker), stop at ab_shutdown
  * and are re-created after fork. */
@@ -131,12 +130,12 @@ static void run_band(const struct job *j, int64_t b) {
   shape[c] = w->shape[c] - b0 < j->band ? w->shape[c] - b0 : j->band;
   char *d = w->dst + (size_t)(b0 * inner) * osz;
   const char *src = w->src + b0 * w->byte_strides[c];
-  if (c == 1) {
-    int64_t dst_st[AB_MAX_NDIM], acc = (int64_t)osz;
-    for (int32_t i = w->ndim - 1; i >= 0; i--) {
-      dst_st[i] = acc;
-      acc *= w->shape[i];
-    }
+  int64_t dst_st[AB_MAX_NDIM], acc = (int64_t)osz; /* the whole output's, compact */
+  for (int32_t i = w->ndim - 1; i >= 0; i--) {
+    dst_st[i] = acc;
+    acc *= w->shape[i];
+  }
+  if (c == 1 && w->op == NULL) {
     ab__host_gather_into(d, dst_st, src, w->ndim, shape, w->byte_strides, w->es, whole_bytes(w));
     return;
   }
@@ -146,9 +145,13 @@ static void run_band(const struct job *j, int64_t b) {
   }
   /* The channel arrays from this band's first channel on. */
   ab__cast_op op = *w->op;
-  if (op.affine && op.channel_dim == 0) {
+  if (op.affine && op.channel_dim == c) {
     if (op.channel_scale != NULL) op.channel_scale += b0;
     if (op.channel_offset != NULL) op.channel_offset += b0;
+  }
+  if (c == 1) {
+    ab__host_convert_into(d, dst_st[0], src, w->ndim, shape, w->byte_strides, &op);
+    return;
   }
   run_whole(w, d, src, shape, &op);
 }
@@ -253,14 +256,13 @@ void ab__parallel_shutdown(void) {
  * to at least 3/4 of t threads in every round (16 planes on 16 threads or
  * on 2, 12 on 16, not 17 on 16) unless dim 0 is the source's contiguous
  * one (pixel channels: one band a channel would read every pixel once per
- * channel); else dim 1, for a gather, when it gives every thread several
- * bands. */
+ * channel); else dim 1 when it gives every thread several bands. */
 static int pick_cut(const ab__host_job *w, int64_t t) {
   const int64_t n0 = w->shape[0], want = BANDS_PER_THREAD * t;
   if (n0 >= want) return 0;
   const int64_t rounds = (n0 + t - 1) / t;
   if (n0 >= t && 4 * n0 >= 3 * rounds * t && w->byte_strides[0] != (int64_t)w->es) return 0;
-  if (w->op == NULL && w->ndim >= 2 && w->shape[1] >= want) return 1;
+  if (w->ndim >= 2 && w->shape[1] >= want) return 1;
   return -1;
 }
 

@@ -358,3 +358,50 @@ Test(parallel, a_jobs_min_part_splits_finer_than_the_default) {
   free(src);
   free(dst);
 }
+
+/* Casts cut along dim 1 (ab__host_convert_into): HWC -> CHW of 2-4
+ * channels (the uint8 -> float32 image loop, and the chunked casts with
+ * the channels riding along), per-channel maps on the channel axis and on
+ * the rows (whose arrays each band starts at its own first row), and a
+ * batch of 2 planes, transposed or not, on 3 threads: the bytes of one
+ * thread, on 3. */
+Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
+  const int64_t H = 70, W = 333;
+  uint8_t *img = malloc((size_t)(H * W * 4));
+  cr_assert_not_null(img);
+  fill_pattern(img, (size_t)(H * W * 4), 41);
+  static double cs[512], co[512];
+  for (int i = 0; i < 512; i++) cs[i] = 1.0 / (50 + i % 17), co[i] = -2.0 + 0.01 * i;
+  static const DLDataType outs[] = {{kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLUInt, 8, 1}, {kDLFloat, 64, 1}};
+  for (int64_t C = 2; C <= 4; C++)
+    for (int d = 0; d < 4; d++)
+      for (int m = 0; m < 5; m++) {
+        int64_t shape[3] = {H, W, C};
+        DLTensor t = {img, CPU0, 3, {kDLUInt, 8, 1}, shape, NULL, 0};
+        int32_t perm[3] = {2, 0, 1};
+        int64_t bshape[3] = {2, H, W}, bst[3] = {H * W, 1, H}; /* or 2 planes, transposed, */
+        if (m == 4) bst[1] = W, bst[2] = 1;                     /* or not */
+        DLTensor b = {img, CPU0, 3, {kDLUInt, 8, 1}, bshape, bst, 0};
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        o.dtype = outs[d];
+        o.permute = m < 3 ? perm : NULL;
+        if (m == 1) o.flags = AB_CONVERT_PER_CHANNEL, o.channel_axis = 2, o.channel_scale = cs, o.channel_offset = co;
+        if (m == 2) o.flags = AB_CONVERT_PER_CHANNEL, o.channel_axis = 0, o.channel_scale = cs, o.channel_offset = co;
+        if (m == 3) o.flags = AB_CONVERT_PER_CHANNEL, o.channel_axis = 1, o.channel_scale = cs, o.channel_offset = NULL;
+        if (m == 4) o.flags = AB_CONVERT_AFFINE, o.scale = 0.5, o.offset = 3;
+        const DLTensor *src = m < 3 ? &t : &b;
+        DLManagedTensorVersioned *one, *many;
+        o.threads = 1;
+        cr_assert_eq(ab_convert_memory(src, CPU0, &o, &one), AB_OK, "%s", ab_last_error());
+        ab__parallel_shutdown();
+        o.threads = 3;
+        cr_assert_eq(ab_convert_memory(src, CPU0, &o, &many), AB_OK, "%s", ab_last_error());
+        cr_assert_eq(ab__parallel_workers(), 2, "C %lld dtype %d map %d: not on 3 threads", (long long)C, d, m);
+        const size_t n = (size_t)numel_of(3, m < 3 ? shape : bshape) * elsize_of(outs[d]);
+        cr_assert_eq(memcmp(many->dl_tensor.data, one->dl_tensor.data, n), 0, "C %lld dtype %d map %d: threads differ",
+                     (long long)C, d, m);
+        many->deleter(many);
+        one->deleter(one);
+      }
+  free(img);
+}

@@ -657,11 +657,12 @@ __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t 
  * smallest source stride (HWC -> CHW). One pass over the source, writing
  * the C planes together, instead of C strided passes. Same arithmetic as
  * the general AB_ARITH_FLOAT32 loop: (float)x * a, then + b. */
-static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const int64_t *shape, const int64_t *st,
-                          const ab__cast_op *op, const double *cs, const double *co) {
+static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t ndim, const int64_t *shape,
+                          const int64_t *st, const ab__cast_op *op, const double *cs, const double *co) {
   if (ndim != 3 || shape[0] > 4 || st[0] != 1 || st[2] != shape[0] || op->to.code != kDLFloat || op->to.bits != 32)
     return false;
   const int64_t C = shape[0], H = shape[1], W = shape[2];
+  const size_t plane = dst0 != 0 ? (size_t)dst0 / sizeof(float) : (size_t)H * (size_t)W; /* floats between planes */
   float a[4] = {1, 1, 1, 1}, b[4] = {0, 0, 0, 0};
   for (int64_t c = 0; c < C; c++) {
     if (op->affine && op->channel_dim == 0) {
@@ -675,13 +676,13 @@ static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const in
 #ifdef HAVE_X86
   const bool simd = C == 3 && __builtin_cpu_supports("ssse3");
   /* Streaming stores for outputs that cannot stay in cache anyway. */
-  const bool nt = (size_t)C * (size_t)H * (size_t)W * sizeof(float) >= ((size_t)4 << 20);
+  const bool nt = (size_t)C * plane * sizeof(float) >= ((size_t)4 << 20); /* the whole output's planes */
 #endif
   for (int64_t y = 0; y < H; y++) {
     const uint8_t *row = src + y * st[1];
     float *o0 = dst + (size_t)y * (size_t)W;
     if (C == 3) {
-      float *o1 = o0 + (size_t)H * (size_t)W, *o2 = o1 + (size_t)H * (size_t)W;
+      float *o1 = o0 + plane, *o2 = o1 + plane;
       const float a0 = a[0], a1 = a[1], a2 = a[2], b0 = b[0], b1 = b[1], b2 = b[2];
       int64_t x = 0;
 #ifdef HAVE_X86
@@ -698,7 +699,7 @@ static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const in
       for (int64_t x = 0; x < W; x++)
         for (int64_t c = 0; c < C; c++) {
           float v = (float)row[x * C + c] * a[c];
-          o0[(size_t)c * (size_t)H * (size_t)W + (size_t)x] = v + b[c];
+          o0[(size_t)c * plane + (size_t)x] = v + b[c];
         }
     }
   }
@@ -724,12 +725,14 @@ static bool u8_planes_f32(float *dst, const uint8_t *src, int32_t ndim, const in
  * it. Returns false, having done nothing, where that does not hold or
  * where the buffer cannot be had. */
 #define CAST_CHUNK ((size_t)256 << 10)
-static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *src, int32_t ndim, const int64_t *shape,
-                              const int64_t *bst, const ab__cast_op *op) {
+static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
+                              const int64_t *shape, const int64_t *bst, const ab__cast_op *op) {
   if (ndim < 2) return false;
   int32_t k = ndim - 1;
   int64_t inner = 1; /* elements of dims k+1.. */
-  while (k > 0 && (size_t)(inner * shape[k]) * c->in_size <= CAST_CHUNK) inner *= shape[k--];
+  /* with output planes of their own (dst0), chunks never span dim 0 */
+  const int32_t kmin = dst0 != 0 ? 1 : 0;
+  while (k > kmin && (size_t)(inner * shape[k]) * c->in_size <= CAST_CHUNK) inner *= shape[k--];
   /* Dims q..k-1 ride whole in every chunk where they are the channels of
    * pixels: 16 indices or fewer, each dim's source extent within a cache
    * line (an HWC source read as CHW). A chunk is then gathered from every
@@ -755,8 +758,13 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *sr
     sub_st[i - q] = bst[i];
   }
   const double *sc = op->channel_scale, *of = op->channel_offset;
-  const int64_t plane = shape[k] * inner; /* result elements of one index of dims q..k-1 */
-  char *d = dst;                          /* the result of the current index of dims 0..q-1 */
+  const int64_t plane = shape[k] * inner; /* result elements of one index of dims 0..k-1 */
+  /* Where the piece of index (i0, rest) of dims 0..k-1 goes: i0 * p0 +
+   * rest * plane elements in; p0 is dst0 or the compact one. */
+  int64_t m1 = 1; /* indices of dims 1..k-1 */
+  for (int32_t i = 1; i < k; i++) m1 *= shape[i];
+  const int64_t p0 = dst0 != 0 ? dst0 / (int64_t)c->out_size : m1 * plane;
+  int64_t lin = 0; /* the current index of dims 0..q-1, row-major */
   for (;;) {
     const char *s = src;
     for (int32_t i = 0; i < q; i++) s += idx[i] * bst[i];
@@ -767,7 +775,8 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *sr
       /* piece o of the buffer: index o of dims q..k-1, rows k0..k0+m of dim k */
       for (int64_t o = 0; o < outer; o++) {
         const char *from = buf + (size_t)(o * m * inner) * c->in_size;
-        char *to = d + (size_t)(o * plane + k0 * inner) * c->out_size;
+        const int64_t at = k == 0 ? 0 : lin * outer + o; /* index of dims 0..k-1 */
+        char *to = dst + (size_t)((at / m1) * p0 + (at % m1) * plane + k0 * inner) * c->out_size;
         if (chan && op->channel_dim == k) { /* a channel for each index of dim k */
           for (int64_t j = 0; j < m; j++) {
             const double a = sc ? sc[k0 + j] : 1.0, b = of ? of[k0 + j] : 0.0;
@@ -788,7 +797,7 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *sr
         convert_row(c, to, from, m * inner, (int64_t)c->in_size, &a, &b, false);
       }
     }
-    d += (size_t)(outer * plane) * c->out_size;
+    lin++;
     int32_t i = q - 1;
     for (; i >= 0; i--) {
       if (++idx[i] < shape[i]) break;
@@ -802,6 +811,11 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, const char *sr
 
 void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
                       const ab__cast_op *op) {
+  ab__host_convert_into(dst, 0, src, ndim, shape, byte_strides, op);
+}
+
+void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
+                           const int64_t *byte_strides, const ab__cast_op *op) {
   struct row_ctx c;
   c.from = kind_of(op->from);
   c.to = kind_of(op->to);
@@ -823,11 +837,12 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
     return;
   }
   if (c.from == K_U8 && c.path == AB_ARITH_FLOAT32 && (op->channel_dim <= 0 || !op->affine) &&
-      u8_planes_f32(dst, src, ndim, shape, byte_strides, op, sc, of))
+      u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of))
     return;
   const int32_t inner = ndim - 1;
   const int64_t n = shape[inner], ss = byte_strides[inner];
-  if ((ss != (int64_t)c.in_size || n < 16) && convert_in_chunks(&c, dst, src, ndim, shape, byte_strides, op)) return;
+  if ((ss != (int64_t)c.in_size || n < 16) && convert_in_chunks(&c, dst, dst0, src, ndim, shape, byte_strides, op))
+    return;
   const bool chan = op->channel_dim >= 0 && op->affine;
   int64_t idx[AB_MAX_NDIM] = {0};
   char *d = dst;
@@ -858,5 +873,6 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
       idx[k] = 0;
     }
     if (k < 0) return;
+    if (k == 0 && dst0 != 0) d = (char *)dst + idx[0] * dst0; /* the next plane of dim 0 */
   }
 }

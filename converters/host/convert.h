@@ -74,6 +74,13 @@ ab__arith ab__cast_arith(DLDataType from, DLDataType to, bool affine);
 void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
                       const ab__cast_op *op);
 
+/* The same into an output whose indices of dim 0 are dst0 bytes apart
+ * (0: compact), every other dim compact within (a band of rows of every
+ * plane of a larger output). ndim >= 2 where dst0 is not 0; dst0 a
+ * multiple of op->to's size. */
+void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
+                           const int64_t *byte_strides, const ab__cast_op *op);
+
 /* float16 / bfloat16 <-> wider floats, round to nearest even (exposed for
  * the tests' reference). */
 uint16_t ab__half_from_double(double x);
