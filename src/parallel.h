@@ -27,7 +27,7 @@ typedef struct ab__host_job {
 
 /* Runs the job: in the caller's thread when it is small, its outer
  * dimensions short, or one thread is asked for; else in bands of one
- * dimension (parallel.c: the outermost, or for a gather the next one) on
+ * dimension (parallel.c: the outermost, or the next one) on
  * up to AB_NUM_THREADS threads (the caller among them). Returns when
  * every band is done; the
  * result is the same bytes either way. Thread-safe: concurrent callers

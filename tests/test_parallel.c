@@ -405,3 +405,40 @@ Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
       }
   free(img);
 }
+
+/* Chunked casts with every dim after the cut one in each chunk and more
+ * (k > 1 in convert_in_chunks): 2 x 12 x 20 x 20000 uint8 read as
+ * 2 x 20000 x 12 x 20, a per-channel map on the cut dim or none, on 5
+ * threads against one (a case of the cold review's). */
+Test(parallel, chunked_casts_of_deep_bands_match_one_thread) {
+  const int64_t n = 2 * 12 * 20 * 20000;
+  uint8_t *a = malloc((size_t)n);
+  double *cs = malloc(20000 * sizeof *cs);
+  cr_assert(a != NULL && cs != NULL);
+  fill_pattern(a, (size_t)n, 43);
+  for (int i = 0; i < 20000; i++) cs[i] = 0.25 + (i % 97) * 0.01;
+  int64_t shape[4] = {2, 12, 20, 20000};
+  int32_t perm[4] = {0, 3, 1, 2};
+  DLTensor t = {a, CPU0, 4, {kDLUInt, 8, 1}, shape, NULL, 0};
+  static const DLDataType outs[] = {{kDLFloat, 32, 1}, {kDLFloat, 16, 1}};
+  for (int d = 0; d < 2; d++)
+    for (int m = 0; m < 2; m++) {
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = outs[d];
+      o.permute = perm;
+      if (m == 1) o.flags = AB_CONVERT_PER_CHANNEL, o.channel_axis = 3, o.channel_scale = cs;
+      DLManagedTensorVersioned *one, *many;
+      o.threads = 1;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &one), AB_OK, "%s", ab_last_error());
+      ab__parallel_shutdown();
+      o.threads = 5;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &many), AB_OK, "%s", ab_last_error());
+      cr_assert_eq(ab__parallel_workers(), 4, "dtype %d map %d: not on 5 threads", d, m);
+      cr_assert_eq(memcmp(many->dl_tensor.data, one->dl_tensor.data, (size_t)n * elsize_of(outs[d])), 0,
+                   "dtype %d map %d: threads differ", d, m);
+      many->deleter(many);
+      one->deleter(one);
+    }
+  free(a);
+  free(cs);
+}
