@@ -57,7 +57,8 @@ struct ab__staging_config ab__staging_config(void) {
  * driver's own 10-14 GB/s (bench/results/2026-11-25-gpu-check-h100.md).
  * The copies split down to RING_PART a thread (or AB_PARALLEL_MIN, if
  * lower): a 4 MiB transfer is three pieces of 1.4 MiB, which at 1 MiB a
- * thread went on one thread (8 GB/s there), at 256 KiB on five (14-17). */
+ * thread went on one thread (7-8 GB/s there), at 256 KiB on five
+ * (12.5-17 GB/s in four runs). */
 #define RING_PART ((size_t)256 << 10)
 static void host_copy(void *dst, const void *src, size_t n) {
   const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
@@ -103,8 +104,8 @@ static ab_status ring_close(struct ring *r, ab_status st, void *stream) {
 }
 
 /* The default chunk: 1 MiB for every thread the call may use, 4 MiB to
- * 64 MiB. Each thread copies a part of every chunk (ab__host_run, down to
- * AB_PARALLEL_MIN a thread), and fewer, larger chunks wait on fewer
+ * 64 MiB. Each thread copies a part of every chunk (host_copy, down to
+ * RING_PART a thread), and fewer, larger chunks wait on fewer
  * fences: on the H100 machine chunks of 4 MiB split 16 ways (AB_PARALLEL_MIN
  * 256 KiB) ran 1 GiB at 16-25 GB/s, of 16 MiB at 41-49. */
 static size_t auto_chunk(void) {
