@@ -114,6 +114,15 @@ step() {
   tail -3 "$log/out"
 }
 
+# gpu_steps DIR: the CUDA programs of the build in DIR, on the GPU.
+gpu_steps() {
+  step abtool_info "$1/abtool" info
+  step test_cuda "$1/tests/test_cuda" --jobs=1 --short-filename
+  step conformance_cuda "$1/tests/test_conformance_cuda" --jobs=1 --short-filename
+  step stress_threads "$1/tests/stress_threads" 4 1500
+  step bench_cuda "$1/bench/bench_cuda"
+}
+
 if [ "$simulate" = 1 ]; then
   # The normal build has the simcuda twins of every CUDA program.
   build=${AB_GPU_BUILD:-build}
@@ -131,20 +140,14 @@ if [ "$simulate" = 1 ]; then
 elif [ -n "${AB_GPU_PREBUILT:-}" ]; then
   # Programs built elsewhere (tools/gpu-bundle.sh): for a GPU machine that
   # lacks the test framework or the network to install it.
-  build=$AB_GPU_PREBUILT
   for p in abtool tests/test_cuda tests/test_conformance_cuda tests/stress_threads bench/bench_cuda; do
-    if [ ! -x "$build/$p" ]; then
-      echo "gpu-check: AB_GPU_PREBUILT=$build has no $p" | tee -a "$report" >&2
+    if [ ! -x "$AB_GPU_PREBUILT/$p" ]; then
+      echo "gpu-check: AB_GPU_PREBUILT=$AB_GPU_PREBUILT has no $p" | tee -a "$report" >&2
       exit 2
     fi
   done
-  echo "- prebuilt programs from $build ($(cat "$build/BUILT" 2>/dev/null || echo 'no BUILT note'))" >> "$report"
-  step abtool_info "$build/abtool" info
-  step test_cuda "$build/tests/test_cuda" --jobs=1 --short-filename
-  step conformance_cuda "$build/tests/test_conformance_cuda" --jobs=1 --short-filename
-  step stress_threads "$build/tests/stress_threads" 4 1500
-  step bench_cuda "$build/bench/bench_cuda"
-  build=${AB_GPU_BUILD:-build-gpu}
+  echo "- prebuilt programs from $AB_GPU_PREBUILT ($(cat "$AB_GPU_PREBUILT/BUILT" 2>/dev/null || echo 'no BUILT note'))" >> "$report"
+  gpu_steps "$AB_GPU_PREBUILT" # the Python module still goes into $build
 else
   step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAB_BUILD_TESTS=ON -DAB_BUILD_BENCH=ON
   step build cmake --build "$build" -j "$jobs"
@@ -152,11 +155,7 @@ else
     echo "gpu-check: the build has no CUDA backend (no CUDA toolkit found at configure time; see README)" | tee -a "$report" >&2
     exit 2
   fi
-  step abtool_info "$build/abtool" info
-  step test_cuda "$build/tests/test_cuda" --jobs=1 --short-filename
-  step conformance_cuda "$build/tests/test_conformance_cuda" --jobs=1 --short-filename
-  step stress_threads "$build/tests/stress_threads" 4 1500
-  step bench_cuda "$build/bench/bench_cuda"
+  gpu_steps "$build"
 fi
 
 # ---- Python -----------------------------------------------------------------
