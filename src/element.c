@@ -60,18 +60,29 @@ ab_status ab_parse_dtype(const char *name, DLDataType *out) {
 
 int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,
                    int64_t *out_strides) {
+  return ab__merge_dims2(ndim, shape, strides, NULL, out_shape, out_strides, NULL);
+}
+
+/* Whether dim i continues the merged dim before it in one stride array. */
+static bool continues(int64_t outer, int64_t stride, int64_t size) {
+  int64_t span;
+  return !__builtin_mul_overflow(stride, size, &span) && outer == span;
+}
+
+int ab__merge_dims2(int32_t ndim, const int64_t *shape, const int64_t *strides, const int64_t *strides2,
+                    int64_t *out_shape, int64_t *out_strides, int64_t *out_strides2) {
   int n = 0;
   for (int32_t i = 0; i < ndim; i++) {
-    int64_t span;
     if (shape[i] == 1) continue;
-    if (n > 0 && !__builtin_mul_overflow(strides[i], shape[i], &span) && out_strides[n - 1] == span) {
+    if (n > 0 && continues(out_strides[n - 1], strides[i], shape[i]) &&
+        (strides2 == NULL || continues(out_strides2[n - 1], strides2[i], shape[i]))) {
       out_shape[n - 1] *= shape[i];
-      out_strides[n - 1] = strides[i];
     } else {
       out_shape[n] = shape[i];
-      out_strides[n] = strides[i];
       n++;
     }
+    out_strides[n - 1] = strides[i];
+    if (strides2 != NULL) out_strides2[n - 1] = strides2[i];
   }
   return n;
 }

@@ -68,6 +68,11 @@ static inline int64_t ab__numel(const DLTensor *t) {
  * here. */
 int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,
                    int64_t *out_strides);
+/* The same for two arrays of strides over one shape (a source and an
+ * output): dims merge where both are contiguous. strides2 NULL: as
+ * ab__merge_dims (out_strides2 is then not written). */
+int ab__merge_dims2(int32_t ndim, const int64_t *shape, const int64_t *strides, const int64_t *strides2,
+                    int64_t *out_shape, int64_t *out_strides, int64_t *out_strides2);
 
 /* Whether this tensor's layout is one rectangle transfer: rows of
  * contiguous bytes (up to 3-D after merging dims, positive strides, rows

@@ -442,3 +442,22 @@ Test(parallel, chunked_casts_of_deep_bands_match_one_thread) {
   free(a);
   free(cs);
 }
+
+/* A broadcast source (strides 0) cut along dim 1: its dims 0 and 1 are
+ * contiguous in the source (0 == 0 x anything) but not in the output, so
+ * they must not merge (ab__merge_dims2 asks both). */
+Test(parallel, broadcast_rows_cut_along_dim_1_fill_every_plane) {
+  static float row[500];
+  for (int i = 0; i < 500; i++) row[i] = (float)i + 0.5f;
+  int64_t shape[3] = {2, 90, 500}, strides[3] = {0, 0, 1};
+  DLTensor t = {row, CPU0, 3, {kDLFloat, 32, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  o.threads = 3;
+  ab__parallel_shutdown();
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(ab__parallel_workers(), 2);
+  cr_assert_eq(first_diff_vs_reference(&t, r), -1, "broadcast rows differ");
+  r->deleter(r);
+}

@@ -1361,27 +1361,6 @@ void ab__host_gather_part(void *dst, const void *src, int32_t ndim, const int64_
   ab__host_gather_into(dst, NULL, src, ndim, shape, byte_strides, elsize, whole);
 }
 
-/* Drops size-1 dims and merges neighbours contiguous in both the source
- * and the output (simplify, for an output with strides of its own). */
-static void simplify_both(dims *d, int64_t *dst_st, int32_t ndim, const int64_t *shape, const int64_t *st,
-                          const int64_t *dst_strides) {
-  int n = 0;
-  for (int32_t i = 0; i < ndim; i++) {
-    if (shape[i] == 1) continue;
-    if (n > 0 && d->st[n - 1] == st[i] * shape[i] && dst_st[n - 1] == dst_strides[i] * shape[i]) {
-      d->shape[n - 1] *= shape[i];
-      d->st[n - 1] = st[i];
-      dst_st[n - 1] = dst_strides[i];
-    } else {
-      d->shape[n] = shape[i];
-      d->st[n] = st[i];
-      dst_st[n] = dst_strides[i];
-      n++;
-    }
-  }
-  d->n = n;
-}
-
 void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src, int32_t ndim,
                           const int64_t *shape, const int64_t *byte_strides, size_t elsize, size_t whole) {
   dims d;
@@ -1391,7 +1370,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int32_t i = 0; i < ndim; i++)
     if (shape[i] == 0) return;
   if (dst_strides != NULL) {
-    simplify_both(&d, dst_st, ndim, shape, byte_strides, dst_strides);
+    d.n = ab__merge_dims2(ndim, shape, byte_strides, dst_strides, d.shape, d.st, dst_st);
   } else {
     simplify(&d, ndim, shape, byte_strides);
     int64_t acc = es;
