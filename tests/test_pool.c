@@ -1529,6 +1529,164 @@ Test(pool, a_forked_child_uses_the_pool_beside_a_parked_threads_cache) {
   assert_pool_clean(CPU0);
 }
 
+/* ---- thread caches: the slot for one large block ------------------------
+ * Blocks over 256 KiB: one waits in the slot of the thread that freed it;
+ * another thread that misses the shared cache takes it from there before
+ * the pool grows (steal), and the OOM sequence sees it. */
+
+static void *_Atomic parked_block; /* the data of the last block a parked thread freed */
+static void alloc_free_on_thread(size_t n, int count) {
+  DLManagedTensorVersioned *t[2];
+  int64_t shape[1] = {(int64_t)n};
+  for (int i = 0; i < count; i++)
+    if (ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &t[i]) != AB_OK) abort();
+  for (int i = 0; i < count; i++) {
+    parked_block = t[i]->dl_tensor.data;
+    t[i]->deleter(t[i]);
+  }
+}
+static void one_4m(void) { alloc_free_on_thread(4 * MiB, 1); }
+static void two_4m(void) { alloc_free_on_thread(4 * MiB, 2); }
+static void one_8m(void) { alloc_free_on_thread(8 * MiB, 1); }
+
+Test(pool, a_large_block_freed_on_a_thread_waits_in_its_slot_and_is_counted) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct ab_pool_stats s0 = get_stats();
+  struct parked t;
+  park(&t, one_4m, one_4m);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.in_use_bytes.current, s0.in_use_bytes.current, "exact while the thread holds it idle");
+  cr_assert_eq(s1.requested_bytes.current, s0.requested_bytes.current);
+  cr_assert_eq(s1.cached_blocks, s0.cached_blocks + 1);
+  cr_assert_eq(s1.reserved_bytes.current, s0.reserved_bytes.current + 4 * MiB);
+  cr_assert_eq(s1.allocations - s0.allocations, 1);
+  cr_assert_eq(s1.frees - s0.frees, 1);
+  unpark(&t); /* its second cycle takes its own block again, then it exits */
+  struct ab_pool_stats s2 = get_stats();
+  cr_assert_eq(s2.backend_allocs, s1.backend_allocs, "the second cycle found the block (a hit)");
+  cr_assert_eq(s2.cache_hits, s1.cache_hits + 1);
+  cr_assert_eq(s2.cached_blocks, s1.cached_blocks, "its slot came back to the pool at exit");
+  cr_assert_eq(s2.in_use_bytes.current, 0);
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(get_stats().reserved_bytes.current, 0, "trim reached the block");
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, an_idle_large_block_on_another_thread_serves_before_the_pool_grows) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, one_4m, NULL);
+  void *theirs = parked_block;
+  struct ab_pool_stats s0 = get_stats();
+  DLManagedTensorVersioned *a = alloc_bytes(4 * MiB - 1000); /* the same class */
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(a->dl_tensor.data, theirs, "the parked thread's idle block was not used");
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs, "the pool grew beside an idle block");
+  cr_assert_eq(s1.cache_hits, s0.cache_hits + 1);
+  cr_assert_eq(s1.cache_misses, s0.cache_misses);
+  cr_assert_eq(s1.allocations, s0.allocations + 1);
+  cr_assert_eq(s1.cached_blocks, s0.cached_blocks - 1);
+  cr_assert_eq(s1.in_use_bytes.current, 4 * MiB);
+  cr_assert_eq(s1.requested_bytes.current, 4 * MiB - 1000);
+  drop(a);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, a_thread_keeps_one_large_block_and_the_shared_cache_the_rest) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, two_4m, NULL);
+  struct ab_pool_stats s0 = get_stats();
+  cr_assert_eq(s0.cached_blocks, 2);
+  cr_assert_eq(s0.reserved_bytes.current, 8 * MiB);
+  DLManagedTensorVersioned *a = alloc_bytes(4 * MiB), *b = alloc_bytes(4 * MiB);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs, "two idle blocks, two hits");
+  cr_assert_eq(s1.cache_hits, s0.cache_hits + 2);
+  cr_assert_eq(s1.cached_blocks, 0);
+  drop(a);
+  drop(b);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, the_oom_sequence_uses_a_fitting_large_block_on_another_thread) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 8 * MiB), AB_OK);
+  struct parked t;
+  park(&t, one_8m, NULL); /* 8 MiB reserved, idle in the thread's slot */
+  void *theirs = parked_block;
+  struct ab_pool_stats s0 = get_stats();
+  /* 6 MiB is another class: growing would pass the limit, and the idle
+   * 8 MiB block fits it */
+  DLManagedTensorVersioned *a = alloc_bytes(6 * MiB);
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(a->dl_tensor.data, theirs);
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs);
+  cr_assert_eq(s1.oom_retries, s0.oom_retries, "served before any release");
+  cr_assert_eq(s1.trims, s0.trims);
+  cr_assert_eq(s1.in_use_bytes.current, 8 * MiB);
+  drop(a);
+  unpark(&t);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, the_oom_sequence_releases_another_threads_large_block) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 8 * MiB), AB_OK);
+  struct parked t;
+  park(&t, one_4m, NULL); /* 4 MiB idle in the thread's slot */
+  struct ab_pool_stats s0 = get_stats();
+  DLManagedTensorVersioned *a = alloc_bytes(6 * MiB); /* 4 + 6 > 8, and 4 does not fit 6 */
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.oom_retries, s0.oom_retries + 1);
+  cr_assert_eq(s1.oom_failures, s0.oom_failures);
+  cr_assert_eq(s1.reserved_bytes.current, 6 * MiB, "the idle block went back to the driver");
+  cr_assert_eq(s1.backend_frees, s0.backend_frees + 1);
+  drop(a);
+  unpark(&t);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, peaks_on_one_thread_leave_out_its_idle_large_block) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  drop(alloc_bytes(4 * MiB)); /* idle in this thread's slot (caches on) */
+  cr_assert_eq(ab_pool_reset_peak(CPU0), AB_OK);
+  DLManagedTensorVersioned *a = alloc_bytes(8000);
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.in_use_bytes.peak, 8192, "peak %llu", (unsigned long long)s.in_use_bytes.peak);
+  cr_assert_eq(s.requested_bytes.peak, 8000);
+  DLManagedTensorVersioned *b = alloc_bytes(4 * MiB - 5); /* the idle block again */
+  s = get_stats();
+  cr_assert_eq(s.in_use_bytes.peak, 8192 + 4 * MiB);
+  cr_assert_eq(s.requested_bytes.peak, 8000 + 4 * MiB - 5);
+  drop(a);
+  drop(b);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, peaks_with_another_threads_idle_large_block_are_bounded) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, one_4m, NULL);
+  cr_assert_eq(ab_pool_reset_peak(CPU0), AB_OK);
+  DLManagedTensorVersioned *a = alloc_bytes(128 * KiB);
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.in_use_bytes.current, 128 * KiB);
+  if (caches_on()) {
+    cr_assert_geq(s.in_use_bytes.peak, 128 * KiB);
+    cr_assert_leq(s.in_use_bytes.peak, 128 * KiB + 4 * MiB, "peak %llu", (unsigned long long)s.in_use_bytes.peak);
+  } else {
+    cr_assert_eq(s.in_use_bytes.peak, 128 * KiB);
+  }
+  drop(a);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
 /* ---- huge pages for large host blocks --------------------------------- */
 
 /* Host blocks of 4 MiB and more start on a 2 MiB boundary (offered to the

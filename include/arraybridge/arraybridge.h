@@ -595,7 +595,7 @@ struct ab_pool_stats {
  * moment of the call, the threads' caches summed in; a peak is exact while
  * one thread at a time allocates from the pool, and with several may
  * overstate by the blocks idle in the other threads' caches (at most 1 MiB
- * per thread; docs/pools.md, AB_POOL_THREAD_CACHE). AB_ERR_INVALID_ARGUMENT
+ * and one larger block per thread; docs/pools.md, AB_POOL_THREAD_CACHE). AB_ERR_INVALID_ARGUMENT
  * for NULL out or out->size == 0; AB_ERR_NO_DEVICE for a device that does
  * not exist. */
 AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
