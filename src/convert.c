@@ -196,10 +196,6 @@ static ab_status check_request(const DLTensor *src, DLDevice target, const ab_co
 static ab_status plan_request(const DLTensor *src, const DLTensor *into, ab__prepared *p) {
   const ab__layout *lay = &p->lay;
   const struct ab_backend *sbe = p->sbe, *tbe = p->tbe;
-  /* A destination the target's backend cannot use in its own copies and
-   * kernels (an OpenCL buffer of another context) takes its bytes through
-   * host memory, written by a plain transfer. */
-  const bool into_ok = into == NULL || (tbe->caps & AB_CAP_HOST_ACCESSIBLE) || ab__dev_can_copy(tbe, into, p->tdev, true);
   p->q = (ab__route_query){
     .src = p->sdev,
     .dst = p->tdev,
@@ -210,16 +206,22 @@ static ab_status plan_request(const DLTensor *src, const DLTensor *into, ab__pre
     .src_compact = lay->compact,
     .copy = p->o.copy,
     .flags = p->o.flags,
-    /* An empty tensor moves nothing, and its data need not be a buffer the
-     * backend could inspect. */
-    .direct = into_ok && sbe == tbe && (lay->numel == 0 || ab__dev_can_copy(sbe, src, p->tdev, lay->compact)),
-    .src_rect = !lay->compact && lay->numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay->elsize, &p->rect),
-    .dst_rect = !lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
-                ab__rect_of(src, lay->elsize, &p->rect),
     .nbytes = lay->nbytes,
     .extent = lay->numel > 0 ? (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize : 0,
+    .out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes,
   };
-  p->q.out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes;
+  /* A view (the commonest call: zero-copy) asks the backends nothing more. */
+  if (into == NULL && ab__route_is_view(&p->q)) return ab__plan_route(&p->q, &p->plan);
+  /* A destination the target's backend cannot use in its own copies and
+   * kernels (an OpenCL buffer of another context) takes its bytes through
+   * host memory, written by a plain transfer. */
+  const bool into_ok = into == NULL || (tbe->caps & AB_CAP_HOST_ACCESSIBLE) || ab__dev_can_copy(tbe, into, p->tdev, true);
+  /* An empty tensor moves nothing, and its data need not be a buffer the
+   * backend could inspect. */
+  p->q.direct = into_ok && sbe == tbe && (lay->numel == 0 || ab__dev_can_copy(sbe, src, p->tdev, lay->compact));
+  p->q.src_rect = !lay->compact && lay->numel > 0 && ab__dev_has_read_rect(sbe) && ab__rect_of(src, lay->elsize, &p->rect);
+  p->q.dst_rect = !lay->compact && lay->numel > 0 && (sbe->caps & AB_CAP_HOST_ACCESSIBLE) && ab__dev_has_write_rect(tbe) &&
+                  ab__rect_of(src, lay->elsize, &p->rect);
   /* The device kernels store whole elements: a destination whose start is
    * not a multiple of the result's element size (DLPack allows any
    * byte_offset) has its conversion on the host. On CUDA a misaligned

@@ -127,10 +127,11 @@ int32_t ab_device_count(DLDeviceType type) {
   return i < 0 ? 0 : count_of(i);
 }
 
-ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
-                           DLDevice *resolved, const struct ab_backend **be) {
-  const char *tname = ab_device_type_name(dev.device_type);
-  int i = backend_index(dev.device_type);
+/* ab__check_device with dev's backend index i (backend_index) looked up. */
+static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
+                                 const struct ab_backend **be) {
+  /* The type's name is for the messages only: looked up on their paths. */
+#define tname ab_device_type_name(dev.device_type)
   /* (A type with a backend is a known one: the name check is for the rest.) */
   if (i < 0 && strcmp(tname, "unknown") == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s type %d is not a DLPack device type",
@@ -172,17 +173,23 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
   if (resolved) *resolved = dev;
   if (be) *be = backends[i];
   return AB_OK;
+#undef tname
+}
+
+ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
+                           DLDevice *resolved, const struct ab_backend **be) {
+  return check_device_at(backend_index(dev.device_type), dev, what, is_target, resolved, be);
 }
 
 ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                   const struct ab_backend **be) {
   /* By its capability, and by value in builds without the backend. */
-  const struct ab_backend *b = ab__backend_for(dev.device_type);
-  if ((b != NULL && (b->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type))
+  const int i = backend_index(dev.device_type);
+  if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s %s:%" PRId32 " is the library's own staging memory, not a DLPack device type: no tensor may name it",
                    what, ab_device_type_name(dev.device_type), dev.device_id);
-  return ab__check_device(dev, what, is_target, resolved, be);
+  return check_device_at(i, dev, what, is_target, resolved, be);
 }
 
 bool ab__staging_device(const struct ab_backend *be, int32_t id, DLDevice *out) {

@@ -43,16 +43,22 @@ bool ab__route_converts_on_source(const ab__route_query *q) {
   return !src_host && wants_device(q, pays);
 }
 
+/* Same device, same elements, a layout the caller accepts. */
+static bool viewable(const ab__route_query *q) {
+  const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
+  return same_device(q->src, q->dst) && q->same_dtype && !q->convert && layout_ok;
+}
+
+bool ab__route_is_view(const ab__route_query *q) { return viewable(q) && q->copy != AB_COPY_ALWAYS; }
+
 static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   const bool here = same_device(q->src, q->dst);
-  const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
-  const bool viewable = here && q->same_dtype && !q->convert && layout_ok;
   const bool src_host = (q->src_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
   const bool dst_host = (q->dst_caps & AB_CAP_HOST_ACCESSIBLE) != 0;
   const DLDevice host = {kDLCPU, 0};
 
   plan->nsteps = 0;
-  if (viewable && q->copy != AB_COPY_ALWAYS) {
+  if (ab__route_is_view(q)) {
     add(plan, AB_STEP_VIEW, q->src, q->dst, q->dst.device_type);
     return AB_OK;
   }
