@@ -13,7 +13,7 @@
  * pixel kernels still take the channels whole. Workers start on first need, are shared by every
  * calling thread (a job waits in a queue; the caller works on its own job
  * meanwhile, so nothing waits for an idle worker), stop at ab_shutdown
- * and are re-created after fork. */
+ * and when the library is unloaded, and are re-created after fork. */
 #include "parallel.h"
 #include "element.h"
 
@@ -248,6 +248,12 @@ void ab__parallel_shutdown(void) {
   stopping = false;
   pthread_mutex_unlock(&lock);
 }
+
+/* At dlclose (and at exit): the workers stop and are joined, so that none
+ * is left blocked in the library's code and data once they are unmapped
+ * (tests/stress/unload.c). A job still running on another thread is
+ * finished by its caller, who takes the bands the workers leave. */
+__attribute__((destructor)) static void parallel_unload(void) { ab__parallel_shutdown(); }
 
 /* ---- the entry ------------------------------------------------------------------ */
 

@@ -7,10 +7,16 @@
  * thread-exit destructor is armed for it), then waits; the main thread
  * closes the library, checks it is gone from the address space, and lets
  * the thread exit. Were the destructor still registered, the thread's exit
- * would call into unmapped code (SIGSEGV). Prints "N passed, M failed". */
+ * would call into unmapped code (SIGSEGV). The thread also runs a
+ * conversion large enough for the library's worker threads (two threads
+ * asked): those must be gone after dlclose too, not left blocked in
+ * unmapped code, so the process has as many threads after it as before
+ * dlopen. Prints "N passed, M failed". */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "arraybridge/arraybridge.h"
@@ -57,9 +63,31 @@ static void *worker(void *arg) {
     check(st == AB_OK && t != NULL, "a host copy failed in the thread");
     if (t != NULL) t->deleter(t);
   }
+  /* A 16 MiB transpose on two threads: the library starts a worker. */
+  enum { N = 2048 };
+  float *big = calloc((size_t)N * N, sizeof *big);
+  int64_t bshape[2] = {N, N}, bstrides[2] = {1, N};
+  DLTensor tr = {big, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, bshape, bstrides, 0};
+  o.threads = 2;
+  DLManagedTensorVersioned *t = NULL;
+  check(big != NULL && convert(&tr, (DLDevice){kDLCPU, 0}, &o, &t) == AB_OK && t != NULL,
+        "a transpose on two threads failed in the thread");
+  if (t != NULL) t->deleter(t);
+  free(big);
   set_stage(1);
   wait_stage(2);
   return NULL; /* thread exit: key destructors run now */
+}
+
+/* The threads of this process now. */
+static int threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  if (d == NULL) return -1;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
 }
 
 static int mapped(const char *path) {
@@ -80,6 +108,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: unload PATH-TO-libarraybridge.so\n");
     return 2;
   }
+  const int before = threads();
   void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
     fprintf(stderr, "unload: %s\n", dlerror());
@@ -92,6 +121,8 @@ int main(int argc, char **argv) {
   pthread_t th;
   pthread_create(&th, NULL, worker, *(void **)&convert);
   wait_stage(1);
+  const int during = threads();
+  check(during >= before + 2, "no worker thread started for the two-thread transpose: the test cannot show anything");
   check(dlclose(lib) == 0, "dlclose failed");
   /* Where the library stays mapped (a dependency pinned it), the test
    * proves nothing: say so rather than pass. */
@@ -100,6 +131,11 @@ int main(int argc, char **argv) {
   set_stage(2);
   pthread_join(th, NULL);
   check(1, "the thread exited after dlclose");
+  const int after = threads();
+  if (after != before)
+    fprintf(stderr, "unload: %d threads before dlopen, %d with the library loaded, %d after dlclose\n", before, during,
+            after);
+  check(after == before, "the library's worker threads outlived dlclose");
   printf("%d passed, %d failed\n", passes, failures);
   return failures != 0;
 }
