@@ -11,7 +11,10 @@
  * held, so a callback may delete tensors (whose deleters take the lock) and
  * a slow driver free (cudaFree synchronises) does not stall other threads.
  * Pools live in a fixed table of atomic pointers indexed by device type and
- * id, created with a compare-and-swap: no lock is shared across devices. */
+ * id, created with a compare-and-swap. The one lock shared across devices
+ * is the registry of thread caches ("thread caches" below), taken off the
+ * fast paths only: when a cache is made or leaves, by statistics, trim and
+ * the OOM sequence, and when a large allocation misses the shared cache. */
 #define _GNU_SOURCE 1 /* PTHREAD_MUTEX_ADAPTIVE_NP */
 #include <inttypes.h>
 #include <pthread.h>
@@ -323,18 +326,22 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
  * up to TC_MAX_SIZE, and a slot (`big`) for one larger block. A free puts
  * the block there when the freeing thread has a cache for the pool and it
  * has room, and an allocation of that class takes it back, under the
- * cache's own lock only (uncontended but when a trim, a stats read,
- * ab_shutdown or another thread's steal visits). The rest is the shared
- * path above; AB_POOL_THREAD_CACHE=0 turns the caches off.
+ * cache's own lock only (uncontended but when a trim, a stats read, the
+ * OOM sequence, ab_shutdown or another thread's steal visits). The rest is
+ * the shared path above; AB_POOL_THREAD_CACHE=0 turns the caches off.
  *
- * Large blocks (over TC_MAX_SIZE): two threads each converting a 4 MiB
- * image took 460-550 ns per allocation and free through the pool mutex,
- * five times one thread's (bench_pool, Intel Xeon VM, 2 cores). One slot a
- * thread holds the last one it freed. Such a block is device memory that
- * another thread may want, so an allocation that misses the shared cache
- * looks in the other threads' slots (steal_big) before asking the driver:
- * an idle large block never makes the pool grow, and trim and the OOM
- * sequence take the slots back as they take the rest of a cache.
+ * Large blocks (over TC_MAX_SIZE): two threads each allocating and freeing
+ * a 4 MiB or 256 MiB block took 270-620 ns a cycle through the pool mutex,
+ * 2-5 times one thread's (bench_pool, Intel Xeon VM, 2 cores,
+ * bench/results/2026-11-26-pool-large-slots.md). A thread's slot holds
+ * the last one it freed (the one before goes to the shared cache). Such a
+ * block is device memory that another thread may want, so an allocation
+ * that misses the shared cache looks in the other threads' slots
+ * (steal_big) before asking the driver; a block that leaves a slot for the
+ * shared cache while that allocation is between the two looks (its thread
+ * exits, say) is missed, as a block freed a moment later would be. Trim
+ * and the OOM sequence take the slots back as they take the rest of a
+ * cache.
  *
  * Accounting: the pool-level gauges count a block idle in a thread cache as
  * out of the pool (in use); the cache counts its idle bytes, slot included
@@ -358,15 +365,17 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
  *
  * Lock order: registry, then a cache's lock, then the pool's lock. The
  * owner's hit and free paths take only its cache's lock; the shared path
- * takes only the pool's; nothing holds a cache's lock across the shared
- * path or a backend call. */
+ * takes only the pool's, but for a large miss, which takes the registry
+ * and the other caches' locks to steal (steal_big); nothing holds a
+ * cache's lock across the shared path or a backend call. */
 #define TC_MAX_SIZE ((size_t)256 << 10)
 #define TC_CLASSES 64 /* class_index(TC_MAX_SIZE) + 1 */
 #define TC_PER_CLASS 8
 #define TC_MAX_IDLE ((uint64_t)1 << 20)
 
 /* A cache's lock: held for a few dozen ns, almost always by its owner
- * alone (others take it only to trim, read statistics, shut down or fork),
+ * alone (others take it only to trim, read statistics, run the OOM
+ * sequence, steal its large block, shut down or fork),
  * so a flag and a yield beat a mutex: one atomic exchange to take it and a
  * plain store to give it back, where pthread_mutex_lock and _unlock were
  * two atomic operations and two calls (16% of a 4 KiB conversion, perf). */
@@ -599,16 +608,23 @@ static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, si
   return b;
 }
 
-/* A free into the caller's cache; false when it has none or no room. */
-static bool tc_put(ab__block *b) {
+/* A free into the caller's cache. Returns false when it has none or no
+ * room; true when it took b, with *spill the large block b displaced from
+ * the slot (its free counted already, its bytes no longer the cache's:
+ * shared_put's), or NULL. */
+static bool tc_put(ab__block *b, ab__block **spill) {
   struct ab__pool *p = b->pool;
+  *spill = NULL;
   if (!tc_enabled()) return false;
   struct tcache *tc = tc_get(p, false);
   if (tc == NULL) return false;
   bool kept = false;
   tc_lock(&tc->lock);
   if (b->size > TC_MAX_SIZE) {
-    if (tc->pool == p && tc->big == NULL) {
+    /* The slot keeps the last large block freed: a thread that moves on
+     * to another size keeps the new one at hand. */
+    if (tc->pool == p) {
+      if (tc->big != NULL) *spill = big_out(tc);
       tc->big = b;
       tc->nblocks++;
       set_relaxed(&tc->idle, relaxed(&tc->idle) + b->size);
@@ -633,22 +649,6 @@ static bool tc_put(ab__block *b) {
   }
   tc_unlock(&tc->lock);
   return kept;
-}
-
-/* A large block that fits `size`, taken from another thread's slot (see
- * "thread caches"), or NULL. Called on a miss of the shared cache, before
- * the pool grows. The caller's own slot was looked at already. */
-static ab__block *steal_big(struct ab__pool *p, size_t size, struct tcache *own) {
-  ab__block *b = NULL;
-  pthread_mutex_lock(&registry);
-  for (struct tcache *tc = p->caches; tc != NULL && b == NULL; tc = tc->next) {
-    if (tc == own) continue;
-    tc_lock(&tc->lock);
-    if (tc->pool == p && tc->big != NULL && big_fits(tc->big->size, size)) b = big_out(tc);
-    tc_unlock(&tc->lock);
-  }
-  pthread_mutex_unlock(&registry);
-  return b;
 }
 
 /* Every cache of p back to p (and, with `detach`, off it). */
@@ -955,6 +955,34 @@ static void account_use(struct ab__pool *p, ab__block *b, size_t bytes, struct t
   note_peaks(p, own);
 }
 
+/* A large block that fits `size`, taken from another thread's slot (see
+ * "thread caches") for a request of `bytes` and accounted as a hit of the
+ * miss already counted, or NULL. Called on a miss of the shared cache,
+ * before the pool grows; the caller's own slot (`own`) was looked at
+ * already. All of it under the registry, so that a statistics read sees
+ * the block either idle or allocated. */
+static ab__block *steal_big(struct ab__pool *p, size_t size, size_t bytes, struct tcache *own) {
+  ab__block *b = NULL;
+  pthread_mutex_lock(&registry);
+  for (struct tcache *tc = p->caches; tc != NULL && b == NULL; tc = tc->next) {
+    if (tc == own) continue;
+    tc_lock(&tc->lock);
+    if (tc->pool == p && tc->big != NULL && big_fits(tc->big->size, size)) b = big_out(tc);
+    tc_unlock(&tc->lock);
+  }
+  if (b != NULL) {
+    pthread_mutex_lock(&p->lock);
+    count_late_hit(p);
+    p->st.allocations++;
+    if (bytes != b->requested) /* modular: a decrease wraps back */
+      atomic_fetch_add_explicit(&p->req, (uint64_t)bytes - b->requested, memory_order_relaxed);
+    b->requested = bytes;
+    pthread_mutex_unlock(&p->lock);
+  }
+  pthread_mutex_unlock(&registry);
+  return b;
+}
+
 ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes, ab__block **out) {
   struct ab__pool *p;
   size_t size = ab__pool_round(bytes);
@@ -985,14 +1013,7 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
   pthread_mutex_unlock(&p->lock);
 
   /* An idle large block on another thread before a new one. */
-  if (size > TC_MAX_SIZE && tc_enabled() && (b = steal_big(p, size, tc)) != NULL) {
-    pthread_mutex_lock(&p->lock);
-    count_late_hit(p);
-    p->st.allocations++;
-    pthread_mutex_unlock(&p->lock);
-    if (bytes != b->requested) /* modular: a decrease wraps back */
-      atomic_fetch_add_explicit(&p->req, (uint64_t)bytes - b->requested, memory_order_relaxed);
-    b->requested = bytes;
+  if (size > TC_MAX_SIZE && tc_enabled() && (b = steal_big(p, size, bytes, tc)) != NULL) {
     note_peaks(p, tc);
     *out = b;
     return AB_OK;
@@ -1011,9 +1032,13 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
 void ab__pool_free(ab__block *b) {
   struct ab__pool *p = b->pool;
-  if (tc_put(b)) return;
+  ab__block *spill;
+  const bool kept = tc_put(b, &spill);
+  if (kept && spill == NULL) return;
+  const bool counted = kept; /* a block spilled from a slot: its free was counted going in */
+  if (kept) b = spill;
   pthread_mutex_lock(&p->lock);
-  p->st.frees++;
+  if (!counted) p->st.frees++;
   atomic_fetch_sub_explicit(&p->use, b->size, memory_order_relaxed);
   atomic_fetch_sub_explicit(&p->req, b->requested, memory_order_relaxed);
   if (AB_LIKELY(!p->orphaned)) {

@@ -1611,6 +1611,72 @@ Test(pool, a_thread_keeps_one_large_block_and_the_shared_cache_the_rest) {
   assert_pool_clean(CPU0);
 }
 
+Test(pool, a_second_large_block_takes_the_slot_and_the_first_goes_to_the_shared_cache) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct ab_pool_stats s0 = get_stats();
+  DLManagedTensorVersioned *a = alloc_bytes(4 * MiB), *b = alloc_bytes(8 * MiB);
+  drop(a); /* into this thread's slot */
+  drop(b); /* into the slot; a to the shared cache, its free counted once */
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.frees - s0.frees, 2);
+  cr_assert_eq(s1.allocations - s0.allocations, 2);
+  cr_assert_eq(s1.cached_blocks, 2);
+  cr_assert_eq(s1.in_use_bytes.current, 0);
+  cr_assert_eq(s1.requested_bytes.current, 0);
+  cr_assert_eq(s1.reserved_bytes.current, 12 * MiB);
+  a = alloc_bytes(4 * MiB);
+  b = alloc_bytes(8 * MiB);
+  struct ab_pool_stats s2 = get_stats();
+  cr_assert_eq(s2.backend_allocs, s1.backend_allocs, "both came back from the caches");
+  cr_assert_eq(s2.cache_hits, s1.cache_hits + 2);
+  cr_assert_eq(s2.in_use_bytes.current, 12 * MiB);
+  drop(a);
+  drop(b);
+  assert_pool_clean(CPU0);
+}
+
+static void one_36m(void) { alloc_free_on_thread(36 * MiB, 1); }
+static void one_40m(void) { alloc_free_on_thread(40 * MiB, 1); }
+
+Test(pool, a_steal_takes_only_a_block_of_the_size_class) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, one_4m, NULL);
+  struct ab_pool_stats s0 = get_stats();
+  DLManagedTensorVersioned *a = alloc_bytes(8 * MiB); /* the idle 4 MiB block does not serve */
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs + 1);
+  cr_assert_eq(s1.cached_blocks, s0.cached_blocks, "the idle block stays idle");
+  drop(a);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
+Test(pool, a_steal_of_a_block_over_32_mib_takes_one_within_an_eighth) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  struct parked t;
+  park(&t, one_36m, NULL);
+  void *theirs = parked_block;
+  struct ab_pool_stats s0 = get_stats();
+  DLManagedTensorVersioned *a = alloc_bytes(34 * MiB); /* 36 <= 34 + 34/8 */
+  struct ab_pool_stats s1 = get_stats();
+  cr_assert_eq(a->dl_tensor.data, theirs);
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs);
+  DLManagedTensorVersioned *b = alloc_bytes(34 * MiB); /* nothing idle is left: a new block */
+  cr_assert_eq(get_stats().backend_allocs, s0.backend_allocs + 1);
+  drop(a);
+  drop(b);
+  unpark(&t);
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  park(&t, one_40m, NULL);
+  s0 = get_stats();
+  a = alloc_bytes(34 * MiB); /* 40 > 34 + 34/8: not this one */
+  cr_assert_eq(get_stats().backend_allocs, s0.backend_allocs + 1);
+  drop(a);
+  unpark(&t);
+  assert_pool_clean(CPU0);
+}
+
 Test(pool, the_oom_sequence_uses_a_fitting_large_block_on_another_thread) {
   cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
   cr_assert_eq(ab_set_memory_limit(CPU0, 8 * MiB), AB_OK);
