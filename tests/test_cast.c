@@ -1100,6 +1100,65 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   free(tb.data);
 }
 
+/* Narrowing casts whose source runs along a whole dim of every chunk
+ * (planes to pixels): cast in the source's order, then gathered (convert.c,
+ * narrow_chunk). CHW float32 (3, 301, 300) as HWC uint8 in chunks of 64
+ * rows and a ragged 45: a map per tensor, per channel along the pixel
+ * channel (the source's outermost), along the rows (the cut dim: the
+ * chunk's channels start at its first row) and along the columns (the
+ * source's contiguous dim: per element); a batch of NCHW float64 as NHWC
+ * float32 per channel along the batch (a dim before the chunks); int16
+ * planes as int8 pixels; float32 as float16 pixels with no map. */
+Test(cast, narrowing_casts_of_planes_into_pixels_match_the_reference) {
+  test_rng g = {0x9a77e5edu};
+  size_t nb;
+  double cs[400], co[400];
+  for (int i = 0; i < 400; i++) {
+    cs[i] = (i % 9) * 0.5 - 1.25;
+    co[i] = (i % 4) * 7.0 - 3.5;
+  }
+  int64_t chw[3] = {3, 301, 300};
+  const int32_t to_hwc[3] = {1, 2, 0};
+  static const struct { int from, to; int axis; } cases[] = {
+    {R_F32, R_U8, -2}, {R_F32, R_U8, 2}, {R_F32, R_U8, 0}, {R_F32, R_U8, 1}, {R_I16, R_I8, 2}, {R_F32, R_F16, -1},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    DLTensor t = probe_tensor(cases[k].from, 3, chw, NULL, &g);
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[cases[k].to].dt;
+    o.permute = to_hwc;
+    o.threads = 1;
+    if (cases[k].axis == -2) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = 255.0;
+      o.offset = 0.5;
+    } else if (cases[k].axis >= 0) {
+      o.flags = AB_CONVERT_PER_CHANNEL;
+      o.channel_axis = cases[k].axis;
+      o.channel_scale = cs;
+      o.channel_offset = cases[k].axis == 1 ? NULL : co;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s CHW -> %s HWC, map on axis %d", KD[cases[k].from].name, KD[cases[k].to].name,
+             cases[k].axis);
+    free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    free(t.data);
+  }
+  int64_t nchw[4] = {2, 3, 130, 200};
+  const int32_t to_nhwc[4] = {0, 2, 3, 1};
+  DLTensor t = probe_tensor(R_F64, 4, nchw, NULL, &g);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.permute = to_nhwc;
+  o.threads = 1;
+  o.flags = AB_CONVERT_PER_CHANNEL;
+  o.channel_axis = 0;
+  o.channel_scale = cs + 3;
+  o.channel_offset = co + 1;
+  free(check_conversion(&t, &t, CPU0, &o, "float64 NCHW -> float32 NHWC per channel along the batch", &nb));
+  free(t.data);
+}
+
 /* Every pair with an affine map (and, when `plain`, without), on each
  * pair's edge values: the contiguous loops (and the element loop where a
  * pair has none) against the reference. */

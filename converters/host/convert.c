@@ -725,6 +725,86 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
  * it. Returns false, having done nothing, where that does not hold or
  * where the buffer cannot be had. */
 #define CAST_CHUNK ((size_t)256 << 10)
+
+/* A narrowing cast moves the narrow elements: a chunk whose source runs
+ * along one of its whole dims (planes to pixels: CHW float32 -> HWC uint8)
+ * is cast first, in the source's own order, its contiguous rows through
+ * the row loops, into a buffer of the result's elements, and then gathered
+ * from there into the result's order, a quarter of the bytes for float32
+ * -> uint8; the other way, it gathered the wide elements into the buffer
+ * and read them back to cast them. The plan for the ns = ndim - k dims of
+ * every chunk (dims k.., dim k cut into rows): their order in the source,
+ * outermost first. */
+struct narrow_plan {
+  int32_t ns;
+  int32_t order[AB_MAX_NDIM]; /* order[i]: the chunk's dim at place i of the source's order */
+  int32_t place[AB_MAX_NDIM]; /* its inverse */
+};
+
+/* Whether the chunks of dims k.. of a cast from c->in_size-byte elements
+ * to narrower ones can be cast in source order: every stride positive, the
+ * smallest the element (contiguous rows) and not dim k's (so the rows are
+ * whole in every chunk), at least NARROW_ROW elements long (shorter rows
+ * would cost a row loop's call each). */
+#define NARROW_ROW 64
+static bool narrow_first(const struct row_ctx *c, int32_t ndim, int32_t k, const int64_t *shape, const int64_t *bst,
+                         struct narrow_plan *np) {
+  if (c->out_size >= c->in_size) return false;
+  np->ns = ndim - k;
+  for (int32_t j = 0; j < np->ns; j++) {
+    if (bst[k + j] <= 0) return false;
+    np->order[j] = j;
+  }
+  for (int32_t i = 1; i < np->ns; i++) /* by stride, largest first (insertion: at most 8) */
+    for (int32_t x = i; x > 0 && bst[k + np->order[x - 1]] < bst[k + np->order[x]]; x--) {
+      const int32_t t = np->order[x];
+      np->order[x] = np->order[x - 1];
+      np->order[x - 1] = t;
+    }
+  const int32_t last = np->order[np->ns - 1];
+  if (last == 0 || bst[k + last] != (int64_t)c->in_size || shape[k + last] < NARROW_ROW) return false;
+  for (int32_t i = 0; i < np->ns; i++) np->place[np->order[i]] = i;
+  return true;
+}
+
+/* One chunk of a narrowing cast (see narrow_first): the source rows k0..
+ * k0 + m of dim k at s, cast in source order into buf, gathered into the
+ * result's piece at `to` (compact, result order). `a` and `b` are the map
+ * when it is one for the whole chunk (per tensor, or a channel before dim
+ * k); a channel dim inside the chunk keeps its arrays. */
+static void narrow_chunk(const struct row_ctx *c, const struct narrow_plan *np, char *to, char *buf, const char *s,
+                         int32_t k, int64_t k0, int64_t m, const int64_t *shape, const int64_t *bst,
+                         const ab__cast_op *op, double a, double b) {
+  int64_t sh[AB_MAX_NDIM], st[AB_MAX_NDIM], gsh[AB_MAX_NDIM], gst[AB_MAX_NDIM];
+  for (int32_t i = 0; i < np->ns; i++) {
+    const int32_t j = np->order[i];
+    sh[i] = j == 0 ? m : shape[k + j];
+    st[i] = bst[k + j];
+  }
+  ab__cast_op o = *op;
+  if (op->affine && op->channel_dim >= k) {
+    o.channel_dim = np->place[op->channel_dim - k];
+    if (op->channel_dim == k) { /* the chunk's rows are channels k0..k0 + m */
+      if (o.channel_scale) o.channel_scale += k0;
+      if (o.channel_offset) o.channel_offset += k0;
+    }
+  } else {
+    o.channel_dim = -1;
+    o.scale = a;
+    o.offset = b;
+  }
+  ab__host_convert(buf, s, np->ns, sh, st, &o);
+  /* buf is compact in source order: its strides, read in result order */
+  int64_t e = (int64_t)c->out_size;
+  for (int32_t i = np->ns; i-- > 0;) {
+    const int32_t j = np->order[i];
+    gst[j] = e;
+    gsh[j] = sh[i];
+    e *= sh[i];
+  }
+  ab__host_gather(to, buf, np->ns, gsh, gst, c->out_size);
+}
+
 static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
                               const int64_t *shape, const int64_t *bst, const ab__cast_op *op) {
   if (ndim < 2) return false;
@@ -752,6 +832,8 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
   const int64_t rows = fit < 16 ? (fit < 1 ? 1 : fit) : fit / 16 * 16, step = rows < shape[k] ? rows : shape[k];
   char *buf = ab__malloc((size_t)(outer * step * inner) * c->in_size);
   if (buf == NULL) return false;
+  struct narrow_plan np = {0};
+  const bool narrow = q == k && narrow_first(c, ndim, k, shape, bst, &np);
   int64_t idx[AB_MAX_NDIM] = {0}, sub_shape[AB_MAX_NDIM], sub_st[AB_MAX_NDIM];
   for (int32_t i = q; i < ndim; i++) {
     sub_shape[i - q] = shape[i];
@@ -771,6 +853,14 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
     for (int64_t k0 = 0; k0 < shape[k]; k0 += step) {
       const int64_t m = shape[k] - k0 < step ? shape[k] - k0 : step;
       sub_shape[k - q] = m;
+      if (narrow) {
+        const int64_t at = k == 0 ? 0 : lin; /* index of dims 0..k-1 */
+        char *to = dst + (size_t)((at / m1) * p0 + (at % m1) * plane + k0 * inner) * c->out_size;
+        const int64_t ch = chan && op->channel_dim < k ? idx[op->channel_dim] : 0;
+        const double a = !chan ? op->scale : sc ? sc[ch] : 1.0, b = !chan ? op->offset : of ? of[ch] : 0.0;
+        narrow_chunk(c, &np, to, buf, s + k0 * bst[k], k, k0, m, shape, bst, op, a, b);
+        continue;
+      }
       ab__host_gather(buf, s + k0 * bst[k], ndim - q, sub_shape, sub_st, c->in_size);
       /* piece o of the buffer: index o of dims q..k-1, rows k0..k0+m of dim k */
       for (int64_t o = 0; o < outer; o++) {
