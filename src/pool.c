@@ -608,6 +608,15 @@ static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, si
   return b;
 }
 
+/* b into tc's counts as an idle block (its place, bin or slot, is the
+ * caller's). Under tc->lock. */
+static void tc_count_in(struct tcache *tc, const ab__block *b) {
+  tc->nblocks++;
+  set_relaxed(&tc->idle, relaxed(&tc->idle) + b->size);
+  set_relaxed(&tc->idle_req, relaxed(&tc->idle_req) + b->requested);
+  tc->frees++;
+}
+
 /* A free into the caller's cache. Returns false when it has none or no
  * room; true when it took b, with *spill the large block b displaced from
  * the slot (its free counted already, its bytes no longer the cache's:
@@ -626,10 +635,7 @@ static bool tc_put(ab__block *b, ab__block **spill) {
     if (tc->pool == p) {
       if (tc->big != NULL) *spill = big_out(tc);
       tc->big = b;
-      tc->nblocks++;
-      set_relaxed(&tc->idle, relaxed(&tc->idle) + b->size);
-      set_relaxed(&tc->idle_req, relaxed(&tc->idle_req) + b->requested);
-      tc->frees++;
+      tc_count_in(tc, b);
       kept = true;
     }
     tc_unlock(&tc->lock);
@@ -641,10 +647,7 @@ static bool tc_put(ab__block *b, ab__block **spill) {
     b->next = tc->bins[c];
     tc->bins[c] = b;
     tc->count[c]++;
-    tc->nblocks++;
-    set_relaxed(&tc->idle, relaxed(&tc->idle) + b->size);
-    set_relaxed(&tc->idle_req, relaxed(&tc->idle_req) + b->requested);
-    tc->frees++;
+    tc_count_in(tc, b);
     kept = true;
   }
   tc_unlock(&tc->lock);
