@@ -620,7 +620,7 @@ static void tc_count_in(struct tcache *tc, const ab__block *b) {
 /* A free into the caller's cache. Returns false when it has none or no
  * room; true when it took b, with *spill the large block b displaced from
  * the slot (its free counted already, its bytes no longer the cache's:
- * shared_put's), or NULL. */
+ * the caller gives it to the shared cache), or NULL. */
 static bool tc_put(ab__block *b, ab__block **spill) {
   struct ab__pool *p = b->pool;
   *spill = NULL;
