@@ -1103,12 +1103,13 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
 /* Narrowing casts whose source runs along a whole dim of every chunk
  * (planes to pixels): cast in the source's order, then gathered (convert.c,
  * narrow_chunk). CHW float32 (3, 301, 300) as HWC uint8 in chunks of 64
- * rows and a ragged 45: a map per tensor, per channel along the pixel
- * channel (the source's outermost), along the rows (the cut dim: the
- * chunk's channels start at its first row) and along the columns (the
- * source's contiguous dim: per element); a batch of NCHW float64 as NHWC
- * float32 per channel along the batch (a dim before the chunks); int16
- * planes as int8 pixels; float32 as float16 pixels with no map. */
+ * rows and a ragged 45: a map per tensor and per channel along the rows
+ * (the cut dim: the chunk's channels start at its first row); per channel
+ * along the pixel channel and along the columns, which take the element
+ * loop instead (a channel after the cut dim), against the same reference;
+ * a batch of NCHW float64 as NHWC float32 per channel along the batch (a
+ * dim before the chunks); int16 planes as int8 pixels; float32 as float16
+ * pixels with no map. */
 Test(cast, narrowing_casts_of_planes_into_pixels_match_the_reference) {
   test_rng g = {0x9a77e5edu};
   size_t nb;

@@ -771,7 +771,8 @@ static bool narrow_first(const struct row_ctx *c, int32_t ndim, int32_t k, const
  * k0 + m of dim k at s, cast in source order into buf, gathered into the
  * result's piece at `to` (compact, result order). `a` and `b` are the map
  * when it is one for the whole chunk (per tensor, or a channel before dim
- * k); a channel dim inside the chunk keeps its arrays. */
+ * k); a channel per row of dim k keeps its arrays, from row k0 (channels
+ * after dim k never reach the chunks: convert_in_chunks refuses them). */
 static void narrow_chunk(const struct row_ctx *c, const struct narrow_plan *np, char *to, char *buf, const char *s,
                          int32_t k, int64_t k0, int64_t m, const int64_t *shape, const int64_t *bst,
                          const ab__cast_op *op, double a, double b) {
@@ -782,12 +783,10 @@ static void narrow_chunk(const struct row_ctx *c, const struct narrow_plan *np, 
     st[i] = bst[k + j];
   }
   ab__cast_op o = *op;
-  if (op->affine && op->channel_dim >= k) {
-    o.channel_dim = np->place[op->channel_dim - k];
-    if (op->channel_dim == k) { /* the chunk's rows are channels k0..k0 + m */
-      if (o.channel_scale) o.channel_scale += k0;
-      if (o.channel_offset) o.channel_offset += k0;
-    }
+  if (op->affine && op->channel_dim == k) { /* the chunk's rows are channels k0..k0 + m */
+    o.channel_dim = np->place[0];
+    if (o.channel_scale) o.channel_scale += k0;
+    if (o.channel_offset) o.channel_offset += k0;
   } else {
     o.channel_dim = -1;
     o.scale = a;
@@ -853,37 +852,35 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
     for (int64_t k0 = 0; k0 < shape[k]; k0 += step) {
       const int64_t m = shape[k] - k0 < step ? shape[k] - k0 : step;
       sub_shape[k - q] = m;
-      if (narrow) {
-        const int64_t at = k == 0 ? 0 : lin; /* index of dims 0..k-1 */
-        char *to = dst + (size_t)((at / m1) * p0 + (at % m1) * plane + k0 * inner) * c->out_size;
-        const int64_t ch = chan && op->channel_dim < k ? idx[op->channel_dim] : 0;
-        const double a = !chan ? op->scale : sc ? sc[ch] : 1.0, b = !chan ? op->offset : of ? of[ch] : 0.0;
-        narrow_chunk(c, &np, to, buf, s + k0 * bst[k], k, k0, m, shape, bst, op, a, b);
-        continue;
-      }
-      ab__host_gather(buf, s + k0 * bst[k], ndim - q, sub_shape, sub_st, c->in_size);
-      /* piece o of the buffer: index o of dims q..k-1, rows k0..k0+m of dim k */
+      if (!narrow) ab__host_gather(buf, s + k0 * bst[k], ndim - q, sub_shape, sub_st, c->in_size);
+      /* piece o of the buffer: index o of dims q..k-1 (o = 0 only, when
+       * narrow), rows k0..k0+m of dim k */
       for (int64_t o = 0; o < outer; o++) {
-        const char *from = buf + (size_t)(o * m * inner) * c->in_size;
         const int64_t at = k == 0 ? 0 : lin * outer + o; /* index of dims 0..k-1 */
         char *to = dst + (size_t)((at / m1) * p0 + (at % m1) * plane + k0 * inner) * c->out_size;
-        if (chan && op->channel_dim == k) { /* a channel for each index of dim k */
-          for (int64_t j = 0; j < m; j++) {
-            const double a = sc ? sc[k0 + j] : 1.0, b = of ? of[k0 + j] : 0.0;
-            convert_row(c, to + (size_t)(j * inner) * c->out_size, from + (size_t)(j * inner) * c->in_size, inner,
-                        (int64_t)c->in_size, &a, &b, false);
-          }
-          continue;
-        }
+        /* the piece's map: per tensor, or per channel of a dim before k */
         int64_t ch = 0;
         if (chan && op->channel_dim < q) {
           ch = idx[op->channel_dim];
-        } else if (chan) { /* the channel's index within o: dims q..k-1, row-major */
+        } else if (chan && op->channel_dim < k) { /* the channel's index within o: dims q..k-1, row-major */
           int64_t r = o;
           for (int32_t i = k - 1; i > op->channel_dim; i--) r /= shape[i];
           ch = r % shape[op->channel_dim];
         }
         const double a = !chan ? op->scale : sc ? sc[ch] : 1.0, b = !chan ? op->offset : of ? of[ch] : 0.0;
+        if (narrow) {
+          narrow_chunk(c, &np, to, buf, s + k0 * bst[k], k, k0, m, shape, bst, op, a, b);
+          continue;
+        }
+        const char *from = buf + (size_t)(o * m * inner) * c->in_size;
+        if (chan && op->channel_dim == k) { /* a channel for each index of dim k */
+          for (int64_t j = 0; j < m; j++) {
+            const double ra = sc ? sc[k0 + j] : 1.0, rb = of ? of[k0 + j] : 0.0;
+            convert_row(c, to + (size_t)(j * inner) * c->out_size, from + (size_t)(j * inner) * c->in_size, inner,
+                        (int64_t)c->in_size, &ra, &rb, false);
+          }
+          continue;
+        }
         convert_row(c, to, from, m * inner, (int64_t)c->in_size, &a, &b, false);
       }
     }
