@@ -43,13 +43,16 @@ bool ab__route_converts_on_source(const ab__route_query *q) {
   return !src_host && wants_device(q, pays);
 }
 
-/* Same device, same elements, a layout the caller accepts. */
-static bool viewable(const ab__route_query *q) {
-  const bool layout_ok = q->src_compact || (q->flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
-  return same_device(q->src, q->dst) && q->same_dtype && !q->convert && layout_ok;
+/* Same device, same elements, a layout the caller accepts, and a caller
+ * who did not ask for a copy. */
+bool ab__route_view(DLDevice src, DLDevice dst, bool converts, bool src_compact, uint32_t flags, ab_copy_mode copy) {
+  const bool layout_ok = src_compact || (flags & AB_CONVERT_ALLOW_STRIDED_VIEW);
+  return same_device(src, dst) && !converts && layout_ok && copy != AB_COPY_ALWAYS;
 }
 
-bool ab__route_is_view(const ab__route_query *q) { return viewable(q) && q->copy != AB_COPY_ALWAYS; }
+bool ab__route_is_view(const ab__route_query *q) {
+  return ab__route_view(q->src, q->dst, q->convert || !q->same_dtype, q->src_compact, q->flags, q->copy);
+}
 
 static ab_status plan_route(const ab__route_query *q, ab__plan *plan) {
   const bool here = same_device(q->src, q->dst);

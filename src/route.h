@@ -91,10 +91,12 @@ typedef struct ab__route_query {
  * Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */
 ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan);
-/* Whether the plan is a view (nothing moves). It reads src, dst,
- * same_dtype, convert, src_compact, flags and copy only: a caller may ask
- * before it fills the rest of the query, which a view does not use. */
+/* Whether the plan is a view (nothing moves). */
 bool ab__route_is_view(const ab__route_query *q);
+/* The same question from the facts it reads, for a caller that has not
+ * built a query (a zero-copy call needs nothing else): converts is
+ * `convert || !same_dtype`, the rest as in the query. */
+bool ab__route_view(DLDevice src, DLDevice dst, bool converts, bool src_compact, uint32_t flags, ab_copy_mode copy);
 
 /* Whether the plan would convert on the target (resp. the source) device
  * if that device can (dst_convert, src_convert are then ignored): the

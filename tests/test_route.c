@@ -69,6 +69,36 @@ Test(route, same_device_same_dtype_compact_is_a_view) {
   assert_one_step(&o, AB_STEP_VIEW, kDLOpenCL, "opencl:1 -> opencl:1");
 }
 
+/* ab_convert_memory decides a view with ab__route_view before it builds a
+ * query: the two must agree with the plan on every combination. */
+Test(route, the_view_test_without_a_query_agrees_with_the_planner) {
+  const DLDevice devs[][2] = {{CPU0, CPU0}, {CPU0, DEV(kDLCPU, 1)}, {DEV(kDLCUDA, 0), DEV(kDLCUDA, 0)},
+                              {DEV(kDLCUDA, 0), DEV(kDLCUDA, 1)}, {CPU0, DEV(kDLCUDA, 0)}};
+  const ab_copy_mode copies[] = {AB_COPY_IF_NEEDED, AB_COPY_ALWAYS, AB_COPY_NEVER};
+  int views = 0, cases = 0;
+  for (size_t d = 0; d < sizeof devs / sizeof devs[0]; d++)
+    for (int bits = 0; bits < 16; bits++)
+      for (size_t c = 0; c < 3; c++) {
+        ab__route_query q = query(devs[d][0], devs[d][1]);
+        q.same_dtype = (bits & 1) != 0;
+        q.convert = (bits & 2) != 0;
+        q.src_compact = (bits & 4) != 0;
+        q.flags = (bits & 8) ? AB_CONVERT_ALLOW_STRIDED_VIEW : 0;
+        q.copy = copies[c];
+        ab__plan plan;
+        const bool planned_view = ab__plan_route(&q, &plan) == AB_OK && plan.steps[0].kind == AB_STEP_VIEW;
+        const bool view = ab__route_view(q.src, q.dst, q.convert || !q.same_dtype, q.src_compact, q.flags, q.copy);
+        cr_assert_eq(view, planned_view, "devices %zu, bits %d, copy %d: ab__route_view says %d, the plan %d", d,
+                     bits, (int)q.copy, view, planned_view);
+        cr_assert_eq(ab__route_is_view(&q), view, "devices %zu, bits %d, copy %d", d, bits, (int)q.copy);
+        views += view;
+        cases++;
+      }
+  /* same device (2 pairs), same dtype, no conversion, a layout it takes
+   * (compact, or strided with the flag: 3 of 4), no forced copy (2 of 3) */
+  cr_assert_eq(views, 2 * 3 * 2, "%d views in %d cases", views, cases);
+}
+
 Test(route, copy_always_copies_within_the_backend) {
   ab__route_query q = query(CPU0, CPU0);
   q.copy = AB_COPY_ALWAYS;
