@@ -189,9 +189,10 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
   for (size_t es = 1; es <= 16; es *= 2)
     for (int kind = 0; kind < 4; kind++)
       for (size_t whole = 1 << 20; whole <= (size_t)1 << 34; whole <<= 11)
-        cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole), 2, "%zu-byte elements, kind %d, %zu bytes",
-                     es, kind, whole);
-  cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30), 0);
+        for (size_t plane = whole >> 4; plane <= whole; plane <<= 2)
+          cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), 2,
+                       "%zu-byte elements, kind %d, %zu bytes in planes of %zu", es, kind, whole, plane);
+  cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30, (size_t)1 << 30), 0);
 }
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
@@ -206,17 +207,52 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
     cr_log_info("%zu-byte elements: %s", es, ab__host_transpose_mode_name(m));
   }
   cr_assert_eq(ab__host_streaming(), ab__host_transpose_mode(4));
-  /* The choice for rows on lines from memory is the one the mode reports;
-   * every kind's is a variant, and the same when asked again. */
+  /* The choice for rows on lines in large planes from memory is the one
+   * the mode reports; every kind's is a variant, and the same when asked
+   * again. */
   for (size_t es = 1; es <= 16; es *= 2) {
-    cr_assert_eq(ab__host_transpose_pick(es, true, true, (size_t)1 << 40), ab__host_transpose_mode(es));
+    cr_assert_eq(ab__host_transpose_pick(es, true, true, (size_t)1 << 40, (size_t)1 << 39), ab__host_transpose_mode(es));
     for (int kind = 0; kind < 4; kind++)
-      for (size_t whole = 1 << 20; whole <= (size_t)1 << 40; whole <<= 4) {
-        const int p = ab__host_transpose_pick(es, kind & 1, kind & 2, whole);
-        cr_assert(p >= 0 && p <= 2, "%zu-byte elements, kind %d, %zu bytes: %d", es, kind, whole, p);
-        cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole), p);
-      }
+      for (size_t whole = 1 << 20; whole <= (size_t)1 << 40; whole <<= 4)
+        for (size_t plane = whole >> 8; plane <= whole; plane <<= 4) {
+          const int p = ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane);
+          cr_assert(p >= 0 && p <= 2, "%zu-byte elements, kind %d, %zu bytes in planes of %zu: %d", es, kind, whole,
+                    plane, p);
+          cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), p);
+        }
   }
+}
+
+/* The rule that reads a trial's times (seconds: plain, streamed, blocked). */
+Test(streaming, the_pick_rule_weighs_the_blocks_by_plane_size) {
+  /* the Intel VM's memory trial for float32 rows on lines: the blocks 3%
+   * ahead of the L1 tiles, both well ahead of the plain tiles */
+  const double close_ahead[3] = {1.0 / 2.13, 1.0 / 4.36, 1.0 / 4.50};
+  cr_assert_eq(ab__host_pick_variant(close_ahead, true, false), 1, "small planes: the blocks need a 10%% lead");
+  cr_assert_eq(ab__host_pick_variant(close_ahead, true, true), 2, "large planes: the blocks within 10%% win");
+  /* the blocks 4% behind: still theirs in large planes, not in small ones */
+  const double close_behind[3] = {1.0 / 1.84, 1.0 / 3.97, 1.0 / 3.81};
+  cr_assert_eq(ab__host_pick_variant(close_behind, true, false), 1);
+  cr_assert_eq(ab__host_pick_variant(close_behind, true, true), 2);
+  /* the blocks 20% behind the L1 tiles: the L1 tiles everywhere */
+  const double far_behind[3] = {2.0, 1.0, 1.2};
+  cr_assert_eq(ab__host_pick_variant(far_behind, true, false), 1);
+  cr_assert_eq(ab__host_pick_variant(far_behind, true, true), 1);
+  /* the blocks 20% ahead: theirs everywhere; kept out (`blocks` false): never */
+  const double far_ahead[3] = {2.0, 1.2, 1.0};
+  cr_assert_eq(ab__host_pick_variant(far_ahead, true, false), 2);
+  cr_assert_eq(ab__host_pick_variant(far_ahead, true, true), 2);
+  cr_assert_eq(ab__host_pick_variant(far_ahead, false, true), 1);
+  /* streaming 5% ahead of the plain tiles is not enough; the blocks 3%
+   * behind the plain tiles (8% behind the L1 tiles) are enough only in
+   * large planes */
+  const double plain_close[3] = {1.0, 0.95, 1.03};
+  cr_assert_eq(ab__host_pick_variant(plain_close, true, false), 0);
+  cr_assert_eq(ab__host_pick_variant(plain_close, true, true), 2);
+  cr_assert_eq(ab__host_pick_variant(plain_close, false, true), 0);
+  /* the blocks 15% behind the plain tiles, though ahead of the L1 tiles */
+  const double plain_ahead[3] = {1.0, 1.3, 1.15};
+  cr_assert_eq(ab__host_pick_variant(plain_ahead, true, true), 0);
 }
 
 /* A band of a large conversion writes as the whole conversion does: the

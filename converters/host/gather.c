@@ -20,6 +20,7 @@
 #include "arraybridge/arraybridge.h"
 #include "gather.h"
 #include "src/element.h"
+#include "src/internal.h"
 
 
 typedef struct dims {
@@ -1058,7 +1059,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * (probe_time, probe_mode: 30-65 ms once per process and size on the
  * EPYC VM) and keeps the fastest for each kind and regime, a streaming
  * variant only when it wins by 10% or more, the blocks only when they
- * also beat the L1 tiles by 10% (probe_pick). */
+ * also beat the L1 tiles by 10% (ab__host_pick_variant). */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 
 /* Kinds of rows: output rows that all start on a line or not, from source
@@ -1085,17 +1086,31 @@ enum { TR_ON_LINES, TR_OUT_OFF, TR_SRC_OFF, TR_BOTH_OFF, TR_KINDS };
  * tiles for uint8 with rows on lines (9.1-9.9 GB/s at 64 MiB), where the
  * blocks ran 10.0-10.9. */
 enum { TR_CACHED, TR_MEMORY, TR_REGIMES };
+/* The picks: one per regime, and a third for large planes from memory
+ * (TR_LARGE_PLANE bytes or more in one plane), read off the memory
+ * trial's times by another rule (ab__host_pick_variant). The 8 MiB trial
+ * cannot see what such planes prefer: on an Intel Xeon (Cascade Lake) VM,
+ * one thread, its blocks and L1 tiles were within 4% of each other for
+ * float32 on every kind of rows, while from 3000^2 to 8192^2 float32 the
+ * blocks ran 0.71-0.91x of memcpy and the L1 tiles 0.36-0.80x (3000^2,
+ * both kinds of rows off lines: 0.71 against 0.36-0.44; 4104^2: 0.69
+ * against 0.45); uint8, uint16 and float64 4096^2 planes were faster in
+ * the blocks too. On the AMD EPYC VM 64 MiB float32 planes ran 15.6-18.7
+ * GB/s in the blocks, 8.2-10.3 in the L1 tiles. */
+#define TR_LARGE TR_REGIMES
+#define TR_PICKS (TR_REGIMES + 1)
+#define TR_LARGE_PLANE ((size_t)16 << 20)
 
-/* tr_pick[size][regime][kind]: written once per size before tr_mode[size]
+/* tr_pick[size][pick][kind]: written once per size before tr_mode[size]
  * publishes it (release), read after it (acquire). */
-static int tr_pick[TR_CLASSES][TR_REGIMES][TR_KINDS];
-/* -1 until decided, then the choice for rows on lines from memory (the
- * largest transposes; what abtool info prints). */
+static int tr_pick[TR_CLASSES][TR_PICKS][TR_KINDS];
+/* -1 until decided, then the choice for rows on lines in large planes
+ * from memory (the largest transposes; what abtool info prints). */
 static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
 
 /* Every kind and regime the same variant. */
-static void pick_all(int pick[TR_REGIMES][TR_KINDS], int mode) {
-  for (int r = 0; r < TR_REGIMES; r++)
+static void pick_all(int pick[TR_PICKS][TR_KINDS], int mode) {
+  for (int r = 0; r < TR_PICKS; r++)
     for (int k = 0; k < TR_KINDS; k++) pick[r][k] = mode;
 }
 
@@ -1149,6 +1164,23 @@ static size_t llc_bytes(void) {
 static bool from_memory(size_t whole) {
   const size_t llc = llc_bytes();
   return llc == 0 || whole > llc;
+}
+
+/* The fastest variant: a streaming one only where it beats the plain
+ * tiles by 10% or more, and the blocks only where they beat the L1 tiles
+ * by as much too. The blocks fill one block while the one before streams
+ * out, so a transpose's first and last blocks overlap nothing, which the
+ * trial's single large transpose hides: EPYC, 16 uint8 planes of 1000^2
+ * (both kinds of rows off lines) ran 9.8-11.7 GB/s in the blocks against
+ * 14.7-15.3 in the L1 tiles, where their trial had the two within 5%.
+ * Large planes have few first and last blocks for their size, and run
+ * faster in the blocks than the trial says (TR_LARGE): for them the
+ * blocks need only come within 10% of the fastest. */
+int ab__host_pick_variant(const double best[3], bool blocks, bool large) {
+  const double other = best[TR_PLAIN] < best[TR_STREAMED] ? best[TR_PLAIN] : best[TR_STREAMED];
+  if (large && blocks && best[TR_BLOCKED] <= other * 1.1) return TR_BLOCKED; /* see TR_LARGE */
+  const int fast = blocks && best[TR_BLOCKED] * 1.1 <= best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
+  return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1214,18 +1246,6 @@ static void *trial_alloc(size_t bytes) {
   return p;
 }
 
-/* The fastest variant: a streaming one only where it beats the plain
- * tiles by 10% or more, and the blocks only where they beat the L1 tiles
- * by as much too. The blocks fill one block while the one before streams
- * out, so a transpose's first and last blocks overlap nothing, which the
- * trial's single large transpose hides: EPYC, 16 uint8 planes of 1000^2
- * (both kinds of rows off lines) ran 9.8-11.7 GB/s in the blocks against
- * 14.7-15.3 in the L1 tiles, where their trial had the two within 5%. */
-static int probe_pick(const double *best, bool blocks) {
-  const int fast = blocks && best[TR_BLOCKED] * 1.1 <= best[TR_STREAMED] ? TR_BLOCKED : TR_STREAMED;
-  return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
-}
-
 /* One trial per kind of rows, on one 8 MiB source of 2048 rows: rows off
  * lines are 32 bytes off every other line (as 4104 float32 columns are).
  * The shape matters: with 1024 source rows (float32 output rows of 4 KiB)
@@ -1243,7 +1263,7 @@ static int probe_pick(const double *best, bool blocks) {
  * 7.3 plain, which the trial without them picked in nine processes of
  * ten). Where memory for the trials is short, the plain tiles, for the
  * rest of the process. */
-static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
+static void probe_mode(size_t es, int pick[TR_PICKS][TR_KINDS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
@@ -1255,7 +1275,16 @@ static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
       const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
       double best[TR_REGIMES][TR_MODES];
       probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
-      for (int r = 0; r < TR_REGIMES; r++) pick[r][k] = probe_pick(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF);
+      for (int r = 0; r < TR_REGIMES; r++)
+        pick[r][k] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
+      pick[TR_LARGE][k] = ab__host_pick_variant(best[TR_MEMORY], true, true);
+      for (int r = 0; r < TR_REGIMES; r++)
+        AB_LOG(AB_LOG_DEBUG, "transpose trial, %zu-byte elements, %s, %s: plain %.2f, streamed %.2f, blocked %.2f GB/s: %s%s%s",
+               es, (const char *[]){"rows on lines", "output off lines", "source off lines", "both off lines"}[k],
+               r == TR_MEMORY ? "from memory" : "cached", (double)bytes / best[r][TR_PLAIN] * 1e-9,
+               (double)bytes / best[r][TR_STREAMED] * 1e-9, (double)bytes / best[r][TR_BLOCKED] * 1e-9,
+               ab__host_transpose_mode_name(pick[r][k]), r == TR_MEMORY ? "; large planes: " : "",
+               r == TR_MEMORY ? ab__host_transpose_mode_name(pick[TR_LARGE][k]) : "");
     }
   }
   free(s);
@@ -1263,7 +1292,7 @@ static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
   free(carry);
 }
 #else
-static void probe_mode(size_t es, int pick[TR_REGIMES][TR_KINDS]) {
+static void probe_mode(size_t es, int pick[TR_PICKS][TR_KINDS]) {
   (void)es;
   pick_all(pick, TR_PLAIN);
 }
@@ -1278,12 +1307,12 @@ static int forced_mode(void) {
 }
 
 static void decide(int k, size_t es) {
-  int pick[TR_REGIMES][TR_KINDS];
+  int pick[TR_PICKS][TR_KINDS];
   const int m = forced_mode();
   if (m >= 0) pick_all(pick, m);
   else probe_mode(es, pick);
   memcpy(tr_pick[k], pick, sizeof pick);
-  atomic_store_explicit(&tr_mode[k], pick[TR_MEMORY][TR_ON_LINES], memory_order_release);
+  atomic_store_explicit(&tr_mode[k], pick[TR_LARGE][TR_ON_LINES], memory_order_release);
 }
 
 #define DEFINE_DECIDE(K, ES) \
@@ -1318,11 +1347,11 @@ int ab__host_transpose_mode_known(size_t es) {
 #endif
 }
 
-int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole) {
+int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane) {
   const int m = ab__host_transpose_mode(es); /* decides, and publishes tr_pick[k] */
   const int k = ab__width_index(es);
   if (k < 0) return m;
-  const int regime = from_memory(whole) ? TR_MEMORY : TR_CACHED;
+  const int regime = !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
   const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
   return tr_pick[k][regime][kind];
 }
@@ -1414,7 +1443,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
     if (whole / 2 >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
-      const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole);
+      const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole, (size_t)(c.na * c.nb) * elsize);
       c.from_memory = from_memory(whole);
       if (mode != TR_PLAIN) {
         /* the blocks' buffer after the carried lines; or a line of slack

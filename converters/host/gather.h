@@ -34,7 +34,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
 
 /* How large transposes of es-byte elements write on this machine, for
  * output rows on cache lines from source rows at one offset in a line,
- * too large for the last-level cache (other rows and sizes:
+ * planes of 16 MiB and more too large for the last-level cache (other
+ * rows and sizes:
  * ab__host_transpose_pick): 0 (plain tiles, ordinary stores), 1 (streamed
  * L1 tiles) or 2 (streamed L2 blocks), from AB_HOST_STREAMING (0, 1,
  * blocked) or measured once per element size (auto); element sizes other
@@ -45,8 +46,15 @@ int ab__host_transpose_mode_known(size_t es);
 /* The variant (0, 1, 2 as above) for one large transpose: output rows all
  * on cache lines or not, source rows all at one offset in a line or not,
  * reading and writing `whole` bytes in all (the last-level cache or
- * memory). Decides as ab__host_transpose_mode. */
-int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole);
+ * memory), in planes (2-D transposes) of `plane` bytes each. Decides as
+ * ab__host_transpose_mode. */
+int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
+/* The rule that picks from a trial's best times (seconds, indexed 0, 1,
+ * 2 as above): a streaming variant where it beats the plain tiles by 10%,
+ * the blocks (if `blocks` lets them in) where they also beat the L1 tiles
+ * by 10%; for large planes from memory (`large`), the blocks wherever
+ * they trail neither other variant by more than 10%. */
+int ab__host_pick_variant(const double best[3], bool blocks, bool large);
 /* "plain", "streamed", "blocked" for 0, 1, 2; "auto" for -1. */
 const char *ab__host_transpose_mode_name(int mode);
 /* ab__host_transpose_mode(4): that choice for float32. */
