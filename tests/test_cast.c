@@ -1100,6 +1100,47 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
   free(tb.data);
 }
 
+/* Narrowing casts of 2-D transposed sources with one map for all (cast
+ * row by row in the source's order into bands, then transposed into the
+ * result: convert.c, cast_then_transpose): source rows longer than the
+ * converter's pieces (4096 elements: 4173 is a piece and 77), bands whole
+ * and ragged (256 float16 rows a band; 70 and 600 result columns), a
+ * source that is a transposed block of a wider array (its rows 5000
+ * elements apart), and one large enough for two threads' bands. */
+Test(cast, narrowing_casts_of_transposed_sources_match_the_reference) {
+  test_rng g = {0x7ca57u};
+  size_t nb;
+  static const struct { int from, to; bool affine; int64_t n0, n1, pitch; int threads; } cases[] = {
+    {R_F32, R_F16, false, 4173, 70, 4173, 1},  {R_F32, R_U8, true, 4173, 70, 4173, 1},
+    {R_F64, R_F32, false, 300, 600, 5000, 1},  {R_F32, R_BF16, true, 300, 512, 300, 1},
+    {R_I32, R_I16, true, 130, 1030, 130, 1},   {R_F64, R_I8, false, 64, 64, 64, 1},
+    {R_F32, R_F16, true, 1500, 1100, 1600, 2}, {R_U16, R_U8, false, 700, 650, 700, 0},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t n0 = cases[k].n0, n1 = cases[k].n1, pitch = cases[k].pitch;
+    /* n1 source rows of `pitch` elements, the first n0 of each read */
+    void *p = malloc((size_t)(n1 * pitch) * KD[cases[k].from].size);
+    cr_assert_not_null(p);
+    fill_cast_probes(p, n1 * pitch, KD[cases[k].from].dt, &g);
+    int64_t shape[2] = {n0, n1}, st[2] = {1, pitch};
+    DLTensor t = {p, CPU0, 2, KD[cases[k].from].dt, shape, st, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[cases[k].to].dt;
+    o.threads = cases[k].threads;
+    if (cases[k].affine) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = 0.75;
+      o.offset = -3.5;
+    }
+    char what[112];
+    snprintf(what, sizeof what, "transposed %s (%lld x %lld, rows %lld apart) -> %s%s, %d threads",
+             KD[cases[k].from].name, (long long)n0, (long long)n1, (long long)pitch, KD[cases[k].to].name,
+             cases[k].affine ? " with a map" : "", cases[k].threads);
+    free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    free(p);
+  }
+}
+
 /* Narrowing casts whose source runs along a whole dim of every chunk
  * (planes to pixels): cast in the source's order, then gathered (convert.c,
  * narrow_chunk). CHW float32 (3, 301, 300) as HWC uint8 in chunks of 64
