@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core.h"
 #include "internal.h"
 #include "support.h"
 
@@ -281,6 +282,35 @@ Test(bad_input, source_cpu_1_does_not_exist) {
   t.device = CPU1;
   expect_tensor_rejected(&t, AB_ERR_NO_DEVICE, "cpu:1", "src cpu:1");
   assert_message("src cpu:1", "device");
+}
+
+/* cpu:0 skips the device search once the backends are up
+ * (ab__check_tensor_device): before the first call, after ab_shutdown and
+ * after the re-initialisation it gives what the search gives, and the
+ * devices around it are still refused. */
+Test(bad_input, the_cpu_0_shortcut_agrees_with_the_search_across_shutdown) {
+  for (int round = 0; round < 4; round++) {
+    DLDevice r = {(DLDeviceType)99, 99};
+    const struct ab_backend *be = NULL;
+    cr_assert_eq(ab__check_tensor_device(CPU0, "src device", false, &r, &be), AB_OK, "round %d: %s", round,
+                 ab_last_error());
+    cr_assert(r.device_type == kDLCPU && r.device_id == 0, "round %d: resolved to %d:%d", round, r.device_type,
+              r.device_id);
+    cr_assert_eq(be, ab__backend_for(kDLCPU), "round %d: another backend", round);
+    cr_assert_eq(ab__check_tensor_device(CPU1, "src device", false, &r, &be), AB_ERR_NO_DEVICE, "round %d", round);
+    cr_assert_eq(ab__check_tensor_device((DLDevice){kDLCPU, -3}, "src device", false, &r, &be),
+                 AB_ERR_INVALID_ARGUMENT, "round %d", round);
+    /* the staging type is still refused by its own check */
+    cr_assert_eq(ab__check_tensor_device((DLDevice){(DLDeviceType)AB_DEVICE_OPENCL_HOST, 0}, "src device", false, &r,
+                                         &be),
+                 AB_ERR_INVALID_ARGUMENT, "round %d", round);
+    DLTensor t = good_tensor();
+    DLManagedTensorVersioned *m = NULL;
+    cr_assert_eq(ab_convert_memory(&t, CPU0, NULL, &m), AB_OK, "round %d: %s", round, ab_last_error());
+    cr_assert_eq(m->dl_tensor.data, t.data, "round %d: not a view", round);
+    m->deleter(m);
+    if (round % 2 == 1) ab_shutdown();
+  }
 }
 
 Test(bad_input, negative_source_device_id_is_invalid) {
