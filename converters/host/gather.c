@@ -131,6 +131,7 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
 #define NT_THRESHOLD ((size_t)4 << 20)
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86_KERNELS 1
 /* 4x4 tile of 4-byte elements: four source rows (fixed b, a..a+3) become
@@ -1201,8 +1202,13 @@ __attribute__((target("clflushopt"))) static void evict_opt(const char *p, size_
   _mm_mfence();
 }
 
+static bool has_clflushopt(void) {
+  unsigned a, b, c, d; /* CPUID leaf 7, subleaf 0: EBX bit 23 (clang's __builtin_cpu_supports does not know it) */
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 23 & 1u);
+}
+
 static void evict(const char *p, size_t n) {
-  if (__builtin_cpu_supports("clflushopt")) {
+  if (has_clflushopt()) {
     evict_opt(p, n);
     return;
   }
