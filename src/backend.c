@@ -41,6 +41,8 @@ ab_status ab__dev_usable(const struct ab_backend *be, int32_t id) {
   return be->usable != NULL ? be->usable(id) : AB_OK;
 }
 
+bool ab__dev_always_usable(const struct ab_backend *be) { return be->usable == NULL; }
+
 ab_status ab__dev_info(const struct ab_backend *be, int32_t id, struct ab_device_info *out) {
   if (be->device_info == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "backend %s cannot describe its devices", be->name);

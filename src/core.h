@@ -28,6 +28,8 @@ void ab__registry_shutdown(void);
 
 /* The backend serving `type`, or NULL if none is built in. */
 const struct ab_backend *ab__backend_for(DLDeviceType type);
+/* Whether cpu:0 is checked without the backend search now (tests). */
+bool ab__device_shortcut_ready(void);
 
 /* Checks a device named by a caller. `what` names it in messages ("src
  * device", "target device"). A target may carry AB_DEVICE_AUTO, which is resolved here
@@ -52,6 +54,9 @@ int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id);
 ab_status ab__dev_info(const struct ab_backend *be, int32_t id, struct ab_device_info *out);
 /* Whether device id can still be used (ab_backend.usable). */
 ab_status ab__dev_usable(const struct ab_backend *be, int32_t id);
+/* Whether every existing device of the backend is usable (it has no
+ * usability check). */
+bool ab__dev_always_usable(const struct ab_backend *be);
 /* Total and free memory of a device, 0 when unknown. Never fails and
  * leaves the thread's error message as it was. */
 void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, uint64_t *total_b);

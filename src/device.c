@@ -55,7 +55,7 @@ void ab__ensure_init(void) {
         ab__restore_error(saved);
         AB_LOG(AB_LOG_INFO, "backend %s has no devices: %s", backends[i]->name, backend_why[i]);
       }
-      if (backend_up[i] && backends[i]->device_type == kDLCPU && backends[i]->usable == NULL &&
+      if (backend_up[i] && backends[i]->device_type == kDLCPU && ab__dev_always_usable(backends[i]) &&
           ab__dev_count(backends[i]) > 0)
         atomic_store_explicit(&host_fast, backends[i], memory_order_relaxed);
     }
@@ -187,6 +187,11 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
 ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
                            DLDevice *resolved, const struct ab_backend **be) {
   return check_device_at(backend_index(dev.device_type), dev, what, is_target, resolved, be);
+}
+
+bool ab__device_shortcut_ready(void) {
+  return atomic_load_explicit(&inited, memory_order_acquire) &&
+         atomic_load_explicit(&host_fast, memory_order_relaxed) != NULL;
 }
 
 ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,

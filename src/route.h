@@ -91,7 +91,9 @@ typedef struct ab__route_query {
  * Fills *plan or fails with AB_ERR_COPY_REQUIRED (AB_COPY_NEVER and the
  * source is not acceptable as it is) or AB_ERR_UNSUPPORTED (no route). */
 ab_status ab__plan_route(const ab__route_query *q, ab__plan *plan);
-/* Whether the plan is a view (nothing moves). */
+/* Whether the plan is a view (nothing moves). It reads src, dst,
+ * same_dtype, convert, src_compact, flags and copy only: a caller may ask
+ * before it fills the rest of the query, which a view does not use. */
 bool ab__route_is_view(const ab__route_query *q);
 /* The same question from the facts it reads, for a caller that has not
  * built a query (a zero-copy call needs nothing else): converts is

@@ -1106,7 +1106,8 @@ Test(cast, large_permuted_and_transposed_casts_match_the_reference) {
  * converter's pieces (4096 elements: 4173 is a piece and 77), bands whole
  * and ragged (256 float16 rows a band; 70 and 600 result columns), a
  * source that is a transposed block of a wider array (its rows 5000
- * elements apart), and one large enough for two threads' bands. */
+ * elements apart), one large enough for two threads' bands, and batches
+ * of such planes (3, and 1). */
 Test(cast, narrowing_casts_of_transposed_sources_match_the_reference) {
   test_rng g = {0x7ca57u};
   size_t nb;
@@ -1116,26 +1117,30 @@ Test(cast, narrowing_casts_of_transposed_sources_match_the_reference) {
     {R_I32, R_I16, true, 130, 1030, 130, 1},   {R_F64, R_I8, false, 64, 64, 64, 1},
     {R_F32, R_F16, true, 1500, 1100, 1600, 2}, {R_U16, R_U8, false, 700, 650, 700, 0},
   };
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    const int64_t n0 = cases[k].n0, n1 = cases[k].n1, pitch = cases[k].pitch;
-    /* n1 source rows of `pitch` elements, the first n0 of each read */
-    void *p = malloc((size_t)(n1 * pitch) * KD[cases[k].from].size);
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0] + 2; k++) {
+    /* and two batches: 3 planes of the first case's, and 1 of the third's */
+    const size_t c = k < sizeof cases / sizeof cases[0] ? k : k == sizeof cases / sizeof cases[0] ? 0 : 2;
+    const int64_t batch = k == c ? 0 : k == sizeof cases / sizeof cases[0] ? 3 : 1;
+    const int64_t n0 = cases[c].n0, n1 = cases[c].n1, pitch = cases[c].pitch, planes = batch > 0 ? batch : 1;
+    /* n1 source rows of `pitch` elements (a plane), the first n0 of each read */
+    void *p = malloc((size_t)(planes * n1 * pitch) * KD[cases[c].from].size);
     cr_assert_not_null(p);
-    fill_cast_probes(p, n1 * pitch, KD[cases[k].from].dt, &g);
-    int64_t shape[2] = {n0, n1}, st[2] = {1, pitch};
-    DLTensor t = {p, CPU0, 2, KD[cases[k].from].dt, shape, st, 0};
+    fill_cast_probes(p, planes * n1 * pitch, KD[cases[c].from].dt, &g);
+    int64_t shape[3] = {batch, n0, n1}, st[3] = {n1 * pitch, 1, pitch};
+    DLTensor t = {p, CPU0, batch > 0 ? 3 : 2, KD[cases[c].from].dt, batch > 0 ? shape : shape + 1,
+                  batch > 0 ? st : st + 1, 0};
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-    o.dtype = KD[cases[k].to].dt;
-    o.threads = cases[k].threads;
-    if (cases[k].affine) {
+    o.dtype = KD[cases[c].to].dt;
+    o.threads = cases[c].threads;
+    if (cases[c].affine) {
       o.flags = AB_CONVERT_AFFINE;
       o.scale = 0.75;
       o.offset = -3.5;
     }
-    char what[112];
-    snprintf(what, sizeof what, "transposed %s (%lld x %lld, rows %lld apart) -> %s%s, %d threads",
-             KD[cases[k].from].name, (long long)n0, (long long)n1, (long long)pitch, KD[cases[k].to].name,
-             cases[k].affine ? " with a map" : "", cases[k].threads);
+    char what[128];
+    snprintf(what, sizeof what, "%lld x transposed %s (%lld x %lld, rows %lld apart) -> %s%s, %d threads",
+             (long long)batch, KD[cases[c].from].name, (long long)n0, (long long)n1, (long long)pitch,
+             KD[cases[c].to].name, cases[c].affine ? " with a map" : "", cases[c].threads);
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
     free(p);
   }

@@ -4,12 +4,14 @@
  * version. */
 #include <criterion/criterion.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 #include "core.h"
+#include "plan.h"
 #include "support.h"
 
 static int dtype_eq(DLDataType a, DLDataType b) {
@@ -583,4 +585,56 @@ Test(convert, a_permutation_of_size_one_dims_still_permutes_the_shape) {
   r->deleter(r);
   o.copy = AB_COPY_NEVER; /* a new shape is a new tensor */
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_ERR_COPY_REQUIRED);
+}
+
+/* ab_convert_memory decides a view from its checks (ab__route_view, fed
+ * the conversion's `active`) before it plans; ab__prepare, what
+ * ab_explain runs, plans the whole route. The two must agree on every
+ * request: no dtype, the same one or another; no permutation, the
+ * identity, one that moves only a size-1 dim, a real one; a map; strided
+ * views allowed or not; read-only; each copy mode; a compact source and a
+ * strided one. */
+Test(convert, a_view_exactly_where_the_planner_plans_one) {
+  float data[24];
+  for (int i = 0; i < 24; i++) data[i] = (float)i;
+  int64_t shape[3] = {4, 1, 6}, strided[3] = {1, 1, 4};
+  static const int32_t ident[3] = {0, 1, 2}, ones[3] = {1, 0, 2}, real[3] = {2, 1, 0};
+  const int32_t *perms[4] = {NULL, ident, ones, real};
+  const DLDataType dts[3] = {{0, 0, 0}, dt(kDLFloat, 32, 1), dt(kDLFloat, 64, 1)};
+  const uint32_t flags[4] = {0, AB_CONVERT_AFFINE, AB_CONVERT_ALLOW_STRIDED_VIEW, AB_CONVERT_READ_ONLY};
+  const ab_copy_mode copies[3] = {AB_COPY_IF_NEEDED, AB_COPY_ALWAYS, AB_COPY_NEVER};
+  int views = 0, copied = 0, refused = 0;
+  for (int lay = 0; lay < 2; lay++)
+    for (int d = 0; d < 3; d++)
+      for (int p = 0; p < 4; p++)
+        for (int f = 0; f < 4; f++)
+          for (int c = 0; c < 3; c++) {
+            DLTensor t = {data, CPU0, 3, dt(kDLFloat, 32, 1), shape, lay ? strided : NULL, 0};
+            ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+            o.dtype = dts[d];
+            o.permute = perms[p];
+            o.flags = flags[f];
+            o.scale = 1.0;
+            o.copy = copies[c];
+            char what[96];
+            snprintf(what, sizeof what, "%s source, dtype %d, permutation %d, flags 0x%x, copy %d",
+                     lay ? "strided" : "compact", d, p, (unsigned)flags[f], (int)copies[c]);
+            ab__prepared pr;
+            const ab_status planned = ab__prepare(&t, CPU0, &o, NULL, &pr);
+            const bool plan_view = planned == AB_OK && pr.plan.steps[0].kind == AB_STEP_VIEW;
+            DLManagedTensorVersioned *m = NULL;
+            const ab_status st = ab_convert_memory(&t, CPU0, &o, &m);
+            cr_assert_eq(st, planned, "%s: ab_convert_memory %s, the planner %s", what, ab_status_name(st),
+                         ab_status_name(planned));
+            if (st != AB_OK) {
+              refused++;
+              continue;
+            }
+            const bool view = m->dl_tensor.data == (void *)data && !(m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
+            cr_assert_eq(view, plan_view, "%s: a %s where the planner has a %s", what, view ? "view" : "copy",
+                         plan_view ? "view" : "copy");
+            view ? views++ : copied++;
+            m->deleter(m);
+          }
+  cr_assert(views > 0 && copied > 0 && refused > 0, "%d views, %d copies, %d refused", views, copied, refused);
 }

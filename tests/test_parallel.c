@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "converters/host/convert.h"
 #include "parallel.h"
 #include "support.h"
 
@@ -404,6 +405,79 @@ Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
         one->deleter(one);
       }
   free(img);
+}
+
+/* Narrowing casts of transposed planes (convert.c, cast_then_transpose)
+ * in bands: one float32 plane of 700 x 650 read transposed, cut along its
+ * rows, and a batch of 2 such planes on 3 threads, cut along dim 1 (each
+ * band a strip of both planes, into result planes of their own), into
+ * float16 with a map and into uint8: the bytes of one thread. */
+Test(parallel, narrowing_casts_of_transposed_planes_on_threads_match_one_thread) {
+  const int64_t n0 = 700, n1 = 650;
+  float *a = malloc((size_t)(2 * n0 * n1) * sizeof *a);
+  cr_assert_not_null(a);
+  for (int64_t i = 0; i < 2 * n0 * n1; i++) a[i] = (float)((i * 37) % 1001) * 0.25f - 60.0f;
+  static const DLDataType outs[] = {{kDLFloat, 16, 1}, {kDLUInt, 8, 1}};
+  for (int b = 0; b < 2; b++)
+    for (int d = 0; d < 2; d++) {
+      int64_t shape[3] = {2, n0, n1}, st[3] = {n0 * n1, 1, n0};
+      DLTensor t = {a, CPU0, b ? 3 : 2, {kDLFloat, 32, 1}, b ? shape : shape + 1, b ? st : st + 1, 0};
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = outs[d];
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = d == 0 ? 0.5 : 1.0;
+      o.offset = d == 0 ? 0.0 : 70.0;
+      DLManagedTensorVersioned *one, *many;
+      o.threads = 1;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &one), AB_OK, "%s", ab_last_error());
+      ab__parallel_shutdown();
+      o.threads = 3;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &many), AB_OK, "%s", ab_last_error());
+      cr_assert_eq(ab__parallel_workers(), 2, "batch %d dtype %d: not on 3 threads", b, d);
+      const size_t n = (size_t)((b ? 2 : 1) * n0 * n1) * elsize_of(outs[d]);
+      cr_assert_eq(memcmp(many->dl_tensor.data, one->dl_tensor.data, n), 0, "batch %d dtype %d: threads differ", b,
+                   d);
+      many->deleter(many);
+      one->deleter(one);
+    }
+  free(a);
+}
+
+/* The same converter handed a band cut along dim 1 of one plane (as
+ * ab__host_run cuts planes of fewer rows than it wants bands, with 17
+ * threads or more): result rows dst0 bytes apart. Columns 200..399 of a
+ * 100 x 650 plane read transposed, into float16 with a map, against the
+ * whole plane's result; the bytes around the band stay untouched. */
+Test(parallel, a_band_of_a_transposed_plane_cut_along_its_columns_matches_the_whole) {
+  const int64_t n0 = 100, n1 = 650, c0 = 200, w = 200;
+  float *a = malloc((size_t)(n0 * n1) * sizeof *a);
+  uint16_t *band = malloc((size_t)(n0 * n1) * sizeof *band);
+  cr_assert(a != NULL && band != NULL);
+  for (int64_t i = 0; i < n0 * n1; i++) a[i] = (float)((i * 53) % 997) * 0.125f - 40.0f;
+  memset(band, 0xab, (size_t)(n0 * n1) * sizeof *band);
+  int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
+  DLTensor t = {a, CPU0, 2, {kDLFloat, 32, 1}, shape, st, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = (DLDataType){kDLFloat, 16, 1};
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 0.5;
+  o.offset = 1.0;
+  o.threads = 1;
+  DLManagedTensorVersioned *whole;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &whole), AB_OK, "%s", ab_last_error());
+  const ab__cast_op op = {{kDLFloat, 32, 1}, {kDLFloat, 16, 1}, true, 0.5, 1.0, -1, NULL, NULL};
+  const int64_t bshape[2] = {n0, w}, bst[2] = {4, n0 * 4};
+  ab__host_convert_into(band + c0, n1 * 2, a + c0 * n0, 2, bshape, bst, &op);
+  const uint16_t *ref = whole->dl_tensor.data;
+  for (int64_t i = 0; i < n0; i++)
+    for (int64_t j = 0; j < n1; j++) {
+      const bool in = j >= c0 && j < c0 + w;
+      cr_assert_eq(band[i * n1 + j], in ? ref[i * n1 + j] : 0xabab, "row %lld column %lld", (long long)i,
+                   (long long)j);
+    }
+  whole->deleter(whole);
+  free(band);
+  free(a);
 }
 
 /* Chunked casts with every dim after the cut one in each chunk and more

@@ -69,8 +69,12 @@ Test(route, same_device_same_dtype_compact_is_a_view) {
   assert_one_step(&o, AB_STEP_VIEW, kDLOpenCL, "opencl:1 -> opencl:1");
 }
 
-/* ab_convert_memory decides a view with ab__route_view before it builds a
- * query: the two must agree with the plan on every combination. */
+/* The view rule over every combination of device pair, dtype, conversion,
+ * layout, strided-view flag and copy mode: ab__route_view (which
+ * ab_convert_memory asks before it builds a query), ab__route_is_view and
+ * the plan give one answer, and it is a view in exactly the 12 cases the
+ * rule names. (test_convert checks ab_convert_memory's own call against
+ * the planner.) */
 Test(route, the_view_test_without_a_query_agrees_with_the_planner) {
   const DLDevice devs[][2] = {{CPU0, CPU0}, {CPU0, DEV(kDLCPU, 1)}, {DEV(kDLCUDA, 0), DEV(kDLCUDA, 0)},
                               {DEV(kDLCUDA, 0), DEV(kDLCUDA, 1)}, {CPU0, DEV(kDLCUDA, 0)}};

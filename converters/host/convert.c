@@ -904,9 +904,10 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
   return true;
 }
 
-/* A narrowing 2-D transposed cast (dim 0 contiguous in the source, which
- * runs in rows along dim 1: the transpose of a compact array), with one
- * map for every element: bands of whole source rows, TCAST_BAND result
+/* A narrowing cast of transposed planes (of its last two dims, the first
+ * contiguous in the source, which runs in rows along the second: the
+ * transpose of a compact array, or a batch of them), with one map for
+ * every element: bands of whole source rows, TCAST_BAND result
  * bytes' worth (256 rows for a float16 result), are cast in source order
  * through the row loops into a buffer of the result's elements, which the
  * transpose kernels then write into the band's columns of the result:
@@ -923,30 +924,60 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
  * that does not hold or the buffer cannot be had. */
 #define TCAST_BAND 512
 #define TCAST_PIECE 4096
-static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
-                                const int64_t *shape, const int64_t *bst, const ab__cast_op *op) {
-  if (ndim != 2 || dst0 != 0 || c->out_size >= c->in_size || c->fast == NULL || bst[0] != (int64_t)c->in_size ||
-      bst[1] <= 0 || (op->affine && op->channel_dim >= 0) || shape[0] < 64 || shape[1] < 64)
-    return false;
+
+/* One plane of cast_then_transpose: n0 x n1 result elements at d, rows
+ * pitch bytes apart, from source rows sp bytes apart at s. */
+static void cast_then_transpose_plane(const struct row_ctx *c, char *d, int64_t pitch, const char *s, int64_t n0,
+                                      int64_t n1, int64_t sp, const ab__cast_op *op, char *buf, size_t whole) {
   const size_t os = c->out_size;
-  const int64_t n0 = shape[0], n1 = shape[1], band = TCAST_BAND / (int64_t)os, piece = n0 < TCAST_PIECE ? n0 : TCAST_PIECE;
-  char *buf = ab__malloc((size_t)(band * piece) * os);
-  if (buf == NULL) return false;
-  /* the whole cast's bytes, read and written: whether its transposes
-   * stream (a band alone is too small to) */
-  const size_t whole = (size_t)(n0 * n1) * (os + c->in_size);
+  const int64_t band = TCAST_BAND / (int64_t)os, piece = n0 < TCAST_PIECE ? n0 : TCAST_PIECE;
   const double a = op->scale, b = op->offset;
-  const int64_t dst_st[2] = {n1 * (int64_t)os, (int64_t)os};
+  const int64_t dst_st[2] = {pitch, (int64_t)os};
   for (int64_t j0 = 0; j0 < n1; j0 += band) {
     const int64_t w = n1 - j0 < band ? n1 - j0 : band;
     for (int64_t i0 = 0; i0 < n0; i0 += piece) {
       const int64_t h = n0 - i0 < piece ? n0 - i0 : piece;
       for (int64_t j = 0; j < w; j++) /* source row j0 + j, elements i0.. */
-        convert_row(c, buf + (size_t)(j * h) * os, src + i0 * bst[0] + (j0 + j) * bst[1], h, bst[0], &a, &b, false);
+        convert_row(c, buf + (size_t)(j * h) * os, s + i0 * (int64_t)c->in_size + (j0 + j) * sp, h,
+                    (int64_t)c->in_size, &a, &b, false);
       /* buf holds w rows of h: result element (i0 + i, j0 + j) is its (j, i) */
       const int64_t gshape[2] = {h, w}, gst[2] = {(int64_t)os, h * (int64_t)os};
-      ab__host_gather_into(dst + (size_t)(i0 * n1 + j0) * os, dst_st, buf, 2, gshape, gst, os, whole);
+      ab__host_gather_into(d + i0 * pitch + j0 * (int64_t)os, dst_st, buf, 2, gshape, gst, os, whole);
     }
+  }
+}
+
+/* The planes are the last two dims; dims before them (a batch) take a
+ * plane each, at their source strides, into compact result planes, or,
+ * with dst0 (a band of a larger result), planes of dim 0 dst0 bytes
+ * apart (dst0 is the rows' pitch when there is no batch). */
+static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
+                                const int64_t *shape, const int64_t *bst, const ab__cast_op *op) {
+  if (ndim < 2) return false;
+  const int32_t r = ndim - 2; /* the plane's dims: r, r + 1 */
+  const size_t os = c->out_size;
+  const int64_t n0 = shape[r], n1 = shape[r + 1];
+  if (c->out_size >= c->in_size || c->fast == NULL || bst[r] != (int64_t)c->in_size || bst[r + 1] <= 0 ||
+      (op->affine && op->channel_dim >= 0) || n0 < 64 || n1 < 64)
+    return false;
+  int64_t outer = 1, m1 = 1; /* planes; and indices of dims 1..r-1 */
+  for (int32_t i = 0; i < r; i++) outer *= shape[i];
+  for (int32_t i = 1; i < r; i++) m1 *= shape[i];
+  if (outer == 0) return true;
+  char *buf = ab__malloc((size_t)(TCAST_BAND / (int64_t)os * (n0 < TCAST_PIECE ? n0 : TCAST_PIECE)) * os);
+  if (buf == NULL) return false;
+  const int64_t plane = n0 * n1 * (int64_t)os, pitch = r == 0 && dst0 != 0 ? dst0 : n1 * (int64_t)os;
+  /* the bytes this call reads and writes: whether its transposes stream
+   * (a band of a plane alone is too small to) */
+  const size_t whole = (size_t)(outer * n0 * n1) * (os + c->in_size);
+  int64_t idx[AB_MAX_NDIM] = {0};
+  for (int64_t p = 0; p < outer; p++) {
+    const char *s = src;
+    for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
+    /* plane (i0, rest): i0 * dst0 + rest * plane bytes in with dst0, else p * plane */
+    char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
+    cast_then_transpose_plane(c, d, pitch, s, n0, n1, bst[r + 1], op, buf, whole);
+    for (int32_t i = r - 1; i >= 0 && ++idx[i] == shape[i]; i--) idx[i] = 0;
   }
   ab__free(buf);
   return true;

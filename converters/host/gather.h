@@ -46,8 +46,9 @@ int ab__host_transpose_mode_known(size_t es);
 /* The variant (0, 1, 2 as above) for one large transpose: output rows all
  * on cache lines or not, source rows all at one offset in a line or not,
  * reading and writing `whole` bytes in all (the last-level cache or
- * memory), in planes (2-D transposes) of `plane` bytes each. Decides as
- * ab__host_transpose_mode. */
+ * memory), in 2-D transposes of `plane` bytes each as this band runs them
+ * (a plane of a batch, or a thread's strip of a plane: the kernel's first
+ * and last blocks are each strip's). Decides as ab__host_transpose_mode. */
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
 /* The rule that picks from a trial's best times (seconds, indexed 0, 1,
  * 2 as above): a streaming variant where it beats the plain tiles by 10%,
