@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "bench_util.h"
@@ -113,9 +114,13 @@ static void job_memcpy_threads(void *p) {
 /* 2-D transposes of arrays of n x m elements of `es` bytes (m = n where
  * not given) through ab_convert_memory (and batched ones: `batch` planes,
  * each transposed), on one thread and on all, beside memcpy on one thread
- * and on all. The rectangular ones have source rows that do not all start
- * at one offset in a cache line (4104 float32 or uint16 columns, 2052
- * float64), or are uint8 from memory (8192^2, 64 MiB). */
+ * and on all; and on one thread from a copy of the source offered for
+ * huge pages (as NumPy's large arrays and ab_tensor_alloc's blocks are;
+ * the first source is plain aligned_alloc memory, 4 KiB pages where
+ * transparent huge pages are `madvise`). The rectangular ones have source
+ * rows that do not all start at one offset in a cache line (4104 float32
+ * or uint16 columns, 2052 float64), or are uint8 from memory (8192^2, 64
+ * MiB). */
 static void bench_transposes(int quick) {
   static const struct { int64_t batch, n, m; DLDataType d; const char *name; } cases[] = {
     {1, 4000, 0, {kDLFloat, 32, 1}, "f32"},  {1, 4096, 0, {kDLFloat, 32, 1}, "f32"},
@@ -126,8 +131,8 @@ static void bench_transposes(int quick) {
     {1, 2048, 2052, {kDLFloat, 64, 1}, "f64"}, {1, 8192, 0, {kDLUInt, 8, 1}, "u8"},
   };
   const int all = ab__num_threads();
-  printf("\n%-30s %10s %10s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
-         "1thr/memcpy", "all/memcpyT");
+  printf("\n%-30s %10s %10s %12s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
+         "1thr/memcpy", "all/memcpyT", "huge/memcpy");
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int64_t m0 = cases[k].m > 0 ? cases[k].m : cases[k].n;
     const int64_t n = quick ? cases[k].n / 4 : cases[k].n, m = quick ? m0 / 4 : m0, nb = cases[k].batch;
@@ -146,15 +151,28 @@ static void bench_transposes(int quick) {
     const double one = time_job(job_convert, &c);
     c.o.threads = 0;
     const double many = time_job(job_convert, &c);
+    /* the same from a source on huge pages, where the kernel gives them */
+    const size_t huge = (size_t)2 << 20, hb = (bytes + huge - 1) / huge * huge;
+    char *ah = aligned_alloc(huge, hb);
+    if (ah == NULL) abort();
+#ifdef MADV_HUGEPAGE
+    (void)madvise(ah, hb, MADV_HUGEPAGE);
+#endif
+    memcpy(ah, a, bytes);
+    c.t.data = ah;
+    c.o.threads = 1;
+    const double one_huge = time_job(job_convert, &c);
+    free(ah);
     char label[64];
     if (batched) snprintf(label, sizeof label, "%lldx(%lldx%lld) %s", (long long)nb, (long long)n, (long long)n, cases[k].name);
     else snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)m, cases[k].name);
-    printf("%-30s %10.2f %10.2f %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9, (double)bytes / many / 1e9,
-           one_mc / one, all_mc / many);
+    printf("%-30s %10.2f %10.2f %11.2fx %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9,
+           (double)bytes / many / 1e9, one_mc / one, all_mc / many, one_mc / one_huge);
     free(a);
     free(b);
   }
-  printf("(n x m: the array transposed, n rows of m elements; memcpyT: memcpy on %d threads, one slice each)\n", all);
+  printf("(n x m: the array transposed, n rows of m elements; memcpyT: memcpy on %d threads, one slice each; huge: one\n"
+         " thread from a copy of the source offered for huge pages, against the same memcpy)\n", all);
 }
 
 /* Images of 2, 3 and 4 channels between packed pixels (HWC) and planes
