@@ -926,11 +926,12 @@ static bool convert_in_chunks(const struct row_ctx *c, char *dst, int64_t dst0, 
 #define TCAST_PIECE 4096
 
 /* One plane of cast_then_transpose: n0 x n1 result elements at d, rows
- * pitch bytes apart, from source rows sp bytes apart at s. */
+ * pitch bytes apart, from source rows sp bytes apart at s, through buf
+ * (band rows of piece elements). */
 static void cast_then_transpose_plane(const struct row_ctx *c, char *d, int64_t pitch, const char *s, int64_t n0,
-                                      int64_t n1, int64_t sp, const ab__cast_op *op, char *buf, size_t whole) {
+                                      int64_t n1, int64_t sp, const ab__cast_op *op, char *buf, int64_t band,
+                                      int64_t piece, size_t whole) {
   const size_t os = c->out_size;
-  const int64_t band = TCAST_BAND / (int64_t)os, piece = n0 < TCAST_PIECE ? n0 : TCAST_PIECE;
   const double a = op->scale, b = op->offset;
   const int64_t dst_st[2] = {pitch, (int64_t)os};
   for (int64_t j0 = 0; j0 < n1; j0 += band) {
@@ -964,7 +965,8 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
   for (int32_t i = 0; i < r; i++) outer *= shape[i];
   for (int32_t i = 1; i < r; i++) m1 *= shape[i];
   if (outer == 0) return true;
-  char *buf = ab__malloc((size_t)(TCAST_BAND / (int64_t)os * (n0 < TCAST_PIECE ? n0 : TCAST_PIECE)) * os);
+  const int64_t band = TCAST_BAND / (int64_t)os, piece = n0 < TCAST_PIECE ? n0 : TCAST_PIECE;
+  char *buf = ab__malloc((size_t)(band * piece) * os);
   if (buf == NULL) return false;
   const int64_t plane = n0 * n1 * (int64_t)os, pitch = r == 0 && dst0 != 0 ? dst0 : n1 * (int64_t)os;
   /* the bytes this call reads and writes: whether its transposes stream
@@ -976,7 +978,7 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     /* plane (i0, rest): i0 * dst0 + rest * plane bytes in with dst0, else p * plane */
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
-    cast_then_transpose_plane(c, d, pitch, s, n0, n1, bst[r + 1], op, buf, whole);
+    cast_then_transpose_plane(c, d, pitch, s, n0, n1, bst[r + 1], op, buf, band, piece, whole);
     for (int32_t i = r - 1; i >= 0 && ++idx[i] == shape[i]; i--) idx[i] = 0;
   }
   ab__free(buf);
