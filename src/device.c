@@ -189,17 +189,20 @@ ab_status ab__check_device(DLDevice dev, const char *what, bool is_target,
   return check_device_at(backend_index(dev.device_type), dev, what, is_target, resolved, be);
 }
 
-bool ab__device_shortcut_ready(void) {
-  return atomic_load_explicit(&inited, memory_order_acquire) &&
-         atomic_load_explicit(&host_fast, memory_order_relaxed) != NULL;
+/* The host backend while the cpu:0 shortcut is on, else NULL. */
+static const struct ab_backend *shortcut(void) {
+  return atomic_load_explicit(&inited, memory_order_acquire) ? atomic_load_explicit(&host_fast, memory_order_relaxed)
+                                                               : NULL;
 }
+
+bool ab__device_shortcut_ready(void) { return shortcut() != NULL; }
 
 ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                   const struct ab_backend **be) {
   /* cpu:0, the commonest device, without the search (issue 18: the two
    * device checks were a sixth of a zero-copy call). */
-  if (dev.device_type == kDLCPU && dev.device_id == 0 && atomic_load_explicit(&inited, memory_order_acquire)) {
-    const struct ab_backend *h = atomic_load_explicit(&host_fast, memory_order_relaxed);
+  if (dev.device_type == kDLCPU && dev.device_id == 0) {
+    const struct ab_backend *h = shortcut();
     if (AB_LIKELY(h != NULL)) {
       if (resolved) *resolved = dev;
       if (be) *be = h;
