@@ -6,11 +6,12 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "converters/host/gather.h"
 #include "support.h"
 
-/* Transposes with outputs above the streaming threshold (4 MiB), against
+/* Transposes with outputs above the streaming threshold (4 MiB at most), against
  * the reference gather, for every element size the tiles cover (1, 2, 4, 8
  * and 16 bytes, and 12, which has no tile of its own): sides that are not
  * multiples of the tile (ragged edges), output rows that start at every
@@ -255,9 +256,43 @@ Test(streaming, the_pick_rule_weighs_the_blocks_by_plane_size) {
   cr_assert_eq(ab__host_pick_variant(plain_ahead, true, true), 0);
 }
 
+/* The smallest output that may stream follows the L2 (twice it, 1 to 4
+ * MiB): a transpose just below it takes the plain tiles without asking
+ * for a variant, one of that size asks, and both give the reference
+ * bytes. */
+Test(streaming, the_threshold_is_twice_the_l2_within_bounds) {
+  unsetenv("AB_HOST_STREAMING");
+  const size_t min = ab__host_stream_min();
+#if defined(__x86_64__) && defined(__GNUC__)
+  cr_assert(min >= (size_t)1 << 20 && min <= (size_t)4 << 20, "threshold %zu outside 1-4 MiB", min);
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); /* glibc's view; the library reads sysfs, which agrees on Linux */
+  if (l2 > 0 && 2 * (size_t)l2 >= (size_t)1 << 20 && 2 * (size_t)l2 <= (size_t)4 << 20)
+    cr_assert_eq(min, 2 * (size_t)l2, "threshold %zu, L2 %ld", min, l2);
+#else
+  cr_assert_eq(min, SIZE_MAX);
+  return;
+#endif
+  const int64_t cols = 1024, rows[2] = {(int64_t)(min / 1024) - 1, (int64_t)(min / 1024)};
+  char *a = malloc(min), *out = malloc(min);
+  cr_assert(a != NULL && out != NULL);
+  fill_pattern(a, min, 47);
+  for (int k = 0; k < 2; k++) {
+    const int64_t shape[2] = {rows[k], cols}, st[2] = {1, rows[k]}; /* a cols x rows source read transposed */
+    memset(out, 0, min);
+    ab__host_gather(out, a, 2, shape, st, 1);
+    if (k == 0) cr_assert_eq(ab__host_transpose_mode_known(1), -1, "an output just below the threshold asked");
+    else cr_assert_geq(ab__host_transpose_mode_known(1), 0, "an output of the threshold's size did not ask");
+    for (int64_t i = 0; i < rows[k]; i++)
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(out[i * cols + j], a[j * rows[k] + i], "element (%lld, %lld) differs", (long long)i, (long long)j);
+  }
+  free(a);
+  free(out);
+}
+
 /* A band of a large conversion writes as the whole conversion does: the
  * bands of a batch of 1 MB planes on two threads are below the streaming
- * threshold (4 MiB) each, and while they were judged alone they took the
+ * threshold (1 MiB at least) each, and while they were judged alone they took the
  * plain tiles (and two threads ran no faster than one). The variant is
  * decided at the first transpose that may stream, so whether a size's
  * choice is known afterwards tells whether anything asked for it. */

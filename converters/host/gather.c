@@ -126,9 +126,6 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
  * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
 #define TILE_B 128
-/* Transposes whose whole conversion writes at least this much may use
- * streaming stores (ab__host_gather_part). */
-#define NT_THRESHOLD ((size_t)4 << 20)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -1115,17 +1112,11 @@ static void pick_all(int pick[TR_PICKS][TR_KINDS], int mode) {
     for (int k = 0; k < TR_KINDS; k++) pick[r][k] = mode;
 }
 
-/* Bytes of the last-level cache one core sees (Linux sysfs: the highest
- * level of cpu0's data or unified caches), 0 where unknown: then every
- * large transpose counts as one from memory. glibc's sysconf answer is
- * not used: on the EPYC VM it says 384 MiB, every L3 of the host, where
- * the VM's core sees 32. */
-static size_t llc_bytes(void) {
-  static _Atomic long long cached = -1;
-  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
-  if (v >= 0) return (size_t)v;
+/* Bytes of cpu0's data or unified cache at `want` (2: its L2), or at its
+ * highest level where want is 0 (Linux sysfs); 0 where unknown. */
+static long long sysfs_cache_bytes(int want) {
   int best_level = 0;
-  v = 0;
+  long long v = 0;
   for (int i = 0; i < 16; i++) {
     char path[96], type[32] = "", unit = 0;
     int level = 0;
@@ -1144,14 +1135,51 @@ static size_t llc_bytes(void) {
     if ((f = fopen(path, "r")) == NULL) continue;
     const int got = fscanf(f, "%lld%c", &size, &unit);
     fclose(f);
-    if (!got_level || got < 1 || level <= best_level || strcmp(type, "Instruction") == 0) continue;
+    if (!got_level || got < 1 || strcmp(type, "Instruction") == 0) continue;
+    if (want > 0 ? level != want : level <= best_level) continue;
     best_level = level;
     v = size * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
   }
-  if (v < 0) v = 0;
-  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v < 0 ? 0 : v;
+}
+
+/* sysfs_cache_bytes(want), read once (`cached` starts at -1). */
+static size_t cache_bytes(_Atomic long long *cached, int want) {
+  long long v = atomic_load_explicit(cached, memory_order_relaxed);
+  if (v < 0) atomic_store_explicit(cached, v = sysfs_cache_bytes(want), memory_order_relaxed);
   return (size_t)v;
 }
+
+/* Bytes of the last-level cache one core sees, 0 where unknown: then every
+ * large transpose counts as one from memory. glibc's sysconf answer is
+ * not used: on the EPYC VM it says 384 MiB, every L3 of the host, where
+ * the VM's core sees 32. */
+static size_t llc_bytes(void) {
+  static _Atomic long long cached = -1;
+  return cache_bytes(&cached, 0);
+}
+
+/* The smallest output a transpose may stream or block for
+ * (ab__host_transpose_pick; smaller ones take the plain tiles): twice the
+ * core's L2, from 1 to 4 MiB; 4 MiB where the L2 is unknown. Past the L2
+ * the plain tiles' short runs of many rows wait on the next level: on the
+ * Intel Xeon (Cascade Lake) VM, 1 MiB L2, whose L3 gave memcpy no more
+ * than memory did beyond 2 MiB (5 against 11-16 GB/s within the L2), one
+ * thread, plain tiles against the trial's pick, of memcpy: uint8 outputs
+ * of 1.5-3.5 MiB 0.23-0.26x against 0.37-0.41x; uint16 0.28-0.31x against
+ * 0.41-0.47x from 2.5 MiB; float32 1000^2 (3.8 MiB) 0.42x against 0.54x;
+ * float64 2.5-4 MiB 0.40-0.50x against 0.52-0.67x. At 1.5 MiB float64
+ * was faster plain (0.57-0.62x against 0.51x), and uint8 up to 1 MiB
+ * (0.43x against 0.27x). 4 MiB was the bound before, for every CPU;
+ * on the EPYC VM the outputs between twice its L2 and 4 MiB were never
+ * measured. */
+#ifdef HAVE_X86_KERNELS
+static size_t stream_min(void) {
+  static _Atomic long long cached = -1;
+  const size_t l2 = cache_bytes(&cached, 2), lo = (size_t)1 << 20, hi = (size_t)4 << 20;
+  return l2 == 0 ? hi : 2 * l2 < lo ? lo : 2 * l2 > hi ? hi : 2 * l2;
+}
+#endif
 
 /* Whether a transpose that reads and writes `whole` bytes in all runs
  * from memory (TR_MEMORY) rather than from the last-level cache. The
@@ -1382,6 +1410,14 @@ const char *ab__host_transpose_mode_name(int mode) {
 
 int ab__host_streaming(void) { return ab__host_transpose_mode(4); }
 
+size_t ab__host_stream_min(void) {
+#ifdef HAVE_X86_KERNELS
+  return stream_min();
+#else
+  return SIZE_MAX;
+#endif
+}
+
 int ab__host_tiles_level(void) {
 #ifdef HAVE_X86_KERNELS
   return tiles_level();
@@ -1459,7 +1495,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
      * two threads ran no faster than one (EPYC, 16 uint8 planes of 1000^2,
      * bands of 1 MB: 15-16 GB/s; with the whole's variant, 34-36). */
     if (whole == 0) whole = 2 * (size_t)total;
-    if (whole / 2 >= NT_THRESHOLD && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
+    if (whole / 2 >= stream_min() && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
       const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole, (size_t)(c.na * c.nb) * elsize);
