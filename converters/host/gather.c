@@ -410,8 +410,8 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
 /* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles), SSSE3, AVX (8x8
- * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F and BW:
- * four lanes wide; the L2 blocks' float32, float64 and uint16 kernels;
+ * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F, BW and
+ * VL: four lanes wide, uint8 masked on ragged edges; the L2 blocks' float32, float64 and uint16 kernels;
  * streamed lines joined and written 64 bytes at a time; and with VBMI the
  * uint8 pixels-to-planes kernel); the plain and L1 tiles' 2- and 8-byte
  * kernels are SSE2 throughout. The pixel and plane loops are compiled for
@@ -431,7 +431,8 @@ static int tiles_level(void) {
    * count only where it saves their registers. */
   const bool ssse3 = __builtin_cpu_supports("ssse3"), avx = ssse3 && __builtin_cpu_supports("avx"),
              avx2 = avx && __builtin_cpu_supports("avx2"),
-             avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+             avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
   int cpu = avx512 ? TILES_AVX512 : avx2 ? TILES_AVX2 : avx ? TILES_AVX : ssse3 ? TILES_SSSE3 : TILES_SSE2;
   return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
 }
