@@ -198,12 +198,17 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   unsetenv("AB_HOST_STREAMING");
-  for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode_known(es), -1, "decided before use");
+  for (size_t es = 1; es <= 16; es *= 2) {
+    cr_assert_eq(ab__host_transpose_mode_known(es), -1, "decided before use");
+    cr_assert_eq(ab__host_transpose_kinds_known(es), 0, "measured before use");
+  }
   transposes_match();
   memory_regime_matches();
   for (size_t es = 1; es <= 16; es *= 2) {
-    const int m = ab__host_transpose_mode_known(es);
+    cr_assert_neq(ab__host_transpose_kinds_known(es), 0, "%zu-byte elements: no trial after large transposes", es);
+    const int m = ab__host_transpose_mode(es); /* measures rows on lines where no transpose asked for them */
     cr_assert(m >= 0 && m <= 2, "%zu-byte elements: %d after a large transpose of them", es, m);
+    cr_assert_eq(ab__host_transpose_mode_known(es), m, "%zu-byte elements: the measured choice changed", es);
     cr_assert_eq(ab__host_transpose_mode(es), m, "%zu-byte elements: the measured choice changed", es);
     cr_log_info("%zu-byte elements: %s", es, ab__host_transpose_mode_name(m));
   }
@@ -280,14 +285,54 @@ Test(streaming, the_threshold_is_twice_the_l2_within_bounds) {
     const int64_t shape[2] = {rows[k], cols}, st[2] = {1, rows[k]}; /* a cols x rows source read transposed */
     memset(out, 0, min);
     ab__host_gather(out, a, 2, shape, st, 1);
-    if (k == 0) cr_assert_eq(ab__host_transpose_mode_known(1), -1, "an output just below the threshold asked");
-    else cr_assert_geq(ab__host_transpose_mode_known(1), 0, "an output of the threshold's size did not ask");
+    if (k == 0) cr_assert_eq(ab__host_transpose_kinds_known(1), 0, "an output just below the threshold asked");
+    else cr_assert_neq(ab__host_transpose_kinds_known(1), 0, "an output of the threshold's size did not ask");
     for (int64_t i = 0; i < rows[k]; i++)
       for (int64_t j = 0; j < cols; j++)
         cr_assert_eq(out[i * cols + j], a[j * rows[k] + i], "element (%lld, %lld) differs", (long long)i, (long long)j);
   }
   free(a);
   free(out);
+}
+
+/* A trial measures the kind of rows its transpose has and no other: a
+ * float32 transpose with output rows off lines (1027 columns, 4108-byte
+ * rows) from a source on lines (rows of 1040 elements, 4160 bytes)
+ * measures that kind alone; one with every row on a line then adds its
+ * own; the first kind's picks stay as they were. */
+Test(streaming, each_kind_of_rows_is_measured_when_first_asked) {
+  unsetenv("AB_HOST_STREAMING");
+  cr_assert_eq(ab__host_transpose_kinds_known(4), 0);
+  const int64_t rows = 1040, cols[2] = {1027, 1024}; /* output rows of 4108 bytes (off lines), then 4096 */
+  const unsigned want[2] = {2u, 2u | 1u};            /* output off lines; then rows on lines too */
+  int before[4] = {0};
+  for (int c = 0; c < 2; c++) {
+    const size_t bytes = (size_t)(rows * cols[c]) * 4;
+    uint32_t *a = NULL, *out = NULL; /* float32's bits: a pattern's NaNs compare as bits */
+    cr_assert_eq(posix_memalign((void **)&a, 64, bytes), 0);
+    cr_assert_eq(posix_memalign((void **)&out, 64, bytes), 0);
+    fill_pattern(a, bytes, 53 + (uint32_t)c);
+    const int64_t shape[2] = {rows, cols[c]}, st[2] = {4, rows * 4}; /* a cols x rows source read transposed */
+    ab__host_gather_part(out, a, 2, shape, st, 4, (size_t)64 << 20);
+    cr_assert_eq(ab__host_transpose_kinds_known(4), want[c], "kinds measured after transpose %d: %#x", c,
+                 ab__host_transpose_kinds_known(4));
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols[c]; j++)
+        cr_assert_eq(out[i * cols[c] + j], a[j * rows + i], "element (%lld, %lld) differs", (long long)i, (long long)j);
+    free(a);
+    free(out);
+    if (c == 0) /* the first kind's picks, read before the second kind is measured */
+      for (int r = 0; r < 4; r++) {
+        const size_t whole = r < 2 ? (size_t)1 << 20 : (size_t)1 << 40, plane = r == 3 ? whole : whole >> 8;
+        before[r] = ab__host_transpose_pick(4, false, true, whole, plane);
+      }
+  }
+  cr_assert_eq(ab__host_transpose_kinds_known(4), 3u, "reading picks measured nothing more");
+  for (int r = 0; r < 4; r++) {
+    const size_t whole = r < 2 ? (size_t)1 << 20 : (size_t)1 << 40, plane = r == 3 ? whole : whole >> 8;
+    cr_assert_eq(ab__host_transpose_pick(4, false, true, whole, plane), before[r], "pick %d changed", r);
+  }
+  cr_assert_eq(ab__host_transpose_kinds_known(1), 0, "float32 transposes measured uint8");
 }
 
 /* A band of a large conversion writes as the whole conversion does: the
@@ -306,10 +351,10 @@ Test(streaming, bands_of_a_large_conversion_may_stream) {
   fill_pattern(a, (size_t)(rows * cols), 41);
   const int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
   ab__host_gather_part(out, a, 2, shape, st, 1, 0);
-  cr_assert_eq(ab__host_transpose_mode_known(1), -1, "a 1 MB transpose alone asked for a streaming variant");
+  cr_assert_eq(ab__host_transpose_kinds_known(1), 0, "a 1 MB transpose alone asked for a streaming variant");
   memset(out, 0, (size_t)(rows * cols));
   ab__host_gather_part(out, a, 2, shape, st, 1, (size_t)32 << 20);
-  cr_assert_geq(ab__host_transpose_mode_known(1), 0, "a 1 MB band of a 32 MiB conversion did not ask");
+  cr_assert_neq(ab__host_transpose_kinds_known(1), 0, "a 1 MB band of a 32 MiB conversion did not ask");
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++)
       cr_assert_eq(out[i * cols + j], a[j * rows + i], "element (%lld, %lld) differs", (long long)i, (long long)j);
@@ -328,9 +373,9 @@ Test(streaming, bands_of_a_large_conversion_may_stream) {
   o.copy = AB_COPY_ALWAYS;
   o.threads = 2;
   DLManagedTensorVersioned *r;
-  cr_assert_eq(ab__host_transpose_mode_known(2), -1, "decided before use");
+  cr_assert_eq(ab__host_transpose_kinds_known(2), 0, "decided before use");
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
-  cr_assert_geq(ab__host_transpose_mode_known(2), 0, "the bands of a 16 MB conversion did not ask");
+  cr_assert_neq(ab__host_transpose_kinds_known(2), 0, "the bands of a 16 MB conversion did not ask");
   cr_assert_eq(first_diff_vs_reference(&t, r), -1);
   r->deleter(r);
   free(src);

@@ -1088,10 +1088,12 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * run from memory (TR_REGIMES). So the choice is the CPU's, made for each
  * element size (1, 2, 4, 8 and 16 bytes: the sizes SEG holds whole), kind
  * and regime: AB_HOST_STREAMING=0, 1 or blocked forces one for all;
- * otherwise (auto) the first transpose of that element size large enough
- * to stream times an 8 MiB transpose of it each way for each kind of rows
- * (probe_time, probe_mode: 30-65 ms once per process and size on the
- * EPYC VM) and keeps the fastest for each kind and regime, a streaming
+ * otherwise (auto) the first transpose of that element size and kind of
+ * rows large enough to stream times an 8 MiB transpose of them each way
+ * (probe_time, probe_kind: once per process, size and kind; all four
+ * kinds took 30-65 ms on the EPYC VM, 270-290 on the Intel Xeon VM) and
+ * keeps the fastest for each
+ * regime, a streaming
  * variant only when it wins by 10% or more, the blocks only when they
  * also beat the L1 tiles by 10% (ab__host_pick_variant). */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
@@ -1135,17 +1137,20 @@ enum { TR_CACHED, TR_MEMORY, TR_REGIMES };
 #define TR_PICKS (TR_REGIMES + 1)
 #define TR_LARGE_PLANE ((size_t)16 << 20)
 
-/* tr_pick[size][pick][kind]: written once per size before tr_mode[size]
- * publishes it (release), read after it (acquire). */
+/* tr_pick[size][pick][kind]: written once per size and kind before
+ * tr_ready[size][kind] publishes it (release), read after it (acquire).
+ * Each kind is measured at the first transpose that asks for it: all four
+ * at once took 270-290 ms of a process's first large transpose on the
+ * Intel Xeon VM, where a 4096^2 uint8 one takes 8 ms. */
 static int tr_pick[TR_CLASSES][TR_PICKS][TR_KINDS];
-/* -1 until decided, then the choice for rows on lines in large planes
- * from memory (the largest transposes; what abtool info prints). */
-static _Atomic int tr_mode[TR_CLASSES] = {-1, -1, -1, -1, -1};
+static _Atomic bool tr_ready[TR_CLASSES][TR_KINDS];
+/* One trial at a time, whatever the size and kind: two at once would
+ * time each other's memory traffic. */
+static pthread_mutex_t trial_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Every kind and regime the same variant. */
-static void pick_all(int pick[TR_PICKS][TR_KINDS], int mode) {
-  for (int r = 0; r < TR_PICKS; r++)
-    for (int k = 0; k < TR_KINDS; k++) pick[r][k] = mode;
+/* Every regime the same variant. */
+static void pick_all(int pick[TR_PICKS], int mode) {
+  for (int r = 0; r < TR_PICKS; r++) pick[r] = mode;
 }
 
 /* Bytes of cpu0's data or unified cache at `want` (2: its L2), or at its
@@ -1329,7 +1334,7 @@ static void *trial_alloc(size_t bytes) {
   return p;
 }
 
-/* One trial per kind of rows, on one 8 MiB source of 2048 rows: rows off
+/* The trial of one kind of rows, on an 8 MiB source of 2048 rows: rows off
  * lines are 32 bytes off every other line (as 4104 float32 columns are).
  * The shape matters: with 1024 source rows (float32 output rows of 4 KiB)
  * the trial put the plain tiles ahead for float32 sources off lines, as
@@ -1346,7 +1351,7 @@ static void *trial_alloc(size_t bytes) {
  * 7.3 plain, which the trial without them picked in nine processes of
  * ten). Where memory for the trials is short, the plain tiles, for the
  * rest of the process. */
-static void probe_mode(size_t es, int pick[TR_PICKS][TR_KINDS]) {
+static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
@@ -1354,88 +1359,90 @@ static void probe_mode(size_t es, int pick[TR_PICKS][TR_KINDS]) {
   pick_all(pick, TR_PLAIN);
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
-    for (int k = 0; k < TR_KINDS; k++) {
-      const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
-      double best[TR_REGIMES][TR_MODES];
-      probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
-      for (int r = 0; r < TR_REGIMES; r++)
-        pick[r][k] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
-      pick[TR_LARGE][k] = ab__host_pick_variant(best[TR_MEMORY], true, true);
-      for (int r = 0; r < TR_REGIMES; r++)
-        AB_LOG(AB_LOG_DEBUG, "transpose trial, %zu-byte elements, %s, %s: plain %.2f, streamed %.2f, blocked %.2f GB/s: %s%s%s",
-               es, (const char *[]){"rows on lines", "output off lines", "source off lines", "both off lines"}[k],
-               r == TR_MEMORY ? "from memory" : "cached", (double)bytes / best[r][TR_PLAIN] * 1e-9,
-               (double)bytes / best[r][TR_STREAMED] * 1e-9, (double)bytes / best[r][TR_BLOCKED] * 1e-9,
-               ab__host_transpose_mode_name(pick[r][k]), r == TR_MEMORY ? "; large planes: " : "",
-               r == TR_MEMORY ? ab__host_transpose_mode_name(pick[TR_LARGE][k]) : "");
-    }
+    const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
+    double best[TR_REGIMES][TR_MODES];
+    probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
+    for (int r = 0; r < TR_REGIMES; r++)
+      pick[r] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
+    pick[TR_LARGE] = ab__host_pick_variant(best[TR_MEMORY], true, true);
+    for (int r = 0; r < TR_REGIMES; r++)
+      AB_LOG(AB_LOG_DEBUG, "transpose trial, %zu-byte elements, %s, %s: plain %.2f, streamed %.2f, blocked %.2f GB/s: %s%s%s",
+             es, (const char *[]){"rows on lines", "output off lines", "source off lines", "both off lines"}[k],
+             r == TR_MEMORY ? "from memory" : "cached", (double)bytes / best[r][TR_PLAIN] * 1e-9,
+             (double)bytes / best[r][TR_STREAMED] * 1e-9, (double)bytes / best[r][TR_BLOCKED] * 1e-9,
+             ab__host_transpose_mode_name(pick[r]), r == TR_MEMORY ? "; large planes: " : "",
+             r == TR_MEMORY ? ab__host_transpose_mode_name(pick[TR_LARGE]) : "");
   }
   free(s);
   free(d);
   free(carry);
 }
 #else
-static void probe_mode(size_t es, int pick[TR_PICKS][TR_KINDS]) {
+static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
   (void)es;
+  (void)k;
   pick_all(pick, TR_PLAIN);
 }
 #endif
 
 /* AB_HOST_STREAMING: 0, 1 or blocked forces, auto (or unset) measures.
- * Decided once per process and element size (the probe is not cheap). */
+ * Decided once per process, element size and kind (the trials are not
+ * cheap). */
 static int forced_mode(void) {
   static const struct ab__env_choice modes[] = {
       {"auto", -1}, {"1", TR_STREAMED}, {"0", TR_PLAIN}, {"blocked", TR_BLOCKED}, {NULL, 0}};
   return ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked or auto");
 }
 
-static void decide(int k, size_t es) {
-  int pick[TR_PICKS][TR_KINDS];
-  const int m = forced_mode();
-  if (m >= 0) pick_all(pick, m);
-  else probe_mode(es, pick);
-  memcpy(tr_pick[k], pick, sizeof pick);
-  atomic_store_explicit(&tr_mode[k], pick[TR_LARGE][TR_ON_LINES], memory_order_release);
+/* Size class k's picks for one kind of rows: measured (or forced) at the
+ * first call that needs them; every later call reads them. */
+static void decide(int k, size_t es, int kind) {
+  if (atomic_load_explicit(&tr_ready[k][kind], memory_order_acquire)) return;
+  pthread_mutex_lock(&trial_lock); /* one thread measures; the others wait for its answer */
+  if (!atomic_load_explicit(&tr_ready[k][kind], memory_order_relaxed)) {
+    int pick[TR_PICKS];
+    const int m = forced_mode();
+    if (m >= 0) pick_all(pick, m);
+    else probe_kind(es, kind, pick);
+    for (int r = 0; r < TR_PICKS; r++) tr_pick[k][r][kind] = pick[r];
+    atomic_store_explicit(&tr_ready[k][kind], true, memory_order_release);
+  }
+  pthread_mutex_unlock(&trial_lock);
 }
 
-#define DEFINE_DECIDE(K, ES) \
-  static void decide_##K(void) { decide(K, ES); }
-DEFINE_DECIDE(0, 1)
-DEFINE_DECIDE(1, 2)
-DEFINE_DECIDE(2, 4)
-DEFINE_DECIDE(3, 8)
-DEFINE_DECIDE(4, 16)
-
 int ab__host_transpose_mode(size_t es) {
-  static pthread_once_t once[TR_CLASSES] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
-                                            PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
-  static void (*const decide_for[TR_CLASSES])(void) = {decide_0, decide_1, decide_2, decide_3, decide_4};
   const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
-  int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
-  if (m >= 0) return m;
-  pthread_once(&once[k], decide_for[k]); /* one thread measures; the others wait for its answer */
-  return atomic_load_explicit(&tr_mode[k], memory_order_acquire);
+  decide(k, es, TR_ON_LINES);
+  return tr_pick[k][TR_LARGE][TR_ON_LINES];
 }
 
 int ab__host_transpose_mode_known(size_t es) {
   const int k = ab__width_index(es);
 #ifdef HAVE_X86_KERNELS
   if (k < 0) return TR_PLAIN;
-  const int m = atomic_load_explicit(&tr_mode[k], memory_order_acquire);
-  return m >= 0 ? m : forced_mode(); /* forced: known before any transpose */
+  if (atomic_load_explicit(&tr_ready[k][TR_ON_LINES], memory_order_acquire)) return tr_pick[k][TR_LARGE][TR_ON_LINES];
+  return forced_mode(); /* forced: known before any transpose */
 #else
   (void)k;
   return TR_PLAIN; /* no streamed variants here */
 #endif
 }
 
-int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane) {
-  const int m = ab__host_transpose_mode(es); /* decides, and publishes tr_pick[k] */
+unsigned ab__host_transpose_kinds_known(size_t es) {
   const int k = ab__width_index(es);
-  if (k < 0) return m;
+  unsigned known = 0;
+  for (int kind = 0; k >= 0 && kind < TR_KINDS; kind++)
+    if (atomic_load_explicit(&tr_ready[k][kind], memory_order_acquire)) known |= 1u << kind;
+  return known;
+}
+
+int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane) {
+  const int k = ab__width_index(es);
+  if (k < 0) return TR_PLAIN;
   const int regime = !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
   const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
+  decide(k, es, kind);
   return tr_pick[k][regime][kind];
 }
 

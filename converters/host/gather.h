@@ -43,6 +43,11 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
 int ab__host_transpose_mode(size_t es);
 /* The same without deciding: -1 while not yet measured. */
 int ab__host_transpose_mode_known(size_t es);
+/* The kinds of rows whose trials have run for es-byte elements (forced
+ * ones included), a bit each: 1 rows on lines, 2 output rows off lines,
+ * 4 source rows off, 8 both off; each is measured at the first transpose
+ * that asks for it. */
+unsigned ab__host_transpose_kinds_known(size_t es);
 /* The variant (0, 1, 2 as above) for one large transpose: output rows all
  * on cache lines or not, source rows all at one offset in a line or not,
  * reading and writing `whole` bytes in all (the last-level cache or
