@@ -1,0 +1,72 @@
+/* First large transposes on several threads at once, a plain program (so
+ * it also runs under ThreadSanitizer):
+ *
+ *   stress_trials
+ *
+ * Eight threads each convert a uint8 transpose large enough to stream, two
+ * of each kind of rows (output rows on cache lines or not, source rows at
+ * one offset in a line or not), at the same moment, in a fresh process:
+ * each asks for its kind's trial (converters/host/gather.c) while the
+ * others ask for theirs, the same kind's included; the trials run one at
+ * a time under a lock, and a kind's is run once.
+ * Every result is checked against the source. Exits non-zero on any
+ * difference or error. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "arraybridge/arraybridge.h"
+
+static pthread_barrier_t start;
+
+/* Thread i converts kind i % 4. */
+static void *transpose(void *arg) {
+  const int kind = (int)(intptr_t)arg % 4;
+  /* source rows of 2048 or 2056 bytes (on lines, or 8 bytes further each
+   * row), output rows likewise: 4 MiB, above any streaming threshold */
+  const int64_t rows = 2048 + (kind & 1) * 8, cols = 2048 + (kind >> 1) * 8;
+  uint8_t *a = malloc((size_t)(rows * cols));
+  if (a == NULL) return "out of memory";
+  for (int64_t i = 0; i < rows * cols; i++) a[i] = (uint8_t)(i * 7 + kind);
+  int64_t shape[2] = {rows, cols}, st[2] = {1, rows}; /* a cols x rows source read transposed */
+  DLTensor t = {a, {kDLCPU, 0}, 2, {kDLUInt, 8, 1}, shape, st, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 1;
+  DLManagedTensorVersioned *r = NULL;
+  pthread_barrier_wait(&start);
+  const char *bad = NULL;
+  if (ab_convert_memory(&t, (DLDevice){kDLCPU, 0}, &o, &r) != AB_OK) {
+    fprintf(stderr, "stress_trials: kind %d: %s\n", kind, ab_last_error());
+    bad = "conversion failed";
+  } else {
+    const uint8_t *d = r->dl_tensor.data;
+    for (int64_t i = 0; i < rows && bad == NULL; i++)
+      for (int64_t j = 0; j < cols; j++)
+        if (d[i * cols + j] != a[j * rows + i]) {
+          fprintf(stderr, "stress_trials: kind %d: element (%lld, %lld) differs\n", kind, (long long)i, (long long)j);
+          bad = "wrong result";
+          break;
+        }
+    r->deleter(r);
+  }
+  free(a);
+  return (void *)bad;
+}
+
+int main(void) {
+  pthread_t th[8];
+  pthread_barrier_init(&start, NULL, 8);
+  for (intptr_t k = 0; k < 8; k++)
+    if (pthread_create(&th[k], NULL, transpose, (void *)k) != 0) return 2;
+  int failed = 0;
+  for (int k = 0; k < 8; k++) {
+    void *bad = NULL;
+    pthread_join(th[k], &bad);
+    failed += bad != NULL;
+  }
+  pthread_barrier_destroy(&start);
+  ab_shutdown();
+  printf("stress_trials: %d of 8 first transposes right\n", 8 - failed);
+  return failed != 0;
+}
