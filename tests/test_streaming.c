@@ -4,8 +4,13 @@
  * bytes. Each test runs in a process of its own, so the variable is read
  * afresh. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "converters/host/gather.h"
@@ -333,6 +338,65 @@ Test(streaming, each_kind_of_rows_is_measured_when_first_asked) {
     cr_assert_eq(ab__host_transpose_pick(4, false, true, whole, plane), before[r], "pick %d changed", r);
   }
   cr_assert_eq(ab__host_transpose_kinds_known(1), 0, "float32 transposes measured uint8");
+}
+
+/* Transposes of 1-, 2-, 4- and 8-byte elements large enough to stream,
+ * one after the other: each first run measures its size's kind of rows
+ * (output rows off lines, source rows on them). */
+static atomic_bool trials_done;
+static void *first_transposes(void *arg) {
+  (void)arg;
+  for (size_t es = 1; es <= 8; es *= 2) {
+    const int64_t rows = 2048 / (int64_t)es, cols = 1028; /* source rows of 2048 bytes */
+    char *a = malloc((size_t)(rows * cols) * es), *out = malloc((size_t)(rows * cols) * es);
+    if (a != NULL && out != NULL) {
+      memset(a, 7, (size_t)(rows * cols) * es);
+      const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+      ab__host_gather_part(out, a, 2, shape, st, es, (size_t)64 << 20);
+    }
+    free(a);
+    free(out);
+  }
+  atomic_store(&trials_done, true);
+  return NULL;
+}
+
+/* Processes forked while another thread runs a trial can run trials of
+ * their own: a fork waits for the trial to end (a child that found the
+ * trials' lock held by a thread it does not have would wait at its first
+ * trial for ever). The parent forks every few milliseconds while a thread
+ * runs the first transposes of four element sizes; each child runs a
+ * trial of 16-byte elements under a 20 s alarm and exits 0 when it
+ * returns. */
+Test(streaming, a_fork_during_a_trial_leaves_the_child_able_to_measure) {
+  unsetenv("AB_HOST_STREAMING");
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, first_transposes, NULL), 0);
+  int forks = 0;
+  do {
+    nanosleep(&(struct timespec){0, 2000000}, NULL);
+    const pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+      alarm(20);
+      const int64_t rows = 256, cols = 1024; /* complex128: source rows of 4 KiB */
+      char *a = malloc((size_t)(rows * cols) * 16), *out = malloc((size_t)(rows * cols) * 16);
+      if (a == NULL || out == NULL) _exit(3);
+      memset(a, 5, (size_t)(rows * cols) * 16);
+      const int64_t shape[2] = {rows, cols}, st[2] = {16, rows * 16};
+      ab__host_gather_part(out, a, 2, shape, st, 16, (size_t)64 << 20);
+      _exit(ab__host_transpose_kinds_known(16) != 0 ? 0 : 4);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: %s %d", forks,
+              WIFSIGNALED(status) ? "killed by signal" : "exit status",
+              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    forks++;
+  } while (!atomic_load(&trials_done));
+  pthread_join(th, NULL);
+  cr_log_info("%d children forked during the trials", forks);
+  for (size_t es = 1; es <= 8; es *= 2) cr_assert_neq(ab__host_transpose_kinds_known(es), 0, "%zu-byte elements", es);
 }
 
 /* A band of a large conversion writes as the whole conversion does: the

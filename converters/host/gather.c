@@ -1394,10 +1394,19 @@ static int forced_mode(void) {
   return ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked or auto");
 }
 
+/* fork: never while a trial holds the lock (the child would find it held
+ * by a thread it does not have, and wait at its first trial for ever); a
+ * fork waits for the trial to end. */
+static void trial_fork_prepare(void) { pthread_mutex_lock(&trial_lock); }
+static void trial_fork_done(void) { pthread_mutex_unlock(&trial_lock); }
+static void trial_atfork(void) { pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_done); }
+
 /* Size class k's picks for one kind of rows: measured (or forced) at the
  * first call that needs them; every later call reads them. */
 static void decide(int k, size_t es, int kind) {
+  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
   if (atomic_load_explicit(&tr_ready[k][kind], memory_order_acquire)) return;
+  pthread_once(&atfork_once, trial_atfork);
   pthread_mutex_lock(&trial_lock); /* one thread measures; the others wait for its answer */
   if (!atomic_load_explicit(&tr_ready[k][kind], memory_order_relaxed)) {
     int pick[TR_PICKS];
