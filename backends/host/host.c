@@ -62,9 +62,10 @@ static ab_status host_info(int32_t id, struct ab_device_info *out) {
   /* What the host moves run with (abtool info prints it): the SIMD kernels
    * this CPU gets, the threads, and how large transposes of 1, 2, 4, 8 and
    * 16-byte elements write: p(lain), s(treamed), b(locked), or a(uto) until
-   * measured at the first large transpose of that size. The letter is the
-   * choice for rows on cache lines from memory; the other kinds of rows,
-   * and transposes that fit the last-level cache, have their own
+   * measured at the first large transpose of that size with rows on cache
+   * lines (each kind of rows is measured when first needed). The letter is
+   * the choice for rows on cache lines from memory; the other kinds of
+   * rows, and transposes that fit the last-level cache, have their own
    * (gather.c, "the store variant"). */
   char m[5];
   for (int i = 0; i < 5; i++) m[i] = ab__host_transpose_mode_name(ab__host_transpose_mode_known((size_t)1 << i))[0];

@@ -411,8 +411,9 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles), SSSE3, AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F, BW and
- * VL: four lanes wide, uint8 masked on ragged edges; the L2 blocks' float32, float64 and uint16 kernels;
- * streamed lines joined and written 64 bytes at a time; and with VBMI the
+ * VL: four lanes wide, uint8 masked on ragged edges; the L2 blocks'
+ * float32, float64 and uint16 kernels; streamed lines joined and written
+ * 64 bytes at a time; and with VBMI the
  * uint8 pixels-to-planes kernel); the plain and L1 tiles' 2- and 8-byte
  * kernels are SSE2 throughout. The pixel and plane loops are compiled for
  * SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
@@ -1091,11 +1092,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * otherwise (auto) the first transpose of that element size and kind of
  * rows large enough to stream times an 8 MiB transpose of them each way
  * (probe_time, probe_kind: once per process, size and kind; all four
- * kinds took 30-65 ms on the EPYC VM, 270-290 on the Intel Xeon VM) and
- * keeps the fastest for each
- * regime, a streaming
- * variant only when it wins by 10% or more, the blocks only when they
- * also beat the L1 tiles by 10% (ab__host_pick_variant). */
+ * kinds at once took 30-65 ms on the EPYC VM, 250-340 on the Intel Xeon
+ * VM in its slower hours) and keeps the fastest for each regime, a
+ * streaming variant only when it wins by 10% or more, the blocks only
+ * when they also beat the L1 tiles by 10% (ab__host_pick_variant). */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
 
 /* Kinds of rows: output rows that all start on a line or not, from source
@@ -1140,8 +1140,9 @@ enum { TR_CACHED, TR_MEMORY, TR_REGIMES };
 /* tr_pick[size][pick][kind]: written once per size and kind before
  * tr_ready[size][kind] publishes it (release), read after it (acquire).
  * Each kind is measured at the first transpose that asks for it: all four
- * at once took 270-290 ms of a process's first large transpose on the
- * Intel Xeon VM, where a 4096^2 uint8 one takes 8 ms. */
+ * at once took 250-310 ms of a process's first 4096^2 uint8 transpose on
+ * the Intel Xeon VM, which takes 7-9 ms once measured; one kind, 60-100
+ * (bench/results/2026-11-26-intel-mid-sizes-and-trials.md). */
 static int tr_pick[TR_CLASSES][TR_PICKS][TR_KINDS];
 static _Atomic bool tr_ready[TR_CLASSES][TR_KINDS];
 /* One trial at a time, whatever the size and kind: two at once would
@@ -1202,22 +1203,23 @@ static size_t llc_bytes(void) {
 
 /* The smallest output a transpose may stream or block for
  * (ab__host_transpose_pick; smaller ones take the plain tiles): twice the
- * core's L2, from 1 to 4 MiB; 4 MiB where the L2 is unknown. Past the L2
+ * core's L2, from 2 to 4 MiB; 4 MiB where the L2 is unknown. Past the L2
  * the plain tiles' short runs of many rows wait on the next level: on the
  * Intel Xeon (Cascade Lake) VM, 1 MiB L2, whose L3 gave memcpy no more
  * than memory did beyond 2 MiB (5 against 11-16 GB/s within the L2), one
- * thread, plain tiles against the trial's pick, of memcpy: uint8 outputs
- * of 1.5-3.5 MiB 0.23-0.26x against 0.37-0.41x; uint16 0.28-0.31x against
- * 0.41-0.47x from 2.5 MiB; float32 1000^2 (3.8 MiB) 0.42x against 0.54x;
- * float64 2.5-4 MiB 0.40-0.50x against 0.52-0.67x. At 1.5 MiB float64
- * was faster plain (0.57-0.62x against 0.51x), and uint8 up to 1 MiB
- * (0.43x against 0.27x). 4 MiB was the bound before, for every CPU;
- * on the EPYC VM the outputs between twice its L2 and 4 MiB were never
- * measured. */
+ * thread, two runs each, plain tiles against the trial's pick, of
+ * memcpy: uint8 outputs of 1.5-3.5 MiB 0.23-0.26x against 0.37-0.41x;
+ * uint16 0.28-0.31x against 0.41-0.47x from 2.5 MiB; float32 1000^2 (3.8
+ * MiB) 0.42x against 0.54x; float64 2.5-4 MiB 0.40-0.50x against
+ * 0.52-0.67x. At 1.25 MiB every size was faster plain (0.33-0.73x against
+ * 0.27-0.38x), and float64 at 1.5 MiB (0.57-0.62x against 0.51x): hence
+ * no lower than 2 MiB, whatever the L2 (cores with 256 or 512 KiB were
+ * never measured). 4 MiB was the bound before, for every CPU; on the
+ * EPYC VM the outputs between 2 and 4 MiB were never measured. */
 #ifdef HAVE_X86_KERNELS
 static size_t stream_min(void) {
   static _Atomic long long cached = -1;
-  const size_t l2 = cache_bytes(&cached, 2), lo = (size_t)1 << 20, hi = (size_t)4 << 20;
+  const size_t l2 = cache_bytes(&cached, 2), lo = (size_t)2 << 20, hi = (size_t)4 << 20;
   return l2 == 0 ? hi : 2 * l2 < lo ? lo : 2 * l2 > hi ? hi : 2 * l2;
 }
 #endif

@@ -38,8 +38,9 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
  * rows and sizes:
  * ab__host_transpose_pick): 0 (plain tiles, ordinary stores), 1 (streamed
  * L1 tiles) or 2 (streamed L2 blocks), from AB_HOST_STREAMING (0, 1,
- * blocked) or measured once per element size (auto); element sizes other
- * than 1, 2, 4, 8 and 16 bytes are always 0. See gather.c. */
+ * blocked) or measured once per element size and kind of rows (auto:
+ * this measures rows on lines where no transpose has yet); element sizes
+ * other than 1, 2, 4, 8 and 16 bytes are always 0. See gather.c. */
 int ab__host_transpose_mode(size_t es);
 /* The same without deciding: -1 while not yet measured. */
 int ab__host_transpose_mode_known(size_t es);
@@ -56,7 +57,7 @@ unsigned ab__host_transpose_kinds_known(size_t es);
  * and last blocks are each strip's). Decides as ab__host_transpose_mode. */
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
 /* The smallest output (bytes) a transpose may stream or block: twice the
- * core's L2, 1 to 4 MiB (4 where the L2 is unknown); smaller ones take the
+ * core's L2, 2 to 4 MiB (4 where the L2 is unknown); smaller ones take the
  * plain tiles. SIZE_MAX where no streaming variant exists (off x86-64). */
 size_t ab__host_stream_min(void);
 /* The rule that picks from a trial's best times (seconds, indexed 0, 1,

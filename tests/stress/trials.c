@@ -8,7 +8,8 @@
  * one offset in a line or not), at the same moment, in a fresh process:
  * each asks for its kind's trial (converters/host/gather.c) while the
  * others ask for theirs, the same kind's included; the trials run one at
- * a time under a lock, and a kind's is run once.
+ * a time under a lock. ctest runs it with AB_HOST_STREAMING=auto, so that
+ * the trials run whatever the environment says.
  * Every result is checked against the source. Exits non-zero on any
  * difference or error. */
 #include <pthread.h>
