@@ -802,9 +802,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
  * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
  * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
- * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 the
- * 16 x 64 tile of tile_any (called directly, without its level check);
- * every other case as tile_any. The plain and L1 tiles keep theirs: the
+ * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 has a
+ * layout of its own (strip_fill_u8, below); every other case as tile_any. The plain and L1 tiles keep theirs: the
  * 16 x 16 float32 one measured the same there on the EPYC, wide uint16
  * ones slower on the Intel VM, where those variants were tuned. */
 static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
@@ -818,10 +817,6 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
       tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
       return;
     }
-    if (es == 1) {
-      tile_u8_avx512(d, dsa, s, sb, na, nb);
-      return;
-    }
     if (es == 2) { /* the 16 x 32 kernel over the rows it covers whole, 8 x 8 tiles after */
       const int64_t ka = na - na % 32;
       tile_micro(d, dsa, s, sb, ka, nb, 2, 32, 16, tr16x32_16, tile_2);
@@ -832,6 +827,57 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
   tile_any(d, dsa, s, sb, na, nb, es);
 }
 
+/* uint8 blocks with AVX-512 keep their buffer in another layout. In the
+ * one above, the 16 x 64 tile writes each of its 64 buffer rows 16 bytes
+ * (an extract and a store per row), and a row's line is written by four
+ * strips in turn, long after the line has left L1: four trips to L2 for
+ * every line. Timed apart (Intel Xeon VM, 4096^2, one thread), filling
+ * the blocks ran 6.1 GB/s and streaming them out 6.7-7.0, but together
+ * 3.4, the sum of their times. Here each strip of 16 source rows has a
+ * region of its own, where a tile's 16 result registers go out whole, 64
+ * contiguous bytes each (h[k] lane L holds output row k + 16L): filling
+ * alone 11.7 GB/s. Output rows are put together from their strips'
+ * 16-byte pieces as they are streamed out (strip_at). bench_host, three
+ * runs alternated with the old layout: 4096^2 0.63-0.64x -> 0.73-0.77x
+ * of memcpy, 8192^2 0.54-0.57x -> 0.63-0.64x, 1536^2 (from the L3)
+ * 0.31-0.33x -> 0.38-0.39x. A block's rows are counted from a shift so
+ * that the tiles after a narrow first chunk (the source's skew) start on
+ * a multiple of 64 and take the full-line stores. */
+#define STRIP_TILE 1024 /* bytes of one 64 x 16 tile in a strip's region */
+#define STRIP_REGION ((BLK_COLS / 64 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
+_Static_assert(SEG / 16 * STRIP_REGION <= BLK_COLS * BLK_PITCH, "the strips' regions fit a half of the blocks' buffer");
+
+/* Where the 16 bytes of strip j for block row p (counted from the shift) lie. */
+static inline size_t strip_at(int64_t j, int64_t p) {
+  return (size_t)j * STRIP_REGION + (size_t)(p >> 6) * STRIP_TILE + (size_t)(p & 15) * 64 + (size_t)((p >> 4) & 3) * 16;
+}
+
+/* Fills strip j of a strip-layout buffer from pb <= 16 source rows of pa
+ * <= 64 bytes at s, the block rows from p = a + shift. A whole tile at a
+ * multiple of 64 is 16 full-line stores; an edge goes through masked
+ * loads (nothing past pa bytes or pb rows is read) and a 16-byte store
+ * per row (bytes past pb are zeros and never streamed out). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(char *buf, int64_t j, int64_t p,
+                                                                              const char *s, int64_t sb, int64_t pa,
+                                                                              int64_t pb) {
+  __m512i h[16];
+  char *at = buf + strip_at(j, p);
+  if (pa == 64 && pb == 16 && (p & 63) == 0) {
+    net16x64_8(h, s, sb);
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(at + 64 * k), h[k]);
+    return;
+  }
+  const __mmask64 in = pa >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << pa) - 1;
+  __m512i r[16];
+  for (int i = 0; i < 16; i++) r[i] = i < pb ? _mm512_maskz_loadu_epi8(in, s + i * sb) : _mm512_setzero_si512();
+  net16x64_8_regs(h, r);
+  _Alignas(64) char regs[16 * 64];
+  for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(regs + 64 * k), h[k]);
+  for (int64_t i = 0; i < pa; i++) /* tile row i: lane i / 16 of h[i % 16] */
+    _mm_store_si128((__m128i *)(void *)(buf + strip_at(j, p + i)),
+                    _mm_load_si128((const __m128i *)(const void *)(regs + 64 * (i & 15) + 16 * (i >> 4))));
+}
+
 /* A filled block waiting to be streamed out: rows [done, rows) remain. */
 struct blk_pending {
   char *d;         /* its first output row, at its first column */
@@ -840,6 +886,8 @@ struct blk_pending {
   int64_t rows, done;
   size_t n; /* bytes of each output row it holds */
   bool first, last;
+  bool strips;   /* the buffer is in the uint8 strip layout (strip_fill_u8) */
+  int64_t shift; /* strips: block row r is p = r + shift there */
 };
 
 /* Rows of whole lines out of a block with 64-byte stores, in one loop:
@@ -850,11 +898,40 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
   for (int64_t r = 0; r < rows; r++, d += dsa, buf += BLK_PITCH) stream_lines_avx512(d, buf, n);
 }
 
+/* blk_stream for a strip-layout block: each output row's n bytes put
+ * together from its strips' pieces, a line (four pieces) in a register,
+ * straight out where rows start on lines and hold whole lines, else
+ * through a row's copy and stream_row_avx512. */
+__attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips(struct blk_pending *p, int64_t upto,
+                                                                        int64_t dsa, char *carry) {
+  const int64_t pieces = (int64_t)(p->n + 15) / 16;
+  const bool whole = p->n % LINE == 0 && ((uintptr_t)p->d | (uintptr_t)dsa) % LINE == 0;
+  _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */
+  for (int64_t r = p->done; r < upto; r++) {
+    const char *at = p->buf + strip_at(0, r + p->shift);
+    char *const out = whole ? p->d + r * dsa : row + LINE;
+    for (int64_t j = 0; j < pieces; j += 4) { /* pieces past n (at most 8 in all) are copied, never streamed */
+      __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(const void *)(at + j * STRIP_REGION)));
+      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 1) * STRIP_REGION)), 1);
+      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 2) * STRIP_REGION)), 2);
+      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 3) * STRIP_REGION)), 3);
+      if (whole) _mm512_stream_si512((void *)(out + j * 16), v);
+      else _mm512_store_si512((void *)(out + j * 16), v);
+    }
+    if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
+  }
+  p->done = upto;
+}
+
 /* Out to rows [done, upto) of the pending block. rows_inline: see
  * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
 static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry, bool rows_inline,
                        bool avx512) {
   if (upto <= p->done) return;
+  if (p->strips) {
+    blk_stream_strips(p, upto, dsa, carry);
+    return;
+  }
   /* Output rows that start on lines and blocks of whole lines have no
    * partial lines to join: straight out (stream_row's bookkeeping cost
    * 20-40% here). */
@@ -957,6 +1034,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * -> 18.0), nor for float32, whose 4 KiB runs the hardware follows
    * (4096^2: 20.8 -> 15.0). */
   const bool next_strip = next_chunk && from_memory;
+  /* uint8 with AVX-512: the strip layout (strip_fill_u8). */
+  const bool strips = es == 1 && level >= TILES_AVX512;
   struct blk_pending p = {0};
   int half = 0;
   /* The order of the blocks: for elements of up to 4 bytes down the
@@ -979,6 +1058,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     const int64_t ai = down ? i / bands : i % across, b0 = (down ? i % bands : i / across) * t;
     const int64_t a0 = ai == 0 ? 0 : first + (ai - 1) * bw, w = ai == 0 ? first : bw, ma = w < na - a0 ? w : na - a0;
     const int64_t head = a0 == 0 && skew < ma ? skew : 0, mb = nb - b0 < t ? nb - b0 : t;
+    const int64_t shift = head > 0 ? LINE - head : 0; /* strips: the tiles after the head on multiples of 64 */
     char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
     const int64_t chunks = ((mb + strip - 1) / strip) * ((head > 0) + (ma - head + cw - 1) / cw);
     int64_t k = 0;
@@ -986,8 +1066,10 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
       const int64_t hb = mb - b < strip ? mb - b : strip;
       for (int64_t a = 0, ha; a < ma; a += ha) {
         ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
-        tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
-                   ha, hb, es, level);
+        if (strips) strip_fill_u8(buf, b / 16, a + shift, s + (a0 + a) + (b0 + b) * sb, sb, ha, hb);
+        else
+          tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
+                     ha, hb, es, level);
         if (next_chunk && a + ha < ma)
           for (int64_t j = 0; j < hb; j++) _mm_prefetch(s + (a0 + a + ha) * (int64_t)es + (b0 + b + j) * sb, _MM_HINT_T0);
         if (next_strip && b0 + b + strip < nb) {
@@ -998,7 +1080,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
       }
     }
     blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
-    p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb};
+    p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb,
+                             strips, shift};
     half ^= 1;
   }
   blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
