@@ -267,45 +267,14 @@ Test(streaming, the_pick_rule_weighs_the_blocks_by_plane_size) {
   cr_assert_eq(ab__host_pick_variant(plain_ahead, true, true), 0);
 }
 
-/* cpu0's L2 in bytes as Linux's sysfs lists it (the data or unified
- * cache of level 2), read here on its own; 0 where it is not listed. */
-static size_t sysfs_l2(void) {
-  size_t l2 = 0;
-  for (int i = 0; i < 16; i++) {
-    char path[96], type[32] = "", unit = 0;
-    int level = 0;
-    long long size = 0;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) break;
-    const int got_level = fscanf(f, "%d", &level);
-    fclose(f);
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
-    if ((f = fopen(path, "r")) != NULL) {
-      if (fscanf(f, "%31s", type) != 1) type[0] = 0;
-      fclose(f);
-    }
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-    if (got_level != 1 || level != 2 || strcmp(type, "Instruction") == 0 || (f = fopen(path, "r")) == NULL) continue;
-    if (fscanf(f, "%lld%c", &size, &unit) >= 1)
-      l2 = (size_t)size * (unit == 'K' ? 1024u : unit == 'M' ? 1024u * 1024u : 1u);
-    fclose(f);
-  }
-  return l2;
-}
-
-/* The smallest output that may stream follows the L2 (twice it, 2 to 4
- * MiB; 4 where sysfs does not list it): a transpose just below it takes
- * the plain tiles without asking for a variant, one of that size asks,
- * and both give the reference bytes. */
-Test(streaming, the_threshold_is_twice_the_l2_within_bounds) {
+/* The smallest output that may stream is 4 MiB: a transpose just below
+ * it takes the plain tiles without asking for a variant, one of that size
+ * asks, and both give the reference bytes. */
+Test(streaming, the_threshold_is_4_mib) {
   unsetenv("AB_HOST_STREAMING");
   const size_t min = ab__host_stream_min();
 #if defined(__x86_64__) && defined(__GNUC__)
-  const size_t l2 = sysfs_l2(), lo = (size_t)2 << 20, hi = (size_t)4 << 20;
-  const size_t want = l2 == 0 ? hi : 2 * l2 < lo ? lo : 2 * l2 > hi ? hi : 2 * l2;
-  cr_log_info("L2 %zu bytes: threshold %zu", l2, min);
-  cr_assert_eq(min, want, "threshold %zu, L2 %zu", min, l2);
+  cr_assert_eq(min, (size_t)4 << 20, "threshold %zu", min);
 #else
   cr_assert_eq(min, SIZE_MAX);
   cr_skip_test("no streaming variants off x86-64: nothing to measure");

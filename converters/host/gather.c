@@ -1237,9 +1237,9 @@ static void pick_all(int pick[TR_PICKS], int mode) {
   for (int r = 0; r < TR_PICKS; r++) pick[r] = mode;
 }
 
-/* Bytes of cpu0's data or unified cache at `want` (2: its L2), or at its
- * highest level where want is 0 (Linux sysfs); 0 where unknown. */
-static long long sysfs_cache_bytes(int want) {
+/* Bytes of cpu0's highest-level data or unified cache (Linux sysfs); 0
+ * where unknown. */
+static long long sysfs_llc_bytes(void) {
   int best_level = 0;
   long long v = 0;
   for (int i = 0; i < 16; i++) {
@@ -1260,51 +1260,42 @@ static long long sysfs_cache_bytes(int want) {
     if ((f = fopen(path, "r")) == NULL) continue;
     const int got = fscanf(f, "%lld%c", &size, &unit);
     fclose(f);
-    if (!got_level || got < 1 || strcmp(type, "Instruction") == 0) continue;
-    if (want > 0 ? level != want : level <= best_level) continue;
+    if (!got_level || got < 1 || strcmp(type, "Instruction") == 0 || level <= best_level) continue;
     best_level = level;
     v = size * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
   }
   return v < 0 ? 0 : v;
 }
 
-/* sysfs_cache_bytes(want), read once (`cached` starts at -1). */
-static size_t cache_bytes(_Atomic long long *cached, int want) {
-  long long v = atomic_load_explicit(cached, memory_order_relaxed);
-  if (v < 0) atomic_store_explicit(cached, v = sysfs_cache_bytes(want), memory_order_relaxed);
+/* Bytes of the last-level cache one core sees, read once; 0 where
+ * unknown: then every large transpose counts as one from memory. glibc's
+ * sysconf answer is not used: on the EPYC VM it says 384 MiB, every L3 of
+ * the host, where the VM's core sees 32. */
+static size_t llc_bytes(void) {
+  static _Atomic long long cached = -1;
+  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v < 0) atomic_store_explicit(&cached, v = sysfs_llc_bytes(), memory_order_relaxed);
   return (size_t)v;
 }
 
-/* Bytes of the last-level cache one core sees, 0 where unknown: then every
- * large transpose counts as one from memory. glibc's sysconf answer is
- * not used: on the EPYC VM it says 384 MiB, every L3 of the host, where
- * the VM's core sees 32. */
-static size_t llc_bytes(void) {
-  static _Atomic long long cached = -1;
-  return cache_bytes(&cached, 0);
-}
-
 /* The smallest output a transpose may stream or block for
- * (ab__host_transpose_pick; smaller ones take the plain tiles): twice the
- * core's L2, from 2 to 4 MiB; 4 MiB where the L2 is unknown. Past the L2
- * the plain tiles' short runs of many rows wait on the next level: on the
- * Intel Xeon (Cascade Lake) VM, 1 MiB L2, whose L3 gave memcpy no more
- * than memory did beyond 2 MiB (5 against 11-16 GB/s within the L2), one
- * thread, two runs each, plain tiles against the trial's pick, of
- * memcpy: uint8 outputs of 1.5-3.5 MiB 0.23-0.26x against 0.37-0.41x;
- * uint16 0.28-0.31x against 0.41-0.47x from 2.5 MiB; float32 1000^2 (3.8
- * MiB) 0.42x against 0.54x; float64 2.5-4 MiB 0.40-0.50x against
- * 0.52-0.67x. At 1.25 MiB every size was faster plain (0.33-0.73x against
- * 0.27-0.38x), and float64 at 1.5 MiB (0.57-0.62x against 0.51x): hence
- * no lower than 2 MiB, whatever the L2 (cores with 256 or 512 KiB were
- * never measured). 4 MiB was the bound before, for every CPU; on the
- * EPYC VM the outputs between 2 and 4 MiB were never measured. */
+ * (ab__host_transpose_pick; smaller ones take the plain tiles): 4 MiB.
+ * Below it the output usually stays in the last-level cache, where
+ * ordinary stores beat streaming ones, which send it to memory (and
+ * leave the next reader nothing cached). Where other tenants of a VM
+ * crowd the L3, that turns: on the Intel Xeon (Cascade Lake) VM, 1 MiB
+ * L2, in an hour when memcpy ran no faster beyond 2 MiB than from memory,
+ * outputs of 1.5-4 MiB ran 1.1-1.6x faster through the trial's picks, and
+ * the bound was twice the L2 for a session; in quieter hours (memcpy of 4
+ * MB at 11-12 GB/s), 8 alternated runs of each, one thread, of memcpy,
+ * plain against the picks: float32 1000^2 (3.8 MiB) median 0.84x against
+ * 0.42x, uint16 1080 x 1920 0.50x against 0.36x, uint8 1536^2 0.48x
+ * against 0.38x (the picks won 4 of 24 pairs, those in a crowded
+ * moment); outputs of 4.8-10 MB ran 1.2-1.6x faster through the picks.
+ * Kept at 4 MiB, the bound before, for every CPU: a library's caller
+ * usually has its L3 to itself. */
 #ifdef HAVE_X86_KERNELS
-static size_t stream_min(void) {
-  static _Atomic long long cached = -1;
-  const size_t l2 = cache_bytes(&cached, 2), lo = (size_t)2 << 20, hi = (size_t)4 << 20;
-  return l2 == 0 ? hi : 2 * l2 < lo ? lo : 2 * l2 > hi ? hi : 2 * l2;
-}
+#define STREAM_MIN ((size_t)4 << 20)
 #endif
 
 /* Whether a transpose that reads and writes `whole` bytes in all runs
@@ -1549,7 +1540,7 @@ int ab__host_streaming(void) { return ab__host_transpose_mode(4); }
 
 size_t ab__host_stream_min(void) {
 #ifdef HAVE_X86_KERNELS
-  return stream_min();
+  return STREAM_MIN;
 #else
   return SIZE_MAX;
 #endif
@@ -1632,7 +1623,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
      * two threads ran no faster than one (EPYC, 16 uint8 planes of 1000^2,
      * bands of 1 MB: 15-16 GB/s; with the whole's variant, 34-36). */
     if (whole == 0) whole = 2 * (size_t)total;
-    if (whole / 2 >= stream_min() && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
+    if (whole / 2 >= STREAM_MIN && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
       const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole, (size_t)(c.na * c.nb) * elsize);

@@ -56,9 +56,9 @@ unsigned ab__host_transpose_kinds_known(size_t es);
  * (a plane of a batch, or a thread's strip of a plane: the kernel's first
  * and last blocks are each strip's). Decides as ab__host_transpose_mode. */
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
-/* The smallest output (bytes) a transpose may stream or block: twice the
- * core's L2, 2 to 4 MiB (4 where the L2 is unknown); smaller ones take the
- * plain tiles. SIZE_MAX where no streaming variant exists (off x86-64). */
+/* The smallest output (bytes) a transpose may stream or block: 4 MiB;
+ * smaller ones take the plain tiles. SIZE_MAX where no streaming variant
+ * exists (off x86-64). */
 size_t ab__host_stream_min(void);
 /* The rule that picks from a trial's best times (seconds, indexed 0, 1,
  * 2 as above): a streaming variant where it beats the plain tiles by 10%,
