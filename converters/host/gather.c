@@ -1282,18 +1282,18 @@ static size_t llc_bytes(void) {
  * (ab__host_transpose_pick; smaller ones take the plain tiles): 4 MiB.
  * Below it the output usually stays in the last-level cache, where
  * ordinary stores beat streaming ones, which send it to memory (and
- * leave the next reader nothing cached). Where other tenants of a VM
- * crowd the L3, that turns: on the Intel Xeon (Cascade Lake) VM, 1 MiB
- * L2, in an hour when memcpy ran no faster beyond 2 MiB than from memory,
- * outputs of 1.5-4 MiB ran 1.1-1.6x faster through the trial's picks, and
- * the bound was twice the L2 for a session; in quieter hours (memcpy of 4
- * MB at 11-12 GB/s), 8 alternated runs of each, one thread, of memcpy,
- * plain against the picks: float32 1000^2 (3.8 MiB) median 0.84x against
- * 0.42x, uint16 1080 x 1920 0.50x against 0.36x, uint8 1536^2 0.48x
- * against 0.38x (the picks won 4 of 24 pairs, those in a crowded
- * moment); outputs of 4.8-10 MB ran 1.2-1.6x faster through the picks.
- * Kept at 4 MiB, the bound before, for every CPU: a library's caller
- * usually has its L3 to itself. */
+ * leave its next reader nothing cached). Intel Xeon (Cascade Lake) VM,
+ * 1 MiB L2, one thread, of memcpy, plain tiles against the trial's picks:
+ * with the source warm (bench_host), 8 alternated runs each, float32
+ * 1000^2 (3.8 MiB) median 0.84x against 0.42x, uint16 1080 x 1920 0.50x
+ * against 0.36x, uint8 1536^2 0.48x against 0.38x (the picks won 4 of 24
+ * pairs, in moments when other tenants crowded the L3); with source and
+ * output evicted between conversions, 2.0-2.15 GB/s both ways. For a
+ * session the bound was twice the L2 (2 MiB here), from an hour when the
+ * L3 gave memcpy nothing beyond 2 MiB and the picks ran outputs of 1.5-4
+ * MiB from an evicted source 1.1-1.6x faster. Outputs of 4.8-10 MB ran
+ * 1.2-1.6x faster through the picks (source warm). 4 MiB for every CPU,
+ * as before that session. */
 #ifdef HAVE_X86_KERNELS
 #define STREAM_MIN ((size_t)4 << 20)
 #endif
