@@ -17,7 +17,7 @@
 #include "converters/host/gather.h"
 #include "support.h"
 
-/* Transposes with outputs above the streaming threshold (4 MiB at most), against
+/* Transposes with outputs above the streaming threshold (4 MiB), against
  * the reference gather, for every element size the tiles cover (1, 2, 4, 8
  * and 16 bytes, and 12, which has no tile of its own): sides that are not
  * multiples of the tile (ragged edges), output rows that start at every

@@ -792,7 +792,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * (bench/results/2026-11-25-amd-blocked.md). Rows of the buffer are
  * BLK_PITCH apart, a line more than they hold, so the rows a micro-kernel
  * writes do not all fall in one L1 set. Output rows are streamed with
- * stream_row and its carried lines, as above. */
+ * stream_row and its carried lines, as above. (uint8 with AVX-512 lays
+ * the buffer out in strips instead: strip_fill_u8, below.) */
 #define BLK_COLS 1024
 #define BLK_PITCH (SEG + LINE)
 #define BLK_BUFFER ((size_t)2 * BLK_COLS * BLK_PITCH + LINE) /* and room to align it */
@@ -803,9 +804,10 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
  * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
  * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 has a
- * layout of its own (strip_fill_u8, below); every other case as tile_any. The plain and L1 tiles keep theirs: the
- * 16 x 16 float32 one measured the same there on the EPYC, wide uint16
- * ones slower on the Intel VM, where those variants were tuned. */
+ * layout of its own (strip_fill_u8, below); every other case as
+ * tile_any. The plain and L1 tiles keep theirs: the 16 x 16 float32 one
+ * measured the same there on the EPYC, wide uint16 ones slower on the
+ * Intel VM, where those variants were tuned. */
 static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
                        int level) {
   if (level >= TILES_AVX512) {
@@ -989,10 +991,12 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * known; the calls' pause between rows is what differs. (uint16 lost
    * with it too, 13.4 -> 11.8, while its tile was 8 rows tall and its
    * chunks half the size; with the 16-row tile it gains.) uint8, whose
-   * tile takes longest, gains at any spacing: 4096^2 (4 KiB rows)
+   * tile takes longest, gained at any spacing: 4096^2 (4 KiB rows)
    * 16.8-17.2 -> 18.6-19.3 GB/s, 64 x 1024^2 8.2-10.2 -> 10.6-12.3, where
-   * float32 planes of 1024^2 still lost 18.4-18.8 -> 17.2-17.7. */
-  const bool avx512 = level >= TILES_AVX512, rows_inline = avx512 && (dsa >= 8192 || es == 1);
+   * float32 planes of 1024^2 still lost 18.4-18.8 -> 17.2-17.7; uint8
+   * with AVX-512 now streams out of its strip layout (blk_stream_strips),
+   * row by row with 64-byte stores, never measured on the EPYC. */
+  const bool avx512 = level >= TILES_AVX512, rows_inline = avx512 && dsa >= 8192;
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
    * after it take whole lines, not two halves (EPYC, 4000^2 float32 from
