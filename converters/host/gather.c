@@ -841,10 +841,11 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
  * alone 11.7 GB/s. Output rows are put together from their strips'
  * 16-byte pieces as they are streamed out (strip_at). bench_host, three
  * runs alternated with the old layout: 4096^2 0.63-0.64x -> 0.73-0.77x
- * of memcpy, 8192^2 0.54-0.57x -> 0.63-0.64x, 1536^2 (from the L3)
- * 0.31-0.33x -> 0.38-0.39x. A block's rows are counted from a shift so
- * that the tiles after a narrow first chunk (the source's skew) start on
- * a multiple of 64 and take the full-line stores. */
+ * of memcpy, 8192^2 0.54-0.57x -> 0.63-0.64x, 1536^2 (from the L3,
+ * while outputs from 2 MiB took the blocks) 0.31-0.33x -> 0.38-0.39x.
+ * A block's rows are counted from a shift so that the tiles after a
+ * narrow first chunk (the source's skew) start on a multiple of 64 and
+ * take the full-line stores. */
 #define STRIP_TILE 1024 /* bytes of one 64 x 16 tile in a strip's region */
 #define STRIP_REGION ((BLK_COLS / 64 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
 _Static_assert(SEG / 16 * STRIP_REGION <= BLK_COLS * BLK_PITCH, "the strips' regions fit a half of the blocks' buffer");
@@ -1292,7 +1293,7 @@ static size_t llc_bytes(void) {
  * 1000^2 (3.8 MiB) median 0.84x against 0.42x, uint16 1080 x 1920 0.50x
  * against 0.36x, uint8 1536^2 0.48x against 0.38x (the picks won 4 of 24
  * pairs, in moments when other tenants crowded the L3); with source and
- * output evicted between conversions, 2.0-2.15 GB/s both ways. For a
+ * output evicted between conversions, 1.9-2.15 GB/s both ways. For a
  * session the bound was twice the L2 (2 MiB here), from an hour when the
  * L3 gave memcpy nothing beyond 2 MiB and the picks ran outputs of 1.5-4
  * MiB from an evicted source 1.1-1.6x faster. Outputs of 4.8-10 MB ran
