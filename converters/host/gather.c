@@ -307,15 +307,49 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr16x64_8_part(
     if (k + 48 < pa) _mm_mask_storeu_epi8(d + (k + 48) * dsa, out, _mm512_extracti32x4_epi32(h[k], 3));
   }
 }
-/* A uint8 tile with AVX-512: 64 x 16 pieces, the ragged ones masked. */
+/* 64 x 64 bytes with AVX-512 into destination rows that start on lines:
+ * four 16 x 64 tiles (source rows 16j..16j+15) kept in an L1 scratch as
+ * whole registers, then each destination row joined from its four
+ * 16-byte pieces (lane L of h[k] is row k + 16L) and stored as one line.
+ * The 16 x 64 tile writes 16 bytes into each of 64 rows, so each line of
+ * the output is written by four tiles in turn, and where the rows are a
+ * power of two apart the 64 lines share 4 of L1's sets and leave it
+ * between the turns. Intel Xeon (Cascade Lake) VM, one thread, plain
+ * tiles, of memcpy: 1024^2 0.27x -> 0.43x, 1536^2 0.45x -> 0.60x, 512^2
+ * 0.45x -> 0.64x, 1920 x 1080 0.51x -> 0.59x. Rows off lines (1040^2)
+ * lost a third with it: each store there is two lines' writes. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char *d, int64_t dsa, const char *s,
+                                                                           int64_t sb) {
+  _Alignas(64) char scr[4 * 16 * 64];
+  __m512i h[16];
+  for (int j = 0; j < 4; j++) {
+    net16x64_8(h, s + 16 * j * sb, sb);
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(scr + j * 1024 + 64 * k), h[k]);
+  }
+  for (int r = 0; r < 64; r++) {
+    const char *at = scr + (r & 15) * 64 + (r >> 4) * 16;
+    __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(const void *)at));
+    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 1024)), 1);
+    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 2048)), 2);
+    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 3072)), 3);
+    _mm512_storeu_si512((void *)(d + r * dsa), v);
+  }
+}
+/* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
+ * start on lines, 64 x 16 pieces elsewhere, the ragged ones masked. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(char *d, int64_t dsa, const char *s,
                                                                                 int64_t sb, int64_t na, int64_t nb) {
-  for (int64_t a = 0; a < na; a += 64)
-    for (int64_t b = 0; b < nb; b += 16) {
+  const bool lines = ((uintptr_t)d | (uintptr_t)dsa) % 64 == 0;
+  for (int64_t a = 0; a < na; a += 64) {
+    int64_t b = 0;
+    if (lines && na - a >= 64)
+      for (; nb - b >= 64; b += 64) tr64x64_8(d + a * dsa + b, dsa, s + a + b * sb, sb);
+    for (; b < nb; b += 16) {
       const int64_t pa = na - a < 64 ? na - a : 64, pb = nb - b < 16 ? nb - b : 16;
       if (pa == 64 && pb == 16) tr16x64_8(d + a * dsa + b, dsa, s + a + b * sb, sb);
       else tr16x64_8_part(d + a * dsa + b, dsa, s + a + b * sb, sb, pa, pb);
     }
+  }
 }
 DEFINE_NET_16(net8x8_16, , __m128i, _mm, LOAD_128)
 DEFINE_NET_16(net8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
