@@ -384,7 +384,8 @@ static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
 
 /* 8x8 tile of 8-byte elements with AVX-512, whole lines in and out: pairs
  * of rows unpacked, then two rounds of 128-bit lane shuffles gather each
- * column's four row pairs. Used by the L2 blocks only. */
+ * column's four row pairs. Used by the L2 blocks, and by the plain
+ * tiles where output rows start on lines (visit_transpose). */
 __attribute__((target("avx512f"))) static void tr8x8_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m512i r[8], t[8];
   for (int i = 0; i < 8; i++) r[i] = LOAD_512(s + i * sb);
@@ -445,11 +446,13 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles), SSSE3, AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F, BW and
- * VL: four lanes wide, uint8 masked on ragged edges; the L2 blocks'
- * float32, float64 and uint16 kernels; streamed lines joined and written
- * 64 bytes at a time; and with VBMI the
- * uint8 pixels-to-planes kernel); the plain and L1 tiles' 2- and 8-byte
- * kernels are SSE2 throughout. The pixel and plane loops are compiled for
+ * VL: four lanes wide, uint8 masked on ragged edges and joined into
+ * whole lines where output rows start on them; the L2 blocks' float32,
+ * float64 and uint16 kernels, the float64 one also in the plain tiles
+ * where output rows start on lines; streamed lines joined and written 64
+ * bytes at a time; and with VBMI the uint8 pixels-to-planes kernel); the
+ * plain and L1 tiles' 2-byte kernels, and their 8-byte ones elsewhere,
+ * are SSE2. The pixel and plane loops are compiled for
  * SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
        TILES_AVX512 = AB_TILES_AVX512 };
@@ -1190,11 +1193,29 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #endif
+  /* 8-byte elements into output rows that start on lines, with AVX-512:
+   * the blocks' 8 x 8 tile, which stores whole lines, where the SSE2 2 x 2
+   * one stores 16 bytes of each row at a time. Intel Xeon (Cascade Lake)
+   * VM, float64, one thread, of memcpy: 512^2 0.47x -> 0.67x, 256^2
+   * 0.42-0.47x -> 0.61-0.69x, 640 x 480 0.54x -> 0.72x, 640^2 0.54x ->
+   * 0.76x. The float32 and uint16 block tiles gained nothing or lost
+   * in some shapes here (2026-11-27-intel-uint8-lines-and-dead-ends.md). */
+#ifdef HAVE_X86_KERNELS
+  const bool lines_8 = es == 8 && ((uintptr_t)d | (uintptr_t)dsa) % LINE == 0 && tiles_level() >= TILES_AVX512;
+#endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
     int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
     for (int64_t a0 = 0; a0 < na; a0 += TILE_A) {
       int64_t ma = na - a0 < TILE_A ? na - a0 : TILE_A;
-      tile_any(d + a0 * dsa + b0 * (int64_t)es, dsa, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
+      char *const dt = d + a0 * dsa + b0 * (int64_t)es;
+      const char *const st = s + a0 * (int64_t)es + b0 * sb;
+#ifdef HAVE_X86_KERNELS
+      if (lines_8) {
+        tile_micro(dt, dsa, st, sb, ma, mb, 8, 8, 8, tr8x8_64, tile_8);
+        continue;
+      }
+#endif
+      tile_any(dt, dsa, st, sb, ma, mb, es);
     }
   }
 }
