@@ -135,6 +135,50 @@ static void unaligned_destination_matches(void) {
   }
 }
 
+/* Outputs whose rows start on lines but hold more than the row (a pitch
+ * rounded up to whole lines, or a line more), through
+ * ab__host_gather_into (ab_convert_into takes compact outputs only; the
+ * thread bands write into larger outputs this way): the
+ * tiles that store whole lines (uint8, uint16 and 8-byte elements with
+ * AVX-512) take the columns they cover whole, and narrower ones the rest
+ * of each row; the padding is left alone. Outputs under 4 MiB (the plain
+ * tiles whatever AB_HOST_STREAMING says) and one over it. */
+static void padded_destination_matches(void) {
+  static const struct { DLDataType dt; int64_t rows, cols, extra; } cases[] = {
+    {{kDLUInt, 8, 1}, 200, 130, 0},    /* two 64-byte chunks, then 2 columns */
+    {{kDLUInt, 8, 1}, 301, 1000, 64},
+    {{kDLUInt, 16, 1}, 150, 100, 0},   /* three 32-column tiles, then 4 columns */
+    {{kDLUInt, 16, 1}, 97, 70, 64},
+    {{kDLFloat, 32, 1}, 100, 77, 0},
+    {{kDLFloat, 64, 1}, 100, 77, 0},
+    {{kDLFloat, 64, 1}, 65, 13, 64},
+    {{kDLUInt, 16, 1}, 1031, 2049, 0}, /* 4.3 MB with its padding: streamed or blocked where forced */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t rows = cases[k].rows, cols = cases[k].cols, es = cases[k].dt.bits / 8;
+    const int64_t pitch = (cols * es + 63) / 64 * 64 + cases[k].extra; /* bytes */
+    const size_t bytes = (size_t)(rows * cols * es), out = (size_t)(rows * pitch);
+    char *a = malloc(bytes);
+    void *raw = NULL;
+    cr_assert(a != NULL && posix_memalign(&raw, 64, out) == 0);
+    fill_pattern(a, bytes, 70 + (uint32_t)k);
+    memset(raw, 0x5a, out);
+    const int64_t shape[2] = {rows, cols}, st[2] = {es, rows * es}, dst_st[2] = {pitch, es}; /* bytes */
+    ab__host_gather_into(raw, dst_st, a, 2, shape, st, (size_t)es, 0);
+    const char *p = raw;
+    for (int64_t i = 0; i < rows; i++) {
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(memcmp(p + i * pitch + j * es, a + (j * rows + i) * es, (size_t)es), 0,
+                     "case %zu: element (%lld, %lld) differs", k, (long long)i, (long long)j);
+      for (int64_t b = cols * es; b < pitch; b++)
+        cr_assert_eq(p[i * pitch + b], 0x5a, "case %zu: padding byte %lld of row %lld written", k, (long long)b,
+                     (long long)i);
+    }
+    free(a);
+    free(raw);
+  }
+}
+
 Test(streaming, forced_on_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "1", 1);
   transposes_match();
@@ -484,6 +528,7 @@ static void tiles_match(const char *tiles, const char *streaming) {
   setenv("AB_HOST_STREAMING", streaming, 1);
   transposes_match();
   unaligned_destination_matches();
+  padded_destination_matches();
   pixels_and_planes_match();
   memory_regime_matches();
 #if defined(__x86_64__)

@@ -279,7 +279,8 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
  * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
- * blocks use an AVX-512 one (tr16x32_16), faster on the EPYC. */
+ * blocks use an AVX-512 one (tr16x32_16), faster on the EPYC, and the
+ * plain tiles another where output rows start on lines (tr32x32_16). */
 DEFINE_NET_8(net16x16_8, , __m128i, _mm, LOAD_128)
 DEFINE_NET_8(net16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256)
 DEFINE_NET_8(net16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
@@ -374,6 +375,36 @@ __attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int6
     _mm256_storeu_si256((__m256i *)(void *)(d + (k + 24) * dsa), _mm512_extracti64x4_epi64(b, 1));
   }
 }
+/* 32 x 32 tile of uint16 with AVX-512 into destination rows that start on
+ * lines, for the plain tiles: two 16 x 32 tiles (tr16x32_16's network and
+ * joins), the first kept in an L1 scratch, each destination row's two
+ * 32-byte halves then joined and stored as one line. The SSE2 8 x 8 tile
+ * the plain tiles use elsewhere stores 16 bytes of a row at a time, and
+ * 16 x 32 tiles (32 bytes) gained nothing or lost in some shapes. Intel
+ * Xeon (Cascade Lake) VM, one thread, of memcpy: 512^2 0.42x -> 0.62x,
+ * 1024^2 0.51x -> 0.69x, 1536 x 1024 0.56x -> 0.70x, 1920 x 1080
+ * (output rows 1920 wide) 0.67x -> 0.78x, 1280 x 720 0.72x -> 0.74x. */
+__attribute__((target("avx512f,avx512bw"))) static void tr32x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i h[2][8];
+  _Alignas(64) char scr[16 * 64];
+  const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  net8x32_16(h[0], s, sb);
+  net8x32_16(h[1], s + 8 * sb, sb);
+  for (int k = 0; k < 8; k++) {
+    _mm512_store_si512((void *)(scr + 128 * k), _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]));
+    _mm512_store_si512((void *)(scr + 128 * k + 64), _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]));
+  }
+  net8x32_16(h[0], s + 16 * sb, sb);
+  net8x32_16(h[1], s + 24 * sb, sb);
+  for (int k = 0; k < 8; k++) {
+    const __m512i a = _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]), b = _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]);
+    const __m512i pa = _mm512_load_si512((const void *)(scr + 128 * k)), pb = _mm512_load_si512((const void *)(scr + 128 * k + 64));
+    _mm512_storeu_si512((void *)(d + k * dsa), _mm512_shuffle_i64x2(pa, a, 0x44));
+    _mm512_storeu_si512((void *)(d + (k + 8) * dsa), _mm512_shuffle_i64x2(pa, a, 0xee));
+    _mm512_storeu_si512((void *)(d + (k + 16) * dsa), _mm512_shuffle_i64x2(pb, b, 0x44));
+    _mm512_storeu_si512((void *)(d + (k + 24) * dsa), _mm512_shuffle_i64x2(pb, b, 0xee));
+  }
+}
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
   __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
@@ -448,12 +479,12 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F, BW and
  * VL: four lanes wide, uint8 masked on ragged edges and joined into
  * whole lines where output rows start on them; the L2 blocks' float32,
- * float64 and uint16 kernels, the float64 one also in the plain tiles
- * where output rows start on lines; streamed lines joined and written 64
- * bytes at a time; and with VBMI the uint8 pixels-to-planes kernel); the
- * plain and L1 tiles' 2-byte kernels, and their 8-byte ones elsewhere,
- * are SSE2. The pixel and plane loops are compiled for
- * SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
+ * float64 and uint16 kernels; whole-line uint16 and 8-byte tiles in the
+ * plain tiles where output rows start on lines; streamed lines joined and
+ * written 64 bytes at a time; and with VBMI the uint8 pixels-to-planes
+ * kernel); the L1 tiles' 2- and 8-byte kernels, and the plain tiles'
+ * where output rows are off lines, are SSE2. The pixel and plane loops
+ * are compiled for SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
        TILES_AVX512 = AB_TILES_AVX512 };
 #ifdef HAVE_X86_KERNELS
@@ -1193,15 +1224,18 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #endif
-  /* 8-byte elements into output rows that start on lines, with AVX-512:
-   * the blocks' 8 x 8 tile, which stores whole lines, where the SSE2 2 x 2
-   * one stores 16 bytes of each row at a time. Intel Xeon (Cascade Lake)
-   * VM, float64, one thread, of memcpy: 512^2 0.47x -> 0.67x, 256^2
-   * 0.42-0.47x -> 0.61-0.69x, 640 x 480 0.54x -> 0.72x, 640^2 0.54x ->
-   * 0.76x. The float32 and uint16 block tiles gained nothing or lost
-   * in some shapes here (2026-11-27-intel-uint8-lines-and-dead-ends.md). */
+  /* Output rows that start on lines, with AVX-512: tiles that store whole
+   * lines for uint16 (tr32x32_16) and 8-byte elements (the blocks' 8 x 8
+   * tile; the SSE2 2 x 2 one stores 16 bytes of a row at a time). Intel
+   * Xeon (Cascade Lake) VM, float64, one thread, of memcpy: 512^2 0.47x ->
+   * 0.67x, 256^2 0.42-0.47x -> 0.61-0.69x, 640 x 480 0.54x -> 0.72x,
+   * 640^2 0.54x -> 0.76x. The blocks' float32 tile (whole lines too)
+   * gained nothing here: 512^2 0.44-0.46x either way
+   * (2026-11-27-intel-uint8-lines-and-dead-ends.md). uint8 joins its lines
+   * in tile_u8_avx512. */
 #ifdef HAVE_X86_KERNELS
-  const bool lines_8 = es == 8 && ((uintptr_t)d | (uintptr_t)dsa) % LINE == 0 && tiles_level() >= TILES_AVX512;
+  const bool lines = ((uintptr_t)d | (uintptr_t)dsa) % LINE == 0 && tiles_level() >= TILES_AVX512;
+  const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
 #endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
     int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
@@ -1210,6 +1244,13 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
       char *const dt = d + a0 * dsa + b0 * (int64_t)es;
       const char *const st = s + a0 * (int64_t)es + b0 * sb;
 #ifdef HAVE_X86_KERNELS
+      if (lines_2) { /* 32 x 32 tiles, then the SSE2 ones on the ragged right and bottom */
+        const int64_t ka = ma - ma % 32, kb = mb - mb % 32;
+        tile_micro(dt, dsa, st, sb, ka, kb, 2, 32, 32, tr32x32_16, tile_2);
+        tile_any(dt + kb * 2, dsa, st + kb * sb, sb, ka, mb - kb, 2);
+        tile_any(dt + ka * dsa, dsa, st + ka * 2, sb, ma - ka, mb, 2);
+        continue;
+      }
       if (lines_8) {
         tile_micro(dt, dsa, st, sb, ma, mb, 8, 8, 8, tr8x8_64, tile_8);
         continue;
