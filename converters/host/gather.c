@@ -116,12 +116,15 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
  * TILE_A-column tiles; inside a tile, register micro-kernels transpose 8 x 8
  * (AVX) or 4 x 4 (SSE) blocks of 4-byte elements, 2 x 2 blocks of 8-byte
  * ones, and 16 x 16 uint8 (SSE2; with AVX2 and AVX-512, two or four such
- * blocks side by side at once) and 8 x 8 uint16 blocks (the L2 blocks
- * below have AVX-512 kernels of their own). Large outputs may use
- * non-temporal stores, as memcpy does, so the destination is not read
- * for ownership and does not evict the source: where the CPU gains by
- * them (ab__host_transpose_mode, below), through buffered L1 tiles or L2
- * blocks that write whole lines (transpose_streamed, transpose_blocked).
+ * blocks side by side at once) and 8 x 8 uint16 blocks; with AVX-512,
+ * where the destination rows start on lines, uint8, uint16 and 8-byte
+ * tiles that store whole lines instead (tr64x64_8, tr32x32_16, tr8x8_64;
+ * the L2 blocks below have AVX-512 kernels of their own). Large outputs
+ * may use non-temporal stores, as memcpy does, so the destination is not
+ * read for ownership and does not evict the source: where the CPU gains
+ * by them (ab__host_transpose_mode, below), through buffered L1 tiles or
+ * L2 blocks that write whole lines (transpose_streamed,
+ * transpose_blocked).
  * Measured on the 2-core CI machine (bench/results/): strips of 64-128 rows
  * beat 16 and 32 for the plain tiles. */
 #define TILE_A 64
@@ -316,9 +319,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr16x64_8_part(
  * the output is written by four tiles in turn, and where the rows are a
  * power of two apart the 64 lines share 4 of L1's sets and leave it
  * between the turns. Intel Xeon (Cascade Lake) VM, one thread, plain
- * tiles, of memcpy: 1024^2 0.27x -> 0.43x, 1536^2 0.45x -> 0.60x, 512^2
- * 0.45x -> 0.64x, 1920 x 1080 0.51x -> 0.59x. Rows off lines (1040^2)
- * lost a third with it: each store there is two lines' writes. */
+ * tiles, of memcpy: bench_host 1024^2 0.27-0.29x -> 0.42-0.43x, 1536^2
+ * 0.46-0.48x -> 0.64-0.65x; a harness 512^2 0.43-0.46x -> 0.60-0.67x,
+ * 1920 x 1080 0.51x -> 0.58-0.60x. Rows off lines (1040^2) lost a third
+ * with it: each store there is two lines' writes. The L1 tiles' buffer
+ * (transpose_streamed) is on lines and takes it too: forced to them,
+ * 4096^2 0.61x -> 0.62x, 2048^2 0.34-0.35x -> 0.36x. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char *d, int64_t dsa, const char *s,
                                                                            int64_t sb) {
   _Alignas(64) char scr[4 * 16 * 64];
@@ -483,7 +489,8 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * plain tiles where output rows start on lines; streamed lines joined and
  * written 64 bytes at a time; and with VBMI the uint8 pixels-to-planes
  * kernel); the L1 tiles' 2- and 8-byte kernels, and the plain tiles'
- * where output rows are off lines, are SSE2. The pixel and plane loops
+ * where output rows are off lines and on the whole-line tiles' ragged
+ * edges, are SSE2. The pixel and plane loops
  * are compiled for SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
        TILES_AVX512 = AB_TILES_AVX512 };
@@ -873,9 +880,12 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
  * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 has a
  * layout of its own (strip_fill_u8, below); every other case as
- * tile_any. The plain and L1 tiles keep theirs: the 16 x 16 float32 one
- * measured the same there on the EPYC, wide uint16 ones slower on the
- * Intel VM, where those variants were tuned. */
+ * tile_any. The plain and L1 tiles keep theirs, but for whole-line
+ * uint8, uint16 and 8-byte tiles where output rows start on lines (the
+ * 8 x 8 float64 one is this one; see visit_transpose): the 16 x 16
+ * float32 one measured the same there on the EPYC and on the Intel VM,
+ * and the 16 x 32 uint16 one was slower than SSE2 on the Intel VM in
+ * whole transposes and mixed in the plain tiles. */
 static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
                        int level) {
   if (level >= TILES_AVX512) {
@@ -1251,8 +1261,11 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
         tile_any(dt + ka * dsa, dsa, st + ka * 2, sb, ma - ka, mb, 2);
         continue;
       }
-      if (lines_8) {
-        tile_micro(dt, dsa, st, sb, ma, mb, 8, 8, 8, tr8x8_64, tile_8);
+      if (lines_8) { /* 8 x 8 tiles, then the SSE2 ones on the ragged edges */
+        const int64_t ka = ma - ma % 8, kb = mb - mb % 8;
+        tile_micro(dt, dsa, st, sb, ka, kb, 8, 8, 8, tr8x8_64, tile_8);
+        tile_any(dt + kb * 8, dsa, st + kb * sb, sb, ka, mb - kb, 8);
+        tile_any(dt + ka * dsa, dsa, st + ka * 8, sb, ma - ka, mb, 8);
         continue;
       }
 #endif
