@@ -311,6 +311,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr16x64_8_part(
     if (k + 48 < pa) _mm_mask_storeu_epi8(d + (k + 48) * dsa, out, _mm512_extracti32x4_epi32(h[k], 3));
   }
 }
+/* A line joined from four 16-byte pieces, `apart` bytes from each other
+ * from p (each 16-byte aligned): the uint8 kernels' rows, kept as pieces
+ * of 16-row tiles (tr64x64_8, blk_stream_strips). */
+__attribute__((target("avx512f"))) static inline __m512i join_pieces(const char *p, size_t apart) {
+  __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(const void *)p));
+  v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(p + apart)), 1);
+  v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(p + 2 * apart)), 2);
+  return _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(p + 3 * apart)), 3);
+}
 /* 64 x 64 bytes with AVX-512 into destination rows that start on lines:
  * four 16 x 64 tiles (source rows 16j..16j+15) kept in an L1 scratch as
  * whole registers, then each destination row joined from its four
@@ -333,14 +342,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char 
     net16x64_8(h, s + 16 * j * sb, sb);
     for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(scr + j * 1024 + 64 * k), h[k]);
   }
-  for (int r = 0; r < 64; r++) {
-    const char *at = scr + (r & 15) * 64 + (r >> 4) * 16;
-    __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(const void *)at));
-    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 1024)), 1);
-    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 2048)), 2);
-    v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + 3072)), 3);
-    _mm512_storeu_si512((void *)(d + r * dsa), v);
-  }
+  for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each tile's h[r % 16] */
+    _mm512_storeu_si512((void *)(d + r * dsa), join_pieces(scr + (r & 15) * 64 + (r >> 4) * 16, 1024));
 }
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
  * start on lines, 64 x 16 pieces elsewhere, the ragged ones masked. */
@@ -992,10 +995,7 @@ __attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips(struct
     const char *at = p->buf + strip_at(0, r + p->shift);
     char *const out = whole ? p->d + r * dsa : row + LINE;
     for (int64_t j = 0; j < pieces; j += 4) { /* pieces past n (at most 8 in all) are copied, never streamed */
-      __m512i v = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(const void *)(at + j * STRIP_REGION)));
-      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 1) * STRIP_REGION)), 1);
-      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 2) * STRIP_REGION)), 2);
-      v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(at + (j + 3) * STRIP_REGION)), 3);
+      const __m512i v = join_pieces(at + j * STRIP_REGION, STRIP_REGION);
       if (whole) _mm512_stream_si512((void *)(out + j * 16), v);
       else _mm512_store_si512((void *)(out + j * 16), v);
     }
@@ -1183,6 +1183,20 @@ struct transpose_ctx {
   bool from_memory;  /* the whole transpose is larger than the last-level cache */
 };
 
+#ifdef HAVE_X86_KERNELS
+/* A whole-line kernel (w x w elements of es bytes) over the part of an
+ * na x nb tile it covers whole, tile_any (SSE2) on the ragged right and
+ * bottom, not the element-by-element loop. */
+static void tile_lines(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es, int64_t w,
+                       micro_fn lines) {
+  const int64_t ka = na - na % w, kb = nb - nb % w, e = (int64_t)es;
+  for (int64_t a = 0; a < ka; a += w)
+    for (int64_t b = 0; b < kb; b += w) lines(d + a * dsa + b * e, dsa, s + a * e + b * sb, sb);
+  tile_any(d + kb * e, dsa, s + kb * sb, sb, ka, nb - kb, es);
+  tile_any(d + ka * dsa, dsa, s + ka * e, sb, na - ka, nb, es);
+}
+#endif
+
 static void visit_transpose(void *ctx, char *d, const char *s) {
   const struct transpose_ctx *c = ctx;
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
@@ -1254,18 +1268,12 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
       char *const dt = d + a0 * dsa + b0 * (int64_t)es;
       const char *const st = s + a0 * (int64_t)es + b0 * sb;
 #ifdef HAVE_X86_KERNELS
-      if (lines_2) { /* 32 x 32 tiles, then the SSE2 ones on the ragged right and bottom */
-        const int64_t ka = ma - ma % 32, kb = mb - mb % 32;
-        tile_micro(dt, dsa, st, sb, ka, kb, 2, 32, 32, tr32x32_16, tile_2);
-        tile_any(dt + kb * 2, dsa, st + kb * sb, sb, ka, mb - kb, 2);
-        tile_any(dt + ka * dsa, dsa, st + ka * 2, sb, ma - ka, mb, 2);
+      if (lines_2) {
+        tile_lines(dt, dsa, st, sb, ma, mb, 2, 32, tr32x32_16);
         continue;
       }
-      if (lines_8) { /* 8 x 8 tiles, then the SSE2 ones on the ragged edges */
-        const int64_t ka = ma - ma % 8, kb = mb - mb % 8;
-        tile_micro(dt, dsa, st, sb, ka, kb, 8, 8, 8, tr8x8_64, tile_8);
-        tile_any(dt + kb * 8, dsa, st + kb * sb, sb, ka, mb - kb, 8);
-        tile_any(dt + ka * dsa, dsa, st + ka * 8, sb, ma - ka, mb, 8);
+      if (lines_8) {
+        tile_lines(dt, dsa, st, sb, ma, mb, 8, 8, tr8x8_64);
         continue;
       }
 #endif
