@@ -262,11 +262,12 @@ ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opt
 
 /* The commonest copy (issue 18: a 4 KiB one cost 2.5x malloc + memcpy +
  * free, a third of it planning): compact bytes from host memory into new
- * host memory, nothing converted, too few for a second thread. Its plan
+ * host memory, nothing converted, too few for a second thread (fewer than
+ * twice AB_PARALLEL_MIN: ab__host_run). Its plan
  * would be one host copy; it is made here without one. */
 static bool plain_host_copy(const ab__prepared *p) {
   return p->sbe == p->tbe && p->sbe->device_type == kDLCPU && !p->cv.active && p->lay.compact &&
-         p->o.copy == AB_COPY_ALWAYS && p->lay.nbytes < ab__parallel_min();
+         p->o.copy == AB_COPY_ALWAYS && p->lay.nbytes / 2 < ab__parallel_min();
 }
 
 /* A new tensor on p's target holding the result of p's plan (or, for a

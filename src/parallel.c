@@ -48,9 +48,17 @@ static void read_env(void) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
     n = (int)ab__env_int("AB_NUM_THREADS", n, 1, MAX_THREADS);
-    /* Below about a megabyte per thread the hand-off costs more than the
-     * second core saves (bench/results/2026-11-24-host-threads.md). */
-    uint64_t m = ab__env_size("AB_PARALLEL_MIN", (uint64_t)1 << 20, 0, SIZE_MAX, "1MiB");
+    /* Bytes of result each thread gets at least: a move of fewer than
+     * twice this stays on the caller's thread. 256 KiB: on the Intel Xeon
+     * (Cascade Lake) VM, two threads against one in six rounds, 512 KiB
+     * transposes ran 1.15-1.89x (one round 0.83x), 1 MiB ones 1.70-2.08x
+     * (one round 0.67x), 1 MiB copies 1.21-1.87x in four, and float32 ->
+     * float16 of 1 and 2 MiB 1.3-2.3x, where 1 MiB a thread (set on the
+     * EPYC VM, which measured no size below it) kept them all on one;
+     * 256 KiB transposes split in two ran 0.6-1.0x, so not below that
+     * (bench/results/2026-11-27-intel-threads-threshold.md). The staging
+     * ring's copies split down to 256 KiB already (RING_PART). */
+    uint64_t m = ab__env_size("AB_PARALLEL_MIN", (uint64_t)256 << 10, 0, SIZE_MAX, "256KiB");
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
     atomic_store_explicit(&env_threads, n, memory_order_relaxed);
     atomic_store_explicit(&env_generation, gen, memory_order_release);

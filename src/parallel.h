@@ -35,8 +35,8 @@ typedef struct ab__host_job {
 void ab__host_run(const ab__host_job *job);
 
 /* Threads a large host move may use (AB_NUM_THREADS, else the online
- * cores), and bytes of output below which one thread does it all
- * (AB_PARALLEL_MIN). */
+ * cores), and bytes of output each thread gets at least (AB_PARALLEL_MIN):
+ * a move of fewer than twice that is one thread's. */
 int ab__num_threads(void);
 size_t ab__parallel_min(void);
 

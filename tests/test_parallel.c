@@ -180,7 +180,7 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   setenv("AB_PARALLEL_MIN", "lots", 1);
   ab__env_reload();
   cr_assert_eq(ab__num_threads(), (int)(sysconf(_SC_NPROCESSORS_ONLN) > 64 ? 64 : sysconf(_SC_NPROCESSORS_ONLN)));
-  cr_assert_eq(ab__parallel_min(), (size_t)1 << 20);
+  cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
   unsetenv("AB_NUM_THREADS");
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
@@ -355,6 +355,35 @@ Test(parallel, a_jobs_min_part_splits_finer_than_the_default) {
   ab__host_run(&job);
   cr_assert_eq(ab__parallel_workers(), 3);
   cr_assert_eq(memcmp(dst, src, n), 0);
+  ab__parallel_call_threads(prev);
+  free(src);
+  free(dst);
+}
+
+/* The default bound (AB_PARALLEL_MIN unset): 256 KiB of result a thread,
+ * so 512 KiB is the least that two threads share, and 1 MiB goes four
+ * ways. */
+Test(parallel, the_default_bound_is_256_KiB_a_thread) {
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  const size_t n = (size_t)1 << 20;
+  char *src = malloc(n), *dst = malloc(n);
+  cr_assert(src != NULL && dst != NULL);
+  fill_pattern(src, n, 71);
+  const uint32_t prev = ab__parallel_call_threads(4);
+  const size_t sizes[] = {((size_t)512 << 10) - 1, (size_t)512 << 10, n - 1, n};
+  const int workers[] = {0, 1, 2, 3};
+  for (int i = 0; i < 4; i++) {
+    const int64_t shape[1] = {(int64_t)sizes[i]}, stride[1] = {1};
+    const ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+    ab__parallel_shutdown();
+    memset(dst, 0, n);
+    ab__host_run(&job);
+    cr_assert_eq(ab__parallel_workers(), workers[i], "%zu bytes: %d workers, not %d", sizes[i], ab__parallel_workers(),
+                 workers[i]);
+    cr_assert_eq(memcmp(dst, src, sizes[i]), 0);
+  }
   ab__parallel_call_threads(prev);
   free(src);
   free(dst);
