@@ -130,6 +130,12 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
 #define TILE_A 64
 #define TILE_B 128
 
+/* A cache line's bytes, and whether rows pitch bytes apart from d all
+ * start on one: where they do, a 64-byte store writes one line whole
+ * instead of parts of two. */
+#define LINE 64
+static inline bool on_lines(const char *d, int64_t pitch) { return ((uintptr_t)d | (uintptr_t)pitch) % LINE == 0; }
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -349,7 +355,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char 
  * start on lines, 64 x 16 pieces elsewhere, the ragged ones masked. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(char *d, int64_t dsa, const char *s,
                                                                                 int64_t sb, int64_t na, int64_t nb) {
-  const bool lines = ((uintptr_t)d | (uintptr_t)dsa) % 64 == 0;
+  const bool lines = on_lines(d, dsa);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
     if (lines && na - a >= 64)
@@ -719,7 +725,6 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void planes_u8_vbm
  * 256-byte rows were slower, and walking the source a column strip at a
  * time (a outer) halved the speed (bench/results/). */
 #define SEG 128
-#define LINE 64
 
 #ifdef HAVE_X86_KERNELS
 static inline void stream16(char *d, const char *s) {
@@ -989,7 +994,7 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
 __attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips(struct blk_pending *p, int64_t upto,
                                                                         int64_t dsa, char *carry) {
   const int64_t pieces = (int64_t)(p->n + 15) / 16;
-  const bool whole = p->n % LINE == 0 && ((uintptr_t)p->d | (uintptr_t)dsa) % LINE == 0;
+  const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);
   _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */
   for (int64_t r = p->done; r < upto; r++) {
     const char *at = p->buf + strip_at(0, r + p->shift);
@@ -1016,7 +1021,7 @@ static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *c
   /* Output rows that start on lines and blocks of whole lines have no
    * partial lines to join: straight out (stream_row's bookkeeping cost
    * 20-40% here). */
-  if (p->n % LINE == 0 && ((uintptr_t)p->d | (uintptr_t)dsa) % LINE == 0) {
+  if (p->n % LINE == 0 && on_lines(p->d, dsa)) {
     if (rows_inline) blk_rows_avx512(p->d + p->done * dsa, dsa, p->buf + p->done * BLK_PITCH, upto - p->done, p->n);
     else
       for (int64_t r = p->done; r < upto; r++) stream_lines(p->d + r * dsa, p->buf + r * BLK_PITCH, p->n);
@@ -1258,7 +1263,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
    * (2026-11-27-intel-uint8-lines-and-dead-ends.md). uint8 joins its lines
    * in tile_u8_avx512. */
 #ifdef HAVE_X86_KERNELS
-  const bool lines = ((uintptr_t)d | (uintptr_t)dsa) % LINE == 0 && tiles_level() >= TILES_AVX512;
+  const bool lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512;
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
 #endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
