@@ -89,12 +89,13 @@ test-valgrind: build
 # extension; pytest runs from outside python/ so the installed package is
 # the one imported. Then, where the CUDA toolkit is, the module built again
 # against simcuda (the simulated CUDA runtime, into $(PY_BUILD)/sim) runs
-# its CUDA tests on two simulated GPUs. --no-cache-dir: the venv is built
-# once per run, so pip's cache (the wheels again, about 3 GiB) would only
-# take disk; one CI run ran out of it there.
+# its CUDA tests on two simulated GPUs. The venv takes about 8 GiB (PyTorch
+# brings its CUDA libraries). --no-cache-dir: it is built once per run, so
+# pip's cache (the wheels again, some GiB more) would only take disk; one
+# CI run ran out of disk in this pip install.
 test-python: deps
 	$(PYTHON) -m venv $(PY_BUILD)/venv
-	@df -h . | sed 's/^/test-python: disk before the venv (about 7 GiB): /'
+	@echo "test-python: free disk before the venv (it takes about 8 GiB):"; df -h .
 	$(PY_BUILD)/venv/bin/pip install -q --no-cache-dir -r python/requirements-test.txt
 	AB_PY_BUILD_DIR=$(CURDIR)/$(PY_BUILD)/lib $(PY_BUILD)/venv/bin/pip install -q --force-reinstall --no-deps ./python
 	cd $(PY_BUILD) && AB_TEST_EXPECT_FRAMEWORKS=1 venv/bin/python -m pytest -q $(CURDIR)/python/tests

@@ -52,7 +52,7 @@ static void read_env(void) {
      * twice this stays on the caller's thread. 256 KiB: on the Intel Xeon
      * (Cascade Lake) VM, two threads against one in six rounds, 512 KiB
      * transposes ran 1.15-1.89x (one round 0.83x), 1 MiB ones 1.70-2.08x
-     * (one round 0.67x), 1 MiB copies 1.21-1.87x in four, and float32 ->
+     * (one round 0.67x), 1 MiB copies 1.52-1.87x in four, and float32 ->
      * float16 of 1 and 2 MiB 1.3-2.3x, where 1 MiB a thread (set on the
      * EPYC VM, which measured no size below it) kept them all on one;
      * 256 KiB transposes split in two ran 0.6-1.0x, so not below that
