@@ -130,16 +130,16 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
 #define TILE_A 64
 #define TILE_B 128
 
-/* A cache line's bytes, and whether rows pitch bytes apart from d all
- * start on one: where they do, a 64-byte store writes one line whole
- * instead of parts of two. */
+/* A cache line's bytes. */
 #define LINE 64
-static inline bool on_lines(const char *d, int64_t pitch) { return ((uintptr_t)d | (uintptr_t)pitch) % LINE == 0; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86_KERNELS 1
+/* Whether rows pitch bytes apart from d all start on cache lines: where
+ * they do, a 64-byte store writes one line whole instead of parts of two. */
+static inline bool on_lines(const char *d, int64_t pitch) { return ((uintptr_t)d | (uintptr_t)pitch) % LINE == 0; }
 /* 4x4 tile of 4-byte elements: four source rows (fixed b, a..a+3) become
  * four destination rows (fixed a, b..b+3). */
 static inline void tr4x4_32(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -467,6 +467,7 @@ typedef void (*micro_fn)(char *d, int64_t dsa, const char *s, int64_t sb);
 
 typedef void (*scalar_fn)(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb);
 
+#ifdef HAVE_X86_KERNELS
 /* Runs a micro-kernel that takes wa destination rows by wb columns over the
  * largest such multiple of an na x nb tile, and the scalar tile on the
  * ragged right and bottom edges. */
@@ -487,6 +488,7 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
   tile_micro(d, dsa, s, sb, ka, nb, es, wa, wb, wide, scalar);
   tile_micro(d + ka * dsa, dsa, s + ka * es, sb, na - ka, nb, es, wb, wb, square, scalar);
 }
+#endif
 
 /* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
  * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
@@ -1737,10 +1739,10 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    int64_t total = es; /* the output's bytes */
-    for (int i = 0; i < d.n; i++) total *= d.shape[i];
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false};
 #ifdef HAVE_X86_KERNELS
+    int64_t total = es; /* the output's bytes */
+    for (int i = 0; i < d.n; i++) total *= d.shape[i];
     /* Streaming stores for large outputs where the CPU gains by them, in
      * tiles of SEG-byte rows (element sizes that divide it) and output rows
      * of one tile or more. Without room for the carried lines (and the
@@ -1762,6 +1764,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
         if (c.carry != NULL) c.mode = mode;
       }
     }
+#else
+    (void)whole; /* the plain tiles only: no variant to pick */
 #endif
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
 #ifdef HAVE_X86_KERNELS
