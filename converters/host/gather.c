@@ -1191,16 +1191,13 @@ struct transpose_ctx {
 };
 
 #ifdef HAVE_X86_KERNELS
-/* A whole-line kernel (w x w elements of es bytes) over the part of an
- * na x nb tile it covers whole, tile_any (SSE2) on the ragged right and
- * bottom, not the element-by-element loop. */
-static void tile_lines(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es, int64_t w,
-                       micro_fn lines) {
-  const int64_t ka = na - na % w, kb = nb - nb % w, e = (int64_t)es;
-  for (int64_t a = 0; a < ka; a += w)
-    for (int64_t b = 0; b < kb; b += w) lines(d + a * dsa + b * e, dsa, s + a * e + b * sb, sb);
-  tile_any(d + kb * e, dsa, s + kb * sb, sb, ka, nb - kb, es);
-  tile_any(d + ka * dsa, dsa, s + ka * e, sb, na - ka, nb, es);
+/* The ragged right and bottom of the whole-line tiles (tile_micro's edge
+ * tiles): tile_any's SSE2 kernels, not the element-by-element loop. */
+static void edges_2(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
+  tile_any(d, dsa, s, sb, na, nb, 2);
+}
+static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
+  tile_any(d, dsa, s, sb, na, nb, 8);
 }
 #endif
 
@@ -1276,11 +1273,11 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
       const char *const st = s + a0 * (int64_t)es + b0 * sb;
 #ifdef HAVE_X86_KERNELS
       if (lines_2) {
-        tile_lines(dt, dsa, st, sb, ma, mb, 2, 32, tr32x32_16);
+        tile_micro(dt, dsa, st, sb, ma, mb, 2, 32, 32, tr32x32_16, edges_2);
         continue;
       }
       if (lines_8) {
-        tile_lines(dt, dsa, st, sb, ma, mb, 8, 8, tr8x8_64);
+        tile_micro(dt, dsa, st, sb, ma, mb, 8, 8, 8, tr8x8_64, edges_8);
         continue;
       }
 #endif
