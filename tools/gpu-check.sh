@@ -11,7 +11,8 @@
 # suite, the thread stress (it uses every CUDA device it finds),
 # bench_cuda, and, where a Python venv with the test requirements exists
 # (build-python/venv, as make test-python leaves it, or $AB_GPU_PYTHON), the
-# Python module's CUDA tests and the framework cases that need a GPU. The
+# Python module's CUDA tests, the framework cases that need a GPU and the
+# code blocks of the GPU Features page (../shared/reference). The
 # tests are told how many GPUs there are (AB_TEST_EXPECT_CUDA), so a GPU
 # the runtime does not see fails them instead of skipping them.
 #
@@ -183,6 +184,11 @@ else
     "cd '$log' && '$py' -m pytest -q -rs '$root/python/tests/test_cuda.py'"
   step python_framework_gpu_cases env PYTHONPATH="$pydir" bash -c \
     "cd '$log' && '$py' -m pytest -q -rs -k 'cuda or cupy or gpu' '$root/python/tests/test_frameworks.py' '$root/python/tests/test_seed_api.py'"
+  # The GPU Features page's own code, every block of it (those that need
+  # CUDA run where torch and arraybridge see the GPUs they name, and skip
+  # saying how many they need elsewhere).
+  step python_page_blocks env PYTHONPATH="$pydir" bash -c \
+    "cd '$log' && '$py' -m pytest -q -rs -k 'page' '$root/python/tests/test_seed_api.py'"
 fi
 
 {
