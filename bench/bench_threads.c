@@ -1,8 +1,9 @@
 /* Large host moves on one thread and on all of them (src/parallel.c), in
- * the same run: a compact copy, a 2-D float32 transpose and a float32 ->
- * float16 cast, 256 KiB to 64 MiB, each against single-thread memcpy of the same
- * bytes. Prints the best of 15 calls of ab_convert_memory (alloc + move +
- * deleter from a warm pool).
+ * the same run: a compact copy, a 2-D float32 transpose, a 2-D uint8
+ * transpose of the same bytes and a float32 -> float16 cast, 256 KiB to
+ * 64 MiB, each against single-thread memcpy of the same bytes. Prints the
+ * best of 15 calls of ab_convert_memory (alloc + move + deleter from a
+ * warm pool), calls back to back.
  *
  *   bench_threads            (AB_NUM_THREADS, else the online cores, for the "all" column) */
 #include <stdio.h>
@@ -63,16 +64,20 @@ int main(void) {
     }
     int64_t side = 1;
     while (side * side * 4 <= n) side *= 2; /* side x (n / side), near square */
+    int64_t side8 = 1;
+    while (side8 * side8 * 4 <= n * 4) side8 *= 2; /* the same bytes as uint8 */
     int64_t sh1[1] = {n}, sh2[2] = {side, n / side}, st2[2] = {1, side};
+    int64_t sh8[2] = {side8, n * 4 / side8}, st8[2] = {1, side8};
     DLTensor c = {buf, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, sh1, NULL, 0};
     DLTensor t = {buf, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, sh2, st2, 0};
+    DLTensor t8 = {buf, {kDLCPU, 0}, 2, {kDLUInt, 8, 1}, sh8, st8, 0};
     ab_convert_opts copy = AB_CONVERT_OPTS_INIT, half = AB_CONVERT_OPTS_INIT;
     copy.copy = AB_COPY_ALWAYS;
     half.dtype = (DLDataType){kDLFloat, 16, 1};
-    const char *names[3] = {"copy", "transpose", "f32->f16"};
-    const DLTensor *srcs[3] = {&c, &t, &c};
-    const ab_convert_opts *opts[3] = {&copy, &copy, &half};
-    for (int k = 0; k < 3; k++) {
+    const char *names[4] = {"copy", "transpose", "u8 transp.", "f32->f16"};
+    const DLTensor *srcs[4] = {&c, &t, &t8, &c};
+    const ab_convert_opts *opts[4] = {&copy, &copy, &copy, &half};
+    for (int k = 0; k < 4; k++) {
       threads("1");
       double one = best_convert(srcs[k], opts[k]);
       threads(keep);
