@@ -186,9 +186,12 @@ else
     "cd '$log' && '$py' -m pytest -q -rs -k 'cuda or cupy or gpu' '$root/python/tests/test_frameworks.py' '$root/python/tests/test_seed_api.py'"
   # The GPU Features page's own code, every block of it (those that need
   # CUDA run where torch and arraybridge see the GPUs they name, and skip
-  # saying how many they need elsewhere).
+  # saying how many they need elsewhere). On a GPU the page must be at
+  # ../shared/reference beside the repository and torch must see every GPU,
+  # or these fail (AB_TEST_EXPECT_CUDA).
+  t="$root/python/tests/test_seed_api.py"
   step python_page_blocks env PYTHONPATH="$pydir" bash -c \
-    "cd '$log' && '$py' -m pytest -q -rs -k 'page' '$root/python/tests/test_seed_api.py'"
+    "cd '$log' && '$py' -m pytest -q -rs '$t::test_the_page_has_the_blocks_this_test_plans_for' '$t::test_the_pages_code_runs'"
 fi
 
 {

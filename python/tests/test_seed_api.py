@@ -664,8 +664,11 @@ PAGE_PLAN = [(2, ()), None, (1, ("cupy",)), None, None, (4, ()), (1, ("cupy",)),
 
 def page_gpus():
     """How many GPUs the page's CUDA blocks can use: CUDA devices that both
-    torch and arraybridge see (0 without a CUDA build of torch, so 0 under
-    simcuda too)."""
+    torch and arraybridge see. 0 without a CUDA build of torch, and 0 under
+    simcuda (AB_SIMCUDA_DEVICES), whose simulated GPUs torch cannot use even
+    where a real one is."""
+    if os.environ.get("AB_SIMCUDA_DEVICES"):
+        return 0
     try:
         import torch
     except ImportError:
@@ -675,9 +678,23 @@ def page_gpus():
     return min(torch.cuda.device_count(), sum(d.startswith("cuda:") for d in ab.devices()))
 
 
-def test_the_page_has_the_blocks_this_test_plans_for():
+def page_gpus_expected():
+    """The GPU count make gpu-check promises on a real GPU machine
+    (AB_TEST_EXPECT_CUDA, not under simcuda), else None: there the page
+    must be present and every GPU usable, so that no block skips by mistake."""
+    expect = os.environ.get("AB_TEST_EXPECT_CUDA")
+    return int(expect) if expect and not os.environ.get("AB_SIMCUDA_DEVICES") else None
+
+
+def need_page():
     if not os.path.exists(PAGE):
+        if page_gpus_expected() is not None:
+            pytest.fail("the reference page is not beside the repository (%s), and gpu-check needs it" % PAGE)
         pytest.skip("the reference page is not beside the repository (%s)" % PAGE)
+
+
+def test_the_page_has_the_blocks_this_test_plans_for():
+    need_page()
     assert len(page_blocks()) == len(PAGE_PLAN)
 
 
@@ -687,19 +704,25 @@ def page_namespace():
     import torch
     rng = np.random.default_rng(0)
     arr = lambda *shape: rng.random(shape).astype(np.float32)  # noqa: E731
-    calls = []
+    calls, oom_raised, large = [], [], arr(256, 256)
 
     def process(t):  # the page's stand-in for a GPU computation
         calls.append(t.device.type)
         return t * 2
+
+    def process_on_gpu(d):  # block 24's: the large batch does not fit, as the block plans for
+        if d is large:
+            oom_raised.append(True)
+            raise RuntimeError("CUDA out of memory (the test's stand-in for a batch too large)")
+        return ab.convert_memory(d, "numpy", "torch", gpu_id=0) * 2
 
     return {"np": np, "torch": torch, "convert_memory": ab.convert_memory, "data": arr(64, 64),
             "gpu_operation1": lambda d: d + 1, "gpu_operation2": lambda d: d * 2,
             "np_data": arr(48, 48), "batches": [arr(32, 32) for _ in range(8)], "process": process,
             "calls": calls, "data_list": [arr(16, 16) for _ in range(4)], "results": [],
             "cpu_data": torch.from_numpy(arr(40, 40)), "data_loader": [arr(8, 8) for _ in range(3)],
-            "large_data": arr(256, 256), "smaller_batch": arr(64, 64),
-            "process_on_gpu": lambda d: ab.convert_memory(d, "numpy", "torch", gpu_id=0) * 2}
+            "large_data": large, "smaller_batch": arr(64, 64), "oom_raised": oom_raised,
+            "process_on_gpu": process_on_gpu}
 
 
 def check_page_gpu_block(k, ns):
@@ -714,13 +737,25 @@ def check_page_gpu_block(k, ns):
     if k == 0:
         np.testing.assert_array_equal(on(ns["gpu0_data"], 0), ns["np_data"])
         np.testing.assert_array_equal(on(ns["gpu1_data"], 1), ns["np_data"])
+    elif k == 2:
+        import cupy as cp
+        assert ns["num_gpus"] == cp.cuda.runtime.getDeviceCount() >= 1
     elif k == 5:
+        assert len(ns["results"]) == len(ns["batches"])
         for b, r in zip(ns["batches"], ns["results"]):
             np.testing.assert_allclose(r, b @ b.T, rtol=1e-3)
     elif k == 6:
-        ns["print_gpu_memory"]()
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            ns["print_gpu_memory"]()
+        assert "GPU 0 (PyTorch)" in out.getvalue() and "CuPy memory" in out.getvalue(), out.getvalue()
     elif k == 7:
+        import cupy as cp
+        cp.arange(1 << 20)  # something in CuPy's pool for the helper to free
         ns["clear_gpu_memory"]()
+        assert cp.get_default_memory_pool().free_bytes() == 0  # nothing cached is left
     elif k == 8:
         np.testing.assert_array_equal(on(ns["gpu_data"]), ns["data"])
         np.testing.assert_array_equal(on(ns["result"]), ns["data"] * 2)
@@ -736,8 +771,11 @@ def check_page_gpu_block(k, ns):
         np.testing.assert_array_equal(on(ns["result"]), ns["cpu_data"].numpy() * 2)
     elif k == 12:
         np.testing.assert_array_equal(on(ns["gpu0_data"], 0), ns["data"])
-        np.testing.assert_array_equal(on(ns["gpu1_data"], 1), ns["data"])
+        np.testing.assert_array_equal(on(ns["gpu1_data"], 1), ns["data"])  # method 2's
         np.testing.assert_array_equal(ns["cpu_data"], ns["data"])
+        # Method 1's direct GPU-to-GPU result, which the block then rebinds.
+        direct = ab.convert_memory(ns["gpu0_data"], "torch", "torch", gpu_id=1)
+        np.testing.assert_array_equal(on(direct, 1), ns["data"])
     elif k == 14:
         import cupy as cp
         x = np.random.default_rng(1).random((24, 24)).astype(np.float32)
@@ -748,20 +786,24 @@ def check_page_gpu_block(k, ns):
         np.testing.assert_array_equal(on(ns["gpu_data"]), np.array([1, 2, 3], np.float32))
     elif k == 19:
         assert ns["calls"] == ["cuda"] * len(ns["data_loader"])
-    elif k == 24:
-        np.testing.assert_array_equal(on(ns["result"]), ns["large_data"] * 2)
+    elif k == 21:
+        assert 0 <= ns["util"].gpu <= 100 and 0 <= ns["util"].memory <= 100
+    elif k == 24:  # the large batch ran out of memory (see page_namespace): the retry's result
+        assert ns["oom_raised"] == [True]
+        np.testing.assert_array_equal(on(ns["result"]), ns["smaller_batch"] * 2)
     else:
-        assert k in (2, 21), k  # they print what they find, and check nothing
+        raise AssertionError("no check for page block %d" % k)
 
 
 @pytest.mark.parametrize("k", range(len(PAGE_PLAN)))
 def test_the_pages_code_runs(k):
-    if not os.path.exists(PAGE):
-        pytest.skip("the reference page is not beside the repository (%s)" % PAGE)
+    need_page()
     need("torch")
     if PAGE_PLAN[k] is not None:
         gpus, mods = PAGE_PLAN[k]
-        have = page_gpus()
+        have, expect = page_gpus(), page_gpus_expected()
+        if expect is not None:  # a GPU machine under gpu-check: torch and arraybridge must see every GPU
+            assert have == expect, "AB_TEST_EXPECT_CUDA=%d, but torch and arraybridge both see %d" % (expect, have)
         if have < gpus:
             pytest.skip("block %d needs %d CUDA GPU(s) seen by torch and arraybridge, this machine has %d"
                         % (k, gpus, have))
@@ -795,7 +837,7 @@ def test_the_pages_code_runs(k):
             sys.modules.pop("pyclesperanto_prototype", None)
         np.testing.assert_allclose(out, img, rtol=1e-6)
     if "get_least_used_gpu" in code:  # ran to the end: the least used GPU, or None without CUDA
-        if page_gpus() == 0:
+        if not need("torch").cuda.is_available():  # the block's own test
             assert ns["gpu_id"] is None and ns["gpu_data"].device.type == "cpu"
         else:
             assert ns["gpu_data"].device == need("torch").device("cuda", ns["gpu_id"])
