@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
-from ab_support import opencl
+from ab_support import n_devices, opencl
 
 EXPECT = os.environ.get("AB_TEST_EXPECT_FRAMEWORKS") == "1"
 HOST = ("numpy", "torch", "jax", "tensorflow")
@@ -675,7 +675,7 @@ def page_gpus():
         return 0
     if not torch.cuda.is_available():
         return 0
-    return min(torch.cuda.device_count(), sum(d.startswith("cuda:") for d in ab.devices()))
+    return min(torch.cuda.device_count(), n_devices("cuda"))
 
 
 def page_gpus_expected():
