@@ -184,3 +184,29 @@ Test(device, peer_access_is_itself_or_a_backend_answer) {
     cr_assert_eq(can, 1);
   }
 }
+
+/* cpu:0 names its model and vendor as /proc/cpuinfo's first processor
+ * does (the vendor explains vendor-dependent host kernel choices, as the
+ * blocks' prefetches; see docs/guide.md), and "" for a vendor it lacks. */
+Test(device, cpu_info_names_the_model_and_vendor) {
+  char model[128] = "", vendor[64] = "", line[256];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f != NULL) {
+    while (fgets(line, sizeof line, f) != NULL) {
+      char *colon = strchr(line, ':');
+      if (colon == NULL) continue;
+      colon += 1 + (colon[1] == ' ');
+      colon[strcspn(colon, "\n")] = '\0';
+      if (model[0] == '\0' && strncmp(line, "model name", 10) == 0) snprintf(model, sizeof model, "%s", colon);
+      if (vendor[0] == '\0' && strncmp(line, "vendor_id", 9) == 0) snprintf(vendor, sizeof vendor, "%s", colon);
+    }
+    fclose(f);
+  }
+  struct ab_device_info info;
+  memset(&info, 0x5a, sizeof info);
+  cr_assert_eq(ab_device_info(CPU0, &info), AB_OK, "%s", ab_last_error());
+  cr_assert_str_eq(info.backend, "host");
+  cr_assert_str_eq(info.vendor, vendor, "vendor \"%s\", /proc/cpuinfo says \"%s\"", info.vendor, vendor);
+  if (model[0] != '\0') cr_assert_str_eq(info.name, model);
+  else cr_assert_str_eq(info.name, "host CPU");
+}

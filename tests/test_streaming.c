@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "converters/host/gather.h"
+#include "internal.h" /* ab__env_reload */
 #include "support.h"
 
 /* Transposes with outputs above the streaming threshold (4 MiB), against
@@ -207,6 +208,9 @@ static void memory_regime_matches(void) {
     {1, 3001, 1999, 3, 0},  {2, 1024, 2048, 0, 0},  {2, 1032, 2048, 0, 0},  {2, 1024, 2052, 32, 0},
     {2, 1500, 1503, 2, 0},  {4, 1030, 2048, 0, 0},  {4, 1024, 2050, 16, 0}, {8, 1024, 1030, 8, 0},
     {8, 1028, 1030, 8, 16},
+    /* source rows a page apart: runs within pages, which an Intel CPU's
+     * uint8 and uint16 blocks do not prefetch (ab__host_prefetch) */
+    {1, 4096, 1030, 0, 0},  {2, 2048, 1040, 0, 0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const size_t es = cases[k].es, at = cases[k].at;
@@ -244,6 +248,35 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
           cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), 2,
                        "%zu-byte elements, kind %d, %zu bytes in planes of %zu", es, kind, whole, plane);
   cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30, (size_t)1 << 30), 0);
+}
+
+/* The blocks' prefetch rule: Intel CPUs (cpuid's vendor, which
+ * /proc/cpuinfo repeats) prefetch only runs that cross pages, others all
+ * uint8 and uint16 runs; AB_HOST_PREFETCH overrides, a value it does not
+ * know leaves the default. Each rule's blocks give the reference bytes. */
+Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  unsetenv("AB_HOST_PREFETCH");
+  ab__env_reload();
+  char vendor[64] = "", line[256];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f != NULL) {
+    while (vendor[0] == '\0' && fgets(line, sizeof line, f) != NULL)
+      if (sscanf(line, "vendor_id : %63s", vendor) != 1) vendor[0] = '\0';
+    fclose(f);
+  }
+  const bool x86 = strcmp(ab__host_tiles(), "portable") != 0;
+  const char *dflt = !x86 ? "off" : strcmp(vendor, "GenuineIntel") == 0 ? "pages" : "narrow";
+  cr_assert_str_eq(ab__host_prefetch(), dflt, "vendor \"%s\"", vendor);
+  static const char *const set[][2] = {{"narrow", "narrow"}, {"off", "off"}, {"pages", "pages"}, {"sometimes", NULL}};
+  for (size_t k = 0; k < sizeof set / sizeof set[0]; k++) {
+    setenv("AB_HOST_PREFETCH", set[k][0], 1);
+    ab__env_reload();
+    cr_assert_str_eq(ab__host_prefetch(), !x86 ? "off" : set[k][1] ? set[k][1] : dflt, "AB_HOST_PREFETCH=%s", set[k][0]);
+    memory_regime_matches();
+  }
+  unsetenv("AB_HOST_PREFETCH");
+  ab__env_reload();
 }
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {

@@ -16,18 +16,27 @@
 static int32_t host_count(void) { return 1; }
 
 /* First "model name" in /proc/cpuinfo, else a generic name. */
-static void cpu_name(char *buf, size_t len) {
-  snprintf(buf, len, "host CPU");
+/* The CPU's model name and vendor ("GenuineIntel", "AuthenticAMD"; "" where
+ * /proc/cpuinfo has no vendor_id, as on ARM) from the first processor's
+ * lines of /proc/cpuinfo. */
+static void cpu_strings(char *name, size_t name_len, char *vendor, size_t vendor_len) {
+  snprintf(name, name_len, "host CPU");
+  vendor[0] = '\0';
   FILE *f = fopen("/proc/cpuinfo", "r");
   if (f == NULL) return;
   char line[256];
-  while (fgets(line, sizeof line, f) != NULL) {
+  bool have_name = false, have_vendor = false;
+  while ((!have_name || !have_vendor) && fgets(line, sizeof line, f) != NULL) {
     char *colon = strchr(line, ':');
-    if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
-      colon += 1 + (colon[1] == ' ');
-      colon[strcspn(colon, "\n")] = '\0';
-      snprintf(buf, len, "%s", colon);
-      break;
+    if (colon == NULL) continue;
+    colon += 1 + (colon[1] == ' ');
+    colon[strcspn(colon, "\n")] = '\0';
+    if (!have_name && strncmp(line, "model name", 10) == 0) {
+      snprintf(name, name_len, "%s", colon);
+      have_name = true;
+    } else if (!have_vendor && strncmp(line, "vendor_id", 9) == 0) {
+      snprintf(vendor, vendor_len, "%s", colon);
+      have_vendor = true;
     }
   }
   fclose(f);
@@ -55,7 +64,7 @@ static uint64_t mem_available(void) {
 static ab_status host_info(int32_t id, struct ab_device_info *out) {
   (void)id;
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-  cpu_name(out->name, sizeof out->name);
+  cpu_strings(out->name, sizeof out->name, out->vendor, sizeof out->vendor);
   out->total_memory = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
   out->free_memory = mem_available();
   out->unified_memory = 1;

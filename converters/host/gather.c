@@ -1044,6 +1044,50 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
   }
 }
 
+/* From memory, which uint8 and uint16 blocks ask for the next strip's
+ * source lines (the next_strip prefetches of transpose_blocked, whose
+ * comment has the AMD figures). The answer differs between vendors:
+ * - AMD EPYC (Zen 5) VM: every block gained, rows a multiple of 4 KiB
+ *   apart included (uint8 8192^2, uint16 4096 x 8192): PF_NARROW.
+ * - Intel Xeon (Cascade Lake) VM, one thread, bench_host, of memcpy:
+ *   where each source row's run in a block lies within one 4 KiB page
+ *   (rows a multiple of 4 KiB apart, the run inside a page) they cost:
+ *   uint16 4096^2 0.68-0.69x with them, 0.76-0.78x without; uint8 8192^2
+ *   0.62-0.64x and 0.70-0.71x; uint8 4096^2 the same either way. Where
+ *   runs cross pages they pay: uint16 4096 x 4104 0.56-0.60x without,
+ *   0.66-0.70x with. So PF_PAGES: only blocks whose runs cross a page.
+ *   The CPU's own prefetcher follows a run within a page and stops at its
+ *   end, which is the likely reason; it was not measured apart. float32
+ *   and float64 with runs across pages were mixed there (float32 4000^2:
+ *   0.68-0.70x -> 0.77-0.80x in one harness, 0.80-0.84x -> 0.63-0.79x
+ *   in bench_host), so they still never ask.
+ * Intel CPUs (cpuid's vendor) get PF_PAGES, every other one PF_NARROW
+ * (bench/results/2026-11-27-intel-prefetch-pages.md);
+ * AB_HOST_PREFETCH=pages, narrow or off decides instead. */
+enum { PF_OFF, PF_NARROW, PF_PAGES };
+
+static bool cpu_is_intel(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* GenuineIntel */
+}
+
+static int strip_prefetch(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice rules[] = {
+      {"auto", -1}, {"pages", PF_PAGES}, {"narrow", PF_NARROW}, {"off", PF_OFF}, {"0", PF_OFF}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
+  int rule = ab__env_choice("AB_HOST_PREFETCH", rules, -1, "auto, pages, narrow or off");
+  if (rule < 0) rule = cpu_is_intel() ? PF_PAGES : PF_NARROW;
+  return (int)ab__env_keep(&cache, (uint32_t)rule);
+}
+
+/* Whether the runs of n bytes at s, s + sb, ... each lie within one
+ * 4 KiB page: all do where the first does and sb is whole pages. */
+static inline bool runs_in_pages(const char *s, int64_t sb, size_t n) {
+  return sb % 4096 == 0 && (uintptr_t)s % 4096 + n <= 4096;
+}
+
 /* carry: LINE bytes for each of the na destination rows; bufs: BLK_BUFFER;
  * from_memory: the whole transpose is larger than the last-level cache
  * (the prefetches below). */
@@ -1122,8 +1166,9 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * strip ahead: into L1, or two and four strips ahead, were no better.
    * Not from the cache (8 MiB, a harness: uint8 18.4 -> 16.8, uint16 22.2
    * -> 18.0), nor for float32, whose 4 KiB runs the hardware follows
-   * (4096^2: 20.8 -> 15.0). */
-  const bool next_strip = next_chunk && from_memory;
+   * (4096^2: 20.8 -> 15.0). That is the AMD answer: on an Intel CPU only
+   * the blocks whose runs cross pages ask (strip_prefetch, above). */
+  const int rule = next_chunk && from_memory ? strip_prefetch() : PF_OFF;
   /* uint8 with AVX-512: the strip layout (strip_fill_u8). */
   const bool strips = es == 1 && level >= TILES_AVX512;
   struct blk_pending p = {0};
@@ -1150,6 +1195,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     const int64_t head = a0 == 0 && skew < ma ? skew : 0, mb = nb - b0 < t ? nb - b0 : t;
     const int64_t shift = head > 0 ? LINE - head : 0; /* strips: the tiles after the head on multiples of 64 */
     char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
+    const bool next_strip =
+        rule == PF_NARROW || (rule == PF_PAGES && !runs_in_pages(s + a0 * (int64_t)es + b0 * sb, sb, (size_t)ma * es));
     const int64_t chunks = ((mb + strip - 1) / strip) * ((head > 0) + (ma - head + cw - 1) / cw);
     int64_t k = 0;
     for (int64_t b = 0; b < mb; b += strip) {
@@ -1677,6 +1724,15 @@ int ab__host_tiles_level(void) {
   return tiles_level();
 #else
   return AB_TILES_SSE2;
+#endif
+}
+
+const char *ab__host_prefetch(void) {
+#ifdef HAVE_X86_KERNELS
+  static const char *const names[] = {"off", "narrow", "pages"};
+  return names[strip_prefetch()];
+#else
+  return "off";
 #endif
 }
 

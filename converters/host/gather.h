@@ -78,6 +78,11 @@ int ab__host_tiles_level(void);
 /* The host kernels this CPU runs ("avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
+/* Which uint8 and uint16 blocks from memory prefetch the next strip's
+ * source rows: "pages" (those whose row runs cross a 4 KiB page: Intel),
+ * "narrow" (all: every other x86-64 vendor), "off"; AB_HOST_PREFETCH
+ * decides instead. "off" off x86-64 (no blocks there); see gather.c. */
+const char *ab__host_prefetch(void);
 
 
 #endif

@@ -192,7 +192,9 @@ struct ab_device_info {
   DLDevice device;    /**< the device described */
   char name[128];     /**< e.g. the CPU model, "NVIDIA H100 80GB HBM3" */
   char backend[16];   /**< "host", "cuda", "opencl" */
-  char vendor[64];    /**< "" when the backend does not say */
+  char vendor[64];    /**< "" when the backend does not say; for cpu:0
+                           /proc/cpuinfo's vendor_id ("GenuineIntel",
+                           "AuthenticAMD"; "" where it has none) */
   char version[64];   /**< driver/platform version string, "" when unknown;
                            for cpu:0 the host kernels, threads and
                            streaming-store choice in use */
