@@ -196,11 +196,13 @@ Test(streaming, forced_off_gives_the_reference_bytes) {
 
 /* Transposes judged as parts of a conversion larger than any last-level
  * cache (ab__host_gather_part's whole): the blocks then prefetch the next
- * rows for 1- and 2-byte elements. Sources at every offset in a line,
- * output rows on lines (from a line, rows of whole lines) and off them,
- * every kind of rows for each element size, against element-by-element
- * copies. */
-static void memory_regime_matches(void) {
+ * rows for 1- and 2-byte elements (on Intel CPUs only where a row's run
+ * in a block crosses a page). Sources at every offset in a line, output
+ * rows on lines (from a line, rows of whole lines) and off them, every
+ * kind of rows for each element size, against element-by-element copies;
+ * all of them, or only the last PAGE_CASES. */
+#define PAGE_CASES 2
+static void memory_cases_match(bool page_cases_only) {
   static const struct { size_t es; int64_t rows, cols; size_t at, out_at; } cases[] = {
     /* source rows are `rows` elements apart, output rows `cols`: kinds on
      * lines, source off, output off, both off (output 16 bytes into a line) */
@@ -208,17 +210,19 @@ static void memory_regime_matches(void) {
     {1, 3001, 1999, 3, 0},  {2, 1024, 2048, 0, 0},  {2, 1032, 2048, 0, 0},  {2, 1024, 2052, 32, 0},
     {2, 1500, 1503, 2, 0},  {4, 1030, 2048, 0, 0},  {4, 1024, 2050, 16, 0}, {8, 1024, 1030, 8, 0},
     {8, 1028, 1030, 8, 16},
-    /* source rows a page apart: runs within pages, which an Intel CPU's
+    /* PAGE_CASES: source rows a page apart from a page: blocks of 1024
+     * source columns whose runs lie within pages, which an Intel CPU's
      * uint8 and uint16 blocks do not prefetch (ab__host_prefetch) */
     {1, 4096, 1030, 0, 0},  {2, 2048, 1040, 0, 0},
   };
-  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+  const size_t n = sizeof cases / sizeof cases[0];
+  for (size_t k = page_cases_only ? n - PAGE_CASES : 0; k < n; k++) {
     const size_t es = cases[k].es, at = cases[k].at;
     const int64_t rows = cases[k].rows, cols = cases[k].cols;
     const size_t bytes = (size_t)(rows * cols) * es;
     void *raw = NULL, *outs = NULL;
-    cr_assert_eq(posix_memalign(&raw, 64, bytes + 64), 0);
-    cr_assert_eq(posix_memalign(&outs, 64, bytes + 64), 0);
+    cr_assert_eq(posix_memalign(&raw, 4096, bytes + 64), 0);
+    cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
     char *a = (char *)raw + at; /* cols x rows, row-major; read as its rows x cols transpose */
     char *out = (char *)outs + cases[k].out_at;
     fill_pattern(a, bytes, 21 + (uint32_t)k);
@@ -232,6 +236,7 @@ static void memory_regime_matches(void) {
     free(outs);
   }
 }
+static void memory_regime_matches(void) { memory_cases_match(false); }
 
 Test(streaming, forced_blocked_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
@@ -253,7 +258,8 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
 /* The blocks' prefetch rule: Intel CPUs (cpuid's vendor, which
  * /proc/cpuinfo repeats) prefetch only runs that cross pages, others all
  * uint8 and uint16 runs; AB_HOST_PREFETCH overrides, a value it does not
- * know leaves the default. Each rule's blocks give the reference bytes. */
+ * know leaves the default. Which runs lie within pages, and each rule's
+ * blocks on sources a page apart give the reference bytes. */
 Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
   unsetenv("AB_HOST_PREFETCH");
@@ -273,10 +279,26 @@ Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
     setenv("AB_HOST_PREFETCH", set[k][0], 1);
     ab__env_reload();
     cr_assert_str_eq(ab__host_prefetch(), !x86 ? "off" : set[k][1] ? set[k][1] : dflt, "AB_HOST_PREFETCH=%s", set[k][0]);
-    memory_regime_matches();
+    memory_cases_match(true);
   }
   unsetenv("AB_HOST_PREFETCH");
   ab__env_reload();
+  /* Runs within pages: rows whole pages apart (or the same row), each run
+   * inside its page; negative strides the same. Any other stride, or a run
+   * past its page's end, crosses. */
+  static _Alignas(4096) char page[3 * 4096];
+  if (x86) {
+    cr_assert(ab__host_runs_in_pages(page, 4096, 4096));
+    cr_assert(ab__host_runs_in_pages(page + 1024, 8192, 1024));
+    cr_assert(ab__host_runs_in_pages(page + 3072, -4096, 1024));
+    cr_assert(ab__host_runs_in_pages(page + 100, 0, 64));
+    cr_assert_not(ab__host_runs_in_pages(page + 3072, 4096, 1025), "a run past its page");
+    cr_assert_not(ab__host_runs_in_pages(page + 64, 4096, 4096), "a page's bytes from inside a page");
+    cr_assert_not(ab__host_runs_in_pages(page, 4104, 64), "rows 4104 bytes apart");
+    cr_assert_not(ab__host_runs_in_pages(page, 2048, 64), "rows half a page apart");
+  } else {
+    cr_assert_not(ab__host_runs_in_pages(page, 4096, 64), "no blocks off x86-64");
+  }
 }
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {

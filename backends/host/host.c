@@ -15,10 +15,9 @@
 
 static int32_t host_count(void) { return 1; }
 
-/* First "model name" in /proc/cpuinfo, else a generic name. */
-/* The CPU's model name and vendor ("GenuineIntel", "AuthenticAMD"; "" where
- * /proc/cpuinfo has no vendor_id, as on ARM) from the first processor's
- * lines of /proc/cpuinfo. */
+/* The CPU's model name ("host CPU" where /proc/cpuinfo has none) and
+ * vendor ("GenuineIntel", "AuthenticAMD"; "" where it has no vendor_id,
+ * as on ARM), from the first processor's lines of /proc/cpuinfo. */
 static void cpu_strings(char *name, size_t name_len, char *vendor, size_t vendor_len) {
   snprintf(name, name_len, "host CPU");
   vendor[0] = '\0';
@@ -31,7 +30,7 @@ static void cpu_strings(char *name, size_t name_len, char *vendor, size_t vendor
     if (colon == NULL) continue;
     colon += 1 + (colon[1] == ' ');
     colon[strcspn(colon, "\n")] = '\0';
-    if (!have_name && strncmp(line, "model name", 10) == 0) {
+    if (!have_name && strncmp(line, "model name", 10) == 0 && *colon != '\0') {
       snprintf(name, name_len, "%s", colon);
       have_name = true;
     } else if (!have_vendor && strncmp(line, "vendor_id", 9) == 0) {

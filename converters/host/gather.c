@@ -1052,17 +1052,18 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
  * - Intel Xeon (Cascade Lake) VM, one thread, bench_host, of memcpy:
  *   where each source row's run in a block lies within one 4 KiB page
  *   (rows a multiple of 4 KiB apart, the run inside a page) they cost:
- *   uint16 4096^2 0.68-0.69x with them, 0.76-0.78x without; uint8 8192^2
- *   0.62-0.64x and 0.70-0.71x; uint8 4096^2 the same either way. Where
- *   runs cross pages they pay: uint16 4096 x 4104 0.56-0.60x without,
- *   0.66-0.70x with. So PF_PAGES: only blocks whose runs cross a page.
- *   The CPU's own prefetcher follows a run within a page and stops at its
- *   end, which is the likely reason; it was not measured apart. float32
- *   and float64 with runs across pages were mixed there (float32 4000^2:
- *   0.68-0.70x -> 0.77-0.80x in one harness, 0.80-0.84x -> 0.63-0.79x
- *   in bench_host), so they still never ask.
+ *   uint16 4096^2 0.67-0.71x with them, 0.76-0.77x without; uint8 8192^2
+ *   0.63-0.65x and 0.69-0.73x; uint8 4096^2 about the same either way.
+ *   Where runs cross pages they pay: uint16 4096 x 4104 0.56-0.60x
+ *   without, 0.66-0.70x with. So PF_PAGES: only blocks whose runs cross
+ *   a page. The CPU's own prefetcher follows a run within a page and
+ *   stops at its end, which is the likely reason; it was not measured
+ *   apart. float32 and float64 with runs across pages were mixed there
+ *   (float32 4000^2: 0.67-0.70x -> 0.78-0.79x in one harness, bc2;
+ *   0.82-0.84x -> 0.76-0.81x in bench_host), so they still never ask.
  * Intel CPUs (cpuid's vendor) get PF_PAGES, every other one PF_NARROW
- * (bench/results/2026-11-27-intel-prefetch-pages.md);
+ * (bench/results/2026-11-27-intel-prefetch-pages.md). The rule goes by
+ * vendor, not generation: one Intel and one AMD generation were measured;
  * AB_HOST_PREFETCH=pages, narrow or off decides instead. */
 enum { PF_OFF, PF_NARROW, PF_PAGES };
 
@@ -1074,7 +1075,7 @@ static bool cpu_is_intel(void) {
 static int strip_prefetch(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice rules[] = {
-      {"auto", -1}, {"pages", PF_PAGES}, {"narrow", PF_NARROW}, {"off", PF_OFF}, {"0", PF_OFF}, {NULL, 0}};
+      {"auto", -1}, {"pages", PF_PAGES}, {"narrow", PF_NARROW}, {"off", PF_OFF}, {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
   int rule = ab__env_choice("AB_HOST_PREFETCH", rules, -1, "auto, pages, narrow or off");
@@ -1724,6 +1725,15 @@ int ab__host_tiles_level(void) {
   return tiles_level();
 #else
   return AB_TILES_SSE2;
+#endif
+}
+
+bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n) {
+#ifdef HAVE_X86_KERNELS
+  return runs_in_pages(s, sb, n);
+#else
+  (void)s, (void)sb, (void)n;
+  return false;
 #endif
 }
 

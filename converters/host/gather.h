@@ -81,8 +81,13 @@ const char *ab__host_tiles(void);
 /* Which uint8 and uint16 blocks from memory prefetch the next strip's
  * source rows: "pages" (those whose row runs cross a 4 KiB page: Intel),
  * "narrow" (all: every other x86-64 vendor), "off"; AB_HOST_PREFETCH
- * decides instead. "off" off x86-64 (no blocks there); see gather.c. */
+ * decides instead. "off" off x86-64 (no blocks there); see gather.c.
+ * For tests: ab_device_info's version line has no room left for it
+ * (abtool info prints the vendor, which decides it). */
 const char *ab__host_prefetch(void);
+/* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
+ * each, as the "pages" rule asks (false off x86-64). For tests. */
+bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
 
 
 #endif
