@@ -1054,9 +1054,10 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
  *   (rows a multiple of 4 KiB apart, the run inside a page) they cost:
  *   uint16 4096^2 0.67-0.71x with them, 0.76-0.77x without; uint8 8192^2
  *   0.63-0.65x and 0.69-0.73x; uint8 4096^2 about the same either way.
- *   Where runs cross pages they pay: uint16 4096 x 4104 0.56-0.60x
- *   without, 0.66-0.70x with. So PF_PAGES: only blocks whose runs cross
- *   a page. The CPU's own prefetcher follows a run within a page and
+ *   Where runs cross pages they never lost: uint16 4096 x 4104 0.56-0.60x
+ *   without, 0.66-0.70x with in one set of three runs, 0.65-0.69x
+ *   either way in another. So PF_PAGES: only blocks whose runs cross a
+ *   page. The CPU's own prefetcher follows a run within a page and
  *   stops at its end, which is the likely reason; it was not measured
  *   apart. float32 and float64 with runs across pages were mixed there
  *   (float32 4000^2: 0.67-0.70x -> 0.78-0.79x in one harness, bc2;
