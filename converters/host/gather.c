@@ -273,12 +273,16 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * unpacking 16-, 32- and 64-bit pairs in turn. The network leaves in lane
  * L of h[k] destination row k + 8L. */
 #define DEFINE_NET_16(NAME, ATTR, V, W, LOAD)                                                       \
-  ATTR static inline void NAME(V h[8], const char *s, int64_t sb) {                                \
-    V r[8], t[8], u[8];                                                                            \
-    for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
+  ATTR static inline void NAME##_regs(V h[8], V r[8]) {                                            \
+    V t[8], u[8];                                                                                  \
     UNPACK_STAGE(W, 16, t, r, 8, 1)                                                                \
     UNPACK_STAGE(W, 32, u, t, 8, 2)                                                                \
     UNPACK_STAGE(W, 64, h, u, 8, 4)                                                                \
+  }                                                                                                \
+  ATTR static inline void NAME(V h[8], const char *s, int64_t sb) {                                \
+    V r[8];                                                                                        \
+    for (int i = 0; i < 8; i++) r[i] = LOAD(s + i * sb);                                           \
+    NAME##_regs(h, r);                                                                             \
   }
 /* SSE2 (every x86-64), the plain and L1 tiles' and the narrow ones' of
  * the blocks. Wider: a 16 x 64 byte tile is 64 shuffles where four 16 x 16
@@ -288,8 +292,9 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
  * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
- * blocks use an AVX-512 one (tr16x32_16), faster on the EPYC, and the
- * plain tiles another where output rows start on lines (tr32x32_16). */
+ * blocks use an AVX-512 16 x 32 one (join16x32_16, strip_fill_u16),
+ * faster on the EPYC, and the plain tiles a 32 x 32 one where output rows
+ * start on lines (tr32x32_16). */
 DEFINE_NET_8(net16x16_8, , __m128i, _mm, LOAD_128)
 DEFINE_NET_8(net16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256)
 DEFINE_NET_8(net16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
@@ -374,25 +379,23 @@ static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
   net8x8_16(h, s, sb);
   for (int k = 0; k < 8; k++) _mm_storeu_si128((__m128i *)(void *)(d + k * dsa), h[k]);
 }
-/* 16 x 32 tile of uint16 with AVX-512, for the L2 blocks: rows 0-7 and
- * 8-15 through the 8 x 8 network four lanes wide, then each destination
- * row's two 16-byte halves joined (vpermt2q) and stored as 32 bytes. */
-__attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m512i h[2][8];
-  net8x32_16(h[0], s, sb);
-  net8x32_16(h[1], s + 8 * sb, sb);
+/* 16 x 32 tile of uint16 with AVX-512: rows 0-7 (h0, from the 8 x 8
+ * network four lanes wide) and rows 8-15 (h1), each destination row's
+ * two 16-byte halves joined (vpermt2q): v[2k] holds destination rows k
+ * and k + 8 (its low and high 32 bytes), v[2k + 1] rows k + 16 and
+ * k + 24. */
+__attribute__((target("avx512f,avx512bw"))) static inline void join16x32_16(__m512i v[16], const __m512i h0[8],
+                                                                           const __m512i h1[8]) {
   const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
   for (int k = 0; k < 8; k++) {
-    const __m512i a = _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]), b = _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]);
-    _mm256_storeu_si256((__m256i *)(void *)(d + k * dsa), _mm512_castsi512_si256(a));
-    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 8) * dsa), _mm512_extracti64x4_epi64(a, 1));
-    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 16) * dsa), _mm512_castsi512_si256(b));
-    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 24) * dsa), _mm512_extracti64x4_epi64(b, 1));
+    v[2 * k] = _mm512_permutex2var_epi64(h0[k], lo, h1[k]);
+    v[2 * k + 1] = _mm512_permutex2var_epi64(h0[k], hi, h1[k]);
   }
 }
 /* 32 x 32 tile of uint16 with AVX-512 into destination rows that start on
- * lines, for the plain tiles: two 16 x 32 tiles (tr16x32_16's network and
- * joins), the first kept in an L1 scratch, each destination row's two
+ * lines, for the plain tiles: two 16 x 32 tiles (the same network and
+ * joins as join16x32_16, written out here: the plain tiles' speed was
+ * measured with this code), the first kept in an L1 scratch, each destination row's two
  * 32-byte halves then joined and stored as one line. The SSE2 8 x 8 tile
  * the plain tiles use elsewhere stores 16 bytes of a row at a time, and
  * 16 x 32 tiles (32 bytes) gained nothing or lost in some shapes. Intel
@@ -877,20 +880,22 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * (bench/results/2026-11-25-amd-blocked.md). Rows of the buffer are
  * BLK_PITCH apart, a line more than they hold, so the rows a micro-kernel
  * writes do not all fall in one L1 set. Output rows are streamed with
- * stream_row and its carried lines, as above. (uint8 with AVX-512 lays
- * the buffer out in strips instead: strip_fill_u8, below.) */
+ * stream_row and its carried lines, as above. (uint8 and uint16 with
+ * AVX-512 lay the buffer out in strips instead: strip_fill_u8 and
+ * strip_fill_u16, below.) */
 #define BLK_COLS 1024
 #define BLK_PITCH (SEG + LINE)
 #define BLK_BUFFER ((size_t)2 * BLK_COLS * BLK_PITCH + LINE) /* and room to align it */
 
 /* The tiles of a block: with AVX-512, kernels that read whole source
  * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
- * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
- * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
- * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
- * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); uint8 has a
- * layout of its own (strip_fill_u8, below); every other case as
- * tile_any. The plain and L1 tiles keep theirs, but for whole-line
+ * the blocks from 17.5 to 8.7 GB/s on the EPYC) and 8 x 8 for float64
+ * (11.1 against 7.3 GB/s); uint8 and uint16 have layouts of their own
+ * (strip_fill_u8, strip_fill_u16, below; uint16's 16 x 32 tile there
+ * gained on the EPYC when it still wrote the layout here: 4096^2, one
+ * thread, three runs each, 12.4-15.8 GB/s against 10.5-12.4 with an
+ * 8 x 32 tile; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); every
+ * other case as tile_any. The plain and L1 tiles keep theirs, but for whole-line
  * uint8, uint16 and 8-byte tiles where output rows start on lines (the
  * 8 x 8 float64 one is this one; see visit_transpose): the 16 x 16
  * float32 one measured the same there on the EPYC and on the Intel VM,
@@ -905,12 +910,6 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
     }
     if (es == 8) {
       tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
-      return;
-    }
-    if (es == 2) { /* the 16 x 32 kernel over the rows it covers whole, 8 x 8 tiles after */
-      const int64_t ka = na - na % 32;
-      tile_micro(d, dsa, s, sb, ka, nb, 2, 32, 16, tr16x32_16, tile_2);
-      tile_micro(d + ka * dsa, dsa, s + ka * 2, sb, na - ka, nb, 2, 8, 8, tr8x8_16, tile_2);
       return;
     }
   }
@@ -969,6 +968,62 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
                     _mm_load_si128((const __m128i *)(const void *)(regs + 64 * (i & 15) + 16 * (i >> 4))));
 }
 
+/* uint16 blocks with AVX-512 keep theirs in strips too. The 16 x 32 tile
+ * writes 32 bytes into each of 32 buffer rows, so each 128-byte row (two
+ * lines) was written by four strips in turn, half a line at a time, each
+ * line leaving L1 in between. Timed apart on the Intel Xeon VM (4096^2,
+ * one thread, blocks forced, of memcpy), filling ran 1.41x and streaming
+ * out 0.93x, together 0.73x. Here each strip of 16 source rows has a
+ * region of its own where a tile's 16 joined registers go out whole, 1 KiB
+ * in a row (join16x32_16: v[2k] holds rows k and k + 8, v[2k + 1] rows
+ * k + 16 and k + 24); output rows are put together from their strips'
+ * 32-byte pieces on the way out (blk_stream_strips16), a line from two.
+ * Gains were small and depended on the harness: 4096^2, one thread, of
+ * memcpy, 0.76-0.79x -> 0.80-0.84x in bench_host's code cut to that row,
+ * 0.74-0.77x -> 0.76-0.78x in the whole bench_host; 8192^2 0.73-0.75x
+ * -> 0.77x; never clearly slower
+ * (bench/results/2026-11-27-intel-uint16-strips.md). Not measured on the
+ * EPYC. */
+#define STRIP16_REGION ((BLK_COLS / 32 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
+_Static_assert(SEG / 2 / 16 * STRIP16_REGION <= BLK_COLS * BLK_PITCH, "the uint16 strips' regions fit a half of the buffer");
+
+/* Where the 32 bytes of strip j for block row p (counted from the shift) lie. */
+static inline size_t strip16_at(int64_t j, int64_t p) {
+  return (size_t)j * STRIP16_REGION + (size_t)(p >> 5) * STRIP_TILE + (size_t)(p & 7) * 128 +
+         (size_t)((p >> 4) & 1) * 64 + (size_t)((p >> 3) & 1) * 32;
+}
+
+/* Fills strip j of a uint16 strip-layout buffer from pb <= 16 source rows
+ * of pa <= 32 elements at s, the block rows from p = a + shift. A whole
+ * tile at a multiple of 32 is 16 full-line stores; an edge goes through
+ * masked loads (nothing past pa elements or pb rows is read) and a
+ * 32-byte store per row (elements past pb are zeros and never streamed
+ * out). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u16(char *buf, int64_t j, int64_t p,
+                                                                               const char *s, int64_t sb, int64_t pa,
+                                                                               int64_t pb) {
+  __m512i h[2][8], v[16];
+  if (pa == 32 && pb == 16 && (p & 31) == 0) {
+    char *at = buf + strip16_at(j, p);
+    net8x32_16(h[0], s, sb);
+    net8x32_16(h[1], s + 8 * sb, sb);
+    join16x32_16(v, h[0], h[1]);
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(at + 64 * k), v[k]);
+    return;
+  }
+  const __mmask32 in = pa >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << pa) - 1;
+  __m512i r[2][8];
+  for (int i = 0; i < 16; i++) r[i >> 3][i & 7] = i < pb ? _mm512_maskz_loadu_epi16(in, s + i * sb) : _mm512_setzero_si512();
+  net8x32_16_regs(h[0], r[0]);
+  net8x32_16_regs(h[1], r[1]);
+  join16x32_16(v, h[0], h[1]);
+  _Alignas(64) char regs[16 * 64];
+  for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(regs + 64 * k), v[k]);
+  for (int64_t i = 0; i < pa; i++) /* tile row i: where strip16_at puts row i of a tile */
+    _mm256_store_si256((__m256i *)(void *)(buf + strip16_at(j, p + i)),
+                       _mm256_load_si256((const __m256i *)(const void *)(regs + strip16_at(0, i))));
+}
+
 /* A filled block waiting to be streamed out: rows [done, rows) remain. */
 struct blk_pending {
   char *d;         /* its first output row, at its first column */
@@ -977,7 +1032,7 @@ struct blk_pending {
   int64_t rows, done;
   size_t n; /* bytes of each output row it holds */
   bool first, last;
-  bool strips;   /* the buffer is in the uint8 strip layout (strip_fill_u8) */
+  int strips;    /* the buffer is in the uint8 (1) or uint16 (2) strip layout (strip_fill_u8, _u16) */
   int64_t shift; /* strips: block row r is p = r + shift there */
 };
 
@@ -1011,11 +1066,37 @@ __attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips(struct
   p->done = upto;
 }
 
+/* blk_stream_strips for a uint16 strip-layout block: a line from two
+ * strips' 32-byte pieces. */
+__attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips16(struct blk_pending *p, int64_t upto,
+                                                                          int64_t dsa, char *carry) {
+  const int64_t pieces = (int64_t)(p->n + 31) / 32;
+  const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);
+  _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */
+  for (int64_t r = p->done; r < upto; r++) {
+    const char *at = p->buf + strip16_at(0, r + p->shift);
+    char *const out = whole ? p->d + r * dsa : row + LINE;
+    for (int64_t j = 0; j < pieces; j += 2) { /* a piece past n (at most one) is copied, never streamed */
+      const __m512i v = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(const void *)(at + j * STRIP16_REGION))),
+          _mm256_load_si256((const __m256i *)(const void *)(at + (j + 1) * STRIP16_REGION)), 1);
+      if (whole) _mm512_stream_si512((void *)(out + j * 32), v);
+      else _mm512_store_si512((void *)(out + j * 32), v);
+    }
+    if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
+  }
+  p->done = upto;
+}
+
 /* Out to rows [done, upto) of the pending block. rows_inline: see
  * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
 static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry, bool rows_inline,
                        bool avx512) {
   if (upto <= p->done) return;
+  if (p->strips == 2) {
+    blk_stream_strips16(p, upto, dsa, carry);
+    return;
+  }
   if (p->strips) {
     blk_stream_strips(p, upto, dsa, carry);
     return;
@@ -1171,8 +1252,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * (4096^2: 20.8 -> 15.0). That is the AMD answer: on an Intel CPU only
    * the blocks whose runs cross pages ask (strip_prefetch, above). */
   const int rule = next_chunk && from_memory ? strip_prefetch() : PF_OFF;
-  /* uint8 with AVX-512: the strip layout (strip_fill_u8). */
-  const bool strips = es == 1 && level >= TILES_AVX512;
+  /* uint8 and uint16 with AVX-512: the strip layouts (strip_fill_u8, strip_fill_u16). */
+  const int strips = level < TILES_AVX512 ? 0 : es == 1 ? 1 : es == 2 ? 2 : 0;
   struct blk_pending p = {0};
   int half = 0;
   /* The order of the blocks: for elements of up to 4 bytes down the
@@ -1195,7 +1276,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     const int64_t ai = down ? i / bands : i % across, b0 = (down ? i % bands : i / across) * t;
     const int64_t a0 = ai == 0 ? 0 : first + (ai - 1) * bw, w = ai == 0 ? first : bw, ma = w < na - a0 ? w : na - a0;
     const int64_t head = a0 == 0 && skew < ma ? skew : 0, mb = nb - b0 < t ? nb - b0 : t;
-    const int64_t shift = head > 0 ? LINE - head : 0; /* strips: the tiles after the head on multiples of 64 */
+    const int64_t shift = head > 0 ? LINE / (int64_t)es - head : 0; /* strips: the tiles after the head on whole tiles */
     char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
     const bool next_strip =
         rule == PF_NARROW || (rule == PF_PAGES && !runs_in_pages(s + a0 * (int64_t)es + b0 * sb, sb, (size_t)ma * es));
@@ -1205,7 +1286,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
       const int64_t hb = mb - b < strip ? mb - b : strip;
       for (int64_t a = 0, ha; a < ma; a += ha) {
         ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
-        if (strips) strip_fill_u8(buf, b / 16, a + shift, s + (a0 + a) + (b0 + b) * sb, sb, ha, hb);
+        if (strips == 1) strip_fill_u8(buf, b / 16, a + shift, s + (a0 + a) + (b0 + b) * sb, sb, ha, hb);
+        else if (strips == 2) strip_fill_u16(buf, b / 16, a + shift, s + (a0 + a) * 2 + (b0 + b) * sb, sb, ha, hb);
         else
           tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
                      ha, hb, es, level);
