@@ -210,6 +210,9 @@ static void memory_cases_match(bool page_cases_only) {
     {1, 3001, 1999, 3, 0},  {2, 1024, 2048, 0, 0},  {2, 1032, 2048, 0, 0},  {2, 1024, 2052, 32, 0},
     {2, 1500, 1503, 2, 0},  {4, 1030, 2048, 0, 0},  {4, 1024, 2050, 16, 0}, {8, 1024, 1030, 8, 0},
     {8, 1028, 1030, 8, 16},
+    /* uint16 with a head of 31 elements (a source 2 bytes into a line) and
+     * a last band of 40 rows (three 32-byte pieces a row in the strips) */
+    {2, 1024, 2088, 2, 0},
     /* PAGE_CASES: source rows a page apart from a page: blocks of 1024
      * source columns whose runs lie within pages, which an Intel CPU's
      * uint8 and uint16 blocks do not prefetch (ab__host_prefetch) */
@@ -263,6 +266,7 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
 Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
   unsetenv("AB_HOST_PREFETCH");
+  unsetenv("AB_HOST_VENDOR");
   ab__env_reload();
   char vendor[64] = "", line[256];
   FILE *f = fopen("/proc/cpuinfo", "r");
@@ -299,6 +303,34 @@ Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
   } else {
     cr_assert_not(ab__host_runs_in_pages(page, 4096, 64), "no blocks off x86-64");
   }
+}
+
+/* The choices that differ by vendor, each forced (AB_HOST_VENDOR): uint16
+ * blocks in strips (Intel) or in the plain block layout (others), and the
+ * prefetch rule that goes with each, give the reference bytes; an
+ * unknown value keeps cpuid's answer. */
+Test(streaming, each_vendors_blocks_give_the_reference_bytes) {
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  unsetenv("AB_HOST_PREFETCH");
+  const bool x86 = strcmp(ab__host_tiles(), "portable") != 0;
+  unsetenv("AB_HOST_VENDOR");
+  ab__env_reload();
+  const char *cpu = ab__host_vendor();
+  static const char *const vendors[][3] = {{"other", "other", "narrow"}, {"intel", "intel", "pages"}, {"nobody", NULL, NULL}};
+  for (size_t k = 0; k < sizeof vendors / sizeof vendors[0]; k++) {
+    setenv("AB_HOST_VENDOR", vendors[k][0], 1);
+    ab__env_reload();
+    if (vendors[k][1] == NULL) {
+      cr_assert_str_eq(ab__host_vendor(), cpu, "AB_HOST_VENDOR=%s", vendors[k][0]);
+      continue;
+    }
+    cr_assert_str_eq(ab__host_vendor(), x86 ? vendors[k][1] : "other");
+    cr_assert_str_eq(ab__host_prefetch(), x86 ? vendors[k][2] : "off", "AB_HOST_VENDOR=%s", vendors[k][0]);
+    transposes_match();
+    memory_regime_matches();
+  }
+  unsetenv("AB_HOST_VENDOR");
+  ab__env_reload();
 }
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {

@@ -292,9 +292,9 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
  * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
- * blocks use an AVX-512 16 x 32 one (join16x32_16, strip_fill_u16),
- * faster on the EPYC, and the plain tiles a 32 x 32 one where output rows
- * start on lines (tr32x32_16). */
+ * blocks use an AVX-512 16 x 32 one (join16x32_16: tr16x32_16, faster on
+ * the EPYC, and on Intel CPUs strip_fill_u16), and the plain tiles a
+ * 32 x 32 one where output rows start on lines (tr32x32_16). */
 DEFINE_NET_8(net16x16_8, , __m128i, _mm, LOAD_128)
 DEFINE_NET_8(net16x32_8, __attribute__((target("avx2"))), __m256i, _mm256, LOAD_256)
 DEFINE_NET_8(net16x64_8, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
@@ -390,6 +390,20 @@ __attribute__((target("avx512f,avx512bw"))) static inline void join16x32_16(__m5
   for (int k = 0; k < 8; k++) {
     v[2 * k] = _mm512_permutex2var_epi64(h0[k], lo, h1[k]);
     v[2 * k + 1] = _mm512_permutex2var_epi64(h0[k], hi, h1[k]);
+  }
+}
+/* The 16 x 32 tile into destination rows 32 bytes at a time, for the L2
+ * blocks where they do not keep strips (see strip_fill_u16). */
+__attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
+  __m512i h[2][8], v[16];
+  net8x32_16(h[0], s, sb);
+  net8x32_16(h[1], s + 8 * sb, sb);
+  join16x32_16(v, h[0], h[1]);
+  for (int k = 0; k < 8; k++) {
+    _mm256_storeu_si256((__m256i *)(void *)(d + k * dsa), _mm512_castsi512_si256(v[2 * k]));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 8) * dsa), _mm512_extracti64x4_epi64(v[2 * k], 1));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 16) * dsa), _mm512_castsi512_si256(v[2 * k + 1]));
+    _mm256_storeu_si256((__m256i *)(void *)(d + (k + 24) * dsa), _mm512_extracti64x4_epi64(v[2 * k + 1], 1));
   }
 }
 /* 32 x 32 tile of uint16 with AVX-512 into destination rows that start on
@@ -889,13 +903,13 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
 
 /* The tiles of a block: with AVX-512, kernels that read whole source
  * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
- * the blocks from 17.5 to 8.7 GB/s on the EPYC) and 8 x 8 for float64
- * (11.1 against 7.3 GB/s); uint8 and uint16 have layouts of their own
- * (strip_fill_u8, strip_fill_u16, below; uint16's 16 x 32 tile there
- * gained on the EPYC when it still wrote the layout here: 4096^2, one
- * thread, three runs each, 12.4-15.8 GB/s against 10.5-12.4 with an
- * 8 x 32 tile; from L3, 2048^2: 21.8-24.1 against 18.6-19.6); every
- * other case as tile_any. The plain and L1 tiles keep theirs, but for whole-line
+ * the blocks from 17.5 to 8.7 GB/s on the EPYC), 8 x 8 for float64 (11.1
+ * against 7.3 GB/s) and 16 x 32 for uint16 (EPYC, 4096^2, one thread,
+ * three runs each: 12.4-15.8 GB/s against 10.5-12.4 with the 8 x 32 tile
+ * before it; from L3, 2048^2: 21.8-24.1 against 18.6-19.6) where its
+ * blocks keep no strips; uint8, and uint16 on Intel CPUs, have layouts of
+ * their own (strip_fill_u8, strip_fill_u16, below); every other case as
+ * tile_any. The plain and L1 tiles keep theirs, but for whole-line
  * uint8, uint16 and 8-byte tiles where output rows start on lines (the
  * 8 x 8 float64 one is this one; see visit_transpose): the 16 x 16
  * float32 one measured the same there on the EPYC and on the Intel VM,
@@ -910,6 +924,12 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
     }
     if (es == 8) {
       tile_micro(d, dsa, s, sb, na, nb, 8, 8, 8, tr8x8_64, tile_8);
+      return;
+    }
+    if (es == 2) { /* the 16 x 32 kernel over the rows it covers whole, 8 x 8 tiles after */
+      const int64_t ka = na - na % 32;
+      tile_micro(d, dsa, s, sb, ka, nb, 2, 32, 16, tr16x32_16, tile_2);
+      tile_micro(d + ka * dsa, dsa, s + ka * 2, sb, na - ka, nb, 2, 8, 8, tr8x8_16, tile_2);
       return;
     }
   }
@@ -968,7 +988,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
                     _mm_load_si128((const __m128i *)(const void *)(regs + 64 * (i & 15) + 16 * (i >> 4))));
 }
 
-/* uint16 blocks with AVX-512 keep theirs in strips too. The 16 x 32 tile
+/* uint16 blocks on Intel CPUs with AVX-512 keep theirs in strips too
+ * (host_intel; elsewhere tr16x32_16 writes the layout above, as measured
+ * on the EPYC, where the strips were never run). The 16 x 32 tile
  * writes 32 bytes into each of 32 buffer rows, so each 128-byte row (two
  * lines) was written by four strips in turn, half a line at a time, each
  * line leaving L1 in between. Timed apart on the Intel Xeon VM (4096^2,
@@ -981,9 +1003,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
  * Gains were small and depended on the harness: 4096^2, one thread, of
  * memcpy, 0.76-0.79x -> 0.80-0.84x in bench_host's code cut to that row,
  * 0.74-0.77x -> 0.76-0.78x in the whole bench_host; 8192^2 0.73-0.75x
- * -> 0.77x; never clearly slower
- * (bench/results/2026-11-27-intel-uint16-strips.md). Not measured on the
- * EPYC. */
+ * -> 0.77x (bc2, best of 7); never clearly slower
+ * (bench/results/2026-11-27-intel-uint16-strips.md). */
 #define STRIP16_REGION ((BLK_COLS / 32 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
 _Static_assert(SEG / 2 / 16 * STRIP16_REGION <= BLK_COLS * BLK_PITCH, "the uint16 strips' regions fit a half of the buffer");
 
@@ -1149,9 +1170,21 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
  * AB_HOST_PREFETCH=pages, narrow or off decides instead. */
 enum { PF_OFF, PF_NARROW, PF_PAGES };
 
-static bool cpu_is_intel(void) {
-  unsigned a, b, c, d;
-  return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* GenuineIntel */
+/* Whether the choices that differ by vendor (the blocks' prefetches here,
+ * uint16's block layout in transpose_blocked) take Intel's answer: cpuid's
+ * vendor is GenuineIntel, or AB_HOST_VENDOR=intel or other says so (for
+ * tests, and for machines whose answer you know). */
+static bool host_intel(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice vendors[] = {{"auto", -1}, {"intel", 1}, {"other", 0}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
+  int intel = ab__env_choice("AB_HOST_VENDOR", vendors, -1, "auto, intel or other");
+  if (intel < 0) {
+    unsigned a, b, c, d;
+    intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+  }
+  return ab__env_keep(&cache, (uint32_t)intel) != 0;
 }
 
 static int strip_prefetch(void) {
@@ -1161,7 +1194,7 @@ static int strip_prefetch(void) {
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
   int rule = ab__env_choice("AB_HOST_PREFETCH", rules, -1, "auto, pages, narrow or off");
-  if (rule < 0) rule = cpu_is_intel() ? PF_PAGES : PF_NARROW;
+  if (rule < 0) rule = host_intel() ? PF_PAGES : PF_NARROW;
   return (int)ab__env_keep(&cache, (uint32_t)rule);
 }
 
@@ -1207,8 +1240,10 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * tile takes longest, gained at any spacing: 4096^2 (4 KiB rows)
    * 16.8-17.2 -> 18.6-19.3 GB/s, 64 x 1024^2 8.2-10.2 -> 10.6-12.3, where
    * float32 planes of 1024^2 still lost 18.4-18.8 -> 17.2-17.7; uint8
-   * with AVX-512 now streams out of its strip layout (blk_stream_strips),
-   * row by row with 64-byte stores, never measured on the EPYC. */
+   * with AVX-512, and uint16 on Intel CPUs, now stream out of their strip
+   * layouts (blk_stream_strips, blk_stream_strips16), row by row with
+   * 64-byte stores, never measured on the EPYC; this loop serves the
+   * other sizes, and uint16 elsewhere. */
   const bool avx512 = level >= TILES_AVX512, rows_inline = avx512 && dsa >= 8192;
   /* A source whose rows all start at one offset in a line (NumPy's large
    * arrays: 16 bytes in) gets a narrow first chunk, so the kernels' loads
@@ -1252,8 +1287,9 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * (4096^2: 20.8 -> 15.0). That is the AMD answer: on an Intel CPU only
    * the blocks whose runs cross pages ask (strip_prefetch, above). */
   const int rule = next_chunk && from_memory ? strip_prefetch() : PF_OFF;
-  /* uint8 and uint16 with AVX-512: the strip layouts (strip_fill_u8, strip_fill_u16). */
-  const int strips = level < TILES_AVX512 ? 0 : es == 1 ? 1 : es == 2 ? 2 : 0;
+  /* uint8 with AVX-512, and uint16 on Intel CPUs: the strip layouts
+   * (strip_fill_u8, strip_fill_u16). */
+  const int strips = level < TILES_AVX512 ? 0 : es == 1 ? 1 : es == 2 && host_intel() ? 2 : 0;
   struct blk_pending p = {0};
   int half = 0;
   /* The order of the blocks: for elements of up to 4 bytes down the
@@ -1817,6 +1853,14 @@ bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n) {
 #else
   (void)s, (void)sb, (void)n;
   return false;
+#endif
+}
+
+const char *ab__host_vendor(void) {
+#ifdef HAVE_X86_KERNELS
+  return host_intel() ? "intel" : "other";
+#else
+  return "other";
 #endif
 }
 

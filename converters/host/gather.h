@@ -79,12 +79,17 @@ int ab__host_tiles_level(void);
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
 /* Which uint8 and uint16 blocks from memory prefetch the next strip's
- * source rows: "pages" (those whose row runs cross a 4 KiB page: Intel),
- * "narrow" (all: every other x86-64 vendor), "off"; AB_HOST_PREFETCH
- * decides instead. "off" off x86-64 (no blocks there); see gather.c.
+ * source rows: "pages" (those whose row runs cross a 4 KiB page: Intel,
+ * ab__host_vendor), "narrow" (all: every other x86-64 vendor), "off";
+ * AB_HOST_PREFETCH decides instead. "off" off x86-64 (no blocks there); see gather.c.
  * For tests: ab_device_info's version line has no room left for it
  * (abtool info prints the vendor, which decides it). */
 const char *ab__host_prefetch(void);
+/* Whether the host kernels take Intel's answers where those differ by
+ * vendor (the prefetches above, uint16's L2 block layout): "intel" where
+ * cpuid says GenuineIntel, else "other"; AB_HOST_VENDOR=intel or other
+ * decides instead (for tests). "other" off x86-64. */
+const char *ab__host_vendor(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
