@@ -1005,8 +1005,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
  * 0.74-0.77x -> 0.76-0.78x in the whole bench_host; 8192^2 0.73-0.75x
  * -> 0.77x (bc2, best of 7); never clearly slower
  * (bench/results/2026-11-27-intel-uint16-strips.md). */
-#define STRIP16_REGION ((BLK_COLS / 32 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
-_Static_assert(SEG / 2 / 16 * STRIP16_REGION <= BLK_COLS * BLK_PITCH, "the uint16 strips' regions fit a half of the buffer");
+/* a strip's region; a line apart from the next's sets */
+#define STRIP16_REGION ((BLK_COLS / 32 + 1) * STRIP_TILE + LINE)
+_Static_assert(SEG / 2 / 16 * STRIP16_REGION <= BLK_COLS * BLK_PITCH,
+               "the uint16 strips' regions fit a half of the buffer");
 
 /* Where the 32 bytes of strip j for block row p (counted from the shift) lie. */
 static inline size_t strip16_at(int64_t j, int64_t p) {
@@ -1034,7 +1036,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u16(
   }
   const __mmask32 in = pa >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << pa) - 1;
   __m512i r[2][8];
-  for (int i = 0; i < 16; i++) r[i >> 3][i & 7] = i < pb ? _mm512_maskz_loadu_epi16(in, s + i * sb) : _mm512_setzero_si512();
+  for (int i = 0; i < 16; i++)
+    r[i >> 3][i & 7] = i < pb ? _mm512_maskz_loadu_epi16(in, s + i * sb) : _mm512_setzero_si512();
   net8x32_16_regs(h[0], r[0]);
   net8x32_16_regs(h[1], r[1]);
   join16x32_16(v, h[0], h[1]);
@@ -1066,48 +1069,39 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
 }
 
 /* blk_stream for a strip-layout block: each output row's n bytes put
- * together from its strips' pieces, a line (four pieces) in a register,
+ * together from its strips' pieces, a line in a register (JOIN: from
+ * LINE / PIECE pieces REGION bytes apart, where AT puts the row's first),
  * straight out where rows start on lines and hold whole lines, else
- * through a row's copy and stream_row_avx512. */
-__attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips(struct blk_pending *p, int64_t upto,
-                                                                        int64_t dsa, char *carry) {
-  const int64_t pieces = (int64_t)(p->n + 15) / 16;
-  const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);
-  _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */
-  for (int64_t r = p->done; r < upto; r++) {
-    const char *at = p->buf + strip_at(0, r + p->shift);
-    char *const out = whole ? p->d + r * dsa : row + LINE;
-    for (int64_t j = 0; j < pieces; j += 4) { /* pieces past n (at most 8 in all) are copied, never streamed */
-      const __m512i v = join_pieces(at + j * STRIP_REGION, STRIP_REGION);
-      if (whole) _mm512_stream_si512((void *)(out + j * 16), v);
-      else _mm512_store_si512((void *)(out + j * 16), v);
-    }
-    if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
+ * through a row's copy and stream_row_avx512. Pieces past n (a line's
+ * worth at most) are copied, never streamed. */
+#define DEFINE_BLK_STREAM_STRIPS(NAME, AT, REGION, PIECE, JOIN)                                     \
+  __attribute__((target("avx512f,avx512bw"))) static void NAME(struct blk_pending *p, int64_t upto, \
+                                                              int64_t dsa, char *carry) {          \
+    const int64_t pieces = (int64_t)(p->n + (PIECE) - 1) / (PIECE);                                \
+    const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);                                    \
+    _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */ \
+    for (int64_t r = p->done; r < upto; r++) {                                                     \
+      const char *at = p->buf + AT(0, r + p->shift);                                               \
+      char *const out = whole ? p->d + r * dsa : row + LINE;                                       \
+      for (int64_t j = 0; j < pieces; j += LINE / (PIECE)) {                                       \
+        const __m512i v = JOIN(at + j * (REGION), (REGION));                                       \
+        if (whole) _mm512_stream_si512((void *)(out + j * (PIECE)), v);                            \
+        else _mm512_store_si512((void *)(out + j * (PIECE)), v);                                   \
+      }                                                                                            \
+      if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last); \
+    }                                                                                              \
+    p->done = upto;                                                                                \
   }
-  p->done = upto;
+
+/* A line from two 32-byte pieces `apart` bytes from each other from p
+ * (each 32-byte aligned): uint16 strips. */
+__attribute__((target("avx512f"))) static inline __m512i join_halves(const char *p, size_t apart) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(const void *)p)),
+                            _mm256_load_si256((const __m256i *)(const void *)(p + apart)), 1);
 }
 
-/* blk_stream_strips for a uint16 strip-layout block: a line from two
- * strips' 32-byte pieces. */
-__attribute__((target("avx512f,avx512bw"))) static void blk_stream_strips16(struct blk_pending *p, int64_t upto,
-                                                                          int64_t dsa, char *carry) {
-  const int64_t pieces = (int64_t)(p->n + 31) / 32;
-  const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);
-  _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */
-  for (int64_t r = p->done; r < upto; r++) {
-    const char *at = p->buf + strip16_at(0, r + p->shift);
-    char *const out = whole ? p->d + r * dsa : row + LINE;
-    for (int64_t j = 0; j < pieces; j += 2) { /* a piece past n (at most one) is copied, never streamed */
-      const __m512i v = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(const void *)(at + j * STRIP16_REGION))),
-          _mm256_load_si256((const __m256i *)(const void *)(at + (j + 1) * STRIP16_REGION)), 1);
-      if (whole) _mm512_stream_si512((void *)(out + j * 32), v);
-      else _mm512_store_si512((void *)(out + j * 32), v);
-    }
-    if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last);
-  }
-  p->done = upto;
-}
+DEFINE_BLK_STREAM_STRIPS(blk_stream_strips, strip_at, STRIP_REGION, 16, join_pieces)
+DEFINE_BLK_STREAM_STRIPS(blk_stream_strips16, strip16_at, STRIP16_REGION, 32, join_halves)
 
 /* Out to rows [done, upto) of the pending block. rows_inline: see
  * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
