@@ -1158,9 +1158,10 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
  *   apart. float32 and float64 with runs across pages were mixed there
  *   (float32 4000^2: 0.67-0.70x -> 0.78-0.79x in one harness, bc2;
  *   0.82-0.84x -> 0.76-0.81x in bench_host), so they still never ask.
- * Intel CPUs (cpuid's vendor) get PF_PAGES, every other one PF_NARROW
+ * Intel CPUs (host_intel: cpuid's vendor, or AB_HOST_VENDOR) get
+ * PF_PAGES, every other one PF_NARROW
  * (bench/results/2026-11-27-intel-prefetch-pages.md). The rule goes by
- * vendor, not generation: one Intel and one AMD generation were measured;
+ * vendor, not generation: one Intel and one AMD generation were measured.
  * AB_HOST_PREFETCH=pages, narrow or off decides instead. */
 enum { PF_OFF, PF_NARROW, PF_PAGES };
 

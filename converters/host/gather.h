@@ -83,7 +83,8 @@ const char *ab__host_tiles(void);
  * ab__host_vendor), "narrow" (all: every other x86-64 vendor), "off";
  * AB_HOST_PREFETCH decides instead. "off" off x86-64 (no blocks there); see gather.c.
  * For tests: ab_device_info's version line has no room left for it
- * (abtool info prints the vendor, which decides it). */
+ * (abtool info prints the CPU's vendor, which decides it unless
+ * AB_HOST_VENDOR says otherwise). */
 const char *ab__host_prefetch(void);
 /* Whether the host kernels take Intel's answers where those differ by
  * vendor (the prefetches above, uint16's L2 block layout): "intel" where
