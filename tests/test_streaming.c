@@ -495,6 +495,17 @@ static void *first_transposes(void *arg) {
  * trial of 16-byte elements under a 20 s alarm and exits 0 when it
  * returns. */
 Test(streaming, a_fork_during_a_trial_leaves_the_child_able_to_measure) {
+#if defined(__SANITIZE_ADDRESS__)
+  /* The children allocate (as the library does in a trial), and GCC 12's
+   * AddressSanitizer runtime takes no allocator locks around fork (LLVM
+   * added them in December 2023, llvm-project PR 75290): a child forked
+   * while the other thread is inside malloc can wait for ever on a lock no
+   * thread of its own holds. A child hung until its alarm once in the ASan
+   * tier (2026-11-27; 60 runs of the test there passed after), most likely
+   * so: the library's own lock is handled, and the path the child runs had
+   * not changed. The plain tier runs this test. */
+  cr_skip_test("AddressSanitizer's runtime here does not lock its allocator around fork (see the comment)");
+#endif
   unsetenv("AB_HOST_STREAMING");
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, first_transposes, NULL), 0);
