@@ -408,8 +408,10 @@ __attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int6
 }
 /* 32 x 32 tile of uint16 with AVX-512 into destination rows that start on
  * lines, for the plain tiles: two 16 x 32 tiles (the same network and
- * joins as join16x32_16, written out here: the plain tiles' speed was
- * measured with this code), the first kept in an L1 scratch, each destination row's two
+ * joins as join16x32_16, written out here: through join16x32_16 gcc 12
+ * spills registers to the stack in this kernel, and the plain tiles'
+ * speed was measured with this code), the first kept in an L1 scratch,
+ * each destination row's two
  * 32-byte halves then joined and stored as one line. The SSE2 8 x 8 tile
  * the plain tiles use elsewhere stores 16 bytes of a row at a time, and
  * 16 x 32 tiles (32 bytes) gained nothing or lost in some shapes. Intel
