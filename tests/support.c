@@ -322,3 +322,19 @@ void need_devices_of(DLDeviceType type, int n) {
                ab_last_error());
 }
 
+
+void cpuinfo_value(const char *key, char *out, size_t len) {
+  out[0] = '\0';
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f == NULL) return;
+  char line[256];
+  const size_t k = strlen(key);
+  while (out[0] == '\0' && fgets(line, sizeof line, f) != NULL) {
+    char *colon = strchr(line, ':');
+    if (colon == NULL || strncmp(line, key, k) != 0 || strspn(line + k, " \t") != (size_t)(colon - line - k)) continue;
+    colon += 1 + (colon[1] == ' ');
+    colon[strcspn(colon, "\n")] = '\0';
+    snprintf(out, len, "%s", colon); /* an empty value: the next processor's */
+  }
+  fclose(f);
+}

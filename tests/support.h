@@ -132,5 +132,9 @@ void assert_pool_clean(DLDevice dev);
  * simcuda tests set AB_TEST_EXPECT_CUDA=2 (their two simulated GPUs); a
  * plain ctest on another machine still skips, with the reason. */
 void need_devices_of(DLDeviceType type, int n);
+/* The first non-empty value of a `key` line in /proc/cpuinfo ("model
+ * name", "vendor_id") into out, "" where there is none; read here, not
+ * through the library, so tests can check what the library says. */
+void cpuinfo_value(const char *key, char *out, size_t len);
 
 #endif

@@ -189,19 +189,9 @@ Test(device, peer_access_is_itself_or_a_backend_answer) {
  * does (the vendor explains vendor-dependent host kernel choices, as the
  * blocks' prefetches; see docs/guide.md), and "" for a vendor it lacks. */
 Test(device, cpu_info_names_the_model_and_vendor) {
-  char model[128] = "", vendor[64] = "", line[256];
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (f != NULL) {
-    while (fgets(line, sizeof line, f) != NULL) {
-      char *colon = strchr(line, ':');
-      if (colon == NULL) continue;
-      colon += 1 + (colon[1] == ' ');
-      colon[strcspn(colon, "\n")] = '\0';
-      if (model[0] == '\0' && strncmp(line, "model name", 10) == 0) snprintf(model, sizeof model, "%s", colon);
-      if (vendor[0] == '\0' && strncmp(line, "vendor_id", 9) == 0) snprintf(vendor, sizeof vendor, "%s", colon);
-    }
-    fclose(f);
-  }
+  char model[128], vendor[64];
+  cpuinfo_value("model name", model, sizeof model);
+  cpuinfo_value("vendor_id", vendor, sizeof vendor);
   struct ab_device_info info;
   memset(&info, 0x5a, sizeof info);
   cr_assert_eq(ab_device_info(CPU0, &info), AB_OK, "%s", ab_last_error());

@@ -268,13 +268,8 @@ Test(streaming, the_prefetch_rule_follows_the_vendor_and_the_variable) {
   unsetenv("AB_HOST_PREFETCH");
   unsetenv("AB_HOST_VENDOR");
   ab__env_reload();
-  char vendor[64] = "", line[256];
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (f != NULL) {
-    while (vendor[0] == '\0' && fgets(line, sizeof line, f) != NULL)
-      if (sscanf(line, "vendor_id : %63s", vendor) != 1) vendor[0] = '\0';
-    fclose(f);
-  }
+  char vendor[64];
+  cpuinfo_value("vendor_id", vendor, sizeof vendor);
   const bool x86 = strcmp(ab__host_tiles(), "portable") != 0;
   const char *dflt = !x86 ? "off" : strcmp(vendor, "GenuineIntel") == 0 ? "pages" : "narrow";
   cr_assert_str_eq(ab__host_prefetch(), dflt, "vendor \"%s\"", vendor);
