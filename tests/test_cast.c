@@ -1913,3 +1913,161 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   free(a);
   free(b);
 }
+
+/* ---- casts whose rows go out with streaming stores --------------------------
+ * (AB_HOST_CAST_STREAMING=1 streams every result; 0 none.) Both ways
+ * run the same row loops, which the tests above check against the
+ * element loop, so here the streamed bytes must equal the ordinary ones:
+ * every pair with a row loop, rows that start at every kind of offset in
+ * a cache line, lengths around the lines and the 8 KiB buffer, and the
+ * bytes around the result untouched. */
+#include "converters/host/convert.h"
+#include "converters/host/gather.h" /* ab__host_llc_bytes */
+
+static void cast_streamed_or_not(const char *streaming, char *dst, const void *src, int32_t ndim, const int64_t *shape,
+                                 const int64_t *st, const ab__cast_op *op) {
+  setenv("AB_HOST_CAST_STREAMING", streaming, 1);
+  ab__env_reload();
+  ab__host_convert_into(dst, 0, src, ndim, shape, st, op, 0);
+}
+
+Test(cast, streamed_results_equal_ordinary_ones_for_every_row_loop) {
+  static const DLDataType kinds[] = {{kDLInt, 8, 1},   {kDLUInt, 8, 1},  {kDLInt, 16, 1},   {kDLUInt, 16, 1},
+                                     {kDLInt, 32, 1},  {kDLUInt, 32, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1},
+                                     {kDLBfloat, 16, 1}, {kDLFloat, 16, 1}};
+  enum { K = sizeof kinds / sizeof kinds[0] };
+  /* (rows, columns): one row around the buffer's 8 KiB, lines and the
+   * 256-byte least row; several rows whose ends share lines */
+  static const int64_t shapes[][2] = {{1, 1},    {1, 15},   {1, 64},   {1, 100},  {1, 255},   {1, 2047},
+                                      {1, 2048}, {1, 2049}, {1, 4095}, {1, 4097}, {1, 9000},  {5, 97},
+                                      {3, 300},  {4, 1000}, {2, 8191}, {7, 65},   {2, 16385}};
+  enum { MOST = 16385 * 2, GUARD = 128 };
+  test_rng g = {0x57ea};
+  char *src = malloc((size_t)MOST * 8);
+  char *a = malloc((size_t)MOST * 8 + 2 * GUARD), *b = malloc((size_t)MOST * 8 + 2 * GUARD);
+  cr_assert(src != NULL && a != NULL && b != NULL);
+  for (size_t i = 0; i < (size_t)MOST * 8; i++) src[i] = (char)rng_next(&g);
+  int pairs = 0;
+  for (int f = 0; f < K; f++)
+    for (int t = 0; t < K; t++)
+      for (int affine = 0; affine < 2; affine++) {
+        if (f == t || !ab__cast_supported(kinds[f], kinds[t], affine)) continue;
+        pairs++;
+        ab__cast_op op = {kinds[f], kinds[t], affine, 0.5, 3.0, -1, NULL, NULL};
+        const size_t is = kinds[f].bits / 8, os = kinds[t].bits / 8;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+          const int64_t shape[2] = {shapes[s][0], shapes[s][1]}, st[2] = {shape[1] * (int64_t)is, (int64_t)is};
+          const size_t bytes = (size_t)(shape[0] * shape[1]) * os;
+          /* the result at a line's start, an element in, and one element
+           * before the next line (GUARD is a whole number of lines) */
+          const size_t offs[] = {0, os, 64 - os, 40};
+          for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
+            if (offs[o] % os != 0) continue;
+            memset(a, 0xa5, bytes + 2 * GUARD);
+            memset(b, 0xa5, bytes + 2 * GUARD);
+            cast_streamed_or_not("1", a + GUARD + offs[o], src, 2, shape, st, &op);
+            cast_streamed_or_not("0", b + GUARD + offs[o], src, 2, shape, st, &op);
+            for (size_t i = 0; i < bytes + 2 * GUARD; i++)
+              cr_assert_eq(a[i], b[i],
+                           "%d-bit code %d -> %d-bit code %d%s, %lld x %lld at +%zu: byte %zd of the result is 0x%02x "
+                           "streamed, 0x%02x with ordinary stores",
+                           kinds[f].bits, kinds[f].code, kinds[t].bits, kinds[t].code, affine ? " (affine)" : "",
+                           (long long)shape[0], (long long)shape[1], offs[o], (ssize_t)i - GUARD - (ssize_t)offs[o],
+                           (unsigned char)a[i], (unsigned char)b[i]);
+            for (size_t i = 0; i < GUARD + offs[o]; i++)
+              cr_assert_eq((unsigned char)a[i], 0xa5, "a byte before the result was written");
+            for (size_t i = GUARD + offs[o] + bytes; i < bytes + 2 * GUARD; i++)
+              cr_assert_eq((unsigned char)a[i], 0xa5, "a byte after the result was written");
+          }
+        }
+      }
+  cr_assert_gt(pairs, 60, "only %d pairs with a row loop were tried", pairs);
+  unsetenv("AB_HOST_CAST_STREAMING");
+  ab__env_reload();
+  free(src);
+  free(a);
+  free(b);
+}
+
+/* Through the public call on two threads: the bands decide by the whole
+ * conversion's bytes, so a result above the bound streams in every band,
+ * and the caller reads every byte right. HWC uint8 -> CHW float32 (the
+ * image path) and a plain uint8 -> float32. */
+Test(cast, large_casts_on_two_threads_give_the_same_bytes_streamed_or_not) {
+  const int64_t H = 1080, W = 1920, C = 3;
+  const int64_t n = H * W * C;
+  unsigned char *img = malloc((size_t)n);
+  cr_assert(img != NULL);
+  test_rng g = {0x1080};
+  for (int64_t i = 0; i < n; i++) img[i] = (unsigned char)rng_next(&g);
+  float *got[2][2];
+  for (int v = 0; v < 2; v++) {
+    setenv("AB_HOST_CAST_STREAMING", v ? "1" : "0", 1);
+    ab__env_reload();
+    for (int layout = 0; layout < 2; layout++) {
+      int64_t shape[3] = {H, W, C}, flat[1] = {n};
+      int32_t perm[3] = {2, 0, 1};
+      DLTensor t = {img, CPU0, layout ? 3 : 1, dt(kDLUInt, 8, 1), layout ? shape : flat, NULL, 0};
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = dt(kDLFloat, 32, 1);
+      o.threads = 2;
+      if (layout) {
+        o.permute = perm;
+        o.flags = AB_CONVERT_AFFINE;
+        o.scale = 1.0 / 255;
+        o.offset = -0.5;
+      }
+      DLManagedTensorVersioned *r;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      got[v][layout] = malloc((size_t)n * sizeof(float));
+      memcpy(got[v][layout], r->dl_tensor.data, (size_t)n * sizeof(float));
+      r->deleter(r);
+    }
+  }
+  unsetenv("AB_HOST_CAST_STREAMING");
+  ab__env_reload();
+  for (int layout = 0; layout < 2; layout++) {
+    for (int64_t i = 0; i < n; i++) {
+      /* the element loop's arithmetic: (float)x, or (float)x * a + b */
+      const int64_t c = i / (H * W), y = i % (H * W) / W, x = i % W;
+      const unsigned char v = layout ? img[(y * W + x) * C + c] : img[i];
+      const float want = layout ? (float)v * (float)(1.0 / 255) + (float)-0.5 : (float)v;
+      cr_assert_eq(got[1][layout][i], want, "layout %d, element %lld: %g streamed, want %g", layout, (long long)i,
+                   (double)got[1][layout][i], (double)want);
+      cr_assert_eq(got[0][layout][i], want, "layout %d, element %lld: %g with ordinary stores, want %g", layout,
+                   (long long)i, (double)got[0][layout][i], (double)want);
+    }
+    free(got[0][layout]);
+    free(got[1][layout]);
+  }
+  free(img);
+}
+
+Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
+  unsetenv("AB_HOST_CAST_STREAMING");
+  ab__env_reload();
+  const size_t bound = ab__host_cast_stream_min();
+#if defined(__x86_64__) && defined(__GNUC__)
+  const size_t llc = ab__host_llc_bytes(), cap = (size_t)24 << 20, lo = (size_t)4 << 20;
+  size_t want = llc == 0 || llc > cap ? cap : llc;
+  if (want < lo) want = lo;
+  cr_assert_eq(bound, want, "bound %zu bytes with a %zu-byte last-level cache, want %zu", bound, llc, want);
+  cr_assert(!ab__host_cast_streams(bound - 1), "a cast below the bound streams");
+  cr_assert(ab__host_cast_streams(bound), "a cast at the bound does not stream");
+#else
+  cr_assert_eq(bound, SIZE_MAX, "no streaming stores here, yet a bound of %zu", bound);
+  cr_assert(!ab__host_cast_streams(SIZE_MAX - 1), "a cast streams without streaming stores");
+#endif
+  setenv("AB_HOST_CAST_STREAMING", "0", 1);
+  ab__env_reload();
+  cr_assert(!ab__host_cast_streams(SIZE_MAX - 1), "AB_HOST_CAST_STREAMING=0 still streams");
+  setenv("AB_HOST_CAST_STREAMING", "1", 1);
+  ab__env_reload();
+  cr_assert(ab__host_cast_streams(1), "AB_HOST_CAST_STREAMING=1 does not stream a small cast");
+  setenv("AB_HOST_CAST_STREAMING", "sometimes", 1); /* logged, and the rule as unset */
+  ab__env_reload();
+  cr_assert_eq(ab__host_cast_streams(1), false, "a malformed value forced streaming");
+  cr_assert_eq(ab__host_cast_streams(SIZE_MAX - 1), bound != SIZE_MAX, "a malformed value did not leave the rule");
+  unsetenv("AB_HOST_CAST_STREAMING");
+  ab__env_reload();
+}

@@ -496,7 +496,7 @@ Test(parallel, a_band_of_a_transposed_plane_cut_along_its_columns_matches_the_wh
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &whole), AB_OK, "%s", ab_last_error());
   const ab__cast_op op = {{kDLFloat, 32, 1}, {kDLFloat, 16, 1}, true, 0.5, 1.0, -1, NULL, NULL};
   const int64_t bshape[2] = {n0, w}, bst[2] = {4, n0 * 4};
-  ab__host_convert_into(band + c0, n1 * 2, a + c0 * n0, 2, bshape, bst, &op);
+  ab__host_convert_into(band + c0, n1 * 2, a + c0 * n0, 2, bshape, bst, &op, 0);
   const uint16_t *ref = whole->dl_tensor.data;
   for (int64_t i = 0; i < n0; i++)
     for (int64_t j = 0; j < n1; j++) {

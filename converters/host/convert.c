@@ -197,6 +197,7 @@ struct row_ctx {
   size_t in_size;
   fast_row_fn fast; /* contiguous rows of this pair, or NULL */
   bool f16;         /* float16 on a side: fast is the float32 loop, run through fast_f16_row */
+  bool stream;      /* the fast loops' rows go out with streaming stores (cast_streams) */
 };
 
 /* A 64-bit integer source for one rounding into a narrower float (see
@@ -550,20 +551,73 @@ static fast_row_fn fast_row(enum kind from, enum kind to) {
 #endif
 }
 
+static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
+                         const int64_t *byte_strides, const ab__cast_op *op, bool stream);
+
+/* n contiguous elements through the pair's fast loop, map a * x + b. */
+static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
+#ifdef HAVE_X86
+  if (c->f16) {
+    fast_f16_row(c->fast, d, s, n, c->path, c->affine, a, b, c->from == K_F16, c->to == K_F16, c->in_size,
+                 c->out_size);
+    return;
+  }
+#endif
+  c->fast(d, s, n, c->path, c->affine, a, b);
+}
+
+/* Results that will not stay in the cache go out with streaming stores:
+ * ordinary ones read each line of the result before writing it, so a
+ * widening cast, which writes more than it reads, moves its result's
+ * bytes three times. Rows of STREAM_ROW bytes or more are cast STREAM_BUF
+ * bytes of result at a time into a buffer in L1 by the same loops, and
+ * the buffer's whole lines streamed out; the partial lines at a row's
+ * ends get ordinary stores, so a line is written all one way (see
+ * DEFINE_STREAM_ROW in gather.c). Intel Xeon VM with AVX-512 FP16 and
+ * AMX (Sapphire Rapids or later), one thread, 2160 x 3840 x 3 images,
+ * bench_host's GB/s (source and result bytes, halved): uint8 -> float32
+ * 5.7-5.9 -> 12.4-12.7, float16 -> float32 4.8-5.1 -> 8.0-8.3, bfloat16
+ * -> float32 6.6-6.9 -> 11.4-11.7; narrowing casts, which read more than
+ * they write, the same or a little faster
+ * (bench/results/2026-11-27-cast-streaming.md). Which casts:
+ * ab__host_cast_streams. */
+#define STREAM_LINE 64
+#define STREAM_ROW 256
+#define STREAM_BUF 8192
+
+static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
+  const size_t os = c->out_size, is = c->in_size;
+  const size_t head = (size_t)(-(uintptr_t)d & (STREAM_LINE - 1)); /* bytes up to d's next line */
+  if (head % os != 0) { /* elements across lines (a result off its element alignment): ordinary stores */
+    fast_run(c, d, s, n, a, b);
+    return;
+  }
+  int64_t k = (int64_t)(head / os) < n ? (int64_t)(head / os) : n;
+  fast_run(c, d, s, k, a, b);
+  _Alignas(64) char buf[STREAM_BUF];
+  const int64_t per = (int64_t)(STREAM_BUF / os);
+  while (k < n) {
+    const int64_t m = n - k < per ? n - k : per;
+    char *to = d + (size_t)k * os;
+    const size_t bytes = (size_t)m * os, whole = bytes & ~(size_t)(STREAM_LINE - 1);
+    fast_run(c, buf, s + (size_t)k * is, m, a, b);
+    ab__host_stream_lines(to, buf, whole);
+    memcpy(to + whole, buf + whole, bytes - whole);
+    k += m;
+  }
+}
+
 /* n elements, source stride `ss` bytes, compact destination; scale/offset
  * per element when sc/of step (per_elem), else the first entries. */
 static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t n, int64_t ss, const double *sc,
                         const double *of, bool per_elem) {
   const size_t os = c->out_size;
   if (c->fast != NULL && (size_t)ss == c->in_size && !per_elem) {
-#ifdef HAVE_X86
-    if (c->f16) {
-      fast_f16_row(c->fast, d, s, n, c->path, c->affine, sc[0], of[0], c->from == K_F16, c->to == K_F16, c->in_size,
-                   os);
+    if (c->stream && (size_t)n * os >= STREAM_ROW) {
+      fast_streamed(c, d, s, n, sc[0], of[0]);
       return;
     }
-#endif
-    c->fast(d, s, n, c->path, c->affine, sc[0], of[0]);
+    fast_run(c, d, s, n, sc[0], of[0]);
     return;
   }
   switch (c->path) {
@@ -664,9 +718,10 @@ __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t 
  * (C, H, W) after the permutation with C <= 4 and the channel the
  * smallest source stride (HWC -> CHW). One pass over the source, writing
  * the C planes together, instead of C strided passes. Same arithmetic as
- * the general AB_ARITH_FLOAT32 loop: (float)x * a, then + b. */
+ * the general AB_ARITH_FLOAT32 loop: (float)x * a, then + b. nt:
+ * streaming stores (ab__host_cast_streams), for three channels. */
 static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t ndim, const int64_t *shape,
-                          const int64_t *st, const ab__cast_op *op, const double *cs, const double *co) {
+                          const int64_t *st, const ab__cast_op *op, const double *cs, const double *co, bool nt) {
   if (ndim != 3 || shape[0] > 4 || st[0] != 1 || st[2] != shape[0] || op->to.code != kDLFloat || op->to.bits != 32)
     return false;
   const int64_t C = shape[0], H = shape[1], W = shape[2];
@@ -683,8 +738,8 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
   }
 #ifdef HAVE_X86
   const bool simd = C == 3 && __builtin_cpu_supports("ssse3");
-  /* Streaming stores for outputs that cannot stay in cache anyway. */
-  const bool nt = (size_t)C * plane * sizeof(float) >= ((size_t)4 << 20); /* the whole output's planes */
+#else
+  (void)nt;
 #endif
   for (int64_t y = 0; y < H; y++) {
     const uint8_t *row = src + y * st[1];
@@ -800,7 +855,7 @@ static void narrow_chunk(const struct row_ctx *c, const struct narrow_plan *np, 
     o.scale = a;
     o.offset = b;
   }
-  ab__host_convert(buf, s, np->ns, sh, st, &o);
+  convert_impl(buf, 0, s, np->ns, sh, st, &o, false); /* into the buffer: ordinary stores */
   /* buf is compact in source order: its strides, read in result order */
   int64_t e = (int64_t)c->out_size;
   for (int32_t i = np->ns; i-- > 0;) {
@@ -974,6 +1029,8 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
   for (int32_t i = 1; i < r; i++) m1 *= shape[i];
   if (outer == 0) return true;
   const int64_t band = TCAST_BAND / (int64_t)os, piece = n0 < TCAST_PIECE ? n0 : TCAST_PIECE;
+  struct row_ctx into_buf = *c; /* the rows go into the buffer, which stays in the cache */
+  into_buf.stream = false;
   char *buf = ab__malloc((size_t)(band * piece) * os);
   if (buf == NULL) return false;
   const int64_t plane = n0 * n1 * (int64_t)os, pitch = r == 0 && dst0 != 0 ? dst0 : n1 * (int64_t)os;
@@ -986,20 +1043,68 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     /* plane (i0, rest): i0 * dst0 + rest * plane bytes in with dst0, else p * plane */
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
-    cast_then_transpose_plane(c, d, pitch, s, n0, n1, bst[r + 1], op, buf, band, piece, whole);
+    cast_then_transpose_plane(&into_buf, d, pitch, s, n0, n1, bst[r + 1], op, buf, band, piece, whole);
     for (int32_t i = r - 1; i >= 0 && ++idx[i] == shape[i]; i--) idx[i] = 0;
   }
   ab__free(buf);
   return true;
 }
 
+/* AB_HOST_CAST_STREAMING: 0 never, 1 every result (for tests), unset or
+ * auto the rule below. */
+static int cast_streaming(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice rules[] = {{"auto", 2}, {"0", 0}, {"1", 1}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
+  return (int)ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_CAST_STREAMING", rules, 2, "auto, 0 or 1"));
+}
+
+/* Casts whose source and result together would not stay in the
+ * last-level cache stream; smaller ones gain by ordinary stores, which
+ * leave the result there for its next reader. A VM's sysfs names the
+ * whole socket's cache, of which its cores get a share: the Intel Xeon VM
+ * above reports 480 MiB, and there uint8 -> float32 (one thread, source
+ * warm, the result's pool block reused), GB/s of result, ran 22-24 with
+ * ordinary stores against 18-20 streamed at 8-16 MiB of result (10-20
+ * MiB in all), about even at 20 MiB, and 15-17 against 19.5-20 at 24-32
+ * MiB (30-40 in all); on two threads the two crossed at 16-20 MiB of
+ * result. Reading the result back after the cast, the same order. So the
+ * bound is capped at 24 MiB (bench/results/2026-11-27-cast-streaming.md).
+ * The image path (u8_planes_f32) streamed from 4 MiB of result before:
+ * 1280 x 720 x 3 ran 19.4-20.4 GB/s streamed, 23.0-23.2 now. */
+#define CAST_STREAM_CAP ((size_t)24 << 20)
+
+size_t ab__host_cast_stream_min(void) {
+  const size_t lo = ab__host_stream_min(), llc = ab__host_llc_bytes();
+  if (lo == SIZE_MAX) return SIZE_MAX;
+  const size_t b = llc == 0 || llc > CAST_STREAM_CAP ? CAST_STREAM_CAP : llc;
+  return b < lo ? lo : b;
+}
+
+bool ab__host_cast_streams(size_t whole) {
+  const int rule = cast_streaming();
+  return rule == 2 ? whole >= ab__host_cast_stream_min() : rule == 1;
+}
+
 void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
                       const ab__cast_op *op) {
-  ab__host_convert_into(dst, 0, src, ndim, shape, byte_strides, op);
+  ab__host_convert_into(dst, 0, src, ndim, shape, byte_strides, op, 0);
 }
 
 void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
-                           const int64_t *byte_strides, const ab__cast_op *op) {
+                           const int64_t *byte_strides, const ab__cast_op *op, size_t whole) {
+  if (whole == 0) {
+    whole = ab__elsize(op->from) + ab__elsize(op->to);
+    for (int32_t i = 0; i < ndim; i++) whole *= (size_t)shape[i];
+  }
+  const bool stream = ab__host_cast_streams(whole);
+  convert_impl(dst, dst0, src, ndim, shape, byte_strides, op, stream);
+  if (stream) ab__host_stream_fence(); /* the streamed lines before the caller's stores */
+}
+
+static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
+                         const int64_t *byte_strides, const ab__cast_op *op, bool stream) {
   struct row_ctx c;
   c.from = kind_of(op->from);
   c.to = kind_of(op->to);
@@ -1010,6 +1115,7 @@ void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndi
   c.in_size = ab__elsize(op->from);
   c.fast = fast_row(c.from, c.to);
   c.f16 = c.from == K_F16 || c.to == K_F16;
+  c.stream = stream;
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;
   double ts = op->scale, to = op->offset;
@@ -1021,7 +1127,7 @@ void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndi
     return;
   }
   if (c.from == K_U8 && c.path == AB_ARITH_FLOAT32 && (op->channel_dim <= 0 || !op->affine) &&
-      u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of))
+      u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of, stream))
     return;
   const int32_t inner = ndim - 1;
   const int64_t n = shape[inner], ss = byte_strides[inner];

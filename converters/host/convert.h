@@ -77,9 +77,20 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
 /* The same into an output whose indices of dim 0 are dst0 bytes apart
  * (0: compact), every other dim compact within (a band of rows of every
  * plane of a larger output). ndim >= 2 where dst0 is not 0; dst0 a
- * multiple of op->to's size. */
+ * multiple of op->to's size. whole: the bytes the whole conversion this
+ * call does a part of reads and writes, source and result (0: this
+ * call's own), which decide how it writes (ab__host_cast_streams). */
 void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
-                           const int64_t *byte_strides, const ab__cast_op *op);
+                           const int64_t *byte_strides, const ab__cast_op *op, size_t whole);
+
+/* Whether a cast that reads and writes `whole` bytes in all writes its
+ * result with streaming stores: from ab__host_cast_stream_min() bytes,
+ * or as AB_HOST_CAST_STREAMING (0 or 1) says. Same bytes either way. */
+bool ab__host_cast_streams(size_t whole);
+/* That bound: the last-level cache's bytes (sysfs), 4 MiB at least and
+ * 24 MiB at most (24 MiB where unknown); SIZE_MAX where the host has no
+ * streaming stores (off x86-64). */
+size_t ab__host_cast_stream_min(void);
 
 /* float16 / bfloat16 <-> wider floats, round to nearest even (exposed for
  * the tests' reference). */

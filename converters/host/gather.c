@@ -779,6 +779,23 @@ static void stream_lines(char *d, const char *s, size_t n) {
   for (size_t k = 0; k < n; k += 16) stream16(d + k, s + k);
 }
 
+#endif
+
+void ab__host_stream_lines(void *d, const void *s, size_t n) {
+#ifdef HAVE_X86_KERNELS
+  stream_lines(d, s, n);
+#else
+  memcpy(d, s, n);
+#endif
+}
+
+void ab__host_stream_fence(void) {
+#ifdef HAVE_X86_KERNELS
+  _mm_sfence();
+#endif
+}
+
+#ifdef HAVE_X86_KERNELS
 /* One tile row: the n bytes at c go to d, the next bytes of an output row.
  * Output rows rarely start on a line (4104 float32: every other row 32
  * bytes in), so a tile row's bytes seldom match the lines they fall in.
@@ -1587,6 +1604,8 @@ static size_t llc_bytes(void) {
 #ifdef HAVE_X86_KERNELS
 #define STREAM_MIN ((size_t)4 << 20)
 #endif
+
+size_t ab__host_llc_bytes(void) { return llc_bytes(); }
 
 /* Whether a transpose that reads and writes `whole` bytes in all runs
  * from memory (TR_MEMORY) rather than from the last-level cache. The

@@ -60,6 +60,16 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * smaller ones take the plain tiles. SIZE_MAX where no streaming variant
  * exists (off x86-64). */
 size_t ab__host_stream_min(void);
+/* Bytes of cpu0's last-level data or unified cache (Linux sysfs; 0 where
+ * unknown), read once. */
+size_t ab__host_llc_bytes(void);
+/* n bytes (whole cache lines) from s to line-aligned d with streaming
+ * stores where the CPU has them (x86-64; memcpy elsewhere), unordered
+ * with later stores until ab__host_stream_fence. For results too large
+ * to stay in the cache (the casts' rows, convert.c). */
+void ab__host_stream_lines(void *d, const void *s, size_t n);
+/* Orders this thread's streaming stores before its later stores (sfence). */
+void ab__host_stream_fence(void);
 /* The rule that picks from a trial's best times (seconds, indexed 0, 1,
  * 2 as above): a streaming variant where it beats the plain tiles by 10%,
  * the blocks (if `blocks` lets them in) where they also beat the L1 tiles
