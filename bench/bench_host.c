@@ -17,7 +17,9 @@
 #include <pthread.h>
 
 #include "arraybridge/arraybridge.h"
+#include "converters/host/convert.h"
 #include "converters/host/gather.h"
+#include "internal.h" /* ab__env_reload */
 #include "parallel.h"
 
 static int reps = 11;
@@ -285,6 +287,41 @@ static void bench_casts(int quick) {
   free(b);
 }
 
+/* Where casts start streaming their results (ab__host_cast_streams):
+ * uint8 -> float32 on one thread at results around the bound, with
+ * ordinary stores, streamed, and as the rule picks, so the bound can be
+ * checked on each machine. GB/s of the result's bytes. */
+static void bench_cast_bound(int quick) {
+  static const int mib[] = {4, 8, 16, 24, 32, 64};
+  const int nsizes = quick ? 2 : (int)(sizeof mib / sizeof mib[0]);
+  const size_t most = (size_t)mib[nsizes - 1] << 20;
+  unsigned char *a = aligned_alloc(4096, most / 4);
+  for (size_t i = 0; i < most / 4; i++) a[i] = (unsigned char)(i * 7);
+  printf("\n%-30s %10s %10s %10s   (the rule streams from %.1f MiB read and written)\n",
+         "u8 -> f32 (1 thread, GB/s)", "ordinary", "streamed", "auto", (double)ab__host_cast_stream_min() / (1 << 20));
+  static const char *const modes[] = {"0", "1", NULL};
+  for (int k = 0; k < nsizes; k++) {
+    int64_t shape[1] = {(int64_t)((size_t)mib[k] << 20) / 4};
+    struct cv c = {{a, {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, shape, NULL, 0}, AB_CONVERT_OPTS_INIT};
+    c.o.dtype = (DLDataType){kDLFloat, 32, 1};
+    c.o.threads = 1;
+    double gbs[3];
+    for (int m = 0; m < 3; m++) {
+      if (modes[m] != NULL) setenv("AB_HOST_CAST_STREAMING", modes[m], 1);
+      else unsetenv("AB_HOST_CAST_STREAMING");
+      ab__env_reload();
+      gbs[m] = (double)((size_t)mib[k] << 20) / time_job(job_convert, &c) / 1e9;
+    }
+    char label[64];
+    snprintf(label, sizeof label, "%d MiB result", mib[k]);
+    const size_t whole = (size_t)shape[0] * 5;
+    printf("%-30s %10.2f %10.2f %10.2f   auto: %s\n", label, gbs[0], gbs[1], gbs[2],
+           ab__host_cast_streams(c.t.dtype, c.o.dtype, whole) ? "streamed" : "ordinary");
+  }
+  printf("(source warm; the result's pool block reused, so a result that fits stays cached)\n");
+  free(a);
+}
+
 static double per_call_ns(job_fn fn, void *ctx, long iters) {
   double t[64];
   for (int r = 0; r < reps; r++) {
@@ -340,6 +377,7 @@ int main(int argc, char **argv) {
   bench_transposes(quick);
   bench_pixels(quick);
   bench_casts(quick);
+  bench_cast_bound(quick);
 
   /* -- per-call overheads -- */
   printf("\n");

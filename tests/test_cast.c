@@ -2044,6 +2044,7 @@ Test(cast, large_casts_on_two_threads_give_the_same_bytes_streamed_or_not) {
 }
 
 Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
+  const DLDataType u8 = dt(kDLUInt, 8, 1), f32 = dt(kDLFloat, 32, 1), f64 = dt(kDLFloat, 64, 1);
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
   const size_t bound = ab__host_cast_stream_min();
@@ -2052,22 +2053,26 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
   size_t want = llc == 0 || llc > cap ? cap : llc;
   if (want < lo) want = lo;
   cr_assert_eq(bound, want, "bound %zu bytes with a %zu-byte last-level cache, want %zu", bound, llc, want);
-  cr_assert(!ab__host_cast_streams(bound - 1), "a cast below the bound streams");
-  cr_assert(ab__host_cast_streams(bound), "a cast at the bound does not stream");
+  cr_assert(!ab__host_cast_streams(u8, f32, bound - 1), "a cast below the bound streams");
+  cr_assert(ab__host_cast_streams(u8, f32, bound), "a cast at the bound does not stream");
+  cr_assert(ab__host_cast_streams(f64, f32, bound), "a halving cast at the bound does not stream");
+  cr_assert(!ab__host_cast_streams(f32, u8, SIZE_MAX - 1), "float32 -> uint8 streams");
+  cr_assert(!ab__host_cast_streams(f64, u8, SIZE_MAX - 1), "float64 -> uint8 streams");
 #else
   cr_assert_eq(bound, SIZE_MAX, "no streaming stores here, yet a bound of %zu", bound);
-  cr_assert(!ab__host_cast_streams(SIZE_MAX - 1), "a cast streams without streaming stores");
+  cr_assert(!ab__host_cast_streams(u8, f32, SIZE_MAX - 1), "a cast streams without streaming stores");
 #endif
   setenv("AB_HOST_CAST_STREAMING", "0", 1);
   ab__env_reload();
-  cr_assert(!ab__host_cast_streams(SIZE_MAX - 1), "AB_HOST_CAST_STREAMING=0 still streams");
+  cr_assert(!ab__host_cast_streams(u8, f32, SIZE_MAX - 1), "AB_HOST_CAST_STREAMING=0 still streams");
   setenv("AB_HOST_CAST_STREAMING", "1", 1);
   ab__env_reload();
-  cr_assert(ab__host_cast_streams(1), "AB_HOST_CAST_STREAMING=1 does not stream a small cast");
+  cr_assert(ab__host_cast_streams(u8, f32, 1), "AB_HOST_CAST_STREAMING=1 does not stream a small cast");
+  cr_assert(ab__host_cast_streams(f32, u8, 1), "AB_HOST_CAST_STREAMING=1 does not stream float32 -> uint8");
   setenv("AB_HOST_CAST_STREAMING", "sometimes", 1); /* logged, and the rule as unset */
   ab__env_reload();
-  cr_assert_eq(ab__host_cast_streams(1), false, "a malformed value forced streaming");
-  cr_assert_eq(ab__host_cast_streams(SIZE_MAX - 1), bound != SIZE_MAX, "a malformed value did not leave the rule");
+  cr_assert_eq(ab__host_cast_streams(u8, f32, 1), false, "a malformed value forced streaming");
+  cr_assert_eq(ab__host_cast_streams(u8, f32, SIZE_MAX - 1), bound != SIZE_MAX, "a malformed value did not leave the rule");
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
 }

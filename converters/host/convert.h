@@ -83,10 +83,12 @@ void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *s
 void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
                            const int64_t *byte_strides, const ab__cast_op *op, size_t whole);
 
-/* Whether a cast that reads and writes `whole` bytes in all writes its
- * result with streaming stores: from ab__host_cast_stream_min() bytes,
- * or as AB_HOST_CAST_STREAMING (0 or 1) says. Same bytes either way. */
-bool ab__host_cast_streams(size_t whole);
+/* Whether a cast from -> to that reads and writes `whole` bytes in all
+ * writes its result with streaming stores: from
+ * ab__host_cast_stream_min() bytes, where a result element is more than
+ * a quarter of a source element, or as AB_HOST_CAST_STREAMING (0 or 1)
+ * says. Same bytes either way. */
+bool ab__host_cast_streams(DLDataType from, DLDataType to, size_t whole);
 /* That bound: the last-level cache's bytes (sysfs), 4 MiB at least and
  * 24 MiB at most (24 MiB where unknown); SIZE_MAX where the host has no
  * streaming stores (off x86-64). */
