@@ -290,15 +290,19 @@ static void bench_casts(int quick) {
 /* Where casts start streaming their results (ab__host_cast_streams):
  * uint8 -> float32 on one thread at results around the bound, with
  * ordinary stores, streamed, and as the rule picks, so the bound can be
- * checked on each machine. GB/s of the result's bytes. */
+ * checked on each machine. GB/s of the result's bytes. The caller's
+ * AB_HOST_CAST_STREAMING is put back afterwards. */
 static void bench_cast_bound(int quick) {
-  static const int mib[] = {4, 8, 16, 24, 32, 64};
-  const int nsizes = quick ? 2 : (int)(sizeof mib / sizeof mib[0]);
+  static const int sizes[] = {4, 8, 16, 24, 32, 64}, quick_sizes[] = {8, 32};
+  const int *mib = quick ? quick_sizes : sizes;
+  const int nsizes = quick ? 2 : (int)(sizeof sizes / sizeof sizes[0]);
   const size_t most = (size_t)mib[nsizes - 1] << 20;
   unsigned char *a = aligned_alloc(4096, most / 4);
   for (size_t i = 0; i < most / 4; i++) a[i] = (unsigned char)(i * 7);
-  printf("\n%-30s %10s %10s %10s   (the rule streams from %.1f MiB read and written)\n",
-         "u8 -> f32 (1 thread, GB/s)", "ordinary", "streamed", "auto", (double)ab__host_cast_stream_min() / (1 << 20));
+  const char *env = getenv("AB_HOST_CAST_STREAMING");
+  char *saved = env != NULL ? strdup(env) : NULL;
+  printf("\n%-30s %10s %10s %10s %10s   (the rule streams from %.1f MiB read and written)\n",
+         "u8 -> f32 (1 thread, GB/s)", "ordinary", "streamed", "auto", "str/ord", (double)ab__host_cast_stream_min() / (1 << 20));
   static const char *const modes[] = {"0", "1", NULL};
   for (int k = 0; k < nsizes; k++) {
     int64_t shape[1] = {(int64_t)((size_t)mib[k] << 20) / 4};
@@ -315,10 +319,14 @@ static void bench_cast_bound(int quick) {
     char label[64];
     snprintf(label, sizeof label, "%d MiB result", mib[k]);
     const size_t whole = (size_t)shape[0] * 5;
-    printf("%-30s %10.2f %10.2f %10.2f   auto: %s\n", label, gbs[0], gbs[1], gbs[2],
+    printf("%-30s %10.2f %10.2f %10.2f %9.2fx   auto: %s\n", label, gbs[0], gbs[1], gbs[2], gbs[1] / gbs[0],
            ab__host_cast_streams(c.t.dtype, c.o.dtype, whole) ? "streamed" : "ordinary");
   }
   printf("(source warm; the result's pool block reused, so a result that fits stays cached)\n");
+  if (saved != NULL) setenv("AB_HOST_CAST_STREAMING", saved, 1);
+  else unsetenv("AB_HOST_CAST_STREAMING");
+  ab__env_reload();
+  free(saved);
   free(a);
 }
 

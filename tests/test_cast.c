@@ -1919,8 +1919,9 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
  * run the same row loops, which the tests above check against the
  * element loop, so here the streamed bytes must equal the ordinary ones:
  * every pair with a row loop, rows that start at every kind of offset in
- * a cache line, lengths around the lines and the 8 KiB buffer, and the
- * bytes around the result untouched. */
+ * a cache line (off the element's alignment too, which DLPack allows),
+ * lengths around the lines and the 8 KiB buffer, and the bytes around the
+ * result untouched. */
 #include "converters/host/convert.h"
 #include "converters/host/gather.h" /* ab__host_llc_bytes */
 
@@ -1947,22 +1948,24 @@ Test(cast, streamed_results_equal_ordinary_ones_for_every_row_loop) {
   char *a = malloc((size_t)MOST * 8 + 2 * GUARD), *b = malloc((size_t)MOST * 8 + 2 * GUARD);
   cr_assert(src != NULL && a != NULL && b != NULL);
   for (size_t i = 0; i < (size_t)MOST * 8; i++) src[i] = (char)rng_next(&g);
-  int pairs = 0;
+  int streamed = 0; /* pairs (with and without a map) whose rows went out streamed */
+  bool u8_f32 = false;
   for (int f = 0; f < K; f++)
     for (int t = 0; t < K; t++)
       for (int affine = 0; affine < 2; affine++) {
-        if (f == t || !ab__cast_supported(kinds[f], kinds[t], affine)) continue;
-        pairs++;
+        if ((f == t && !affine) || !ab__cast_supported(kinds[f], kinds[t], affine)) continue;
         ab__cast_op op = {kinds[f], kinds[t], affine, 0.5, 3.0, -1, NULL, NULL};
-        const size_t is = kinds[f].bits / 8, os = kinds[t].bits / 8;
+        const size_t os = kinds[t].bits / 8;
+        const uint64_t rows0 = ab__host_cast_streamed_rows();
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-          const int64_t shape[2] = {shapes[s][0], shapes[s][1]}, st[2] = {shape[1] * (int64_t)is, (int64_t)is};
+          const int64_t shape[2] = {shapes[s][0], shapes[s][1]};
+          const int64_t st[2] = {shape[1] * (int64_t)(kinds[f].bits / 8), kinds[f].bits / 8};
           const size_t bytes = (size_t)(shape[0] * shape[1]) * os;
-          /* the result at a line's start, an element in, and one element
-           * before the next line (GUARD is a whole number of lines) */
-          const size_t offs[] = {0, os, 64 - os, 40};
+          /* the result at a line's start, an element in, an element before
+           * the next line, 40 bytes in, and off the element's alignment
+           * (GUARD is a whole number of lines) */
+          const size_t offs[] = {0, os, 64 - os, 40, 1, 3};
           for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
-            if (offs[o] % os != 0) continue;
             memset(a, 0xa5, bytes + 2 * GUARD);
             memset(b, 0xa5, bytes + 2 * GUARD);
             cast_streamed_or_not("1", a + GUARD + offs[o], src, 2, shape, st, &op);
@@ -1980,8 +1983,16 @@ Test(cast, streamed_results_equal_ordinary_ones_for_every_row_loop) {
               cr_assert_eq((unsigned char)a[i], 0xa5, "a byte after the result was written");
           }
         }
+        const bool went = ab__host_cast_streamed_rows() > rows0;
+        streamed += went;
+        if (kinds[f].code == kDLUInt && kinds[f].bits == 8 && kinds[t].code == kDLFloat && kinds[t].bits == 32)
+          u8_f32 = u8_f32 || went;
       }
-  cr_assert_gt(pairs, 60, "only %d pairs with a row loop were tried", pairs);
+  /* the row loops: 9 sources x 8 results less those through float64
+   * arithmetic into bfloat16, with and without a map, float16 on either
+   * side where F16C runs */
+  cr_assert(u8_f32, "uint8 -> float32 never streamed with AB_HOST_CAST_STREAMING=1");
+  cr_assert_geq(streamed, 100, "only %d pairs streamed with AB_HOST_CAST_STREAMING=1", streamed);
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
   free(src);
@@ -1989,58 +2000,103 @@ Test(cast, streamed_results_equal_ordinary_ones_for_every_row_loop) {
   free(b);
 }
 
-/* Through the public call on two threads: the bands decide by the whole
- * conversion's bytes, so a result above the bound streams in every band,
- * and the caller reads every byte right. HWC uint8 -> CHW float32 (the
- * image path) and a plain uint8 -> float32. */
+/* Through the public call on two threads, streaming forced and not: the
+ * caller reads every byte right after the workers' streamed bands.
+ * uint8 -> float32 flat, and HWC -> CHW with a map (the image loop, which
+ * streams only rows of whole lines: 1920 pixels wide, not 1001). */
 Test(cast, large_casts_on_two_threads_give_the_same_bytes_streamed_or_not) {
-  const int64_t H = 1080, W = 1920, C = 3;
-  const int64_t n = H * W * C;
-  unsigned char *img = malloc((size_t)n);
-  cr_assert(img != NULL);
-  test_rng g = {0x1080};
-  for (int64_t i = 0; i < n; i++) img[i] = (unsigned char)rng_next(&g);
-  float *got[2][2];
-  for (int v = 0; v < 2; v++) {
-    setenv("AB_HOST_CAST_STREAMING", v ? "1" : "0", 1);
+  static const int64_t widths[] = {1920, 1001};
+  const int64_t H = 1080, C = 3;
+  for (int w = 0; w < 2; w++) {
+    const int64_t W = widths[w], n = H * W * C;
+    unsigned char *img = malloc((size_t)n);
+    cr_assert(img != NULL);
+    test_rng g = {0x1080};
+    for (int64_t i = 0; i < n; i++) img[i] = (unsigned char)rng_next(&g);
+    float *got[2][2];
+    for (int v = 0; v < 2; v++) {
+      setenv("AB_HOST_CAST_STREAMING", v ? "1" : "0", 1);
+      ab__env_reload();
+      for (int layout = 0; layout < 2; layout++) {
+        int64_t shape[3] = {H, W, C}, flat[1] = {n};
+        int32_t perm[3] = {2, 0, 1};
+        DLTensor t = {img, CPU0, layout ? 3 : 1, dt(kDLUInt, 8, 1), layout ? shape : flat, NULL, 0};
+        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+        o.dtype = dt(kDLFloat, 32, 1);
+        o.threads = 2;
+        if (layout) {
+          o.permute = perm;
+          o.flags = AB_CONVERT_AFFINE;
+          o.scale = 1.0 / 255;
+          o.offset = -0.5;
+        }
+        DLManagedTensorVersioned *r;
+        cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+        got[v][layout] = malloc((size_t)n * sizeof(float));
+        cr_assert(got[v][layout] != NULL);
+        memcpy(got[v][layout], r->dl_tensor.data, (size_t)n * sizeof(float));
+        r->deleter(r);
+      }
+    }
+    unsetenv("AB_HOST_CAST_STREAMING");
     ab__env_reload();
     for (int layout = 0; layout < 2; layout++) {
-      int64_t shape[3] = {H, W, C}, flat[1] = {n};
-      int32_t perm[3] = {2, 0, 1};
-      DLTensor t = {img, CPU0, layout ? 3 : 1, dt(kDLUInt, 8, 1), layout ? shape : flat, NULL, 0};
-      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-      o.dtype = dt(kDLFloat, 32, 1);
-      o.threads = 2;
-      if (layout) {
-        o.permute = perm;
-        o.flags = AB_CONVERT_AFFINE;
-        o.scale = 1.0 / 255;
-        o.offset = -0.5;
+      for (int64_t i = 0; i < n; i++) {
+        /* the element loop's arithmetic: (float)x, or (float)x * a + b */
+        const int64_t c = i / (H * W), y = i % (H * W) / W, x = i % W;
+        const unsigned char v = layout ? img[(y * W + x) * C + c] : img[i];
+        const float want = layout ? (float)v * (float)(1.0 / 255) + (float)-0.5 : (float)v;
+        cr_assert_eq(got[1][layout][i], want, "%lld wide, layout %d, element %lld: %g streamed, want %g",
+                     (long long)W, layout, (long long)i, (double)got[1][layout][i], (double)want);
+        cr_assert_eq(got[0][layout][i], want, "%lld wide, layout %d, element %lld: %g with ordinary stores, want %g",
+                     (long long)W, layout, (long long)i, (double)got[0][layout][i], (double)want);
       }
-      DLManagedTensorVersioned *r;
-      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
-      got[v][layout] = malloc((size_t)n * sizeof(float));
-      memcpy(got[v][layout], r->dl_tensor.data, (size_t)n * sizeof(float));
-      r->deleter(r);
+      free(got[0][layout]);
+      free(got[1][layout]);
     }
+    free(img);
   }
+}
+
+/* By the rule (variable unset): a cast whose whole conversion reaches the
+ * bound streams, even cut into two bands that each fall below it (the
+ * bands are told the whole's bytes); one below the bound and a float32 ->
+ * uint8 above it do not. */
+static uint64_t streamed_by(DLDataType from, DLDataType to, size_t whole) {
+  const size_t es = from.bits / 8 + to.bits / 8;
+  int64_t shape[1] = {(int64_t)(whole / es + 63) / 64 * 64};
+  void *src = calloc((size_t)shape[0], from.bits / 8);
+  cr_assert(src != NULL);
+  DLTensor t = {src, CPU0, 1, from, shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = to;
+  o.threads = 2;
+  const uint64_t rows0 = ab__host_cast_streamed_rows();
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  const uint64_t rows = ab__host_cast_streamed_rows() - rows0;
+  r->deleter(r);
+  free(src);
+  return rows;
+}
+
+Test(cast, the_rule_streams_every_band_of_a_cast_above_the_bound) {
+  const DLDataType u8 = dt(kDLUInt, 8, 1), f32 = dt(kDLFloat, 32, 1);
+  setenv("AB_NUM_THREADS", "2", 1); /* two bands, whatever the cores */
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
-  for (int layout = 0; layout < 2; layout++) {
-    for (int64_t i = 0; i < n; i++) {
-      /* the element loop's arithmetic: (float)x, or (float)x * a + b */
-      const int64_t c = i / (H * W), y = i % (H * W) / W, x = i % W;
-      const unsigned char v = layout ? img[(y * W + x) * C + c] : img[i];
-      const float want = layout ? (float)v * (float)(1.0 / 255) + (float)-0.5 : (float)v;
-      cr_assert_eq(got[1][layout][i], want, "layout %d, element %lld: %g streamed, want %g", layout, (long long)i,
-                   (double)got[1][layout][i], (double)want);
-      cr_assert_eq(got[0][layout][i], want, "layout %d, element %lld: %g with ordinary stores, want %g", layout,
-                   (long long)i, (double)got[0][layout][i], (double)want);
-    }
-    free(got[0][layout]);
-    free(got[1][layout]);
+  const size_t bound = ab__host_cast_stream_min();
+  if (bound == SIZE_MAX) { /* no streaming stores here: nothing streams */
+    cr_assert_eq(streamed_by(u8, f32, (size_t)32 << 20), 0, "a cast streamed without streaming stores");
+  } else {
+    const uint64_t above = streamed_by(u8, f32, bound + bound / 2);
+    cr_assert_geq(above, 2, "a cast of 1.5x the bound on two threads streamed %llu rows, want one per band",
+                  (unsigned long long)above);
+    cr_assert_eq(streamed_by(u8, f32, bound / 2), 0, "a cast of half the bound streamed");
+    cr_assert_eq(streamed_by(f32, u8, bound * 2), 0, "float32 -> uint8 streamed");
   }
-  free(img);
+  unsetenv("AB_NUM_THREADS");
+  ab__env_reload();
 }
 
 Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
@@ -2072,7 +2128,8 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
   setenv("AB_HOST_CAST_STREAMING", "sometimes", 1); /* logged, and the rule as unset */
   ab__env_reload();
   cr_assert_eq(ab__host_cast_streams(u8, f32, 1), false, "a malformed value forced streaming");
-  cr_assert_eq(ab__host_cast_streams(u8, f32, SIZE_MAX - 1), bound != SIZE_MAX, "a malformed value did not leave the rule");
+  cr_assert_eq(ab__host_cast_streams(u8, f32, SIZE_MAX - 1), bound != SIZE_MAX,
+               "a malformed value did not leave the rule");
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
 }

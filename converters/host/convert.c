@@ -567,23 +567,28 @@ static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n,
 }
 
 /* Results that will not stay in the cache go out with streaming stores:
- * ordinary ones read each line of the result before writing it, so a
- * widening cast, which writes more than it reads, moves its result's
- * bytes three times. Rows of STREAM_ROW bytes or more are cast STREAM_BUF
- * bytes of result at a time into a buffer in L1 by the same loops, and
- * the buffer's whole lines streamed out; the partial lines at a row's
- * ends get ordinary stores, so a line is written all one way (see
- * DEFINE_STREAM_ROW in gather.c). Intel Xeon VM with AVX-512 FP16 and
- * AMX (Sapphire Rapids or later), one thread, 2160 x 3840 x 3 images,
- * bench_host's GB/s (source and result bytes, halved): uint8 -> float32
- * 5.7-5.9 -> 12.4-12.7, float16 -> float32 4.8-5.1 -> 8.0-8.3, bfloat16
- * -> float32 6.6-6.9 -> 11.4-11.7; narrowing casts, which read more than
- * they write, the same or a little faster
+ * ordinary ones read each line of the result from memory before writing
+ * it back, so a widening cast, which writes more than it reads, moved its
+ * result's bytes twice. Rows of STREAM_ROW bytes or more are cast
+ * STREAM_BUF bytes of result at a time into a buffer in L1 by the same
+ * loops, and the buffer's whole lines streamed out; the partial lines at
+ * a row's ends get ordinary stores, so a line is written all one way
+ * (see DEFINE_STREAM_ROW in gather.c). Intel Xeon VM with AVX-512 FP16
+ * and AMX (Sapphire Rapids or later), one thread, 2160 x 3840 x 3
+ * images, bench_host's GB/s (source and result bytes, halved), four
+ * alternated rounds: uint8 -> float32 5.8-6.1 -> 12.4-13.1, float16 ->
+ * float32 5.0-5.1 -> 7.3-7.8, bfloat16 -> float32 6.8-7.0 -> 10.9-11.6,
+ * float32 -> float16 7.8-8.3 -> 8.5-9.4, float64 -> float32 the same
  * (bench/results/2026-11-27-cast-streaming.md). Which casts:
  * ab__host_cast_streams. */
 #define STREAM_LINE 64
 #define STREAM_ROW 256
 #define STREAM_BUF 8192
+
+/* Rows (and image loops) that went out streamed, for the tests. */
+static _Atomic uint64_t streamed_rows;
+
+uint64_t ab__host_cast_streamed_rows(void) { return atomic_load_explicit(&streamed_rows, memory_order_relaxed); }
 
 static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
   const size_t os = c->out_size, is = c->in_size;
@@ -592,6 +597,7 @@ static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64
     fast_run(c, d, s, n, a, b);
     return;
   }
+  atomic_fetch_add_explicit(&streamed_rows, 1, memory_order_relaxed);
   int64_t k = (int64_t)(head / os) < n ? (int64_t)(head / os) : n;
   fast_run(c, d, s, k, a, b);
   _Alignas(64) char buf[STREAM_BUF];
@@ -599,10 +605,10 @@ static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64
   while (k < n) {
     const int64_t m = n - k < per ? n - k : per;
     char *to = d + (size_t)k * os;
-    const size_t bytes = (size_t)m * os, whole = bytes & ~(size_t)(STREAM_LINE - 1);
+    const size_t bytes = (size_t)m * os, lines = bytes & ~(size_t)(STREAM_LINE - 1);
     fast_run(c, buf, s + (size_t)k * is, m, a, b);
-    ab__host_stream_lines(to, buf, whole);
-    memcpy(to + whole, buf + whole, bytes - whole);
+    ab__host_stream_lines(to, buf, lines);
+    memcpy(to + lines, buf + lines, bytes - lines);
     k += m;
   }
 }
@@ -719,7 +725,8 @@ __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t 
  * smallest source stride (HWC -> CHW). One pass over the source, writing
  * the C planes together, instead of C strided passes. Same arithmetic as
  * the general AB_ARITH_FLOAT32 loop: (float)x * a, then + b. nt:
- * streaming stores (ab__host_cast_streams), for three channels. */
+ * streaming stores (ab__host_cast_streams), for three channels in whole
+ * lines; the caller fences them. */
 static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t ndim, const int64_t *shape,
                           const int64_t *st, const ab__cast_op *op, const double *cs, const double *co, bool nt) {
   if (ndim != 3 || shape[0] > 4 || st[0] != 1 || st[2] != shape[0] || op->to.code != kDLFloat || op->to.bits != 32)
@@ -738,6 +745,11 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
   }
 #ifdef HAVE_X86
   const bool simd = C == 3 && __builtin_cpu_supports("ssse3");
+  /* Streaming stores only where they write whole lines: rows of whole
+   * 16-pixel steps (no scalar tail sharing a line with the next row's
+   * streamed head) in planes that start on lines; else ordinary ones. */
+  nt = nt && simd && W % 16 == 0 && (uintptr_t)dst % STREAM_LINE == 0 && plane % 16 == 0;
+  if (nt) atomic_fetch_add_explicit(&streamed_rows, 1, memory_order_relaxed);
 #else
   (void)nt;
 #endif
@@ -766,10 +778,7 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
         }
     }
   }
-#ifdef HAVE_X86
-  if (simd && nt) _mm_sfence(); /* streaming stores visible before the caller reads */
-#endif
-  return true;
+  return true; /* ab__host_convert_into fences the streaming stores */
 }
 
 /* A source whose rows are not contiguous (a permutation, a transposed
