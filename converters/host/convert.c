@@ -197,7 +197,8 @@ struct row_ctx {
   size_t in_size;
   fast_row_fn fast; /* contiguous rows of this pair, or NULL */
   bool f16;         /* float16 on a side: fast is the float32 loop, run through fast_f16_row */
-  bool stream;      /* the fast loops' rows go out with streaming stores (cast_streams) */
+  bool stream;      /* the fast loops' rows go out with streaming stores (ab__host_cast_streams) */
+  bool *streamed;   /* set where a row went out streamed (for ab__host_cast_streamed_calls) */
 };
 
 /* A 64-bit integer source for one rounding into a narrower float (see
@@ -552,7 +553,7 @@ static fast_row_fn fast_row(enum kind from, enum kind to) {
 }
 
 static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
-                         const int64_t *byte_strides, const ab__cast_op *op, bool stream);
+                         const int64_t *byte_strides, const ab__cast_op *op, bool stream, bool *streamed);
 
 /* n contiguous elements through the pair's fast loop, map a * x + b. */
 static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
@@ -585,10 +586,12 @@ static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n,
 #define STREAM_ROW 256
 #define STREAM_BUF 8192
 
-/* Rows (and image loops) that went out streamed, for the tests. */
-static _Atomic uint64_t streamed_rows;
+/* Conversions (or thread bands of one) that streamed rows out, for the
+ * tests: counted once per call, not per row, so that threads do not
+ * contend for it. */
+static _Atomic uint64_t streamed_calls;
 
-uint64_t ab__host_cast_streamed_rows(void) { return atomic_load_explicit(&streamed_rows, memory_order_relaxed); }
+uint64_t ab__host_cast_streamed_calls(void) { return atomic_load_explicit(&streamed_calls, memory_order_relaxed); }
 
 static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
   const size_t os = c->out_size, is = c->in_size;
@@ -597,7 +600,7 @@ static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64
     fast_run(c, d, s, n, a, b);
     return;
   }
-  atomic_fetch_add_explicit(&streamed_rows, 1, memory_order_relaxed);
+  *c->streamed = true;
   int64_t k = (int64_t)(head / os) < n ? (int64_t)(head / os) : n;
   fast_run(c, d, s, k, a, b);
   _Alignas(64) char buf[STREAM_BUF];
@@ -728,7 +731,8 @@ __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t 
  * streaming stores (ab__host_cast_streams), for three channels in whole
  * lines; the caller fences them. */
 static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t ndim, const int64_t *shape,
-                          const int64_t *st, const ab__cast_op *op, const double *cs, const double *co, bool nt) {
+                          const int64_t *st, const ab__cast_op *op, const double *cs, const double *co, bool nt,
+                          bool *streamed) {
   if (ndim != 3 || shape[0] > 4 || st[0] != 1 || st[2] != shape[0] || op->to.code != kDLFloat || op->to.bits != 32)
     return false;
   const int64_t C = shape[0], H = shape[1], W = shape[2];
@@ -749,9 +753,10 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
    * 16-pixel steps (no scalar tail sharing a line with the next row's
    * streamed head) in planes that start on lines; else ordinary ones. */
   nt = nt && simd && W % 16 == 0 && (uintptr_t)dst % STREAM_LINE == 0 && plane % 16 == 0;
-  if (nt) atomic_fetch_add_explicit(&streamed_rows, 1, memory_order_relaxed);
+  if (nt) *streamed = true;
 #else
   (void)nt;
+  (void)streamed;
 #endif
   for (int64_t y = 0; y < H; y++) {
     const uint8_t *row = src + y * st[1];
@@ -864,7 +869,8 @@ static void narrow_chunk(const struct row_ctx *c, const struct narrow_plan *np, 
     o.scale = a;
     o.offset = b;
   }
-  convert_impl(buf, 0, s, np->ns, sh, st, &o, false); /* into the buffer: ordinary stores */
+  bool unused;
+  convert_impl(buf, 0, s, np->ns, sh, st, &o, false, &unused); /* into the buffer: ordinary stores */
   /* buf is compact in source order: its strides, read in result order */
   int64_t e = (int64_t)c->out_size;
   for (int32_t i = np->ns; i-- > 0;) {
@@ -1116,12 +1122,14 @@ void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndi
     for (int32_t i = 0; i < ndim; i++) whole *= (size_t)shape[i];
   }
   const bool stream = ab__host_cast_streams(op->from, op->to, whole);
-  convert_impl(dst, dst0, src, ndim, shape, byte_strides, op, stream);
+  bool streamed = false;
+  convert_impl(dst, dst0, src, ndim, shape, byte_strides, op, stream, &streamed);
   if (stream) ab__host_stream_fence(); /* the streamed lines before the caller's stores */
+  if (streamed) atomic_fetch_add_explicit(&streamed_calls, 1, memory_order_relaxed);
 }
 
 static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
-                         const int64_t *byte_strides, const ab__cast_op *op, bool stream) {
+                         const int64_t *byte_strides, const ab__cast_op *op, bool stream, bool *streamed) {
   struct row_ctx c;
   c.from = kind_of(op->from);
   c.to = kind_of(op->to);
@@ -1133,6 +1141,7 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
   c.fast = fast_row(c.from, c.to);
   c.f16 = c.from == K_F16 || c.to == K_F16;
   c.stream = stream;
+  c.streamed = streamed;
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;
   double ts = op->scale, to = op->offset;
@@ -1144,7 +1153,7 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
     return;
   }
   if (c.from == K_U8 && c.path == AB_ARITH_FLOAT32 && (op->channel_dim <= 0 || !op->affine) &&
-      u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of, stream))
+      u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of, stream, streamed))
     return;
   const int32_t inner = ndim - 1;
   const int64_t n = shape[inner], ss = byte_strides[inner];

@@ -93,9 +93,9 @@ bool ab__host_cast_streams(DLDataType from, DLDataType to, size_t whole);
  * 24 MiB at most (24 MiB where unknown); SIZE_MAX where the host has no
  * streaming stores (off x86-64). */
 size_t ab__host_cast_stream_min(void);
-/* How many rows (and HWC -> CHW image loops) casts have streamed out in
- * this process (for the tests). */
-uint64_t ab__host_cast_streamed_rows(void);
+/* How many calls of ab__host_convert_into (a conversion, or a thread's
+ * band of one) have streamed rows out in this process (for the tests). */
+uint64_t ab__host_cast_streamed_calls(void);
 
 /* float16 / bfloat16 <-> wider floats, round to nearest even (exposed for
  * the tests' reference). */
