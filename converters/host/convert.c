@@ -515,11 +515,16 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_all(char *d, const ch
 }
 
 /* n elements through `inner`, the loop with float32 in float16's place;
- * is, os: the bytes of a source and a result element. */
+ * is, os: the bytes of a source and a result element; to_f32: the result
+ * is float32 (from float16 F16C gives it, no loop needed). */
 static void fast_f16_row(fast_row_fn inner, char *d, const char *s, int64_t n, ab__arith path, bool affine, double a,
-                         double b, bool from_f16, bool to_f16, size_t is, size_t os) {
+                         double b, bool from_f16, bool to_f16, bool to_f32, size_t is, size_t os) {
   if (to_f16 && !from_f16 && !affine && is == sizeof(float)) { /* float32 itself (int32 and uint32 have no loop here) */
     f32_to_f16_all(d, s, n);
+    return;
+  }
+  if (from_f16 && to_f32 && !affine) { /* into float32 itself: inner would only copy */
+    f16_to_f32_f16c((float *)(void *)d, s, n);
     return;
   }
   _Alignas(64) float in[F16_BLOCK], out[F16_BLOCK];
@@ -559,8 +564,8 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
 static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
 #ifdef HAVE_X86
   if (c->f16) {
-    fast_f16_row(c->fast, d, s, n, c->path, c->affine, a, b, c->from == K_F16, c->to == K_F16, c->in_size,
-                 c->out_size);
+    fast_f16_row(c->fast, d, s, n, c->path, c->affine, a, b, c->from == K_F16, c->to == K_F16, c->to == K_F32,
+                 c->in_size, c->out_size);
     return;
   }
 #endif
