@@ -106,16 +106,9 @@ static size_t out_size(const ab__host_job *w) {
   return w->op != NULL ? ab__elsize(w->op->to) : w->es;
 }
 
-/* The bytes a whole gather job reads and writes. */
+/* The bytes a whole job reads and writes: its source and its result. */
 static size_t whole_bytes(const ab__host_job *w) {
-  size_t whole = w->es * 2;
-  for (int32_t i = 0; i < w->ndim; i++) whole *= (size_t)w->shape[i];
-  return whole;
-}
-
-/* The bytes a whole cast job reads and writes. */
-static size_t whole_cast_bytes(const ab__host_job *w) {
-  size_t whole = ab__elsize(w->op->from) + ab__elsize(w->op->to);
+  size_t whole = w->op != NULL ? ab__elsize(w->op->from) + ab__elsize(w->op->to) : w->es * 2;
   for (int32_t i = 0; i < w->ndim; i++) whole *= (size_t)w->shape[i];
   return whole;
 }
@@ -125,7 +118,7 @@ static size_t whole_cast_bytes(const ab__host_job *w) {
  * of a cast, likewise, which decide how the cast writes (convert.h). */
 static void run_whole(const ab__host_job *w, char *dst, const char *src, const int64_t *shape, const ab__cast_op *op) {
   if (op != NULL) {
-    ab__host_convert_into(dst, 0, src, w->ndim, shape, w->byte_strides, op, whole_cast_bytes(w));
+    ab__host_convert_into(dst, 0, src, w->ndim, shape, w->byte_strides, op, whole_bytes(w));
     return;
   }
   ab__host_gather_part(dst, src, w->ndim, shape, w->byte_strides, w->es, whole_bytes(w));
@@ -166,7 +159,7 @@ static void run_band(const struct job *j, int64_t b) {
     if (op.channel_offset != NULL) op.channel_offset += b0;
   }
   if (c == 1) {
-    ab__host_convert_into(d, dst_st[0], src, w->ndim, shape, w->byte_strides, &op, whole_cast_bytes(w));
+    ab__host_convert_into(d, dst_st[0], src, w->ndim, shape, w->byte_strides, &op, whole_bytes(w));
     return;
   }
   run_whole(w, d, src, shape, &op);

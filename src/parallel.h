@@ -13,7 +13,7 @@
 /* One host layout job: the ndim-dimensional array at src (byte strides,
  * any sign) into the compact row-major array dst. op NULL: a plain gather
  * of es-byte elements (ab__host_gather); else a conversion
- * (ab__host_convert; es is then op->from's size). Validated by the caller
+ * (ab__host_convert_into; es is then op->from's size). Validated by the caller
  * as for those kernels. */
 typedef struct ab__host_job {
   char *dst;

@@ -715,13 +715,14 @@ __attribute__((target("ssse3"))) static void rgb16_to_planes(const uint8_t *p, f
   }
 }
 
-/* One row of W pixels; returns how many were done (a multiple of 16). */
+/* One row of W pixels; returns how many were done (a multiple of 16).
+ * nt: streaming stores, into planes whose rows start on lines
+ * (u8_planes_f32 checks). */
 __attribute__((target("ssse3"))) static int64_t rgb_row_to_planes(const uint8_t *row, float *o0, float *o1, float *o2,
                                                                 int64_t W, const float a[3], const float b[3],
                                                                 bool nt) {
   const __m128 va[3] = {_mm_set1_ps(a[0]), _mm_set1_ps(a[1]), _mm_set1_ps(a[2])};
   const __m128 vb[3] = {_mm_set1_ps(b[0]), _mm_set1_ps(b[1]), _mm_set1_ps(b[2])};
-  nt = nt && ((uintptr_t)o0 % 16 == 0) && ((uintptr_t)o1 % 16 == 0) && ((uintptr_t)o2 % 16 == 0);
   int64_t x = 0;
   for (; x + 16 <= W; x += 16) rgb16_to_planes(row + 3 * x, o0 + x, o1 + x, o2 + x, va, vb, nt);
   return x;
@@ -1113,11 +1114,6 @@ bool ab__host_cast_streams(DLDataType from, DLDataType to, size_t whole) {
   const int rule = cast_streaming();
   if (rule != 2) return rule == 1;
   return whole >= ab__host_cast_stream_min() && ab__elsize(to) * 4 > ab__elsize(from);
-}
-
-void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
-                      const ab__cast_op *op) {
-  ab__host_convert_into(dst, 0, src, ndim, shape, byte_strides, op, 0);
 }
 
 void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,

@@ -69,15 +69,11 @@ typedef enum ab__arith { AB_ARITH_INT, AB_ARITH_FLOAT32, AB_ARITH_FLOAT64, AB_AR
 ab__arith ab__cast_arith(DLDataType from, DLDataType to, bool affine);
 
 /* Converts the ndim-dimensional array at `src` (byte strides, any sign)
- * into the compact row-major array `dst` of op->to elements. The caller
- * validated the source, the op (ab__cast_supported) and the sizes. */
-void ab__host_convert(void *dst, const void *src, int32_t ndim, const int64_t *shape, const int64_t *byte_strides,
-                      const ab__cast_op *op);
-
-/* The same into an output whose indices of dim 0 are dst0 bytes apart
- * (0: compact), every other dim compact within (a band of rows of every
- * plane of a larger output). ndim >= 2 where dst0 is not 0; dst0 a
- * multiple of op->to's size. whole: the bytes the whole conversion this
+ * into the row-major array `dst` of op->to elements, whose indices of
+ * dim 0 are dst0 bytes apart (0: compact), every other dim compact within
+ * (a band of rows of every plane of a larger output). The caller
+ * validated the source, the op (ab__cast_supported) and the sizes.
+ * ndim >= 2 where dst0 is not 0; dst0 a multiple of op->to's size. whole: the bytes the whole conversion this
  * call does a part of reads and writes, source and result (0: this
  * call's own), which decide how it writes (ab__host_cast_streams). */
 void ab__host_convert_into(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
