@@ -328,6 +328,101 @@ Test(streaming, each_vendors_blocks_give_the_reference_bytes) {
   ab__env_reload();
 }
 
+/* Bytes of cpu0's level-2 data or unified cache from sysfs; 0 where unknown. */
+static size_t sysfs_l2_bytes(void) {
+  for (int i = 0; i < 16; i++) {
+    char path[96], type[32] = "", unit = 0;
+    int level = 0;
+    long long size = 0;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) break;
+    const int got = fscanf(f, "%d", &level);
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+    if ((f = fopen(path, "r")) != NULL) {
+      if (fscanf(f, "%31s", type) != 1) type[0] = 0;
+      fclose(f);
+    }
+    if (got != 1 || level != 2 || strcmp(type, "Instruction") == 0) continue;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    if ((f = fopen(path, "r")) == NULL) return 0;
+    const int n = fscanf(f, "%lld%c", &size, &unit);
+    fclose(f);
+    if (n < 1) return 0;
+    return (size_t)size * (unit == 'K' ? 1024u : unit == 'M' ? 1024u * 1024u : 1u);
+  }
+  return 0;
+}
+
+/* Wide blocks (AB_HOST_WIDE_BLOCKS): uint8 and uint16 blocks in the strip
+ * layouts read 4 KiB of each source row, where the L2 holds 2 MiB or
+ * more. The rule against sysfs and the variable; then, both ways, blocks
+ * several wide blocks across, with a source off a line (a narrow first
+ * chunk), a ragged last block and a last band of a few rows, output rows
+ * on lines and off them, from the cache and from memory, against
+ * element-by-element copies. */
+Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  unsetenv("AB_HOST_WIDE_BLOCKS");
+  unsetenv("AB_HOST_VENDOR");
+  ab__env_reload();
+  const bool avx512 = strcmp(ab__host_tiles(), "avx512") == 0, intel = strcmp(ab__host_vendor(), "intel") == 0;
+  const bool large_l2 = sysfs_l2_bytes() >= (size_t)2 << 20;
+  cr_log_info("L2 %zu bytes, tiles %s, vendor %s", sysfs_l2_bytes(), ab__host_tiles(), ab__host_vendor());
+  cr_assert_eq(ab__host_wide_blocks(1), avx512 && large_l2);
+  cr_assert_eq(ab__host_wide_blocks(2), avx512 && intel && large_l2);
+  for (size_t es = 4; es <= 16; es *= 2) cr_assert_not(ab__host_wide_blocks(es), "%zu-byte elements", es);
+  static const struct { size_t es; int64_t rows, cols; size_t at, out_at; } cases[] = {
+    /* rows: output rows (source columns); cols: output columns (source rows) */
+    {1, 9000, 600, 0, 0},   /* three wide blocks; output rows of 600 bytes, off lines */
+    {1, 8200, 640, 16, 0},  /* a source 16 bytes into a line: a head of 48 columns */
+    {1, 4097, 1024, 0, 0},  /* one column past a wide block */
+    {1, 6000, 770, 5, 16},  /* a last band of 2 rows; output off lines */
+    {2, 4500, 600, 2, 0},   /* uint16: a head of 31 columns, three blocks */
+    {2, 2049, 1100, 0, 16}, /* one column past a wide uint16 block */
+    {2, 5000, 520, 0, 0},   /* output rows of 1040 bytes: on lines every 4th */
+  };
+  static const char *const ways[] = {"1", "0"};
+  for (int w = 0; w < 2; w++) {
+    setenv("AB_HOST_WIDE_BLOCKS", ways[w], 1);
+    ab__env_reload();
+    cr_assert_eq(ab__host_wide_blocks(1), w == 0 && avx512, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
+    cr_assert_eq(ab__host_wide_blocks(2), w == 0 && avx512 && intel, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+      for (int regime = 0; regime < 2; regime++) {
+        const size_t es = cases[k].es, at = cases[k].at;
+        const int64_t rows = cases[k].rows, cols = cases[k].cols;
+        const size_t bytes = (size_t)(rows * cols) * es;
+        void *raw = NULL, *outs = NULL;
+        cr_assert_eq(posix_memalign(&raw, 4096, bytes + 64), 0);
+        cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
+        char *a = (char *)raw + at, *out = (char *)outs + cases[k].out_at;
+        fill_pattern(a, bytes, 90 + (uint32_t)k);
+        memset(outs, 0x5a, bytes + 64);
+        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+        /* the whole conversion: this transpose's bytes (from the cache
+         * where it fits one), or more than any cache */
+        ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
+        for (int64_t i = 0; i < rows; i++)
+          for (int64_t j = 0; j < cols; j++)
+            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
+                         "AB_HOST_WIDE_BLOCKS=%s, case %zu, regime %d: element (%lld, %lld) differs", ways[w], k,
+                         regime, (long long)i, (long long)j);
+        for (size_t b = 0; b < cases[k].out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);
+        for (size_t b = cases[k].out_at + bytes; b < bytes + 64; b++)
+          cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte after", k);
+        free(raw);
+        free(outs);
+      }
+  }
+  setenv("AB_HOST_WIDE_BLOCKS", "sometimes", 1); /* not a value: the rule's answer */
+  ab__env_reload();
+  cr_assert_eq(ab__host_wide_blocks(1), avx512 && large_l2);
+  unsetenv("AB_HOST_WIDE_BLOCKS");
+  ab__env_reload();
+}
+
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   unsetenv("AB_HOST_STREAMING");
   for (size_t es = 1; es <= 16; es *= 2) {

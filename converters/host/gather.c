@@ -918,7 +918,6 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * strip_fill_u16, below.) */
 #define BLK_COLS 1024
 #define BLK_PITCH (SEG + LINE)
-#define BLK_BUFFER ((size_t)2 * BLK_COLS * BLK_PITCH + LINE) /* and room to align it */
 
 /* The tiles of a block: with AVX-512, kernels that read whole source
  * lines (from line-aligned rows): 16 x 16 for float32 (the 8 x 8 one took
@@ -972,13 +971,16 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
  * A block's rows are counted from a shift so that the tiles after a
  * narrow first chunk (the source's skew) start on a multiple of 64 and
  * take the full-line stores. */
-#define STRIP_TILE 1024 /* bytes of one 64 x 16 tile in a strip's region */
-#define STRIP_REGION ((BLK_COLS / 64 + 1) * STRIP_TILE + LINE) /* a strip's region; a line apart from the next's sets */
-_Static_assert(SEG / 16 * STRIP_REGION <= BLK_COLS * BLK_PITCH, "the strips' regions fit a half of the blocks' buffer");
+#define STRIP_TILE 1024 /* bytes of one tile in a strip's region */
+/* A strip's region for blocks of up to bc source columns in tiles of tc
+ * (and one more tile for the shift); a line apart from the next region's
+ * sets. */
+#define STRIP_REGION(bc, tc) (((size_t)(bc) / (tc) + 1) * STRIP_TILE + LINE)
 
-/* Where the 16 bytes of strip j for block row p (counted from the shift) lie. */
-static inline size_t strip_at(int64_t j, int64_t p) {
-  return (size_t)j * STRIP_REGION + (size_t)(p >> 6) * STRIP_TILE + (size_t)(p & 15) * 64 + (size_t)((p >> 4) & 3) * 16;
+/* Where the 16 bytes of strip j for block row p (counted from the shift)
+ * lie, the strips' regions `region` bytes apart. */
+static inline size_t strip_at(size_t region, int64_t j, int64_t p) {
+  return (size_t)j * region + (size_t)(p >> 6) * STRIP_TILE + (size_t)(p & 15) * 64 + (size_t)((p >> 4) & 3) * 16;
 }
 
 /* Fills strip j of a strip-layout buffer from pb <= 16 source rows of pa
@@ -986,11 +988,11 @@ static inline size_t strip_at(int64_t j, int64_t p) {
  * multiple of 64 is 16 full-line stores; an edge goes through masked
  * loads (nothing past pa bytes or pb rows is read) and a 16-byte store
  * per row (bytes past pb are zeros and never streamed out). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(char *buf, int64_t j, int64_t p,
-                                                                              const char *s, int64_t sb, int64_t pa,
-                                                                              int64_t pb) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(char *buf, size_t region, int64_t j,
+                                                                              int64_t p, const char *s, int64_t sb,
+                                                                              int64_t pa, int64_t pb) {
   __m512i h[16];
-  char *at = buf + strip_at(j, p);
+  char *at = buf + strip_at(region, j, p);
   if (pa == 64 && pb == 16 && (p & 63) == 0) {
     net16x64_8(h, s, sb);
     for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(at + 64 * k), h[k]);
@@ -1003,7 +1005,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
   _Alignas(64) char regs[16 * 64];
   for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(regs + 64 * k), h[k]);
   for (int64_t i = 0; i < pa; i++) /* tile row i: lane i / 16 of h[i % 16] */
-    _mm_store_si128((__m128i *)(void *)(buf + strip_at(j, p + i)),
+    _mm_store_si128((__m128i *)(void *)(buf + strip_at(region, j, p + i)),
                     _mm_load_si128((const __m128i *)(const void *)(regs + 64 * (i & 15) + 16 * (i >> 4))));
 }
 
@@ -1024,14 +1026,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
  * 0.74-0.77x -> 0.76-0.78x in the whole bench_host; 8192^2 0.73-0.75x
  * -> 0.77x (bc2, best of 7); never clearly slower
  * (bench/results/2026-11-27-intel-uint16-strips.md). */
-/* a strip's region; a line apart from the next's sets */
-#define STRIP16_REGION ((BLK_COLS / 32 + 1) * STRIP_TILE + LINE)
-_Static_assert(SEG / 2 / 16 * STRIP16_REGION <= BLK_COLS * BLK_PITCH,
-               "the uint16 strips' regions fit a half of the buffer");
-
-/* Where the 32 bytes of strip j for block row p (counted from the shift) lie. */
-static inline size_t strip16_at(int64_t j, int64_t p) {
-  return (size_t)j * STRIP16_REGION + (size_t)(p >> 5) * STRIP_TILE + (size_t)(p & 7) * 128 +
+/* Where the 32 bytes of strip j for block row p (counted from the shift)
+ * lie, the strips' regions (STRIP_REGION(bc, 32)) `region` bytes apart. */
+static inline size_t strip16_at(size_t region, int64_t j, int64_t p) {
+  return (size_t)j * region + (size_t)(p >> 5) * STRIP_TILE + (size_t)(p & 7) * 128 +
          (size_t)((p >> 4) & 1) * 64 + (size_t)((p >> 3) & 1) * 32;
 }
 
@@ -1041,12 +1039,12 @@ static inline size_t strip16_at(int64_t j, int64_t p) {
  * masked loads (nothing past pa elements or pb rows is read) and a
  * 32-byte store per row (elements past pb are zeros and never streamed
  * out). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u16(char *buf, int64_t j, int64_t p,
-                                                                               const char *s, int64_t sb, int64_t pa,
-                                                                               int64_t pb) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u16(char *buf, size_t region, int64_t j,
+                                                                               int64_t p, const char *s, int64_t sb,
+                                                                               int64_t pa, int64_t pb) {
   __m512i h[2][8], v[16];
   if (pa == 32 && pb == 16 && (p & 31) == 0) {
-    char *at = buf + strip16_at(j, p);
+    char *at = buf + strip16_at(region, j, p);
     net8x32_16(h[0], s, sb);
     net8x32_16(h[1], s + 8 * sb, sb);
     join16x32_16(v, h[0], h[1]);
@@ -1063,8 +1061,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u16(
   _Alignas(64) char regs[16 * 64];
   for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(regs + 64 * k), v[k]);
   for (int64_t i = 0; i < pa; i++) /* tile row i: where strip16_at puts row i of a tile */
-    _mm256_store_si256((__m256i *)(void *)(buf + strip16_at(j, p + i)),
-                       _mm256_load_si256((const __m256i *)(const void *)(regs + strip16_at(0, i))));
+    _mm256_store_si256((__m256i *)(void *)(buf + strip16_at(region, j, p + i)),
+                       _mm256_load_si256((const __m256i *)(const void *)(regs + strip16_at(0, 0, i))));
 }
 
 /* A filled block waiting to be streamed out: rows [done, rows) remain. */
@@ -1077,6 +1075,7 @@ struct blk_pending {
   bool first, last;
   int strips;    /* the buffer is in the uint8 (1) or uint16 (2) strip layout (strip_fill_u8, _u16) */
   int64_t shift; /* strips: block row r is p = r + shift there */
+  size_t region; /* strips: bytes from one strip's region to the next's */
 };
 
 /* Rows of whole lines out of a block with 64-byte stores, in one loop:
@@ -1089,21 +1088,21 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
 
 /* blk_stream for a strip-layout block: each output row's n bytes put
  * together from its strips' pieces, a line in a register (JOIN: from
- * LINE / PIECE pieces REGION bytes apart, where AT puts the row's first),
+ * LINE / PIECE pieces p->region bytes apart, where AT puts the row's first),
  * straight out where rows start on lines and hold whole lines, else
  * through a row's copy and stream_row_avx512. Pieces past n (a line's
  * worth at most) are copied, never streamed. */
-#define DEFINE_BLK_STREAM_STRIPS(NAME, AT, REGION, PIECE, JOIN)                                     \
+#define DEFINE_BLK_STREAM_STRIPS(NAME, AT, PIECE, JOIN)                                             \
   __attribute__((target("avx512f,avx512bw"))) static void NAME(struct blk_pending *p, int64_t upto, \
                                                               int64_t dsa, char *carry) {          \
     const int64_t pieces = (int64_t)(p->n + (PIECE) - 1) / (PIECE);                                \
     const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);                                    \
     _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */ \
     for (int64_t r = p->done; r < upto; r++) {                                                     \
-      const char *at = p->buf + AT(0, r + p->shift);                                               \
+      const char *at = p->buf + AT(0, 0, r + p->shift);                                            \
       char *const out = whole ? p->d + r * dsa : row + LINE;                                       \
       for (int64_t j = 0; j < pieces; j += LINE / (PIECE)) {                                       \
-        const __m512i v = JOIN(at + j * (REGION), (REGION));                                       \
+        const __m512i v = JOIN(at + j * p->region, p->region);                                     \
         if (whole) _mm512_stream_si512((void *)(out + j * (PIECE)), v);                            \
         else _mm512_store_si512((void *)(out + j * (PIECE)), v);                                   \
       }                                                                                            \
@@ -1119,8 +1118,8 @@ __attribute__((target("avx512f"))) static inline __m512i join_halves(const char 
                             _mm256_load_si256((const __m256i *)(const void *)(p + apart)), 1);
 }
 
-DEFINE_BLK_STREAM_STRIPS(blk_stream_strips, strip_at, STRIP_REGION, 16, join_pieces)
-DEFINE_BLK_STREAM_STRIPS(blk_stream_strips16, strip16_at, STRIP16_REGION, 32, join_halves)
+DEFINE_BLK_STREAM_STRIPS(blk_stream_strips, strip_at, 16, join_pieces)
+DEFINE_BLK_STREAM_STRIPS(blk_stream_strips16, strip16_at, 32, join_halves)
 
 /* Out to rows [done, upto) of the pending block. rows_inline: see
  * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
@@ -1212,17 +1211,71 @@ static int strip_prefetch(void) {
   return (int)ab__env_keep(&cache, (uint32_t)rule);
 }
 
+/* Which layout a block's buffer takes: the uint8 (1) or uint16 (2) strip
+ * layout (strip_fill_u8, strip_fill_u16), or rows BLK_PITCH apart (0). */
+static int strip_layout(size_t es, int level) {
+  if (level < TILES_AVX512) return 0;
+  return es == 1 ? 1 : es == 2 && host_intel() ? 2 : 0;
+}
+
+/* Wide blocks: where the L2 holds 2 MiB or more, the strip layouts' blocks
+ * are BLK_RUN bytes of source row wide (uint8 4096 columns, uint16 2048),
+ * not BLK_COLS columns (runs of 1 and 2 KiB), as float32's already are.
+ * The CPU's own prefetcher follows a run within its 4 KiB page; runs of a
+ * whole page read well beside the streamed writes, shorter ones do not.
+ * Intel Xeon VM (2 MiB L2), 16 MiB of uint8 read in the blocks' pattern
+ * while as many bytes were streamed out, no arithmetic: 9.6-9.7 GB/s with
+ * runs of 1 KiB, 11.0-11.1 with 2 KiB, 12.2-12.6 with 4 KiB (and 8.2 with
+ * 4 KiB runs but 64-byte pieces of output rows: the block rows stay SEG
+ * bytes). The buffer grows with the runs: two halves of 520 KiB for
+ * uint8, 260 for uint16, against 192 (BLK_COLS rows of BLK_PITCH), which
+ * is why CPUs with a smaller L2 keep BLK_COLS: none was measured with the
+ * wide ones. float32 (runs of 4 KiB already) and float64 gained nothing
+ * from 8 KiB or 4 KiB runs there. AB_HOST_WIDE_BLOCKS=1 or 0 decides
+ * instead (for tests and comparisons). */
+#define BLK_RUN 4096
+#define WIDE_L2_MIN ((size_t)2 << 20)
+_Static_assert(SEG / 16 * STRIP_REGION(BLK_COLS, 64) <= BLK_COLS * BLK_PITCH,
+               "the uint8 strips' regions fit a half of the blocks' buffer");
+_Static_assert(SEG / 2 / 16 * STRIP_REGION(BLK_COLS, 32) <= BLK_COLS * BLK_PITCH,
+               "the uint16 strips' regions fit a half of the blocks' buffer");
+
+static size_t l2_bytes(void);
+
+static bool wide_rule(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice rules[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
+  int wide = ab__env_choice("AB_HOST_WIDE_BLOCKS", rules, -1, "1, 0 or auto");
+  if (wide < 0) wide = l2_bytes() >= WIDE_L2_MIN;
+  return ab__env_keep(&cache, (uint32_t)wide) != 0;
+}
+
+/* Whether es-byte blocks are wide here: strip layouts only. */
+static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0 && wide_rule(); }
+
+/* Bytes of one half of the blocks' buffer: the strip layout's SEG / es / 16
+ * strips of wide blocks, or BLK_COLS rows of BLK_PITCH. */
+static size_t blk_half(size_t es, bool wide) {
+  return wide ? SEG / es / 16 * STRIP_REGION(BLK_RUN / es, 64 / es) : (size_t)BLK_COLS * BLK_PITCH;
+}
+
+/* The whole buffer, and a line of room to align it. */
+static size_t blk_buffer(size_t es, bool wide) { return 2 * blk_half(es, wide) + LINE; }
+
 /* Whether the runs of n bytes at s, s + sb, ... each lie within one
  * 4 KiB page: all do where the first does and sb is whole pages. */
 static inline bool runs_in_pages(const char *s, int64_t sb, size_t n) {
   return sb % 4096 == 0 && (uintptr_t)s % 4096 + n <= 4096;
 }
 
-/* carry: LINE bytes for each of the na destination rows; bufs: BLK_BUFFER;
- * from_memory: the whole transpose is larger than the last-level cache
- * (the prefetches below). */
+/* carry: LINE bytes for each of the na destination rows; bufs:
+ * blk_buffer(es, wide); from_memory: the whole transpose is larger than
+ * the last-level cache (the prefetches below); wide: blocks_wide(es) when
+ * the buffer was sized. */
 static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
-                              char *carry, char *bufs, bool from_memory) {
+                              char *carry, char *bufs, bool from_memory, bool wide) {
   const int64_t t = SEG / (int64_t)es; /* source rows of a block */
   /* Source columns filled between two shares of streaming: a line of
    * each source row (16 columns at least; 64 for uint8, the wide tiles).
@@ -1232,14 +1285,18 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   /* Source columns of a block: BLK_COLS, or rows of 2 KiB for 8- and
    * 16-byte elements (EPYC, bench_host: 16 x 1024^2 float32 19-20 GB/s
    * with 1024 columns, 14.5 with 512; 4096^2 float64 the same with 128 to
-   * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness). */
-  const int64_t bc = es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
+   * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness); wide
+   * strip-layout blocks BLK_RUN bytes (blocks_wide). */
+  const int level = tiles_level();
+  const int strips = strip_layout(es, level);
+  wide = wide && strips != 0; /* a buffer sized for wide blocks holds the others too */
+  const int64_t bc = wide ? BLK_RUN / (int64_t)es : es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
+  const size_t region = STRIP_REGION(bc, 64 / (int64_t)es), half_bytes = blk_half(es, wide);
   /* Source rows read together: 16 where the block's micro-kernel is 16
    * rows tall (uint8; float32 and uint16 with AVX-512), else 8 (EPYC,
    * 4096^2: float64 14.5 GB/s with 8 rows against 12.0 with 16; float32
    * 15 with 16, 9.4 with 8, 6.4 with 32; uint16 with its 8 x 32 tile 14.1
    * with 8 rows, 11.1 with 16). */
-  const int level = tiles_level();
   const int64_t strip = es == 1 || ((es == 2 || es == 4) && level >= TILES_AVX512) ? 16 : 8;
   /* Rows of whole lines go out through one inline loop of 64-byte stores
    * (blk_rows_avx512) where output rows are 8 KiB apart or more. EPYC,
@@ -1301,9 +1358,6 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * (4096^2: 20.8 -> 15.0). That is the AMD answer: on an Intel CPU only
    * the blocks whose runs cross pages ask (strip_prefetch, above). */
   const int rule = next_chunk && from_memory ? strip_prefetch() : PF_OFF;
-  /* uint8 with AVX-512, and uint16 on Intel CPUs: the strip layouts
-   * (strip_fill_u8, strip_fill_u16). */
-  const int strips = level < TILES_AVX512 ? 0 : es == 1 ? 1 : es == 2 && host_intel() ? 2 : 0;
   struct blk_pending p = {0};
   int half = 0;
   /* The order of the blocks: for elements of up to 4 bytes down the
@@ -1327,7 +1381,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     const int64_t a0 = ai == 0 ? 0 : first + (ai - 1) * bw, w = ai == 0 ? first : bw, ma = w < na - a0 ? w : na - a0;
     const int64_t head = a0 == 0 && skew < ma ? skew : 0, mb = nb - b0 < t ? nb - b0 : t;
     const int64_t shift = head > 0 ? LINE / (int64_t)es - head : 0; /* strips: the tiles after the head on whole tiles */
-    char *buf = bufs + (size_t)half * BLK_COLS * BLK_PITCH;
+    char *buf = bufs + (size_t)half * half_bytes;
     const bool next_strip =
         rule == PF_NARROW || (rule == PF_PAGES && !runs_in_pages(s + a0 * (int64_t)es + b0 * sb, sb, (size_t)ma * es));
     const int64_t chunks = ((mb + strip - 1) / strip) * ((head > 0) + (ma - head + cw - 1) / cw);
@@ -1336,8 +1390,9 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
       const int64_t hb = mb - b < strip ? mb - b : strip;
       for (int64_t a = 0, ha; a < ma; a += ha) {
         ha = a == 0 && head > 0 ? head : ma - a < cw ? ma - a : cw;
-        if (strips == 1) strip_fill_u8(buf, b / 16, a + shift, s + (a0 + a) + (b0 + b) * sb, sb, ha, hb);
-        else if (strips == 2) strip_fill_u16(buf, b / 16, a + shift, s + (a0 + a) * 2 + (b0 + b) * sb, sb, ha, hb);
+        if (strips == 1) strip_fill_u8(buf, region, b / 16, a + shift, s + (a0 + a) + (b0 + b) * sb, sb, ha, hb);
+        else if (strips == 2)
+          strip_fill_u16(buf, region, b / 16, a + shift, s + (a0 + a) * 2 + (b0 + b) * sb, sb, ha, hb);
         else
           tile_block(buf + a * BLK_PITCH + b * (int64_t)es, BLK_PITCH, s + (a0 + a) * (int64_t)es + (b0 + b) * sb, sb,
                      ha, hb, es, level);
@@ -1352,7 +1407,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     }
     blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
     p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb,
-                             strips, shift};
+                             strips, shift, region};
     half ^= 1;
   }
   blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
@@ -1367,8 +1422,9 @@ struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
   int mode;
-  char *carry;       /* streamed and blocked: LINE bytes a row, then (blocked) BLK_BUFFER */
+  char *carry;       /* streamed and blocked: LINE bytes a row, then (blocked) blk_buffer(es, wide) */
   bool from_memory;  /* the whole transpose is larger than the last-level cache */
+  bool wide;         /* blocked: the buffer holds wide blocks (blocks_wide) */
 };
 
 #ifdef HAVE_X86_KERNELS
@@ -1429,7 +1485,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   if (c->mode == TR_BLOCKED) {
     char *bufs = c->carry + (size_t)na * LINE;
     bufs += -(uintptr_t)bufs & (LINE - 1); /* whole lines: the buffer is read and written a line at a time */
-    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory);
+    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory, c->wide);
     return;
   }
 #endif
@@ -1544,9 +1600,9 @@ static void pick_all(int pick[TR_PICKS], int mode) {
   for (int r = 0; r < TR_PICKS; r++) pick[r] = mode;
 }
 
-/* Bytes of cpu0's highest-level data or unified cache (Linux sysfs); 0
- * where unknown. */
-static long long sysfs_llc_bytes(void) {
+/* Bytes of cpu0's data or unified cache of level `want` (0: the highest
+ * level; Linux sysfs); 0 where unknown. */
+static long long sysfs_cache_bytes(int want) {
   int best_level = 0;
   long long v = 0;
   for (int i = 0; i < 16; i++) {
@@ -1568,6 +1624,7 @@ static long long sysfs_llc_bytes(void) {
     const int got = fscanf(f, "%lld%c", &size, &unit);
     fclose(f);
     if (!got_level || got < 1 || strcmp(type, "Instruction") == 0 || level <= best_level) continue;
+    if (want > 0 && level != want) continue;
     best_level = level;
     v = size * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
   }
@@ -1581,9 +1638,19 @@ static long long sysfs_llc_bytes(void) {
 static size_t llc_bytes(void) {
   static _Atomic long long cached = -1;
   long long v = atomic_load_explicit(&cached, memory_order_relaxed);
-  if (v < 0) atomic_store_explicit(&cached, v = sysfs_llc_bytes(), memory_order_relaxed);
+  if (v < 0) atomic_store_explicit(&cached, v = sysfs_cache_bytes(0), memory_order_relaxed);
   return (size_t)v;
 }
+
+#ifdef HAVE_X86_KERNELS
+/* Bytes of the L2 one core sees, read once; 0 where unknown. */
+static size_t l2_bytes(void) {
+  static _Atomic long long cached = -1;
+  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v < 0) atomic_store_explicit(&cached, v = sysfs_cache_bytes(2), memory_order_relaxed);
+  return (size_t)v;
+}
+#endif
 
 /* The smallest output a transpose may stream or block for
  * (ab__host_transpose_pick; smaller ones take the plain tiles): 4 MiB.
@@ -1680,7 +1747,7 @@ static void evict(const char *p, size_t n) {
  * run at a fifth of the others' speed: with a warm-up of each variant and
  * no cut the uint8 trials took 100 ms on the EPYC VM; so, 65.) */
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
-                       char *carry, double best[TR_REGIMES][TR_MODES]) {
+                       char *carry, bool wide, double best[TR_REGIMES][TR_MODES]) {
   double fastest[TR_REGIMES] = {1e30, 1e30};
   for (int r = 0; r < TR_REGIMES; r++)
     for (int m = 0; m < TR_MODES; m++) best[r][m] = 1e30;
@@ -1692,7 +1759,7 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(s, (size_t)(R * spitch));
           evict(d, (size_t)(C * pitch));
         }
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY};
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide};
         const double t0 = seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -1740,13 +1807,14 @@ static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
-  char *carry = malloc((size_t)C * LINE + BLK_BUFFER);
+  const bool wide = blocks_wide(es);
+  char *carry = malloc((size_t)C * LINE + blk_buffer(es, wide));
   pick_all(pick, TR_PLAIN);
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
     double best[TR_REGIMES][TR_MODES];
-    probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, best);
+    probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, wide, best);
     for (int r = 0; r < TR_REGIMES; r++)
       pick[r] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
     pick[TR_LARGE] = ab__host_pick_variant(best[TR_MEMORY], true, true);
@@ -1863,6 +1931,15 @@ int ab__host_tiles_level(void) {
 #endif
 }
 
+bool ab__host_wide_blocks(size_t es) {
+#ifdef HAVE_X86_KERNELS
+  return blocks_wide(es);
+#else
+  (void)es;
+  return false;
+#endif
+}
+
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n) {
 #ifdef HAVE_X86_KERNELS
   return runs_in_pages(s, sb, n);
@@ -1945,7 +2022,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false};
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false};
 #ifdef HAVE_X86_KERNELS
     int64_t total = es; /* the output's bytes */
     for (int i = 0; i < d.n; i++) total *= d.shape[i];
@@ -1966,7 +2043,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
       if (mode != TR_PLAIN) {
         /* the blocks' buffer after the carried lines; or a line of slack
          * for stream_row_avx512's masked load of the last row's carry */
-        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? BLK_BUFFER : LINE));
+        c.wide = mode == TR_BLOCKED && blocks_wide(elsize);
+        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? blk_buffer(elsize, c.wide) : LINE));
         if (c.carry != NULL) c.mode = mode;
       }
     }

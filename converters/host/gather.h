@@ -101,6 +101,13 @@ const char *ab__host_prefetch(void);
  * cpuid says GenuineIntel, else "other"; AB_HOST_VENDOR=intel or other
  * decides instead (for tests). "other" off x86-64. */
 const char *ab__host_vendor(void);
+/* Whether the L2 blocks of es-byte transposes read 4 KiB of each source
+ * row (uint8 4096 columns, uint16 2048) rather than 1024 columns: uint8
+ * blocks with AVX-512 and uint16 ones on Intel CPUs with it (the strip
+ * layouts) where the L2 holds 2 MiB or more (sysfs), or as
+ * AB_HOST_WIDE_BLOCKS=1 or 0 says; false for other sizes and off x86-64.
+ * See gather.c. For tests. */
+bool ab__host_wide_blocks(size_t es);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
