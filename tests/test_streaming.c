@@ -356,12 +356,13 @@ static size_t sysfs_l2_bytes(void) {
 }
 
 /* Wide blocks (AB_HOST_WIDE_BLOCKS): uint8 and uint16 blocks in the strip
- * layouts read 4 KiB of each source row, where the L2 holds 2 MiB or
- * more. The rule against sysfs and the variable; then, both ways, blocks
- * several wide blocks across, with a source off a line (a narrow first
- * chunk), a ragged last block and a last band of a few rows, output rows
- * on lines and off them, from the cache and from memory, against
- * element-by-element copies. */
+ * layouts read 4 KiB of each source row (up to 4.5 KiB before a second
+ * block is cut), where the L2 holds 2 MiB or more. The rule against sysfs
+ * and the variable; then, both ways, several wide blocks across, blocks
+ * as wide as they may be, a source off a line (a narrow first chunk), a
+ * ragged last block and a last band of a few rows, output rows on lines
+ * and off them, from the cache and from memory, against element-by-
+ * element copies, with the bytes around the output left alone. */
 Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
   unsetenv("AB_HOST_WIDE_BLOCKS");
@@ -382,6 +383,8 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
     {2, 4500, 600, 2, 0},   /* uint16: a head of 31 columns, three blocks */
     {2, 2049, 1100, 0, 16}, /* one column past a wide uint16 block */
     {2, 5000, 520, 0, 0},   /* output rows of 1040 bytes: on lines every 4th */
+    {1, 4560, 1000, 16, 0}, /* a head, then one block as wide as a block may be (4.5 KiB of each row) */
+    {2, 2304, 1000, 0, 0},  /* uint16: one block as wide as it may be */
   };
   static const char *const ways[] = {"1", "0"};
   for (int w = 0; w < 2; w++) {

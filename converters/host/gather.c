@@ -1227,13 +1227,19 @@ static int strip_layout(size_t es, int level) {
  * while as many bytes were streamed out, no arithmetic: 9.6-9.7 GB/s with
  * runs of 1 KiB, 11.0-11.1 with 2 KiB, 12.2-12.6 with 4 KiB (and 8.2 with
  * 4 KiB runs but 64-byte pieces of output rows: the block rows stay SEG
- * bytes). The buffer grows with the runs: two halves of 520 KiB for
- * uint8, 260 for uint16, against 192 (BLK_COLS rows of BLK_PITCH), which
- * is why CPUs with a smaller L2 keep BLK_COLS: none was measured with the
- * wide ones. float32 (runs of 4 KiB already) and float64 gained nothing
- * from 8 KiB or 4 KiB runs there. AB_HOST_WIDE_BLOCKS=1 or 0 decides
- * instead (for tests and comparisons). */
+ * bytes). A block may be up to an eighth wider (BLK_RUN_MAX) before a
+ * second is cut, so that rows a little longer than a page take one block,
+ * not two of half a page: 4096 x 4104 uint16 on two threads (bands of
+ * 2052 columns) 17.0-17.3 GB/s in two blocks a band, 20.0-20.6 in one; on
+ * one thread 9.2-9.6 in three blocks, 9.6-9.9 in two. The buffer grows
+ * with the runs: two halves of 585 KiB for uint8 (520 used by blocks of a
+ * page), 292 for uint16 (260), against 192 (BLK_COLS rows of BLK_PITCH),
+ * which is why CPUs with a smaller L2 keep BLK_COLS: none was measured
+ * with the wide ones. float32 (runs of 4 KiB already) and float64 gained
+ * nothing from 8 KiB or 4 KiB runs there. AB_HOST_WIDE_BLOCKS=1 or 0
+ * decides instead (for tests and comparisons). */
 #define BLK_RUN 4096
+#define BLK_RUN_MAX (BLK_RUN + BLK_RUN / 8)
 #define WIDE_L2_MIN ((size_t)2 << 20)
 _Static_assert(SEG / 16 * STRIP_REGION(BLK_COLS, 64) <= BLK_COLS * BLK_PITCH,
                "the uint8 strips' regions fit a half of the blocks' buffer");
@@ -1258,7 +1264,7 @@ static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0
 /* Bytes of one half of the blocks' buffer: the strip layout's SEG / es / 16
  * strips of wide blocks, or BLK_COLS rows of BLK_PITCH. */
 static size_t blk_half(size_t es, bool wide) {
-  return wide ? SEG / es / 16 * STRIP_REGION(BLK_RUN / es, 64 / es) : (size_t)BLK_COLS * BLK_PITCH;
+  return wide ? SEG / es / 16 * STRIP_REGION(BLK_RUN_MAX / es, 64 / es) : (size_t)BLK_COLS * BLK_PITCH;
 }
 
 /* The whole buffer, and a line of room to align it. */
@@ -1290,7 +1296,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   const int level = tiles_level();
   const int strips = strip_layout(es, level);
   wide = wide && strips != 0; /* a buffer sized for wide blocks holds the others too */
-  const int64_t bc = wide ? BLK_RUN / (int64_t)es : es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
+  const int64_t bc = wide ? BLK_RUN_MAX / (int64_t)es : es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
   const size_t region = STRIP_REGION(bc, 64 / (int64_t)es), half_bytes = blk_half(es, wide);
   /* Source rows read together: 16 where the block's micro-kernel is 16
    * rows tall (uint8; float32 and uint16 with AVX-512), else 8 (EPYC,
