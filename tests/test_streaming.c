@@ -359,10 +359,11 @@ static size_t sysfs_l2_bytes(void) {
  * layouts read 4 KiB of each source row (up to 4.5 KiB before a second
  * block is cut), where the L2 holds 2 MiB or more. The rule against sysfs
  * and the variable; then, both ways, several wide blocks across, blocks
- * as wide as they may be, a source off a line (a narrow first chunk), a
- * ragged last block and a last band of a few rows, output rows on lines
- * and off them, from the cache and from memory, against element-by-
- * element copies, with the bytes around the output left alone. */
+ * as wide as they may be with a head (a narrow first chunk, whose shift
+ * takes the strips' rows to the block's last), blocks just past a page,
+ * a last band of a few rows, output rows on lines and off them, from the
+ * cache and from memory, against element-by-element copies, with the
+ * bytes around the output left alone. */
 Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "blocked", 1);
   unsetenv("AB_HOST_WIDE_BLOCKS");
@@ -374,17 +375,21 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
   cr_assert_eq(ab__host_wide_blocks(1), avx512 && large_l2);
   cr_assert_eq(ab__host_wide_blocks(2), avx512 && intel && large_l2);
   for (size_t es = 4; es <= 16; es *= 2) cr_assert_not(ab__host_wide_blocks(es), "%zu-byte elements", es);
-  static const struct { size_t es; int64_t rows, cols; size_t at, out_at; } cases[] = {
-    /* rows: output rows (source columns); cols: output columns (source rows) */
-    {1, 9000, 600, 0, 0},   /* three wide blocks; output rows of 600 bytes, off lines */
-    {1, 8200, 640, 16, 0},  /* a source 16 bytes into a line: a head of 48 columns */
-    {1, 4097, 1024, 0, 0},  /* one column past a wide block */
-    {1, 6000, 770, 5, 16},  /* a last band of 2 rows; output off lines */
-    {2, 4500, 600, 2, 0},   /* uint16: a head of 31 columns, three blocks */
-    {2, 2049, 1100, 0, 16}, /* one column past a wide uint16 block */
-    {2, 5000, 520, 0, 0},   /* output rows of 1040 bytes: on lines every 4th */
-    {1, 4560, 1000, 16, 0}, /* a head, then one block as wide as a block may be (4.5 KiB of each row) */
-    {2, 2304, 1000, 0, 0},  /* uint16: one block as wide as it may be */
+  /* rows: output rows (source columns); cols: output columns (source
+   * rows); pitch: source rows this many elements apart (0: rows); at,
+   * out_at: the source and output start this many bytes into a line. A
+   * source whose rows all start at one offset in a line (a pitch of whole
+   * lines) and not on one gets a narrow first chunk, the head. */
+  static const struct { size_t es; int64_t rows, cols, pitch; size_t at, out_at; } cases[] = {
+    {1, 9024, 600, 0, 16, 0},    /* a head of 48 columns, two wide blocks; output rows off lines */
+    {1, 9000, 600, 0, 0, 0},     /* two wide blocks, no head */
+    {1, 4607, 1000, 4608, 1, 0}, /* a head of 63, one block as wide as it may be: row 4607 of its strips */
+    {1, 4097, 1024, 0, 0, 0},    /* one block a column past a page; output rows on lines */
+    {1, 6000, 770, 0, 5, 16},    /* a last band of 2 rows; output off lines */
+    {2, 4480, 600, 0, 2, 0},     /* uint16: a head of 31 columns, two blocks */
+    {2, 2303, 1000, 2304, 2, 0}, /* a head of 31, one block as wide as it may be */
+    {2, 2049, 1100, 0, 0, 16},   /* one block a column past a page; output off lines */
+    {2, 5000, 520, 0, 0, 0},     /* three blocks; output rows of 1040 bytes, on lines every 4th */
   };
   static const char *const ways[] = {"1", "0"};
   for (int w = 0; w < 2; w++) {
@@ -395,21 +400,21 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
       for (int regime = 0; regime < 2; regime++) {
         const size_t es = cases[k].es, at = cases[k].at;
-        const int64_t rows = cases[k].rows, cols = cases[k].cols;
-        const size_t bytes = (size_t)(rows * cols) * es;
+        const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch ? cases[k].pitch : rows;
+        const size_t bytes = (size_t)(rows * cols) * es, src_bytes = (size_t)(pitch * cols) * es;
         void *raw = NULL, *outs = NULL;
-        cr_assert_eq(posix_memalign(&raw, 4096, bytes + 64), 0);
+        cr_assert_eq(posix_memalign(&raw, 4096, src_bytes + 64), 0);
         cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
         char *a = (char *)raw + at, *out = (char *)outs + cases[k].out_at;
-        fill_pattern(a, bytes, 90 + (uint32_t)k);
+        fill_pattern(a, src_bytes, 90 + (uint32_t)k);
         memset(outs, 0x5a, bytes + 64);
-        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, pitch * (int64_t)es};
         /* the whole conversion: this transpose's bytes (from the cache
          * where it fits one), or more than any cache */
         ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
         for (int64_t i = 0; i < rows; i++)
           for (int64_t j = 0; j < cols; j++)
-            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
+            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * pitch + i) * es, es), 0,
                          "AB_HOST_WIDE_BLOCKS=%s, case %zu, regime %d: element (%lld, %lld) differs", ways[w], k,
                          regime, (long long)i, (long long)j);
         for (size_t b = 0; b < cases[k].out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);

@@ -903,7 +903,7 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * why: reading a band of source rows in 128-byte pieces a tile at a time
  * is slow there (32 rows: 21-25 GB/s against 37 for a plain read), and
  * the reads and the streamed writes took turns. So a block is up to
- * BLK_COLS source columns by SEG bytes of output rows, filled into an L2 buffer
+ * BLK_COLS source columns (wide blocks: blocks_wide) by SEG bytes of output rows, filled into an L2 buffer
  * 8 or 16 source rows at a time, left to right, so a few rows are read as
  * long runs, and the previous block (the other half of the buffer) is
  * streamed out while this one fills, a share after every chunk, so the
@@ -972,9 +972,9 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
  * narrow first chunk (the source's skew) start on a multiple of 64 and
  * take the full-line stores. */
 #define STRIP_TILE 1024 /* bytes of one tile in a strip's region */
-/* A strip's region for blocks of up to bc source columns in tiles of tc
- * (and one more tile for the shift); a line apart from the next region's
- * sets. */
+/* A strip's region for blocks of up to bc source columns in tiles of tc,
+ * and a tile of slack (a block's rows counted from the shift reach bc - 1
+ * at most); a line apart from the next region's sets. */
 #define STRIP_REGION(bc, tc) (((size_t)(bc) / (tc) + 1) * STRIP_TILE + LINE)
 
 /* Where the 16 bytes of strip j for block row p (counted from the shift)
@@ -1231,9 +1231,10 @@ static int strip_layout(size_t es, int level) {
  * second is cut, so that rows a little longer than a page take one block,
  * not two of half a page: 4096 x 4104 uint16 on two threads (bands of
  * 2052 columns) 17.0-17.3 GB/s in two blocks a band, 20.0-20.6 in one; on
- * one thread 9.2-9.6 in three blocks, 9.6-9.9 in two. The buffer grows
- * with the runs: two halves of 585 KiB for uint8 (520 used by blocks of a
- * page), 292 for uint16 (260), against 192 (BLK_COLS rows of BLK_PITCH),
+ * one thread 9.2-9.6 in three blocks, 9.6-9.9 in two (a harness timing
+ * ab_convert_memory alone; bench/results/2026-11-27-intel-wide-blocks.md). The buffer grows
+ * with the runs: two halves of 585 KiB for uint8 (512 used by blocks of a
+ * page), 292 for uint16 (256), against 192 (BLK_COLS rows of BLK_PITCH),
  * which is why CPUs with a smaller L2 keep BLK_COLS: none was measured
  * with the wide ones. float32 (runs of 4 KiB already) and float64 gained
  * nothing from 8 KiB or 4 KiB runs there. AB_HOST_WIDE_BLOCKS=1 or 0
@@ -1292,7 +1293,7 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * 16-byte elements (EPYC, bench_host: 16 x 1024^2 float32 19-20 GB/s
    * with 1024 columns, 14.5 with 512; 4096^2 float64 the same with 128 to
    * 1024, and 11.1-11.6 against 10.2 with 256 columns in a harness); wide
-   * strip-layout blocks BLK_RUN bytes (blocks_wide). */
+   * strip-layout blocks BLK_RUN to BLK_RUN_MAX bytes (blocks_wide). */
   const int level = tiles_level();
   const int strips = strip_layout(es, level);
   wide = wide && strips != 0; /* a buffer sized for wide blocks holds the others too */
@@ -1378,7 +1379,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
    * 8.0, and 16 MiB (4096^2) 7.0 -> 10.3; but float64 4096^2 17.2-18.3 ->
    * 14.5-15.2 and 2048 x 2052 16.5-16.8 -> 14.3-14.6, complex128 the
    * same or worse. Why down wins is not known; the blocks of 8 and 16
-   * bytes are 256 and 128 columns wide, those of 4 and fewer 1024. */
+   * bytes are 256 and 128 columns wide, those of 4 and fewer 1024 (wide
+   * uint8 and uint16 ones 4-4.5 KiB of each row). */
   const bool down = es <= 4;
   const int64_t first = skew > 0 ? skew + bw - LINE / (int64_t)es : bw; /* the first block's columns */
   const int64_t across = first >= na ? 1 : 1 + (na - first + bw - 1) / bw, bands = (nb + t - 1) / t;
