@@ -102,7 +102,8 @@ const char *ab__host_prefetch(void);
  * decides instead (for tests). "other" off x86-64. */
 const char *ab__host_vendor(void);
 /* Whether the L2 blocks of es-byte transposes read 4 KiB of each source
- * row (uint8 4096 columns, uint16 2048) rather than 1024 columns: uint8
+ * row (uint8 4096 columns, uint16 2048; up to an eighth more before a
+ * second block is cut) rather than 1024 columns: uint8
  * blocks with AVX-512 and uint16 ones on Intel CPUs with it (the strip
  * layouts) where the L2 holds 2 MiB or more (sysfs), or as
  * AB_HOST_WIDE_BLOCKS=1 or 0 says; false for other sizes and off x86-64.
