@@ -1247,15 +1247,17 @@ _Static_assert(SEG / 16 * STRIP_REGION(BLK_COLS, 64) <= BLK_COLS * BLK_PITCH,
 _Static_assert(SEG / 2 / 16 * STRIP_REGION(BLK_COLS, 32) <= BLK_COLS * BLK_PITCH,
                "the uint16 strips' regions fit a half of the blocks' buffer");
 
-static size_t l2_bytes(void);
+static long long sysfs_cache_bytes(int want);
 
+/* The rule, read once per process (and again after ab__env_reload): the
+ * variable, else sysfs's L2. */
 static bool wide_rule(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice rules[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
   int wide = ab__env_choice("AB_HOST_WIDE_BLOCKS", rules, -1, "1, 0 or auto");
-  if (wide < 0) wide = l2_bytes() >= WIDE_L2_MIN;
+  if (wide < 0) wide = sysfs_cache_bytes(2) >= (long long)WIDE_L2_MIN;
   return ab__env_keep(&cache, (uint32_t)wide) != 0;
 }
 
@@ -1649,16 +1651,6 @@ static size_t llc_bytes(void) {
   if (v < 0) atomic_store_explicit(&cached, v = sysfs_cache_bytes(0), memory_order_relaxed);
   return (size_t)v;
 }
-
-#ifdef HAVE_X86_KERNELS
-/* Bytes of the L2 one core sees, read once; 0 where unknown. */
-static size_t l2_bytes(void) {
-  static _Atomic long long cached = -1;
-  long long v = atomic_load_explicit(&cached, memory_order_relaxed);
-  if (v < 0) atomic_store_explicit(&cached, v = sysfs_cache_bytes(2), memory_order_relaxed);
-  return (size_t)v;
-}
-#endif
 
 /* The smallest output a transpose may stream or block for
  * (ab__host_transpose_pick; smaller ones take the plain tiles): 4 MiB.
