@@ -510,36 +510,44 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
 #endif
 
 /* The widest kernels this CPU runs, capped by AB_HOST_TILES (sse2, ssse3,
- * avx, avx2, avx512 or auto; the tests force each): SSE2 (every x86-64:
+ * avx, avx2, avx512, avx512vbmi or auto; the tests force each): SSE2 (every x86-64:
  * 4x4 float32, 8x8 uint16 and 16x16 uint8 tiles), SSSE3, AVX (8x8
  * float32 tiles), AVX2 (uint8 tiles two lanes wide) or AVX-512 (F, BW and
  * VL: four lanes wide, uint8 masked on ragged edges and joined into
  * whole lines where output rows start on them; the L2 blocks' float32,
  * float64 and uint16 kernels; whole-line uint16 and 8-byte tiles in the
  * plain tiles where output rows start on lines; streamed lines joined and
- * written 64 bytes at a time; and with VBMI the uint8 pixels-to-planes
- * kernel); the L1 tiles' 2- and 8-byte kernels, and the plain tiles'
+ * written 64 bytes at a time) or AVX-512 with VBMI (as AVX-512, and the
+ * uint8 pixels-to-planes kernel, and the strip-layout blocks' rows off
+ * lines cut by byte permutes, stream_seg_vbmi); the L1 tiles' 2- and
+ * 8-byte kernels, and the plain tiles'
  * where output rows are off lines and on the whole-line tiles' ragged
  * edges, are SSE2. The pixel and plane loops
  * are compiled for SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
-       TILES_AVX512 = AB_TILES_AVX512 };
+       TILES_AVX512 = AB_TILES_AVX512, TILES_AVX512VBMI = AB_TILES_AVX512VBMI };
 #ifdef HAVE_X86_KERNELS
 static int tiles_level(void) {
   static ab__env_cache cache;
-  static const struct ab__env_choice caps[] = {{"auto", TILES_AVX512}, {"avx512", TILES_AVX512}, {"avx2", TILES_AVX2},
-                                               {"avx", TILES_AVX},     {"ssse3", TILES_SSSE3},     {"sse2", TILES_SSE2},
-                                               {NULL, 0}};
+  static const struct ab__env_choice caps[] = {
+      {"auto", TILES_AVX512VBMI}, {"avx512vbmi", TILES_AVX512VBMI}, {"avx512", TILES_AVX512}, {"avx2", TILES_AVX2},
+      {"avx", TILES_AVX},         {"ssse3", TILES_SSSE3},           {"sse2", TILES_SSE2},     {NULL, 0}};
   uint32_t v;
   if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX512, "auto, avx512, avx2, avx, ssse3 or sse2");
+  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX512VBMI, "auto, avx512vbmi, avx512, avx2, avx, ssse3 or sse2");
   /* libgcc's answers include the operating system's: AVX and AVX-512
    * count only where it saves their registers. */
   const bool ssse3 = __builtin_cpu_supports("ssse3"), avx = ssse3 && __builtin_cpu_supports("avx"),
              avx2 = avx && __builtin_cpu_supports("avx2"),
              avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  int cpu = avx512 ? TILES_AVX512 : avx2 ? TILES_AVX2 : avx ? TILES_AVX : ssse3 ? TILES_SSSE3 : TILES_SSE2;
+                      __builtin_cpu_supports("avx512vl"),
+             vbmi = avx512 && __builtin_cpu_supports("avx512vbmi");
+  int cpu = vbmi     ? TILES_AVX512VBMI
+            : avx512 ? TILES_AVX512
+            : avx2   ? TILES_AVX2
+            : avx    ? TILES_AVX
+            : ssse3  ? TILES_SSSE3
+                     : TILES_SSE2;
   return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
 }
 #endif
@@ -1086,27 +1094,82 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
   for (int64_t r = 0; r < rows; r++, d += dsa, buf += BLK_PITCH) stream_lines_avx512(d, buf, n);
 }
 
+/* SEG bytes of an output row, a piece other than its first and last,
+ * held in two registers (v0: the first line's worth, v1: the second's),
+ * out to d with AVX-512 VBMI: the lines stream_row_avx512 writes (the
+ * line straddling the previous piece joined with the carried bytes, then
+ * a whole line, both streamed; the piece's last LINE bytes kept in the
+ * carry), each cut from two registers by one byte permute, not copied to
+ * a row in memory and read back a few bytes along: those reads straddle
+ * the lines just stored, which the CPU cannot forward from its store
+ * buffer, so each waits for the stores to reach L1 (inferred: the VM
+ * measured has no performance counters). Intel Xeon (AMX) VM,
+ * one thread, blocks forced, GB/s, four runs each against the build
+ * before: uint8 16 x 1000^2 6.7-7.0 -> 8.0-8.3 (one run before at 5.0),
+ * 4000 x 4096 7.1-7.6 -> 7.9-8.3; uint16 2000 x 4096 8.0-8.9 -> 9.2-9.4,
+ * 4104 x 4096 6.9-8.3 -> 8.9-9.5. A row's first and last pieces, which
+ * write their partial lines with ordinary stores, lost this way (masked
+ * stores for those lines: 16 x 1000^2 6.4-6.6 against 7.0-7.8 without)
+ * and keep stream_row_avx512 (bench/results/2026-11-27-intel-vbmi-rows.md). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline void stream_seg_vbmi(char *d, __m512i v0, __m512i v1,
+                                                                                         char *carry) {
+  const size_t r = (size_t)(-(uintptr_t)d & (LINE - 1)); /* bytes up to the next line */
+  if (r == 0) {
+    _mm512_stream_si512((void *)d, v0);
+    _mm512_stream_si512((void *)(d + LINE), v1);
+    return;
+  }
+  /* bytes r to r + 63 of two registers side by side */
+  const __m512i idx =
+      _mm512_add_epi8(_mm512_set_epi64(0x3f3e3d3c3b3a3938, 0x3736353433323130, 0x2f2e2d2c2b2a2928, 0x2726252423222120,
+                                       0x1f1e1d1c1b1a1918, 0x1716151413121110, 0x0f0e0d0c0b0a0908, 0x0706050403020100),
+                      _mm512_set1_epi8((char)r));
+  _mm512_stream_si512((void *)(d - (LINE - r)), _mm512_permutex2var_epi8(_mm512_loadu_si512(carry), idx, v0));
+  _mm512_stream_si512((void *)(d + r), _mm512_permutex2var_epi8(v0, idx, v1));
+  _mm512_storeu_si512(carry, v1);
+}
+
 /* blk_stream for a strip-layout block: each output row's n bytes put
  * together from its strips' pieces, a line in a register (JOIN: from
  * LINE / PIECE pieces p->region bytes apart, where AT puts the row's first),
  * straight out where rows start on lines and hold whole lines, else
- * through a row's copy and stream_row_avx512. Pieces past n (a line's
- * worth at most) are copied, never streamed. */
+ * through a row's copy and stream_row_avx512 (NAME##_row); with VBMI
+ * (NAME##_vbmi), pieces other than a row's first and last, where rows are
+ * off lines, cut into lines in registers instead (stream_seg_vbmi).
+ * Pieces past n (a line's worth at most) are copied, never streamed. */
 #define DEFINE_BLK_STREAM_STRIPS(NAME, AT, PIECE, JOIN)                                             \
+  __attribute__((target("avx512f,avx512bw"))) static inline void NAME##_row(const struct blk_pending *p, int64_t r, \
+                                                                          int64_t dsa, char *carry) { \
+    const int64_t pieces = (int64_t)(p->n + (PIECE) - 1) / (PIECE);                                \
+    _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */ \
+    const char *at = p->buf + AT(0, 0, r + p->shift);                                              \
+    for (int64_t j = 0; j < pieces; j += LINE / (PIECE))                                           \
+      _mm512_store_si512((void *)(row + LINE + j * (PIECE)), JOIN(at + j * p->region, p->region)); \
+    stream_row_avx512(p->d + r * dsa, row + LINE, p->n, carry + (p->a0 + r) * LINE, p->first, p->last); \
+  }                                                                                                \
   __attribute__((target("avx512f,avx512bw"))) static void NAME(struct blk_pending *p, int64_t upto, \
                                                               int64_t dsa, char *carry) {          \
     const int64_t pieces = (int64_t)(p->n + (PIECE) - 1) / (PIECE);                                \
-    const bool whole = p->n % LINE == 0 && on_lines(p->d, dsa);                                    \
-    _Alignas(64) char row[LINE + SEG]; /* a line before the row: stream_row_avx512 may reach back */ \
+    if (p->n % LINE == 0 && on_lines(p->d, dsa))                                                   \
+      for (int64_t r = p->done; r < upto; r++) {                                                   \
+        const char *at = p->buf + AT(0, 0, r + p->shift);                                          \
+        for (int64_t j = 0; j < pieces; j += LINE / (PIECE))                                       \
+          _mm512_stream_si512((void *)(p->d + r * dsa + j * (PIECE)), JOIN(at + j * p->region, p->region)); \
+      }                                                                                            \
+    else                                                                                           \
+      for (int64_t r = p->done; r < upto; r++) NAME##_row(p, r, dsa, carry);                       \
+    p->done = upto;                                                                                \
+  }                                                                                                \
+  __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void NAME##_vbmi(struct blk_pending *p, int64_t upto, \
+                                                                               int64_t dsa, char *carry) { \
+    if (p->first || p->last || p->n != SEG || on_lines(p->d, dsa)) {                               \
+      NAME(p, upto, dsa, carry);                                                                   \
+      return;                                                                                      \
+    }                                                                                              \
     for (int64_t r = p->done; r < upto; r++) {                                                     \
       const char *at = p->buf + AT(0, 0, r + p->shift);                                            \
-      char *const out = whole ? p->d + r * dsa : row + LINE;                                       \
-      for (int64_t j = 0; j < pieces; j += LINE / (PIECE)) {                                       \
-        const __m512i v = JOIN(at + j * p->region, p->region);                                     \
-        if (whole) _mm512_stream_si512((void *)(out + j * (PIECE)), v);                            \
-        else _mm512_store_si512((void *)(out + j * (PIECE)), v);                                   \
-      }                                                                                            \
-      if (!whole) stream_row_avx512(p->d + r * dsa, out, p->n, carry + (p->a0 + r) * LINE, p->first, p->last); \
+      stream_seg_vbmi(p->d + r * dsa, JOIN(at, p->region), JOIN(at + (LINE / (PIECE)) * p->region, p->region), \
+                      carry + (p->a0 + r) * LINE);                                                 \
     }                                                                                              \
     p->done = upto;                                                                                \
   }
@@ -1122,18 +1185,19 @@ DEFINE_BLK_STREAM_STRIPS(blk_stream_strips, strip_at, 16, join_pieces)
 DEFINE_BLK_STREAM_STRIPS(blk_stream_strips16, strip16_at, 32, join_halves)
 
 /* Out to rows [done, upto) of the pending block. rows_inline: see
- * transpose_blocked; avx512: stream_row_avx512 for rows off a line. */
+ * transpose_blocked; level: tiles_level's (with AVX-512,
+ * stream_row_avx512 for rows off a line; with VBMI, the strips'
+ * stream_seg_vbmi). */
 static void blk_stream(struct blk_pending *p, int64_t upto, int64_t dsa, char *carry, bool rows_inline,
-                       bool avx512) {
+                       int level) {
   if (upto <= p->done) return;
-  if (p->strips == 2) {
-    blk_stream_strips16(p, upto, dsa, carry);
-    return;
-  }
   if (p->strips) {
-    blk_stream_strips(p, upto, dsa, carry);
+    const bool vbmi = level >= TILES_AVX512VBMI;
+    if (p->strips == 2) vbmi ? blk_stream_strips16_vbmi(p, upto, dsa, carry) : blk_stream_strips16(p, upto, dsa, carry);
+    else vbmi ? blk_stream_strips_vbmi(p, upto, dsa, carry) : blk_stream_strips(p, upto, dsa, carry);
     return;
   }
+  const bool avx512 = level >= TILES_AVX512;
   /* Output rows that start on lines and blocks of whole lines have no
    * partial lines to join: straight out (stream_row's bookkeeping cost
    * 20-40% here). */
@@ -1412,15 +1476,15 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
           const int64_t r0 = b0 + b + strip, rows = nb - r0 < hb ? nb - r0 : hb;
           prefetch_rows(s + (a0 + a) * (int64_t)es + r0 * sb, sb, rows, (size_t)ha * es);
         }
-        blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline, avx512);
+        blk_stream(&p, p.rows * ++k / chunks, dsa, carry, rows_inline, level);
       }
     }
-    blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
+    blk_stream(&p, p.rows, dsa, carry, rows_inline, level);
     p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb,
                              strips, shift, region};
     half ^= 1;
   }
-  blk_stream(&p, p.rows, dsa, carry, rows_inline, avx512);
+  blk_stream(&p, p.rows, dsa, carry, rows_inline, level);
 }
 #endif
 
@@ -1453,8 +1517,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
   const size_t es = c->es;
 #ifdef HAVE_X86_KERNELS
-  if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512 &&
-      __builtin_cpu_supports("avx512vbmi")) {
+  if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512VBMI) {
     planes_u8_vbmi(d, dsa, s, nb, (int)na);
     return;
   }
@@ -1968,7 +2031,7 @@ const char *ab__host_prefetch(void) {
 
 const char *ab__host_tiles(void) {
 #ifdef HAVE_X86_KERNELS
-  static const char *const names[] = {"sse2", "ssse3", "avx", "avx2", "avx512"};
+  static const char *const names[] = {"sse2", "ssse3", "avx", "avx2", "avx512", "avx512vbmi"};
   return names[tiles_level()];
 #else
   return "portable";

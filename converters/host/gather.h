@@ -83,9 +83,9 @@ int ab__host_streaming(void);
 /* The instruction sets of the host kernels, in order, and the widest this
  * CPU runs as AB_HOST_TILES caps it (AB_TILES_SSE2 off x86-64); the cast
  * loops (convert.c) follow it too. */
-enum { AB_TILES_SSE2, AB_TILES_SSSE3, AB_TILES_AVX, AB_TILES_AVX2, AB_TILES_AVX512 };
+enum { AB_TILES_SSE2, AB_TILES_SSSE3, AB_TILES_AVX, AB_TILES_AVX2, AB_TILES_AVX512, AB_TILES_AVX512VBMI };
 int ab__host_tiles_level(void);
-/* The host kernels this CPU runs ("avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
+/* The host kernels this CPU runs ("avx512vbmi", "avx512", "avx2", "avx", "ssse3", "sse2"; "portable"
  * off x86-64), as AB_HOST_TILES caps them; see gather.c. */
 const char *ab__host_tiles(void);
 /* Which uint8 and uint16 blocks from memory prefetch the next strip's
