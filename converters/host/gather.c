@@ -1100,10 +1100,10 @@ __attribute__((target("avx512f"))) static void blk_rows_avx512(char *d, int64_t 
  * line straddling the previous piece joined with the carried bytes, then
  * a whole line, both streamed; the piece's last LINE bytes kept in the
  * carry), each cut from two registers by one byte permute, not copied to
- * a row in memory and read back a few bytes along: those reads straddle
- * the lines just stored, which the CPU cannot forward from its store
- * buffer, so each waits for the stores to reach L1 (inferred: the VM
- * measured has no performance counters). Intel Xeon (AMX) VM,
+ * a row in memory and read back a few bytes along: the whole line's load
+ * there spans the two lines just stored, which the CPU cannot forward
+ * from its store buffer, so it waits for the stores to reach L1
+ * (inferred: the VM measured has no performance counters). Intel Xeon (AMX) VM,
  * one thread, blocks forced, GB/s, four runs each against the build
  * before: uint8 16 x 1000^2 6.7-7.0 -> 8.0-8.3 (one run before at 5.0),
  * 4000 x 4096 7.1-7.6 -> 7.9-8.3; uint16 2000 x 4096 8.0-8.9 -> 9.2-9.4,
