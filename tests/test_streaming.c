@@ -180,6 +180,73 @@ static void padded_destination_matches(void) {
   }
 }
 
+/* The plain tiles of uint16 and float64 where output rows start on lines:
+ * the whole-line AVX-512 tiles where source rows are a whole number of
+ * lines apart, elsewhere what the process's trial measured, and either
+ * way where AB_HOST_LINE_TILES forces it; each way the same bytes
+ * (outputs under 4 MiB, source rows off lines among them: the padded
+ * outputs' 150 x 100 uint16 and 100 x 77 float64, and the cases below). */
+static void line_tile_cases_match(void) {
+  padded_destination_matches();
+  static const struct { size_t es; int64_t rows, cols; } cases[] = {
+    {2, 1000, 1600}, /* source rows 2000 bytes apart, output rows 3200 (the trial's shape) */
+    {2, 1080, 704},  /* 2160 and 1408: ragged 32 x 32 tiles in neither direction */
+    {2, 997, 640},   /* source rows 1994 bytes apart: a ragged bottom */
+    {8, 510, 512},   /* 4080 and 4096 */
+    {8, 77, 200},    /* 616 and 1600, ragged 8 x 8 tiles */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const size_t es = cases[k].es;
+    const int64_t rows = cases[k].rows, cols = cases[k].cols;
+    const size_t bytes = (size_t)(rows * cols) * es;
+    void *src = NULL, *out = NULL;
+    cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
+    cr_assert_eq(posix_memalign(&out, 64, bytes + 64), 0);
+    fill_pattern(src, bytes, 90 + (uint32_t)k);
+    memset(out, 0x5a, bytes + 64);
+    const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+    ab__host_gather(out, src, 2, shape, st, es);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(memcmp((char *)out + (size_t)(i * cols + j) * es, (char *)src + (size_t)(j * rows + i) * es, es), 0,
+                     "case %zu: element (%lld, %lld) differs", k, (long long)i, (long long)j);
+    for (size_t i = bytes; i < bytes + 64; i++) cr_assert_eq(((char *)out)[i], 0x5a, "case %zu: byte past the output", k);
+    free(src);
+    free(out);
+  }
+}
+
+Test(streaming, line_tiles_by_the_rule_or_forced_give_the_reference_bytes) {
+  unsetenv("AB_HOST_LINE_TILES");
+  unsetenv("AB_HOST_TILES");
+  ab__env_reload();
+  const bool avx512 = strncmp(ab__host_tiles(), "avx512", 6) == 0;
+  for (size_t es = 2; es <= 8; es *= 4) {
+    cr_assert_eq(ab__host_line_tiles_known(es), -1, "no trial before the first call");
+    cr_assert_eq(ab__host_line_tiles(es, 2048), avx512, "%zu-byte elements, source rows on lines", es);
+    cr_assert_eq(ab__host_line_tiles(es, 4096 + 64), avx512, "%zu-byte elements, source rows on lines", es);
+    cr_assert_eq(ab__host_line_tiles_known(es), -1, "rows on lines need no trial");
+    const int measured = ab__host_line_tiles(es, 2000);
+    cr_assert(measured == 0 || (avx512 && measured == 1), "%zu-byte elements: %d", es, measured);
+    if (avx512) cr_assert_eq(ab__host_line_tiles_known(es), measured, "the trial's answer kept");
+    cr_assert_eq(ab__host_line_tiles(es, 2160), measured, "one answer for every pitch off lines");
+  }
+  for (size_t es = 1; es <= 16; es *= 2)
+    if (es != 2 && es != 8) cr_assert_eq(ab__host_line_tiles(es, 2048), 0, "%zu-byte elements have no such choice", es);
+  line_tile_cases_match();
+  static const char *const ways[] = {"1", "0"};
+  for (int w = 0; w < 2; w++) {
+    setenv("AB_HOST_LINE_TILES", ways[w], 1);
+    ab__env_reload();
+    for (size_t es = 2; es <= 8; es *= 4) {
+      cr_assert_eq(ab__host_line_tiles(es, 2000), avx512 && w == 0, "AB_HOST_LINE_TILES=%s", ways[w]);
+      cr_assert_eq(ab__host_line_tiles(es, 2048), avx512 && w == 0, "AB_HOST_LINE_TILES=%s", ways[w]);
+      cr_assert_eq(ab__host_line_tiles_known(es), w == 0 ? 1 : 0, "AB_HOST_LINE_TILES=%s", ways[w]);
+    }
+    line_tile_cases_match();
+  }
+}
+
 Test(streaming, forced_on_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "1", 1);
   transposes_match();

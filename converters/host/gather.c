@@ -1499,7 +1499,12 @@ struct transpose_ctx {
   char *carry;       /* streamed and blocked: LINE bytes a row, then (blocked) blk_buffer(es, wide) */
   bool from_memory;  /* the whole transpose is larger than the last-level cache */
   bool wide;         /* blocked: the buffer holds wide blocks (blocks_wide) */
+  int line_tiles;    /* plain: 1 or 0 forces line_tiles' answer (its trial), -1 asks it */
 };
+
+#ifdef HAVE_X86_KERNELS
+static bool line_tiles(size_t es, int64_t sb);
+#endif
 
 #ifdef HAVE_X86_KERNELS
 /* The ragged right and bottom of the whole-line tiles (tile_micro's edge
@@ -1572,7 +1577,8 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
    * (2026-11-27-intel-uint8-lines-and-dead-ends.md). uint8 joins its lines
    * in tile_u8_avx512. */
 #ifdef HAVE_X86_KERNELS
-  const bool lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512;
+  const bool lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512 && (es == 2 || es == 8) &&
+                     (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
 #endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
@@ -1812,6 +1818,10 @@ static void evict(const char *p, size_t n) {
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
                        char *carry, bool wide, double best[TR_REGIMES][TR_MODES]) {
   double fastest[TR_REGIMES] = {1e30, 1e30};
+  /* The plain tiles' whole-line choice as it stands; not measured here,
+   * where this trial holds the lock line_tiles would take: the
+   * whole-line tiles until it is. */
+  const int known = ab__host_line_tiles_known(es), lines = known >= 0 ? known : 1;
   for (int r = 0; r < TR_REGIMES; r++)
     for (int m = 0; m < TR_MODES; m++) best[r][m] = 1e30;
   for (int rep = 0; rep < 3; rep++)
@@ -1822,7 +1832,7 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(s, (size_t)(R * spitch));
           evict(d, (size_t)(C * pitch));
         }
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide};
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines};
         const double t0 = seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -1971,6 +1981,101 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
   return tr_pick[k][regime][kind];
 }
 
+/* ---- whole-line plain tiles for uint16 and 8-byte elements ----------------
+ * Outputs under 4 MiB take the plain tiles; where their rows start on
+ * lines, uint16 and 8-byte elements may take tiles that store whole lines
+ * (tr32x32_16, tr8x8_64) or the SSE2 ones (8 x 8, 2 x 2). Which is faster
+ * depends on the CPU where the source's rows are off lines. Intel Xeon
+ * (Cascade Lake) VM: 1920 x 1080 uint16 (source rows 2160 bytes apart)
+ * 0.67x -> 0.78x of memcpy with the whole-line tile; Intel Xeon (AMX) VM,
+ * the same shape, 0.77-0.81x with the SSE2 tile against 0.66-0.69x, 1600
+ * x 1000 0.80-0.84x against 0.72-0.77x, 512 x 510 float64 0.69-0.71x
+ * against 0.57-0.59x. Where the source's rows are a whole number of lines
+ * apart the whole-line tiles won on both (1024^2 uint16 0.50-0.58x against
+ * 0.43-0.44x on the AMX VM, also with the whole source 16 bytes into a
+ * line: 1920 x 1024 0.66-0.69x against 0.46-0.50x; one float64 shape lost
+ * by 5% there) (bench/results/2026-11-27-intel-vbmi-rows.md). So: the
+ * whole-line tiles there, and elsewhere what a trial measured once per
+ * process and element size (line_trial); AB_HOST_LINE_TILES=1 or 0 forces
+ * either. */
+static _Atomic int line_pick[2] = {-1, -1}; /* uint16, 8-byte: 1 whole-line, 0 SSE2, -1 not yet measured */
+
+static int forced_line_tiles(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice ways[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
+  uint32_t v; /* kept as the answer + 1 */
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v - 1;
+  const int forced = ab__env_choice("AB_HOST_LINE_TILES", ways, -1, "1, 0 or auto");
+  return (int)ab__env_keep(&cache, (uint32_t)(forced + 1)) - 1;
+}
+
+#ifdef HAVE_X86_KERNELS
+/* The trial: an L3-sized transpose (about 3 MiB each way) with rows off
+ * lines as 1000 uint16 or 510 float64 columns are, each tile three times
+ * in turn, best of three; the SSE2 tiles only where they win by 5%. */
+static int line_trial(size_t es) {
+  const int64_t na = es == 2 ? 1000 : 510, nb = es == 2 ? 1600 : 512; /* output rows, columns */
+  const int64_t sb = na * (int64_t)es, dsa = nb * (int64_t)es;
+  char *s = trial_alloc((size_t)(nb * sb)), *d = trial_alloc((size_t)(na * dsa));
+  int pick = 1;
+  if (s != NULL && d != NULL) {
+    for (int64_t i = 0; i < nb * sb; i++) s[i] = (char)(i * 7);
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 4; rep++)
+      for (int w = 0; w < 2; w++) {
+        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w};
+        const double t0 = seconds();
+        visit_transpose(&c, d, s);
+        const double dt = seconds() - t0;
+        if (rep > 0 && dt < best[w]) best[w] = dt; /* the first round warms up */
+      }
+    pick = best[0] * 1.05 <= best[1] ? 0 : 1;
+    AB_LOG(AB_LOG_DEBUG, "plain tiles trial, %zu-byte elements, source rows off lines: SSE2 %.2f, whole lines %.2f GB/s: %s",
+           es, (double)(nb * sb) / best[0] * 1e-9, (double)(nb * sb) / best[1] * 1e-9, pick ? "whole lines" : "SSE2");
+  }
+  free(s);
+  free(d);
+  return pick;
+}
+
+/* Whether the plain tiles of es-byte elements (2 or 8) take the whole-line
+ * tiles, for output rows on lines and source rows sb bytes apart. */
+static bool line_tiles(size_t es, int64_t sb) {
+  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+  const int forced = forced_line_tiles();
+  if (forced >= 0) return forced != 0;
+  if (sb % LINE == 0) return true;
+  _Atomic int *const pick = &line_pick[es == 8];
+  int v = atomic_load_explicit(pick, memory_order_acquire);
+  if (AB_LIKELY(v >= 0)) return v != 0;
+  pthread_once(&atfork_once, trial_atfork);
+  pthread_mutex_lock(&trial_lock); /* one trial at a time (see decide) */
+  if ((v = atomic_load_explicit(pick, memory_order_relaxed)) < 0) {
+    v = line_trial(es);
+    atomic_store_explicit(pick, v, memory_order_release);
+  }
+  pthread_mutex_unlock(&trial_lock);
+  return v != 0;
+}
+#endif
+
+int ab__host_line_tiles(size_t es, int64_t sb) {
+#ifdef HAVE_X86_KERNELS
+  if ((es != 2 && es != 8) || tiles_level() < TILES_AVX512) return 0;
+  return line_tiles(es, sb);
+#else
+  (void)es;
+  (void)sb;
+  return 0;
+#endif
+}
+
+int ab__host_line_tiles_known(size_t es) {
+  if (es != 2 && es != 8) return 0;
+  const int forced = forced_line_tiles();
+  return forced >= 0 ? forced : atomic_load_explicit(&line_pick[es == 8], memory_order_acquire);
+}
+
 const char *ab__host_transpose_mode_name(int mode) {
   static const char *const names[] = {"plain", "streamed", "blocked"};
   return mode >= 0 && mode < TR_MODES ? names[mode] : "auto";
@@ -2085,7 +2190,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false};
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false, -1};
 #ifdef HAVE_X86_KERNELS
     int64_t total = es; /* the output's bytes */
     for (int i = 0; i < d.n; i++) total *= d.shape[i];

@@ -109,6 +109,16 @@ const char *ab__host_vendor(void);
  * AB_HOST_WIDE_BLOCKS=1 or 0 says; false for other sizes and off x86-64.
  * See gather.c. For tests. */
 bool ab__host_wide_blocks(size_t es);
+/* Whether the plain tiles (outputs under 4 MiB) of es-byte elements take
+ * the AVX-512 tiles that store whole lines where output rows start on
+ * lines and source rows are sb bytes apart: 2- and 8-byte elements with
+ * AVX-512 only; where sb is not a whole number of lines, measured once per
+ * process and element size (the first call may run the trial);
+ * AB_HOST_LINE_TILES=1 or 0 forces the answer. See gather.c. */
+int ab__host_line_tiles(size_t es, int64_t sb);
+/* The answer for source rows off lines without measuring: 1 or 0 once
+ * measured or forced, -1 before; 0 for other element sizes. */
+int ab__host_line_tiles_known(size_t es);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
