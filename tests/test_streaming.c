@@ -190,7 +190,7 @@ static void line_tile_cases_match(void) {
   padded_destination_matches();
   static const struct { size_t es; int64_t rows, cols; } cases[] = {
     {2, 1000, 1600}, /* source rows 2000 bytes apart, output rows 3200 (the trial's shape) */
-    {2, 1080, 704},  /* 2160 and 1408: ragged 32 x 32 tiles in neither direction */
+    {2, 1080, 704},  /* 2160 and 1408: 1080 rows, ragged below the last whole 32 x 32 tile */
     {2, 997, 640},   /* source rows 1994 bytes apart: a ragged bottom */
     {8, 510, 512},   /* 4080 and 4096 */
     {8, 77, 200},    /* 616 and 1600, ragged 8 x 8 tiles */
@@ -221,11 +221,24 @@ Test(streaming, line_tiles_by_the_rule_or_forced_give_the_reference_bytes) {
   unsetenv("AB_HOST_TILES");
   ab__env_reload();
   const bool avx512 = strncmp(ab__host_tiles(), "avx512", 6) == 0;
+  /* a transpose that takes the plain tiles with output rows on lines and
+   * source rows off them runs the trial (with AVX-512), and only that */
   for (size_t es = 2; es <= 8; es *= 4) {
-    cr_assert_eq(ab__host_line_tiles_known(es), -1, "no trial before the first call");
+    cr_assert_eq(ab__host_line_tiles_known(es), -1, "no trial before the first transpose");
+    const int64_t rows = 100, cols = 64; /* source rows 200 or 800 bytes apart, output rows 128 or 512 */
+    void *src = NULL, *out = NULL;
+    cr_assert_eq(posix_memalign(&src, 64, (size_t)(rows * cols) * es), 0);
+    cr_assert_eq(posix_memalign(&out, 64, (size_t)(rows * cols) * es), 0);
+    memset(src, 3, (size_t)(rows * cols) * es);
+    const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+    ab__host_gather(out, src, 2, shape, st, es);
+    cr_assert_eq(ab__host_line_tiles_known(es) >= 0, avx512, "%zu-byte elements: measured by the transpose", es);
+    free(src);
+    free(out);
+  }
+  for (size_t es = 2; es <= 8; es *= 4) {
     cr_assert_eq(ab__host_line_tiles(es, 2048), avx512, "%zu-byte elements, source rows on lines", es);
     cr_assert_eq(ab__host_line_tiles(es, 4096 + 64), avx512, "%zu-byte elements, source rows on lines", es);
-    cr_assert_eq(ab__host_line_tiles_known(es), -1, "rows on lines need no trial");
     const int measured = ab__host_line_tiles(es, 2000);
     cr_assert(measured == 0 || (avx512 && measured == 1), "%zu-byte elements: %d", es, measured);
     if (avx512) cr_assert_eq(ab__host_line_tiles_known(es), measured, "the trial's answer kept");
@@ -699,6 +712,41 @@ Test(streaming, a_fork_during_a_trial_leaves_the_child_able_to_measure) {
   pthread_join(th, NULL);
   cr_log_info("%d children forked during the trials", forks);
   for (size_t es = 1; es <= 8; es *= 2) cr_assert_neq(ab__host_transpose_kinds_known(es), 0, "%zu-byte elements", es);
+}
+
+/* Both kinds of trial run in a process (the plain tiles' whole-line
+ * choice and the store variants'), then a fork: the child converts and
+ * exits. Each trial once registered fork handlers of its own around the
+ * one lock they share, and a fork then locked it twice and never
+ * returned. */
+Test(streaming, a_fork_after_both_kinds_of_trial_returns) {
+  unsetenv("AB_HOST_STREAMING");
+  unsetenv("AB_HOST_LINE_TILES");
+  ab__env_reload();
+  const int64_t rows = 1000, cols = 1600; /* uint16: source rows 2000 bytes apart, output rows 3200 */
+  void *src = NULL, *out = NULL;
+  cr_assert_eq(posix_memalign(&src, 64, (size_t)(rows * cols) * 2), 0);
+  cr_assert_eq(posix_memalign(&out, 64, (size_t)(rows * cols) * 2), 0);
+  memset(src, 1, (size_t)(rows * cols) * 2);
+  const int64_t shape[2] = {rows, cols}, st[2] = {2, rows * 2};
+  ab__host_gather(out, src, 2, shape, st, 2);                         /* the plain tiles: the line trial */
+  ab__host_gather_part(out, src, 2, shape, st, 2, (size_t)64 << 20); /* judged large: the store trial */
+  cr_assert_neq(ab__host_transpose_kinds_known(2), 0);
+  alarm(60); /* a fork that never returns ends the test, not the run */
+  const pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    alarm(20);
+    ab__host_gather(out, src, 2, shape, st, 2);
+    _exit(((const char *)out)[123] == 1 ? 0 : 4);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  alarm(0);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %s %d", WIFSIGNALED(status) ? "killed by signal" : "exit status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+  free(src);
+  free(out);
 }
 
 /* A band of a large conversion writes as the whole conversion does: the

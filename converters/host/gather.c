@@ -1504,6 +1504,7 @@ struct transpose_ctx {
 
 #ifdef HAVE_X86_KERNELS
 static bool line_tiles(size_t es, int64_t sb);
+static bool line_tiles_held(size_t es, int64_t sb);
 #endif
 
 #ifdef HAVE_X86_KERNELS
@@ -1818,10 +1819,9 @@ static void evict(const char *p, size_t n) {
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
                        char *carry, bool wide, double best[TR_REGIMES][TR_MODES]) {
   double fastest[TR_REGIMES] = {1e30, 1e30};
-  /* The plain tiles' whole-line choice as it stands; not measured here,
-   * where this trial holds the lock line_tiles would take: the
-   * whole-line tiles until it is. */
-  const int known = ab__host_line_tiles_known(es), lines = known >= 0 ? known : 1;
+  /* The plain tiles' whole-line choice (line_tiles) for this source, its
+   * own trial run first if it has not been: this one holds the lock. */
+  const int lines = line_tiles_held(es, spitch);
   for (int r = 0; r < TR_REGIMES; r++)
     for (int m = 0; m < TR_MODES; m++) best[r][m] = 1e30;
   for (int rep = 0; rep < 3; rep++)
@@ -1926,14 +1926,20 @@ static int forced_mode(void) {
 static void trial_fork_prepare(void) { pthread_mutex_lock(&trial_lock); }
 static void trial_fork_done(void) { pthread_mutex_unlock(&trial_lock); }
 static void trial_atfork(void) { pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_done); }
+/* Takes trial_lock, the fork handlers registered once for every trial:
+ * registered twice, a fork would lock trial_lock twice in one thread and
+ * wait for ever. */
+static void trial_lock_take(void) {
+  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+  pthread_once(&atfork_once, trial_atfork);
+  pthread_mutex_lock(&trial_lock);
+}
 
 /* Size class k's picks for one kind of rows: measured (or forced) at the
  * first call that needs them; every later call reads them. */
 static void decide(int k, size_t es, int kind) {
-  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
   if (atomic_load_explicit(&tr_ready[k][kind], memory_order_acquire)) return;
-  pthread_once(&atfork_once, trial_atfork);
-  pthread_mutex_lock(&trial_lock); /* one thread measures; the others wait for its answer */
+  trial_lock_take(); /* one thread measures; the others wait for its answer */
   if (!atomic_load_explicit(&tr_ready[k][kind], memory_order_relaxed)) {
     int pick[TR_PICKS];
     const int m = forced_mode();
@@ -2010,9 +2016,10 @@ static int forced_line_tiles(void) {
 }
 
 #ifdef HAVE_X86_KERNELS
-/* The trial: an L3-sized transpose (about 3 MiB each way) with rows off
- * lines as 1000 uint16 or 510 float64 columns are, each tile three times
- * in turn, best of three; the SSE2 tiles only where they win by 5%. */
+/* The trial: an L3-sized transpose (3 MiB each way for uint16, 2 MiB for
+ * float64) with source rows off lines as 1000 uint16 or 510 float64
+ * columns are, each tile in turn four times, the first a warm-up, best of
+ * the other three; the SSE2 tiles only where they win by 5%. */
 static int line_trial(size_t es) {
   const int64_t na = es == 2 ? 1000 : 510, nb = es == 2 ? 1600 : 512; /* output rows, columns */
   const int64_t sb = na * (int64_t)es, dsa = nb * (int64_t)es;
@@ -2038,24 +2045,34 @@ static int line_trial(size_t es) {
   return pick;
 }
 
-/* Whether the plain tiles of es-byte elements (2 or 8) take the whole-line
- * tiles, for output rows on lines and source rows sb bytes apart. */
-static bool line_tiles(size_t es, int64_t sb) {
-  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+/* line_tiles' answer for a caller that holds trial_lock (the store
+ * variants' trial, which times the plain tiles too): measured here if
+ * it is not yet. */
+static bool line_tiles_held(size_t es, int64_t sb) {
   const int forced = forced_line_tiles();
   if (forced >= 0) return forced != 0;
-  if (sb % LINE == 0) return true;
+  if ((es != 2 && es != 8) || sb % LINE == 0) return true;
   _Atomic int *const pick = &line_pick[es == 8];
-  int v = atomic_load_explicit(pick, memory_order_acquire);
-  if (AB_LIKELY(v >= 0)) return v != 0;
-  pthread_once(&atfork_once, trial_atfork);
-  pthread_mutex_lock(&trial_lock); /* one trial at a time (see decide) */
-  if ((v = atomic_load_explicit(pick, memory_order_relaxed)) < 0) {
+  int v = atomic_load_explicit(pick, memory_order_relaxed);
+  if (v < 0) {
     v = line_trial(es);
     atomic_store_explicit(pick, v, memory_order_release);
   }
-  pthread_mutex_unlock(&trial_lock);
   return v != 0;
+}
+
+/* Whether the plain tiles of es-byte elements (2 or 8) take the whole-line
+ * tiles, for output rows on lines and source rows sb bytes apart. */
+static bool line_tiles(size_t es, int64_t sb) {
+  const int forced = forced_line_tiles();
+  if (forced >= 0) return forced != 0;
+  if (sb % LINE == 0) return true;
+  const int v = atomic_load_explicit(&line_pick[es == 8], memory_order_acquire);
+  if (AB_LIKELY(v >= 0)) return v != 0;
+  trial_lock_take(); /* one trial at a time (see decide) */
+  const bool lines = line_tiles_held(es, sb);
+  pthread_mutex_unlock(&trial_lock);
+  return lines;
 }
 #endif
 

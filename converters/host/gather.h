@@ -109,7 +109,8 @@ const char *ab__host_vendor(void);
  * AB_HOST_WIDE_BLOCKS=1 or 0 says; false for other sizes and off x86-64.
  * See gather.c. For tests. */
 bool ab__host_wide_blocks(size_t es);
-/* Whether the plain tiles (outputs under 4 MiB) of es-byte elements take
+/* Whether the plain tiles (outputs under 4 MiB, and larger ones where
+ * they are picked or forced) of es-byte elements take
  * the AVX-512 tiles that store whole lines where output rows start on
  * lines and source rows are sb bytes apart: 2- and 8-byte elements with
  * AVX-512 only; where sb is not a whole number of lines, measured once per
