@@ -2051,7 +2051,8 @@ static int line_trial(size_t es) {
 static bool line_tiles_held(size_t es, int64_t sb) {
   const int forced = forced_line_tiles();
   if (forced >= 0) return forced != 0;
-  if ((es != 2 && es != 8) || sb % LINE == 0) return true;
+  /* without AVX-512 there are no whole-line tiles to weigh */
+  if ((es != 2 && es != 8) || sb % LINE == 0 || tiles_level() < TILES_AVX512) return true;
   _Atomic int *const pick = &line_pick[es == 8];
   int v = atomic_load_explicit(pick, memory_order_relaxed);
   if (v < 0) {
