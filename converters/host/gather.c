@@ -1994,7 +1994,7 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * depends on the CPU where the source's rows are off lines. Intel Xeon
  * (Cascade Lake) VM: 1920 x 1080 uint16 (source rows 2160 bytes apart)
  * 0.67x -> 0.78x of memcpy with the whole-line tile; Intel Xeon (AMX) VM,
- * the same shape, 0.77-0.81x with the SSE2 tile against 0.66-0.69x, 1600
+ * the same shape, 0.76-0.81x with the SSE2 tile against 0.66-0.69x, 1600
  * x 1000 0.80-0.84x against 0.72-0.77x, 512 x 510 float64 0.69-0.71x
  * against 0.57-0.59x. Where the source's rows are a whole number of lines
  * apart the whole-line tiles won on both (1024^2 uint16 0.50-0.58x against
