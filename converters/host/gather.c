@@ -2045,19 +2045,24 @@ static int line_trial(size_t es) {
   return pick;
 }
 
+/* The answer where nothing need be measured: forced, or the whole-line
+ * tiles (source rows on lines; sizes and CPUs with no choice to weigh),
+ * or the trial's once it has run; -1 where it has not. */
+static int line_rule(size_t es, int64_t sb) {
+  const int forced = forced_line_tiles();
+  if (forced >= 0) return forced;
+  if ((es != 2 && es != 8) || sb % LINE == 0 || tiles_level() < TILES_AVX512) return 1;
+  return atomic_load_explicit(&line_pick[es == 8], memory_order_acquire);
+}
+
 /* line_tiles' answer for a caller that holds trial_lock (the store
  * variants' trial, which times the plain tiles too): measured here if
  * it is not yet. */
 static bool line_tiles_held(size_t es, int64_t sb) {
-  const int forced = forced_line_tiles();
-  if (forced >= 0) return forced != 0;
-  /* without AVX-512 there are no whole-line tiles to weigh */
-  if ((es != 2 && es != 8) || sb % LINE == 0 || tiles_level() < TILES_AVX512) return true;
-  _Atomic int *const pick = &line_pick[es == 8];
-  int v = atomic_load_explicit(pick, memory_order_relaxed);
+  int v = line_rule(es, sb);
   if (v < 0) {
     v = line_trial(es);
-    atomic_store_explicit(pick, v, memory_order_release);
+    atomic_store_explicit(&line_pick[es == 8], v, memory_order_release);
   }
   return v != 0;
 }
@@ -2065,10 +2070,7 @@ static bool line_tiles_held(size_t es, int64_t sb) {
 /* Whether the plain tiles of es-byte elements (2 or 8) take the whole-line
  * tiles, for output rows on lines and source rows sb bytes apart. */
 static bool line_tiles(size_t es, int64_t sb) {
-  const int forced = forced_line_tiles();
-  if (forced >= 0) return forced != 0;
-  if (sb % LINE == 0) return true;
-  const int v = atomic_load_explicit(&line_pick[es == 8], memory_order_acquire);
+  const int v = line_rule(es, sb);
   if (AB_LIKELY(v >= 0)) return v != 0;
   trial_lock_take(); /* one trial at a time (see decide) */
   const bool lines = line_tiles_held(es, sb);
