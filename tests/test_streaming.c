@@ -260,6 +260,115 @@ Test(streaming, line_tiles_by_the_rule_or_forced_give_the_reference_bytes) {
   }
 }
 
+/* A field of cpu0's data or unified cache at `level` from sysfs ("size"
+ * in bytes, with its K or M; "ways_of_associativity"); -1 where unknown. */
+static long long sysfs_cache(int level, const char *field) {
+  for (int i = 0; i < 16; i++) {
+    char path[96], type[32] = "", unit = 0;
+    int at = 0;
+    long long v = 0;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) break;
+    const int got = fscanf(f, "%d", &at);
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+    if ((f = fopen(path, "r")) != NULL) {
+      if (fscanf(f, "%31s", type) != 1) type[0] = 0;
+      fclose(f);
+    }
+    if (got != 1 || at != level || strcmp(type, "Instruction") == 0) continue;
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, field);
+    if ((f = fopen(path, "r")) == NULL) return -1;
+    const int n = fscanf(f, "%lld%c", &v, &unit);
+    fclose(f);
+    if (n < 1) return -1;
+    return v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+  }
+  return -1;
+}
+
+/* Bytes of cpu0's level-2 data or unified cache; 0 where unknown. */
+static size_t sysfs_l2_bytes(void) {
+  const long long v = sysfs_cache(2, "size");
+  return v > 0 ? (size_t)v : 0;
+}
+
+/* uint8 transposes into output rows on lines through the plain tiles
+ * (outputs under 4 MiB) and the L1 tiles (AB_HOST_STREAMING=1, 4 MiB and
+ * more), whose 64 x 64 tiles gather their lanes from the source or join
+ * their rows from a scratch, by the source's pitch (ab__host_u8_lanes);
+ * whole tiles and ragged ones, against element-by-element copies, with
+ * the bytes past the output left alone. */
+static void u8_lane_cases_match(void) {
+  static const struct { int64_t rows, cols; bool streamed; } cases[] = {
+    {1536, 1536, false}, /* source rows 1536 bytes apart: 8 lines in each of 8 L1 sets */
+    {1024, 1024, false}, /* 1024: 16 lines in each of 4 sets */
+    {1000, 1088, false}, /* 1000, off lines: spread over the sets */
+    {1050, 1024, false}, /* 26 output rows below the last whole tile */
+    {700, 1120, false},  /* 32 output columns past the last whole tile */
+    {2112, 2048, true},  /* the L1 tiles: source rows 33 lines apart */
+    {2048, 2112, true},  /* and 32 */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t rows = cases[k].rows, cols = cases[k].cols;
+    const size_t bytes = (size_t)(rows * cols);
+    setenv("AB_HOST_STREAMING", cases[k].streamed ? "1" : "0", 1);
+    ab__env_reload();
+    void *src = NULL, *out = NULL;
+    cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
+    cr_assert_eq(posix_memalign(&out, 64, bytes + 64), 0);
+    fill_pattern(src, bytes, 70 + (uint32_t)k);
+    memset(out, 0x5a, bytes + 64);
+    const int64_t shape[2] = {rows, cols}, st[2] = {1, rows};
+    ab__host_gather(out, src, 2, shape, st, 1);
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++)
+        cr_assert_eq(((char *)out)[i * cols + j], ((char *)src)[j * rows + i], "case %zu (%s): (%lld, %lld) differs", k,
+                     ab__host_u8_lanes(rows) ? "lanes" : "joined", (long long)i, (long long)j);
+    for (size_t i = bytes; i < bytes + 64; i++) cr_assert_eq(((char *)out)[i], 0x5a, "case %zu: byte past the output", k);
+    free(src);
+    free(out);
+  }
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+}
+
+Test(streaming, u8_tiles_gather_lanes_by_the_rule_or_forced_and_give_the_reference_bytes) {
+  unsetenv("AB_HOST_U8_LANES");
+  unsetenv("AB_HOST_TILES");
+  ab__env_reload();
+#if defined(__x86_64__)
+  const bool x86 = true;
+#else
+  const bool x86 = false;
+#endif
+  /* Rows a multiple of 1024 bytes apart put 16 or more of the 64 rows'
+   * lines into each set they use: two thirds of no L1's ways. Rows 1000
+   * bytes apart put 3 at most into any set. Rows 1536 apart put 8 into
+   * each of 8 sets: those of an L1 with 12 ways or more. */
+  const long long got = sysfs_cache(1, "ways_of_associativity"), ways = got > 0 ? got : 8; /* the library's default */
+  cr_log_info("L1 ways %lld, tiles %s", ways, ab__host_tiles());
+  for (int64_t sb = 1024; sb <= 16384; sb *= 2) cr_assert_eq(ab__host_u8_lanes(sb), 0, "rows %lld bytes apart", (long long)sb);
+  cr_assert_eq(ab__host_u8_lanes(3072), 0);
+  cr_assert_eq(ab__host_u8_lanes(-1024), 0, "rows 1024 bytes apart going back");
+  cr_assert_eq(ab__host_u8_lanes(1000), x86);
+  cr_assert_eq(ab__host_u8_lanes(1536), x86 && ways >= 12, "L1 of %lld ways", ways);
+  cr_assert_eq(ab__host_u8_lanes(1536), x86 && ways >= 12, "asked again (the last pitch is kept)");
+  u8_lane_cases_match();
+  static const char *const ways_forced[] = {"1", "0"};
+  for (int w = 0; w < 2; w++) {
+    setenv("AB_HOST_U8_LANES", ways_forced[w], 1);
+    ab__env_reload();
+    for (int64_t sb = 1000; sb <= 4096; sb += 512)
+      cr_assert_eq(ab__host_u8_lanes(sb), x86 && w == 0, "AB_HOST_U8_LANES=%s, rows %lld bytes apart", ways_forced[w],
+                   (long long)sb);
+    u8_lane_cases_match();
+  }
+  unsetenv("AB_HOST_U8_LANES");
+  ab__env_reload();
+}
+
 Test(streaming, forced_on_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "1", 1);
   transposes_match();
@@ -406,33 +515,6 @@ Test(streaming, each_vendors_blocks_give_the_reference_bytes) {
   }
   unsetenv("AB_HOST_VENDOR");
   ab__env_reload();
-}
-
-/* Bytes of cpu0's level-2 data or unified cache from sysfs; 0 where unknown. */
-static size_t sysfs_l2_bytes(void) {
-  for (int i = 0; i < 16; i++) {
-    char path[96], type[32] = "", unit = 0;
-    int level = 0;
-    long long size = 0;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) break;
-    const int got = fscanf(f, "%d", &level);
-    fclose(f);
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
-    if ((f = fopen(path, "r")) != NULL) {
-      if (fscanf(f, "%31s", type) != 1) type[0] = 0;
-      fclose(f);
-    }
-    if (got != 1 || level != 2 || strcmp(type, "Instruction") == 0) continue;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-    if ((f = fopen(path, "r")) == NULL) return 0;
-    const int n = fscanf(f, "%lld%c", &size, &unit);
-    fclose(f);
-    if (n < 1) return 0;
-    return (size_t)size * (unit == 'K' ? 1024u : unit == 'M' ? 1024u * 1024u : 1u);
-  }
-  return 0;
 }
 
 /* Wide blocks (AB_HOST_WIDE_BLOCKS): uint8 and uint16 blocks in the strip

@@ -356,15 +356,45 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char 
   for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each tile's h[r % 16] */
     _mm512_storeu_si512((void *)(d + r * dsa), join_pieces(scr + (r & 15) * 64 + (r >> 4) * 16, 1024));
 }
+/* The same 64 x 64 bytes with the lanes gathered as the source is read:
+ * in four passes, one for each 16 source columns, register i holds 16
+ * bytes of source rows i, i + 16, i + 32 and i + 48 (a load and three
+ * inserts), so the 16 x 16 network within each lane leaves each register
+ * a whole destination row, stored as it is: no scratch written and read
+ * back, the inserts moved from the scratch to the source. Intel Xeon
+ * (AMX) VM, one tile over and over in L1, ns a tile: 123 -> 91 with
+ * rows 64 bytes apart, 163 -> 138 with 1536. But each source line is
+ * read in all four passes and must stay in L1 between them: with rows
+ * 1024 bytes apart the 64 lines fall in 4 of L1's sets, and this tile
+ * lost (187 -> 200 ns; 4096: 241 -> 318), so u8_lanes decides by the
+ * source's pitch. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes(char *d, int64_t dsa, const char *s,
+                                                                                 int64_t sb) {
+  for (int c = 0; c < 4; c++) {
+    __m512i r[16], h[16];
+    for (int i = 0; i < 16; i++) {
+      const char *p = s + i * sb + 16 * c;
+      __m512i v = _mm512_castsi128_si512(LOAD_128(p));
+      v = _mm512_inserti32x4(v, LOAD_128(p + 16 * sb), 1);
+      v = _mm512_inserti32x4(v, LOAD_128(p + 32 * sb), 2);
+      r[i] = _mm512_inserti32x4(v, LOAD_128(p + 48 * sb), 3);
+    }
+    net16x64_8_regs(h, r); /* lane L of h[k]: column 16c + k of source rows 16L .. 16L + 15 */
+    for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(d + (16 * c + k) * dsa), h[k]);
+  }
+}
+static bool u8_lanes(int64_t sb);
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
- * start on lines, 64 x 16 pieces elsewhere, the ragged ones masked. */
+ * start on lines (their lanes gathered from the source where u8_lanes
+ * says), 64 x 16 pieces elsewhere, the ragged ones masked. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(char *d, int64_t dsa, const char *s,
                                                                                 int64_t sb, int64_t na, int64_t nb) {
-  const bool lines = on_lines(d, dsa);
+  const bool lines = on_lines(d, dsa), lanes = lines && na >= 64 && nb >= 64 && u8_lanes(sb);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
     if (lines && na - a >= 64)
-      for (; nb - b >= 64; b += 64) tr64x64_8(d + a * dsa + b, dsa, s + a + b * sb, sb);
+      for (; nb - b >= 64; b += 64)
+        (lanes ? tr64x64_8_lanes : tr64x64_8)(d + a * dsa + b, dsa, s + a + b * sb, sb);
     for (; b < nb; b += 16) {
       const int64_t pa = na - a < 64 ? na - a : 64, pb = nb - b < 16 ? nb - b : 16;
       if (pa == 64 && pb == 16) tr16x64_8(d + a * dsa + b, dsa, s + a + b * sb, sb);
@@ -1311,7 +1341,8 @@ _Static_assert(SEG / 16 * STRIP_REGION(BLK_COLS, 64) <= BLK_COLS * BLK_PITCH,
 _Static_assert(SEG / 2 / 16 * STRIP_REGION(BLK_COLS, 32) <= BLK_COLS * BLK_PITCH,
                "the uint16 strips' regions fit a half of the blocks' buffer");
 
-static long long sysfs_cache_bytes(int want);
+static long long sysfs_cache_field(int want, const char *field);
+static long long sysfs_cache_bytes(int want) { return sysfs_cache_field(want, "size"); }
 
 /* The rule, read once per process (and again after ab__env_reload): the
  * variable, else sysfs's L2. */
@@ -1680,15 +1711,16 @@ static void pick_all(int pick[TR_PICKS], int mode) {
   for (int r = 0; r < TR_PICKS; r++) pick[r] = mode;
 }
 
-/* Bytes of cpu0's data or unified cache of level `want` (0: the highest
- * level; Linux sysfs); 0 where unknown. */
-static long long sysfs_cache_bytes(int want) {
+/* A field of cpu0's data or unified cache at level `want` (0: the
+ * highest level), as Linux's sysfs gives it ("size" in bytes, from its
+ * K, M or G; "ways_of_associativity", "number_of_sets"); 0 where unknown. */
+static long long sysfs_cache_field(int want, const char *field) {
   int best_level = 0;
   long long v = 0;
   for (int i = 0; i < 16; i++) {
     char path[96], type[32] = "", unit = 0;
     int level = 0;
-    long long size = 0;
+    long long x = 0;
     snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
     FILE *f = fopen(path, "r");
     if (f == NULL) break;
@@ -1699,14 +1731,14 @@ static long long sysfs_cache_bytes(int want) {
       if (fscanf(f, "%31s", type) != 1) type[0] = 0;
       fclose(f);
     }
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, field);
     if ((f = fopen(path, "r")) == NULL) continue;
-    const int got = fscanf(f, "%lld%c", &size, &unit);
+    const int got = fscanf(f, "%lld%c", &x, &unit);
     fclose(f);
     if (!got_level || got < 1 || strcmp(type, "Instruction") == 0 || level <= best_level) continue;
     if (want > 0 && level != want) continue;
     best_level = level;
-    v = size * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
+    v = x * (unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : unit == 'G' ? 1024LL * 1024 * 1024 : 1);
   }
   return v < 0 ? 0 : v;
 }
@@ -2006,13 +2038,17 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * either. */
 static _Atomic int line_pick[2] = {-1, -1}; /* uint16, 8-byte: 1 whole-line, 0 SSE2, -1 not yet measured */
 
-static int forced_line_tiles(void) {
-  static ab__env_cache cache;
+/* An AB_HOST_* variable that is "1", "0" or "auto" (unset), through its
+ * cache: 1, 0, or -1 for auto. */
+static int forced_1_0(ab__env_cache *cache, const char *name) {
   static const struct ab__env_choice ways[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
   uint32_t v; /* kept as the answer + 1 */
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v - 1;
-  const int forced = ab__env_choice("AB_HOST_LINE_TILES", ways, -1, "1, 0 or auto");
-  return (int)ab__env_keep(&cache, (uint32_t)(forced + 1)) - 1;
+  if (AB_LIKELY(ab__env_cached(cache, &v))) return (int)v - 1;
+  return (int)ab__env_keep(cache, (uint32_t)(ab__env_choice(name, ways, -1, "1, 0 or auto") + 1)) - 1;
+}
+static int forced_line_tiles(void) {
+  static ab__env_cache cache;
+  return forced_1_0(&cache, "AB_HOST_LINE_TILES");
 }
 
 #ifdef HAVE_X86_KERNELS
@@ -2077,7 +2113,68 @@ static bool line_tiles(size_t es, int64_t sb) {
   pthread_mutex_unlock(&trial_lock);
   return lines;
 }
+
+/* ---- uint8 64 x 64 tiles with their lanes gathered (tr64x64_8_lanes) ----
+ * That tile reads each of its 64 source rows' line (or two, for rows off
+ * lines) in four passes, so those lines must stay in L1 between passes.
+ * The rule: rows sb bytes apart, counted from a line, put no more lines
+ * into any one L1 set than two thirds of its ways (sysfs's L1 geometry;
+ * 8 ways of 64 sets where sysfs says nothing). On the Intel (AMX) VM's
+ * 12-way, 64-set L1: rows 512 and 1536 bytes apart (8 lines a set) pass,
+ * 1024 (16) and every multiple of 2048 do not. One thread, uint8, against
+ * the joined tile (tr64x64_8), GB/s: bench_host, six alternated runs,
+ * 1536^2 6.8-7.6 -> 8.0-10.9, 16 x 1000^2 (the L1 tiles) 8.8-9.8 ->
+ * 9.7-10.5; a harness that reads each result after converting it,
+ * 512^2 21-25 -> 27-28, 1536^2 and 1920 x 1080 within the noise; where
+ * the rule says no, 1024^2 16.1-16.6 -> 14.7-15.1
+ * (bench/results/2026-11-27-intel-u8-lanes.md). AB_HOST_U8_LANES=1 or 0
+ * forces either tile. Untried on CPUs whose L1 has 8 ways, where rows 512
+ * and 1536 bytes apart keep the joined tile. */
+static int l1_geometry(void) { /* ways << 16 | sets (sets at most 64) */
+  static _Atomic int cached = -1;
+  int g = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (AB_LIKELY(g >= 0)) return g;
+  long long ways = sysfs_cache_field(1, "ways_of_associativity"), sets = sysfs_cache_field(1, "number_of_sets");
+  if (ways <= 0 || ways > 64 || sets <= 0) ways = 8, sets = 64;
+  g = (int)(ways << 16 | (sets < 64 ? sets : 64)); /* more sets than 64 only spread lines further */
+  atomic_store_explicit(&cached, g, memory_order_relaxed);
+  return g;
+}
+
+static bool u8_lanes_rule(int64_t sb) {
+  const int g = l1_geometry(), ways = g >> 16, sets = g & 0xffff;
+  unsigned char per_set[64] = {0};
+  int most = 0;
+  for (int64_t i = 0; i < 64; i++) {
+    const uint64_t first = (uint64_t)i * (uint64_t)sb, last = first + 63; /* row i's 64 bytes, modulo 2^64 */
+    for (uint64_t line = first / LINE; line <= last / LINE; line++) {
+      const int n = ++per_set[line % (uint64_t)sets];
+      most = n > most ? n : most;
+    }
+  }
+  return 3 * most <= 2 * ways;
+}
+
+static bool u8_lanes(int64_t sb) {
+  static ab__env_cache forced_cache, memo; /* memo: the last pitch asked, sb << 1 | answer */
+  const int forced = forced_1_0(&forced_cache, "AB_HOST_U8_LANES");
+  if (forced >= 0) return forced != 0;
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&memo, &v)) && (int64_t)(v >> 1) == sb) return v & 1;
+  const bool lanes = u8_lanes_rule(sb);
+  if (sb >= 0 && sb < ((int64_t)1 << 31)) ab__env_keep(&memo, (uint32_t)sb << 1 | lanes);
+  return lanes;
+}
 #endif
+
+int ab__host_u8_lanes(int64_t sb) {
+#ifdef HAVE_X86_KERNELS
+  return u8_lanes(sb);
+#else
+  (void)sb;
+  return 0;
+#endif
+}
 
 int ab__host_line_tiles(size_t es, int64_t sb) {
 #ifdef HAVE_X86_KERNELS

@@ -120,6 +120,12 @@ int ab__host_line_tiles(size_t es, int64_t sb);
 /* The answer for source rows off lines without measuring: 1 or 0 once
  * measured or forced, -1 before; 0 for other element sizes. */
 int ab__host_line_tiles_known(size_t es);
+/* Whether the plain and L1 tiles' uint8 64 x 64 tiles (AVX-512, output
+ * rows on lines) gather their registers' lanes from source rows sb bytes
+ * apart (where those rows' lines fit L1's sets, by sysfs's geometry)
+ * rather than join their output rows from a scratch; AB_HOST_U8_LANES=1
+ * or 0 forces the answer. 0 off x86-64. See gather.c. For tests. */
+int ab__host_u8_lanes(int64_t sb);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
