@@ -118,8 +118,9 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
  * ones, and 16 x 16 uint8 (SSE2; with AVX2 and AVX-512, two or four such
  * blocks side by side at once) and 8 x 8 uint16 blocks; with AVX-512,
  * where the destination rows start on lines, uint8, uint16 and 8-byte
- * tiles that store whole lines instead (tr64x64_8, tr32x32_16, tr8x8_64;
- * the L2 blocks below have AVX-512 kernels of their own). Large outputs
+ * tiles that store whole lines instead (tr64x64_8 or tr64x64_8_lanes,
+ * tr32x32_16, tr8x8_64; the L2 blocks below have AVX-512 kernels of
+ * their own). Large outputs
  * may use non-temporal stores, as memcpy does, so the destination is not
  * read for ownership and does not evict the source: where the CPU gains
  * by them (ab__host_transpose_mode, below), through buffered L1 tiles or
@@ -362,12 +363,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char 
  * inserts), so the 16 x 16 network within each lane leaves each register
  * a whole destination row, stored as it is: no scratch written and read
  * back, the inserts moved from the scratch to the source. Intel Xeon
- * (AMX) VM, one tile over and over in L1, ns a tile: 123 -> 91 with
- * rows 64 bytes apart, 163 -> 138 with 1536. But each source line is
+ * (AMX) VM, one tile over and over in L1, ns a tile: 123 -> 90 with
+ * rows 64 bytes apart, 160 -> 130 with 1536. But each source line is
  * read in all four passes and must stay in L1 between them: with rows
  * 1024 bytes apart the 64 lines fall in 4 of L1's sets, and this tile
- * lost (187 -> 200 ns; 4096: 241 -> 318), so u8_lanes decides by the
- * source's pitch. */
+ * lost (189 -> 203 ns; 4096: 240 -> 326), so u8_lanes decides by the
+ * source's pitch (the callers ask it once for each plane). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes(char *d, int64_t dsa, const char *s,
                                                                                  int64_t sb) {
   for (int c = 0; c < 4; c++) {
@@ -385,11 +386,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
 }
 static bool u8_lanes(int64_t sb);
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
- * start on lines (their lanes gathered from the source where u8_lanes
- * says), 64 x 16 pieces elsewhere, the ragged ones masked. */
+ * start on lines (tr64x64_8_lanes where `lanes`: u8_lanes' answer for
+ * sb), 64 x 16 pieces elsewhere, the ragged ones masked. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(char *d, int64_t dsa, const char *s,
-                                                                                int64_t sb, int64_t na, int64_t nb) {
-  const bool lines = on_lines(d, dsa), lanes = lines && na >= 64 && nb >= 64 && u8_lanes(sb);
+                                                                                int64_t sb, int64_t na, int64_t nb,
+                                                                                bool lanes) {
+  const bool lines = on_lines(d, dsa);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
     if (lines && na - a >= 64)
@@ -583,7 +585,8 @@ static int tiles_level(void) {
 #endif
 
 /* An element size's micro-kernel where the CPU has one (SSE2 or AVX
- * registers), else its portable tile loop. */
+ * registers), else its portable tile loop. lanes: uint8 with AVX-512,
+ * u8_lanes' answer for sb (tile_u8_avx512); false for the others. */
 #ifdef HAVE_X86_KERNELS
 #define TILE_MICRO(es, w, kernel, tile) tile_micro(d, dsa, s, sb, na, nb, (es), (w), (w), (kernel), (tile))
 #define TILE_WIDE(es, wa, w, wide, square, tile) tile_wide(d, dsa, s, sb, na, nb, (es), (wa), (w), (wide), (square), (tile))
@@ -593,15 +596,17 @@ static int tiles_level(void) {
 #endif
 
 static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
-                     size_t es) {
+                     size_t es, bool lanes) {
 #ifdef HAVE_X86_KERNELS
   const int level = tiles_level();
+#else
+  (void)lanes;
 #endif
   switch (es) {
   case 1:
 #ifdef HAVE_X86_KERNELS
     if (level >= TILES_AVX512) {
-      tile_u8_avx512(d, dsa, s, sb, na, nb);
+      tile_u8_avx512(d, dsa, s, sb, na, nb, lanes);
       return;
     }
     if (level >= TILES_AVX2) {
@@ -922,12 +927,12 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
   _Alignas(64) char bufs[LINE + SEG * SEG];
   char *const buf = bufs + LINE;
   const int64_t t = SEG / (int64_t)es; /* elements per tile side */
-  const bool avx512 = tiles_level() >= TILES_AVX512;
+  const bool avx512 = tiles_level() >= TILES_AVX512, lanes = avx512 && es == 1 && u8_lanes(sb); /* the buffer is on lines */
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
     const int64_t mb = nb - b0 < t ? nb - b0 : t;
     for (int64_t a0 = 0; a0 < na; a0 += t) {
       const int64_t ma = na - a0 < t ? na - a0 : t;
-      tile_any(buf, SEG, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es);
+      tile_any(buf, SEG, s + a0 * (int64_t)es + b0 * sb, sb, ma, mb, es, lanes);
       for (int64_t a = 0; a < ma; a++)
         (avx512 ? stream_row_avx512 : stream_row)(d + (a0 + a) * dsa + b0 * (int64_t)es, buf + a * SEG,
                                                   (size_t)mb * es, carry + (a0 + a) * LINE, b0 == 0, b0 + mb == nb);
@@ -989,7 +994,7 @@ static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t 
       return;
     }
   }
-  tile_any(d, dsa, s, sb, na, nb, es);
+  tile_any(d, dsa, s, sb, na, nb, es, false);
 }
 
 /* uint8 blocks with AVX-512 keep their buffer in another layout. In the
@@ -1341,8 +1346,7 @@ _Static_assert(SEG / 16 * STRIP_REGION(BLK_COLS, 64) <= BLK_COLS * BLK_PITCH,
 _Static_assert(SEG / 2 / 16 * STRIP_REGION(BLK_COLS, 32) <= BLK_COLS * BLK_PITCH,
                "the uint16 strips' regions fit a half of the blocks' buffer");
 
-static long long sysfs_cache_field(int want, const char *field);
-static long long sysfs_cache_bytes(int want) { return sysfs_cache_field(want, "size"); }
+static long long sysfs_cache_bytes(int want);
 
 /* The rule, read once per process (and again after ab__env_reload): the
  * variable, else sysfs's L2. */
@@ -1542,10 +1546,10 @@ static bool line_tiles_held(size_t es, int64_t sb);
 /* The ragged right and bottom of the whole-line tiles (tile_micro's edge
  * tiles): tile_any's SSE2 kernels, not the element-by-element loop. */
 static void edges_2(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
-  tile_any(d, dsa, s, sb, na, nb, 2);
+  tile_any(d, dsa, s, sb, na, nb, 2, false);
 }
 static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
-  tile_any(d, dsa, s, sb, na, nb, 8);
+  tile_any(d, dsa, s, sb, na, nb, 8, false);
 }
 #endif
 
@@ -1606,12 +1610,17 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
    * 0.67x, 256^2 0.42-0.47x -> 0.61-0.69x, 640 x 480 0.54x -> 0.72x,
    * 640^2 0.54x -> 0.76x. The blocks' float32 tile (whole lines too)
    * gained nothing here: 512^2 0.44-0.46x either way
-   * (2026-11-27-intel-uint8-lines-and-dead-ends.md). uint8 joins its lines
-   * in tile_u8_avx512. */
+   * (2026-11-27-intel-uint8-lines-and-dead-ends.md). uint8 has its own in
+   * tile_u8_avx512, which tr64x64_8_lanes serves where u8_lanes says:
+   * asked here once for the plane, not for every tile. */
 #ifdef HAVE_X86_KERNELS
-  const bool lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512 && (es == 2 || es == 8) &&
+  const bool avx512_lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512;
+  const bool lines = avx512_lines && (es == 2 || es == 8) &&
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
+  const bool lanes = avx512_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
+#else
+  const bool lanes = false;
 #endif
   for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
     int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
@@ -1629,7 +1638,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
         continue;
       }
 #endif
-      tile_any(dt, dsa, st, sb, ma, mb, es);
+      tile_any(dt, dsa, st, sb, ma, mb, es, lanes);
     }
   }
 }
@@ -1742,6 +1751,7 @@ static long long sysfs_cache_field(int want, const char *field) {
   }
   return v < 0 ? 0 : v;
 }
+static long long sysfs_cache_bytes(int want) { return sysfs_cache_field(want, "size"); }
 
 /* Bytes of the last-level cache one core sees, read once; 0 where
  * unknown: then every large transpose counts as one from memory. glibc's
@@ -2121,15 +2131,16 @@ static bool line_tiles(size_t es, int64_t sb) {
  * into any one L1 set than two thirds of its ways (sysfs's L1 geometry;
  * 8 ways of 64 sets where sysfs says nothing). On the Intel (AMX) VM's
  * 12-way, 64-set L1: rows 512 and 1536 bytes apart (8 lines a set) pass,
- * 1024 (16) and every multiple of 2048 do not. One thread, uint8, against
- * the joined tile (tr64x64_8), GB/s: bench_host, six alternated runs,
- * 1536^2 6.8-7.6 -> 8.0-10.9, 16 x 1000^2 (the L1 tiles) 8.8-9.8 ->
- * 9.7-10.5; a harness that reads each result after converting it,
+ * rows a multiple of 1024 apart (16 or more) do not. One thread, uint8,
+ * against the joined tile (tr64x64_8), GB/s: bench_host, six alternated
+ * runs, 1536^2 6.8-7.6 -> 8.0-10.9, 16 x 1000^2 (the L1 tiles) 8.8-9.8
+ * -> 9.7-10.5; a harness that reads each result after converting it,
  * 512^2 21-25 -> 27-28, 1536^2 and 1920 x 1080 within the noise; where
- * the rule says no, 1024^2 16.1-16.6 -> 14.7-15.1
+ * the rule says no, 1024^2 in bench_host 13.4-15.2 -> 13.4-13.8 forced
  * (bench/results/2026-11-27-intel-u8-lanes.md). AB_HOST_U8_LANES=1 or 0
  * forces either tile. Untried on CPUs whose L1 has 8 ways, where rows 512
- * and 1536 bytes apart keep the joined tile. */
+ * and 1536 bytes apart keep the joined tile; the geometry is cpu0's, so
+ * a hybrid CPU's other cores go by it too. */
 static int l1_geometry(void) { /* ways << 16 | sets (sets at most 64) */
   static _Atomic int cached = -1;
   int g = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -2155,14 +2166,19 @@ static bool u8_lanes_rule(int64_t sb) {
   return 3 * most <= 2 * ways;
 }
 
+/* Asked once for each plane (visit_transpose, transpose_streamed); a
+ * batch of small planes asks again and again for one pitch, so the last
+ * answer is kept: (sb + 2^30) << 1 | answer, for |sb| < 2^30. */
 static bool u8_lanes(int64_t sb) {
-  static ab__env_cache forced_cache, memo; /* memo: the last pitch asked, sb << 1 | answer */
+  static ab__env_cache forced_cache, memo;
   const int forced = forced_1_0(&forced_cache, "AB_HOST_U8_LANES");
   if (forced >= 0) return forced != 0;
+  const int64_t bias = (int64_t)1 << 30;
+  const bool keep = sb >= -bias && sb < bias;
   uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&memo, &v)) && (int64_t)(v >> 1) == sb) return v & 1;
+  if (keep && AB_LIKELY(ab__env_cached(&memo, &v)) && (int64_t)(v >> 1) == sb + bias) return v & 1;
   const bool lanes = u8_lanes_rule(sb);
-  if (sb >= 0 && sb < ((int64_t)1 << 31)) ab__env_keep(&memo, (uint32_t)sb << 1 | lanes);
+  if (keep) ab__env_keep(&memo, (uint32_t)(sb + bias) << 1 | lanes);
   return lanes;
 }
 #endif

@@ -124,7 +124,9 @@ int ab__host_line_tiles_known(size_t es);
  * rows on lines) gather their registers' lanes from source rows sb bytes
  * apart (where those rows' lines fit L1's sets, by sysfs's geometry)
  * rather than join their output rows from a scratch; AB_HOST_U8_LANES=1
- * or 0 forces the answer. 0 off x86-64. See gather.c. For tests. */
+ * or 0 forces the answer. The rule's answer on any x86-64 CPU, though
+ * only the AVX-512 tiles act on it; 0 off x86-64. See gather.c. For
+ * tests. */
 int ab__host_u8_lanes(int64_t sb);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
