@@ -183,7 +183,8 @@ static void padded_destination_matches(void) {
 /* The plain tiles of uint16 and float64 where output rows start on lines:
  * the whole-line AVX-512 tiles where source rows are a whole number of
  * lines apart, elsewhere what the process's trial measured, and either
- * way where AB_HOST_LINE_TILES forces it; each way the same bytes
+ * way where AB_HOST_LINE_TILES forces it (which also decides uint16's
+ * 16 x 32 tile for output rows off lines); each way the same bytes
  * (outputs under 4 MiB, source rows off lines among them: the padded
  * outputs' 150 x 100 uint16 and 100 x 77 float64, and the cases below). */
 static void line_tile_cases_match(void) {
@@ -194,6 +195,12 @@ static void line_tile_cases_match(void) {
     {2, 997, 640},   /* source rows 1994 bytes apart: a ragged bottom */
     {8, 510, 512},   /* 4080 and 4096 */
     {8, 77, 200},    /* 616 and 1600, ragged 8 x 8 tiles */
+    /* output rows off lines: the 16 x 32 AVX-512 tile where source rows
+     * are a whole number of lines apart (or forced), else SSE2's */
+    {2, 1024, 1000}, /* source rows 2048 bytes apart, output rows 2000 */
+    {2, 1088, 1010}, /* 2176 and 2020: a ragged bottom (1010 source rows) */
+    {2, 640, 1001},  /* 1280 and 2002 */
+    {2, 1000, 1000}, /* 2000 and 2000: SSE2 unless forced */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const size_t es = cases[k].es;
@@ -246,6 +253,9 @@ Test(streaming, line_tiles_by_the_rule_or_forced_give_the_reference_bytes) {
   }
   for (size_t es = 1; es <= 16; es *= 2)
     if (es != 2 && es != 8) cr_assert_eq(ab__host_line_tiles(es, 2048), 0, "%zu-byte elements have no such choice", es);
+  cr_assert_eq(ab__host_wide_off_lines(2048), avx512, "uint16, output rows off lines, source rows on lines");
+  cr_assert_eq(ab__host_wide_off_lines(3840 + 64), avx512);
+  cr_assert_eq(ab__host_wide_off_lines(2000), 0, "source rows off lines: SSE2");
   line_tile_cases_match();
   static const char *const ways[] = {"1", "0"};
   for (int w = 0; w < 2; w++) {
@@ -256,6 +266,8 @@ Test(streaming, line_tiles_by_the_rule_or_forced_give_the_reference_bytes) {
       cr_assert_eq(ab__host_line_tiles(es, 2048), avx512 && w == 0, "AB_HOST_LINE_TILES=%s", ways[w]);
       cr_assert_eq(ab__host_line_tiles_known(es), w == 0 ? 1 : 0, "AB_HOST_LINE_TILES=%s", ways[w]);
     }
+    cr_assert_eq(ab__host_wide_off_lines(2000), avx512 && w == 0, "AB_HOST_LINE_TILES=%s", ways[w]);
+    cr_assert_eq(ab__host_wide_off_lines(2048), avx512 && w == 0, "AB_HOST_LINE_TILES=%s", ways[w]);
     line_tile_cases_match();
   }
 }

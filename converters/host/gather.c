@@ -1540,6 +1540,7 @@ struct transpose_ctx {
 #ifdef HAVE_X86_KERNELS
 static bool line_tiles(size_t es, int64_t sb);
 static bool line_tiles_held(size_t es, int64_t sb);
+static bool wide_off_lines(int64_t sb);
 #endif
 
 #ifdef HAVE_X86_KERNELS
@@ -1619,6 +1620,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
   const bool lanes = avx512_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
+  const bool wide_2 = es == 2 && !on_lines(d, dsa) && tiles_level() >= TILES_AVX512 && wide_off_lines(sb);
 #else
   const bool lanes = false;
 #endif
@@ -1635,6 +1637,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
       }
       if (lines_8) {
         tile_micro(dt, dsa, st, sb, ma, mb, 8, 8, 8, tr8x8_64, edges_8);
+        continue;
+      }
+      if (wide_2) {
+        tile_micro(dt, dsa, st, sb, ma, mb, 2, 32, 16, tr16x32_16, edges_2);
         continue;
       }
 #endif
@@ -2124,6 +2130,24 @@ static bool line_tiles(size_t es, int64_t sb) {
   return lines;
 }
 
+/* Whether the plain tiles of uint16 whose output rows are off lines take
+ * the AVX-512 16 x 32 tile (tr16x32_16: 32 bytes of each of 32 output
+ * rows a tile) rather than SSE2's 8 x 8 (16 bytes of 8): where source
+ * rows are a whole number of lines apart, from a line or not, or as
+ * AB_HOST_LINE_TILES forces. Intel (AMX) VM, one thread, a harness, GB/s,
+ * SSE2 -> 16 x 32, two or three rounds: source rows a whole number of
+ * lines apart, 1080 x 1920 (output rows of 2160 bytes) 6.5-7.1 ->
+ * 7.8-8.2, 16 bytes into a line 5.8-6.6 -> 6.8-7.3, 1000 x 1024
+ * 6.9-7.1 -> 9.0-9.2, 720 x 1280 6.8-7.4 -> 9.1-9.7, 200 x 4096 6.8-7.3
+ * -> 9.4, 600 x 800 19.6-21.2 -> 23.3-26.7; source rows off lines,
+ * 1000^2 12.7-12.8 -> 11.5-12.4, 1000 x 2000 10.6-11.6 -> 10.2-10.8,
+ * 1503 x 1500 the same (bench/results/2026-11-27-intel-u8-lanes.md).
+ * Not measured on other CPUs. */
+static bool wide_off_lines(int64_t sb) {
+  const int forced = forced_line_tiles();
+  return forced >= 0 ? forced != 0 : sb % LINE == 0;
+}
+
 /* ---- uint8 64 x 64 tiles with their lanes gathered (tr64x64_8_lanes) ----
  * That tile reads each of its 64 source rows' line (or two, for rows off
  * lines) in four passes, so those lines must stay in L1 between passes.
@@ -2198,6 +2222,15 @@ int ab__host_line_tiles(size_t es, int64_t sb) {
   return line_tiles(es, sb);
 #else
   (void)es;
+  (void)sb;
+  return 0;
+#endif
+}
+
+int ab__host_wide_off_lines(int64_t sb) {
+#ifdef HAVE_X86_KERNELS
+  return tiles_level() >= TILES_AVX512 && wide_off_lines(sb);
+#else
   (void)sb;
   return 0;
 #endif

@@ -120,6 +120,12 @@ int ab__host_line_tiles(size_t es, int64_t sb);
 /* The answer for source rows off lines without measuring: 1 or 0 once
  * measured or forced, -1 before; 0 for other element sizes. */
 int ab__host_line_tiles_known(size_t es);
+/* Whether the plain tiles of uint16 whose output rows are off lines take
+ * the AVX-512 16 x 32 tile (32-byte stores) rather than SSE2's 8 x 8,
+ * for source rows sb bytes apart: with AVX-512, where sb is a whole
+ * number of lines, or as AB_HOST_LINE_TILES=1 or 0 forces; 0 without
+ * AVX-512 and off x86-64. See gather.c. For tests. */
+int ab__host_wide_off_lines(int64_t sb);
 /* Whether the plain and L1 tiles' uint8 64 x 64 tiles (AVX-512, output
  * rows on lines) gather their registers' lanes from source rows sb bytes
  * apart (where those rows' lines fit L1's sets, by sysfs's geometry)
