@@ -198,7 +198,7 @@ static void line_tile_cases_match(void) {
     /* output rows off lines: the 16 x 32 AVX-512 tile where source rows
      * are a whole number of lines apart (or forced), else SSE2's */
     {2, 1024, 1000}, /* source rows 2048 bytes apart, output rows 2000 */
-    {2, 1088, 1010}, /* 2176 and 2020: a ragged bottom (1010 source rows) */
+    {2, 1088, 1010}, /* 2176 and 2020: a ragged right edge (1010 source rows, not a multiple of 16) */
     {2, 640, 1001},  /* 1280 and 2002 */
     {2, 1000, 1000}, /* 2000 and 2000: SSE2 unless forced */
   };

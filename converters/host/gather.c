@@ -292,7 +292,8 @@ __attribute__((target("avx512f"))) static void tr16x16_32(char *d, int64_t dsa, 
  * (AVX2), 30 (AVX-512) in L1, a 4096^2 transpose 6.0, 7.0 and 7.0 GB/s.
  * uint16 ran 14, 22 and 32 GB/s in L1 but slower than SSE2 in whole
  * transposes there (8.7 against 8.0-8.3 GB/s at 4096^2, 5.9 against
- * 3.9-5.2 at 8192^2), so the plain and L1 tiles keep the SSE2 one; the L2
+ * 3.9-5.2 at 8192^2), so the L1 tiles keep the SSE2 one, and so do the
+ * plain tiles but where wide_off_lines or line_tiles say otherwise; the L2
  * blocks use an AVX-512 16 x 32 one (join16x32_16: tr16x32_16, faster on
  * the EPYC, and on Intel CPUs strip_fill_u16), and the plain tiles a
  * 32 x 32 one where output rows start on lines (tr32x32_16). */
@@ -446,7 +447,8 @@ __attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int6
  * each destination row's two
  * 32-byte halves then joined and stored as one line. The SSE2 8 x 8 tile
  * the plain tiles use elsewhere stores 16 bytes of a row at a time, and
- * 16 x 32 tiles (32 bytes) gained nothing or lost in some shapes. Intel
+ * 16 x 32 tiles (32 bytes) gained nothing or lost in some shapes on
+ * lines (off lines they serve where wide_off_lines says). Intel
  * Xeon (Cascade Lake) VM, one thread, of memcpy: 512^2 0.42x -> 0.62x,
  * 1024^2 0.51x -> 0.69x, 1536 x 1024 0.56x -> 0.70x, 1920 x 1080
  * (output rows 1920 wide) 0.67x -> 0.78x, 1280 x 720 0.72x -> 0.74x. */
@@ -552,9 +554,9 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * written 64 bytes at a time) or AVX-512 with VBMI (as AVX-512, and the
  * uint8 pixels-to-planes kernel, and the strip-layout blocks' rows off
  * lines cut by byte permutes, stream_seg_vbmi); the L1 tiles' 2- and
- * 8-byte kernels, and the plain tiles'
- * where output rows are off lines and on the whole-line tiles' ragged
- * edges, are SSE2. The pixel and plane loops
+ * 8-byte kernels, and the plain tiles' on the whole-line tiles' ragged
+ * edges and where output rows are off lines (but uint16's where
+ * wide_off_lines says: the 16 x 32 AVX-512 tile), are SSE2. The pixel and plane loops
  * are compiled for SSE2, SSSE3 (AVX runs those too), AVX2 and AVX-512. */
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
        TILES_AVX512 = AB_TILES_AVX512, TILES_AVX512VBMI = AB_TILES_AVX512VBMI };
@@ -975,7 +977,8 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * 8 x 8 float64 one is this one; see visit_transpose): the 16 x 16
  * float32 one measured the same there on the EPYC and on the Intel VM,
  * and the 16 x 32 uint16 one was slower than SSE2 on the Intel VM in
- * whole transposes and mixed in the plain tiles. */
+ * whole transposes and mixed in the plain tiles on lines (off lines the
+ * plain tiles take it where wide_off_lines says). */
 static void tile_block(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
                        int level) {
   if (level >= TILES_AVX512) {
