@@ -1618,12 +1618,12 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
    * tile_u8_avx512, which tr64x64_8_lanes serves where u8_lanes says:
    * asked here once for the plane, not for every tile. */
 #ifdef HAVE_X86_KERNELS
-  const bool avx512_lines = on_lines(d, dsa) && tiles_level() >= TILES_AVX512;
-  const bool lines = avx512_lines && (es == 2 || es == 8) &&
+  const bool avx512 = tiles_level() >= TILES_AVX512, out_lines = on_lines(d, dsa);
+  const bool lines = avx512 && out_lines && (es == 2 || es == 8) &&
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
-  const bool lanes = avx512_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
-  const bool wide_2 = es == 2 && !on_lines(d, dsa) && tiles_level() >= TILES_AVX512 && wide_off_lines(sb);
+  const bool lanes = avx512 && out_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
+  const bool wide_2 = avx512 && !out_lines && es == 2 && wide_off_lines(sb);
 #else
   const bool lanes = false;
 #endif
@@ -2184,9 +2184,10 @@ static bool u8_lanes_rule(int64_t sb) {
   unsigned char per_set[64] = {0};
   int most = 0;
   for (int64_t i = 0; i < 64; i++) {
-    const uint64_t first = (uint64_t)i * (uint64_t)sb, last = first + 63; /* row i's 64 bytes, modulo 2^64 */
-    for (uint64_t line = first / LINE; line <= last / LINE; line++) {
-      const int n = ++per_set[line % (uint64_t)sets];
+    const uint64_t first = (uint64_t)i * (uint64_t)sb; /* row i's first byte, modulo 2^64 */
+    const int lines = first % LINE == 0 ? 1 : 2;     /* its 64 bytes' lines */
+    for (int k = 0; k < lines; k++) {
+      const int n = ++per_set[(first / LINE + (uint64_t)k) % (uint64_t)sets];
       most = n > most ? n : most;
     }
   }
