@@ -1273,6 +1273,14 @@ static void ragged_rows_match(void) {
 
 Test(cast, ragged_rows_match_the_reference) { ragged_rows_match(); }
 
+/* Rows of 1 KiB or more are read in 512-byte chunks with the next lines
+ * asked for ahead (AB_HOST_CAST_PREFETCH, on unless 0): the 1025-element
+ * rows above take chunks and a tail; here the same rows whole. */
+Test(cast, ragged_rows_without_the_prefetch_chunks_match_the_reference) {
+  setenv("AB_HOST_CAST_PREFETCH", "0", 1);
+  ragged_rows_match();
+}
+
 Test(cast, ragged_rows_in_baseline_loops_match_the_reference) {
   setenv("AB_HOST_TILES", "sse2", 1);
   ragged_rows_match();
