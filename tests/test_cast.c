@@ -1273,6 +1273,53 @@ static void ragged_rows_match(void) {
 
 Test(cast, ragged_rows_match_the_reference) { ragged_rows_match(); }
 
+/* A map is a multiply, then an add, each rounded, never one fused
+ * multiply-add: 10005 * 0.1 rounds to 1000.5, and 1000.5 - 1000 = 0.5
+ * rounds (half to even) to 0, where a fused one would keep 0.5 + 5.6e-14
+ * and give 1. Rows of 64, so the vector loops take them, into every
+ * integer result, from integer, float32 and float64 sources. */
+static void map_is_a_multiply_then_an_add(void) {
+  int16_t i16[64];
+  float f32[64];
+  double f64[64];
+  for (int i = 0; i < 64; i++) {
+    i16[i] = 10005;
+    f32[i] = 10005.0f;
+    f64[i] = 10005.0;
+  }
+  static const int from[] = {R_I16, R_F32, R_F64}, to[] = {R_I8, R_U8, R_I16, R_U16, R_I32};
+  const void *src[] = {i16, f32, f64};
+  for (size_t f = 0; f < 3; f++)
+    for (size_t k = 0; k < sizeof to / sizeof to[0]; k++) {
+      int64_t shape[1] = {64};
+      DLTensor t = {(void *)src[f], CPU0, 1, KD[from[f]].dt, shape, NULL, 0};
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = KD[to[k]].dt;
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = 0.1;
+      o.offset = -1000.0;
+      DLManagedTensorVersioned *r;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      const unsigned char *y = r->dl_tensor.data;
+      for (size_t b = 0; b < 64 * KD[to[k]].size; b++)
+        cr_assert_eq(y[b], 0, "%s 10005 * 0.1 - 1000 as %s: element %zu is not 0 (a fused multiply-add?)",
+                     KD[from[f]].name, KD[to[k]].name, b / KD[to[k]].size);
+      r->deleter(r);
+    }
+}
+
+Test(cast, a_map_is_a_multiply_then_an_add_in_the_widest_loops) { map_is_a_multiply_then_an_add(); }
+
+Test(cast, a_map_is_a_multiply_then_an_add_in_the_avx2_loops) {
+  setenv("AB_HOST_TILES", "avx2", 1);
+  map_is_a_multiply_then_an_add();
+}
+
+Test(cast, a_map_is_a_multiply_then_an_add_in_the_baseline_loops) {
+  setenv("AB_HOST_TILES", "sse2", 1);
+  map_is_a_multiply_then_an_add();
+}
+
 /* Rows of 1 KiB or more are read in 512-byte chunks with the next lines
  * asked for ahead (AB_HOST_CAST_PREFETCH, on unless 0): the 1025-element
  * rows above take chunks and a tail; here the same rows whole. */
