@@ -198,6 +198,7 @@ struct row_ctx {
   fast_row_fn fast; /* contiguous rows of this pair, or NULL */
   bool f16;         /* float16 on a side: fast is the float32 loop, run through fast_f16_row */
   bool stream;      /* the fast loops' rows go out with streaming stores (ab__host_cast_streams) */
+  bool prefetch;    /* long rows run in prefetched pieces (fast_run; not into float16) */
   bool *streamed;   /* set where a row went out streamed (for ab__host_cast_streamed_calls) */
 };
 
@@ -765,7 +766,7 @@ static void fast_piece(const struct row_ctx *c, char *d, const char *s, int64_t 
 
 /* fast_piece over a row, in prefetched pieces where it is long enough. */
 static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
-  if ((size_t)n * c->in_size >= 2 * PREFETCH_CHUNK && c->to != K_F16 && cast_prefetch()) {
+  if (c->prefetch && (size_t)n * c->in_size >= 2 * PREFETCH_CHUNK) {
     const int64_t per = (int64_t)(PREFETCH_CHUNK / c->in_size);
     for (int64_t k = 0; k < n; k += per) {
       const int64_t m = n - k < per ? n - k : per;
@@ -1349,6 +1350,7 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
   c.fast = fast_row(c.from, c.to);
   c.f16 = c.from == K_F16 || c.to == K_F16;
   c.stream = stream;
+  c.prefetch = c.to != K_F16 && cast_prefetch();
   c.streamed = streamed;
   const double one = 1, zero = 0;
   const double *sc = op->channel_scale, *of = op->channel_offset;
