@@ -5,7 +5,7 @@
 #
 #   tools/gpu-bundle.sh [BUILD] [DEST]      (defaults: build, .gpu)
 #   ... copy DEST to the GPU machine, then in the repository there:
-#   LD_LIBRARY_PATH=DEST/lib AB_GPU_PREBUILT=DEST tools/gpu-check.sh
+#   AB_GPU_PREBUILT=DEST tools/gpu-check.sh
 #
 # The C library and glibc's own libraries stay out (the GPU machine's
 # glibc must be as new as this one's or newer). Debug info is stripped,

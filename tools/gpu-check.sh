@@ -17,8 +17,10 @@
 # the runtime does not see fails them instead of skipping them.
 #
 # AB_GPU_PREBUILT=DIR runs the programs found in DIR (tools/gpu-bundle.sh
-# makes it, with the shared libraries they need) instead of configuring
-# and building: for a GPU machine without Criterion or a network. The
+# makes it, with the shared libraries they need in DIR/lib) instead of
+# configuring and building: for a GPU machine without Criterion or a
+# network. DIR/lib is put on LD_LIBRARY_PATH for those programs alone, so
+# that the bundled libraries never reach the machine's own Python. The
 # Python module is still built on the spot, into $AB_GPU_BUILD.
 #
 # Without a GPU and without --simulate it stops (exit 2) and says why. With
@@ -115,13 +117,16 @@ step() {
   tail -3 "$log/out"
 }
 
-# gpu_steps DIR: the CUDA programs of the build in DIR, on the GPU.
+# gpu_steps DIR [PREFIX...]: the CUDA programs of the build in DIR, on the
+# GPU, each started through PREFIX (an env setting LD_LIBRARY_PATH, say).
 gpu_steps() {
-  step abtool_info "$1/abtool" info
-  step test_cuda "$1/tests/test_cuda" --jobs=1 --short-filename
-  step conformance_cuda "$1/tests/test_conformance_cuda" --jobs=1 --short-filename
-  step stress_threads "$1/tests/stress_threads" 4 1500
-  step bench_cuda "$1/bench/bench_cuda"
+  local d=$1
+  shift
+  step abtool_info "$@" "$d/abtool" info
+  step test_cuda "$@" "$d/tests/test_cuda" --jobs=1 --short-filename
+  step conformance_cuda "$@" "$d/tests/test_conformance_cuda" --jobs=1 --short-filename
+  step stress_threads "$@" "$d/tests/stress_threads" 4 1500
+  step bench_cuda "$@" "$d/bench/bench_cuda"
 }
 
 if [ "$simulate" = 1 ]; then
@@ -148,7 +153,9 @@ elif [ -n "${AB_GPU_PREBUILT:-}" ]; then
     fi
   done
   echo "- prebuilt programs from $AB_GPU_PREBUILT ($(cat "$AB_GPU_PREBUILT/BUILT" 2>/dev/null || echo 'no BUILT note'))" >> "$report"
-  gpu_steps "$AB_GPU_PREBUILT" # the Python module still goes into $build
+  # The Python module still goes into $build.
+  libs=$(cd "$AB_GPU_PREBUILT/lib" && pwd)
+  gpu_steps "$AB_GPU_PREBUILT" env "LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAB_BUILD_TESTS=ON -DAB_BUILD_BENCH=ON
   step build cmake --build "$build" -j "$jobs"
