@@ -6,6 +6,10 @@
 #   tools/gpu-bundle.sh [BUILD] [DEST]      (defaults: build, .gpu)
 #   ... copy DEST to the GPU machine, then in the repository there:
 #   AB_GPU_PREBUILT=DEST tools/gpu-check.sh
+# gpu-check puts DEST/lib on its programs' library path itself; the
+# benchmarks packed beside them (bench_host, bench_pool, bench_threads,
+# bench_convert), run by hand, need it too:
+#   LD_LIBRARY_PATH=$PWD/DEST/lib DEST/bench/bench_host
 #
 # The C library and glibc's own libraries stay out (the GPU machine's
 # glibc must be as new as this one's or newer). Debug info is stripped,

@@ -152,9 +152,12 @@ elif [ -n "${AB_GPU_PREBUILT:-}" ]; then
       exit 2
     fi
   done
+  if ! libs=$(CDPATH='' cd -- "$AB_GPU_PREBUILT/lib" 2>/dev/null && pwd); then
+    echo "gpu-check: AB_GPU_PREBUILT=$AB_GPU_PREBUILT has no lib/ (tools/gpu-bundle.sh makes it)" | tee -a "$report" >&2
+    exit 2
+  fi
   echo "- prebuilt programs from $AB_GPU_PREBUILT ($(cat "$AB_GPU_PREBUILT/BUILT" 2>/dev/null || echo 'no BUILT note'))" >> "$report"
   # The Python module still goes into $build.
-  libs=$(cd "$AB_GPU_PREBUILT/lib" && pwd)
   gpu_steps "$AB_GPU_PREBUILT" env "LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAB_BUILD_TESTS=ON -DAB_BUILD_BENCH=ON
