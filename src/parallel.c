@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "converters/host/gather.h"
@@ -38,6 +39,9 @@ static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint env_generation; /* of the values below; 0: never read */
 static atomic_int env_threads;
 static atomic_size_t env_min;
+static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it matters */
+
+#define AUTO_MIN ((size_t)256 << 10)
 
 /* AB_NUM_THREADS and AB_PARALLEL_MIN, read once and again after
  * ab__env_reload (tests). */
@@ -49,17 +53,26 @@ static void read_env(void) {
     int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
     n = (int)ab__env_int("AB_NUM_THREADS", n, 1, MAX_THREADS);
     /* Bytes of result each thread gets at least: a move of fewer than
-     * twice this stays on the caller's thread. 256 KiB: on the Intel Xeon
-     * (Cascade Lake) VM, two threads against one in six rounds, 512 KiB
-     * transposes ran 1.15-1.89x (one round 0.83x), 1 MiB ones 1.70-2.08x
-     * (one round 0.67x), 1 MiB copies 1.52-1.87x in four, and float32 ->
-     * float16 of 1 and 2 MiB 1.3-2.3x, where 1 MiB a thread (set on the
-     * EPYC VM, which measured no size below it) kept them all on one;
-     * 256 KiB transposes split in two ran 0.6-1.0x, so not below that
-     * (bench/results/2026-11-27-intel-threads-threshold.md). The staging
-     * ring's copies split down to 256 KiB already (RING_PART). */
-    uint64_t m = ab__env_size("AB_PARALLEL_MIN", (uint64_t)256 << 10, 0, SIZE_MAX, "256KiB");
+     * twice this stays on the caller's thread. Unset (or auto): 256 KiB,
+     * and where that and AUTO_FEWER times it give a move different
+     * numbers of threads, the move's first calls measure both (see "the
+     * measured bound" below). 256 KiB: on the Intel Xeon (Cascade Lake)
+     * VM, two threads against one in six rounds, 512 KiB transposes ran
+     * 1.15-1.89x (one round 0.83x), 1 MiB ones 1.70-2.08x (one round
+     * 0.67x), 1 MiB copies 1.52-1.87x in four, and float32 -> float16 of 1
+     * and 2 MiB 1.3-2.3x; 256 KiB transposes split in two ran 0.6-1.0x, so
+     * not below that (bench/results/2026-11-27-intel-threads-threshold.md).
+     * On the Intel VM of 2026-11-28 (2 MiB L2) the same copies and
+     * transposes of 512 KiB - 1 MiB ran 0.44-1.03x on two threads, while
+     * float32 -> float16 with 1 MiB of result still gained 1.8-2.0x
+     * (bench/results/2026-11-28-intel-copy-ceiling.md): no one bound suits
+     * every machine and every kind of move. The staging ring's copies
+     * split down to 256 KiB whatever this is (RING_PART). */
+    const char *v = ab__env_str("AB_PARALLEL_MIN");
+    const bool automatic = v == NULL || strcmp(v, "auto") == 0;
+    uint64_t m = automatic ? AUTO_MIN : ab__env_size("AB_PARALLEL_MIN", AUTO_MIN, 0, SIZE_MAX, "256KiB or auto");
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
+    atomic_store_explicit(&env_auto, automatic, memory_order_relaxed);
     atomic_store_explicit(&env_threads, n, memory_order_relaxed);
     atomic_store_explicit(&env_generation, gen, memory_order_release);
   }
@@ -74,6 +87,13 @@ int ab__num_threads(void) {
 size_t ab__parallel_min(void) {
   if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
   return atomic_load_explicit(&env_min, memory_order_relaxed);
+}
+
+/* Whether AB_PARALLEL_MIN is unset or auto (ab__parallel_min is then
+ * AUTO_MIN). */
+static bool min_is_auto(void) {
+  if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+  return atomic_load_explicit(&env_auto, memory_order_relaxed);
 }
 
 /* ab_convert_opts.threads of the conversion this thread is running. */
@@ -173,6 +193,49 @@ static void work_on(struct job *j) {
   }
 }
 
+/* ---- the measured bound ------------------------------------------------------------ */
+
+/* With AB_PARALLEL_MIN unset, a move whose result gives each thread less
+ * than AUTO_FEWER times AUTO_MIN, so that the bound AUTO_MIN and the
+ * bound AUTO_FEWER times it give it different numbers of threads (two and
+ * one on two cores, for results of 512 KiB - 2 MiB), runs on the threads
+ * measured to be faster for its kind and size: its kind's first
+ * LEARN_CALLS calls at its size (a power of two of result bytes) run on
+ * the fewer threads, the next LEARN_CALLS on the more, each timed; the
+ * more stay only where the best of theirs is 10% faster than the best
+ * of the fewer (a thread that gains less is better left to the
+ * application). Every RELEARN-th call after the pick starts the trial
+ * again, so that a pick made in a noisy moment (other tenants, the
+ * application's own threads) does not hold for the whole process: on the
+ * Intel VM of 2026-11-28 one trial in three of a float32 -> float16 cast
+ * with 1 MiB of result timed two threads as slow as one. The bytes are
+ * the same either way. Moves with a bound of
+ * their own (the staging ring's copies) are not timed. A kind is a plain
+ * gather by its element size and whether its innermost source dim is
+ * contiguous (copies, transposes), or a cast by its element sizes and
+ * whether it is affine: on the Intel VM of 2026-11-28 copies and
+ * transposes of 512 KiB - 1 MiB lost on two threads and a float32 ->
+ * float16 cast of 1 MiB of result gained 1.8-2.0x. Each block of calls
+ * is timed back to back, not alternated: a call on one thread right after
+ * one on two finds half of its data in the other core's cache. */
+#define AUTO_FEWER 4
+#define LEARN_CALLS 3
+#define RELEARN AB__PARALLEL_RELEARN
+#define LEARN_KINDS 40 /* 8 gathers, 32 casts */
+#define LEARN_SIZES 8  /* results of 512 KiB * 2^k bytes, k < 8 */
+
+enum { PICK_UNKNOWN, PICK_SPLIT, PICK_FEWER, ARM_FEWER, ARM_SPLIT };
+
+struct learned {
+  int claimed[2], done[2]; /* calls of each arm started and timed (under lock) */
+  double best[2];          /* seconds, the fastest of each arm's timed calls (under lock) */
+  atomic_int pick;         /* PICK_*: set once both arms are timed */
+  atomic_uint uses;        /* calls since the pick */
+};
+
+static struct learned learned[LEARN_KINDS][LEARN_SIZES];
+static atomic_uint learned_generation; /* of the env the table was learned under; 0: never */
+
 /* ---- the workers -------------------------------------------------------------- */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -221,6 +284,10 @@ static void atfork_child(void) {
   queue = NULL;
   nworkers = 0;
   stopping = false;
+  /* Calls the parent's other threads were timing never finish here. */
+  for (int k = 0; k < LEARN_KINDS; k++)
+    for (int s = 0; s < LEARN_SIZES; s++)
+      for (int a = 0; a < 2; a++) learned[k][s].claimed[a] = learned[k][s].done[a];
 }
 static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
@@ -264,6 +331,133 @@ void ab__parallel_shutdown(void) {
  * finished by its caller, who takes the bands the workers leave. */
 __attribute__((destructor)) static void parallel_unload(void) { ab__parallel_shutdown(); }
 
+/* ---- the measured bound: its calls ---------------------------------------------- */
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* 0 for 1 byte, 1 for 2, 2 for 4, 3 for 8 or more. */
+static int size_class(size_t n) {
+  int k = 0;
+  while (k < 3 && ((size_t)2 << k) <= n) k++;
+  return k;
+}
+
+/* The entry of w's kind at its result size, or NULL for sizes past the
+ * table. */
+static struct learned *slot_of(const ab__host_job *w, size_t bytes) {
+  int k = -19; /* 512 KiB: 0 */
+  for (size_t b = bytes; b > 1; b >>= 1) k++;
+  if (k < 0 || k >= LEARN_SIZES) return NULL;
+  int kind;
+  if (w->op == NULL) {
+    const bool rows = w->ndim > 0 && w->byte_strides[w->ndim - 1] == (int64_t)w->es;
+    kind = size_class(w->es) * 2 + rows;
+  } else {
+    kind = 8 + (size_class(ab__elsize(w->op->from)) * 4 + size_class(ab__elsize(w->op->to))) * 2 + w->op->affine;
+  }
+  return &learned[kind][k];
+}
+
+bool ab__parallel_split_wins(double fewer_s, double split_s) { return split_s * 1.1 <= fewer_s; }
+
+/* Under lock: l as if never timed. */
+static void forget(struct learned *l) {
+  l->claimed[0] = l->claimed[1] = l->done[0] = l->done[1] = 0;
+  l->best[0] = l->best[1] = 0;
+  atomic_store_explicit(&l->uses, 0, memory_order_relaxed);
+  atomic_store_explicit(&l->pick, PICK_UNKNOWN, memory_order_relaxed);
+}
+
+/* Under lock: a fresh table when the settings changed since it was
+ * learned (ab__env_reload: AB_NUM_THREADS changes what each arm is). */
+static void learned_current(unsigned gen) {
+  if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == gen) return;
+  for (int k = 0; k < LEARN_KINDS; k++)
+    for (int s = 0; s < LEARN_SIZES; s++) {
+      forget(&learned[k][s]);
+    }
+  atomic_store_explicit(&learned_generation, gen, memory_order_release);
+}
+
+/* What this call of l's kind and size does: PICK_SPLIT or PICK_FEWER
+ * once learned; ARM_FEWER or ARM_SPLIT for a call to time (*gen: the
+ * table's generation, for learn_record), the RELEARN-th call after a
+ * pick too; PICK_UNKNOWN while the calls claimed for both arms are still
+ * running (the call takes the more threads, untimed). */
+static int learn_arm(struct learned *l, unsigned *gen) {
+  const unsigned now = ab__env_generation();
+  bool again = false;
+  if (atomic_load_explicit(&learned_generation, memory_order_acquire) == now) {
+    const int pick = atomic_load_explicit(&l->pick, memory_order_relaxed);
+    if (pick != PICK_UNKNOWN) {
+      if (atomic_fetch_add_explicit(&l->uses, 1, memory_order_relaxed) != RELEARN - 1) return pick;
+      again = true;
+    }
+  }
+  pthread_once(&atfork_once, register_atfork); /* a fork never finds lock held */
+  pthread_mutex_lock(&lock);
+  learned_current(now);
+  if (again && atomic_load_explicit(&l->pick, memory_order_relaxed) != PICK_UNKNOWN) forget(l);
+  int arm = atomic_load_explicit(&l->pick, memory_order_relaxed);
+  if (arm == PICK_UNKNOWN) {
+    if (l->claimed[0] < LEARN_CALLS) arm = ARM_FEWER;
+    else if (l->claimed[0] == l->done[0] && l->claimed[1] < LEARN_CALLS) arm = ARM_SPLIT;
+    if (arm != PICK_UNKNOWN) l->claimed[arm - ARM_FEWER]++;
+  }
+  pthread_mutex_unlock(&lock);
+  *gen = now;
+  return arm;
+}
+
+/* Records a timed call of l (w, `bytes` of result, on n threads; the
+ * other arm's is `other`), and picks once both arms have LEARN_CALLS. A
+ * call timed under settings since changed is dropped. */
+static void learn_record(const ab__host_job *w, size_t bytes, struct learned *l, unsigned gen, int arm, double dt,
+                         int64_t n, int64_t other) {
+  const int a = arm - ARM_FEWER;
+  int pick = PICK_UNKNOWN;
+  double best[2];
+  pthread_mutex_lock(&lock);
+  if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == gen &&
+      atomic_load_explicit(&l->pick, memory_order_relaxed) == PICK_UNKNOWN) {
+    if (l->done[a] == 0 || dt < l->best[a]) l->best[a] = dt;
+    l->done[a]++;
+    if (l->done[0] >= LEARN_CALLS && l->done[1] >= LEARN_CALLS) {
+      pick = ab__parallel_split_wins(l->best[0], l->best[1]) ? PICK_SPLIT : PICK_FEWER;
+      best[0] = l->best[0];
+      best[1] = l->best[1];
+      atomic_store_explicit(&l->pick, pick, memory_order_relaxed);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  if (pick != PICK_UNKNOWN) {
+    const int64_t few = a == 0 ? n : other, more = a == 0 ? other : n;
+    AB_LOG(AB_LOG_DEBUG,
+           "threads trial, %s %zu- to %zu-byte elements%s, %zu-byte result: %lld threads %.1f us, %lld threads %.1f us: %lld",
+           w->op == NULL ? "gather" : "cast", w->op == NULL ? w->es : ab__elsize(w->op->from),
+           w->op == NULL ? w->es : ab__elsize(w->op->to), w->op != NULL && w->op->affine ? ", affine" : "", bytes,
+           (long long)few, best[0] * 1e6, (long long)more, best[1] * 1e6, (long long)(pick == PICK_SPLIT ? more : few));
+  }
+}
+
+int ab__parallel_learned(const ab__host_job *w, int done[2]) {
+  int64_t numel = 1;
+  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i];
+  struct learned *l = slot_of(w, (size_t)numel * out_size(w));
+  if (l == NULL) return -1;
+  pthread_mutex_lock(&lock);
+  learned_current(ab__env_generation());
+  done[0] = l->done[0];
+  done[1] = l->done[1];
+  const int pick = atomic_load_explicit(&l->pick, memory_order_relaxed);
+  pthread_mutex_unlock(&lock);
+  return pick == PICK_SPLIT ? 2 : pick == PICK_FEWER ? 1 : 0;
+}
+
 /* ---- the entry ------------------------------------------------------------------ */
 
 /* Which dim the bands of a job on t threads cut (see the top), or -1 for
@@ -281,14 +475,9 @@ static int pick_cut(const ab__host_job *w, int64_t t) {
   return -1;
 }
 
-void ab__host_run(const ab__host_job *w) {
-  int64_t numel = 1;
-  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
-  size_t min = ab__parallel_min();
-  if (w->min_part != 0 && w->min_part < min) min = w->min_part;
-  const size_t bytes = (size_t)numel * out_size(w);
-  int64_t t = ab__parallel_threads();
-  if (t > 1 && bytes / min < (size_t)t) t = (int64_t)(bytes / min);
+/* Runs the job on t threads (the caller among them), or on the caller's
+ * alone where t is 1 or no dim can be cut. */
+static void run_on(const ab__host_job *w, int64_t t) {
   const int cut = t <= 1 || w->ndim == 0 ? -1 : pick_cut(w, t);
   if (cut < 0) {
     run_whole(w, w->dst, w->src, w->shape, w->op);
@@ -329,4 +518,45 @@ void ab__host_run(const ab__host_job *w) {
   unqueue(&j);
   while (j.active > 0) pthread_cond_wait(&done_cv, &lock);
   pthread_mutex_unlock(&lock);
+}
+
+/* Threads for a move of `bytes` of result, each taking at least `min`
+ * (one, if even that is too many), up to `most`. */
+static int64_t threads_for(size_t bytes, size_t min, int64_t most) {
+  if (most > 1 && bytes / min < (size_t)most) return bytes / min > 1 ? (int64_t)(bytes / min) : 1;
+  return most;
+}
+
+void ab__host_run(const ab__host_job *w) {
+  int64_t numel = 1;
+  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
+  size_t min = ab__parallel_min();
+  if (w->min_part != 0 && w->min_part < min) min = w->min_part;
+  const size_t bytes = (size_t)numel * out_size(w);
+  const int64_t most = ab__parallel_threads();
+  const int64_t t = threads_for(bytes, min, most);
+  /* The staging ring's copies (a min_part of their own) keep their bound:
+   * they overlap the DMA of other chunks, which a timed call cannot see. */
+  if (t > 1 && w->min_part == 0 && min_is_auto()) {
+    const int64_t fewer = threads_for(bytes, min * AUTO_FEWER, most);
+    struct learned *l = fewer < t ? slot_of(w, bytes) : NULL;
+    if (l != NULL) {
+      unsigned gen = 0;
+      const int arm = learn_arm(l, &gen);
+      if (arm == PICK_SPLIT || arm == PICK_UNKNOWN) { /* unknown: the calls claimed to time still run */
+        run_on(w, t);
+        return;
+      }
+      const int64_t n = arm == ARM_SPLIT ? t : fewer;
+      if (arm == PICK_FEWER) {
+        run_on(w, n);
+        return;
+      }
+      const double t0 = seconds();
+      run_on(w, n);
+      learn_record(w, bytes, l, gen, arm, seconds() - t0, n, arm == ARM_FEWER ? t : fewer);
+      return;
+    }
+  }
+  run_on(w, t);
 }

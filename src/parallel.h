@@ -4,6 +4,7 @@
 #ifndef AB_PARALLEL_H
 #define AB_PARALLEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,10 +36,27 @@ typedef struct ab__host_job {
 void ab__host_run(const ab__host_job *job);
 
 /* Threads a large host move may use (AB_NUM_THREADS, else the online
- * cores), and bytes of output each thread gets at least (AB_PARALLEL_MIN):
- * a move of fewer than twice that is one thread's. */
+ * cores), and bytes of output each thread gets at least (AB_PARALLEL_MIN,
+ * 256 KiB when unset or auto): a move of fewer than twice that is one
+ * thread's. Unset or auto, a move that one of four times as many bytes a
+ * thread would give fewer threads runs on whichever number its kind's
+ * first calls at its size measured faster (parallel.c). */
 int ab__num_threads(void);
 size_t ab__parallel_min(void);
+
+/* The measured bound's rule: whether the more threads, whose best call
+ * took split_s seconds, stay against the fewer's fewer_s (10% faster). */
+bool ab__parallel_split_wins(double fewer_s, double split_s);
+
+/* The measured bound times a kind and size of move again at every this
+ * many-th call after its pick. */
+#define AB__PARALLEL_RELEARN 1024
+
+/* For tests: what the measured bound knows of jobs of w's kind and
+ * size: -1 for a size it does not measure, else 0 (not yet decided),
+ * 1 (the fewer threads) or 2 (the more), and in done[] the calls timed on
+ * the fewer and on the more. */
+int ab__parallel_learned(const ab__host_job *w, int done[2]);
 
 /* Threads a large host move of the calling thread may use now: its cap
  * (ab__parallel_call_threads) or else ab__num_threads(). */

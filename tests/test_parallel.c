@@ -362,11 +362,16 @@ Test(parallel, a_jobs_min_part_splits_finer_than_the_default) {
 
 /* The default bound (AB_PARALLEL_MIN unset): 256 KiB of result a thread,
  * so 512 KiB is the least that two threads share, and 1 MiB goes four
- * ways. */
+ * ways; set to that, no call is measured against a coarser bound. */
 Test(parallel, the_default_bound_is_256_KiB_a_thread) {
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
   cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  setenv("AB_PARALLEL_MIN", "auto", 1);
+  ab__env_reload();
+  cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  setenv("AB_PARALLEL_MIN", "256KiB", 1);
+  ab__env_reload();
   const size_t n = (size_t)1 << 20;
   char *src = malloc(n), *dst = malloc(n);
   cr_assert(src != NULL && dst != NULL);
@@ -563,4 +568,148 @@ Test(parallel, broadcast_rows_cut_along_dim_1_fill_every_plane) {
   cr_assert_eq(ab__parallel_workers(), 2);
   cr_assert_eq(first_diff_vs_reference(&t, r), -1, "broadcast rows differ");
   r->deleter(r);
+}
+
+/* The measured bound (AB_PARALLEL_MIN unset): a 1 MiB copy on up to two
+ * threads (one, by a bound four times the default) runs its first three
+ * calls on one thread and the next three on two, each timed; then every
+ * call takes the number picked, up to the AB__PARALLEL_RELEARN-th after
+ * the pick, which starts over. Other kinds and sizes learn apart, and a
+ * change of settings starts over. */
+Test(parallel, the_measured_bound_times_both_then_keeps_the_faster) {
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  const size_t n = (size_t)1 << 20;
+  char *src = malloc(n), *dst = malloc(n);
+  cr_assert(src != NULL && dst != NULL);
+  fill_pattern(src, n, 5);
+  const uint32_t prev = ab__parallel_call_threads(2);
+  const int64_t shape[1] = {(int64_t)n}, stride[1] = {1}, half[1] = {(int64_t)n / 2};
+  const ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  int done[2] = {-1, -1};
+  cr_assert_eq(ab__parallel_learned(&job, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  ab__parallel_shutdown();
+  for (int call = 1; call <= 6; call++) {
+    memset(dst, 0, n);
+    ab__host_run(&job);
+    cr_assert_eq(memcmp(dst, src, n), 0, "call %d", call);
+    const int pick = ab__parallel_learned(&job, done);
+    cr_assert_eq(done[0], call < 3 ? call : 3, "call %d: %d timed on one thread", call, done[0]);
+    cr_assert_eq(done[1], call > 3 ? call - 3 : 0, "call %d: %d timed on two", call, done[1]);
+    cr_assert_eq(pick != 0, call == 6, "call %d: pick %d", call, pick);
+    cr_assert_eq(ab__parallel_workers(), call <= 3 ? 0 : 1, "call %d", call);
+  }
+  const int pick = ab__parallel_learned(&job, done);
+  ab__parallel_shutdown();
+  memset(dst, 0, n);
+  ab__host_run(&job);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  cr_assert_eq(ab__parallel_workers(), pick == 2 ? 1 : 0, "picked %d", pick);
+  cr_assert_eq(ab__parallel_learned(&job, done), pick, "a pick stays");
+  cr_assert(done[0] == 3 && done[1] == 3, "calls after the pick are not timed");
+  /* ... until the AB__PARALLEL_RELEARN-th after it, which times again */
+  for (int call = 2; call < AB__PARALLEL_RELEARN; call++) ab__host_run(&job);
+  cr_assert_eq(ab__parallel_learned(&job, done), pick);
+  cr_assert(done[0] == 3 && done[1] == 3);
+  memset(dst, 0, n);
+  ab__host_run(&job);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  cr_assert_eq(ab__parallel_learned(&job, done), 0, "timed again");
+  cr_assert(done[0] == 1 && done[1] == 0, "timed %d and %d", done[0], done[1]);
+
+  /* another size, another element size, a cast: nothing timed yet */
+  ab__host_job other = job;
+  other.shape = half;
+  cr_assert_eq(ab__parallel_learned(&other, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  other = job;
+  other.es = 2;
+  other.shape = half;
+  cr_assert_eq(ab__parallel_learned(&other, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  const ab__cast_op op = {.from = {kDLUInt, 8, 1}, .to = {kDLFloat, 32, 1}, .channel_dim = -1};
+  other = job;
+  other.op = &op;
+  cr_assert_eq(ab__parallel_learned(&other, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  /* results under 512 KiB never split by the default; from 128 MiB the table ends */
+  const int64_t small[1] = {(int64_t)(n / 2) - 1}, huge[1] = {(int64_t)128 << 20};
+  other = job;
+  other.shape = small;
+  cr_assert_eq(ab__parallel_learned(&other, done), -1);
+  other.shape = huge;
+  cr_assert_eq(ab__parallel_learned(&other, done), -1);
+
+  /* new settings: learned again */
+  setenv("AB_PARALLEL_MIN", "auto", 1);
+  ab__env_reload();
+  cr_assert_eq(ab__parallel_learned(&job, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  /* a bound set: nothing timed, the bound kept (two threads at once) */
+  setenv("AB_PARALLEL_MIN", "256KiB", 1);
+  ab__env_reload();
+  ab__parallel_shutdown();
+  ab__host_run(&job);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  cr_assert_eq(ab__parallel_workers(), 1);
+  cr_assert_eq(ab__parallel_learned(&job, done), 0);
+  cr_assert(done[0] == 0 && done[1] == 0);
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  ab__parallel_call_threads(prev);
+  free(src);
+  free(dst);
+}
+
+/* The rule: the more threads stay only where they are 10% faster. */
+Test(parallel, the_measured_bound_keeps_threads_that_gain_a_tenth) {
+  cr_assert(ab__parallel_split_wins(100e-6, 50e-6));
+  cr_assert(ab__parallel_split_wins(111e-6, 100e-6));
+  cr_assert_not(ab__parallel_split_wins(109e-6, 100e-6));
+  cr_assert_not(ab__parallel_split_wins(50e-6, 100e-6));
+}
+
+/* A 1 MiB copy learned by four callers at once: every call's bytes right,
+ * and both kinds of call timed exactly three times. */
+static void *learner(void *arg) {
+  const size_t n = (size_t)1 << 20;
+  char *src = arg, *dst = malloc(n);
+  if (dst == NULL) return (void *)1;
+  const uint32_t prev = ab__parallel_call_threads(2);
+  const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
+  const ab__host_job job = {.dst = dst, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  void *bad = NULL;
+  for (int i = 0; i < 10 && bad == NULL; i++) {
+    memset(dst, 0, n);
+    ab__host_run(&job);
+    if (memcmp(dst, src, n) != 0) bad = (void *)2;
+  }
+  ab__parallel_call_threads(prev);
+  free(dst);
+  return bad;
+}
+
+Test(parallel, concurrent_callers_learn_the_bound_once) {
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  const size_t n = (size_t)1 << 20;
+  char *src = malloc(n);
+  cr_assert_not_null(src);
+  fill_pattern(src, n, 9);
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) cr_assert_eq(pthread_create(&th[i], NULL, learner, src), 0);
+  for (int i = 0; i < 4; i++) {
+    void *rc;
+    pthread_join(th[i], &rc);
+    cr_assert_null(rc, "caller %d got wrong bytes", i);
+  }
+  const int64_t shape[1] = {(int64_t)n}, stride[1] = {1};
+  const ab__host_job job = {.dst = NULL, .src = src, .ndim = 1, .shape = shape, .byte_strides = stride, .es = 1};
+  int done[2];
+  cr_assert_neq(ab__parallel_learned(&job, done), 0);
+  cr_assert(done[0] == 3 && done[1] == 3, "timed %d and %d", done[0], done[1]);
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  free(src);
 }
