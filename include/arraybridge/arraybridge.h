@@ -369,7 +369,10 @@ typedef struct ab_convert_opts {
    * cores), 1 = the calling thread only, n = up to n (at most 64). Each thread
    * of a move gets at least AB_PARALLEL_MIN bytes of its result (default
    * 256 KiB), so moves below twice that stay on the calling thread
-   * whatever this says. The result is the same bytes either way. */
+   * whatever this says; with AB_PARALLEL_MIN unset, moves of up to 1 MiB a
+   * thread take the fewer threads where their first calls measured them
+   * as fast (docs/guide.md, "Threads"). The result is the same bytes
+   * either way. */
   uint32_t threads;
 } ab_convert_opts;
 
