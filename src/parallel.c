@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,8 +70,13 @@ static void read_env(void) {
      * every machine and every kind of move. The staging ring's copies
      * split down to 256 KiB whatever this is (RING_PART). */
     const char *v = ab__env_str("AB_PARALLEL_MIN");
-    const bool automatic = v == NULL || strcmp(v, "auto") == 0;
-    uint64_t m = automatic ? AUTO_MIN : ab__env_size("AB_PARALLEL_MIN", AUTO_MIN, 0, SIZE_MAX, "256KiB or auto");
+    uint64_t m = AUTO_MIN;
+    bool automatic = v == NULL || strcasecmp(v, "auto") == 0;
+    /* malformed: logged, and the default (auto) */
+    if (!automatic && (!ab__parse_size(v, strlen(v), &m) || m > SIZE_MAX)) {
+      m = ab__env_size("AB_PARALLEL_MIN", AUTO_MIN, 0, SIZE_MAX, "256KiB or auto");
+      automatic = true;
+    }
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
     atomic_store_explicit(&env_auto, automatic, memory_order_relaxed);
     atomic_store_explicit(&env_threads, n, memory_order_relaxed);
@@ -231,6 +237,7 @@ struct learned {
   double best[2];          /* seconds, the fastest of each arm's timed calls (under lock) */
   atomic_int pick;         /* PICK_*: set once both arms are timed */
   atomic_uint uses;        /* calls since the pick */
+  atomic_int most;         /* the threads a call could take when timed (its cap); 0: not yet */
 };
 
 static struct learned learned[LEARN_KINDS][LEARN_SIZES];
@@ -284,12 +291,23 @@ static void atfork_child(void) {
   queue = NULL;
   nworkers = 0;
   stopping = false;
-  /* Calls the parent's other threads were timing never finish here. */
+  /* Calls the parent's other threads were timing never finish here, nor
+   * does a call that was about to start a re-trial. */
   for (int k = 0; k < LEARN_KINDS; k++)
-    for (int s = 0; s < LEARN_SIZES; s++)
-      for (int a = 0; a < 2; a++) learned[k][s].claimed[a] = learned[k][s].done[a];
+    for (int s = 0; s < LEARN_SIZES; s++) {
+      struct learned *l = &learned[k][s];
+      for (int a = 0; a < 2; a++) l->claimed[a] = l->done[a];
+      atomic_store_explicit(&l->uses, 0, memory_order_relaxed);
+    }
 }
 static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* Takes lock, the fork handlers registered first: whenever lock is held,
+ * a fork finds them (else the child would find lock held for ever). */
+static void lock_take(void) {
+  pthread_once(&atfork_once, register_atfork);
+  pthread_mutex_lock(&lock);
+}
 
 /* Under lock: at least `want` workers, as far as threads can be made (the
  * caller does whatever bands are left, so fewer is only slower). Workers
@@ -297,7 +315,6 @@ static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent
 static void start_workers(int want) {
   if (want > MAX_THREADS - 1) want = MAX_THREADS - 1;
   if (nworkers >= want) return;
-  pthread_once(&atfork_once, register_atfork);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -306,7 +323,7 @@ static void start_workers(int want) {
 }
 
 int ab__parallel_workers(void) {
-  pthread_mutex_lock(&lock);
+  lock_take();
   const int n = nworkers;
   pthread_mutex_unlock(&lock);
   return n;
@@ -369,13 +386,17 @@ static void forget(struct learned *l) {
   l->claimed[0] = l->claimed[1] = l->done[0] = l->done[1] = 0;
   l->best[0] = l->best[1] = 0;
   atomic_store_explicit(&l->uses, 0, memory_order_relaxed);
+  atomic_store_explicit(&l->most, 0, memory_order_relaxed);
   atomic_store_explicit(&l->pick, PICK_UNKNOWN, memory_order_relaxed);
 }
 
 /* Under lock: a fresh table when the settings changed since it was
  * learned (ab__env_reload: AB_NUM_THREADS changes what each arm is). */
 static void learned_current(unsigned gen) {
-  if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == gen) return;
+  /* forward only: a caller that read the generation before a reload must
+   * not take the table back to it */
+  const unsigned cur = atomic_load_explicit(&learned_generation, memory_order_relaxed);
+  if (cur != 0 && (int)(gen - cur) <= 0) return;
   for (int k = 0; k < LEARN_KINDS; k++)
     for (int s = 0; s < LEARN_SIZES; s++) {
       forget(&learned[k][s]);
@@ -383,30 +404,43 @@ static void learned_current(unsigned gen) {
   atomic_store_explicit(&learned_generation, gen, memory_order_release);
 }
 
-/* What this call of l's kind and size does: PICK_SPLIT or PICK_FEWER
- * once learned; ARM_FEWER or ARM_SPLIT for a call to time (*gen: the
- * table's generation, for learn_record), the RELEARN-th call after a
- * pick too; PICK_UNKNOWN while the calls claimed for both arms are still
- * running (the call takes the more threads, untimed). */
-static int learn_arm(struct learned *l, unsigned *gen) {
+/* What this call of l's kind and size, which may take up to `most`
+ * threads, does: PICK_SPLIT or PICK_FEWER once learned; ARM_FEWER or
+ * ARM_SPLIT for a call to time (*gen: the table's generation, for
+ * learn_record), the RELEARN-th call after a pick too; PICK_UNKNOWN (the
+ * call takes the more threads, untimed) while the calls claimed for both
+ * arms are still running, and for calls whose cap differs from the one
+ * the entry is learned for (opts.threads: the arms would not be the
+ * same; the first cap to ask has it) or that read the settings before a
+ * reload. */
+static int learn_arm(struct learned *l, int64_t most, unsigned *gen) {
   const unsigned now = ab__env_generation();
   bool again = false;
   if (atomic_load_explicit(&learned_generation, memory_order_acquire) == now) {
     const int pick = atomic_load_explicit(&l->pick, memory_order_relaxed);
     if (pick != PICK_UNKNOWN) {
+      if (atomic_load_explicit(&l->most, memory_order_relaxed) != most) return PICK_UNKNOWN;
       if (atomic_fetch_add_explicit(&l->uses, 1, memory_order_relaxed) != RELEARN - 1) return pick;
       again = true;
     }
   }
-  pthread_once(&atfork_once, register_atfork); /* a fork never finds lock held */
-  pthread_mutex_lock(&lock);
+  lock_take();
   learned_current(now);
-  if (again && atomic_load_explicit(&l->pick, memory_order_relaxed) != PICK_UNKNOWN) forget(l);
-  int arm = atomic_load_explicit(&l->pick, memory_order_relaxed);
-  if (arm == PICK_UNKNOWN) {
-    if (l->claimed[0] < LEARN_CALLS) arm = ARM_FEWER;
-    else if (l->claimed[0] == l->done[0] && l->claimed[1] < LEARN_CALLS) arm = ARM_SPLIT;
-    if (arm != PICK_UNKNOWN) l->claimed[arm - ARM_FEWER]++;
+  int arm = PICK_UNKNOWN;
+  if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == now) {
+    if (again && atomic_load_explicit(&l->pick, memory_order_relaxed) != PICK_UNKNOWN) forget(l);
+    const int has = atomic_load_explicit(&l->most, memory_order_relaxed);
+    if (has == 0 || has == most) {
+      arm = atomic_load_explicit(&l->pick, memory_order_relaxed);
+      if (arm == PICK_UNKNOWN) {
+        if (l->claimed[0] < LEARN_CALLS) arm = ARM_FEWER;
+        else if (l->claimed[0] == l->done[0] && l->claimed[1] < LEARN_CALLS) arm = ARM_SPLIT;
+        if (arm != PICK_UNKNOWN) {
+          l->claimed[arm - ARM_FEWER]++;
+          atomic_store_explicit(&l->most, (int)most, memory_order_relaxed);
+        }
+      }
+    }
   }
   pthread_mutex_unlock(&lock);
   *gen = now;
@@ -421,7 +455,7 @@ static void learn_record(const ab__host_job *w, size_t bytes, struct learned *l,
   const int a = arm - ARM_FEWER;
   int pick = PICK_UNKNOWN;
   double best[2];
-  pthread_mutex_lock(&lock);
+  lock_take();
   if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == gen &&
       atomic_load_explicit(&l->pick, memory_order_relaxed) == PICK_UNKNOWN) {
     if (l->done[a] == 0 || dt < l->best[a]) l->best[a] = dt;
@@ -449,7 +483,7 @@ int ab__parallel_learned(const ab__host_job *w, int done[2]) {
   for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i];
   struct learned *l = slot_of(w, (size_t)numel * out_size(w));
   if (l == NULL) return -1;
-  pthread_mutex_lock(&lock);
+  lock_take();
   learned_current(ab__env_generation());
   done[0] = l->done[0];
   done[1] = l->done[1];
@@ -504,7 +538,7 @@ static void run_on(const ab__host_job *w, int64_t t) {
   j.nbands = (n + j.band - 1) / j.band;
   atomic_init(&j.next, 0);
 
-  pthread_mutex_lock(&lock);
+  lock_take();
   start_workers((int)t - 1);
   struct job **tail = &queue;
   while (*tail != NULL) tail = &(*tail)->queued;
@@ -542,7 +576,7 @@ void ab__host_run(const ab__host_job *w) {
     struct learned *l = fewer < t ? slot_of(w, bytes) : NULL;
     if (l != NULL) {
       unsigned gen = 0;
-      const int arm = learn_arm(l, &gen);
+      const int arm = learn_arm(l, most, &gen);
       if (arm == PICK_SPLIT || arm == PICK_UNKNOWN) { /* unknown: the calls claimed to time still run */
         run_on(w, t);
         return;

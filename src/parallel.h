@@ -37,10 +37,12 @@ void ab__host_run(const ab__host_job *job);
 
 /* Threads a large host move may use (AB_NUM_THREADS, else the online
  * cores), and bytes of output each thread gets at least (AB_PARALLEL_MIN,
- * 256 KiB when unset or auto): a move of fewer than twice that is one
- * thread's. Unset or auto, a move that one of four times as many bytes a
- * thread would give fewer threads runs on whichever number its kind's
- * first calls at its size measured faster (parallel.c). */
+ * 256 KiB when unset, auto or malformed): a move of fewer than twice that
+ * is one thread's. Unset, auto or malformed, a move that a bound of four
+ * times as many bytes a thread would give fewer threads takes the fewer
+ * unless its kind's first calls at its size measured the more 10% faster,
+ * and is measured again every AB__PARALLEL_RELEARN-th call (parallel.c,
+ * "the measured bound"). */
 int ab__num_threads(void);
 size_t ab__parallel_min(void);
 

@@ -574,8 +574,9 @@ Test(parallel, broadcast_rows_cut_along_dim_1_fill_every_plane) {
  * threads (one, by a bound four times the default) runs its first three
  * calls on one thread and the next three on two, each timed; then every
  * call takes the number picked, up to the AB__PARALLEL_RELEARN-th after
- * the pick, which starts over. Other kinds and sizes learn apart, and a
- * change of settings starts over. */
+ * the pick, which starts over; calls with another cap on threads are not
+ * timed and keep 256 KiB a thread. Other kinds and sizes learn apart, and
+ * a change of settings starts over. */
 Test(parallel, the_measured_bound_times_both_then_keeps_the_faster) {
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
@@ -608,7 +609,18 @@ Test(parallel, the_measured_bound_times_both_then_keeps_the_faster) {
   cr_assert_eq(ab__parallel_workers(), pick == 2 ? 1 : 0, "picked %d", pick);
   cr_assert_eq(ab__parallel_learned(&job, done), pick, "a pick stays");
   cr_assert(done[0] == 3 && done[1] == 3, "calls after the pick are not timed");
-  /* ... until the AB__PARALLEL_RELEARN-th after it, which times again */
+  /* a call with another cap takes 256 KiB a thread (3 threads), untimed */
+  ab__parallel_call_threads(3);
+  ab__parallel_shutdown();
+  memset(dst, 0, n);
+  ab__host_run(&job);
+  cr_assert_eq(memcmp(dst, src, n), 0);
+  cr_assert_eq(ab__parallel_workers(), 2);
+  cr_assert_eq(ab__parallel_learned(&job, done), pick);
+  cr_assert(done[0] == 3 && done[1] == 3);
+  ab__parallel_call_threads(2);
+  /* ... and with the first cap, every call keeps the pick until the
+   * AB__PARALLEL_RELEARN-th after it, which times again */
   for (int call = 2; call < AB__PARALLEL_RELEARN; call++) ab__host_run(&job);
   cr_assert_eq(ab__parallel_learned(&job, done), pick);
   cr_assert(done[0] == 3 && done[1] == 3);
@@ -641,11 +653,17 @@ Test(parallel, the_measured_bound_times_both_then_keeps_the_faster) {
   other.shape = huge;
   cr_assert_eq(ab__parallel_learned(&other, done), -1);
 
-  /* new settings: learned again */
+  /* new settings: learned again; a malformed bound is the default, measured */
   setenv("AB_PARALLEL_MIN", "auto", 1);
   ab__env_reload();
   cr_assert_eq(ab__parallel_learned(&job, done), 0);
   cr_assert(done[0] == 0 && done[1] == 0);
+  setenv("AB_PARALLEL_MIN", "lots", 1);
+  ab__env_reload();
+  cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  ab__host_run(&job);
+  cr_assert_eq(ab__parallel_learned(&job, done), 0);
+  cr_assert(done[0] == 1 && done[1] == 0, "timed %d and %d", done[0], done[1]);
   /* a bound set: nothing timed, the bound kept (two threads at once) */
   setenv("AB_PARALLEL_MIN", "256KiB", 1);
   ab__env_reload();

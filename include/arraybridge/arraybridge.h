@@ -369,10 +369,13 @@ typedef struct ab_convert_opts {
    * cores), 1 = the calling thread only, n = up to n (at most 64). Each thread
    * of a move gets at least AB_PARALLEL_MIN bytes of its result (default
    * 256 KiB), so moves below twice that stay on the calling thread
-   * whatever this says; with AB_PARALLEL_MIN unset, moves of up to 1 MiB a
-   * thread take the fewer threads where their first calls measured them
-   * as fast (docs/guide.md, "Threads"). The result is the same bytes
-   * either way. */
+   * whatever this says. With AB_PARALLEL_MIN unset, a move of less than
+   * 1 MiB a thread takes as few threads as 1 MiB a thread would give it
+   * unless the first calls of its kind and size, timed on both numbers,
+   * found the more 10% faster; the pick is the process's, timed again
+   * every 1024th call, and made for the first value of this field that
+   * asked (calls with another value take 256 KiB a thread) (docs/guide.md,
+   * "Threads"). The result is the same bytes either way. */
   uint32_t threads;
 } ab_convert_opts;
 
