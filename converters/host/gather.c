@@ -1668,10 +1668,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
  * rows large enough to stream times an 8 MiB transpose of them each way
  * (probe_time, probe_kind: once per process, size and kind; all four
  * kinds at once took 30-65 ms on the EPYC VM, 250-340 on the Intel Xeon
- * VM in its slower hours, before each timed run got an untimed one ahead
- * of it, which made a process's first transpose of a kind about a
- * quarter slower on the Intel VM of 2026-11-28: a first 4096^2 transpose
- * of 1, 2 or 4-byte elements 30-110 -> 37-130 ms) and keeps the fastest for each regime, a
+ * VM in its slower hours) and keeps the fastest for each regime, a
  * streaming variant only when it wins by 10% or more, the blocks only
  * when they also beat the L1 tiles by 10% (ab__host_pick_variant). */
 #define TR_CLASSES 5 /* element sizes 1, 2, 4, 8, 16 */
@@ -1691,9 +1688,8 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 enum { TR_ON_LINES, TR_OUT_OFF, TR_SRC_OFF, TR_BOTH_OFF, TR_KINDS };
 /* Regimes: a transpose whose source and output fit in the last-level
  * cache together (llc_bytes) may find them there, as a trial repeated on
- * one 8 MiB transpose does; a larger one reads memory, as the trial does
- * after evicting its source from every cache (probe_time says why not the
- * output). The answers differ:
+ * one 8 MiB transpose does; a larger one reads and writes memory, as the
+ * trial does after evicting both from every cache. The answers differ:
  * EPYC, float32 with both kinds of rows off lines: the L1 tiles from the
  * cache (8 MiB: 24.2 GB/s against 19.3 plain), the blocks from memory
  * (4104^2: 16.9 against 10.4 plain and 8.2 in the L1 tiles). What one
@@ -1864,23 +1860,13 @@ static void evict(const char *p, size_t n) {
 
 /* Times the three variants on one R x C source of es-byte elements (8 MiB),
  * its rows spitch bytes apart from s, into output rows pitch bytes apart
- * from d: the blocks once to warm up, then each variant twice from the
- * cache (best[TR_CACHED]) and twice with the source evicted first
+ * from d: the blocks once to warm up, then each variant twice as it
+ * stands (each finds the output where the one before left it:
+ * best[TR_CACHED]) and twice after evicting source and output
  * (best[TR_MEMORY]), best of two; the second time only where the first
- * was within 1.5x of the fastest in that regime. Each timed run follows
- * an untimed one of the same variant, so that it finds the output as
- * back-to-back conversions into one block leave it, not as another
- * variant did: streaming stores into lines that the plain tiles' ordinary
- * stores left dirty in the cache run slowly (Intel Xeon VM, cpuid model
- * 167, uint16 with source rows off lines: the L1 tiles 3.5-5.0 GB/s after
- * the plain tiles, 9.2-11.3 after themselves), and so do they into lines
- * just evicted with clflushopt (6.5-6.7), so the output is not evicted for
- * the memory regime. Without those untimed runs the trial had the L1
- * tiles at a third of their speed for such rows and picked the blocks,
- * which ran 4096 x 4104 uint16 at 10.7-10.8 GB/s, against 12.6-13.0 in
- * the L1 tiles (bench/results/2026-11-28-steady-state-trial.md). (The plain uint8
- * tiles run at a fifth of the others' speed: with a warm-up of each
- * variant and no cut the uint8 trials took 100 ms on the EPYC VM; so, 65.) */
+ * was within 1.5x of the fastest in that regime. (The plain uint8 tiles
+ * run at a fifth of the others' speed: with a warm-up of each variant and
+ * no cut the uint8 trials took 100 ms on the EPYC VM; so, 65.) */
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
                        char *carry, bool wide, double best[TR_REGIMES][TR_MODES]) {
   double fastest[TR_REGIMES] = {1e30, 1e30};
@@ -1893,12 +1879,11 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
     for (int m = 0; m < TR_MODES; m++)
       for (int r = 0; r < (rep == 0 ? 1 : TR_REGIMES); r++) {
         if ((rep == 0 && m != TR_BLOCKED) || (rep == 2 && best[r][m] > 1.5 * fastest[r])) continue;
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines};
-        if (rep > 0) {
-          visit_transpose(&c, d, s);
-          _mm_sfence();
+        if (r == TR_MEMORY) {
+          evict(s, (size_t)(R * spitch));
+          evict(d, (size_t)(C * pitch));
         }
-        if (r == TR_MEMORY) evict(s, (size_t)(R * spitch));
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines};
         const double t0 = seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -1940,14 +1925,8 @@ static void *trial_alloc(size_t bytes) {
  * larger elements the blocks stay in that trial: uint16 planes ran faster
  * in them (8 x 1000^2: 17.8-19.0 against 6.5-13.1 in the L1 tiles and 7.0-
  * 7.3 plain, which the trial without them picked in nine processes of
- * ten). For the other kinds of uint8 rows from the cache the blocks need
- * only come within 10% of the fastest (as for large planes): the uint8 L1
- * tiles slow down past the trial's 8 MiB, and the blocks do not (Intel
- * Xeon VM, cpuid model 167, rows on lines, one thread, two runs: 10.6-11.1,
- * 8.7-9.7 and 6.9-7.6 GB/s at 8, 16 and 64 MiB against 10.6-11.2,
- * 10.4-10.7 and 10.1-10.4; EPYC: 4096^2, 32 MiB in all, 9.1-9.3 against
- * 13.4-16). Where memory for the trials is
- * short, the plain tiles, for the rest of the process. */
+ * ten). Where memory for the trials is short, the plain tiles, for the
+ * rest of the process. */
 static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
   const int64_t R = 2048, C = 4096 / (int64_t)es, pitch = R * (int64_t)es, spitch = C * (int64_t)es;
   const size_t bytes = (size_t)(R * (spitch + 32));
@@ -1961,7 +1940,7 @@ static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
     double best[TR_REGIMES][TR_MODES];
     probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, wide, best);
     for (int r = 0; r < TR_REGIMES; r++)
-      pick[r] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, es == 1 && r == TR_CACHED);
+      pick[r] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
     pick[TR_LARGE] = ab__host_pick_variant(best[TR_MEMORY], true, true);
     for (int r = 0; r < TR_REGIMES; r++)
       AB_LOG(AB_LOG_DEBUG, "transpose trial, %zu-byte elements, %s, %s: plain %.2f, streamed %.2f, blocked %.2f GB/s: %s%s%s",
