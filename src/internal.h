@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "arraybridge/arraybridge.h"
 
@@ -19,6 +20,15 @@
 #  define AB_LIKELY(x) (x)
 #  define AB_UNLIKELY(x) (x)
 #endif
+
+/* Seconds on the monotonic clock, for the one-time trials that time the
+ * host kernels (converters/host/gather.c) and the thread split
+ * (parallel.c). */
+static inline double ab__seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 /* ---- device types as small indexes ------------------------------------- */
 

@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "converters/host/gather.h"
@@ -85,20 +84,25 @@ static void read_env(void) {
   pthread_mutex_unlock(&env_lock);
 }
 
-int ab__num_threads(void) {
+/* The values below as the settings' generation has them. */
+static inline void env_current(void) {
   if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+}
+
+int ab__num_threads(void) {
+  env_current();
   return atomic_load_explicit(&env_threads, memory_order_relaxed);
 }
 
 size_t ab__parallel_min(void) {
-  if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+  env_current();
   return atomic_load_explicit(&env_min, memory_order_relaxed);
 }
 
 /* Whether AB_PARALLEL_MIN is unset or auto (ab__parallel_min is then
  * AUTO_MIN). */
 static bool min_is_auto(void) {
-  if (AB_UNLIKELY(atomic_load_explicit(&env_generation, memory_order_acquire) != ab__env_generation())) read_env();
+  env_current();
   return atomic_load_explicit(&env_auto, memory_order_relaxed);
 }
 
@@ -130,6 +134,13 @@ struct job {
 
 static size_t out_size(const ab__host_job *w) {
   return w->op != NULL ? ab__elsize(w->op->to) : w->es;
+}
+
+/* The bytes of a whole job's result. */
+static size_t result_bytes(const ab__host_job *w) {
+  size_t n = out_size(w);
+  for (int32_t i = 0; i < w->ndim; i++) n *= (size_t)w->shape[i]; /* validated: no overflow */
+  return n;
 }
 
 /* The bytes a whole job reads and writes: its source and its result. */
@@ -350,12 +361,6 @@ __attribute__((destructor)) static void parallel_unload(void) { ab__parallel_shu
 
 /* ---- the measured bound: its calls ---------------------------------------------- */
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* 0 for 1 byte, 1 for 2, 2 for 4, 3 for 8 or more. */
 static int size_class(size_t n) {
   int k = 0;
@@ -479,9 +484,7 @@ static void learn_record(const ab__host_job *w, size_t bytes, struct learned *l,
 }
 
 int ab__parallel_learned(const ab__host_job *w, int done[2]) {
-  int64_t numel = 1;
-  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i];
-  struct learned *l = slot_of(w, (size_t)numel * out_size(w));
+  struct learned *l = slot_of(w, result_bytes(w));
   if (l == NULL) return -1;
   lock_take();
   learned_current(ab__env_generation());
@@ -562,11 +565,9 @@ static int64_t threads_for(size_t bytes, size_t min, int64_t most) {
 }
 
 void ab__host_run(const ab__host_job *w) {
-  int64_t numel = 1;
-  for (int32_t i = 0; i < w->ndim; i++) numel *= w->shape[i]; /* validated: no overflow */
   size_t min = ab__parallel_min();
   if (w->min_part != 0 && w->min_part < min) min = w->min_part;
-  const size_t bytes = (size_t)numel * out_size(w);
+  const size_t bytes = result_bytes(w);
   const int64_t most = ab__parallel_threads();
   const int64_t t = threads_for(bytes, min, most);
   /* The staging ring's copies (a min_part of their own) keep their bound:
@@ -586,9 +587,9 @@ void ab__host_run(const ab__host_job *w) {
         run_on(w, n);
         return;
       }
-      const double t0 = seconds();
+      const double t0 = ab__seconds();
       run_on(w, n);
-      learn_record(w, bytes, l, gen, arm, seconds() - t0, n, arm == ARM_FEWER ? t : fewer);
+      learn_record(w, bytes, l, gen, arm, ab__seconds() - t0, n, arm == ARM_FEWER ? t : fewer);
       return;
     }
   }

@@ -1827,12 +1827,6 @@ int ab__host_pick_variant(const double best[3], bool blocks, bool large) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-static double seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* Out of every cache: with clflushopt where the CPU has it, else clflush
  * (SSE2: every x86-64 CPU has it). clflush waits for each line before the
  * next: 16 MiB took 30 ms on the Intel Xeon (Cascade Lake) VM, which made
@@ -1884,10 +1878,10 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(d, (size_t)(C * pitch));
         }
         struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines};
-        const double t0 = seconds();
+        const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
-        const double dt = seconds() - t0;
+        const double dt = ab__seconds() - t0;
         if (rep > 0 && dt < best[r][m]) best[r][m] = dt;
         if (rep > 0 && dt < fastest[r]) fastest[r] = dt;
       }
@@ -2086,9 +2080,9 @@ static int line_trial(size_t es) {
     for (int rep = 0; rep < 4; rep++)
       for (int w = 0; w < 2; w++) {
         struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w};
-        const double t0 = seconds();
+        const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
-        const double dt = seconds() - t0;
+        const double dt = ab__seconds() - t0;
         if (rep > 0 && dt < best[w]) best[w] = dt; /* the first round warms up */
       }
     pick = best[0] * 1.05 <= best[1] ? 0 : 1;
