@@ -901,6 +901,141 @@ Test(streaming, bands_of_a_large_conversion_may_stream) {
   free(src);
 }
 
+/* The streaming variants measured on the transposes themselves
+ * (gather.c's learner): a 1024^2 float32 transpose (4 MiB of output,
+ * rows on lines) as one band, its trial taken as having picked the L1
+ * tiles. */
+#define LEARN_N 1024
+static float *learn_src, *learn_out;
+static void learn_setup(void) {
+  learn_src = aligned_alloc(64, (size_t)LEARN_N * LEARN_N * sizeof(float));
+  learn_out = aligned_alloc(64, (size_t)LEARN_N * LEARN_N * sizeof(float));
+  cr_assert(learn_src != NULL && learn_out != NULL);
+  for (size_t i = 0; i < (size_t)LEARN_N * LEARN_N; i++) learn_src[i] = (float)(i * 7 % 100003);
+}
+static const size_t learn_bytes = (size_t)LEARN_N * LEARN_N * sizeof(float), learn_whole = 2 * learn_bytes;
+/* One transpose; the variant it ran. check: against the source. */
+static int learn_transpose(bool check) {
+  const int64_t shape[2] = {LEARN_N, LEARN_N}, st[2] = {4, 4 * LEARN_N};
+  if (check) memset(learn_out, 0, learn_bytes);
+  ab__host_gather_part(learn_out, learn_src, 2, shape, st, 4, learn_whole);
+  if (check)
+    for (int64_t i = 0; i < LEARN_N; i++)
+      for (int64_t j = 0; j < LEARN_N; j++)
+        cr_assert_eq(learn_out[i * LEARN_N + j], learn_src[j * LEARN_N + i], "(%lld, %lld) differs", (long long)i,
+                     (long long)j);
+  return ab__host_last_transpose_mode();
+}
+static int learned(int state[3]) {
+  return ab__host_learned_stores(4, true, true, learn_whole, learn_bytes, learn_bytes, state);
+}
+
+Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+  learn_setup();
+  ab__host_transpose_preset(4, 1);
+  int state[3];
+  cr_assert_eq(learned(state), 0, "measuring from the first band");
+  cr_assert(state[0] == 0 && state[1] == 0, "slots %d, %d before any band", state[0], state[1]);
+  /* the trial's pick (streamed) and the other (blocked) in turn, each timed */
+  for (int i = 0; i < 6; i++) {
+    cr_assert_eq(learn_transpose(true), i % 2 ? 2 : 1, "band %d", i);
+    const int l = learned(state);
+    cr_assert(state[0] == i + 1 && state[1] == i + 1, "band %d: slots %d handed out, %d done", i, state[0], state[1]);
+    if (i < 5) cr_assert_eq(l, 0, "band %d: picked before both were timed three times", i);
+    else cr_assert(l == 1 || l == 2, "after six bands: %d", l);
+  }
+  const int kept = learned(state);
+  cr_log_info("kept %s", ab__host_transpose_mode_name(kept));
+  for (unsigned i = 1; i < AB__STREAM_RELEARN; i++) cr_assert_eq(learn_transpose(i == 1), kept, "band %u after the pick", i);
+  cr_assert_eq(learned(state), kept);
+  cr_assert_eq(state[2], (int)AB__STREAM_RELEARN - 1, "bands since the pick");
+  /* the next band starts measuring again, the trial's pick first */
+  cr_assert_eq(learn_transpose(true), 1, "the first band of the second round");
+  cr_assert_eq(learned(state), 0);
+  cr_assert(state[0] == 1 && state[1] == 1, "second round: slots %d, %d", state[0], state[1]);
+  cr_assert_eq(learn_transpose(false), 2, "the second band of the second round");
+  /* other band sizes and kinds of rows learn apart */
+  cr_assert_eq(ab__host_learned_stores(4, true, true, learn_whole, learn_bytes, 2 * learn_bytes, state), 0);
+  cr_assert(state[0] == 0 && state[1] == 0, "a band twice the size: slots %d, %d", state[0], state[1]);
+  cr_assert_eq(ab__host_learned_stores(4, false, true, learn_whole, learn_bytes, learn_bytes, state), 0);
+  cr_assert(state[0] == 0 && state[1] == 0, "output rows off lines: slots %d, %d", state[0], state[1]);
+  free(learn_src);
+  free(learn_out);
+}
+
+Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+  learn_setup();
+  int state[3];
+  ab__host_transpose_preset(4, 0);
+  cr_assert_eq(learned(state), -1, "the plain tiles picked");
+  for (int i = 0; i < 3; i++) cr_assert_eq(learn_transpose(i == 0), 0);
+  ab__host_transpose_preset(4, 2);
+  setenv("AB_HOST_STREAMING", "trial", 1);
+  ab__env_reload();
+  cr_assert_eq(learned(state), -1, "AB_HOST_STREAMING=trial");
+  for (int i = 0; i < 8; i++) cr_assert_eq(learn_transpose(i == 0), 2, "AB_HOST_STREAMING=trial, band %d", i);
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+  cr_assert_eq(learned(state), 0, "measured once the variable is unset");
+  /* uint8 from the cache with both kinds of rows off lines: the trial
+   * never picks the blocks there, so nothing to weigh them against */
+  ab__host_transpose_preset(1, 1);
+  cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)8 << 20, (size_t)4 << 20, (size_t)4 << 20, state), -1);
+  cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)1 << 40, (size_t)4 << 20, (size_t)4 << 20, state), 0,
+               "from memory they may be");
+  free(learn_src);
+  free(learn_out);
+}
+
+Test(streaming, the_learned_pick_needs_a_5_percent_lead) {
+  cr_assert_eq(ab__host_learn_pick(100, 100), 1, "even: the trial's pick");
+  cr_assert_eq(ab__host_learn_pick(100, 96), 1, "4% ahead");
+  cr_assert_eq(ab__host_learn_pick(100, 94), 2, "6% ahead");
+  cr_assert_eq(ab__host_learn_pick(94, 100), 1);
+  cr_assert_eq(ab__host_learn_pick(100, 0), 1, "the other never timed");
+  cr_assert_eq(ab__host_learn_pick(0, 100), 2, "only the other timed");
+}
+
+/* A fork while a round is half done: the child starts it over (a band
+ * of another thread, which the child does not have, would never finish
+ * its slot), and the parent's round goes on. */
+Test(streaming, a_fork_midway_through_the_measuring_starts_it_over_in_the_child) {
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+  learn_setup();
+  ab__host_transpose_preset(4, 1);
+  int state[3];
+  for (int i = 0; i < 3; i++) learn_transpose(false);
+  cr_assert_eq(learned(state), 0);
+  cr_assert_eq(state[0], 3);
+  fflush(NULL);
+  const pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    alarm(20);
+    int st[3];
+    if (learned(st) != 0 || st[0] != 0 || st[1] != 0) _exit(1);
+    if (learn_transpose(false) != 1 || learn_transpose(false) != 2) _exit(2);
+    for (int i = 0; i < 4; i++) learn_transpose(false);
+    const int l = learned(st);
+    _exit(l == 1 || l == 2 ? 0 : 3);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %s %d",
+            WIFSIGNALED(status) ? "killed by signal" : "exit status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+  cr_assert_eq(learned(state), 0);
+  cr_assert(state[0] == 3 && state[1] == 3, "the parent's round: slots %d, %d", state[0], state[1]);
+  cr_assert_eq(learn_transpose(false), 2, "the parent's fourth band");
+  free(learn_src);
+  free(learn_out);
+}
+
 /* Images of 1-4 channels of 1, 2, 4 and 8 bytes, HWC to CHW and CHW to
  * HWC (the pixel and plane loops; uint8 HWC to CHW with 3 and 4 channels
  * also the VBMI kernel), widths with and without a tail past a whole

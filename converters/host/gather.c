@@ -1961,16 +1961,24 @@ static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
  * cheap). */
 static int forced_mode(void) {
   static const struct ab__env_choice modes[] = {
-      {"auto", -1}, {"1", TR_STREAMED}, {"0", TR_PLAIN}, {"blocked", TR_BLOCKED}, {NULL, 0}};
-  return ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked or auto");
+      {"auto", -1}, {"trial", -2}, {"1", TR_STREAMED}, {"0", TR_PLAIN}, {"blocked", TR_BLOCKED}, {NULL, 0}};
+  static ab__env_cache cache; /* read for every large transpose's bands: a malformed value logs once */
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v - 2;
+  return (int)ab__env_keep(&cache, (uint32_t)(ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked, trial or auto") + 2)) - 2;
 }
 
 /* fork: never while a trial holds the lock (the child would find it held
  * by a thread it does not have, and wait at its first trial for ever); a
  * fork waits for the trial to end. */
+static void learners_fork_child(void);
 static void trial_fork_prepare(void) { pthread_mutex_lock(&trial_lock); }
 static void trial_fork_done(void) { pthread_mutex_unlock(&trial_lock); }
-static void trial_atfork(void) { pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_done); }
+static void trial_fork_child(void) {
+  learners_fork_child();
+  pthread_mutex_unlock(&trial_lock);
+}
+static void trial_atfork(void) { pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_child); }
 /* Takes trial_lock, the fork handlers registered once for every trial:
  * registered twice, a fork would lock trial_lock twice in one thread and
  * wait for ever. */
@@ -1996,6 +2004,17 @@ static void decide(int k, size_t es, int kind) {
   pthread_mutex_unlock(&trial_lock);
 }
 
+void ab__host_transpose_preset(size_t es, int mode) {
+  const int k = ab__width_index(es);
+  if (k < 0) return;
+  trial_lock_take();
+  for (int kind = 0; kind < TR_KINDS; kind++) {
+    for (int r = 0; r < TR_PICKS; r++) tr_pick[k][r][kind] = mode;
+    atomic_store_explicit(&tr_ready[k][kind], true, memory_order_release);
+  }
+  pthread_mutex_unlock(&trial_lock);
+}
+
 int ab__host_transpose_mode(size_t es) {
   const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
@@ -2008,7 +2027,8 @@ int ab__host_transpose_mode_known(size_t es) {
 #ifdef HAVE_X86_KERNELS
   if (k < 0) return TR_PLAIN;
   if (atomic_load_explicit(&tr_ready[k][TR_ON_LINES], memory_order_acquire)) return tr_pick[k][TR_LARGE][TR_ON_LINES];
-  return forced_mode(); /* forced: known before any transpose */
+  const int m = forced_mode();
+  return m >= 0 ? m : -1; /* forced: known before any transpose */
 #else
   (void)k;
   return TR_PLAIN; /* no streamed variants here */
@@ -2031,6 +2051,124 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
   decide(k, es, kind);
   return tr_pick[k][regime][kind];
 }
+
+/* ---- the streaming variant measured on the transposes themselves ---------
+ * The trial above times an 8 MiB transpose once, and from the cache it
+ * times the L1 tiles right after the plain tiles have left the output's
+ * lines dirty in the cache, where they run at half their own speed
+ * (bench/results/2026-11-28-steady-state-trial.md). So where it picks
+ * one streaming variant and the other was also open to it, the
+ * transposes of each element size, kind of rows, regime and band size
+ * (a power of two of output bytes: one thread's band, so one thread and
+ * many learn apart) measure the two themselves: of the first
+ * LEARN_SLOTS bands, alternately the trial's pick and the other, each
+ * timed; from then on the other only where its fastest band ran
+ * LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN
+ * bands after a pick time both again: the pick may have met a noisy
+ * moment, and other tenants of a shared cache come and go (a fairer
+ * trial that moved 4096 x 4104 uint16 to the L1 tiles won 20% in a quiet
+ * hour and lost 6-14% in a crowded one, same record). The bytes are the
+ * same either way. AB_HOST_STREAMING=trial keeps the trial's picks. */
+#define LEARN_SIZES 12 /* band outputs under 512 KiB, then each power of two, the last 512 MiB and more */
+#define LEARN_SLOTS 6
+#define LEARN_MARGIN 1.05
+struct stream_learner {
+  _Atomic uint32_t claimed, timed, uses; /* slots handed out and done; bands since the pick */
+  _Atomic int pick;                      /* 0 measuring, 1 the trial's pick, 2 the other */
+  _Atomic uint64_t best[2];              /* fastest band of each, femtoseconds a byte; 0 none yet */
+};
+static struct stream_learner learners[TR_CLASSES][TR_PICKS][TR_KINDS][LEARN_SIZES];
+static _Thread_local int last_mode = -1;
+
+static void learner_clear(struct stream_learner *L) {
+  atomic_store_explicit(&L->best[0], 0, memory_order_relaxed);
+  atomic_store_explicit(&L->best[1], 0, memory_order_relaxed);
+  atomic_store_explicit(&L->timed, 0, memory_order_relaxed);
+  atomic_store_explicit(&L->claimed, 0, memory_order_relaxed);
+  atomic_store_explicit(&L->uses, 0, memory_order_relaxed);
+}
+/* fork: bands timed by threads the child does not have would never
+ * finish their slots, so measuring starts over there. */
+static void learners_fork_child(void) {
+  struct stream_learner *L = &learners[0][0][0][0];
+  for (size_t i = 0; i < sizeof learners / sizeof *L; i++)
+    if (atomic_load_explicit(&L[i].pick, memory_order_relaxed) == 0) learner_clear(&L[i]);
+}
+static int learn_size(size_t bytes) {
+  int c = 0;
+  while (c < LEARN_SIZES - 1 && bytes >> (19 + c) != 0) c++;
+  return c;
+}
+#ifdef HAVE_X86_KERNELS
+/* The variant a band of `bytes` output takes where the trial picked
+ * `mode` (streamed or blocked); *arm: which of the two to time (0 the
+ * trial's pick, 1 the other), or -1 for none. */
+static int learn_begin(struct stream_learner *L, int mode, int *arm) {
+  const int other = mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+  *arm = -1;
+  const int p = atomic_load_explicit(&L->pick, memory_order_acquire);
+  if (p != 0) {
+    if ((atomic_fetch_add_explicit(&L->uses, 1, memory_order_relaxed) + 1) % AB__STREAM_RELEARN != 0)
+      return p == 1 ? mode : other;
+    learner_clear(L); /* only this band saw this count: it starts the next round */
+    atomic_store_explicit(&L->pick, 0, memory_order_release);
+  }
+  const uint32_t n = atomic_fetch_add_explicit(&L->claimed, 1, memory_order_relaxed);
+  if (n >= LEARN_SLOTS) return mode; /* the slots' bands are still running */
+  *arm = (int)(n & 1);
+  return *arm ? other : mode;
+}
+/* A timed band's end (secs 0: it could not run its variant, so counts
+ * without a time); the last slot's end makes the pick. */
+static void learn_end(struct stream_learner *L, int arm, int mode, double secs, size_t bytes) {
+  const uint64_t v = (uint64_t)(secs * 1e15 / (double)bytes) + 1;
+  uint64_t cur = atomic_load_explicit(&L->best[arm], memory_order_relaxed);
+  while (secs > 0 && (cur == 0 || v < cur) &&
+         !atomic_compare_exchange_weak_explicit(&L->best[arm], &cur, v, memory_order_relaxed, memory_order_relaxed)) {
+  }
+  if (atomic_fetch_add_explicit(&L->timed, 1, memory_order_acq_rel) + 1 != LEARN_SLOTS) return;
+  const uint64_t a = atomic_load_explicit(&L->best[0], memory_order_relaxed),
+                 b = atomic_load_explicit(&L->best[1], memory_order_relaxed);
+  const int p = ab__host_learn_pick((double)a, (double)b);
+  atomic_store_explicit(&L->uses, 0, memory_order_relaxed);
+  atomic_store_explicit(&L->pick, p, memory_order_release);
+  const int other = mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+  AB_LOG(AB_LOG_DEBUG, "transposes of about %zu bytes: %s %.2f GB/s, %s %.2f GB/s: %s", bytes,
+         ab__host_transpose_mode_name(mode), 1e6 / (double)a, ab__host_transpose_mode_name(other), 1e6 / (double)b,
+         ab__host_transpose_mode_name(p == 1 ? mode : other));
+}
+#endif
+int ab__host_learn_pick(double trial_fs, double other_fs) {
+  if (other_fs <= 0) return 1; /* the other never ran */
+  return trial_fs <= 0 || other_fs * LEARN_MARGIN < trial_fs ? 2 : 1;
+}
+
+/* The learner for a band, or NULL where nothing is measured: a forced or
+ * trial-only AB_HOST_STREAMING, the plain tiles picked, or a variant the
+ * trial could not pick (the blocks for uint8 from the cache with both
+ * kinds of rows off lines). */
+static struct stream_learner *learner_of(size_t es, int mode, bool rows_on_lines, bool src_on_lines, size_t whole,
+                                         size_t plane, size_t bytes) {
+  const int k = ab__width_index(es);
+  if (k < 0 || mode == TR_PLAIN || forced_mode() != -1) return NULL;
+  const int regime = !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
+  const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
+  if (es == 1 && regime == TR_CACHED && kind == TR_BOTH_OFF) return NULL;
+  return &learners[k][regime][kind][learn_size(bytes)];
+}
+
+int ab__host_learned_stores(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane,
+                            size_t bytes, int state[3]) {
+  const int mode = ab__host_transpose_pick(es, rows_on_lines, src_on_lines, whole, plane);
+  struct stream_learner *L = learner_of(es, mode, rows_on_lines, src_on_lines, whole, plane, bytes);
+  if (L == NULL) return -1;
+  state[0] = (int)atomic_load(&L->claimed);
+  state[1] = (int)atomic_load(&L->timed);
+  state[2] = (int)atomic_load(&L->uses);
+  const int p = atomic_load(&L->pick);
+  return p == 0 ? 0 : p == 1 ? mode : mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+}
+int ab__host_last_transpose_mode(void) { return last_mode; }
 
 /* ---- whole-line plain tiles for uint16 and 8-byte elements ----------------
  * Outputs under 4 MiB take the plain tiles; where their rows start on
@@ -2356,6 +2494,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   if (j >= 0) {
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false, -1};
 #ifdef HAVE_X86_KERNELS
+    int mode = TR_PLAIN, arm = -1, picked = TR_PLAIN;
+    struct stream_learner *learner = NULL;
     int64_t total = es; /* the output's bytes */
     for (int i = 0; i < d.n; i++) total *= d.shape[i];
     /* Streaming stores for large outputs where the CPU gains by them, in
@@ -2370,7 +2510,11 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
     if (whole / 2 >= STREAM_MIN && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
-      const int mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole, (size_t)(c.na * c.nb) * elsize);
+      const size_t plane = (size_t)(c.na * c.nb) * elsize;
+      mode = ab__host_transpose_pick(elsize, rows_on_lines, c.sb % LINE == 0, whole, plane);
+      learner = learner_of(elsize, mode, rows_on_lines, c.sb % LINE == 0, whole, plane, (size_t)total);
+      picked = mode;
+      if (learner != NULL) mode = learn_begin(learner, mode, &arm);
       c.from_memory = from_memory(whole);
       if (mode != TR_PLAIN) {
         /* the blocks' buffer after the carried lines; or a line of slack
@@ -2380,6 +2524,11 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
         if (c.carry != NULL) c.mode = mode;
       }
     }
+    if (arm >= 0 && c.mode != mode) { /* no room for the variant: its slot ends untimed */
+      learn_end(learner, arm, picked, 0, (size_t)total);
+      arm = -1;
+    }
+    const double t0 = arm >= 0 ? ab__seconds() : 0;
 #else
     (void)whole; /* the plain tiles only: no variant to pick */
 #endif
@@ -2389,6 +2538,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
       _mm_sfence(); /* order the streaming stores before the caller's */
       ab__free(c.carry);
     }
+    if (arm >= 0) learn_end(learner, arm, picked, ab__seconds() - t0, (size_t)total);
+    last_mode = c.mode;
 #endif
     return;
   }

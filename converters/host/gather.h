@@ -56,6 +56,31 @@ unsigned ab__host_transpose_kinds_known(size_t es);
  * (a plane of a batch, or a thread's strip of a plane: the kernel's first
  * and last blocks are each strip's). Decides as ab__host_transpose_mode. */
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
+/* Where the trial picks a streaming variant (1 or 2) and the other was
+ * open to it, the transposes measure the two themselves: per element
+ * size, kind of rows, regime and band size (a power of two of the
+ * band's output bytes), the first 6 bands alternate the trial's pick and
+ * the other, each timed, and the faster is kept (the other only where
+ * ab__host_learn_pick says); every AB__STREAM_RELEARN bands after a pick
+ * time both again. AB_HOST_STREAMING=trial (or forced) keeps the trial's
+ * picks. See gather.c. */
+#define AB__STREAM_RELEARN 256u
+/* For tests: every kind of rows of es-byte elements taken as measured,
+ * with `mode` picked in every regime (the streaming variants are then
+ * still measured on the transposes, as after a trial). */
+void ab__host_transpose_preset(size_t es, int mode);
+/* The pick from each arm's fastest band, femtoseconds a byte (0: none
+ * timed): 1 the trial's pick, 2 the other (5% faster at least). */
+int ab__host_learn_pick(double trial_fs, double other_fs);
+/* For tests: the measuring of a band of `bytes` output bytes in such a
+ * transpose (arguments as ab__host_transpose_pick): -1 where none runs,
+ * 0 while measuring, else the variant kept; state: slots handed out,
+ * slots done, bands since the pick. */
+int ab__host_learned_stores(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane,
+                            size_t bytes, int state[3]);
+/* The variant the calling thread's last 2-D transpose band ran (0, 1,
+ * 2), -1 before any. */
+int ab__host_last_transpose_mode(void);
 /* The smallest output (bytes) a transpose may stream or block: 4 MiB;
  * smaller ones take the plain tiles. SIZE_MAX where no streaming variant
  * exists (off x86-64). */

@@ -8,8 +8,12 @@
  * one offset in a line or not), at the same moment, in a fresh process:
  * each asks for its kind's trial (converters/host/gather.c) while the
  * others ask for theirs, the same kind's included; the trials run one at
- * a time under a lock. ctest runs it with AB_HOST_STREAMING=auto, so that
- * the trials run whatever the environment says. Then the eight threads
+ * a time under a lock. Each thread converts its transpose four times, so
+ * the two threads of a kind also time the streaming variants on their
+ * transposes together (the 6 bands that gather.c's learner times, and the
+ * pick after them, where the trial picked a streaming variant). ctest
+ * runs it with AB_HOST_STREAMING=auto, so that the trials and the
+ * measuring run whatever the environment says. Then the eight threads
  * each make ten 1 MiB moves on up to two threads, a copy or a float32
  * transpose, which time the first calls of each kind on one thread and on
  * two (the measured bound of src/parallel.c; ctest leaves AB_PARALLEL_MIN
@@ -41,15 +45,18 @@ static void *transpose(void *arg) {
   DLManagedTensorVersioned *r = NULL;
   pthread_barrier_wait(&start);
   const char *bad = NULL;
-  if (ab_convert_memory(&t, (DLDevice){kDLCPU, 0}, &o, &r) != AB_OK) {
-    fprintf(stderr, "stress_trials: kind %d: %s\n", kind, ab_last_error());
-    bad = "conversion failed";
-  } else {
+  for (int rep = 0; rep < 4 && bad == NULL; rep++) {
+    if (ab_convert_memory(&t, (DLDevice){kDLCPU, 0}, &o, &r) != AB_OK) {
+      fprintf(stderr, "stress_trials: kind %d: %s\n", kind, ab_last_error());
+      bad = "conversion failed";
+      break;
+    }
     const uint8_t *d = r->dl_tensor.data;
     for (int64_t i = 0; i < rows && bad == NULL; i++)
       for (int64_t j = 0; j < cols; j++)
         if (d[i * cols + j] != a[j * rows + i]) {
-          fprintf(stderr, "stress_trials: kind %d: element (%lld, %lld) differs\n", kind, (long long)i, (long long)j);
+          fprintf(stderr, "stress_trials: kind %d, conversion %d: element (%lld, %lld) differs\n", kind, rep,
+                  (long long)i, (long long)j);
           bad = "wrong result";
           break;
         }
