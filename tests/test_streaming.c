@@ -931,6 +931,7 @@ static int learned(int state[3]) {
 }
 
 Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
+  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
   unsetenv("AB_HOST_STREAMING");
   ab__env_reload();
   learn_setup();
@@ -966,6 +967,7 @@ Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
 }
 
 Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
+  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
   unsetenv("AB_HOST_STREAMING");
   ab__env_reload();
   learn_setup();
@@ -984,7 +986,10 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
   /* uint8 from the cache with both kinds of rows off lines: the trial
    * never picks the blocks there, so nothing to weigh them against */
   ab__host_transpose_preset(1, 1);
-  cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)8 << 20, (size_t)4 << 20, (size_t)4 << 20, state), -1);
+  if (ab__host_llc_bytes() >= ((size_t)8 << 20))
+    cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)8 << 20, (size_t)4 << 20, (size_t)4 << 20, state), -1);
+  else
+    cr_log_warn("a last-level cache of %zu bytes: no 8 MiB transpose is from the cache here", ab__host_llc_bytes());
   cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)1 << 40, (size_t)4 << 20, (size_t)4 << 20, state), 0,
                "from memory they may be");
   free(learn_src);
@@ -1004,6 +1009,7 @@ Test(streaming, the_learned_pick_needs_a_5_percent_lead) {
  * of another thread, which the child does not have, would never finish
  * its slot), and the parent's round goes on. */
 Test(streaming, a_fork_midway_through_the_measuring_starts_it_over_in_the_child) {
+  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
   unsetenv("AB_HOST_STREAMING");
   ab__env_reload();
   learn_setup();

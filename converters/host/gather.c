@@ -2004,17 +2004,6 @@ static void decide(int k, size_t es, int kind) {
   pthread_mutex_unlock(&trial_lock);
 }
 
-void ab__host_transpose_preset(size_t es, int mode) {
-  const int k = ab__width_index(es);
-  if (k < 0) return;
-  trial_lock_take();
-  for (int kind = 0; kind < TR_KINDS; kind++) {
-    for (int r = 0; r < TR_PICKS; r++) tr_pick[k][r][kind] = mode;
-    atomic_store_explicit(&tr_ready[k][kind], true, memory_order_release);
-  }
-  pthread_mutex_unlock(&trial_lock);
-}
-
 int ab__host_transpose_mode(size_t es) {
   const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
@@ -2080,12 +2069,14 @@ struct stream_learner {
 static struct stream_learner learners[TR_CLASSES][TR_PICKS][TR_KINDS][LEARN_SIZES];
 static _Thread_local int last_mode = -1;
 
+/* claimed last, released: a band that claims a slot of the new round
+ * (acquiring it) sees the rest cleared */
 static void learner_clear(struct stream_learner *L) {
   atomic_store_explicit(&L->best[0], 0, memory_order_relaxed);
   atomic_store_explicit(&L->best[1], 0, memory_order_relaxed);
   atomic_store_explicit(&L->timed, 0, memory_order_relaxed);
-  atomic_store_explicit(&L->claimed, 0, memory_order_relaxed);
   atomic_store_explicit(&L->uses, 0, memory_order_relaxed);
+  atomic_store_explicit(&L->claimed, 0, memory_order_release);
 }
 /* fork: bands timed by threads the child does not have would never
  * finish their slots, so measuring starts over there. */
@@ -2113,7 +2104,7 @@ static int learn_begin(struct stream_learner *L, int mode, int *arm) {
     learner_clear(L); /* only this band saw this count: it starts the next round */
     atomic_store_explicit(&L->pick, 0, memory_order_release);
   }
-  const uint32_t n = atomic_fetch_add_explicit(&L->claimed, 1, memory_order_relaxed);
+  const uint32_t n = atomic_fetch_add_explicit(&L->claimed, 1, memory_order_acquire);
   if (n >= LEARN_SLOTS) return mode; /* the slots' bands are still running */
   *arm = (int)(n & 1);
   return *arm ? other : mode;
@@ -2169,6 +2160,23 @@ int ab__host_learned_stores(size_t es, bool rows_on_lines, bool src_on_lines, si
   return p == 0 ? 0 : p == 1 ? mode : mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
 }
 int ab__host_last_transpose_mode(void) { return last_mode; }
+
+void ab__host_transpose_preset(size_t es, int mode) {
+  const int k = ab__width_index(es);
+  if (k < 0) return;
+  trial_lock_take();
+  for (int kind = 0; kind < TR_KINDS; kind++) {
+    for (int r = 0; r < TR_PICKS; r++) {
+      tr_pick[k][r][kind] = mode;
+      for (int c = 0; c < LEARN_SIZES; c++) { /* what was learned against another pick goes */
+        learner_clear(&learners[k][r][kind][c]);
+        atomic_store_explicit(&learners[k][r][kind][c].pick, 0, memory_order_release);
+      }
+    }
+    atomic_store_explicit(&tr_ready[k][kind], true, memory_order_release);
+  }
+  pthread_mutex_unlock(&trial_lock);
+}
 
 /* ---- whole-line plain tiles for uint16 and 8-byte elements ----------------
  * Outputs under 4 MiB take the plain tiles; where their rows start on
