@@ -2048,8 +2048,9 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * (bench/results/2026-11-28-steady-state-trial.md). So where it picks
  * one streaming variant and the other was also open to it, the
  * transposes of each element size, kind of rows, regime and band size
- * (a power of two of output bytes: one thread's band, so one thread and
- * many learn apart) measure the two themselves: of the first
+ * (a power of two of one band's output bytes: a plane on one thread and
+ * its halves on two learn apart; bands of one call on several threads
+ * are timed side by side) measure the two themselves: of the first
  * LEARN_SLOTS bands, alternately the trial's pick and the other, each
  * timed; from then on the other only where its fastest band ran
  * LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN
