@@ -907,11 +907,20 @@ Test(streaming, bands_of_a_large_conversion_may_stream) {
  * tiles. */
 #define LEARN_N 1024
 static float *learn_src, *learn_out;
+/* Skips where no streaming variant is built; measuring as by default
+ * (AB_HOST_STREAMING unset); the arrays. */
 static void learn_setup(void) {
+  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
   learn_src = aligned_alloc(64, (size_t)LEARN_N * LEARN_N * sizeof(float));
   learn_out = aligned_alloc(64, (size_t)LEARN_N * LEARN_N * sizeof(float));
   cr_assert(learn_src != NULL && learn_out != NULL);
   for (size_t i = 0; i < (size_t)LEARN_N * LEARN_N; i++) learn_src[i] = (float)(i * 7 % 100003);
+}
+static void learn_teardown(void) {
+  free(learn_src);
+  free(learn_out);
 }
 static const size_t learn_bytes = (size_t)LEARN_N * LEARN_N * sizeof(float), learn_whole = 2 * learn_bytes;
 /* One transpose; the variant it ran. check: against the source. */
@@ -931,9 +940,6 @@ static int learned(int state[3]) {
 }
 
 Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
-  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
-  unsetenv("AB_HOST_STREAMING");
-  ab__env_reload();
   learn_setup();
   ab__host_transpose_preset(4, 1);
   int state[3];
@@ -962,14 +968,10 @@ Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
   cr_assert(state[0] == 0 && state[1] == 0, "a band twice the size: slots %d, %d", state[0], state[1]);
   cr_assert_eq(ab__host_learned_stores(4, false, true, learn_whole, learn_bytes, learn_bytes, state), 0);
   cr_assert(state[0] == 0 && state[1] == 0, "output rows off lines: slots %d, %d", state[0], state[1]);
-  free(learn_src);
-  free(learn_out);
+  learn_teardown();
 }
 
 Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
-  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
-  unsetenv("AB_HOST_STREAMING");
-  ab__env_reload();
   learn_setup();
   int state[3];
   ab__host_transpose_preset(4, 0);
@@ -992,8 +994,7 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
     cr_log_warn("a last-level cache of %zu bytes: no 8 MiB transpose is from the cache here", ab__host_llc_bytes());
   cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)1 << 40, (size_t)4 << 20, (size_t)4 << 20, state), 0,
                "from memory they may be");
-  free(learn_src);
-  free(learn_out);
+  learn_teardown();
 }
 
 Test(streaming, the_learned_pick_needs_a_5_percent_lead) {
@@ -1009,9 +1010,6 @@ Test(streaming, the_learned_pick_needs_a_5_percent_lead) {
  * of another thread, which the child does not have, would never finish
  * its slot), and the parent's round goes on. */
 Test(streaming, a_fork_midway_through_the_measuring_starts_it_over_in_the_child) {
-  if (ab__host_stream_min() == SIZE_MAX) cr_skip_test("no streaming variants on this CPU");
-  unsetenv("AB_HOST_STREAMING");
-  ab__env_reload();
   learn_setup();
   ab__host_transpose_preset(4, 1);
   int state[3];
@@ -1038,8 +1036,7 @@ Test(streaming, a_fork_midway_through_the_measuring_starts_it_over_in_the_child)
   cr_assert_eq(learned(state), 0);
   cr_assert(state[0] == 3 && state[1] == 3, "the parent's round: slots %d, %d", state[0], state[1]);
   cr_assert_eq(learn_transpose(false), 2, "the parent's fourth band");
-  free(learn_src);
-  free(learn_out);
+  learn_teardown();
 }
 
 /* Images of 1-4 channels of 1, 2, 4 and 8 bytes, HWC to CHW and CHW to

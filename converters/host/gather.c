@@ -1808,6 +1808,19 @@ static bool from_memory(size_t whole) {
   const size_t llc = llc_bytes();
   return llc == 0 || whole > llc;
 }
+/* The regime of a transpose reading and writing `whole` bytes, in 2-D
+ * transposes of `plane` bytes (TR_LARGE: see above), and its kind of rows. */
+static int tr_regime(size_t whole, size_t plane) {
+  return !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
+}
+static int tr_kind(bool rows_on_lines, bool src_on_lines) {
+  return rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
+}
+/* Whether the trial may pick the blocks: not uint8 from the cache with
+ * both kinds of rows off lines (see ab__host_pick_variant's callers). */
+static bool blocks_open(size_t es, int regime, int kind) {
+  return es > 1 || regime != TR_CACHED || kind != TR_BOTH_OFF;
+}
 
 /* The fastest variant: a streaming one only where it beats the plain
  * tiles by 10% or more, and the blocks only where they beat the L1 tiles
@@ -1934,7 +1947,7 @@ static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
     double best[TR_REGIMES][TR_MODES];
     probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, wide, best);
     for (int r = 0; r < TR_REGIMES; r++)
-      pick[r] = ab__host_pick_variant(best[r], es > 1 || r == TR_MEMORY || k != TR_BOTH_OFF, false);
+      pick[r] = ab__host_pick_variant(best[r], blocks_open(es, r, k), false);
     pick[TR_LARGE] = ab__host_pick_variant(best[TR_MEMORY], true, true);
     for (int r = 0; r < TR_REGIMES; r++)
       AB_LOG(AB_LOG_DEBUG, "transpose trial, %zu-byte elements, %s, %s: plain %.2f, streamed %.2f, blocked %.2f GB/s: %s%s%s",
@@ -2035,8 +2048,7 @@ unsigned ab__host_transpose_kinds_known(size_t es) {
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane) {
   const int k = ab__width_index(es);
   if (k < 0) return TR_PLAIN;
-  const int regime = !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
-  const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
+  const int regime = tr_regime(whole, plane), kind = tr_kind(rows_on_lines, src_on_lines);
   decide(k, es, kind);
   return tr_pick[k][regime][kind];
 }
@@ -2086,6 +2098,8 @@ static void learners_fork_child(void) {
   for (size_t i = 0; i < sizeof learners / sizeof *L; i++)
     if (atomic_load_explicit(&L[i].pick, memory_order_relaxed) == 0) learner_clear(&L[i]);
 }
+/* The streaming variant that is not `mode`. */
+static int other_variant(int mode) { return mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED; }
 static int learn_size(size_t bytes) {
   int c = 0;
   while (c < LEARN_SIZES - 1 && bytes >> (19 + c) != 0) c++;
@@ -2096,7 +2110,7 @@ static int learn_size(size_t bytes) {
  * `mode` (streamed or blocked); *arm: which of the two to time (0 the
  * trial's pick, 1 the other), or -1 for none. */
 static int learn_begin(struct stream_learner *L, int mode, int *arm) {
-  const int other = mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+  const int other = other_variant(mode);
   *arm = -1;
   const int p = atomic_load_explicit(&L->pick, memory_order_acquire);
   if (p != 0) {
@@ -2124,7 +2138,7 @@ static void learn_end(struct stream_learner *L, int arm, int mode, double secs, 
   const int p = ab__host_learn_pick((double)a, (double)b);
   atomic_store_explicit(&L->uses, 0, memory_order_relaxed);
   atomic_store_explicit(&L->pick, p, memory_order_release);
-  const int other = mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+  const int other = other_variant(mode);
   AB_LOG(AB_LOG_DEBUG, "transposes of about %zu bytes: %s %.2f GB/s, %s %.2f GB/s: %s", bytes,
          ab__host_transpose_mode_name(mode), 1e6 / (double)a, ab__host_transpose_mode_name(other), 1e6 / (double)b,
          ab__host_transpose_mode_name(p == 1 ? mode : other));
@@ -2143,9 +2157,8 @@ static struct stream_learner *learner_of(size_t es, int mode, bool rows_on_lines
                                          size_t plane, size_t bytes) {
   const int k = ab__width_index(es);
   if (k < 0 || mode == TR_PLAIN || forced_mode() != -1) return NULL;
-  const int regime = !from_memory(whole) ? TR_CACHED : plane >= TR_LARGE_PLANE ? TR_LARGE : TR_MEMORY;
-  const int kind = rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
-  if (es == 1 && regime == TR_CACHED && kind == TR_BOTH_OFF) return NULL;
+  const int regime = tr_regime(whole, plane), kind = tr_kind(rows_on_lines, src_on_lines);
+  if (!blocks_open(es, regime, kind)) return NULL;
   return &learners[k][regime][kind][learn_size(bytes)];
 }
 
@@ -2158,7 +2171,7 @@ int ab__host_learned_stores(size_t es, bool rows_on_lines, bool src_on_lines, si
   state[1] = (int)atomic_load(&L->timed);
   state[2] = (int)atomic_load(&L->uses);
   const int p = atomic_load(&L->pick);
-  return p == 0 ? 0 : p == 1 ? mode : mode == TR_STREAMED ? TR_BLOCKED : TR_STREAMED;
+  return p == 0 ? 0 : p == 1 ? mode : other_variant(mode);
 }
 int ab__host_last_transpose_mode(void) { return last_mode; }
 
