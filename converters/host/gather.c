@@ -2059,10 +2059,13 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * lines dirty in the cache, where they run at half their own speed
  * (bench/results/2026-11-28-steady-state-trial.md). So where it picks
  * one streaming variant and the other was also open to it, the
- * transposes of each element size, kind of rows, regime and band size
- * (a power of two of one band's output bytes: a plane on one thread and
- * its halves on two learn apart; bands of one call on several threads
- * are timed side by side) measure the two themselves: of the first
+ * transposes of each element size, kind of rows, regime, band size (a
+ * power of two of one band's output bytes: a plane on one thread and its
+ * halves on two learn apart; bands of one call on several threads are
+ * timed side by side) and whether the band is the whole job or a part of
+ * one (a 32 MiB transpose on one thread, and a 32 MiB band of a 64 MiB
+ * one beside another thread's, which shares the memory bus with it,
+ * learn apart too) measure the two themselves: of the first
  * LEARN_SLOTS bands, alternately the trial's pick and the other, each
  * timed; from then on the other only where its fastest band ran
  * LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN
@@ -2079,7 +2082,7 @@ struct stream_learner {
   _Atomic int pick;                      /* 0 measuring, 1 the trial's pick, 2 the other */
   _Atomic uint64_t best[2];              /* fastest band of each, femtoseconds a byte; 0 none yet */
 };
-static struct stream_learner learners[TR_CLASSES][TR_PICKS][TR_KINDS][LEARN_SIZES];
+static struct stream_learner learners[TR_CLASSES][TR_PICKS][TR_KINDS][LEARN_SIZES][2]; /* [..][part of a job] */
 static _Thread_local int last_mode = -1;
 
 /* claimed last, released: a band that claims a slot of the new round
@@ -2094,7 +2097,7 @@ static void learner_clear(struct stream_learner *L) {
 /* fork: bands timed by threads the child does not have would never
  * finish their slots, so measuring starts over there. */
 static void learners_fork_child(void) {
-  struct stream_learner *L = &learners[0][0][0][0];
+  struct stream_learner *L = &learners[0][0][0][0][0];
   for (size_t i = 0; i < sizeof learners / sizeof *L; i++)
     if (atomic_load_explicit(&L[i].pick, memory_order_relaxed) == 0) learner_clear(&L[i]);
 }
@@ -2159,7 +2162,7 @@ static struct stream_learner *learner_of(size_t es, int mode, bool rows_on_lines
   if (k < 0 || mode == TR_PLAIN || forced_mode() != -1) return NULL;
   const int regime = tr_regime(whole, plane), kind = tr_kind(rows_on_lines, src_on_lines);
   if (!blocks_open(es, regime, kind)) return NULL;
-  return &learners[k][regime][kind][learn_size(bytes)];
+  return &learners[k][regime][kind][learn_size(bytes)][bytes < whole / 2];
 }
 
 int ab__host_learned_stores(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane,
@@ -2182,10 +2185,11 @@ void ab__host_transpose_preset(size_t es, int mode) {
   for (int kind = 0; kind < TR_KINDS; kind++) {
     for (int r = 0; r < TR_PICKS; r++) {
       tr_pick[k][r][kind] = mode;
-      for (int c = 0; c < LEARN_SIZES; c++) { /* what was learned against another pick goes */
-        learner_clear(&learners[k][r][kind][c]);
-        atomic_store_explicit(&learners[k][r][kind][c].pick, 0, memory_order_release);
-      }
+      for (int c = 0; c < LEARN_SIZES; c++) /* what was learned against another pick goes */
+        for (int part = 0; part < 2; part++) {
+          learner_clear(&learners[k][r][kind][c][part]);
+          atomic_store_explicit(&learners[k][r][kind][c][part].pick, 0, memory_order_release);
+        }
     }
     atomic_store_explicit(&tr_ready[k][kind], true, memory_order_release);
   }

@@ -58,8 +58,9 @@ unsigned ab__host_transpose_kinds_known(size_t es);
 int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, size_t whole, size_t plane);
 /* Where the trial picks a streaming variant (1 or 2) and the other was
  * open to it, the transposes measure the two themselves: per element
- * size, kind of rows, regime and band size (a power of two of the
- * band's output bytes), the first 6 bands alternate the trial's pick and
+ * size, kind of rows, regime, band size (a power of two of the band's
+ * output bytes) and whether the band is the whole job or a part of one,
+ * the first 6 bands alternate the trial's pick and
  * the other, each timed, and the faster is kept (the other only where
  * ab__host_learn_pick says); every AB__STREAM_RELEARN bands after a pick
  * time both again. AB_HOST_STREAMING=trial (or forced) keeps the trial's
