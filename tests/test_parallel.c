@@ -368,6 +368,7 @@ Test(parallel, a_jobs_min_part_splits_finer_than_the_default) {
   cr_assert_eq(ab__parallel_workers(), 3);
   cr_assert_eq(memcmp(dst, src, n), 0);
   ab__parallel_call_threads(prev);
+  many_threads(); /* the suite's settings back: a test leaves none of its own behind */
   free(src);
   free(dst);
 }
@@ -402,6 +403,7 @@ Test(parallel, the_default_bound_is_256_KiB_a_thread) {
     cr_assert_eq(memcmp(dst, src, sizes[i]), 0);
   }
   ab__parallel_call_threads(prev);
+  many_threads();
   free(src);
   free(dst);
 }
