@@ -69,6 +69,33 @@ static void job_convert(void *p) {
   r->deleter(r);
 }
 
+/* One pass reading n bytes, as the next step of a pipeline reads the
+ * result: what it pays depends on where the result was left (a copy or
+ * a transpose with ordinary stores leaves it in the cache; streaming
+ * stores send it to memory). */
+static uint64_t read_all(const void *p, size_t n) {
+  const uint64_t *q = p;
+  uint64_t s = 0;
+  for (size_t i = 0; i < n / 8; i++) s += q[i];
+  return s;
+}
+static void job_memcpy_read(void *p) {
+  struct mc *c = p;
+  memcpy(c->dst, c->src, c->n);
+  sink += (unsigned)read_all(c->dst, c->n);
+}
+struct cvr { struct cv c; size_t bytes; };
+static void job_convert_read(void *p) {
+  struct cvr *c = p;
+  DLManagedTensorVersioned *r;
+  if (ab_convert_memory(&c->c.t, (DLDevice){kDLCPU, 0}, &c->c.o, &r) != AB_OK) {
+    fprintf(stderr, "bench: %s\n", ab_last_error());
+    exit(1);
+  }
+  sink += (unsigned)read_all(r->dl_tensor.data, c->bytes);
+  r->deleter(r);
+}
+
 struct gk { void *dst; const DLTensor *t; int64_t st[8]; size_t es; };
 static void job_gather(void *p) {
   struct gk *c = p;
@@ -148,7 +175,10 @@ static void job_memcpy_threads(void *p) {
 /* 2-D transposes of arrays of n x m elements of `es` bytes (m = n where
  * not given) through ab_convert_memory (and batched ones: `batch` planes,
  * each transposed), on one thread and on all, beside memcpy on one thread
- * and on all; and on one thread from a copy of the source offered for
+ * and on all; on one thread with one read of the whole result after each
+ * call, beside memcpy and the same read (what a pipeline that uses the
+ * result next pays; bench/results/2026-11-28-plain-and-read.md); and on
+ * one thread from a copy of the source offered for
  * huge pages (as NumPy's large arrays and ab_tensor_alloc's blocks are;
  * the first source is plain aligned_alloc memory, 4 KiB pages where
  * transparent huge pages are `madvise`). The rectangular ones have source
@@ -172,8 +202,8 @@ static void bench_transposes(int quick) {
     {1, 512, 0, {kDLFloat, 64, 1}, "f64"},   {1, 1920, 1080, {kDLUInt, 16, 1}, "u16"},
   };
   const int all = ab__num_threads();
-  printf("\n%-30s %10s %10s %12s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
-         "1thr/memcpy", "all/memcpyT", "huge/memcpy");
+  printf("\n%-30s %10s %10s %12s %12s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
+         "1thr/memcpy", "all/memcpyT", "huge/memcpy", "1thr+read");
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int64_t m0 = cases[k].m > 0 ? cases[k].m : cases[k].n;
     const int64_t n = quick ? cases[k].n / 4 : cases[k].n, m = quick ? m0 / 4 : m0, nb = cases[k].batch;
@@ -192,6 +222,10 @@ static void bench_transposes(int quick) {
     const double one = time_job(job_convert, &c);
     c.o.threads = 0;
     const double many = time_job(job_convert, &c);
+    /* one thread, then the result read once; against memcpy, then the same read */
+    c.o.threads = 1;
+    struct cvr cr = {c, bytes};
+    const double one_read = time_job(job_convert_read, &cr), mc_read = time_job(job_memcpy_read, &mc1);
     /* the same from a source on huge pages, where the kernel gives them */
     const size_t huge = (size_t)2 << 20, hb = (bytes + huge - 1) / huge * huge;
     char *ah = aligned_alloc(huge, hb);
@@ -207,13 +241,14 @@ static void bench_transposes(int quick) {
     char label[64];
     if (batched) snprintf(label, sizeof label, "%lldx(%lldx%lld) %s", (long long)nb, (long long)n, (long long)n, cases[k].name);
     else snprintf(label, sizeof label, "%lldx%lld %s", (long long)n, (long long)m, cases[k].name);
-    printf("%-30s %10.2f %10.2f %11.2fx %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9,
-           (double)bytes / many / 1e9, one_mc / one, all_mc / many, one_mc / one_huge);
+    printf("%-30s %10.2f %10.2f %11.2fx %11.2fx %11.2fx %11.2fx\n", label, (double)bytes / one / 1e9,
+           (double)bytes / many / 1e9, one_mc / one, all_mc / many, one_mc / one_huge, mc_read / one_read);
     free(a);
     free(b);
   }
   printf("(n x m: the array transposed, n rows of m elements; memcpyT: memcpy on %d threads, one slice each; huge: one\n"
-         " thread from a copy of the source offered for huge pages, against the same memcpy)\n", all);
+         " thread from a copy of the source offered for huge pages, against the same memcpy; 1thr+read: one thread's call\n"
+         " and one read of the whole result, against memcpy and the same read)\n", all);
 }
 
 /* Images of 2, 3 and 4 channels between packed pixels (HWC) and planes

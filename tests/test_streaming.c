@@ -976,7 +976,7 @@ Test(streaming, the_variants_are_measured_on_the_transposes_and_again_later) {
    * ends right there) */
   const size_t part_whole = learn_whole + 2 * 64, llc = ab__host_llc_bytes();
   if (llc != 0 && llc >= learn_whole && llc < part_whole) {
-    cr_log_warn("a last-level cache of %zu bytes: no band of 4 MiB is from the cache here", llc);
+    cr_log_warn("a last-level cache of %zu bytes: the whole job is from the cache and the part is not", llc);
   } else {
     cr_assert_eq(ab__host_learned_stores(4, true, true, part_whole, learn_bytes, learn_bytes, state), 0);
     cr_assert(state[0] == 0 && state[1] == 0, "a part of a job: slots %d, %d", state[0], state[1]);

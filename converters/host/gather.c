@@ -2062,10 +2062,12 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * transposes of each element size, kind of rows, regime, band size (a
  * power of two of one band's output bytes: a plane on one thread and its
  * halves on two learn apart; bands of one call on several threads are
- * timed side by side) and whether the band is the whole job or a part of
- * one (a 32 MiB transpose on one thread, and a 32 MiB band of a 64 MiB
- * one beside another thread's, which shares the memory bus with it,
- * learn apart too) measure the two themselves: of the first
+ * timed side by side) and whether the band is the whole job's output or
+ * less (bytes < whole / 2: a 32 MiB transpose on one thread, and a 32 MiB
+ * band of a 64 MiB one beside another thread's, which shares the memory
+ * bus with it, learn apart too; the pieces of a cast that transposes
+ * through a buffer, cast_then_transpose, whose `whole` counts both
+ * element sizes, are always less) measure the two themselves: of the first
  * LEARN_SLOTS bands, alternately the trial's pick and the other, each
  * timed; from then on the other only where its fastest band ran
  * LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN

@@ -59,7 +59,9 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
 /* Where the trial picks a streaming variant (1 or 2) and the other was
  * open to it, the transposes measure the two themselves: per element
  * size, kind of rows, regime, band size (a power of two of the band's
- * output bytes) and whether the band is the whole job or a part of one,
+ * output bytes) and whether the band is the whole job's output or less
+ * (a band of a job cut between threads, or a piece of a cast that
+ * transposes through a buffer),
  * the first 6 bands alternate the trial's pick and
  * the other, each timed, and the faster is kept (the other only where
  * ab__host_learn_pick says); every AB__STREAM_RELEARN bands after a pick
