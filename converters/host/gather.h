@@ -61,9 +61,8 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * size, kind of rows, regime, band size (a power of two of the band's
  * output bytes) and whether the band is the whole job's output or less
  * (a band of a job cut between threads, or a piece of a cast that
- * transposes through a buffer),
- * the first 6 bands alternate the trial's pick and
- * the other, each timed, and the faster is kept (the other only where
+ * transposes through a buffer), the first 6 bands alternate the trial's
+ * pick and the other, each timed, and the faster is kept (the other only where
  * ab__host_learn_pick says); every AB__STREAM_RELEARN bands after a pick
  * time both again. AB_HOST_STREAMING=trial (or forced) keeps the trial's
  * picks. See gather.c. */
