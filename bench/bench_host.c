@@ -58,13 +58,17 @@ static void job_memcpy_fresh(void *p) {
 }
 
 struct cv { DLTensor t; ab_convert_opts o; };
-static void job_convert(void *p) {
-  struct cv *c = p;
+/* The conversion to the host; a failure ends the benchmark. */
+static DLManagedTensorVersioned *convert(struct cv *c) {
   DLManagedTensorVersioned *r;
   if (ab_convert_memory(&c->t, (DLDevice){kDLCPU, 0}, &c->o, &r) != AB_OK) {
     fprintf(stderr, "bench: %s\n", ab_last_error());
     exit(1);
   }
+  return r;
+}
+static void job_convert(void *p) {
+  DLManagedTensorVersioned *r = convert(p);
   sink += ((unsigned char *)r->dl_tensor.data)[0];
   r->deleter(r);
 }
@@ -87,11 +91,7 @@ static void job_memcpy_read(void *p) {
 struct cvr { struct cv c; size_t bytes; };
 static void job_convert_read(void *p) {
   struct cvr *c = p;
-  DLManagedTensorVersioned *r;
-  if (ab_convert_memory(&c->c.t, (DLDevice){kDLCPU, 0}, &c->c.o, &r) != AB_OK) {
-    fprintf(stderr, "bench: %s\n", ab_last_error());
-    exit(1);
-  }
+  DLManagedTensorVersioned *r = convert(&c->c);
   sink += (unsigned)read_all(r->dl_tensor.data, c->bytes);
   r->deleter(r);
 }
