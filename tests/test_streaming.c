@@ -617,6 +617,85 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
   ab__env_reload();
 }
 
+/* One block buffer or two (AB_HOST_BLOCK_BUFFERS): with one, a block is
+ * filled and streamed out whole before the next fills the same buffer;
+ * with two, the previous block streams out of one half while the next
+ * fills the other. The rule (uint8 with AVX-512 on Intel CPUs: one;
+ * every other case: two) under both vendors and the variable; then, each
+ * way, blocks of every element size forced, several across and several
+ * down (so a buffer is filled again after it was streamed out), with a
+ * head, a ragged last block and a last band of a few rows, output rows on
+ * lines and off them, from the cache and from memory, against
+ * element-by-element copies, with the bytes around the output left
+ * alone. */
+Test(streaming, one_and_two_block_buffers_give_the_reference_bytes) {
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  unsetenv("AB_HOST_BLOCK_BUFFERS");
+  const bool x86 = strcmp(ab__host_tiles(), "portable") != 0, avx512 = strncmp(ab__host_tiles(), "avx512", 6) == 0;
+  static const char *const vendors[] = {"intel", "other"};
+  for (int v = 0; v < 2; v++) {
+    setenv("AB_HOST_VENDOR", vendors[v], 1);
+    ab__env_reload();
+    cr_assert_eq(ab__host_block_buffers(1), !x86 ? 0 : avx512 && v == 0 ? 1 : 2, "uint8, vendor %s", vendors[v]);
+    for (size_t es = 2; es <= 16; es *= 2)
+      cr_assert_eq(ab__host_block_buffers(es), x86 ? 2 : 0, "%zu-byte elements, vendor %s", es, vendors[v]);
+  }
+  unsetenv("AB_HOST_VENDOR");
+  /* rows: output rows (source columns); cols: output columns (source
+   * rows); at, out_at: the source and output start this many bytes into
+   * a line (a source at one offset in every line gets a head). */
+  static const struct { size_t es; int64_t rows, cols; size_t at, out_at; } cases[] = {
+    {1, 9024, 600, 16, 0},   /* uint8: a head, two wide blocks across, five bands (the last of 88 rows) */
+    {1, 5000, 902, 0, 32},   /* two blocks, a last band of 6 rows; output rows off lines */
+    {2, 4480, 600, 2, 0},    /* uint16 strips: a head, two blocks, a last band of 24 rows */
+    {4, 2500, 430, 4, 0},    /* float32: three blocks across (the last narrower), a last band of 14 rows */
+    {4, 1100, 1000, 0, 16},  /* two blocks, a last band of 8 rows; output rows off lines */
+    {8, 600, 900, 8, 0},     /* float64 (blocks go across): three blocks, a last band of 4 rows */
+    {16, 300, 900, 0, 16},   /* complex128: three blocks, a last band of 4 rows; output rows off lines */
+  };
+  /* each at least STREAM_MIN (4 MiB), so that the blocks take it from the cache too */
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    cr_assert_geq((size_t)(cases[k].rows * cases[k].cols) * cases[k].es, ab__host_stream_min(), "case %zu", k);
+  static const char *const ways[] = {"1", "2"};
+  for (int w = 0; w < 2; w++) {
+    setenv("AB_HOST_BLOCK_BUFFERS", ways[w], 1);
+    ab__env_reload();
+    for (size_t es = 1; es <= 16; es *= 2)
+      cr_assert_eq(ab__host_block_buffers(es), x86 ? w + 1 : 0, "AB_HOST_BLOCK_BUFFERS=%s, %zu-byte elements", ways[w],
+                   es);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+      for (int regime = 0; regime < 2; regime++) {
+        const size_t es = cases[k].es, at = cases[k].at, out_at = cases[k].out_at;
+        const int64_t rows = cases[k].rows, cols = cases[k].cols;
+        const size_t bytes = (size_t)(rows * cols) * es;
+        void *raw = NULL, *outs = NULL;
+        cr_assert_eq(posix_memalign(&raw, 4096, bytes + 64), 0);
+        cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
+        char *a = (char *)raw + at, *out = (char *)outs + out_at;
+        fill_pattern(a, bytes, 120 + (uint32_t)k);
+        memset(outs, 0x5a, bytes + 64);
+        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
+        ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
+        for (int64_t i = 0; i < rows; i++)
+          for (int64_t j = 0; j < cols; j++)
+            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
+                         "AB_HOST_BLOCK_BUFFERS=%s, case %zu, regime %d: element (%lld, %lld) differs", ways[w], k,
+                         regime, (long long)i, (long long)j);
+        for (size_t b = 0; b < out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);
+        for (size_t b = out_at + bytes; b < bytes + 64; b++)
+          cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte after", k);
+        free(raw);
+        free(outs);
+      }
+  }
+  setenv("AB_HOST_BLOCK_BUFFERS", "3", 1); /* not a value: the rule's answer */
+  ab__env_reload();
+  cr_assert_eq(ab__host_block_buffers(4), x86 ? 2 : 0);
+  unsetenv("AB_HOST_BLOCK_BUFFERS");
+  unsetenv("AB_HOST_STREAMING");
+  ab__env_reload();
+}
+
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   unsetenv("AB_HOST_STREAMING");
   for (size_t es = 1; es <= 16; es *= 2) {

@@ -953,7 +953,9 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
  * long runs, and the previous block (the other half of the buffer) is
  * streamed out while this one fills, a share after every chunk, so the
  * reads and the writes overlap (the order of the blocks themselves, and
- * the prefetches, are in transpose_blocked). Measured there: float32 4096^2 from 12
+ * the prefetches, are in transpose_blocked; uint8 blocks on Intel CPUs
+ * keep one buffer instead, each block streamed out whole after it fills:
+ * blocks_one_buffer). Measured there: float32 4096^2 from 12
  * (plain) and 8-9 GB/s (streamed tiles) to about 18, 0.75x of memcpy
  * (bench/results/2026-11-25-amd-blocked.md). Rows of the buffer are
  * BLK_PITCH apart, a line more than they hold, so the rows a micro-kernel
@@ -1286,7 +1288,8 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
 enum { PF_OFF, PF_NARROW, PF_PAGES };
 
 /* Whether the choices that differ by vendor (the blocks' prefetches here,
- * uint16's block layout in transpose_blocked) take Intel's answer: cpuid's
+ * uint16's block layout in transpose_blocked, uint8's one block buffer:
+ * blocks_one_buffer) take Intel's answer: cpuid's
  * vendor is GenuineIntel, or AB_HOST_VENDOR=intel or other says so (for
  * tests, and for machines whose answer you know). */
 static bool host_intel(void) {
@@ -1366,14 +1369,55 @@ static bool wide_rule(void) {
 /* Whether es-byte blocks are wide here: strip layouts only. */
 static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0 && wide_rule(); }
 
+/* One buffer or two for the blocks. With two (the design above, from the
+ * EPYC), the previous block is streamed out of one half while the next
+ * fills the other. With one, a block is filled, then streamed out whole,
+ * and the next fills the same buffer: half the buffer in L2, and no
+ * overlap of a block's reads with the previous block's writes. On the
+ * Intel Xeon VM (cpuid family 6 model 167, 2 MiB L2 a core) the overlap
+ * bought nothing (a copy there takes as long as reading its bytes plus
+ * writing them) and the second half cost. uint8 4096^2, one thread,
+ * blocks forced, two buffers, of memcpy: 0.63-0.68x as built; 0.82-0.87x
+ * with the fill's stores into the buffer left out, 0.66-0.71x with the
+ * shuffles left out instead (wrong bytes, throwaway switches): the buffer
+ * cost, not the arithmetic. One buffer, the same harness, alternated
+ * runs: uint8 4096^2 0.65-0.67x -> 0.75-0.80x, 4000^2 0.66x -> 0.76-0.80x,
+ * 4096 x 4000 0.67-0.69x -> 0.78-0.81x, 4040 x 4096 0.61x -> 0.73-0.74x,
+ * 3000^2 0.64-0.69x -> 0.74-0.75x, 8192^2 9.2-9.7 -> 10.5-11.1 GB/s;
+ * 16 x 1000^2 0.61-0.64x -> 0.62-0.70x; 16 x 1024^2 the same. Timed
+ * apart, a uint8 block then fills at 23-25 GB/s and streams out at 22-24,
+ * each near what one core reads alone or streams alone there (27-30 and
+ * 25-27 GB/s, bench/results/2026-11-28-intel-copy-ceiling.md).
+ * The other layouts did not gain alike (uint16 4096^2 and 4096 x 4104:
+ * within 6% either way; float32 4000^2, 4096^2 and 4104^2 the same or 5%
+ * slower; float64 2048^2 11.1-11.2 -> 12.3-13.2 GB/s but 4096^2 10.9-11.3
+ * -> 9.9-10.0), so only uint8 blocks on Intel CPUs take one buffer; AMD
+ * CPUs, where it was never measured, keep two
+ * (bench/results/2026-12-01-one-block-buffer.md). AB_HOST_BLOCK_BUFFERS=1
+ * or 2 decides instead, for every element size. */
+static int block_buffers_rule(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice ways[] = {{"auto", 0}, {"1", 1}, {"2", 2}, {NULL, 0}};
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
+  return (int)ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_BLOCK_BUFFERS", ways, 0, "1, 2 or auto"));
+}
+
+/* Whether es-byte blocks fill and stream out of one buffer (above). */
+static bool blocks_one_buffer(size_t es) {
+  const int rule = block_buffers_rule();
+  return rule != 0 ? rule == 1 : host_intel() && strip_layout(es, tiles_level()) == 1;
+}
+
 /* Bytes of one half of the blocks' buffer: the strip layout's SEG / es / 16
  * strips of wide blocks, or BLK_COLS rows of BLK_PITCH. */
 static size_t blk_half(size_t es, bool wide) {
   return wide ? SEG / es / 16 * STRIP_REGION(BLK_RUN_MAX / es, 64 / es) : (size_t)BLK_COLS * BLK_PITCH;
 }
 
-/* The whole buffer, and a line of room to align it. */
-static size_t blk_buffer(size_t es, bool wide) { return 2 * blk_half(es, wide) + LINE; }
+/* The whole buffer (one half or two: blocks_one_buffer), and a line of
+ * room to align it. */
+static size_t blk_buffer(size_t es, bool wide, bool one) { return (one ? 1 : 2) * blk_half(es, wide) + LINE; }
 
 /* Whether the runs of n bytes at s, s + sb, ... each lie within one
  * 4 KiB page: all do where the first does and sb is whole pages. */
@@ -1382,11 +1426,11 @@ static inline bool runs_in_pages(const char *s, int64_t sb, size_t n) {
 }
 
 /* carry: LINE bytes for each of the na destination rows; bufs:
- * blk_buffer(es, wide); from_memory: the whole transpose is larger than
- * the last-level cache (the prefetches below); wide: blocks_wide(es) when
- * the buffer was sized. */
+ * blk_buffer(es, wide, one); from_memory: the whole transpose is larger
+ * than the last-level cache (the prefetches below); wide: blocks_wide(es)
+ * and one: blocks_one_buffer(es) when the buffer was sized. */
 static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es,
-                              char *carry, char *bufs, bool from_memory, bool wide) {
+                              char *carry, char *bufs, bool from_memory, bool wide, bool one) {
   const int64_t t = SEG / (int64_t)es; /* source rows of a block */
   /* Source columns filled between two shares of streaming: a line of
    * each source row (16 columns at least; 64 for uint8, the wide tiles).
@@ -1520,7 +1564,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
     blk_stream(&p, p.rows, dsa, carry, rows_inline, level);
     p = (struct blk_pending){d + a0 * dsa + b0 * (int64_t)es, buf, a0, ma, 0, (size_t)mb * es, b0 == 0, b0 + mb == nb,
                              strips, shift, region};
-    half ^= 1;
+    if (one) blk_stream(&p, p.rows, dsa, carry, rows_inline, level); /* out whole before the next fills this buffer */
+    else half ^= 1;
   }
   blk_stream(&p, p.rows, dsa, carry, rows_inline, level);
 }
@@ -1534,10 +1579,11 @@ struct transpose_ctx {
   int64_t na, nb, dsa, sb;
   size_t es;
   int mode;
-  char *carry;       /* streamed and blocked: LINE bytes a row, then (blocked) blk_buffer(es, wide) */
+  char *carry;       /* streamed and blocked: LINE bytes a row, then (blocked) blk_buffer(es, wide, one) */
   bool from_memory;  /* the whole transpose is larger than the last-level cache */
   bool wide;         /* blocked: the buffer holds wide blocks (blocks_wide) */
   int line_tiles;    /* plain: 1 or 0 forces line_tiles' answer (its trial), -1 asks it */
+  bool one;          /* blocked: one buffer, not two halves (blocks_one_buffer) */
 };
 
 #ifdef HAVE_X86_KERNELS
@@ -1603,7 +1649,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   if (c->mode == TR_BLOCKED) {
     char *bufs = c->carry + (size_t)na * LINE;
     bufs += -(uintptr_t)bufs & (LINE - 1); /* whole lines: the buffer is read and written a line at a time */
-    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory, c->wide);
+    transpose_blocked(d, dsa, s, sb, na, nb, es, c->carry, bufs, c->from_memory, c->wide, c->one);
     return;
   }
 #endif
@@ -1875,7 +1921,7 @@ static void evict(const char *p, size_t n) {
  * run at a fifth of the others' speed: with a warm-up of each variant and
  * no cut the uint8 trials took 100 ms on the EPYC VM; so, 65.) */
 static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, int64_t R, int64_t C, size_t es,
-                       char *carry, bool wide, double best[TR_REGIMES][TR_MODES]) {
+                       char *carry, bool wide, bool one, double best[TR_REGIMES][TR_MODES]) {
   double fastest[TR_REGIMES] = {1e30, 1e30};
   /* The plain tiles' whole-line choice (line_tiles) for this source, its
    * own trial run first if it has not been: this one holds the lock. */
@@ -1890,7 +1936,7 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(s, (size_t)(R * spitch));
           evict(d, (size_t)(C * pitch));
         }
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines};
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines, one};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -1939,13 +1985,14 @@ static void probe_kind(size_t es, int k, int pick[TR_PICKS]) {
   const size_t bytes = (size_t)(R * (spitch + 32));
   char *s = trial_alloc(bytes), *d = trial_alloc((size_t)C * (size_t)(pitch + 32));
   const bool wide = blocks_wide(es);
-  char *carry = malloc((size_t)C * LINE + blk_buffer(es, wide));
+  const bool one = blocks_one_buffer(es);
+  char *carry = malloc((size_t)C * LINE + blk_buffer(es, wide, one));
   pick_all(pick, TR_PLAIN);
   if (s != NULL && d != NULL && carry != NULL) {
     for (size_t i = 0; i < bytes; i++) s[i] = (char)(i * 7);
     const int64_t out_off = k == TR_OUT_OFF || k == TR_BOTH_OFF ? 32 : 0, src_off = k >= TR_SRC_OFF ? 32 : 0;
     double best[TR_REGIMES][TR_MODES];
-    probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, wide, best);
+    probe_time(d, pitch + out_off, s, spitch + src_off, R, C, es, carry, wide, one, best);
     for (int r = 0; r < TR_REGIMES; r++)
       pick[r] = ab__host_pick_variant(best[r], blocks_open(es, r, k), false);
     pick[TR_LARGE] = ab__host_pick_variant(best[TR_MEMORY], true, true);
@@ -2245,7 +2292,7 @@ static int line_trial(size_t es) {
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 4; rep++)
       for (int w = 0; w < 2; w++) {
-        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w};
+        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w, false};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         const double dt = ab__seconds() - t0;
@@ -2438,6 +2485,15 @@ bool ab__host_wide_blocks(size_t es) {
 #endif
 }
 
+int ab__host_block_buffers(size_t es) {
+#ifdef HAVE_X86_KERNELS
+  return blocks_one_buffer(es) ? 1 : 2;
+#else
+  (void)es;
+  return 0;
+#endif
+}
+
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n) {
 #ifdef HAVE_X86_KERNELS
   return runs_in_pages(s, sb, n);
@@ -2520,7 +2576,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false, -1};
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false, -1, false};
 #ifdef HAVE_X86_KERNELS
     int mode = TR_PLAIN, arm = -1, picked = TR_PLAIN;
     struct stream_learner *learner = NULL;
@@ -2548,7 +2604,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
         /* the blocks' buffer after the carried lines; or a line of slack
          * for stream_row_avx512's masked load of the last row's carry */
         c.wide = mode == TR_BLOCKED && blocks_wide(elsize);
-        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? blk_buffer(elsize, c.wide) : LINE));
+        c.one = mode == TR_BLOCKED && blocks_one_buffer(elsize);
+        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? blk_buffer(elsize, c.wide, c.one) : LINE));
         if (c.carry != NULL) c.mode = mode;
       }
     }

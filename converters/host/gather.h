@@ -124,7 +124,8 @@ const char *ab__host_tiles(void);
  * AB_HOST_VENDOR says otherwise). */
 const char *ab__host_prefetch(void);
 /* Whether the host kernels take Intel's answers where those differ by
- * vendor (the prefetches above, uint16's L2 block layout): "intel" where
+ * vendor (the prefetches above, uint16's L2 block layout, uint8's one L2
+ * block buffer): "intel" where
  * cpuid says GenuineIntel, else "other"; AB_HOST_VENDOR=intel or other
  * decides instead (for tests). "other" off x86-64. */
 const char *ab__host_vendor(void);
@@ -136,6 +137,14 @@ const char *ab__host_vendor(void);
  * AB_HOST_WIDE_BLOCKS=1 or 0 says; false for other sizes and off x86-64.
  * See gather.c. For tests. */
 bool ab__host_wide_blocks(size_t es);
+/* How many buffers the L2 blocks of es-byte transposes fill: 1 (a block
+ * is filled, then streamed out whole, before the next fills the same
+ * buffer: uint8 blocks with AVX-512 on Intel CPUs, ab__host_vendor) or 2
+ * (the previous block streams out of one while the next fills the other:
+ * every other case); AB_HOST_BLOCK_BUFFERS=1 or 2 decides instead, for
+ * every element size. 0 off x86-64 (no blocks there). See gather.c. For
+ * tests. */
+int ab__host_block_buffers(size_t es);
 /* Whether the plain tiles (outputs under 4 MiB, and larger ones where
  * they are picked or forced) of es-byte elements take
  * the AVX-512 tiles that store whole lines where output rows start on
