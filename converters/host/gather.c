@@ -1339,7 +1339,8 @@ static int strip_layout(size_t es, int level) {
  * one thread 9.2-9.6 in three blocks, 9.6-9.9 in two (a harness timing
  * ab_convert_memory alone; bench/results/2026-11-27-intel-wide-blocks.md). The buffer grows
  * with the runs: two halves of 585 KiB for uint8 (512 used by blocks of a
- * page), 292 for uint16 (256), against 192 (BLK_COLS rows of BLK_PITCH),
+ * page; one on Intel CPUs, blocks_one_buffer), 292 for uint16 (256),
+ * against 192 (BLK_COLS rows of BLK_PITCH),
  * which is why CPUs with a smaller L2 keep BLK_COLS: none was measured
  * with the wide ones. float32 (runs of 4 KiB already) and float64 gained
  * nothing from 8 KiB or 4 KiB runs there. AB_HOST_WIDE_BLOCKS=1 or 0
@@ -1377,7 +1378,7 @@ static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0
  * Intel Xeon VM (cpuid family 6 model 167, 2 MiB L2 a core) the overlap
  * bought nothing (a copy there takes as long as reading its bytes plus
  * writing them) and the second half cost. uint8 4096^2, one thread,
- * blocks forced, two buffers, of memcpy: 0.63-0.68x as built; 0.82-0.87x
+ * blocks forced, two buffers, of memcpy: 0.63-0.71x as built; 0.82-0.87x
  * with the fill's stores into the buffer left out, 0.66-0.71x with the
  * shuffles left out instead (wrong bytes, throwaway switches): the buffer
  * cost, not the arithmetic. One buffer, the same harness, alternated
@@ -1391,9 +1392,9 @@ static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0
  * The other layouts did not gain alike (uint16 4096^2 and 4096 x 4104:
  * within 6% either way; float32 4000^2, 4096^2 and 4104^2 the same or 5%
  * slower; float64 2048^2 11.1-11.2 -> 12.3-13.2 GB/s but 4096^2 10.9-11.3
- * -> 9.9-10.0), so only uint8 blocks on Intel CPUs take one buffer; AMD
- * CPUs, where it was never measured, keep two
- * (bench/results/2026-12-01-one-block-buffer.md). AB_HOST_BLOCK_BUFFERS=1
+ * -> 9.9-10.0), so only uint8 blocks with AVX-512 (the strip layout) on
+ * Intel CPUs take one buffer; CPUs of other vendors, where it was never
+ * measured, keep two (bench/results/2026-12-01-one-block-buffer.md). AB_HOST_BLOCK_BUFFERS=1
  * or 2 decides instead, for every element size. */
 static int block_buffers_rule(void) {
   static ab__env_cache cache;
@@ -2605,7 +2606,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
          * for stream_row_avx512's masked load of the last row's carry */
         c.wide = mode == TR_BLOCKED && blocks_wide(elsize);
         c.one = mode == TR_BLOCKED && blocks_one_buffer(elsize);
-        c.carry = ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? blk_buffer(elsize, c.wide, c.one) : LINE));
+        c.carry =
+            ab__malloc((size_t)c.na * LINE + (mode == TR_BLOCKED ? blk_buffer(elsize, c.wide, c.one) : LINE));
         if (c.carry != NULL) c.mode = mode;
       }
     }
