@@ -1377,24 +1377,26 @@ static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0
  * overlap of a block's reads with the previous block's writes. On the
  * Intel Xeon VM (cpuid family 6 model 167, 2 MiB L2 a core) the overlap
  * bought nothing (a copy there takes as long as reading its bytes plus
- * writing them) and the second half cost. uint8 4096^2, one thread,
- * blocks forced, two buffers, of memcpy: 0.63-0.71x as built; 0.82-0.87x
- * with the fill's stores into the buffer left out, 0.66-0.71x with the
- * shuffles left out instead (wrong bytes, throwaway switches): the buffer
- * cost, not the arithmetic. One buffer, the same harness, alternated
- * runs: uint8 4096^2 0.65-0.67x -> 0.75-0.80x, 4000^2 0.66x -> 0.76-0.80x,
- * 4096 x 4000 0.67-0.69x -> 0.78-0.81x, 4040 x 4096 0.61x -> 0.73-0.74x,
- * 3000^2 0.64-0.69x -> 0.74-0.75x, 8192^2 9.2-9.7 -> 10.5-11.1 GB/s;
- * 16 x 1000^2 0.61-0.64x -> 0.62-0.70x; 16 x 1024^2 the same. Timed
- * apart, a uint8 block then fills at 23-25 GB/s and streams out at 22-24,
- * each near what one core reads alone or streams alone there (27-30 and
- * 25-27 GB/s, bench/results/2026-11-28-intel-copy-ceiling.md).
- * The other layouts did not gain alike (uint16 4096^2 and 4096 x 4104:
- * within 6% either way; float32 4000^2, 4096^2 and 4104^2 the same or 5%
- * slower; float64 2048^2 11.1-11.2 -> 12.3-13.2 GB/s but 4096^2 10.9-11.3
- * -> 9.9-10.0), so only uint8 blocks with AVX-512 (the strip layout) on
- * Intel CPUs take one buffer; CPUs of other vendors, where it was never
- * measured, keep two (bench/results/2026-12-01-one-block-buffer.md). AB_HOST_BLOCK_BUFFERS=1
+ * writing them) and the second half cost. uint8 4096^2, one thread, the
+ * blocks (the learner's pick or forced), two buffers, of memcpy:
+ * 0.63-0.67x as built, 0.82-0.87x with the fill's stores into the buffer
+ * left out, 0.66-0.71x with the shuffles left out instead (wrong bytes,
+ * throwaway switches): mostly the buffer's cost, not the arithmetic's.
+ * One buffer, the same harness, blocks forced, alternated runs: uint8
+ * 4096^2 0.65-0.67x -> 0.75-0.80x, 4000^2 0.66x -> 0.76-0.80x, 4096 x
+ * 4000 0.67-0.69x -> 0.78-0.81x, 4040 x 4096 0.61x -> 0.73-0.74x, 3000^2
+ * 0.64-0.69x -> 0.74-0.75x, 8192^2 9.1-9.7 -> 10.5-11.1 GB/s; 16 x 1000^2
+ * 0.61-0.64x -> 0.62-0.70x; 16 x 1024^2 the same. Timed apart, a uint8
+ * block then fills at 23-25 GB/s and streams out at 22-24, each near what
+ * one core reads alone or streams alone there (27-30 and 25-27 GB/s,
+ * bench/results/2026-11-28-intel-copy-ceiling.md). The other layouts did
+ * not gain alike (uint16 4096^2 within 6% either way, 4096 x 4104 2-5%
+ * faster in the harness and not in bench_host; float32 4000^2, 4096^2 and
+ * 4104^2 the same or 5% slower; float64 2048^2 11.1-11.2 -> 12.3-13.2 GB/s
+ * but 4096^2 10.9-11.3 -> 9.9-10.0), so only uint8 blocks with AVX-512
+ * (the strip layout) on Intel CPUs take one buffer; CPUs of other
+ * vendors, where it was never measured, keep two
+ * (bench/results/2026-12-01-one-block-buffer.md). AB_HOST_BLOCK_BUFFERS=1
  * or 2 decides instead, for every element size. */
 static int block_buffers_rule(void) {
   static ab__env_cache cache;
