@@ -2579,7 +2579,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false, -1, false};
+    struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false,
+                              -1, false};
 #ifdef HAVE_X86_KERNELS
     int mode = TR_PLAIN, arm = -1, picked = TR_PLAIN;
     struct stream_learner *learner = NULL;
