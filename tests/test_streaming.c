@@ -541,6 +541,39 @@ Test(streaming, each_vendors_blocks_give_the_reference_bytes) {
   ab__env_reload();
 }
 
+/* One 2-D transpose through ab__host_gather_part, checked: rows x cols
+ * es-byte output elements from a source whose rows are pitch elements
+ * apart, the source at bytes into a line and the output out_at bytes
+ * into one; regime 0: the whole conversion is this transpose's bytes
+ * (from the cache where it fits one), 1: more than any cache. Every
+ * element is compared with the source, and the bytes around the output
+ * must be left alone; messages name `what` and case k. Returns the
+ * variant the transpose ran (ab__host_last_transpose_mode). */
+static int transpose_checked(size_t es, int64_t rows, int64_t cols, int64_t pitch, size_t at, size_t out_at,
+                             uint32_t seed, int regime, const char *what, size_t k) {
+  const size_t bytes = (size_t)(rows * cols) * es, src_bytes = (size_t)(pitch * cols) * es;
+  void *raw = NULL, *outs = NULL;
+  cr_assert_eq(posix_memalign(&raw, 4096, src_bytes + 64), 0);
+  cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
+  char *a = (char *)raw + at, *out = (char *)outs + out_at;
+  fill_pattern(a, src_bytes, seed);
+  memset(outs, 0x5a, bytes + 64);
+  const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, pitch * (int64_t)es};
+  ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
+  const int mode = ab__host_last_transpose_mode();
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * pitch + i) * es, es), 0,
+                   "%s, case %zu, regime %d: element (%lld, %lld) differs", what, k, regime, (long long)i,
+                   (long long)j);
+  for (size_t b = 0; b < out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);
+  for (size_t b = out_at + bytes; b < bytes + 64; b++)
+    cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte after", k);
+  free(raw);
+  free(outs);
+  return mode;
+}
+
 /* Wide blocks (AB_HOST_WIDE_BLOCKS): uint8 and uint16 blocks in the strip
  * layouts read 4 KiB of each source row (up to 4.5 KiB before a second
  * block is cut), where the L2 holds 2 MiB or more. The rule against sysfs
@@ -581,33 +614,14 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
   for (int w = 0; w < 2; w++) {
     setenv("AB_HOST_WIDE_BLOCKS", ways[w], 1);
     ab__env_reload();
+    char what[64];
+    snprintf(what, sizeof what, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
     cr_assert_eq(ab__host_wide_blocks(1), w == 0 && avx512, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
     cr_assert_eq(ab__host_wide_blocks(2), w == 0 && avx512 && intel, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
       for (int regime = 0; regime < 2; regime++) {
-        const size_t es = cases[k].es, at = cases[k].at;
-        const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch ? cases[k].pitch : rows;
-        const size_t bytes = (size_t)(rows * cols) * es, src_bytes = (size_t)(pitch * cols) * es;
-        void *raw = NULL, *outs = NULL;
-        cr_assert_eq(posix_memalign(&raw, 4096, src_bytes + 64), 0);
-        cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
-        char *a = (char *)raw + at, *out = (char *)outs + cases[k].out_at;
-        fill_pattern(a, src_bytes, 90 + (uint32_t)k);
-        memset(outs, 0x5a, bytes + 64);
-        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, pitch * (int64_t)es};
-        /* the whole conversion: this transpose's bytes (from the cache
-         * where it fits one), or more than any cache */
-        ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
-        for (int64_t i = 0; i < rows; i++)
-          for (int64_t j = 0; j < cols; j++)
-            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * pitch + i) * es, es), 0,
-                         "AB_HOST_WIDE_BLOCKS=%s, case %zu, regime %d: element (%lld, %lld) differs", ways[w], k,
-                         regime, (long long)i, (long long)j);
-        for (size_t b = 0; b < cases[k].out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);
-        for (size_t b = cases[k].out_at + bytes; b < bytes + 64; b++)
-          cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte after", k);
-        free(raw);
-        free(outs);
+        transpose_checked(cases[k].es, cases[k].rows, cases[k].cols, cases[k].pitch ? cases[k].pitch : cases[k].rows,
+                          cases[k].at, cases[k].out_at, 90 + (uint32_t)k, regime, what, k);
       }
   }
   setenv("AB_HOST_WIDE_BLOCKS", "sometimes", 1); /* not a value: the rule's answer */
@@ -670,33 +684,16 @@ Test(streaming, one_and_two_block_buffers_give_the_reference_bytes) {
   for (int w = 0; w < 2; w++) {
     setenv("AB_HOST_BLOCK_BUFFERS", ways[w], 1);
     ab__env_reload();
+    char what[64];
+    snprintf(what, sizeof what, "AB_HOST_BLOCK_BUFFERS=%s", ways[w]);
     for (size_t es = 1; es <= 16; es *= 2)
       cr_assert_eq(ab__host_block_buffers(es), x86 ? w + 1 : 0, "AB_HOST_BLOCK_BUFFERS=%s, %zu-byte elements", ways[w],
                    es);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
       for (int regime = 0; regime < 2; regime++) {
-        const size_t es = cases[k].es, at = cases[k].at, out_at = cases[k].out_at;
-        const int64_t rows = cases[k].rows, cols = cases[k].cols;
-        const size_t bytes = (size_t)(rows * cols) * es;
-        void *raw = NULL, *outs = NULL;
-        cr_assert_eq(posix_memalign(&raw, 4096, bytes + 64), 0);
-        cr_assert_eq(posix_memalign(&outs, 4096, bytes + 64), 0);
-        char *a = (char *)raw + at, *out = (char *)outs + out_at;
-        fill_pattern(a, bytes, 120 + (uint32_t)k);
-        memset(outs, 0x5a, bytes + 64);
-        const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
-        ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
-        if (x86) cr_assert_eq(ab__host_last_transpose_mode(), 2, "case %zu, regime %d: not the blocks", k, regime);
-        for (int64_t i = 0; i < rows; i++)
-          for (int64_t j = 0; j < cols; j++)
-            cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
-                         "AB_HOST_BLOCK_BUFFERS=%s, case %zu, regime %d: element (%lld, %lld) differs", ways[w], k,
-                         regime, (long long)i, (long long)j);
-        for (size_t b = 0; b < out_at; b++) cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte before", k);
-        for (size_t b = out_at + bytes; b < bytes + 64; b++)
-          cr_assert_eq(((char *)outs)[b], 0x5a, "case %zu: byte after", k);
-        free(raw);
-        free(outs);
+        const int mode = transpose_checked(cases[k].es, cases[k].rows, cases[k].cols, cases[k].rows, cases[k].at,
+                                           cases[k].out_at, 120 + (uint32_t)k, regime, what, k);
+        if (x86) cr_assert_eq(mode, 2, "case %zu, regime %d: not the blocks", k, regime);
       }
   }
   setenv("AB_HOST_BLOCK_BUFFERS", "3", 1); /* not a value: the rule's answer */
