@@ -175,10 +175,8 @@ static ab__env_cache place_cache;
 static ab__place convert_place(void) {
   static const struct ab__env_choice places[] = {
     {"auto", AB_PLACE_AUTO}, {"host", AB_PLACE_HOST}, {"device", AB_PLACE_DEVICE}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&place_cache, &v))) return (ab__place)v;
-  return (ab__place)ab__env_keep(&place_cache,
-                                 (uint32_t)ab__env_choice("AB_CONVERT_PLACE", places, AB_PLACE_AUTO, "auto, host or device"));
+  return (ab__place)ab__env_choice_cached(&place_cache, "AB_CONVERT_PLACE", places, AB_PLACE_AUTO,
+                                          "auto, host or device", NULL);
 }
 
 /* The request's checks: the options, the source, both devices and the

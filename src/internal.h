@@ -3,6 +3,7 @@
 #ifndef AB_INTERNAL_H
 #define AB_INTERNAL_H
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -179,11 +180,26 @@ static inline uint32_t ab__env_keep(ab__env_cache *c, uint32_t value) {
   atomic_store_explicit(c, (uint64_t)ab__env_generation() << 32 | value, memory_order_relaxed);
   return value;
 }
+/* A kept word back as the int it was kept from (negative ones too),
+ * without relying on how the compiler converts an unsigned value above
+ * INT_MAX. */
+static inline int ab__env_int_of(uint32_t v) { return v <= (uint32_t)INT_MAX ? (int)v : -(int)(UINT32_MAX - v) - 1; }
+/* A choice (ab__env_choice, dflt when unset) read through such a cache:
+ * the first call of a generation reads the variable, every later one the
+ * cache. resolve, where not NULL, turns the value read into the one kept
+ * (an "auto" worked out from cpuid or sysfs), so that is done once a
+ * generation too. */
+static inline int ab__env_choice_cached(ab__env_cache *c, const char *name, const struct ab__env_choice *choices,
+                                        int dflt, const char *want, int (*resolve)(int)) {
+  uint32_t v;
+  if (AB_LIKELY(ab__env_cached(c, &v))) return ab__env_int_of(v);
+  int x = ab__env_choice(name, choices, dflt, want);
+  if (resolve != NULL) x = resolve(x);
+  return ab__env_int_of(ab__env_keep(c, (uint32_t)x));
+}
 /* A switch (ab__env_on_off) read through such a cache: dflt when unset. */
 static inline bool ab__env_switch(ab__env_cache *c, const char *name, int dflt) {
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(c, &v))) return v != 0;
-  return ab__env_keep(c, (uint32_t)ab__env_choice(name, ab__env_on_off, dflt, "1 or 0")) != 0;
+  return ab__env_choice_cached(c, name, ab__env_on_off, dflt, "1 or 0", NULL) != 0;
 }
 
 /* AB_HOST_HUGEPAGES (on unless 0): whether large host blocks are offered

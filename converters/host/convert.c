@@ -237,14 +237,11 @@ static bool cpu_has_f16c(void) {
 
 /* Whether the F16C loop runs: the CPU has it and AB_HOST_F16C is not 0
  * (the tests force both ways). */
+static int f16c_here(int wanted) { return wanted && __builtin_cpu_supports("avx") && cpu_has_f16c(); }
 static bool use_f16c(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice modes[] = {{"1", 1}, {"auto", 1}, {"0", 0}, {NULL, 0}};
-  uint32_t v;
-  if (!ab__env_cached(&cache, &v))
-    v = ab__env_keep(&cache, (uint32_t)(ab__env_choice("AB_HOST_F16C", modes, 1, "1, 0 or auto") &&
-                                        __builtin_cpu_supports("avx") && cpu_has_f16c()));
-  return v != 0;
+  return ab__env_choice_cached(&cache, "AB_HOST_F16C", modes, 1, "1, 0 or auto", f16c_here) != 0;
 }
 #endif
 
@@ -1284,9 +1281,7 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
 static int cast_streaming(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice rules[] = {{"auto", 2}, {"0", 0}, {"1", 1}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  return (int)ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_CAST_STREAMING", rules, 2, "auto, 0 or 1"));
+  return ab__env_choice_cached(&cache, "AB_HOST_CAST_STREAMING", rules, 2, "auto, 0 or 1", NULL);
 }
 
 /* Casts whose source and result together would not stay in the

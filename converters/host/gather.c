@@ -561,16 +561,10 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
 enum { TILES_SSE2 = AB_TILES_SSE2, TILES_SSSE3 = AB_TILES_SSSE3, TILES_AVX = AB_TILES_AVX, TILES_AVX2 = AB_TILES_AVX2,
        TILES_AVX512 = AB_TILES_AVX512, TILES_AVX512VBMI = AB_TILES_AVX512VBMI };
 #ifdef HAVE_X86_KERNELS
-static int tiles_level(void) {
-  static ab__env_cache cache;
-  static const struct ab__env_choice caps[] = {
-      {"auto", TILES_AVX512VBMI}, {"avx512vbmi", TILES_AVX512VBMI}, {"avx512", TILES_AVX512}, {"avx2", TILES_AVX2},
-      {"avx", TILES_AVX},         {"ssse3", TILES_SSSE3},           {"sse2", TILES_SSE2},     {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  int cap = ab__env_choice("AB_HOST_TILES", caps, TILES_AVX512VBMI, "auto, avx512vbmi, avx512, avx2, avx, ssse3 or sse2");
-  /* libgcc's answers include the operating system's: AVX and AVX-512
-   * count only where it saves their registers. */
+/* The widest kernels the CPU runs, at most cap. libgcc's answers include
+ * the operating system's: AVX and AVX-512 count only where it saves their
+ * registers. */
+static int tiles_capped(int cap) {
   const bool ssse3 = __builtin_cpu_supports("ssse3"), avx = ssse3 && __builtin_cpu_supports("avx"),
              avx2 = avx && __builtin_cpu_supports("avx2"),
              avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -582,7 +576,15 @@ static int tiles_level(void) {
             : avx    ? TILES_AVX
             : ssse3  ? TILES_SSSE3
                      : TILES_SSE2;
-  return (int)ab__env_keep(&cache, (uint32_t)(cap < cpu ? cap : cpu));
+  return cap < cpu ? cap : cpu;
+}
+static int tiles_level(void) {
+  static ab__env_cache cache;
+  static const struct ab__env_choice caps[] = {
+      {"auto", TILES_AVX512VBMI}, {"avx512vbmi", TILES_AVX512VBMI}, {"avx512", TILES_AVX512}, {"avx2", TILES_AVX2},
+      {"avx", TILES_AVX},         {"ssse3", TILES_SSSE3},           {"sse2", TILES_SSE2},     {NULL, 0}};
+  return ab__env_choice_cached(&cache, "AB_HOST_TILES", caps, TILES_AVX512VBMI,
+                               "auto, avx512vbmi, avx512, avx2, avx, ssse3 or sse2", tiles_capped);
 }
 #endif
 
@@ -1287,6 +1289,14 @@ static inline void prefetch_rows(const char *s, int64_t sb, int64_t rows, size_t
  * AB_HOST_PREFETCH=pages, narrow or off decides instead. */
 enum { PF_OFF, PF_NARROW, PF_PAGES };
 
+/* AB_HOST_VENDOR's answer (1 intel, 0 other), or for auto (-1) cpuid's:
+ * whether the vendor is GenuineIntel. */
+static int vendor_intel(int intel) {
+  unsigned a, b, c, d;
+  if (intel >= 0) return intel;
+  return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+}
+
 /* Whether the choices that differ by vendor (the blocks' prefetches here,
  * uint16's block layout in transpose_blocked, uint8's one block buffer:
  * blocks_one_buffer) take Intel's answer: cpuid's
@@ -1295,25 +1305,15 @@ enum { PF_OFF, PF_NARROW, PF_PAGES };
 static bool host_intel(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice vendors[] = {{"auto", -1}, {"intel", 1}, {"other", 0}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  int intel = ab__env_choice("AB_HOST_VENDOR", vendors, -1, "auto, intel or other");
-  if (intel < 0) {
-    unsigned a, b, c, d;
-    intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
-  }
-  return ab__env_keep(&cache, (uint32_t)intel) != 0;
+  return ab__env_choice_cached(&cache, "AB_HOST_VENDOR", vendors, -1, "auto, intel or other", vendor_intel) != 0;
 }
 
+static int prefetch_by_vendor(int rule) { return rule >= 0 ? rule : host_intel() ? PF_PAGES : PF_NARROW; }
 static int strip_prefetch(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice rules[] = {
       {"auto", -1}, {"pages", PF_PAGES}, {"narrow", PF_NARROW}, {"off", PF_OFF}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  int rule = ab__env_choice("AB_HOST_PREFETCH", rules, -1, "auto, pages, narrow or off");
-  if (rule < 0) rule = host_intel() ? PF_PAGES : PF_NARROW;
-  return (int)ab__env_keep(&cache, (uint32_t)rule);
+  return ab__env_choice_cached(&cache, "AB_HOST_PREFETCH", rules, -1, "auto, pages, narrow or off", prefetch_by_vendor);
 }
 
 /* Which layout a block's buffer takes: the uint8 (1) or uint16 (2) strip
@@ -1357,14 +1357,11 @@ static long long sysfs_cache_bytes(int want);
 
 /* The rule, read once per process (and again after ab__env_reload): the
  * variable, else sysfs's L2. */
+static int wide_by_l2(int wide) { return wide >= 0 ? wide : sysfs_cache_bytes(2) >= (long long)WIDE_L2_MIN; }
 static bool wide_rule(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice rules[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return v != 0;
-  int wide = ab__env_choice("AB_HOST_WIDE_BLOCKS", rules, -1, "1, 0 or auto");
-  if (wide < 0) wide = sysfs_cache_bytes(2) >= (long long)WIDE_L2_MIN;
-  return ab__env_keep(&cache, (uint32_t)wide) != 0;
+  return ab__env_choice_cached(&cache, "AB_HOST_WIDE_BLOCKS", rules, -1, "1, 0 or auto", wide_by_l2) != 0;
 }
 
 /* Whether es-byte blocks are wide here: strip layouts only. */
@@ -1401,9 +1398,7 @@ static bool blocks_wide(size_t es) { return strip_layout(es, tiles_level()) != 0
 static int block_buffers_rule(void) {
   static ab__env_cache cache;
   static const struct ab__env_choice ways[] = {{"auto", 0}, {"1", 1}, {"2", 2}, {NULL, 0}};
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v;
-  return (int)ab__env_keep(&cache, (uint32_t)ab__env_choice("AB_HOST_BLOCK_BUFFERS", ways, 0, "1, 2 or auto"));
+  return ab__env_choice_cached(&cache, "AB_HOST_BLOCK_BUFFERS", ways, 0, "1, 2 or auto", NULL);
 }
 
 /* Whether es-byte blocks fill and stream out of one buffer (above). */
@@ -2026,9 +2021,7 @@ static int forced_mode(void) {
   static const struct ab__env_choice modes[] = {
       {"auto", -1}, {"trial", -2}, {"1", TR_STREAMED}, {"0", TR_PLAIN}, {"blocked", TR_BLOCKED}, {NULL, 0}};
   static ab__env_cache cache; /* read for every large transpose's bands: a malformed value logs once */
-  uint32_t v;
-  if (AB_LIKELY(ab__env_cached(&cache, &v))) return (int)v - 2;
-  return (int)ab__env_keep(&cache, (uint32_t)(ab__env_choice("AB_HOST_STREAMING", modes, -1, "1, 0, blocked, trial or auto") + 2)) - 2;
+  return ab__env_choice_cached(&cache, "AB_HOST_STREAMING", modes, -1, "1, 0, blocked, trial or auto", NULL);
 }
 
 /* fork: never while a trial holds the lock (the child would find it held
@@ -2271,9 +2264,7 @@ static _Atomic int line_pick[2] = {-1, -1}; /* uint16, 8-byte: 1 whole-line, 0 S
  * cache: 1, 0, or -1 for auto. */
 static int forced_1_0(ab__env_cache *cache, const char *name) {
   static const struct ab__env_choice ways[] = {{"auto", -1}, {"1", 1}, {"0", 0}, {NULL, 0}};
-  uint32_t v; /* kept as the answer + 1 */
-  if (AB_LIKELY(ab__env_cached(cache, &v))) return (int)v - 1;
-  return (int)ab__env_keep(cache, (uint32_t)(ab__env_choice(name, ways, -1, "1, 0 or auto") + 1)) - 1;
+  return ab__env_choice_cached(cache, name, ways, -1, "1, 0 or auto", NULL);
 }
 static int forced_line_tiles(void) {
   static ab__env_cache cache;
