@@ -2188,3 +2188,80 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
   unsetenv("AB_HOST_CAST_STREAMING");
   ab__env_reload();
 }
+
+/* uint8 and int8 planes transposed into float32 results that stream, in
+ * one pass where the CPU has AVX-512 (convert.c, widen_transposed; gather.c,
+ * ab__host_widen_8_f32): whole 64 x 64 tiles and ragged right and bottom
+ * edges (176 = 2 tiles and 48 columns, 200 = 3 tiles and 8 rows), one
+ * tile's edge exactly (64), sources that are transposed blocks of wider
+ * arrays (rows 300 and 4099 bytes apart), a map and none, int8's sign, a
+ * batch of 3 planes, two threads' bands, and cases that must not take the
+ * one-pass path: result rows off cache lines (72 floats), a side under
+ * 64, AVX2 kernels (AB_HOST_TILES), ordinary stores (streaming off), the
+ * path switched off (AB_HOST_WIDEN_TILES=0). Each against the reference,
+ * and the planes the one-pass path counted. */
+Test(cast, widened_transposes_of_bytes_match_the_reference) {
+  test_rng g = {0x31de5u};
+  size_t nb;
+  static const struct {
+    int from;
+    bool affine;
+    int64_t batch, n0, n1, pitch; /* result n0 x n1; source rows (n1 of them) pitch bytes apart */
+    int threads;
+    const char *tiles, *streaming, *widen;
+    bool one_pass; /* where the CPU has AVX-512 */
+  } cases[] = {
+      {R_U8, false, 0, 256, 192, 256, 1, "auto", "1", "1", true},
+      {R_U8, true, 0, 200, 176, 200, 1, "auto", "1", "1", true},
+      {R_I8, true, 0, 200, 176, 300, 1, "auto", "1", "1", true},
+      {R_I8, false, 0, 64, 64, 64, 1, "auto", "1", "1", true},
+      {R_U8, true, 3, 130, 320, 4099, 1, "auto", "1", "1", true},
+      {R_U8, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", true},
+      {R_U8, false, 0, 200, 72, 200, 1, "auto", "1", "1", false},
+      {R_U8, false, 0, 63, 256, 63, 1, "auto", "1", "1", false},
+      {R_U8, true, 0, 200, 176, 200, 1, "avx2", "1", "1", false},
+      {R_I8, true, 0, 200, 176, 200, 1, "auto", "0", "1", false},
+      {R_U8, true, 3, 130, 320, 4099, 1, "auto", "1", "0", false},
+  };
+  const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    setenv("AB_HOST_TILES", cases[k].tiles, 1);
+    setenv("AB_HOST_CAST_STREAMING", cases[k].streaming, 1);
+    setenv("AB_HOST_WIDEN_TILES", cases[k].widen, 1);
+    ab__env_reload();
+    const int64_t n0 = cases[k].n0, n1 = cases[k].n1, pitch = cases[k].pitch, batch = cases[k].batch;
+    const int64_t planes = batch > 0 ? batch : 1;
+    void *p = malloc((size_t)(planes * n1 * pitch));
+    cr_assert_not_null(p);
+    fill_cast_probes(p, planes * n1 * pitch, KD[cases[k].from].dt, &g);
+    int64_t shape[3] = {batch, n0, n1}, st[3] = {n1 * pitch, 1, pitch};
+    DLTensor t = {p, CPU0, batch > 0 ? 3 : 2, KD[cases[k].from].dt, batch > 0 ? shape : shape + 1,
+                  batch > 0 ? st : st + 1, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[R_F32].dt;
+    o.threads = cases[k].threads;
+    if (cases[k].affine) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = 1.0 / 255;
+      o.offset = -0.5;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%lld x transposed %s (%lld x %lld, rows %lld apart) -> float32%s, %d threads, %s, "
+             "streaming %s, widen %s", (long long)batch, KD[cases[k].from].name, (long long)n0, (long long)n1,
+             (long long)pitch, cases[k].affine ? " with a map" : "", cases[k].threads, cases[k].tiles,
+             cases[k].streaming, cases[k].widen);
+    const unsigned long before = ab__host_widened_planes();
+    free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    const unsigned long done = ab__host_widened_planes() - before;
+    if (cases[k].one_pass && avx512)
+      cr_assert_geq(done, (unsigned long)planes, "%s: %lu planes in one pass, want %lld or more", what, done,
+                    (long long)planes);
+    else
+      cr_assert_eq(done, 0, "%s: %lu planes took the one-pass path", what, done);
+    free(p);
+  }
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_CAST_STREAMING");
+  unsetenv("AB_HOST_WIDEN_TILES");
+  ab__env_reload();
+}
