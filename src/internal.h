@@ -183,6 +183,7 @@ static inline uint32_t ab__env_keep(ab__env_cache *c, uint32_t value) {
 /* A kept word back as the int it was kept from (negative ones too),
  * without relying on how the compiler converts an unsigned value above
  * INT_MAX. */
+_Static_assert(INT_MAX == 0x7fffffff, "ab__env_int_of keeps ints in 32 bits");
 static inline int ab__env_int_of(uint32_t v) { return v <= (uint32_t)INT_MAX ? (int)v : -(int)(UINT32_MAX - v) - 1; }
 /* A choice (ab__env_choice, dflt when unset) read through such a cache:
  * the first call of a generation reads the variable, every later one the

@@ -2223,8 +2223,10 @@ Test(cast, widened_transposes_of_bytes_match_the_reference) {
       {R_I8, true, 0, 200, 176, 200, 1, "auto", "0", "1", false},
       {R_U8, true, 3, 130, 320, 4099, 1, "auto", "1", "0", false},
   };
-  const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    setenv("AB_HOST_TILES", "auto", 1);
+    ab__env_reload();
+    const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512; /* the CPU's, whatever the caller's setting */
     setenv("AB_HOST_TILES", cases[k].tiles, 1);
     setenv("AB_HOST_CAST_STREAMING", cases[k].streaming, 1);
     setenv("AB_HOST_WIDEN_TILES", cases[k].widen, 1);
@@ -2253,9 +2255,10 @@ Test(cast, widened_transposes_of_bytes_match_the_reference) {
     const unsigned long before = ab__host_widened_planes();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
     const unsigned long done = ab__host_widened_planes() - before;
+    /* two threads: more pieces than planes, each band of a plane a piece */
+    const unsigned long want = (unsigned long)planes * (cases[k].threads > 1 ? 2 : 1);
     if (cases[k].one_pass && avx512)
-      cr_assert_geq(done, (unsigned long)planes, "%s: %lu planes in one pass, want %lld or more", what, done,
-                    (long long)planes);
+      cr_assert_geq(done, want, "%s: %lu planes or bands in one pass, want %lu or more", what, done, want);
     else
       cr_assert_eq(done, 0, "%s: %lu planes took the one-pass path", what, done);
     free(p);
@@ -2263,5 +2266,108 @@ Test(cast, widened_transposes_of_bytes_match_the_reference) {
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_STREAMING");
   unsetenv("AB_HOST_WIDEN_TILES");
+  ab__env_reload();
+}
+
+/* The one-pass widening (above) where the layout differs: a 2-D result
+ * banded along its columns (dim 1: each band's rows a whole row apart,
+ * dst0), a 4-D batch banded along dim 1 (two planes of dim 1 in each band,
+ * dst0 between dim 0's), a source whose rows run backwards (a negative
+ * stride from a byte_offset), and ab_convert_into into a caller's buffer
+ * on a cache line and 16 bytes off one (where the one pass must not run).
+ * Each against the reference, or against a result checked against it. */
+Test(cast, widened_transposes_in_bands_and_caller_buffers_match_the_reference) {
+  test_rng g = {0x5a1ad5u};
+  size_t nb;
+  setenv("AB_HOST_TILES", "auto", 1);
+  setenv("AB_HOST_CAST_STREAMING", "1", 1);
+  setenv("AB_HOST_WIDEN_TILES", "1", 1);
+  setenv("AB_PARALLEL_MIN", "16KiB", 1); /* bands even for these small results */
+  ab__env_reload();
+  const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
+  static const struct {
+    int from;
+    int32_t nd;
+    int64_t shape[4]; /* the result's */
+    int threads;
+    bool reverse;
+    unsigned long pieces; /* planes, or bands of planes, the one pass must do at least */
+  } cases[] = {
+      {R_I8, 2, {69, 4096}, 20, false, 2},      /* 69 rows < 4 x 20 bands: cut along the columns */
+      {R_U8, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
+      {R_U8, 2, {200, 176}, 1, true, 1},        /* rows backwards */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int32_t nd = cases[k].nd;
+    const int64_t *sh = cases[k].shape, n0 = sh[nd - 2], n1 = sh[nd - 1];
+    int64_t planes = 1;
+    for (int32_t i = 0; i < nd - 2; i++) planes *= sh[i];
+    void *p = malloc((size_t)(planes * n0 * n1));
+    cr_assert_not_null(p);
+    fill_cast_probes(p, planes * n0 * n1, KD[cases[k].from].dt, &g);
+    /* compact planes of n1 source rows of n0 bytes, read transposed */
+    int64_t st[4];
+    st[nd - 2] = 1;
+    st[nd - 1] = cases[k].reverse ? -n0 : n0;
+    for (int32_t i = nd - 3; i >= 0; i--) st[i] = (i == nd - 3 ? n0 * n1 : st[i + 1] * sh[i + 1]);
+    DLTensor t = {p, CPU0, nd, KD[cases[k].from].dt, (int64_t *)sh, st,
+                  cases[k].reverse ? (uint64_t)((n1 - 1) * n0) : 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[R_F32].dt;
+    o.threads = cases[k].threads;
+    o.flags = AB_CONVERT_AFFINE;
+    o.scale = 1.0 / 255;
+    o.offset = 0.25;
+    char what[128];
+    snprintf(what, sizeof what, "%d-d transposed %s, last dims %lld x %lld, %d threads%s", (int)nd,
+             KD[cases[k].from].name, (long long)n0, (long long)n1, cases[k].threads,
+             cases[k].reverse ? ", rows backwards" : "");
+    const unsigned long before = ab__host_widened_planes();
+    free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    const unsigned long done = ab__host_widened_planes() - before;
+    const unsigned long want = avx512 ? cases[k].pieces : 0;
+    cr_assert_geq(done, want, "%s: %lu planes or bands in one pass, want %lu or more", what, done, want);
+    if (!avx512) cr_assert_eq(done, 0, "%s: %lu planes in one pass without AVX-512", what, done);
+    free(p);
+  }
+
+  /* ab_convert_into: the checked result, then the same into a caller's
+   * buffer on a line (one pass) and 16 bytes off one (the chunked way) */
+  const int64_t n0 = 200, n1 = 176;
+  int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
+  unsigned char *p = malloc((size_t)(n0 * n1));
+  cr_assert_not_null(p);
+  fill_cast_probes(p, n0 * n1, KD[R_U8].dt, &g);
+  DLTensor t = {p, CPU0, 2, KD[R_U8].dt, shape, st, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F32].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = -2.5;
+  o.offset = 7.0;
+  unsigned char *want = check_conversion(&t, &t, CPU0, &o, "200 x 176 transposed uint8 for ab_convert_into", &nb);
+  char *buf = aligned_alloc(64, nb + 128);
+  cr_assert_not_null(buf);
+  for (int off = 0; off <= 16; off += 16) {
+    memset(buf, 0xa5, nb + 128);
+    int64_t dshape[2] = {n0, n1};
+    DLTensor d = {buf + 64 + off, CPU0, 2, KD[R_F32].dt, dshape, NULL, 0};
+    const unsigned long before = ab__host_widened_planes();
+    cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "ab_convert_into at %d bytes off a line: %s", off,
+                 ab_last_error());
+    const unsigned long done = ab__host_widened_planes() - before;
+    cr_assert(memcmp(buf + 64 + off, want, nb) == 0, "ab_convert_into at %d bytes off a line: other bytes", off);
+    for (size_t i = 0; i < 64 + (size_t)off; i++) cr_assert_eq((unsigned char)buf[i], 0xa5, "byte %zu before", i);
+    for (size_t i = 64 + (size_t)off + nb; i < nb + 128; i++)
+      cr_assert_eq((unsigned char)buf[i], 0xa5, "byte %zu after", i);
+    if (off == 0 && avx512) cr_assert_geq(done, 1, "into a buffer on a line: no plane in one pass");
+    if (off != 0) cr_assert_eq(done, 0, "into a buffer off a line: %lu planes in one pass", done);
+  }
+  free(buf);
+  free(want);
+  free(p);
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_CAST_STREAMING");
+  unsetenv("AB_HOST_WIDEN_TILES");
+  unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
 }

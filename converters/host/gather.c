@@ -426,8 +426,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen64x64_8_f3
     lanes_pass(h, s, sb, c);
     for (int k = 0; k < 16; k++) {
       float *row = (float *)(void *)(d + (16 * c + k) * dsa);
+      /* the lanes by constant index: the extract's lane is an immediate */
+      const __m128i xs[4] = {_mm512_castsi512_si128(h[k]), _mm512_extracti32x4_epi32(h[k], 1),
+                             _mm512_extracti32x4_epi32(h[k], 2), _mm512_extracti32x4_epi32(h[k], 3)};
       for (int q = 0; q < 4; q++) {
-        const __m128i x = _mm512_extracti32x4_epi32(h[k], q);
+        const __m128i x = xs[q];
         __m512 v = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x));
         if (affine) v = _mm512_add_ps(_mm512_mul_ps(v, a), b);
         _mm512_stream_ps(row + 16 * q, v);
