@@ -2189,39 +2189,54 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
   ab__env_reload();
 }
 
-/* uint8 and int8 planes transposed into float32 results that stream, in
- * one pass where the CPU has AVX-512 (convert.c, widen_transposed; gather.c,
- * ab__host_widen_8_f32): whole 64 x 64 tiles and ragged right and bottom
- * edges (176 = 2 tiles and 48 columns, 200 = 3 tiles and 8 rows), one
- * tile's edge exactly (64), sources that are transposed blocks of wider
- * arrays (rows 300 and 4099 bytes apart), a map and none, int8's sign, a
- * batch of 3 planes, two threads' bands, and cases that must not take the
- * one-pass path: result rows off cache lines (72 floats), a side under
- * 64, AVX2 kernels (AB_HOST_TILES), ordinary stores (streaming off), the
- * path switched off (AB_HOST_WIDEN_TILES=0). Each against the reference,
- * and the planes the one-pass path counted. */
-Test(cast, widened_transposes_of_bytes_match_the_reference) {
+/* Transposed planes cast in one pass where the result streams and the
+ * CPU has AVX-512 (convert.c, transposed_in_one_pass; gather.c,
+ * ab__host_widen_8_f32 for uint8 and int8 -> float32 in 64 x 64 tiles,
+ * ab__host_narrow_f32_f16 for float32 -> float16 in 32 x 32 ones): whole
+ * tiles and ragged right and bottom edges (176 = 2 tiles of 64 and 48
+ * columns; 200 = 3 tiles of 64 and 8 rows, 6 of 32 and 8; float16 rows on
+ * lines are whole tiles of 32 wide), one tile's
+ * edge exactly, sources that are transposed blocks of wider arrays (rows
+ * 300 and 4099 elements apart), a map and none, int8's sign, a batch of 3
+ * planes, two threads' bands, and cases that must not take the one pass:
+ * result rows off cache lines (72 floats, 40 float16), a side under the
+ * tile, AVX2 kernels (AB_HOST_TILES), ordinary stores (streaming off),
+ * the one pass switched off (AB_HOST_CAST_TILES=0), float16 without
+ * F16C's loop (AB_HOST_F16C=0). Each against the reference, and the
+ * planes the one pass counted. */
+Test(cast, transposed_casts_in_one_pass_match_the_reference) {
   test_rng g = {0x31de5u};
   size_t nb;
   static const struct {
-    int from;
+    int from, to;
     bool affine;
-    int64_t batch, n0, n1, pitch; /* result n0 x n1; source rows (n1 of them) pitch bytes apart */
+    int64_t batch, n0, n1, pitch; /* result n0 x n1; source rows (n1 of them) pitch elements apart */
     int threads;
-    const char *tiles, *streaming, *widen;
+    const char *tiles, *streaming, *one_pass_env, *f16c;
     bool one_pass; /* where the CPU has AVX-512 */
   } cases[] = {
-      {R_U8, false, 0, 256, 192, 256, 1, "auto", "1", "1", true},
-      {R_U8, true, 0, 200, 176, 200, 1, "auto", "1", "1", true},
-      {R_I8, true, 0, 200, 176, 300, 1, "auto", "1", "1", true},
-      {R_I8, false, 0, 64, 64, 64, 1, "auto", "1", "1", true},
-      {R_U8, true, 3, 130, 320, 4099, 1, "auto", "1", "1", true},
-      {R_U8, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", true},
-      {R_U8, false, 0, 200, 72, 200, 1, "auto", "1", "1", false},
-      {R_U8, false, 0, 63, 256, 63, 1, "auto", "1", "1", false},
-      {R_U8, true, 0, 200, 176, 200, 1, "avx2", "1", "1", false},
-      {R_I8, true, 0, 200, 176, 200, 1, "auto", "0", "1", false},
-      {R_U8, true, 3, 130, 320, 4099, 1, "auto", "1", "0", false},
+      {R_U8, R_F32, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_U8, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "1", "1", true},
+      {R_I8, R_F32, true, 0, 200, 176, 300, 1, "auto", "1", "1", "1", true},
+      {R_I8, R_F32, false, 0, 64, 64, 64, 1, "auto", "1", "1", "1", true},
+      {R_U8, R_F32, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
+      {R_U8, R_F32, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", "1", true},
+      {R_F32, R_F16, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_F16, true, 0, 200, 192, 300, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_F16, false, 0, 32, 32, 32, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_F16, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_F16, true, 0, 1500, 1120, 1500, 2, "auto", "1", "1", "1", true},
+      {R_U8, R_F32, false, 0, 200, 72, 200, 1, "auto", "1", "1", "1", false},
+      {R_U8, R_F32, false, 0, 63, 256, 63, 1, "auto", "1", "1", "1", false},
+      {R_U8, R_F32, true, 0, 200, 176, 200, 1, "avx2", "1", "1", "1", false},
+      {R_I8, R_F32, true, 0, 200, 176, 200, 1, "auto", "0", "1", "1", false},
+      {R_U8, R_F32, true, 3, 130, 320, 4099, 1, "auto", "1", "0", "1", false},
+      {R_F32, R_F16, false, 0, 200, 40, 200, 1, "auto", "1", "1", "1", false},
+      {R_F32, R_F16, false, 0, 31, 256, 31, 1, "auto", "1", "1", "1", false},
+      {R_F32, R_F16, true, 0, 200, 192, 200, 1, "avx2", "1", "1", "1", false},
+      {R_F32, R_F16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false},
+      {R_F32, R_F16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
+      {R_F32, R_F16, false, 0, 200, 192, 200, 1, "auto", "1", "1", "0", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2229,102 +2244,112 @@ Test(cast, widened_transposes_of_bytes_match_the_reference) {
     const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512; /* the CPU's, whatever the caller's setting */
     setenv("AB_HOST_TILES", cases[k].tiles, 1);
     setenv("AB_HOST_CAST_STREAMING", cases[k].streaming, 1);
-    setenv("AB_HOST_WIDEN_TILES", cases[k].widen, 1);
+    setenv("AB_HOST_CAST_TILES", cases[k].one_pass_env, 1);
+    setenv("AB_HOST_F16C", cases[k].f16c, 1);
     ab__env_reload();
+    const int from = cases[k].from, to = cases[k].to;
     const int64_t n0 = cases[k].n0, n1 = cases[k].n1, pitch = cases[k].pitch, batch = cases[k].batch;
     const int64_t planes = batch > 0 ? batch : 1;
-    void *p = malloc((size_t)(planes * n1 * pitch));
+    void *p = malloc((size_t)(planes * n1 * pitch) * KD[from].size);
     cr_assert_not_null(p);
-    fill_cast_probes(p, planes * n1 * pitch, KD[cases[k].from].dt, &g);
+    fill_cast_probes(p, planes * n1 * pitch, KD[from].dt, &g);
     int64_t shape[3] = {batch, n0, n1}, st[3] = {n1 * pitch, 1, pitch};
-    DLTensor t = {p, CPU0, batch > 0 ? 3 : 2, KD[cases[k].from].dt, batch > 0 ? shape : shape + 1,
-                  batch > 0 ? st : st + 1, 0};
+    DLTensor t = {p, CPU0, batch > 0 ? 3 : 2, KD[from].dt, batch > 0 ? shape : shape + 1, batch > 0 ? st : st + 1, 0};
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-    o.dtype = KD[R_F32].dt;
+    o.dtype = KD[to].dt;
     o.threads = cases[k].threads;
     if (cases[k].affine) {
       o.flags = AB_CONVERT_AFFINE;
-      o.scale = 1.0 / 255;
+      o.scale = from == R_F32 ? 3.0 : 1.0 / 255;
       o.offset = -0.5;
     }
-    char what[160];
-    snprintf(what, sizeof what, "%lld x transposed %s (%lld x %lld, rows %lld apart) -> float32%s, %d threads, %s, "
-             "streaming %s, widen %s", (long long)batch, KD[cases[k].from].name, (long long)n0, (long long)n1,
-             (long long)pitch, cases[k].affine ? " with a map" : "", cases[k].threads, cases[k].tiles,
-             cases[k].streaming, cases[k].widen);
-    const unsigned long before = ab__host_widened_planes();
+    char what[192];
+    snprintf(what, sizeof what,
+             "%lld x transposed %s (%lld x %lld, rows %lld apart) -> %s%s, %d threads, %s, streaming %s, "
+             "one pass %s, F16C %s",
+             (long long)batch, KD[from].name, (long long)n0, (long long)n1, (long long)pitch, KD[to].name,
+             cases[k].affine ? " with a map" : "", cases[k].threads, cases[k].tiles, cases[k].streaming,
+             cases[k].one_pass_env, cases[k].f16c);
+    const unsigned long before = ab__host_one_pass_planes();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
-    const unsigned long done = ab__host_widened_planes() - before;
+    const unsigned long done = ab__host_one_pass_planes() - before;
     /* two threads: more pieces than planes, each band of a plane a piece */
     const unsigned long want = (unsigned long)planes * (cases[k].threads > 1 ? 2 : 1);
     if (cases[k].one_pass && avx512)
       cr_assert_geq(done, want, "%s: %lu planes or bands in one pass, want %lu or more", what, done, want);
     else
-      cr_assert_eq(done, 0, "%s: %lu planes took the one-pass path", what, done);
+      cr_assert_eq(done, 0, "%s: %lu planes took the one pass", what, done);
     free(p);
   }
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_STREAMING");
-  unsetenv("AB_HOST_WIDEN_TILES");
+  unsetenv("AB_HOST_CAST_TILES");
+  unsetenv("AB_HOST_F16C");
   ab__env_reload();
 }
 
-/* The one-pass widening (above) where the layout differs: a 2-D result
- * banded along its columns (dim 1: each band's rows a whole row apart,
- * dst0), a 4-D batch banded along dim 1 (two planes of dim 1 in each band,
- * dst0 between dim 0's), a source whose rows run backwards (a negative
- * stride from a byte_offset), and ab_convert_into into a caller's buffer
- * on a cache line and 16 bytes off one (where the one pass must not run).
- * Each against the reference, or against a result checked against it. */
-Test(cast, widened_transposes_in_bands_and_caller_buffers_match_the_reference) {
+/* The one pass (above) where the layout differs: a 2-D result banded
+ * along its columns (dim 1: each band's rows a whole row apart, dst0), a
+ * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
+ * between dim 0's), a source whose rows run backwards (a negative stride
+ * from a byte_offset), each for both kernels; and ab_convert_into into a
+ * caller's buffer on a cache line and 16 bytes off one (where the one pass
+ * must not run). Each against the reference, or against a result checked
+ * against it. */
+Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_reference) {
   test_rng g = {0x5a1ad5u};
   size_t nb;
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_CAST_STREAMING", "1", 1);
-  setenv("AB_HOST_WIDEN_TILES", "1", 1);
+  setenv("AB_HOST_CAST_TILES", "1", 1);
+  setenv("AB_HOST_F16C", "1", 1);
   setenv("AB_PARALLEL_MIN", "16KiB", 1); /* bands even for these small results */
   ab__env_reload();
   const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
   static const struct {
-    int from;
+    int from, to;
     int32_t nd;
     int64_t shape[4]; /* the result's */
     int threads;
     bool reverse;
     unsigned long pieces; /* planes, or bands of planes, the one pass must do at least */
   } cases[] = {
-      {R_I8, 2, {69, 4096}, 20, false, 2},      /* 69 rows < 4 x 20 bands: cut along the columns */
-      {R_U8, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
-      {R_U8, 2, {200, 176}, 1, true, 1},        /* rows backwards */
+      {R_I8, R_F32, 2, {69, 4096}, 20, false, 2},      /* 69 rows < 4 x 20 bands: cut along the columns */
+      {R_U8, R_F32, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
+      {R_U8, R_F32, 2, {200, 176}, 1, true, 1},        /* rows backwards */
+      {R_F32, R_F16, 2, {69, 4096}, 20, false, 2},
+      {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64},
+      {R_F32, R_F16, 2, {200, 192}, 1, true, 1},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int from = cases[k].from, to = cases[k].to;
     const int32_t nd = cases[k].nd;
     const int64_t *sh = cases[k].shape, n0 = sh[nd - 2], n1 = sh[nd - 1];
     int64_t planes = 1;
     for (int32_t i = 0; i < nd - 2; i++) planes *= sh[i];
-    void *p = malloc((size_t)(planes * n0 * n1));
+    void *p = malloc((size_t)(planes * n0 * n1) * KD[from].size);
     cr_assert_not_null(p);
-    fill_cast_probes(p, planes * n0 * n1, KD[cases[k].from].dt, &g);
-    /* compact planes of n1 source rows of n0 bytes, read transposed */
+    fill_cast_probes(p, planes * n0 * n1, KD[from].dt, &g);
+    /* compact planes of n1 source rows of n0 elements, read transposed */
     int64_t st[4];
     st[nd - 2] = 1;
     st[nd - 1] = cases[k].reverse ? -n0 : n0;
     for (int32_t i = nd - 3; i >= 0; i--) st[i] = (i == nd - 3 ? n0 * n1 : st[i + 1] * sh[i + 1]);
-    DLTensor t = {p, CPU0, nd, KD[cases[k].from].dt, (int64_t *)sh, st,
-                  cases[k].reverse ? (uint64_t)((n1 - 1) * n0) : 0};
+    DLTensor t = {p, CPU0, nd, KD[from].dt, (int64_t *)sh, st,
+                  cases[k].reverse ? (uint64_t)((n1 - 1) * n0) * KD[from].size : 0};
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-    o.dtype = KD[R_F32].dt;
+    o.dtype = KD[to].dt;
     o.threads = cases[k].threads;
     o.flags = AB_CONVERT_AFFINE;
-    o.scale = 1.0 / 255;
+    o.scale = from == R_F32 ? 3.0 : 1.0 / 255;
     o.offset = 0.25;
     char what[128];
-    snprintf(what, sizeof what, "%d-d transposed %s, last dims %lld x %lld, %d threads%s", (int)nd,
-             KD[cases[k].from].name, (long long)n0, (long long)n1, cases[k].threads,
+    snprintf(what, sizeof what, "%d-d transposed %s -> %s, last dims %lld x %lld, %d threads%s", (int)nd,
+             KD[from].name, KD[to].name, (long long)n0, (long long)n1, cases[k].threads,
              cases[k].reverse ? ", rows backwards" : "");
-    const unsigned long before = ab__host_widened_planes();
+    const unsigned long before = ab__host_one_pass_planes();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
-    const unsigned long done = ab__host_widened_planes() - before;
+    const unsigned long done = ab__host_one_pass_planes() - before;
     const unsigned long want = avx512 ? cases[k].pieces : 0;
     cr_assert_geq(done, want, "%s: %lu planes or bands in one pass, want %lu or more", what, done, want);
     if (!avx512) cr_assert_eq(done, 0, "%s: %lu planes in one pass without AVX-512", what, done);
@@ -2351,10 +2376,10 @@ Test(cast, widened_transposes_in_bands_and_caller_buffers_match_the_reference) {
     memset(buf, 0xa5, nb + 128);
     int64_t dshape[2] = {n0, n1};
     DLTensor d = {buf + 64 + off, CPU0, 2, KD[R_F32].dt, dshape, NULL, 0};
-    const unsigned long before = ab__host_widened_planes();
+    const unsigned long before = ab__host_one_pass_planes();
     cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "ab_convert_into at %d bytes off a line: %s", off,
                  ab_last_error());
-    const unsigned long done = ab__host_widened_planes() - before;
+    const unsigned long done = ab__host_one_pass_planes() - before;
     cr_assert(memcmp(buf + 64 + off, want, nb) == 0, "ab_convert_into at %d bytes off a line: other bytes", off);
     for (size_t i = 0; i < 64 + (size_t)off; i++) cr_assert_eq((unsigned char)buf[i], 0xa5, "byte %zu before", i);
     for (size_t i = 64 + (size_t)off + nb; i < nb + 128; i++)
@@ -2367,7 +2392,48 @@ Test(cast, widened_transposes_in_bands_and_caller_buffers_match_the_reference) {
   free(p);
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_STREAMING");
-  unsetenv("AB_HOST_WIDEN_TILES");
+  unsetenv("AB_HOST_CAST_TILES");
+  unsetenv("AB_HOST_F16C");
   unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+}
+
+/* The one pass's map into float16 is a multiply, then an add, each
+ * rounded to float32: (1 + 2^-14)^2 = 1 + 2^-13 + 2^-28 rounds to
+ * 1 + 2^-13, and adding b = 2^-11 - 2^-13 + 2^-24 - 2^-29 gives a float32
+ * just below the midpoint above 1 + 2^-11, so 1 + 2^-11, which float16
+ * rounds to even: 1.0 (0x3c00). A fused multiply-add keeps the 2^-28 and
+ * lands above the midpoint: 1 + 2^-11 + 2^-23, float16 1 + 2^-10
+ * (0x3c01). A 64 x 64 transposed plane, streamed, so the one pass runs
+ * where the CPU has AVX-512 (the chunked way otherwise, which must agree). */
+Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
+  setenv("AB_HOST_CAST_STREAMING", "1", 1);
+  setenv("AB_HOST_TILES", "auto", 1);
+  setenv("AB_HOST_CAST_TILES", "1", 1);
+  setenv("AB_HOST_F16C", "1", 1);
+  ab__env_reload();
+  enum { N = 64 };
+  static float x[N * N];
+  for (int i = 0; i < N * N; i++) x[i] = 1.0f + 0x1p-14f;
+  int64_t shape[2] = {N, N}, st[2] = {1, N};
+  DLTensor t = {x, CPU0, 2, KD[R_F32].dt, shape, st, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = KD[R_F16].dt;
+  o.flags = AB_CONVERT_AFFINE;
+  o.scale = 1.0 + 0x1p-14;
+  o.offset = 0x1p-11 - 0x1p-13 + 0x1p-24 - 0x1p-29;
+  const unsigned long before = ab__host_one_pass_planes();
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  const unsigned long done = ab__host_one_pass_planes() - before;
+  const uint16_t *y = r->dl_tensor.data;
+  for (int i = 0; i < N * N; i++)
+    cr_assert_eq(y[i], 0x3c00, "element %d is 0x%04x, not 0x3c00 (a fused multiply-add?)", i, (unsigned)y[i]);
+  r->deleter(r);
+  if (ab__host_tiles_level() >= AB_TILES_AVX512) cr_assert_eq(done, 1, "the one pass did %lu planes", done);
+  unsetenv("AB_HOST_CAST_STREAMING");
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_CAST_TILES");
+  unsetenv("AB_HOST_F16C");
   ab__env_reload();
 }

@@ -1276,56 +1276,69 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
   return true;
 }
 
-/* uint8 and int8 planes transposed into float32 results that stream (the
- * casts' rule below), with one map for every element: in one pass
- * (ab__host_widen_8_f32: each 64 x 64 tile gathered, widened in
- * registers and streamed out), where convert_in_chunks transposes a
- * chunk of rows into a buffer and then casts each row out of it through a
- * second one. Intel Xeon (AMX) VM, one thread, uint8, ms a cast, median
- * of 11, three alternated runs (AB_HOST_WIDEN_TILES=0 against 1): 2880^2
- * 2.25-2.38 -> 1.65-1.71, 4000^2 6.06-6.17 -> 5.01-5.08, 4096^2 6.0-7.2
- * -> 4.1-4.3; streaming forced (AB_HOST_CAST_STREAMING=1), 2048^2
- * 1.22-1.32 -> 0.98-1.00, 1536^2 0.61-0.65 -> 0.47-0.50, where ordinary
- * stores, the rule's pick at those sizes, ran 1.12-1.24 and 0.56-0.60 but
- * leave the result in the cache for its reader
+/* Transposed planes cast in one pass where the result streams (the
+ * casts' rule below), with one map for every element or none: uint8 and
+ * int8 into float32 (ab__host_widen_8_f32: each 64 x 64 tile gathered,
+ * widened in registers and streamed out), where convert_in_chunks
+ * transposes a chunk of rows into a buffer and then casts each row out
+ * of it through a second one; float32 into float16 with F16C
+ * (ab__host_narrow_f32_f16: each 32 x 32 tile narrowed as it is loaded,
+ * transposed in registers and streamed out), where cast_then_transpose
+ * casts bands of rows into a buffer and then transposes it. Intel Xeon
+ * (AMX) VM, one thread, ms a cast, median of 11, three alternated runs
+ * (AB_HOST_CAST_TILES=0 against 1): uint8 -> float32 2880^2 2.25-2.38 ->
+ * 1.65-1.71, 4000^2 6.06-6.17 -> 5.01-5.08, 4096^2 6.0-7.2 -> 4.1-4.3;
+ * float32 -> float16 2880^2 3.28-3.40 -> 2.50-2.52, 4000^2 8.4-8.9 ->
+ * 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1; uint8 -> float32 with
+ * streaming forced (AB_HOST_CAST_STREAMING=1), 2048^2 1.22-1.32 ->
+ * 0.98-1.00, 1536^2 0.61-0.65 -> 0.47-0.50, where ordinary stores, the
+ * rule's pick at those sizes, ran 1.12-1.24 and 0.56-0.60 but leave the
+ * result in the cache for its reader
  * (bench/results/2026-12-01-widened-transposes.md). The planes are the
  * last two dims, the first contiguous in the source; dims before them take
  * a plane each as in cast_then_transpose. Result rows must all start on
  * cache lines, as whole lines are streamed: a result that starts on one,
- * rows a multiple of 16 floats (or dst0 bytes, a multiple of 64) apart;
- * the ragged edges (the
- * last columns and rows short of a 64 x 64 tile) go through
- * convert_impl. Returns false, having done nothing, where that does not
- * hold. */
-static bool widen_transposed(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
-                             const int64_t *shape, const int64_t *bst, const ab__cast_op *op, bool *streamed) {
-  if (ndim < 2 || !c->stream || (c->from != K_U8 && c->from != K_I8) || c->to != K_F32 ||
-      c->path != AB_ARITH_FLOAT32 || (op->affine && op->channel_dim >= 0))
-    return false;
+ * rows a multiple of 64 bytes (or dst0 bytes, a multiple of 64) apart;
+ * the ragged edges (the last columns and rows short of a tile) go
+ * through convert_impl. Returns false, having done nothing, where that
+ * does not hold. */
+static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
+                                   const int64_t *shape, const int64_t *bst, const ab__cast_op *op, bool *streamed) {
+  if (ndim < 2 || !c->stream || (op->affine && op->channel_dim >= 0)) return false;
+  const bool widen = (c->from == K_U8 || c->from == K_I8) && c->to == K_F32 && c->path == AB_ARITH_FLOAT32;
+#ifdef HAVE_X86
+  const bool narrow = c->from == K_F32 && c->to == K_F16 && use_f16c();
+#else
+  const bool narrow = false;
+#endif
+  if (!widen && !narrow) return false;
+  const int64_t tile = widen ? 64 : 32, is = (int64_t)c->in_size, os = (int64_t)c->out_size;
   const int32_t r = ndim - 2; /* the plane's dims: r (contiguous in the source), r + 1 */
   const int64_t na = shape[r], nb = shape[r + 1], sb = bst[r + 1];
-  if (bst[r] != 1 || na < 64 || nb < 64 || (dst0 != 0 && dst0 % 64 != 0) || (uintptr_t)dst % 64 != 0) return false;
-  const int64_t pitch = r == 0 && dst0 != 0 ? dst0 : nb * 4, plane = na * nb * 4;
+  if (bst[r] != is || na < tile || nb < tile || (dst0 != 0 && dst0 % 64 != 0) || (uintptr_t)dst % 64 != 0)
+    return false;
+  const int64_t pitch = r == 0 && dst0 != 0 ? dst0 : nb * os, plane = na * nb * os;
   if (pitch % 64 != 0) return false;
   int64_t outer = 1, m1 = 1; /* planes; and indices of dims 1..r-1 */
   for (int32_t i = 0; i < r; i++) outer *= shape[i];
   for (int32_t i = 1; i < r; i++) m1 *= shape[i];
   const float a = op->affine ? (float)op->scale : 1.0f, b = op->affine ? (float)op->offset : 0.0f;
-  const bool sign = c->from == K_I8;
-  const int64_t ka = na - na % 64, kb = nb - nb % 64; /* the whole tiles' rows and columns */
+  const int64_t ka = na - na % tile, kb = nb - nb % tile; /* the whole tiles' rows and columns */
   int64_t idx[AB_MAX_NDIM] = {0};
   for (int64_t p = 0; p < outer; p++) {
     const char *s = src;
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
-    if (!ab__host_widen_8_f32(d, pitch, s, sb, na, nb, sign, op->affine, a, b)) {
+    const bool done = widen ? ab__host_widen_8_f32(d, pitch, s, sb, na, nb, c->from == K_I8, op->affine, a, b)
+                            : ab__host_narrow_f32_f16(d, pitch, s, sb, na, nb, op->affine, a, b);
+    if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */
       convert_impl(d, pitch, s, 2, shape + r, bst + r, op, true, streamed);
     } else {
       *streamed = true;
       const int64_t right[2] = {ka, nb - kb}, bottom[2] = {na - ka, nb};
-      if (kb < nb) convert_impl(d + kb * 4, pitch, s + kb * sb, 2, right, bst + r, op, true, streamed);
-      if (ka < na) convert_impl(d + ka * pitch, pitch, s + ka, 2, bottom, bst + r, op, true, streamed);
+      if (kb < nb) convert_impl(d + kb * os, pitch, s + kb * sb, 2, right, bst + r, op, true, streamed);
+      if (ka < na) convert_impl(d + ka * pitch, pitch, s + ka * is, 2, bottom, bst + r, op, true, streamed);
     }
     for (int32_t i = r - 1; i >= 0 && ++idx[i] == shape[i]; i--) idx[i] = 0;
   }
@@ -1418,7 +1431,8 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
     return;
   const int32_t inner = ndim - 1;
   const int64_t n = shape[inner], ss = byte_strides[inner];
-  if (ss != (int64_t)c.in_size && widen_transposed(&c, dst, dst0, src, ndim, shape, byte_strides, op, streamed)) return;
+  if (ss != (int64_t)c.in_size && transposed_in_one_pass(&c, dst, dst0, src, ndim, shape, byte_strides, op, streamed))
+    return;
   if (ss != (int64_t)c.in_size && cast_then_transpose(&c, dst, dst0, src, ndim, shape, byte_strides, op)) return;
   if ((ss != (int64_t)c.in_size || n < 16) && convert_in_chunks(&c, dst, dst0, src, ndim, shape, byte_strides, op))
     return;

@@ -417,7 +417,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(
  * lines). The lanes are gathered as in tr64x64_8_lanes, so nothing is
  * stored but the result, also where u8_lanes would join a plain tile's
  * rows from a scratch instead: with source rows 4096 bytes apart this
- * still ran 1.4-1.7x the chunked way (convert.c, widen_transposed). */
+ * still ran 1.4-1.7x the chunked way (convert.c, transposed_in_one_pass). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen64x64_8_f32(char *d, int64_t dsa, const char *s,
                                                                                   int64_t sb, bool sign, bool affine,
                                                                                   __m512 a, __m512 b) {
@@ -497,26 +497,100 @@ __attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int6
  * Xeon (Cascade Lake) VM, one thread, of memcpy: 512^2 0.42x -> 0.62x,
  * 1024^2 0.51x -> 0.69x, 1536 x 1024 0.56x -> 0.70x, 1920 x 1080
  * (output rows 1920 wide) 0.67x -> 0.78x, 1280 x 720 0.72x -> 0.74x. */
-__attribute__((target("avx512f,avx512bw"))) static void tr32x32_16(char *d, int64_t dsa, const char *s, int64_t sb) {
-  __m512i h[2][8];
-  _Alignas(64) char scr[16 * 64];
-  const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
-  net8x32_16(h[0], s, sb);
-  net8x32_16(h[1], s + 8 * sb, sb);
-  for (int k = 0; k < 8; k++) {
-    _mm512_store_si512((void *)(scr + 128 * k), _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]));
-    _mm512_store_si512((void *)(scr + 128 * k + 64), _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]));
+#define DEFINE_TR32X32_16(NAME, ATTR, PARAMS, NET, STORE)                                          \
+  ATTR static void NAME(char *d, int64_t dsa, const char *s, int64_t sb PARAMS) {                  \
+    __m512i h[2][8];                                                                               \
+    _Alignas(64) char scr[16 * 64];                                                                \
+    const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4); \
+    NET(h[0], s);                                                                                  \
+    NET(h[1], s + 8 * sb);                                                                         \
+    for (int k = 0; k < 8; k++) {                                                                  \
+      _mm512_store_si512((void *)(scr + 128 * k), _mm512_permutex2var_epi64(h[0][k], lo, h[1][k])); \
+      _mm512_store_si512((void *)(scr + 128 * k + 64), _mm512_permutex2var_epi64(h[0][k], hi, h[1][k])); \
+    }                                                                                              \
+    NET(h[0], s + 16 * sb);                                                                        \
+    NET(h[1], s + 24 * sb);                                                                        \
+    for (int k = 0; k < 8; k++) {                                                                  \
+      const __m512i a = _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]),                          \
+                    b = _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]);                          \
+      const __m512i pa = _mm512_load_si512((const void *)(scr + 128 * k)),                        \
+                    pb = _mm512_load_si512((const void *)(scr + 128 * k + 64));                   \
+      STORE(d + k * dsa, _mm512_shuffle_i64x2(pa, a, 0x44));                                       \
+      STORE(d + (k + 8) * dsa, _mm512_shuffle_i64x2(pa, a, 0xee));                                 \
+      STORE(d + (k + 16) * dsa, _mm512_shuffle_i64x2(pb, b, 0x44));                                \
+      STORE(d + (k + 24) * dsa, _mm512_shuffle_i64x2(pb, b, 0xee));                                \
+    }                                                                                              \
   }
-  net8x32_16(h[0], s + 16 * sb, sb);
-  net8x32_16(h[1], s + 24 * sb, sb);
-  for (int k = 0; k < 8; k++) {
-    const __m512i a = _mm512_permutex2var_epi64(h[0][k], lo, h[1][k]), b = _mm512_permutex2var_epi64(h[0][k], hi, h[1][k]);
-    const __m512i pa = _mm512_load_si512((const void *)(scr + 128 * k)), pb = _mm512_load_si512((const void *)(scr + 128 * k + 64));
-    _mm512_storeu_si512((void *)(d + k * dsa), _mm512_shuffle_i64x2(pa, a, 0x44));
-    _mm512_storeu_si512((void *)(d + (k + 8) * dsa), _mm512_shuffle_i64x2(pa, a, 0xee));
-    _mm512_storeu_si512((void *)(d + (k + 16) * dsa), _mm512_shuffle_i64x2(pb, b, 0x44));
-    _mm512_storeu_si512((void *)(d + (k + 24) * dsa), _mm512_shuffle_i64x2(pb, b, 0xee));
+#define TR32_NO_PARAMS
+#define TR32_NET(h, p) net8x32_16(h, p, sb)
+#define TR32_STORE(p, v) _mm512_storeu_si512((void *)(p), v)
+DEFINE_TR32X32_16(tr32x32_16, __attribute__((target("avx512f,avx512bw"))), TR32_NO_PARAMS, TR32_NET, TR32_STORE)
+
+/* 8 source rows of 32 float32 (two lines each; x * a + b first where
+ * affine: a multiply, then an add, -ffp-contract=off) narrowed to float16
+ * by VCVTPS2PH, round to nearest even as F16C's loop in convert.c rounds
+ * (f32_to_f16_f16c: the same instruction, NaNs and subnormals alike),
+ * through the 8 x 32 uint16 network. */
+__attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_f16(__m512i h[8], const char *s, int64_t sb,
+                                                                               bool affine, __m512 a, __m512 b) {
+  __m512i r[8];
+  for (int i = 0; i < 8; i++) {
+    __m512 x = _mm512_loadu_ps((const void *)(s + i * sb)), y = _mm512_loadu_ps((const void *)(s + i * sb + 64));
+    if (affine) {
+      x = _mm512_add_ps(_mm512_mul_ps(x, a), b);
+      y = _mm512_add_ps(_mm512_mul_ps(y, a), b);
+    }
+    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                              _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 1);
   }
+  net8x32_16_regs(h, r);
+}
+/* 32 x 32 of a float32 transpose narrowed to float16 on the way in and
+ * each destination row's 64 bytes streamed out as one line (rows dsa
+ * bytes apart, all on lines): tr32x32_16 with net8x32_f32_f16's rows (see
+ * ab__host_narrow_f32_f16). */
+#define NARROW_PARAMS , bool affine, __m512 fa, __m512 fb
+#define NARROW_NET(h, p) net8x32_f32_f16(h, p, sb, affine, fa, fb)
+#define NARROW_STORE(p, v) _mm512_stream_si512((void *)(p), v)
+DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw"))), NARROW_PARAMS, NARROW_NET,
+                  NARROW_STORE)
+/* Every whole 32 x 32 tile of a plane, down the source 64 rows at a time
+ * (two tiles at each step along it, so each destination row gets two
+ * lines in a row, not one: streamed lines wanted two a row in the uint8
+ * tiles, bench/results/2026-12-01-l1-tiles-and-dead-ends.md), then a last
+ * band of 32 where the rows leave one. Each step first asks for the next
+ * step's two lines of each of its rows (into L1): without it, float32
+ * sources with rows 16000 and 16384 bytes apart ran 1.2-1.4x slower in
+ * one pass than the chunked way, with it 1.6-1.9x faster (Intel Xeon
+ * (AMX) VM, one thread, 4000^2: 10.0-10.4 ms -> 4.3-4.4, the chunked way
+ * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, chunked 8.4-9.5; 2880^2 2.4-2.5
+ * either way; two and four steps ahead no better). */
+/* The two lines at s of each of `rows` rows sb bytes apart, into L1 (a
+ * hint: no fault, whatever the addresses). */
+static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
+  for (int j = 0; j < rows; j++) {
+    _mm_prefetch(s + j * sb, _MM_HINT_T0);
+    _mm_prefetch(s + j * sb + 64, _MM_HINT_T0);
+  }
+}
+__attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_f16(void *dst, int64_t pitch, const void *src,
+                                                                             int64_t sb, int64_t na, int64_t nb,
+                                                                             bool affine, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  char *d = dst;
+  const char *s = src;
+  int64_t b0 = 0;
+  for (; b0 + 64 <= nb; b0 += 64)
+    for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
+      if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 64);
+      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, va, vb);
+      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2 + 64, pitch, s + a0 * 4 + (b0 + 32) * sb, sb, affine, va, vb);
+    }
+  if (b0 + 32 <= nb)
+    for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
+      if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 32);
+      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, va, vb);
+    }
 }
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -2568,21 +2642,37 @@ const char *ab__host_tiles(void) {
 #endif
 }
 
-static atomic_ulong widened_planes;
-unsigned long ab__host_widened_planes(void) { return atomic_load_explicit(&widened_planes, memory_order_relaxed); }
+static atomic_ulong one_pass_planes;
+unsigned long ab__host_one_pass_planes(void) { return atomic_load_explicit(&one_pass_planes, memory_order_relaxed); }
 
 bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
                           bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
   static ab__env_cache cache;
   if (tiles_level() < TILES_AVX512 || na < 64 || nb < 64 || !on_lines(dst, pitch) ||
-      !ab__env_switch(&cache, "AB_HOST_WIDEN_TILES", 1))
+      !ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1))
     return false;
   widen_tiles_8_f32(dst, pitch, src, sb, na, nb, sign, affine, a, b);
-  atomic_fetch_add_explicit(&widened_planes, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
 #else
   (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)affine, (void)a, (void)b;
+  return false;
+#endif
+}
+
+bool ab__host_narrow_f32_f16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
+                             bool affine, float a, float b) {
+#ifdef HAVE_X86_KERNELS
+  static ab__env_cache cache;
+  if (tiles_level() < TILES_AVX512 || na < 32 || nb < 32 || !on_lines(dst, pitch) ||
+      !ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1))
+    return false;
+  narrow_tiles_f32_f16(dst, pitch, src, sb, na, nb, affine, a, b);
+  atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
+  return true;
+#else
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)affine, (void)a, (void)b;
   return false;
 #endif
 }

@@ -172,19 +172,28 @@ int ab__host_wide_off_lines(int64_t sb);
 int ab__host_u8_lanes(int64_t sb);
 /* A uint8 (int8 where sign) plane transposed and widened to float32 in
  * one pass with streaming stores, for the casts whose results stream
- * (convert.c, widen_transposed): result element (i, j), at dst + i *
+ * (convert.c, transposed_in_one_pass): result element (i, j), at dst + i *
  * pitch + 4 * j, is source byte (i, j) at src + i + j * sb, as float,
  * times a plus b where affine. Does the whole 64 x 64 tiles, rows [0, na
  * - na % 64) by columns [0, nb - nb % 64), and returns true; the caller
  * does the ragged edges and fences the stores. Returns false, having
  * written nothing, without AVX-512 (or as AB_HOST_TILES caps it), where
  * either side is under 64, rows do not all start on cache lines, or
- * AB_HOST_WIDEN_TILES=0 turns it off. */
+ * AB_HOST_CAST_TILES=0 turns it off. */
 bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
                           bool affine, float a, float b);
-/* How many planes ab__host_widen_8_f32 has done in this process. For
- * tests. */
-unsigned long ab__host_widened_planes(void);
+/* The same for a float32 plane narrowed to float16 (convert.c,
+ * transposed_in_one_pass): result element (i, j), at dst + i * pitch + 2 * j,
+ * is the float32 at src + 4 * i + j * sb (times a plus b where affine)
+ * rounded to float16 to nearest even, as F16C's VCVTPS2PH does. Does
+ * the whole 32 x 32 tiles, rows [0, na - na % 32) by columns [0, nb - nb
+ * % 32), and returns true; false, having written nothing, on the same
+ * terms with 32 for 64. */
+bool ab__host_narrow_f32_f16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
+                             bool affine, float a, float b);
+/* How many planes (or bands of planes) ab__host_widen_8_f32 and
+ * ab__host_narrow_f32_f16 have done in this process. For tests. */
+unsigned long ab__host_one_pass_planes(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
