@@ -560,11 +560,11 @@ DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw")
  * tiles, bench/results/2026-12-01-l1-tiles-and-dead-ends.md), then a last
  * band of 32 where the rows leave one. Each step first asks for the next
  * step's two lines of each of its rows (into L1): without it, float32
- * sources with rows 16000 and 16384 bytes apart ran 1.2-1.4x slower in
- * one pass than the chunked way, with it 1.6-1.9x faster (Intel Xeon
- * (AMX) VM, one thread, 4000^2: 10.0-10.4 ms -> 4.3-4.4, the chunked way
- * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, chunked 8.4-9.5; 2880^2 2.4-2.5
- * either way; two and four steps ahead no better). */
+ * sources with rows 16000 and 16384 bytes apart mostly ran slower in one
+ * pass than through the buffer (Intel Xeon (AMX) VM, one thread, ms,
+ * two rounds, without -> with, buffered: 4000^2 10.0-10.4 -> 4.3-4.4,
+ * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, 8.4-9.5; 2880^2 2.4-2.5 either
+ * way, 3.2-3.3; two and four steps ahead no better). */
 /* The two lines at s of each of `rows` rows sb bytes apart, into L1 (a
  * hint: no fault, whatever the addresses). */
 static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
