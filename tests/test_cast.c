@@ -2289,13 +2289,14 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
 }
 
 /* The one pass (above) where the layout differs: a 2-D result banded
- * along its columns (dim 1: each band's rows a whole row apart, dst0), a
+ * along its columns (dim 1: each band's rows a whole row apart, dst0;
+ * for float16 also bands 48 wide, a tile and a ragged right edge each), a
  * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
  * between dim 0's), a source whose rows run backwards (a negative stride
  * from a byte_offset), each for both kernels; and ab_convert_into into a
- * caller's buffer on a cache line and 16 bytes off one (where the one pass
- * must not run). Each against the reference, or against a result checked
- * against it. */
+ * caller's buffer on a cache line and off one (where the one pass must
+ * not run), for both kernels, the bytes around the result untouched.
+ * Each against the reference, or against a result checked against it. */
 Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_reference) {
   test_rng g = {0x5a1ad5u};
   size_t nb;
@@ -2318,6 +2319,7 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_U8, R_F32, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
       {R_U8, R_F32, 2, {200, 176}, 1, true, 1},        /* rows backwards */
       {R_F32, R_F16, 2, {69, 4096}, 20, false, 2},
+      {R_F32, R_F16, 2, {69, 3008}, 20, false, 2}, /* bands 48 wide: each a tile and a ragged right edge */
       {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64},
       {R_F32, R_F16, 2, {200, 192}, 1, true, 1},
   };
@@ -2357,39 +2359,50 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
   }
 
   /* ab_convert_into: the checked result, then the same into a caller's
-   * buffer on a line (one pass) and 16 bytes off one (the chunked way) */
-  const int64_t n0 = 200, n1 = 176;
-  int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
-  unsigned char *p = malloc((size_t)(n0 * n1));
-  cr_assert_not_null(p);
-  fill_cast_probes(p, n0 * n1, KD[R_U8].dt, &g);
-  DLTensor t = {p, CPU0, 2, KD[R_U8].dt, shape, st, 0};
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.dtype = KD[R_F32].dt;
-  o.flags = AB_CONVERT_AFFINE;
-  o.scale = -2.5;
-  o.offset = 7.0;
-  unsigned char *want = check_conversion(&t, &t, CPU0, &o, "200 x 176 transposed uint8 for ab_convert_into", &nb);
-  char *buf = aligned_alloc(64, nb + 128);
-  cr_assert_not_null(buf);
-  for (int off = 0; off <= 16; off += 16) {
-    memset(buf, 0xa5, nb + 128);
-    int64_t dshape[2] = {n0, n1};
-    DLTensor d = {buf + 64 + off, CPU0, 2, KD[R_F32].dt, dshape, NULL, 0};
-    const unsigned long before = ab__host_one_pass_planes();
-    cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "ab_convert_into at %d bytes off a line: %s", off,
-                 ab_last_error());
-    const unsigned long done = ab__host_one_pass_planes() - before;
-    cr_assert(memcmp(buf + 64 + off, want, nb) == 0, "ab_convert_into at %d bytes off a line: other bytes", off);
-    for (size_t i = 0; i < 64 + (size_t)off; i++) cr_assert_eq((unsigned char)buf[i], 0xa5, "byte %zu before", i);
-    for (size_t i = 64 + (size_t)off + nb; i < nb + 128; i++)
-      cr_assert_eq((unsigned char)buf[i], 0xa5, "byte %zu after", i);
-    if (off == 0 && avx512) cr_assert_geq(done, 1, "into a buffer on a line: no plane in one pass");
-    if (off != 0) cr_assert_eq(done, 0, "into a buffer off a line: %lu planes in one pass", done);
+   * buffer on a line (one pass) and off one (the buffered way) */
+  static const struct {
+    int from, to;
+    int64_t n0, n1;
+    int off; /* bytes off a line */
+  } into[] = {{R_U8, R_F32, 200, 176, 16}, {R_F32, R_F16, 200, 192, 32}};
+  for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
+    const int from = into[k].from, to = into[k].to;
+    const int64_t n0 = into[k].n0, n1 = into[k].n1;
+    int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
+    void *p = malloc((size_t)(n0 * n1) * KD[from].size);
+    cr_assert_not_null(p);
+    fill_cast_probes(p, n0 * n1, KD[from].dt, &g);
+    DLTensor t = {p, CPU0, 2, KD[from].dt, shape, st, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[to].dt;
+    o.flags = AB_CONVERT_AFFINE;
+    o.scale = -2.5;
+    o.offset = 7.0;
+    char what[96];
+    snprintf(what, sizeof what, "%lld x %lld transposed %s -> %s for ab_convert_into", (long long)n0, (long long)n1,
+             KD[from].name, KD[to].name);
+    unsigned char *want = check_conversion(&t, &t, CPU0, &o, what, &nb);
+    char *buf = aligned_alloc(64, nb + 128);
+    cr_assert_not_null(buf);
+    for (int off = 0; off <= into[k].off; off += into[k].off) {
+      memset(buf, 0xa5, nb + 128);
+      int64_t dshape[2] = {n0, n1};
+      DLTensor d = {buf + 64 + off, CPU0, 2, KD[to].dt, dshape, NULL, 0};
+      const unsigned long before = ab__host_one_pass_planes();
+      cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "%s at %d bytes off a line: %s", what, off, ab_last_error());
+      const unsigned long done = ab__host_one_pass_planes() - before;
+      cr_assert(memcmp(buf + 64 + off, want, nb) == 0, "%s at %d bytes off a line: other bytes", what, off);
+      for (size_t i = 0; i < 64 + (size_t)off; i++)
+        cr_assert_eq((unsigned char)buf[i], 0xa5, "%s: byte %zu before the result written", what, i);
+      for (size_t i = 64 + (size_t)off + nb; i < nb + 128; i++)
+        cr_assert_eq((unsigned char)buf[i], 0xa5, "%s: byte %zu after the result written", what, i);
+      if (off == 0 && avx512) cr_assert_geq(done, 1, "%s into a buffer on a line: no plane in one pass", what);
+      if (off != 0) cr_assert_eq(done, 0, "%s into a buffer off a line: %lu planes in one pass", what, done);
+    }
+    free(buf);
+    free(want);
+    free(p);
   }
-  free(buf);
-  free(want);
-  free(p);
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_STREAMING");
   unsetenv("AB_HOST_CAST_TILES");

@@ -525,6 +525,9 @@ __attribute__((target("avx512f,avx512bw"))) static void tr16x32_16(char *d, int6
 #define TR32_NET(h, p) net8x32_16(h, p, sb)
 #define TR32_STORE(p, v) _mm512_storeu_si512((void *)(p), v)
 DEFINE_TR32X32_16(tr32x32_16, __attribute__((target("avx512f,avx512bw"))), TR32_NO_PARAMS, TR32_NET, TR32_STORE)
+#undef TR32_NO_PARAMS
+#undef TR32_NET
+#undef TR32_STORE
 
 /* 8 source rows of 32 float32 (two lines each; x * a + b first where
  * affine: a multiply, then an add, -ffp-contract=off) narrowed to float16
@@ -554,6 +557,9 @@ __attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_f16(_
 #define NARROW_STORE(p, v) _mm512_stream_si512((void *)(p), v)
 DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw"))), NARROW_PARAMS, NARROW_NET,
                   NARROW_STORE)
+#undef NARROW_PARAMS
+#undef NARROW_NET
+#undef NARROW_STORE
 /* Every whole 32 x 32 tile of a plane, down the source 64 rows at a time
  * (two tiles at each step along it, so each destination row gets two
  * lines in a row, not one: streamed lines wanted two a row in the uint8
@@ -564,7 +570,8 @@ DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw")
  * pass than through the buffer (Intel Xeon (AMX) VM, one thread, ms,
  * two rounds, without -> with, buffered: 4000^2 10.0-10.4 -> 4.3-4.4,
  * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, 8.4-9.5; 2880^2 2.4-2.5 either
- * way, 3.2-3.3; two and four steps ahead no better). */
+ * way, 3.2-3.3; two and four steps ahead no better;
+ * bench/results/2026-12-01-widened-transposes.md, raw section 6). */
 /* The two lines at s of each of `rows` rows sb bytes apart, into L1 (a
  * hint: no fault, whatever the addresses). */
 static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
