@@ -560,6 +560,14 @@ DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw")
 #undef NARROW_PARAMS
 #undef NARROW_NET
 #undef NARROW_STORE
+/* The two lines at s of each of `rows` rows sb bytes apart, into L1 (a
+ * hint: no fault, whatever the addresses). */
+static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
+  for (int j = 0; j < rows; j++) {
+    _mm_prefetch(s + j * sb, _MM_HINT_T0);
+    _mm_prefetch(s + j * sb + 64, _MM_HINT_T0);
+  }
+}
 /* Every whole 32 x 32 tile of a plane, down the source 64 rows at a time
  * (two tiles at each step along it, so each destination row gets two
  * lines in a row, not one: streamed lines wanted two a row in the uint8
@@ -572,14 +580,6 @@ DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw")
  * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, 8.4-9.5; 2880^2 2.4-2.5 either
  * way, 3.2-3.3; two and four steps ahead no better;
  * bench/results/2026-12-01-widened-transposes.md, raw section 6). */
-/* The two lines at s of each of `rows` rows sb bytes apart, into L1 (a
- * hint: no fault, whatever the addresses). */
-static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
-  for (int j = 0; j < rows; j++) {
-    _mm_prefetch(s + j * sb, _MM_HINT_T0);
-    _mm_prefetch(s + j * sb + 64, _MM_HINT_T0);
-  }
-}
 __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_f16(void *dst, int64_t pitch, const void *src,
                                                                              int64_t sb, int64_t na, int64_t nb,
                                                                              bool affine, float a, float b) {
