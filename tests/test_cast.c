@@ -2192,7 +2192,8 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
 /* Transposed planes cast in one pass where the result streams and the
  * CPU has AVX-512 (convert.c, transposed_in_one_pass; gather.c,
  * ab__host_widen_8_f32 for uint8 and int8 -> float32 in 64 x 64 tiles,
- * ab__host_narrow_f32_f16 for float32 -> float16 in 32 x 32 ones): whole
+ * ab__host_narrow_f32_16 for float32 -> float16 and bfloat16 in 32 x 32
+ * ones; the probes hold NaNs, infinities, subnormals and ties): whole
  * tiles and ragged right and bottom edges (176 = 2 tiles of 64 and 48
  * columns; 200 = 3 tiles of 64 and 8 rows, 6 of 32 and 8; float16 rows on
  * lines are whole tiles of 32 wide), one tile's
@@ -2202,8 +2203,8 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
  * result rows off cache lines (72 floats, 40 float16), a side under the
  * tile, AVX2 kernels (AB_HOST_TILES), ordinary stores (streaming off),
  * the one pass switched off (AB_HOST_CAST_TILES=0), float16 without
- * F16C's loop (AB_HOST_F16C=0). Each against the reference, and the
- * planes the one pass counted. */
+ * F16C's loop (AB_HOST_F16C=0, which bfloat16 does not heed). Each
+ * against the reference, and the planes the one pass counted. */
 Test(cast, transposed_casts_in_one_pass_match_the_reference) {
   test_rng g = {0x31de5u};
   size_t nb;
@@ -2237,6 +2238,15 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_F32, R_F16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false},
       {R_F32, R_F16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
       {R_F32, R_F16, false, 0, 200, 192, 200, 1, "auto", "1", "1", "0", false},
+      {R_F32, R_BF16, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, true, 0, 200, 192, 300, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, true, 0, 1500, 1120, 1500, 2, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, false, 0, 200, 192, 200, 1, "auto", "1", "1", "0", true}, /* F16C is float16's alone */
+      {R_F32, R_BF16, false, 0, 200, 40, 200, 1, "auto", "1", "1", "1", false},
+      {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "avx2", "1", "1", "1", false},
+      {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false},
+      {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2293,9 +2303,9 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
  * for float16 also bands 48 wide, a tile and a ragged right edge each), a
  * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
  * between dim 0's), a source whose rows run backwards (a negative stride
- * from a byte_offset), each for both kernels; and ab_convert_into into a
+ * from a byte_offset), for each result type; and ab_convert_into into a
  * caller's buffer on a cache line and off one (where the one pass must
- * not run), for both kernels, the bytes around the result untouched.
+ * not run), for each, the bytes around the result untouched.
  * Each against the reference, or against a result checked against it. */
 Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_reference) {
   test_rng g = {0x5a1ad5u};
@@ -2322,6 +2332,9 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_F32, R_F16, 2, {69, 3008}, 20, false, 2}, /* bands 48 wide: each a tile and a ragged right edge */
       {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64},
       {R_F32, R_F16, 2, {200, 192}, 1, true, 1},
+      {R_F32, R_BF16, 2, {69, 3008}, 20, false, 2},
+      {R_F32, R_BF16, 4, {2, 32, 64, 96}, 4, false, 64},
+      {R_F32, R_BF16, 2, {200, 192}, 1, true, 1},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int from = cases[k].from, to = cases[k].to;
@@ -2364,7 +2377,7 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     int from, to;
     int64_t n0, n1;
     int off; /* bytes off a line */
-  } into[] = {{R_U8, R_F32, 200, 176, 16}, {R_F32, R_F16, 200, 192, 32}};
+  } into[] = {{R_U8, R_F32, 200, 176, 16}, {R_F32, R_F16, 200, 192, 32}, {R_F32, R_BF16, 200, 192, 32}};
   for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
     const int from = into[k].from, to = into[k].to;
     const int64_t n0 = into[k].n0, n1 = into[k].n1;
@@ -2448,5 +2461,75 @@ Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_TILES");
   unsetenv("AB_HOST_F16C");
+  ab__env_reload();
+}
+
+/* The one pass and the buffered way give the same bits, NaN payloads
+ * included (the reference above takes any NaN for a NaN): planes whose
+ * values include signalling and quiet NaNs with payloads in their low and
+ * high bits, infinities, zeros, subnormals, the largest finite values and
+ * values a half-unit from the next, cast with streaming forced both with
+ * the one pass and with AB_HOST_CAST_TILES=0, with a map and without. */
+Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer) {
+  static const uint32_t specials[] = {0x7f800001u, 0xffa00001u, 0x7fc00000u, 0xff812345u, 0x7fbfffffu, 0x7fe00f00u,
+                                      0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
+                                      0x7f7fffffu, 0xff7fffffu, 0x3f808000u, 0x3f818000u, 0x477ff000u, 0x33000000u};
+  test_rng g = {0xb175u};
+  static const struct {
+    int from, to;
+    bool affine;
+    int64_t n0, n1;
+  } cases[] = {{R_F32, R_BF16, false, 200, 192}, {R_F32, R_BF16, true, 200, 192}, {R_F32, R_F16, false, 200, 192},
+               {R_F32, R_F16, true, 200, 192},   {R_U8, R_F32, true, 200, 176},   {R_I8, R_F32, false, 200, 176}};
+  setenv("AB_HOST_TILES", "auto", 1);
+  setenv("AB_HOST_F16C", "1", 1);
+  setenv("AB_HOST_CAST_STREAMING", "1", 1);
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int from = cases[k].from, to = cases[k].to;
+    const int64_t n0 = cases[k].n0, n1 = cases[k].n1;
+    unsigned char *p = malloc((size_t)(n0 * n1) * KD[from].size);
+    cr_assert_not_null(p);
+    fill_cast_probes(p, n0 * n1, KD[from].dt, &g);
+    if (from == R_F32) /* every 7th element a special value */
+      for (int64_t i = 0; i < n0 * n1; i += 7)
+        memcpy(p + i * 4, &specials[(i / 7) % (sizeof specials / sizeof specials[0])], 4);
+    int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
+    DLTensor t = {p, CPU0, 2, KD[from].dt, shape, st, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[to].dt;
+    o.threads = 1;
+    if (cases[k].affine) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = 0.75;
+      o.offset = -1.5;
+    }
+    unsigned char *got[2];
+    unsigned long done[2];
+    for (int way = 0; way < 2; way++) {
+      setenv("AB_HOST_CAST_TILES", way == 0 ? "1" : "0", 1);
+      ab__env_reload();
+      const unsigned long before = ab__host_one_pass_planes();
+      DLManagedTensorVersioned *r;
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      done[way] = ab__host_one_pass_planes() - before;
+      got[way] = malloc((size_t)(n0 * n1) * KD[to].size);
+      cr_assert_not_null(got[way]);
+      memcpy(got[way], r->dl_tensor.data, (size_t)(n0 * n1) * KD[to].size);
+      r->deleter(r);
+    }
+    for (int64_t i = 0; i < n0 * n1; i++)
+      cr_assert(memcmp(got[0] + i * KD[to].size, got[1] + i * KD[to].size, KD[to].size) == 0,
+                "transposed %s -> %s%s: element %lld differs between the one pass and the buffer", KD[from].name,
+                KD[to].name, cases[k].affine ? " with a map" : "", (long long)i);
+    cr_assert_eq(done[1], 0, "the one pass ran with AB_HOST_CAST_TILES=0");
+    if (ab__host_tiles_level() >= AB_TILES_AVX512) cr_assert_eq(done[0], 1, "the one pass did %lu planes", done[0]);
+    free(got[0]);
+    free(got[1]);
+    free(p);
+  }
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_F16C");
+  unsetenv("AB_HOST_CAST_STREAMING");
+  unsetenv("AB_HOST_CAST_TILES");
   ab__env_reload();
 }

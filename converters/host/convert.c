@@ -1281,15 +1281,17 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * int8 into float32 (ab__host_widen_8_f32: each 64 x 64 tile gathered,
  * widened in registers and streamed out), where convert_in_chunks
  * transposes a chunk of rows into a buffer and then casts each row out
- * of it through a second one; float32 into float16 with F16C
- * (ab__host_narrow_f32_f16: each 32 x 32 tile narrowed as it is loaded,
- * transposed in registers and streamed out), where cast_then_transpose
+ * of it through a second one; float32 into float16 with F16C, and into
+ * bfloat16 (ab__host_narrow_f32_16: each 32 x 32 tile narrowed as it is
+ * loaded, transposed in registers and streamed out), where cast_then_transpose
  * casts bands of rows into a buffer and then transposes it. Intel Xeon
  * (AMX) VM, one thread, ms a cast, median of 11, three alternated runs
  * (AB_HOST_CAST_TILES=0 against 1): uint8 -> float32 2880^2 2.25-2.38 ->
  * 1.65-1.71, 4000^2 6.06-6.17 -> 5.01-5.08, 4096^2 6.0-7.2 -> 4.1-4.3;
  * float32 -> float16 2880^2 3.28-3.40 -> 2.50-2.52, 4000^2 8.4-8.9 ->
- * 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1; uint8 -> float32 with
+ * 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1; float32 -> bfloat16 2880^2
+ * 3.27-4.72 -> 2.84-3.01, 4000^2 9.35-9.84 -> 6.38-7.06, 4096^2
+ * 10.42-11.18 -> 6.89-7.49; uint8 -> float32 with
  * streaming forced (AB_HOST_CAST_STREAMING=1), 2048^2 1.22-1.32 ->
  * 0.98-1.00, 1536^2 0.61-0.65 -> 0.47-0.50, where ordinary stores, the
  * rule's pick at those sizes, ran 1.12-1.24 and 0.56-0.60 but leave the
@@ -1307,7 +1309,7 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
   if (ndim < 2 || !c->stream || (op->affine && op->channel_dim >= 0)) return false;
   const bool widen = (c->from == K_U8 || c->from == K_I8) && c->to == K_F32 && c->path == AB_ARITH_FLOAT32;
 #ifdef HAVE_X86
-  const bool narrow = c->from == K_F32 && c->to == K_F16 && use_f16c();
+  const bool narrow = c->from == K_F32 && ((c->to == K_F16 && use_f16c()) || c->to == K_BF16);
 #else
   const bool narrow = false;
 #endif
@@ -1330,7 +1332,7 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
     const bool done = widen ? ab__host_widen_8_f32(d, pitch, s, sb, na, nb, c->from == K_I8, op->affine, a, b)
-                            : ab__host_narrow_f32_f16(d, pitch, s, sb, na, nb, op->affine, a, b);
+                            : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, c->to == K_BF16, op->affine, a, b);
     if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */
       convert_impl(d, pitch, s, 2, shape + r, bst + r, op, true, streamed);

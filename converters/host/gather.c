@@ -529,13 +529,28 @@ DEFINE_TR32X32_16(tr32x32_16, __attribute__((target("avx512f,avx512bw"))), TR32_
 #undef TR32_NET
 #undef TR32_STORE
 
+/* 16 float32 as bfloat16, as convert.c's fast_to_bf16 makes each: the
+ * top half of the bits rounded to nearest even (a carry into the exponent
+ * overflows to infinity), a NaN its top half made quiet (| 0x40). */
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i bf16_of(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v), top = _mm512_srli_epi32(bits, 16);
+  const __m512i even = _mm512_and_si512(top, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), even), 16);
+  const __m512i quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet));
+}
+/* 16 float32 as float16 by VCVTPS2PH, rounded to nearest even as F16C's
+ * loop in convert.c rounds (f32_to_f16_f16c: the same instruction, NaNs
+ * and subnormals alike), or as bfloat16 (bf16_of). */
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i half_of(__m512 v, bool bf16) {
+  return bf16 ? bf16_of(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 /* 8 source rows of 32 float32 (two lines each; x * a + b first where
  * affine: a multiply, then an add, -ffp-contract=off) narrowed to float16
- * by VCVTPS2PH, round to nearest even as F16C's loop in convert.c rounds
- * (f32_to_f16_f16c: the same instruction, NaNs and subnormals alike),
- * through the 8 x 32 uint16 network. */
-__attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_f16(__m512i h[8], const char *s, int64_t sb,
-                                                                               bool affine, __m512 a, __m512 b) {
+ * or bfloat16 (half_of), through the 8 x 32 uint16 network. */
+__attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_16(__m512i h[8], const char *s, int64_t sb,
+                                                                              bool affine, bool bf16, __m512 a,
+                                                                              __m512 b) {
   __m512i r[8];
   for (int i = 0; i < 8; i++) {
     __m512 x = _mm512_loadu_ps((const void *)(s + i * sb)), y = _mm512_loadu_ps((const void *)(s + i * sb + 64));
@@ -543,19 +558,18 @@ __attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_f16(_
       x = _mm512_add_ps(_mm512_mul_ps(x, a), b);
       y = _mm512_add_ps(_mm512_mul_ps(y, a), b);
     }
-    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
-                              _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 1);
+    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(half_of(x, bf16)), half_of(y, bf16), 1);
   }
   net8x32_16_regs(h, r);
 }
-/* 32 x 32 of a float32 transpose narrowed to float16 on the way in and
- * each destination row's 64 bytes streamed out as one line (rows dsa
- * bytes apart, all on lines): tr32x32_16 with net8x32_f32_f16's rows (see
- * ab__host_narrow_f32_f16). */
-#define NARROW_PARAMS , bool affine, __m512 fa, __m512 fb
-#define NARROW_NET(h, p) net8x32_f32_f16(h, p, sb, affine, fa, fb)
+/* 32 x 32 of a float32 transpose narrowed to float16 or bfloat16 on the
+ * way in and each destination row's 64 bytes streamed out as one line
+ * (rows dsa bytes apart, all on lines): tr32x32_16 with net8x32_f32_16's
+ * rows (see ab__host_narrow_f32_16). */
+#define NARROW_PARAMS , bool affine, bool bf16, __m512 fa, __m512 fb
+#define NARROW_NET(h, p) net8x32_f32_16(h, p, sb, affine, bf16, fa, fb)
 #define NARROW_STORE(p, v) _mm512_stream_si512((void *)(p), v)
-DEFINE_TR32X32_16(narrow32x32_f32_f16, __attribute__((target("avx512f,avx512bw"))), NARROW_PARAMS, NARROW_NET,
+DEFINE_TR32X32_16(narrow32x32_f32_16, __attribute__((target("avx512f,avx512bw"))), NARROW_PARAMS, NARROW_NET,
                   NARROW_STORE)
 #undef NARROW_PARAMS
 #undef NARROW_NET
@@ -580,9 +594,9 @@ static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
  * 8.1-8.2; 4096^2 7.6-11.0 -> 5.5-5.6, 8.4-9.5; 2880^2 2.4-2.5 either
  * way, 3.2-3.3; two and four steps ahead no better;
  * bench/results/2026-12-01-widened-transposes.md, raw section 6). */
-__attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_f16(void *dst, int64_t pitch, const void *src,
-                                                                             int64_t sb, int64_t na, int64_t nb,
-                                                                             bool affine, float a, float b) {
+__attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void *dst, int64_t pitch, const void *src,
+                                                                            int64_t sb, int64_t na, int64_t nb, bool bf16,
+                                                                            bool affine, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   char *d = dst;
   const char *s = src;
@@ -590,13 +604,14 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_f16(voi
   for (; b0 + 64 <= nb; b0 += 64)
     for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
       if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 64);
-      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, va, vb);
-      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2 + 64, pitch, s + a0 * 4 + (b0 + 32) * sb, sb, affine, va, vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, va, vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2 + 64, pitch, s + a0 * 4 + (b0 + 32) * sb, sb, affine, bf16, va,
+                         vb);
     }
   if (b0 + 32 <= nb)
     for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
       if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 32);
-      narrow32x32_f32_f16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, va, vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, va, vb);
     }
 }
 /* 2x2 tile of 8-byte elements. */
@@ -2668,18 +2683,18 @@ bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb,
 #endif
 }
 
-bool ab__host_narrow_f32_f16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
-                             bool affine, float a, float b) {
+bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
+                            bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
   static ab__env_cache cache;
   if (tiles_level() < TILES_AVX512 || na < 32 || nb < 32 || !on_lines(dst, pitch) ||
       !ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1))
     return false;
-  narrow_tiles_f32_f16(dst, pitch, src, sb, na, nb, affine, a, b);
+  narrow_tiles_f32_16(dst, pitch, src, sb, na, nb, bf16, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
 #else
-  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)affine, (void)a, (void)b;
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)bf16, (void)affine, (void)a, (void)b;
   return false;
 #endif
 }

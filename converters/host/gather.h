@@ -182,17 +182,18 @@ int ab__host_u8_lanes(int64_t sb);
  * AB_HOST_CAST_TILES=0 turns it off. */
 bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
                           bool affine, float a, float b);
-/* The same for a float32 plane narrowed to float16 (convert.c,
- * transposed_in_one_pass): result element (i, j), at dst + i * pitch + 2 * j,
- * is the float32 at src + 4 * i + j * sb (times a plus b where affine)
- * rounded to float16 to nearest even, as F16C's VCVTPS2PH does. Does
- * the whole 32 x 32 tiles, rows [0, na - na % 32) by columns [0, nb - nb
- * % 32), and returns true; false, having written nothing, on the same
- * terms with 32 for 64. */
-bool ab__host_narrow_f32_f16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
-                             bool affine, float a, float b);
+/* The same for a float32 plane narrowed to float16, or bfloat16 where
+ * bf16 (convert.c, transposed_in_one_pass): result element (i, j), at
+ * dst + i * pitch + 2 * j, is the float32 at src + 4 * i + j * sb (times
+ * a plus b where affine) rounded to nearest even: float16 as F16C's
+ * VCVTPS2PH rounds, bfloat16 as convert.c's loops do (NaNs quiet with
+ * their top payload bits). Does the whole 32 x 32 tiles, rows [0, na - na
+ * % 32) by columns [0, nb - nb % 32), and returns true; false, having
+ * written nothing, on the same terms with 32 for 64. */
+bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
+                            bool affine, float a, float b);
 /* How many planes (or bands of planes) ab__host_widen_8_f32 and
- * ab__host_narrow_f32_f16 have done in this process. For tests. */
+ * ab__host_narrow_f32_16 have done in this process. For tests. */
 unsigned long ab__host_one_pass_planes(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
