@@ -2240,6 +2240,8 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_F32, R_F16, false, 0, 200, 192, 200, 1, "auto", "1", "1", "0", false},
       {R_F32, R_BF16, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
       {R_F32, R_BF16, true, 0, 200, 192, 300, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, false, 0, 32, 32, 32, 1, "auto", "1", "1", "1", true},
+      {R_F32, R_BF16, false, 0, 31, 256, 31, 1, "auto", "1", "1", "1", false},
       {R_F32, R_BF16, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
       {R_F32, R_BF16, true, 0, 1500, 1120, 1500, 2, "auto", "1", "1", "1", true},
       {R_F32, R_BF16, false, 0, 200, 192, 200, 1, "auto", "1", "1", "0", true}, /* F16C is float16's alone */
@@ -2473,7 +2475,8 @@ Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
 Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer) {
   static const uint32_t specials[] = {0x7f800001u, 0xffa00001u, 0x7fc00000u, 0xff812345u, 0x7fbfffffu, 0x7fe00f00u,
                                       0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
-                                      0x7f7fffffu, 0xff7fffffu, 0x3f808000u, 0x3f818000u, 0x477ff000u, 0x33000000u};
+                                      0x7f7fffffu, 0xff7fffffu, 0x3f808000u, 0x3f818000u, 0x477ff000u, 0x33000000u,
+                                      0xffffffffu, 0xffff8001u}; /* the last two: where bits + 0x8000 wraps */
   test_rng g = {0xb175u};
   static const struct {
     int from, to;
