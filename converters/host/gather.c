@@ -2667,13 +2667,22 @@ const char *ab__host_tiles(void) {
 static atomic_ulong one_pass_planes;
 unsigned long ab__host_one_pass_planes(void) { return atomic_load_explicit(&one_pass_planes, memory_order_relaxed); }
 
+#ifdef HAVE_X86_KERNELS
+/* Whether the one-pass casts below may take an na x nb plane in tiles of
+ * `tile`: AVX-512 kernels, a tile or more each way, result rows pitch
+ * bytes apart from dst all on lines, and AB_HOST_CAST_TILES not 0 (one
+ * cache for both casts). */
+static bool one_pass_open(const void *dst, int64_t pitch, int64_t na, int64_t nb, int64_t tile) {
+  static ab__env_cache cache;
+  return tiles_level() >= TILES_AVX512 && na >= tile && nb >= tile && on_lines(dst, pitch) &&
+         ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1);
+}
+#endif
+
 bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
                           bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
-  static ab__env_cache cache;
-  if (tiles_level() < TILES_AVX512 || na < 64 || nb < 64 || !on_lines(dst, pitch) ||
-      !ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1))
-    return false;
+  if (!one_pass_open(dst, pitch, na, nb, 64)) return false;
   widen_tiles_8_f32(dst, pitch, src, sb, na, nb, sign, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
@@ -2686,10 +2695,7 @@ bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb,
 bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
                             bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
-  static ab__env_cache cache;
-  if (tiles_level() < TILES_AVX512 || na < 32 || nb < 32 || !on_lines(dst, pitch) ||
-      !ab__env_switch(&cache, "AB_HOST_CAST_TILES", 1))
-    return false;
+  if (!one_pass_open(dst, pitch, na, nb, 32)) return false;
   narrow_tiles_f32_16(dst, pitch, src, sb, na, nb, bf16, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
