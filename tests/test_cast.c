@@ -2189,22 +2189,24 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
   ab__env_reload();
 }
 
-/* Transposed planes cast in one pass where the result streams and the
- * CPU has AVX-512 (convert.c, transposed_in_one_pass; gather.c,
- * ab__host_widen_8_f32 for uint8 and int8 -> float32 in 64 x 64 tiles,
+/* Transposed planes cast in one pass where the CPU has AVX-512
+ * (convert.c, transposed_in_one_pass; gather.c, ab__host_widen_8 for
+ * uint8 and int8 -> float32, float16 and bfloat16 in 64 x 64 tiles,
  * ab__host_narrow_f32_16 for float32 -> float16 and bfloat16 in 32 x 32
- * ones; the probes hold NaNs, infinities, subnormals and ties): whole
- * tiles and ragged right and bottom edges (176 = 2 tiles of 64 and 48
- * columns; 200 = 3 tiles of 64 and 8 rows, 6 of 32 and 8; float16 rows on
- * lines are whole tiles of 32 wide), one tile's
- * edge exactly, sources that are transposed blocks of wider arrays (rows
- * 300 and 4099 elements apart), a map and none, int8's sign, a batch of 3
- * planes, two threads' bands, and cases that must not take the one pass:
- * result rows off cache lines (72 floats, 40 float16), a side under the
- * tile, AVX2 kernels (AB_HOST_TILES), ordinary stores (streaming off),
- * the one pass switched off (AB_HOST_CAST_TILES=0), float16 without
- * F16C's loop (AB_HOST_F16C=0, which bfloat16 does not heed). Each
- * against the reference, and the planes the one pass counted. */
+ * ones), where the result streams, and for uint8 and int8 -> float16
+ * also where it does not (the probes hold NaNs, infinities, subnormals
+ * and ties): whole tiles and ragged right and bottom edges (176 = 2 tiles
+ * of 64 and 48 columns, 160 = 2 and 32; 200 = 3 tiles of 64 and 8 rows, 6
+ * of 32 and 8; 16-bit rows on lines are whole multiples of 32 wide), one
+ * tile's edge exactly, sources that are transposed blocks of wider arrays
+ * (rows 300 and 4099 elements apart), a map and none, int8's sign, a
+ * batch of 3 planes, two threads' bands, and cases that must not take the
+ * one pass: result rows off cache lines (72 floats or float16, 40
+ * float16), a side under the tile, AVX2 kernels (AB_HOST_TILES),
+ * ordinary stores (streaming off) but for uint8 and int8 -> float16, the
+ * one pass switched off (AB_HOST_CAST_TILES=0), float16 without F16C's
+ * loop (AB_HOST_F16C=0, which bfloat16 does not heed). Each against the
+ * reference, and the planes the one pass counted. */
 Test(cast, transposed_casts_in_one_pass_match_the_reference) {
   test_rng g = {0x31de5u};
   size_t nb;
@@ -2249,6 +2251,22 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "avx2", "1", "1", "1", false},
       {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false},
       {R_F32, R_BF16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
+      {R_U8, R_F16, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_U8, R_F16, true, 0, 200, 160, 200, 1, "auto", "1", "1", "1", true},
+      {R_I8, R_F16, true, 0, 200, 160, 300, 1, "auto", "0", "1", "1", true}, /* ordinary stores too */
+      {R_U8, R_F16, false, 0, 64, 64, 64, 1, "auto", "0", "1", "1", true},
+      {R_U8, R_F16, true, 3, 130, 320, 4099, 1, "auto", "0", "1", "1", true},
+      {R_U8, R_F16, true, 0, 1500, 1120, 1500, 2, "auto", "0", "1", "1", true},
+      {R_U8, R_F16, false, 0, 200, 72, 200, 1, "auto", "1", "1", "1", false},
+      {R_U8, R_F16, false, 0, 63, 256, 63, 1, "auto", "0", "1", "1", false},
+      {R_U8, R_F16, true, 0, 200, 192, 200, 1, "avx2", "0", "1", "1", false},
+      {R_U8, R_F16, true, 0, 200, 192, 200, 1, "auto", "0", "0", "1", false},
+      {R_U8, R_F16, true, 0, 200, 192, 200, 1, "auto", "1", "1", "0", false},
+      {R_U8, R_BF16, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_I8, R_BF16, true, 0, 200, 160, 300, 1, "auto", "1", "1", "1", true},
+      {R_U8, R_BF16, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "0", true},
+      {R_U8, R_BF16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false}, /* ordinary: float16's alone */
+      {R_U8, R_BF16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2305,7 +2323,8 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
  * for float16 also bands 48 wide, a tile and a ragged right edge each), a
  * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
  * between dim 0's), a source whose rows run backwards (a negative stride
- * from a byte_offset), for each result type; and ab_convert_into into a
+ * from a byte_offset), for each result type and uint8 and int8 into
+ * float16 and bfloat16 too; and ab_convert_into into a
  * caller's buffer on a cache line and off one (where the one pass must
  * not run), for each, the bytes around the result untouched.
  * Each against the reference, or against a result checked against it. */
@@ -2337,6 +2356,9 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_F32, R_BF16, 2, {69, 3008}, 20, false, 2},
       {R_F32, R_BF16, 4, {2, 32, 64, 96}, 4, false, 64},
       {R_F32, R_BF16, 2, {200, 192}, 1, true, 1},
+      {R_U8, R_F16, 2, {69, 4096}, 20, false, 2},
+      {R_I8, R_BF16, 4, {2, 64, 64, 128}, 4, false, 128},
+      {R_U8, R_F16, 2, {200, 192}, 1, true, 1},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int from = cases[k].from, to = cases[k].to;
@@ -2379,7 +2401,10 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     int from, to;
     int64_t n0, n1;
     int off; /* bytes off a line */
-  } into[] = {{R_U8, R_F32, 200, 176, 16}, {R_F32, R_F16, 200, 192, 32}, {R_F32, R_BF16, 200, 192, 32}};
+  } into[] = {{R_U8, R_F32, 200, 176, 16},
+               {R_F32, R_F16, 200, 192, 32},
+               {R_F32, R_BF16, 200, 192, 32},
+               {R_I8, R_F16, 200, 192, 32}};
   for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
     const int from = into[k].from, to = into[k].to;
     const int64_t n0 = into[k].n0, n1 = into[k].n1;
@@ -2470,8 +2495,10 @@ Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
  * included (the reference above takes any NaN for a NaN): planes whose
  * values include signalling and quiet NaNs with payloads in their low and
  * high bits, infinities, zeros, subnormals, the largest finite values and
- * values a half-unit from the next, cast with streaming forced both with
- * the one pass and with AB_HOST_CAST_TILES=0, with a map and without. */
+ * values a half-unit from the next (and uint8 and int8 planes, mapped so
+ * that their values round), cast with streaming forced (or, uint8 into
+ * float16, off) both with the one pass and with AB_HOST_CAST_TILES=0,
+ * with a map and without. */
 Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer) {
   static const uint32_t specials[] = {0x7f800001u, 0xffa00001u, 0x7fc00000u, 0xff812345u, 0x7fbfffffu, 0x7fe00f00u,
                                       0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
@@ -2482,12 +2509,16 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
     int from, to;
     bool affine;
     int64_t n0, n1;
-  } cases[] = {{R_F32, R_BF16, false, 200, 192}, {R_F32, R_BF16, true, 200, 192}, {R_F32, R_F16, false, 200, 192},
-               {R_F32, R_F16, true, 200, 192},   {R_U8, R_F32, true, 200, 176},   {R_I8, R_F32, false, 200, 176}};
+    const char *streaming;
+  } cases[] = {{R_F32, R_BF16, false, 200, 192, "1"}, {R_F32, R_BF16, true, 200, 192, "1"},
+               {R_F32, R_F16, false, 200, 192, "1"},  {R_F32, R_F16, true, 200, 192, "1"},
+               {R_U8, R_F32, true, 200, 176, "1"},    {R_I8, R_F32, false, 200, 176, "1"},
+               {R_U8, R_F16, true, 200, 192, "1"},    {R_I8, R_F16, true, 200, 160, "0"},
+               {R_U8, R_BF16, true, 200, 192, "1"},   {R_I8, R_BF16, true, 200, 160, "1"}};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_F16C", "1", 1);
-  setenv("AB_HOST_CAST_STREAMING", "1", 1);
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    setenv("AB_HOST_CAST_STREAMING", cases[k].streaming, 1);
     const int from = cases[k].from, to = cases[k].to;
     const int64_t n0 = cases[k].n0, n1 = cases[k].n1;
     unsigned char *p = malloc((size_t)(n0 * n1) * KD[from].size);
@@ -2501,9 +2532,9 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
     o.dtype = KD[to].dt;
     o.threads = 1;
-    if (cases[k].affine) {
+    if (cases[k].affine) { /* uint8 into float16: values that round */
       o.flags = AB_CONVERT_AFFINE;
-      o.scale = 0.75;
+      o.scale = from != R_F32 && to == R_F16 ? 1.0 / 255 : 0.75;
       o.offset = -1.5;
     }
     unsigned char *got[2];
@@ -2522,8 +2553,8 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
     }
     for (int64_t i = 0; i < n0 * n1; i++)
       cr_assert(memcmp(got[0] + i * KD[to].size, got[1] + i * KD[to].size, KD[to].size) == 0,
-                "transposed %s -> %s%s: element %lld differs between the one pass and the buffer", KD[from].name,
-                KD[to].name, cases[k].affine ? " with a map" : "", (long long)i);
+                "transposed %s -> %s%s, streaming %s: element %lld differs between the one pass and the buffer",
+                KD[from].name, KD[to].name, cases[k].affine ? " with a map" : "", cases[k].streaming, (long long)i);
     cr_assert_eq(done[1], 0, "the one pass ran with AB_HOST_CAST_TILES=0");
     if (ab__host_tiles_level() >= AB_TILES_AVX512) cr_assert_eq(done[0], 1, "the one pass did %lu planes", done[0]);
     free(got[0]);

@@ -1276,44 +1276,57 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
   return true;
 }
 
-/* Transposed planes cast in one pass where the result streams (the
- * casts' rule below), with one map for every element or none: uint8 and
- * int8 into float32 (ab__host_widen_8_f32: each 64 x 64 tile gathered,
- * widened in registers and streamed out), where convert_in_chunks
- * transposes a chunk of rows into a buffer and then casts each row out
- * of it through a second one; float32 into float16 with F16C, and into
- * bfloat16 (ab__host_narrow_f32_16: each 32 x 32 tile narrowed as it is
- * loaded, transposed in registers and streamed out), where cast_then_transpose
- * casts bands of rows into a buffer and then transposes it. Intel Xeon
- * (AMX) VM, one thread, ms a cast, median of 11, three alternated runs
- * (AB_HOST_CAST_TILES=0 against 1): uint8 -> float32 2880^2 2.25-2.38 ->
- * 1.65-1.71, 4000^2 6.06-6.17 -> 5.01-5.08, 4096^2 6.0-7.2 -> 4.1-4.3;
- * float32 -> float16 2880^2 3.28-3.40 -> 2.50-2.52, 4000^2 8.4-8.9 ->
- * 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1; float32 -> bfloat16 2880^2
- * 3.27-4.72 -> 2.84-3.01, 4000^2 9.35-9.84 -> 6.38-7.06, 4096^2
- * 10.42-11.18 -> 6.89-7.49; uint8 -> float32 with
- * streaming forced (AB_HOST_CAST_STREAMING=1), 2048^2 1.22-1.32 ->
- * 0.98-1.00, 1536^2 0.61-0.65 -> 0.47-0.50, where ordinary stores, the
- * rule's pick at those sizes, ran 1.12-1.24 and 0.56-0.60 but leave the
- * result in the cache for its reader
- * (bench/results/2026-12-01-widened-transposes.md). The planes are the
- * last two dims, the first contiguous in the source; dims before them take
- * a plane each as in cast_then_transpose. Result rows must all start on
- * cache lines, as whole lines are streamed: a result that starts on one,
+/* Transposed planes cast in one pass, with one map for every element or
+ * none: uint8 and int8 into float32, float16 (with F16C) and bfloat16
+ * (ab__host_widen_8: each 64 x 64 tile gathered, widened in registers
+ * and written out as whole lines), where convert_in_chunks transposes a
+ * chunk of rows into a buffer and then casts each row out of it through
+ * a second one; float32 into float16 (with F16C) and bfloat16
+ * (ab__host_narrow_f32_16: each 32 x 32 tile narrowed as it is loaded,
+ * transposed in registers and written out), where cast_then_transpose
+ * casts bands of rows into a buffer and then transposes it. Where the
+ * result streams (the casts' rule below) every pair takes it, with
+ * streaming stores; elsewhere only uint8 and int8 into float16, with
+ * ordinary ones, which leave the result in the cache as the buffered way
+ * does. Intel Xeon (AMX) VM, one thread, ms a cast, median of 11, three
+ * alternated runs (AB_HOST_CAST_TILES=0 against 1), streamed: uint8 ->
+ * float32 2880^2 2.25-2.38 -> 1.65-1.71, 4000^2 6.06-6.17 -> 5.01-5.08,
+ * 4096^2 6.0-7.2 -> 4.1-4.3; uint8 -> float16 4000^2 6.7-6.9 -> 3.9-4.1,
+ * 4096^2 6.2-6.7 -> 3.3-3.4; uint8 -> bfloat16 4000^2 5.8-6.1 -> 5.2-5.4,
+ * 4096^2 5.9-6.3 -> 3.9-4.0; float32 -> float16 2880^2 3.28-3.40 ->
+ * 2.50-2.52, 4000^2 8.4-8.9 -> 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1;
+ * float32 -> bfloat16 2880^2 3.27-4.72 -> 2.84-3.01, 4000^2 9.35-9.84 ->
+ * 6.38-7.06, 4096^2 10.42-11.18 -> 6.89-7.49. With ordinary stores
+ * (median of 21): uint8 -> float16 1024^2 0.24-0.25 -> 0.19-0.20, 1536^2
+ * 0.49-0.52 -> 0.44-0.46, 2048^2 0.96-1.23 -> 0.89-0.92, 2880^2 2.0-2.2
+ * -> 1.27-1.40; the other pairs did not gain so: uint8 -> float32 1024^2
+ * 0.29 -> 0.32, 2048^2 1.25-1.28 -> 1.59-1.71; float32 -> float16 1536^2
+ * 0.80-0.83 -> 0.88-0.90 (2048^2 1.72-1.79 -> 1.34-1.61); uint8 ->
+ * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20.
+ * And streaming below the rule's bound would leave nothing in the cache
+ * for the result's next reader, though uint8 -> float32 2048^2 ran
+ * 0.98-1.00 so (bench/results/2026-12-01-widened-transposes.md,
+ * 2026-12-01-half-results-in-one-pass.md). The planes are the last two
+ * dims, the first contiguous in the source; dims before them take a
+ * plane each as in cast_then_transpose. Result rows must all start on
+ * cache lines, as whole lines are written: a result that starts on one,
  * rows a multiple of 64 bytes (or dst0 bytes, a multiple of 64) apart;
  * the ragged edges (the last columns and rows short of a tile) go
  * through convert_impl. Returns false, having done nothing, where that
  * does not hold. */
 static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
                                    const int64_t *shape, const int64_t *bst, const ab__cast_op *op, bool *streamed) {
-  if (ndim < 2 || !c->stream || (op->affine && op->channel_dim >= 0)) return false;
-  const bool widen = (c->from == K_U8 || c->from == K_I8) && c->to == K_F32 && c->path == AB_ARITH_FLOAT32;
+  if (ndim < 2 || (op->affine && op->channel_dim >= 0)) return false;
 #ifdef HAVE_X86
-  const bool narrow = c->from == K_F32 && ((c->to == K_F16 && use_f16c()) || c->to == K_BF16);
+  const bool f16 = c->to == K_F16 && use_f16c();
 #else
-  const bool narrow = false;
+  const bool f16 = false;
 #endif
-  if (!widen && !narrow) return false;
+  const bool widen = (c->from == K_U8 || c->from == K_I8) && c->path == AB_ARITH_FLOAT32 &&
+                     (c->to == K_F32 || f16 || c->to == K_BF16);
+  const bool narrow = c->from == K_F32 && (f16 || c->to == K_BF16);
+  if ((!widen && !narrow) || (!c->stream && !(widen && f16))) return false;
+  const ab__one_pass_to to = c->to == K_F32 ? AB_ONE_PASS_F32 : c->to == K_F16 ? AB_ONE_PASS_F16 : AB_ONE_PASS_BF16;
   const int64_t tile = widen ? 64 : 32, is = (int64_t)c->in_size, os = (int64_t)c->out_size;
   const int32_t r = ndim - 2; /* the plane's dims: r (contiguous in the source), r + 1 */
   const int64_t na = shape[r], nb = shape[r + 1], sb = bst[r + 1];
@@ -1331,16 +1344,17 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
     const char *s = src;
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
-    const bool done = widen ? ab__host_widen_8_f32(d, pitch, s, sb, na, nb, c->from == K_I8, op->affine, a, b)
-                            : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, c->to == K_BF16, op->affine, a, b);
+    const bool done = widen ? ab__host_widen_8(d, pitch, s, sb, na, nb, c->from == K_I8, to, c->stream, op->affine, a, b)
+                            : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream,
+                                                     op->affine, a, b);
     if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */
-      convert_impl(d, pitch, s, 2, shape + r, bst + r, op, true, streamed);
+      convert_impl(d, pitch, s, 2, shape + r, bst + r, op, c->stream, streamed);
     } else {
-      *streamed = true;
+      *streamed = *streamed || c->stream;
       const int64_t right[2] = {ka, nb - kb}, bottom[2] = {na - ka, nb};
-      if (kb < nb) convert_impl(d + kb * os, pitch, s + kb * sb, 2, right, bst + r, op, true, streamed);
-      if (ka < na) convert_impl(d + ka * pitch, pitch, s + ka * is, 2, bottom, bst + r, op, true, streamed);
+      if (kb < nb) convert_impl(d + kb * os, pitch, s + kb * sb, 2, right, bst + r, op, c->stream, streamed);
+      if (ka < na) convert_impl(d + ka * pitch, pitch, s + ka * is, 2, bottom, bst + r, op, c->stream, streamed);
     }
     for (int32_t i = r - 1; i >= 0 && ++idx[i] == shape[i]; i--) idx[i] = 0;
   }

@@ -410,46 +410,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(
     }
   }
 }
-/* 64 x 64 bytes of a uint8 (or int8: sign) transpose widened to float32
- * on the way out, x * a + b where affine (a multiply, then an add, as the
- * cast loops compute it: -ffp-contract=off), each destination row's 64
- * values streamed as four whole lines to d (rows dsa bytes apart, all on
- * lines). The lanes are gathered as in tr64x64_8_lanes, so nothing is
- * stored but the result, also where u8_lanes would join a plain tile's
- * rows from a scratch instead: with source rows 4096 bytes apart this
- * still ran 1.4-1.7x the chunked way (convert.c, transposed_in_one_pass). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen64x64_8_f32(char *d, int64_t dsa, const char *s,
-                                                                                  int64_t sb, bool sign, bool affine,
-                                                                                  __m512 a, __m512 b) {
-  for (int c = 0; c < 4; c++) {
-    __m512i h[16];
-    lanes_pass(h, s, sb, c);
-    for (int k = 0; k < 16; k++) {
-      float *row = (float *)(void *)(d + (16 * c + k) * dsa);
-      /* the lanes by constant index: the extract's lane is an immediate */
-      const __m128i xs[4] = {_mm512_castsi512_si128(h[k]), _mm512_extracti32x4_epi32(h[k], 1),
-                             _mm512_extracti32x4_epi32(h[k], 2), _mm512_extracti32x4_epi32(h[k], 3)};
-      for (int q = 0; q < 4; q++) {
-        const __m128i x = xs[q];
-        __m512 v = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x));
-        if (affine) v = _mm512_add_ps(_mm512_mul_ps(v, a), b);
-        _mm512_stream_ps(row + 16 * q, v);
-      }
-    }
-  }
-}
-/* Every whole tile of a plane, down the source a band of 64 rows at a
- * time and along each band: the L1 tiles' walk (transpose_streamed). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen_tiles_8_f32(void *dst, int64_t pitch,
-                                                                                   const void *src, int64_t sb,
-                                                                                   int64_t na, int64_t nb, bool sign,
-                                                                                   bool affine, float a, float b) {
-  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-  for (int64_t b0 = 0; b0 + 64 <= nb; b0 += 64)
-    for (int64_t a0 = 0; a0 + 64 <= na; a0 += 64)
-      widen64x64_8_f32((char *)dst + a0 * pitch + b0 * 4, pitch, (const char *)src + a0 + b0 * sb, sb, sign, affine,
-                       va, vb);
-}
 DEFINE_NET_16(net8x8_16, , __m128i, _mm, LOAD_128)
 DEFINE_NET_16(net8x32_16, __attribute__((target("avx512f,avx512bw"))), __m512i, _mm512, LOAD_512)
 static inline void tr8x8_16(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -562,13 +522,18 @@ __attribute__((target("avx512f,avx512bw"))) static inline void net8x32_f32_16(__
   }
   net8x32_16_regs(h, r);
 }
+/* One line of a one-pass cast's result: streamed (nt) or stored. */
+__attribute__((target("avx512f"))) static inline void put_line(void *p, __m512i v, bool nt) {
+  if (nt) _mm512_stream_si512(p, v);
+  else _mm512_store_si512(p, v);
+}
 /* 32 x 32 of a float32 transpose narrowed to float16 or bfloat16 on the
  * way in and each destination row's 64 bytes streamed out as one line
  * (rows dsa bytes apart, all on lines): tr32x32_16 with net8x32_f32_16's
  * rows (see ab__host_narrow_f32_16). */
-#define NARROW_PARAMS , bool affine, bool bf16, __m512 fa, __m512 fb
+#define NARROW_PARAMS , bool affine, bool bf16, bool nt, __m512 fa, __m512 fb
 #define NARROW_NET(h, p) net8x32_f32_16(h, p, sb, affine, bf16, fa, fb)
-#define NARROW_STORE(p, v) _mm512_stream_si512((void *)(p), v)
+#define NARROW_STORE(p, v) put_line((void *)(p), v, nt)
 DEFINE_TR32X32_16(narrow32x32_f32_16, __attribute__((target("avx512f,avx512bw"))), NARROW_PARAMS, NARROW_NET,
                   NARROW_STORE)
 #undef NARROW_PARAMS
@@ -596,7 +561,7 @@ static inline void prefetch_next_f32(const char *s, int64_t sb, int rows) {
  * bench/results/2026-12-01-widened-transposes.md, raw section 6). */
 __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void *dst, int64_t pitch, const void *src,
                                                                             int64_t sb, int64_t na, int64_t nb, bool bf16,
-                                                                            bool affine, float a, float b) {
+                                                                            bool nt, bool affine, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   char *d = dst;
   const char *s = src;
@@ -604,15 +569,67 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void
   for (; b0 + 64 <= nb; b0 += 64)
     for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
       if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 64);
-      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, va, vb);
-      narrow32x32_f32_16(d + a0 * pitch + b0 * 2 + 64, pitch, s + a0 * 4 + (b0 + 32) * sb, sb, affine, bf16, va,
-                         vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, nt, va, vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2 + 64, pitch, s + a0 * 4 + (b0 + 32) * sb, sb, affine, bf16,
+                         nt, va, vb);
     }
   if (b0 + 32 <= nb)
     for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32) {
       if (a0 + 64 <= na) prefetch_next_f32(s + (a0 + 32) * 4 + b0 * sb, sb, 32);
-      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, va, vb);
+      narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, nt, va, vb);
     }
+}
+/* 64 x 64 bytes of a uint8 (or int8: sign) transpose widened on the way
+ * out to float32, float16 or bfloat16 (`to`), x * a + b where affine (in
+ * float32: a multiply, then an add, as the cast loops compute it,
+ * -ffp-contract=off; then rounded to nearest even as half_of rounds),
+ * each destination row's 64 values written as four whole lines to d
+ * (two for 16-bit results; rows dsa bytes apart, all on lines), streamed
+ * where nt. The lanes are gathered as in tr64x64_8_lanes, so nothing is
+ * stored but the result, also where u8_lanes would join a plain tile's
+ * rows from a scratch instead: with source rows 4096 bytes apart this
+ * still ran 1.4-1.7x the chunked way (convert.c, transposed_in_one_pass). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen64x64_8(char *d, int64_t dsa, const char *s,
+                                                                              int64_t sb, bool sign,
+                                                                              ab__one_pass_to to, bool nt, bool affine,
+                                                                              __m512 a, __m512 b) {
+  for (int c = 0; c < 4; c++) {
+    __m512i h[16];
+    lanes_pass(h, s, sb, c);
+    for (int k = 0; k < 16; k++) {
+      char *row = d + (16 * c + k) * dsa;
+      /* the lanes by constant index: the extract's lane is an immediate */
+      const __m128i xs[4] = {_mm512_castsi512_si128(h[k]), _mm512_extracti32x4_epi32(h[k], 1),
+                             _mm512_extracti32x4_epi32(h[k], 2), _mm512_extracti32x4_epi32(h[k], 3)};
+      __m512 v[4];
+      for (int q = 0; q < 4; q++) {
+        v[q] = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(xs[q]) : _mm512_cvtepu8_epi32(xs[q]));
+        if (affine) v[q] = _mm512_add_ps(_mm512_mul_ps(v[q], a), b);
+      }
+      if (to == AB_ONE_PASS_F32) {
+        for (int q = 0; q < 4; q++) put_line(row + 64 * q, _mm512_castps_si512(v[q]), nt);
+      } else {
+        const bool bf16 = to == AB_ONE_PASS_BF16;
+        for (int q = 0; q < 4; q += 2)
+          put_line(row + 32 * q,
+                   _mm512_inserti64x4(_mm512_castsi256_si512(half_of(v[q], bf16)), half_of(v[q + 1], bf16), 1), nt);
+      }
+    }
+  }
+}
+/* Every whole tile of a plane, down the source a band of 64 rows at a
+ * time and along each band: the L1 tiles' walk (transpose_streamed). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen_tiles_8(void *dst, int64_t pitch,
+                                                                               const void *src, int64_t sb, int64_t na,
+                                                                               int64_t nb, bool sign,
+                                                                               ab__one_pass_to to, bool nt,
+                                                                               bool affine, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  const int64_t os = to == AB_ONE_PASS_F32 ? 4 : 2;
+  for (int64_t b0 = 0; b0 + 64 <= nb; b0 += 64)
+    for (int64_t a0 = 0; a0 + 64 <= na; a0 += 64)
+      widen64x64_8((char *)dst + a0 * pitch + b0 * os, pitch, (const char *)src + a0 + b0 * sb, sb, sign, to, nt,
+                   affine, va, vb);
 }
 /* 2x2 tile of 8-byte elements. */
 static inline void tr2x2_64(char *d, int64_t dsa, const char *s, int64_t sb) {
@@ -2679,28 +2696,30 @@ static bool one_pass_open(const void *dst, int64_t pitch, int64_t na, int64_t nb
 }
 #endif
 
-bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
-                          bool affine, float a, float b) {
+bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
+                      ab__one_pass_to to, bool stream, bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
   if (!one_pass_open(dst, pitch, na, nb, 64)) return false;
-  widen_tiles_8_f32(dst, pitch, src, sb, na, nb, sign, affine, a, b);
+  widen_tiles_8(dst, pitch, src, sb, na, nb, sign, to, stream, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
 #else
-  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)affine, (void)a, (void)b;
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)to, (void)stream, (void)affine,
+      (void)a, (void)b;
   return false;
 #endif
 }
 
 bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
-                            bool affine, float a, float b) {
+                            bool stream, bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
   if (!one_pass_open(dst, pitch, na, nb, 32)) return false;
-  narrow_tiles_f32_16(dst, pitch, src, sb, na, nb, bf16, affine, a, b);
+  narrow_tiles_f32_16(dst, pitch, src, sb, na, nb, bf16, stream, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
 #else
-  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)bf16, (void)affine, (void)a, (void)b;
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)bf16, (void)stream, (void)affine, (void)a,
+      (void)b;
   return false;
 #endif
 }

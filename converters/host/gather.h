@@ -170,18 +170,23 @@ int ab__host_wide_off_lines(int64_t sb);
  * only the AVX-512 tiles act on it; 0 off x86-64. See gather.c. For
  * tests. */
 int ab__host_u8_lanes(int64_t sb);
-/* A uint8 (int8 where sign) plane transposed and widened to float32 in
- * one pass with streaming stores, for the casts whose results stream
- * (convert.c, transposed_in_one_pass): result element (i, j), at dst + i *
- * pitch + 4 * j, is source byte (i, j) at src + i + j * sb, as float,
- * times a plus b where affine. Does the whole 64 x 64 tiles, rows [0, na
- * - na % 64) by columns [0, nb - nb % 64), and returns true; the caller
- * does the ragged edges and fences the stores. Returns false, having
- * written nothing, without AVX-512 (or as AB_HOST_TILES caps it), where
- * either side is under 64, rows do not all start on cache lines, or
- * AB_HOST_CAST_TILES=0 turns it off. */
-bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
-                          bool affine, float a, float b);
+/* What a one-pass transposed cast writes (ab__host_widen_8). */
+typedef enum { AB_ONE_PASS_F32, AB_ONE_PASS_F16, AB_ONE_PASS_BF16 } ab__one_pass_to;
+/* A uint8 (int8 where sign) plane transposed and widened to float32,
+ * float16 or bfloat16 (`to`) in one pass, for transposed casts
+ * (convert.c, transposed_in_one_pass): result element (i, j), at dst + i
+ * * pitch + j * (4, or 2 for 16-bit results), is source byte (i, j) at src
+ * + i + j * sb, as float, times a plus b where affine (in float32),
+ * rounded to nearest even for 16-bit results as ab__host_narrow_f32_16
+ * rounds. Whole lines are written, with streaming stores where `stream`
+ * (the caller then fences them), with ordinary ones elsewhere. Does the
+ * whole 64 x 64 tiles, rows [0, na - na % 64) by columns [0, nb - nb %
+ * 64), and returns true; the caller does the ragged edges. Returns false,
+ * having written nothing, without AVX-512 (or as AB_HOST_TILES caps it),
+ * where either side is under 64, rows do not all start on cache lines,
+ * or AB_HOST_CAST_TILES=0 turns it off. */
+bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
+                      ab__one_pass_to to, bool stream, bool affine, float a, float b);
 /* The same for a float32 plane narrowed to float16, or bfloat16 where
  * bf16 (convert.c, transposed_in_one_pass): result element (i, j), at
  * dst + i * pitch + 2 * j, is the float32 at src + 4 * i + j * sb (times
@@ -191,8 +196,8 @@ bool ab__host_widen_8_f32(void *dst, int64_t pitch, const void *src, int64_t sb,
  * % 32) by columns [0, nb - nb % 32), and returns true; false, having
  * written nothing, on the same terms with 32 for 64. */
 bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
-                            bool affine, float a, float b);
-/* How many planes (or bands of planes) ab__host_widen_8_f32 and
+                            bool stream, bool affine, float a, float b);
+/* How many planes (or bands of planes) ab__host_widen_8 and
  * ab__host_narrow_f32_16 have done in this process. For tests. */
 unsigned long ab__host_one_pass_planes(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
