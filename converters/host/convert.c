@@ -1300,7 +1300,7 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * (median of 21): uint8 -> float16 1024^2 0.24-0.25 -> 0.19-0.20, 1536^2
  * 0.49-0.52 -> 0.44-0.46, 2048^2 0.96-1.23 -> 0.89-0.92, 2880^2 2.0-2.2
  * -> 1.27-1.40; the other pairs did not gain so: uint8 -> float32 1024^2
- * 0.29 -> 0.32, 2048^2 1.25-1.28 -> 1.59-1.71; float32 -> float16 1536^2
+ * 0.29 -> 0.32, 2048^2 1.26-1.28 -> 1.59-1.71; float32 -> float16 1536^2
  * 0.80-0.83 -> 0.88-0.90 (2048^2 1.72-1.79 -> 1.34-1.61); uint8 ->
  * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20.
  * And streaming below the rule's bound would leave nothing in the cache
