@@ -538,6 +538,14 @@ static void run_on(const ab__host_job *w, int64_t t) {
     const int64_t want = strip < per_thread ? strip : per_thread; /* a strip, or a band a thread */
     if (want > j.band) j.band = want;
   }
+  /* Bands along the result's rows (its last dim cut) start on cache lines
+   * where a band is a line or more: 16 indices are a line's worth only
+   * of 4-byte elements, so narrower results round to theirs (32 float16
+   * a line), or every other band of 48 float16 started mid-line and went
+   * past the kernels that write whole lines (the one-pass casts). */
+  const int64_t per_line = (int64_t)(64 / out_size(w));
+  if (cut == w->ndim - 1 && per_line > 16 && j.band >= per_line)
+    j.band = (j.band + per_line - 1) / per_line * per_line;
   j.nbands = (n + j.band - 1) / j.band;
   atomic_init(&j.next, 0);
 

@@ -2320,7 +2320,9 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
 
 /* The one pass (above) where the layout differs: a 2-D result banded
  * along its columns (dim 1: each band's rows a whole row apart, dst0;
- * for float16 also bands 48 wide, a tile and a ragged right edge each), a
+ * bands of 16-bit results rounded to whole lines, 48 float16 to 64, so
+ * that every band takes the one pass; uint8 into float16 also in bands 96
+ * wide, a tile and a ragged right edge each), a
  * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
  * between dim 0's), a source whose rows run backwards (a negative stride
  * from a byte_offset), for each result type and uint8 and int8 into
@@ -2350,13 +2352,16 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_U8, R_F32, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
       {R_U8, R_F32, 2, {200, 176}, 1, true, 1},        /* rows backwards */
       {R_F32, R_F16, 2, {69, 4096}, 20, false, 2},
-      {R_F32, R_F16, 2, {69, 3008}, 20, false, 2}, /* bands 48 wide: each a tile and a ragged right edge */
+      /* bands 48 wide rounded to 64, a line of float16: all 47 start on lines and take the one pass
+       * (when 48 wide, every other one started mid-line: 32 did) */
+      {R_F32, R_F16, 2, {69, 3008}, 20, false, 47},
       {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64},
       {R_F32, R_F16, 2, {200, 192}, 1, true, 1},
-      {R_F32, R_BF16, 2, {69, 3008}, 20, false, 2},
+      {R_F32, R_BF16, 2, {69, 3008}, 20, false, 47},
       {R_F32, R_BF16, 4, {2, 32, 64, 96}, 4, false, 64},
       {R_F32, R_BF16, 2, {200, 192}, 1, true, 1},
-      {R_U8, R_F16, 2, {69, 4096}, 20, false, 2},
+      {R_U8, R_F16, 2, {69, 4096}, 20, false, 64},
+      {R_U8, R_F16, 2, {69, 7680}, 20, false, 80}, /* bands 96 wide: a tile and a ragged right edge each */
       {R_I8, R_BF16, 4, {2, 64, 64, 128}, 4, false, 128},
       {R_U8, R_F16, 2, {200, 192}, 1, true, 1},
   };
