@@ -512,6 +512,43 @@ static int pick_cut(const ab__host_job *w, int64_t t) {
   return -1;
 }
 
+/* Indices of dim `cut` in each band of a job on t threads (cut and t as
+ * run_on has them). */
+int64_t ab__parallel_band(const ab__host_job *w, int cut, int64_t t) {
+  const int64_t n = w->shape[cut], nb = t * BANDS_PER_THREAD;
+  int64_t band = (n + nb - 1) / nb;
+  /* Bands of whole 16-index blocks where there are enough, so the kernels'
+   * tiles and streaming stores stay aligned inside each band. */
+  if (band >= 32) band = (band + 15) / 16 * 16;
+  /* Where the cut dim is the source's contiguous one (a transpose),
+   * a band reads a strip of every source row, and narrow strips read
+   * memory in pieces too short for the prefetchers. Two threads on the
+   * Intel Xeon VM: 4096^2 uint8 in 512-byte strips ran 9.3 GB/s (1.1x one
+   * thread), in 2 KiB ones 12.9-14.3; 4000^2 float32 in 2 KiB strips
+   * 0.75-0.80x of memcpy on both threads, in 8 KiB ones 0.90-0.92x. Bands
+   * widen up to MIN_STRIP bytes, but never below one band a thread. */
+  if (w->byte_strides[cut] == (int64_t)w->es && (size_t)band * w->es < MIN_STRIP) {
+    const int64_t strip = (int64_t)(MIN_STRIP / w->es), per_thread = (n + t - 1) / t;
+    const int64_t want = strip < per_thread ? strip : per_thread; /* a strip, or a band a thread */
+    if (want > band) band = want;
+  }
+  /* Bands along the result's rows (its last dim cut) start on cache lines
+   * where a band is a line or more: 16 indices are a line's worth only
+   * of 4-byte elements, so 1- and 2-byte results round to theirs (32
+   * float16 a line), or every other band of 48 float16 started mid-line
+   * and went past the kernels that write whole lines (the one-pass
+   * casts). Up to a whole line, unless that leaves fewer bands than
+   * threads where there were that many; down then. */
+  const size_t os = out_size(w);
+  const int64_t per_line = os != 0 && 64 % os == 0 ? (int64_t)(64 / os) : 0;
+  if (cut == w->ndim - 1 && per_line > 16 && band >= per_line) {
+    const int64_t up = (band + per_line - 1) / per_line * per_line, had = (n + band - 1) / band;
+    const int64_t floor_bands = had < t ? had : t;
+    band = (n + up - 1) / up >= floor_bands ? up : band / per_line * per_line;
+  }
+  return band;
+}
+
 /* Runs the job on t threads (the caller among them), or on the caller's
  * alone where t is 1 or no dim can be cut. */
 static void run_on(const ab__host_job *w, int64_t t) {
@@ -521,31 +558,8 @@ static void run_on(const ab__host_job *w, int64_t t) {
     return;
   }
   struct job j = {.work = w, .cut = cut, .active = 0, .queued = NULL};
-  const int64_t n = w->shape[cut], nb = t * BANDS_PER_THREAD;
-  j.band = (n + nb - 1) / nb;
-  /* Bands of whole 16-index blocks where there are enough, so the kernels'
-   * tiles and streaming stores stay aligned inside each band. */
-  if (j.band >= 32) j.band = (j.band + 15) / 16 * 16;
-  /* Where the cut dim is the source's contiguous one (a transpose),
-   * a band reads a strip of every source row, and narrow strips read
-   * memory in pieces too short for the prefetchers. Two threads on the
-   * Intel Xeon VM: 4096^2 uint8 in 512-byte strips ran 9.3 GB/s (1.1x one
-   * thread), in 2 KiB ones 12.9-14.3; 4000^2 float32 in 2 KiB strips
-   * 0.75-0.80x of memcpy on both threads, in 8 KiB ones 0.90-0.92x. Bands
-   * widen up to MIN_STRIP bytes, but never below one band a thread. */
-  if (w->byte_strides[cut] == (int64_t)w->es && (size_t)j.band * w->es < MIN_STRIP) {
-    const int64_t strip = (int64_t)(MIN_STRIP / w->es), per_thread = (n + t - 1) / t;
-    const int64_t want = strip < per_thread ? strip : per_thread; /* a strip, or a band a thread */
-    if (want > j.band) j.band = want;
-  }
-  /* Bands along the result's rows (its last dim cut) start on cache lines
-   * where a band is a line or more: 16 indices are a line's worth only
-   * of 4-byte elements, so narrower results round to theirs (32 float16
-   * a line), or every other band of 48 float16 started mid-line and went
-   * past the kernels that write whole lines (the one-pass casts). */
-  const int64_t per_line = (int64_t)(64 / out_size(w));
-  if (cut == w->ndim - 1 && per_line > 16 && j.band >= per_line)
-    j.band = (j.band + per_line - 1) / per_line * per_line;
+  const int64_t n = w->shape[cut];
+  j.band = ab__parallel_band(w, cut, t);
   j.nbands = (n + j.band - 1) / j.band;
   atomic_init(&j.next, 0);
 

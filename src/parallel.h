@@ -70,6 +70,10 @@ int ab__parallel_threads(void);
  * conversion, so moves made for it through any backend see it. */
 uint32_t ab__parallel_call_threads(uint32_t n);
 
+/* How many indices of dim `cut` each band of w takes on t threads (for
+ * tests; the last band may be shorter). */
+int64_t ab__parallel_band(const ab__host_job *w, int cut, int64_t t);
+
 /* Worker threads running now (for tests: a job that was cut into bands
  * started t - 1 of them). */
 int ab__parallel_workers(void);

@@ -455,6 +455,49 @@ Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
   free(img);
 }
 
+/* Bands that cut the result's rows (its last dim) start on cache lines
+ * for 1- and 2-byte results (parallel.c, ab__parallel_band): a float32
+ * -> float16 transpose of 69 x 3008 on 20 threads, whose bands were 48
+ * wide (every other one starting mid-line), takes bands of 64; uint8
+ * results of 80 round to 128 (under 64 they stay); where rounding up
+ * would leave fewer bands than threads (95 x 88301 float16 from a
+ * row-major source on 64 threads, widened to 1380 a thread: 63 of 1408)
+ * they round down instead (1376, 65 bands); float32 results keep 16-index
+ * blocks (48 is 192 bytes, on lines), and so do elements that do not
+ * divide a line (3 bytes) and cuts of other dims (dim 0 of a 3008 x 69
+ * float16 result, contiguous in the source: a band a thread, 151). */
+Test(parallel, bands_along_result_rows_start_on_cache_lines) {
+  static const DLDataType f32 = {kDLFloat, 32, 1}, f16 = {kDLFloat, 16, 1}, u8 = {kDLUInt, 8, 1};
+  static const struct {
+    DLDataType from, to;
+    bool plain; /* a gather of es bytes, no op */
+    size_t es;
+    int64_t n0, n1, t;
+    int cut;
+    bool rows; /* the source row-major (its rows cut in strips), else read transposed */
+    int64_t want;
+  } cases[] = {
+      {f32, f16, false, 4, 69, 3008, 20, 1, false, 64},   {f32, f32, false, 4, 69, 3008, 20, 1, false, 48},
+      {f32, u8, false, 4, 69, 3008, 20, 1, false, 48},    /* under a line of uint8: as it was */
+      {f32, u8, false, 4, 69, 6016, 20, 1, false, 128},   {f32, f16, false, 4, 95, 88301, 64, 1, true, 1376},
+      {f32, f16, false, 4, 3008, 69, 20, 0, false, 151},  {u8, u8, true, 3, 69, 3008, 20, 1, false, 48},
+      {u8, u8, true, 2, 69, 3008, 20, 1, false, 64},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t shape[2] = {cases[k].n0, cases[k].n1}, es = (int64_t)cases[k].es;
+    const int64_t bst[2] = {cases[k].rows ? cases[k].n1 * es : es, cases[k].rows ? es : cases[k].n0 * es};
+    const ab__cast_op op = {.from = cases[k].from, .to = cases[k].to, .channel_dim = -1};
+    const ab__host_job job = {.ndim = 2, .shape = shape, .byte_strides = bst, .es = cases[k].es,
+                              .op = cases[k].plain ? NULL : &op};
+    const int64_t band = ab__parallel_band(&job, cases[k].cut, cases[k].t);
+    const int64_t n = shape[cases[k].cut], bands = (n + band - 1) / band;
+    cr_assert_eq(band, cases[k].want, "case %zu: bands of %lld, want %lld", k, (long long)band,
+                 (long long)cases[k].want);
+    cr_assert(bands >= cases[k].t || cases[k].cut == 0, "case %zu: %lld bands on %lld threads", k, (long long)bands,
+              (long long)cases[k].t);
+  }
+}
+
 /* Narrowing casts of transposed planes (convert.c, cast_then_transpose)
  * in bands: one float32 plane of 700 x 650 read transposed, cut along its
  * rows, and a batch of 2 such planes on 3 threads, cut along dim 1 (each
