@@ -2301,8 +2301,12 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
              cases[k].affine ? " with a map" : "", cases[k].threads, cases[k].tiles, cases[k].streaming,
              cases[k].one_pass_env, cases[k].f16c);
     const unsigned long before = ab__host_one_pass_planes();
+    const uint64_t streamed0 = ab__host_cast_streamed_calls();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
     const unsigned long done = ab__host_one_pass_planes() - before;
+    /* streaming off: nothing streamed, the one pass's edges neither (they are not fenced) */
+    if (strcmp(cases[k].streaming, "0") == 0)
+      cr_assert_eq(ab__host_cast_streamed_calls(), streamed0, "%s: rows streamed with streaming off", what);
     /* two threads: more pieces than planes, each band of a plane a piece */
     const unsigned long want = (unsigned long)planes * (cases[k].threads > 1 ? 2 : 1);
     if (cases[k].one_pass && avx512)
@@ -2328,8 +2332,10 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
  * from a byte_offset), for each result type and uint8 and int8 into
  * float16 and bfloat16 too; and ab_convert_into into a
  * caller's buffer on a cache line and off one (where the one pass must
- * not run), for each, the bytes around the result untouched.
- * Each against the reference, or against a result checked against it. */
+ * not run), for each, the bytes around the result untouched. Streamed,
+ * and for uint8 and int8 into float16 also with ordinary stores (where
+ * nothing may be streamed: the edges neither). Each against the
+ * reference, or against a result checked against it. */
 Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_reference) {
   test_rng g = {0x5a1ad5u};
   size_t nb;
@@ -2347,23 +2353,28 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     int threads;
     bool reverse;
     unsigned long pieces; /* planes, or bands of planes, the one pass must do at least */
+    const char *streaming;
   } cases[] = {
-      {R_I8, R_F32, 2, {69, 4096}, 20, false, 2},      /* 69 rows < 4 x 20 bands: cut along the columns */
-      {R_U8, R_F32, 4, {2, 32, 64, 80}, 4, false, 64}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
-      {R_U8, R_F32, 2, {200, 176}, 1, true, 1},        /* rows backwards */
-      {R_F32, R_F16, 2, {69, 4096}, 20, false, 2},
+      {R_I8, R_F32, 2, {69, 4096}, 20, false, 2, "1"},      /* 69 rows < 4 x 20 bands: cut along the columns */
+      {R_U8, R_F32, 4, {2, 32, 64, 80}, 4, false, 64, "1"}, /* dim 0 (2) < 4 threads: cut along dim 1, 2 a band */
+      {R_U8, R_F32, 2, {200, 176}, 1, true, 1, "1"},        /* rows backwards */
+      {R_F32, R_F16, 2, {69, 4096}, 20, false, 2, "1"},
       /* bands 48 wide rounded to 64, a line of float16: all 47 start on lines and take the one pass
        * (when 48 wide, every other one started mid-line: 32 did) */
-      {R_F32, R_F16, 2, {69, 3008}, 20, false, 47},
-      {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64},
-      {R_F32, R_F16, 2, {200, 192}, 1, true, 1},
-      {R_F32, R_BF16, 2, {69, 3008}, 20, false, 47},
-      {R_F32, R_BF16, 4, {2, 32, 64, 96}, 4, false, 64},
-      {R_F32, R_BF16, 2, {200, 192}, 1, true, 1},
-      {R_U8, R_F16, 2, {69, 4096}, 20, false, 64},
-      {R_U8, R_F16, 2, {69, 7680}, 20, false, 80}, /* bands 96 wide: a tile and a ragged right edge each */
-      {R_I8, R_BF16, 4, {2, 64, 64, 128}, 4, false, 128},
-      {R_U8, R_F16, 2, {200, 192}, 1, true, 1},
+      {R_F32, R_F16, 2, {69, 3008}, 20, false, 47, "1"},
+      {R_F32, R_F16, 4, {2, 32, 64, 96}, 4, false, 64, "1"},
+      {R_F32, R_F16, 2, {200, 192}, 1, true, 1, "1"},
+      {R_F32, R_BF16, 2, {69, 3008}, 20, false, 47, "1"},
+      {R_F32, R_BF16, 4, {2, 32, 64, 96}, 4, false, 64, "1"},
+      {R_F32, R_BF16, 2, {200, 192}, 1, true, 1, "1"},
+      {R_U8, R_F16, 2, {69, 4096}, 20, false, 64, "1"},
+      {R_U8, R_F16, 2, {69, 7680}, 20, false, 80, "1"}, /* bands 96 wide: a tile and a ragged right edge each */
+      {R_I8, R_BF16, 4, {2, 64, 64, 128}, 4, false, 128, "1"},
+      {R_U8, R_F16, 2, {200, 192}, 1, true, 1, "1"},
+      /* ordinary stores: uint8 and int8 into float16 take the one pass there too */
+      {R_U8, R_F16, 2, {69, 4096}, 20, false, 64, "0"},
+      {R_I8, R_F16, 4, {2, 64, 64, 128}, 4, false, 128, "0"},
+      {R_U8, R_F16, 2, {200, 192}, 1, true, 1, "0"},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const int from = cases[k].from, to = cases[k].to;
@@ -2387,13 +2398,18 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     o.flags = AB_CONVERT_AFFINE;
     o.scale = from == R_F32 ? 3.0 : 1.0 / 255;
     o.offset = 0.25;
+    setenv("AB_HOST_CAST_STREAMING", cases[k].streaming, 1);
+    ab__env_reload();
     char what[128];
-    snprintf(what, sizeof what, "%d-d transposed %s -> %s, last dims %lld x %lld, %d threads%s", (int)nd,
-             KD[from].name, KD[to].name, (long long)n0, (long long)n1, cases[k].threads,
-             cases[k].reverse ? ", rows backwards" : "");
+    snprintf(what, sizeof what, "%d-d transposed %s -> %s, last dims %lld x %lld, %d threads%s, streaming %s",
+             (int)nd, KD[from].name, KD[to].name, (long long)n0, (long long)n1, cases[k].threads,
+             cases[k].reverse ? ", rows backwards" : "", cases[k].streaming);
     const unsigned long before = ab__host_one_pass_planes();
+    const uint64_t streamed0 = ab__host_cast_streamed_calls();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
     const unsigned long done = ab__host_one_pass_planes() - before;
+    if (strcmp(cases[k].streaming, "0") == 0)
+      cr_assert_eq(ab__host_cast_streamed_calls(), streamed0, "%s: rows streamed with streaming off", what);
     const unsigned long want = avx512 ? cases[k].pieces : 0;
     cr_assert_geq(done, want, "%s: %lu planes or bands in one pass, want %lu or more", what, done, want);
     if (!avx512) cr_assert_eq(done, 0, "%s: %lu planes in one pass without AVX-512", what, done);
@@ -2406,11 +2422,15 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     int from, to;
     int64_t n0, n1;
     int off; /* bytes off a line */
-  } into[] = {{R_U8, R_F32, 200, 176, 16},
-               {R_F32, R_F16, 200, 192, 32},
-               {R_F32, R_BF16, 200, 192, 32},
-               {R_I8, R_F16, 200, 192, 32}};
+    const char *streaming;
+  } into[] = {{R_U8, R_F32, 200, 176, 16, "1"},
+               {R_F32, R_F16, 200, 192, 32, "1"},
+               {R_F32, R_BF16, 200, 192, 32, "1"},
+               {R_I8, R_F16, 200, 192, 32, "1"},
+               {R_U8, R_F16, 200, 192, 32, "0"}};
   for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
+    setenv("AB_HOST_CAST_STREAMING", into[k].streaming, 1);
+    ab__env_reload();
     const int from = into[k].from, to = into[k].to;
     const int64_t n0 = into[k].n0, n1 = into[k].n1;
     int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
@@ -2424,8 +2444,8 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
     o.scale = -2.5;
     o.offset = 7.0;
     char what[96];
-    snprintf(what, sizeof what, "%lld x %lld transposed %s -> %s for ab_convert_into", (long long)n0, (long long)n1,
-             KD[from].name, KD[to].name);
+    snprintf(what, sizeof what, "%lld x %lld transposed %s -> %s for ab_convert_into, streaming %s", (long long)n0,
+             (long long)n1, KD[from].name, KD[to].name, into[k].streaming);
     unsigned char *want = check_conversion(&t, &t, CPU0, &o, what, &nb);
     char *buf = aligned_alloc(64, nb + 128);
     cr_assert_not_null(buf);

@@ -528,9 +528,9 @@ __attribute__((target("avx512f"))) static inline void put_line(void *p, __m512i 
   else _mm512_store_si512(p, v);
 }
 /* 32 x 32 of a float32 transpose narrowed to float16 or bfloat16 on the
- * way in and each destination row's 64 bytes streamed out as one line
- * (rows dsa bytes apart, all on lines): tr32x32_16 with net8x32_f32_16's
- * rows (see ab__host_narrow_f32_16). */
+ * way in and each destination row's 64 bytes written out as one line,
+ * streamed where nt (rows dsa bytes apart, all on lines): tr32x32_16 with
+ * net8x32_f32_16's rows (see ab__host_narrow_f32_16). */
 #define NARROW_PARAMS , bool affine, bool bf16, bool nt, __m512 fa, __m512 fb
 #define NARROW_NET(h, p) net8x32_f32_16(h, p, sb, affine, bf16, fa, fb)
 #define NARROW_STORE(p, v) put_line((void *)(p), v, nt)

@@ -192,9 +192,10 @@ bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int
  * dst + i * pitch + 2 * j, is the float32 at src + 4 * i + j * sb (times
  * a plus b where affine) rounded to nearest even: float16 as F16C's
  * VCVTPS2PH rounds, bfloat16 as convert.c's loops do (NaNs quiet with
- * their top payload bits). Does the whole 32 x 32 tiles, rows [0, na - na
- * % 32) by columns [0, nb - nb % 32), and returns true; false, having
- * written nothing, on the same terms with 32 for 64. */
+ * their top payload bits). Whole lines, streamed where `stream` (the
+ * caller fences them) or stored. Does the whole 32 x 32 tiles, rows [0,
+ * na - na % 32) by columns [0, nb - nb % 32), and returns true; false,
+ * having written nothing, on the same terms with 32 for 64. */
 bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool bf16,
                             bool stream, bool affine, float a, float b);
 /* How many planes (or bands of planes) ab__host_widen_8 and
