@@ -2592,3 +2592,73 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
   unsetenv("AB_HOST_CAST_TILES");
   ab__env_reload();
 }
+
+/* Random transposed casts against the reference: planes (or a batch of
+ * 2) read transposed from rows a random pitch apart, of random sizes
+ * around the one-pass tiles (1-300 each side; a third of the sides a
+ * multiple of 32, so that result rows of 16-bit and float32 results fall
+ * on lines, and some of 64), for the one pass's pairs and a few others,
+ * with a map or none, streaming forced on, off or by the rule, on 1-3
+ * threads with bands down to 4 KiB. Over the run the one pass must have
+ * taken some of them where the CPU has AVX-512, both with streaming and
+ * without, so that the draw reaches it. */
+Test(cast, random_transposed_casts_match_the_reference) {
+  test_rng g = {0x7a5e0u};
+  size_t nb;
+  static const int pairs[][2] = {{R_U8, R_F32}, {R_I8, R_F32},  {R_U8, R_F16},  {R_I8, R_F16}, {R_U8, R_BF16},
+                                 {R_I8, R_BF16}, {R_F32, R_F16}, {R_F32, R_BF16}, {R_U8, R_F64}, {R_F32, R_U8},
+                                 {R_U16, R_F32}, {R_F64, R_F32}};
+  static const char *const streaming[] = {"0", "1", "auto"};
+  setenv("AB_HOST_TILES", "auto", 1);
+  setenv("AB_HOST_CAST_TILES", "1", 1);
+  setenv("AB_HOST_F16C", "1", 1);
+  setenv("AB_PARALLEL_MIN", "4KiB", 1);
+  ab__env_reload();
+  const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
+  unsigned long one_pass[2] = {0, 0}; /* planes in one pass with streaming off, on */
+  for (int k = 0; k < 160; k++) {
+    const int from = pairs[k % (int)(sizeof pairs / sizeof pairs[0])][0];
+    const int to = pairs[k % (int)(sizeof pairs / sizeof pairs[0])][1];
+    int64_t side[2];
+    for (int i = 0; i < 2; i++) {
+      const int64_t pick = rng_between(&g, 0, 2);
+      side[i] = pick == 0 ? 32 * rng_between(&g, 1, 9) : pick == 1 ? rng_between(&g, 1, 300) : rng_between(&g, 60, 140);
+    }
+    const int64_t n0 = side[0], n1 = side[1], pitch = n0 + (rng_between(&g, 0, 1) ? 0 : rng_between(&g, 1, 70));
+    const int64_t batch = rng_between(&g, 0, 3) == 0 ? 2 : 0, planes = batch > 0 ? batch : 1;
+    const char *st_env = streaming[rng_between(&g, 0, 2)];
+    setenv("AB_HOST_CAST_STREAMING", st_env, 1);
+    ab__env_reload();
+    void *p = malloc((size_t)(planes * n1 * pitch) * KD[from].size);
+    cr_assert_not_null(p);
+    fill_cast_probes(p, planes * n1 * pitch, KD[from].dt, &g);
+    int64_t shape[3] = {batch, n0, n1}, st[3] = {n1 * pitch, 1, pitch};
+    DLTensor t = {p, CPU0, batch > 0 ? 3 : 2, KD[from].dt, batch > 0 ? shape : shape + 1, batch > 0 ? st : st + 1, 0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = KD[to].dt;
+    o.threads = (uint32_t)rng_between(&g, 1, 3);
+    if (rng_between(&g, 0, 1)) {
+      o.flags = AB_CONVERT_AFFINE;
+      o.scale = to == R_U8 ? 255.0 : from == R_F32 || from == R_F64 ? 0.75 : 1.0 / 255;
+      o.offset = -0.5;
+    }
+    char what[192];
+    snprintf(what, sizeof what, "case %d: %lld x transposed %s (%lld x %lld, rows %lld apart) -> %s%s, %u threads, "
+             "streaming %s", k, (long long)batch, KD[from].name, (long long)n0, (long long)n1, (long long)pitch,
+             KD[to].name, (o.flags & AB_CONVERT_AFFINE) ? " with a map" : "", (unsigned)o.threads, st_env);
+    const unsigned long before = ab__host_one_pass_planes();
+    free(check_conversion(&t, &t, CPU0, &o, what, &nb));
+    one_pass[strcmp(st_env, "1") == 0] += ab__host_one_pass_planes() - before;
+    free(p);
+  }
+  if (avx512) {
+    cr_assert_gt(one_pass[0], 0, "no random case took the one pass with ordinary stores");
+    cr_assert_gt(one_pass[1], 0, "no random case took the one pass streamed");
+  }
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_CAST_TILES");
+  unsetenv("AB_HOST_F16C");
+  unsetenv("AB_HOST_CAST_STREAMING");
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+}
