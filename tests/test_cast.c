@@ -2192,7 +2192,8 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
 /* Transposed planes cast in one pass where the CPU has AVX-512
  * (convert.c, transposed_in_one_pass; gather.c, ab__host_widen_8 for
  * uint8 and int8 -> float32, float16 and bfloat16 in 64 x 64 tiles,
- * ab__host_narrow_f32_16 for float32 -> float16 and bfloat16 in 32 x 32
+ * ab__host_narrow_f32_16 for float32 -> float16 and bfloat16 and
+ * ab__host_widen_16_f32 for uint16 and int16 -> float32 in 32 x 32
  * ones), where the result streams, and for uint8 and int8 -> float16
  * also where it does not (the probes hold NaNs, infinities, subnormals
  * and ties): whole tiles and ragged right and bottom edges (176 = 2 tiles
@@ -2267,6 +2268,16 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_U8, R_BF16, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "0", true},
       {R_U8, R_BF16, true, 0, 200, 192, 200, 1, "auto", "0", "1", "1", false}, /* ordinary: float16's alone */
       {R_U8, R_BF16, true, 0, 200, 192, 200, 1, "auto", "1", "0", "1", false},
+      {R_U16, R_F32, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_I16, R_F32, true, 0, 200, 176, 300, 1, "auto", "1", "1", "1", true},
+      {R_U16, R_F32, false, 0, 32, 32, 32, 1, "auto", "1", "1", "1", true},
+      {R_U16, R_F32, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
+      {R_I16, R_F32, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", "1", true},
+      {R_U16, R_F32, true, 0, 200, 176, 200, 1, "auto", "0", "1", "1", false}, /* ordinary: float16's alone */
+      {R_U16, R_F32, false, 0, 200, 72, 200, 1, "auto", "1", "1", "1", false},
+      {R_U16, R_F32, false, 0, 31, 256, 31, 1, "auto", "1", "1", "1", false},
+      {R_U16, R_F32, true, 0, 200, 176, 200, 1, "avx2", "1", "1", "1", false},
+      {R_I16, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "0", "1", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2330,7 +2341,8 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
  * 4-D batch banded along dim 1 (two planes of dim 1 in each band, dst0
  * between dim 0's), a source whose rows run backwards (a negative stride
  * from a byte_offset), for each result type and uint8 and int8 into
- * float16 and bfloat16 too; and ab_convert_into into a
+ * float16 and bfloat16 and uint16 and int16 into float32 too; and
+ * ab_convert_into into a
  * caller's buffer on a cache line and off one (where the one pass must
  * not run), for each, the bytes around the result untouched. Streamed,
  * and for uint8 and int8 into float16 also with ordinary stores (where
@@ -2371,6 +2383,9 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_U8, R_F16, 2, {69, 7680}, 20, false, 80, "1"}, /* bands 96 wide: a tile and a ragged right edge each */
       {R_I8, R_BF16, 4, {2, 64, 64, 128}, 4, false, 128, "1"},
       {R_U8, R_F16, 2, {200, 192}, 1, true, 1, "1"},
+      {R_U16, R_F32, 2, {69, 4096}, 20, false, 64, "1"},
+      {R_I16, R_F32, 4, {2, 32, 64, 80}, 4, false, 64, "1"},
+      {R_U16, R_F32, 2, {200, 176}, 1, true, 1, "1"},
       /* ordinary stores: uint8 and int8 into float16 take the one pass there too */
       {R_U8, R_F16, 2, {69, 4096}, 20, false, 64, "0"},
       {R_I8, R_F16, 4, {2, 64, 64, 128}, 4, false, 128, "0"},
@@ -2427,7 +2442,8 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
                {R_F32, R_F16, 200, 192, 32, "1"},
                {R_F32, R_BF16, 200, 192, 32, "1"},
                {R_I8, R_F16, 200, 192, 32, "1"},
-               {R_U8, R_F16, 200, 192, 32, "0"}};
+               {R_U8, R_F16, 200, 192, 32, "0"},
+               {R_U16, R_F32, 200, 176, 16, "1"}};
   for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
     setenv("AB_HOST_CAST_STREAMING", into[k].streaming, 1);
     ab__env_reload();
@@ -2520,8 +2536,8 @@ Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
  * included (the reference above takes any NaN for a NaN): planes whose
  * values include signalling and quiet NaNs with payloads in their low and
  * high bits, infinities, zeros, subnormals, the largest finite values and
- * values a half-unit from the next (and uint8 and int8 planes, mapped so
- * that their values round), cast with streaming forced (or, uint8 into
+ * values a half-unit from the next (and uint8, int8, uint16 and int16
+ * planes, mapped so that their values round), cast with streaming forced (or, uint8 into
  * float16, off) both with the one pass and with AB_HOST_CAST_TILES=0,
  * with a map and without. */
 Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer) {
@@ -2539,7 +2555,8 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
                {R_F32, R_F16, false, 200, 192, "1"},  {R_F32, R_F16, true, 200, 192, "1"},
                {R_U8, R_F32, true, 200, 176, "1"},    {R_I8, R_F32, false, 200, 176, "1"},
                {R_U8, R_F16, true, 200, 192, "1"},    {R_I8, R_F16, true, 200, 160, "0"},
-               {R_U8, R_BF16, true, 200, 192, "1"},   {R_I8, R_BF16, true, 200, 160, "1"}};
+               {R_U8, R_BF16, true, 200, 192, "1"},   {R_I8, R_BF16, true, 200, 160, "1"},
+               {R_U16, R_F32, true, 200, 176, "1"},   {R_I16, R_F32, false, 200, 176, "1"}};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_F16C", "1", 1);
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -2557,9 +2574,9 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
     o.dtype = KD[to].dt;
     o.threads = 1;
-    if (cases[k].affine) { /* uint8 into float16: values that round */
+    if (cases[k].affine) { /* uint8 into float16 and uint16 into float32: values that round */
       o.flags = AB_CONVERT_AFFINE;
-      o.scale = from != R_F32 && to == R_F16 ? 1.0 / 255 : 0.75;
+      o.scale = (from != R_F32 && to == R_F16) || from == R_U16 ? 1.0 / 255 : 0.75;
       o.offset = -1.5;
     }
     unsigned char *got[2];
@@ -2607,7 +2624,7 @@ Test(cast, random_transposed_casts_match_the_reference) {
   size_t nb;
   static const int pairs[][2] = {{R_U8, R_F32}, {R_I8, R_F32},  {R_U8, R_F16},  {R_I8, R_F16}, {R_U8, R_BF16},
                                  {R_I8, R_BF16}, {R_F32, R_F16}, {R_F32, R_BF16}, {R_U8, R_F64}, {R_F32, R_U8},
-                                 {R_U16, R_F32}, {R_F64, R_F32}};
+                                 {R_U16, R_F32}, {R_F64, R_F32}, {R_I16, R_F32}};
   static const char *const streaming[] = {"0", "1", "auto"};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_CAST_TILES", "1", 1);

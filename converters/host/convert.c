@@ -1279,9 +1279,11 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
 /* Transposed planes cast in one pass, with one map for every element or
  * none: uint8 and int8 into float32, float16 (with F16C) and bfloat16
  * (ab__host_widen_8: each 64 x 64 tile gathered, widened in registers
- * and written out as whole lines), where convert_in_chunks transposes a
- * chunk of rows into a buffer and then casts each row out of it through
- * a second one; float32 into float16 (with F16C) and bfloat16
+ * and written out as whole lines), and uint16 and int16 into float32
+ * (ab__host_widen_16_f32: 32 x 32 tiles through the uint16 network),
+ * where convert_in_chunks transposes a chunk of rows into a buffer and
+ * then casts each row out of it through a second one; float32 into
+ * float16 (with F16C) and bfloat16
  * (ab__host_narrow_f32_16: each 32 x 32 tile narrowed as it is loaded,
  * transposed in registers and written out), where cast_then_transpose
  * casts bands of rows into a buffer and then transposes it. Where the
@@ -1296,14 +1298,18 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * 4096^2 5.9-6.3 -> 3.9-4.0; float32 -> float16 2880^2 3.28-3.40 ->
  * 2.50-2.52, 4000^2 8.4-8.9 -> 4.6-5.5, 4096^2 9.5-10.2 -> 5.8-6.1;
  * float32 -> bfloat16 2880^2 3.27-4.72 -> 2.84-3.01, 4000^2 9.35-9.84 ->
- * 6.38-7.06, 4096^2 10.42-11.18 -> 6.89-7.49. With ordinary stores
+ * 6.38-7.06, 4096^2 10.42-11.18 -> 6.89-7.49; uint16 -> float32 2048^2
+ * 1.97-2.22 -> 1.16-1.37, 2880^2 4.63-5.18 -> 2.28-2.37, 4096^2
+ * 12.5-13.5 -> 5.5-6.2 (two threads, 2880^2 2.39-2.74 -> 1.33-1.49). With ordinary stores
  * (float16, median of 21): uint8 -> float16 1024^2 0.24-0.25 ->
  * 0.19-0.20, 1536^2 0.49-0.52 -> 0.44-0.46, 2048^2 0.96-1.23 ->
  * 0.89-0.92, 2880^2 2.0-2.2 -> 1.27-1.40; the other pairs did not gain
  * so (median of 11 for the two not float16): uint8 -> float32 1024^2
  * 0.29 -> 0.32, 2048^2 1.26-1.28 -> 1.59-1.71; float32 -> float16 1536^2
  * 0.80-0.83 -> 0.88-0.90 (2048^2 1.72-1.79 -> 1.34-1.61); uint8 ->
- * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20.
+ * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20;
+ * uint16 -> float32 (median of 21) 1536^2 0.98-1.01 -> 1.17-1.21, 1800^2
+ * 1.41-1.43 -> 1.38-1.48.
  * And streaming below the rule's bound would leave nothing in the cache
  * for the result's next reader, though uint8 -> float32 2048^2 ran
  * 0.98-1.00 so (bench/results/2026-12-01-widened-transposes.md,
@@ -1326,7 +1332,8 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
   const bool widen = (c->from == K_U8 || c->from == K_I8) && c->path == AB_ARITH_FLOAT32 &&
                      (c->to == K_F32 || f16 || c->to == K_BF16);
   const bool narrow = c->from == K_F32 && (f16 || c->to == K_BF16);
-  if ((!widen && !narrow) || (!c->stream && !(widen && f16))) return false;
+  const bool widen16 = (c->from == K_U16 || c->from == K_I16) && c->to == K_F32 && c->path == AB_ARITH_FLOAT32;
+  if ((!widen && !narrow && !widen16) || (!c->stream && !(widen && f16))) return false;
   const ab__one_pass_to to = c->to == K_F32 ? AB_ONE_PASS_F32 : c->to == K_F16 ? AB_ONE_PASS_F16 : AB_ONE_PASS_BF16;
   const int64_t tile = widen ? 64 : 32, is = (int64_t)c->in_size, os = (int64_t)c->out_size;
   const int32_t r = ndim - 2; /* the plane's dims: r (contiguous in the source), r + 1 */
@@ -1345,9 +1352,10 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
     const char *s = src;
     for (int32_t i = 0; i < r; i++) s += idx[i] * bst[i];
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
-    const bool done = widen ? ab__host_widen_8(d, pitch, s, sb, na, nb, c->from == K_I8, to, c->stream, op->affine, a, b)
-                            : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream,
-                                                     op->affine, a, b);
+    const bool done =
+        widen     ? ab__host_widen_8(d, pitch, s, sb, na, nb, c->from == K_I8, to, c->stream, op->affine, a, b)
+        : widen16 ? ab__host_widen_16_f32(d, pitch, s, sb, na, nb, c->from == K_I16, c->stream, op->affine, a, b)
+                  : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream, op->affine, a, b);
     if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */
       convert_impl(d, pitch, s, 2, shape + r, bst + r, op, c->stream, streamed);

@@ -579,6 +579,44 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void
       narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, nt, va, vb);
     }
 }
+/* One destination row of a 32 x 32 uint16 (int16 where sign) tile, 32
+ * values in v, widened to float32 (x * a + b where affine, a multiply,
+ * then an add) and written as two lines at p, streamed where nt. */
+__attribute__((target("avx512f,avx512bw"))) static inline void widen_row_16(char *p, __m512i v, bool sign, bool affine,
+                                                                           bool nt, __m512 a, __m512 b) {
+  const __m256i lo = _mm512_castsi512_si256(v), hi = _mm512_extracti64x4_epi64(v, 1);
+  __m512 x = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi16_epi32(lo) : _mm512_cvtepu16_epi32(lo));
+  __m512 y = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi16_epi32(hi) : _mm512_cvtepu16_epi32(hi));
+  if (affine) {
+    x = _mm512_add_ps(_mm512_mul_ps(x, a), b);
+    y = _mm512_add_ps(_mm512_mul_ps(y, a), b);
+  }
+  put_line(p, _mm512_castps_si512(x), nt);
+  put_line(p + 64, _mm512_castps_si512(y), nt);
+}
+/* 32 x 32 of a uint16 (or int16) transpose widened to float32 on the way
+ * out: tr32x32_16's network and joins, each destination row's 32 values
+ * then widened and written as two lines (widen_row_16; rows dsa bytes
+ * apart, all on lines). */
+#define WIDEN16_PARAMS , bool sign, bool affine, bool nt, __m512 fa, __m512 fb
+#define WIDEN16_NET(h, p) net8x32_16(h, p, sb)
+#define WIDEN16_STORE(p, v) widen_row_16(p, v, sign, affine, nt, fa, fb)
+DEFINE_TR32X32_16(widen32x32_16_f32, __attribute__((target("avx512f,avx512bw"))), WIDEN16_PARAMS, WIDEN16_NET,
+                  WIDEN16_STORE)
+#undef WIDEN16_PARAMS
+#undef WIDEN16_NET
+#undef WIDEN16_STORE
+/* Every whole 32 x 32 tile of a plane, down the source a band of 32 rows
+ * at a time and along each band. */
+__attribute__((target("avx512f,avx512bw"))) static void widen_tiles_16_f32(void *dst, int64_t pitch, const void *src,
+                                                                           int64_t sb, int64_t na, int64_t nb, bool sign,
+                                                                           bool nt, bool affine, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  for (int64_t b0 = 0; b0 + 32 <= nb; b0 += 32)
+    for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32)
+      widen32x32_16_f32((char *)dst + a0 * pitch + b0 * 4, pitch, (const char *)src + a0 * 2 + b0 * sb, sb, sign,
+                        affine, nt, va, vb);
+}
 /* 64 x 64 bytes of a uint8 (or int8: sign) transpose widened on the way
  * out to float32, float16 or bfloat16 (`to`), x * a + b where affine (in
  * float32: a multiply, then an add, as the cast loops compute it,
@@ -2706,6 +2744,20 @@ bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int
 #else
   (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)to, (void)stream, (void)affine,
       (void)a, (void)b;
+  return false;
+#endif
+}
+
+bool ab__host_widen_16_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
+                           bool stream, bool affine, float a, float b) {
+#ifdef HAVE_X86_KERNELS
+  if (!one_pass_open(dst, pitch, na, nb, 32)) return false;
+  widen_tiles_16_f32(dst, pitch, src, sb, na, nb, sign, stream, affine, a, b);
+  atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
+  return true;
+#else
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)stream, (void)affine, (void)a,
+      (void)b;
   return false;
 #endif
 }
