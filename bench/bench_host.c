@@ -307,6 +307,7 @@ static void bench_casts(int quick) {
     {"transposed u8 -> f32", {kDLUInt, 8, 1}, {kDLFloat, 32, 1}, 3, 0},
     {"transposed u8 -> f16 /255", {kDLUInt, 8, 1}, {kDLFloat, 16, 1}, 3, 1},
     {"transposed u16 -> f32", {kDLUInt, 16, 1}, {kDLFloat, 32, 1}, 3, 0},
+    {"transposed f16 -> f32", {kDLFloat, 16, 1}, {kDLFloat, 32, 1}, 3, 0},
   };
   const size_t n = (size_t)(H * W * C), most = n * 8; /* elements of every case: H x W x 3, or N^2 <= that */
   char *a = aligned_alloc(4096, most), *b = aligned_alloc(4096, most);

@@ -2193,8 +2193,9 @@ Test(cast, the_streaming_rule_follows_the_cache_and_the_variable) {
  * (convert.c, transposed_in_one_pass; gather.c, ab__host_widen_8 for
  * uint8 and int8 -> float32, float16 and bfloat16 in 64 x 64 tiles,
  * ab__host_narrow_f32_16 for float32 -> float16 and bfloat16 and
- * ab__host_widen_16_f32 for uint16 and int16 -> float32 in 32 x 32
- * ones), where the result streams, and for uint8 and int8 -> float16
+ * ab__host_widen_16_f32 for uint16, int16, float16 and bfloat16 ->
+ * float32 in 32 x 32 ones), where the result streams, and for uint8 and
+ * int8 -> float16
  * also where it does not (the probes hold NaNs, infinities, subnormals
  * and ties): whole tiles and ragged right and bottom edges (176 = 2 tiles
  * of 64 and 48 columns, 160 = 2 and 32; 200 = 3 tiles of 64 and 8 rows, 6
@@ -2278,6 +2279,15 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_U16, R_F32, false, 0, 31, 256, 31, 1, "auto", "1", "1", "1", false},
       {R_U16, R_F32, true, 0, 200, 176, 200, 1, "avx2", "1", "1", "1", false},
       {R_I16, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "0", "1", false},
+      {R_F16, R_F32, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_F16, R_F32, true, 0, 200, 176, 300, 1, "auto", "1", "1", "1", true},
+      {R_F16, R_F32, true, 3, 130, 320, 4099, 1, "auto", "1", "1", "1", true},
+      {R_F16, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "1", "0", false}, /* F16C's loop off */
+      {R_F16, R_F32, true, 0, 200, 176, 200, 1, "auto", "0", "1", "1", false},
+      {R_BF16, R_F32, false, 0, 256, 192, 256, 1, "auto", "1", "1", "1", true},
+      {R_BF16, R_F32, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", "1", true},
+      {R_BF16, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "1", "0", true},
+      {R_BF16, R_F32, false, 0, 200, 72, 200, 1, "auto", "1", "1", "1", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2386,6 +2396,8 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       {R_U16, R_F32, 2, {69, 4096}, 20, false, 64, "1"},
       {R_I16, R_F32, 4, {2, 32, 64, 80}, 4, false, 64, "1"},
       {R_U16, R_F32, 2, {200, 176}, 1, true, 1, "1"},
+      {R_F16, R_F32, 2, {69, 4096}, 20, false, 64, "1"},
+      {R_BF16, R_F32, 4, {2, 32, 64, 80}, 4, false, 64, "1"},
       /* ordinary stores: uint8 and int8 into float16 take the one pass there too */
       {R_U8, R_F16, 2, {69, 4096}, 20, false, 64, "0"},
       {R_I8, R_F16, 4, {2, 64, 64, 128}, 4, false, 128, "0"},
@@ -2536,8 +2548,9 @@ Test(cast, a_map_into_float16_in_one_pass_is_a_multiply_then_an_add) {
  * included (the reference above takes any NaN for a NaN): planes whose
  * values include signalling and quiet NaNs with payloads in their low and
  * high bits, infinities, zeros, subnormals, the largest finite values and
- * values a half-unit from the next (and uint8, int8, uint16 and int16
- * planes, mapped so that their values round), cast with streaming forced (or, uint8 into
+ * values a half-unit from the next (float16 and bfloat16 planes with
+ * their own NaNs, infinities and subnormals; uint8, int8, uint16 and
+ * int16 planes, mapped so that their values round), cast with streaming forced (or, uint8 into
  * float16, off) both with the one pass and with AB_HOST_CAST_TILES=0,
  * with a map and without. */
 Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer) {
@@ -2556,7 +2569,14 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
                {R_U8, R_F32, true, 200, 176, "1"},    {R_I8, R_F32, false, 200, 176, "1"},
                {R_U8, R_F16, true, 200, 192, "1"},    {R_I8, R_F16, true, 200, 160, "0"},
                {R_U8, R_BF16, true, 200, 192, "1"},   {R_I8, R_BF16, true, 200, 160, "1"},
-               {R_U16, R_F32, true, 200, 176, "1"},   {R_I16, R_F32, false, 200, 176, "1"}};
+               {R_U16, R_F32, true, 200, 176, "1"},   {R_I16, R_F32, false, 200, 176, "1"},
+               {R_F16, R_F32, true, 200, 176, "1"},   {R_F16, R_F32, false, 200, 176, "1"},
+               {R_BF16, R_F32, true, 200, 176, "1"},  {R_BF16, R_F32, false, 200, 176, "1"}};
+  /* float16 and bfloat16: NaNs (signalling, quiet, payloads, both signs), infinities, zeros,
+   * subnormals, the largest finite values */
+  static const uint16_t specials16[2][12] = {
+      {0x7c01, 0xfe00, 0x7fff, 0xfc3f, 0x7e01, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff},
+      {0x7f81, 0xffc0, 0x7fff, 0xff8f, 0x7fc1, 0x7f80, 0xff80, 0x0000, 0x8000, 0x0001, 0x807f, 0x7f7f}};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_F16C", "1", 1);
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -2569,6 +2589,9 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
     if (from == R_F32) /* every 7th element a special value */
       for (int64_t i = 0; i < n0 * n1; i += 7)
         memcpy(p + i * 4, &specials[(i / 7) % (sizeof specials / sizeof specials[0])], 4);
+    if (from == R_F16 || from == R_BF16)
+      for (int64_t i = 0; i < n0 * n1; i += 7)
+        memcpy(p + i * 2, &specials16[from == R_BF16][(i / 7) % 12], 2);
     int64_t shape[2] = {n0, n1}, st[2] = {1, n0};
     DLTensor t = {p, CPU0, 2, KD[from].dt, shape, st, 0};
     ab_convert_opts o = AB_CONVERT_OPTS_INIT;
@@ -2624,7 +2647,8 @@ Test(cast, random_transposed_casts_match_the_reference) {
   size_t nb;
   static const int pairs[][2] = {{R_U8, R_F32}, {R_I8, R_F32},  {R_U8, R_F16},  {R_I8, R_F16}, {R_U8, R_BF16},
                                  {R_I8, R_BF16}, {R_F32, R_F16}, {R_F32, R_BF16}, {R_U8, R_F64}, {R_F32, R_U8},
-                                 {R_U16, R_F32}, {R_F64, R_F32}, {R_I16, R_F32}};
+                                 {R_U16, R_F32}, {R_F64, R_F32}, {R_I16, R_F32}, {R_F16, R_F32},
+                                 {R_BF16, R_F32}};
   static const char *const streaming[] = {"0", "1", "auto"};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_CAST_TILES", "1", 1);

@@ -1279,8 +1279,9 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
 /* Transposed planes cast in one pass, with one map for every element or
  * none: uint8 and int8 into float32, float16 (with F16C) and bfloat16
  * (ab__host_widen_8: each 64 x 64 tile gathered, widened in registers
- * and written out as whole lines), and uint16 and int16 into float32
- * (ab__host_widen_16_f32: 32 x 32 tiles through the uint16 network),
+ * and written out as whole lines), and uint16, int16, float16 (with
+ * F16C) and bfloat16 into float32 (ab__host_widen_16_f32: 32 x 32 tiles
+ * through the uint16 network),
  * where convert_in_chunks transposes a chunk of rows into a buffer and
  * then casts each row out of it through a second one; float32 into
  * float16 (with F16C) and bfloat16
@@ -1300,7 +1301,10 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * float32 -> bfloat16 2880^2 3.27-4.72 -> 2.84-3.01, 4000^2 9.35-9.84 ->
  * 6.38-7.06, 4096^2 10.42-11.18 -> 6.89-7.49; uint16 -> float32 2048^2
  * 1.97-2.22 -> 1.16-1.37, 2880^2 4.63-5.18 -> 2.28-2.37, 4096^2
- * 12.5-13.5 -> 5.5-6.2 (two threads, 2880^2 2.39-2.74 -> 1.33-1.49). With ordinary stores
+ * 12.5-13.5 -> 5.5-6.2 (two threads, 2880^2 2.39-2.74 -> 1.33-1.49);
+ * float16 -> float32 2880^2 5.1-5.5 -> 2.36-2.48, 4096^2 13.9-16.2 ->
+ * 4.96-5.30; bfloat16 -> float32 2880^2 4.48-4.56 -> 2.19-2.34, 4096^2
+ * 11.7-13.8 -> 4.89-5.05. With ordinary stores
  * (float16, median of 21): uint8 -> float16 1024^2 0.24-0.25 ->
  * 0.19-0.20, 1536^2 0.49-0.52 -> 0.44-0.46, 2048^2 0.96-1.23 ->
  * 0.89-0.92, 2880^2 2.0-2.2 -> 1.27-1.40; the other pairs did not gain
@@ -1309,7 +1313,8 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * 0.80-0.83 -> 0.88-0.90 (2048^2 1.72-1.79 -> 1.34-1.61); uint8 ->
  * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20;
  * uint16 -> float32 (median of 21) 1536^2 0.98-1.01 -> 1.17-1.21, 1800^2
- * 1.41-1.43 -> 1.38-1.48.
+ * 1.41-1.43 -> 1.38-1.48; float16 and bfloat16 -> float32 1536^2
+ * 0.96-1.05 -> 1.03-1.06.
  * And streaming below the rule's bound would leave nothing in the cache
  * for the result's next reader, though uint8 -> float32 2048^2 ran
  * 0.98-1.00 so (bench/results/2026-12-01-widened-transposes.md,
@@ -1332,7 +1337,17 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
   const bool widen = (c->from == K_U8 || c->from == K_I8) && c->path == AB_ARITH_FLOAT32 &&
                      (c->to == K_F32 || f16 || c->to == K_BF16);
   const bool narrow = c->from == K_F32 && (f16 || c->to == K_BF16);
-  const bool widen16 = (c->from == K_U16 || c->from == K_I16) && c->to == K_F32 && c->path == AB_ARITH_FLOAT32;
+#ifdef HAVE_X86
+  const bool from_f16 = c->from == K_F16 && use_f16c();
+#else
+  const bool from_f16 = false;
+#endif
+  const bool widen16 = (c->from == K_U16 || c->from == K_I16 || from_f16 || c->from == K_BF16) && c->to == K_F32 &&
+                       c->path == AB_ARITH_FLOAT32;
+  const ab__widen16_from w16 = c->from == K_I16   ? AB_WIDEN16_I16
+                               : c->from == K_F16 ? AB_WIDEN16_F16
+                               : c->from == K_BF16 ? AB_WIDEN16_BF16
+                                                   : AB_WIDEN16_U16;
   if ((!widen && !narrow && !widen16) || (!c->stream && !(widen && f16))) return false;
   const ab__one_pass_to to = c->to == K_F32 ? AB_ONE_PASS_F32 : c->to == K_F16 ? AB_ONE_PASS_F16 : AB_ONE_PASS_BF16;
   const int64_t tile = widen ? 64 : 32, is = (int64_t)c->in_size, os = (int64_t)c->out_size;
@@ -1354,7 +1369,7 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
     char *d = dst + (r > 0 && dst0 != 0 ? (p / m1) * dst0 + (p % m1) * plane : p * plane);
     const bool done =
         widen     ? ab__host_widen_8(d, pitch, s, sb, na, nb, c->from == K_I8, to, c->stream, op->affine, a, b)
-        : widen16 ? ab__host_widen_16_f32(d, pitch, s, sb, na, nb, c->from == K_I16, c->stream, op->affine, a, b)
+        : widen16 ? ab__host_widen_16_f32(d, pitch, s, sb, na, nb, w16, c->stream, op->affine, a, b)
                   : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream, op->affine, a, b);
     if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */

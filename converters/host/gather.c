@@ -579,14 +579,42 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void
       narrow32x32_f32_16(d + a0 * pitch + b0 * 2, pitch, s + a0 * 4 + b0 * sb, sb, affine, bf16, nt, va, vb);
     }
 }
-/* One destination row of a 32 x 32 uint16 (int16 where sign) tile, 32
- * values in v, widened to float32 (x * a + b where affine, a multiply,
- * then an add) and written as two lines at p, streamed where nt. */
-__attribute__((target("avx512f,avx512bw"))) static inline void widen_row_16(char *p, __m512i v, bool sign, bool affine,
-                                                                           bool nt, __m512 a, __m512 b) {
-  const __m256i lo = _mm512_castsi512_si256(v), hi = _mm512_extracti64x4_epi64(v, 1);
-  __m512 x = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi16_epi32(lo) : _mm512_cvtepu16_epi32(lo));
-  __m512 y = _mm512_cvtepi32_ps(sign ? _mm512_cvtepi16_epi32(hi) : _mm512_cvtepu16_epi32(hi));
+/* 16 elements of 16 bits (in h) as float32, as convert.c's loops make
+ * them: uint16 and int16 exactly; float16 by VCVTPH2PS, a NaN first made
+ * float16's default NaN of its sign (f16x8_to_f32: the instruction would
+ * keep the payload); bfloat16 as the top half of the bits, a NaN made
+ * float32's default NaN of its sign (fast_from_bf16). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 float_of_16(__m256i h,
+                                                                                       ab__widen16_from from) {
+  switch (from) {
+  case AB_WIDEN16_I16: return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
+  case AB_WIDEN16_F16: {
+    const __mmask16 nan = _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                                  _mm256_set1_epi16(0x7c00));
+    const __m256i dflt = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)),
+                                         _mm256_set1_epi16(0x7e00));
+    return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, dflt));
+  }
+  case AB_WIDEN16_BF16: {
+    const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i dflt = _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32((int)0x80000000u)),
+                                         _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, bits, dflt));
+  }
+  default: return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(h));
+  }
+}
+/* One destination row of a 32 x 32 tile of 16-bit elements, 32 values in
+ * v, widened to float32 (float_of_16; then x * a + b where affine, a
+ * multiply, then an add) and written as two lines at p, streamed where
+ * nt. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void widen_row_16(char *p, __m512i v,
+                                                                                    ab__widen16_from from,
+                                                                                    bool affine, bool nt, __m512 a,
+                                                                                    __m512 b) {
+  __m512 x = float_of_16(_mm512_castsi512_si256(v), from), y = float_of_16(_mm512_extracti64x4_epi64(v, 1), from);
   if (affine) {
     x = _mm512_add_ps(_mm512_mul_ps(x, a), b);
     y = _mm512_add_ps(_mm512_mul_ps(y, a), b);
@@ -594,27 +622,29 @@ __attribute__((target("avx512f,avx512bw"))) static inline void widen_row_16(char
   put_line(p, _mm512_castps_si512(x), nt);
   put_line(p + 64, _mm512_castps_si512(y), nt);
 }
-/* 32 x 32 of a uint16 (or int16) transpose widened to float32 on the way
- * out: tr32x32_16's network and joins, each destination row's 32 values
- * then widened and written as two lines (widen_row_16; rows dsa bytes
- * apart, all on lines). */
-#define WIDEN16_PARAMS , bool sign, bool affine, bool nt, __m512 fa, __m512 fb
+/* 32 x 32 of a transpose of 16-bit elements widened to float32 on the
+ * way out: tr32x32_16's network and joins, each destination row's 32
+ * values then widened and written as two lines (widen_row_16; rows dsa
+ * bytes apart, all on lines). */
+#define WIDEN16_PARAMS , ab__widen16_from from, bool affine, bool nt, __m512 fa, __m512 fb
 #define WIDEN16_NET(h, p) net8x32_16(h, p, sb)
-#define WIDEN16_STORE(p, v) widen_row_16(p, v, sign, affine, nt, fa, fb)
-DEFINE_TR32X32_16(widen32x32_16_f32, __attribute__((target("avx512f,avx512bw"))), WIDEN16_PARAMS, WIDEN16_NET,
-                  WIDEN16_STORE)
+#define WIDEN16_STORE(p, v) widen_row_16(p, v, from, affine, nt, fa, fb)
+DEFINE_TR32X32_16(widen32x32_16_f32, __attribute__((target("avx512f,avx512bw,avx512vl"))), WIDEN16_PARAMS,
+                  WIDEN16_NET, WIDEN16_STORE)
 #undef WIDEN16_PARAMS
 #undef WIDEN16_NET
 #undef WIDEN16_STORE
 /* Every whole 32 x 32 tile of a plane, down the source a band of 32 rows
  * at a time and along each band. */
-__attribute__((target("avx512f,avx512bw"))) static void widen_tiles_16_f32(void *dst, int64_t pitch, const void *src,
-                                                                           int64_t sb, int64_t na, int64_t nb, bool sign,
-                                                                           bool nt, bool affine, float a, float b) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void widen_tiles_16_f32(void *dst, int64_t pitch,
+                                                                                   const void *src, int64_t sb,
+                                                                                   int64_t na, int64_t nb,
+                                                                                   ab__widen16_from from, bool nt,
+                                                                                   bool affine, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   for (int64_t b0 = 0; b0 + 32 <= nb; b0 += 32)
     for (int64_t a0 = 0; a0 + 32 <= na; a0 += 32)
-      widen32x32_16_f32((char *)dst + a0 * pitch + b0 * 4, pitch, (const char *)src + a0 * 2 + b0 * sb, sb, sign,
+      widen32x32_16_f32((char *)dst + a0 * pitch + b0 * 4, pitch, (const char *)src + a0 * 2 + b0 * sb, sb, from,
                         affine, nt, va, vb);
 }
 /* 64 x 64 bytes of a uint8 (or int8: sign) transpose widened on the way
@@ -2748,15 +2778,15 @@ bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int
 #endif
 }
 
-bool ab__host_widen_16_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
-                           bool stream, bool affine, float a, float b) {
+bool ab__host_widen_16_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
+                           ab__widen16_from from, bool stream, bool affine, float a, float b) {
 #ifdef HAVE_X86_KERNELS
   if (!one_pass_open(dst, pitch, na, nb, 32)) return false;
-  widen_tiles_16_f32(dst, pitch, src, sb, na, nb, sign, stream, affine, a, b);
+  widen_tiles_16_f32(dst, pitch, src, sb, na, nb, from, stream, affine, a, b);
   atomic_fetch_add_explicit(&one_pass_planes, 1, memory_order_relaxed);
   return true;
 #else
-  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)sign, (void)stream, (void)affine, (void)a,
+  (void)dst, (void)pitch, (void)src, (void)sb, (void)na, (void)nb, (void)from, (void)stream, (void)affine, (void)a,
       (void)b;
   return false;
 #endif

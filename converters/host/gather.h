@@ -187,13 +187,17 @@ typedef enum { AB_ONE_PASS_F32, AB_ONE_PASS_F16, AB_ONE_PASS_BF16 } ab__one_pass
  * or AB_HOST_CAST_TILES=0 turns it off. */
 bool ab__host_widen_8(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
                       ab__one_pass_to to, bool stream, bool affine, float a, float b);
-/* The same for a uint16 (int16 where sign) plane widened to float32:
- * result element (i, j), at dst + i * pitch + 4 * j, is the element at
- * src + 2 * i + j * sb, as float, times a plus b where affine. Does the
- * whole 32 x 32 tiles, rows [0, na - na % 32) by columns [0, nb - nb %
- * 32); false, having written nothing, on the same terms with 32 for 64. */
-bool ab__host_widen_16_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb, bool sign,
-                           bool stream, bool affine, float a, float b);
+/* The 16-bit sources ab__host_widen_16_f32 widens. */
+typedef enum { AB_WIDEN16_U16, AB_WIDEN16_I16, AB_WIDEN16_F16, AB_WIDEN16_BF16 } ab__widen16_from;
+/* The same for a plane of 16-bit elements (`from`: uint16, int16,
+ * float16 or bfloat16) widened to float32: result element (i, j), at dst
+ * + i * pitch + 4 * j, is the element at src + 2 * i + j * sb, as float
+ * (a float16 or bfloat16 NaN as the default NaN of its sign, as
+ * convert.c's loops make it), times a plus b where affine. Does the whole
+ * 32 x 32 tiles, rows [0, na - na % 32) by columns [0, nb - nb % 32);
+ * false, having written nothing, on the same terms with 32 for 64. */
+bool ab__host_widen_16_f32(void *dst, int64_t pitch, const void *src, int64_t sb, int64_t na, int64_t nb,
+                           ab__widen16_from from, bool stream, bool affine, float a, float b);
 /* The same for a float32 plane narrowed to float16, or bfloat16 where
  * bf16 (convert.c, transposed_in_one_pass): result element (i, j), at
  * dst + i * pitch + 2 * j, is the float32 at src + 4 * i + j * sb (times
