@@ -2639,16 +2639,23 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
  * multiple of 32, so that result rows of 16-bit and float32 results fall
  * on lines, and some of 64), for the one pass's pairs and a few others,
  * with a map or none, streaming forced on, off or by the rule, on 1-3
- * threads with bands down to 4 KiB. Over the run the one pass must have
- * taken some of them where the CPU has AVX-512, both with streaming and
- * without, so that the draw reaches it. */
+ * threads with bands down to 4 KiB; every fourth draw of each pair is
+ * one the one pass can take (both sides 64 or more, result rows on
+ * lines, streaming on). Over the run (300 draws) the one pass must have
+ * taken some of them where the CPU has AVX-512, with streaming forced on
+ * and forced off, and some of each of its pairs, so that the draw
+ * reaches every kernel. */
 Test(cast, random_transposed_casts_match_the_reference) {
   test_rng g = {0x7a5e0u};
   size_t nb;
-  static const int pairs[][2] = {{R_U8, R_F32}, {R_I8, R_F32},  {R_U8, R_F16},  {R_I8, R_F16}, {R_U8, R_BF16},
-                                 {R_I8, R_BF16}, {R_F32, R_F16}, {R_F32, R_BF16}, {R_U8, R_F64}, {R_F32, R_U8},
-                                 {R_U16, R_F32}, {R_F64, R_F32}, {R_I16, R_F32}, {R_F16, R_F32},
-                                 {R_BF16, R_F32}};
+  static const struct {
+    int from, to;
+    bool one_pass; /* a pair the one pass takes */
+  } pairs[] = {{R_U8, R_F32, true},   {R_I8, R_F32, true},   {R_U8, R_F16, true},    {R_I8, R_F16, true},
+               {R_U8, R_BF16, true},  {R_I8, R_BF16, true},  {R_F32, R_F16, true},   {R_F32, R_BF16, true},
+               {R_U8, R_F64, false},  {R_F32, R_U8, false},  {R_U16, R_F32, true},   {R_F64, R_F32, false},
+               {R_I16, R_F32, true},  {R_F16, R_F32, true},  {R_BF16, R_F32, true}};
+  enum { NPAIRS = sizeof pairs / sizeof pairs[0] };
   static const char *const streaming[] = {"0", "1", "auto"};
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_HOST_CAST_TILES", "1", 1);
@@ -2656,18 +2663,22 @@ Test(cast, random_transposed_casts_match_the_reference) {
   setenv("AB_PARALLEL_MIN", "4KiB", 1);
   ab__env_reload();
   const bool avx512 = ab__host_tiles_level() >= AB_TILES_AVX512;
-  unsigned long one_pass[2] = {0, 0}; /* planes in one pass with streaming off, on */
-  for (int k = 0; k < 160; k++) {
-    const int from = pairs[k % (int)(sizeof pairs / sizeof pairs[0])][0];
-    const int to = pairs[k % (int)(sizeof pairs / sizeof pairs[0])][1];
+  /* planes in one pass with streaming forced off and on, and of each pair with streaming forced */
+  unsigned long one_pass[2] = {0, 0}, of_pair[NPAIRS] = {0};
+  for (int k = 0; k < 300; k++) {
+    const int from = pairs[k % NPAIRS].from, to = pairs[k % NPAIRS].to;
     int64_t side[2];
     for (int i = 0; i < 2; i++) {
       const int64_t pick = rng_between(&g, 0, 2);
       side[i] = pick == 0 ? 32 * rng_between(&g, 1, 9) : pick == 1 ? rng_between(&g, 1, 300) : rng_between(&g, 60, 140);
     }
+    /* every pair's every fourth draw one the one pass can take: sides of a 64-tile or more, result rows
+     * on lines, streaming forced on */
+    const bool eligible = (k / NPAIRS) % 4 == 0;
+    if (eligible) side[0] = rng_between(&g, 64, 300), side[1] = 64 * rng_between(&g, 1, 4);
     const int64_t n0 = side[0], n1 = side[1], pitch = n0 + (rng_between(&g, 0, 1) ? 0 : rng_between(&g, 1, 70));
     const int64_t batch = rng_between(&g, 0, 3) == 0 ? 2 : 0, planes = batch > 0 ? batch : 1;
-    const char *st_env = streaming[rng_between(&g, 0, 2)];
+    const char *st_env = eligible ? "1" : streaming[rng_between(&g, 0, 2)];
     setenv("AB_HOST_CAST_STREAMING", st_env, 1);
     ab__env_reload();
     void *p = malloc((size_t)(planes * n1 * pitch) * KD[from].size);
@@ -2689,12 +2700,18 @@ Test(cast, random_transposed_casts_match_the_reference) {
              KD[to].name, (o.flags & AB_CONVERT_AFFINE) ? " with a map" : "", (unsigned)o.threads, st_env);
     const unsigned long before = ab__host_one_pass_planes();
     free(check_conversion(&t, &t, CPU0, &o, what, &nb));
-    one_pass[strcmp(st_env, "1") == 0] += ab__host_one_pass_planes() - before;
+    const unsigned long done = ab__host_one_pass_planes() - before;
+    if (strcmp(st_env, "auto") != 0) one_pass[strcmp(st_env, "1") == 0] += done; /* auto: by the machine's cache */
+    if (strcmp(st_env, "auto") != 0) of_pair[k % NPAIRS] += done;
     free(p);
   }
   if (avx512) {
     cr_assert_gt(one_pass[0], 0, "no random case took the one pass with ordinary stores");
     cr_assert_gt(one_pass[1], 0, "no random case took the one pass streamed");
+    for (int i = 0; i < NPAIRS; i++)
+      if (pairs[i].one_pass)
+        cr_assert_gt(of_pair[i], 0, "no random %s -> %s took the one pass", KD[pairs[i].from].name,
+                     KD[pairs[i].to].name);
   }
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_CAST_TILES");
