@@ -2288,6 +2288,8 @@ Test(cast, transposed_casts_in_one_pass_match_the_reference) {
       {R_BF16, R_F32, true, 0, 1500, 1104, 1500, 2, "auto", "1", "1", "1", true},
       {R_BF16, R_F32, true, 0, 200, 176, 200, 1, "auto", "1", "1", "0", true},
       {R_BF16, R_F32, false, 0, 200, 72, 200, 1, "auto", "1", "1", "1", false},
+      {R_BF16, R_F32, true, 0, 200, 176, 200, 1, "auto", "0", "1", "1", false}, /* ordinary: float16's alone */
+      {R_I16, R_F32, true, 0, 200, 176, 200, 1, "auto", "0", "1", "1", false},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     setenv("AB_HOST_TILES", "auto", 1);
@@ -2640,8 +2642,9 @@ Test(cast, transposed_casts_give_the_same_bits_in_one_pass_and_through_a_buffer)
  * on lines, and some of 64), for the one pass's pairs and a few others,
  * with a map or none, streaming forced on, off or by the rule, on 1-3
  * threads with bands down to 4 KiB; every fourth draw of each pair is
- * one the one pass can take (both sides 64 or more, result rows on
- * lines, streaming on). Over the run (300 draws) the one pass must have
+ * one the one pass can take, at least on one thread (both sides 64 or
+ * more, result rows on lines, streaming on; bands on more threads may
+ * fall under a tile). Over the run (300 draws) the one pass must have
  * taken some of them where the CPU has AVX-512, with streaming forced on
  * and forced off, and some of each of its pairs, so that the draw
  * reaches every kernel. */
@@ -2672,8 +2675,8 @@ Test(cast, random_transposed_casts_match_the_reference) {
       const int64_t pick = rng_between(&g, 0, 2);
       side[i] = pick == 0 ? 32 * rng_between(&g, 1, 9) : pick == 1 ? rng_between(&g, 1, 300) : rng_between(&g, 60, 140);
     }
-    /* every pair's every fourth draw one the one pass can take: sides of a 64-tile or more, result rows
-     * on lines, streaming forced on */
+    /* every pair's every fourth draw one the one pass can take on one thread: sides of a 64-tile or
+     * more, result rows on lines, streaming forced on (on more threads a band may fall under a tile) */
     const bool eligible = (k / NPAIRS) % 4 == 0;
     if (eligible) side[0] = rng_between(&g, 64, 300), side[1] = 64 * rng_between(&g, 1, 4);
     const int64_t n0 = side[0], n1 = side[1], pitch = n0 + (rng_between(&g, 0, 1) ? 0 : rng_between(&g, 1, 70));
