@@ -1281,10 +1281,9 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * (ab__host_widen_8: each 64 x 64 tile gathered, widened in registers
  * and written out as whole lines), and uint16, int16, float16 (with
  * F16C) and bfloat16 into float32 (ab__host_widen_16_f32: 32 x 32 tiles
- * through the uint16 network),
- * where convert_in_chunks transposes a chunk of rows into a buffer and
- * then casts each row out of it through a second one; float32 into
- * float16 (with F16C) and bfloat16
+ * through the uint16 network), where convert_in_chunks transposes a
+ * chunk of rows into a buffer and then casts each row out of it through
+ * a second one; float32 into float16 (with F16C) and bfloat16
  * (ab__host_narrow_f32_16: each 32 x 32 tile narrowed as it is loaded,
  * transposed in registers and written out), where cast_then_transpose
  * casts bands of rows into a buffer and then transposes it. Where the
@@ -1302,10 +1301,9 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * 6.38-7.06, 4096^2 10.42-11.18 -> 6.89-7.49; uint16 -> float32 2048^2
  * 1.97-2.22 -> 1.16-1.37, 2880^2 4.63-5.18 -> 2.28-2.37, 4096^2
  * 12.5-13.5 -> 5.5-6.2 (two threads, two rounds, 2880^2 2.39-2.74 ->
- * 1.33-1.49);
- * float16 -> float32 2880^2 5.1-5.5 -> 2.36-2.48, 4096^2 13.9-16.2 ->
- * 4.96-5.30; bfloat16 -> float32 2880^2 4.48-4.56 -> 2.19-2.34, 4096^2
- * 11.7-13.8 -> 4.89-5.05. With ordinary stores
+ * 1.33-1.49); float16 -> float32 2880^2 5.1-5.5 -> 2.36-2.48, 4096^2
+ * 13.9-16.2 -> 4.96-5.30; bfloat16 -> float32 2880^2 4.48-4.56 ->
+ * 2.19-2.34, 4096^2 11.7-13.8 -> 4.89-5.05. With ordinary stores
  * (float16, median of 21): uint8 -> float16 1024^2 0.24-0.25 ->
  * 0.19-0.20, 1536^2 0.49-0.52 -> 0.44-0.46, 2048^2 0.96-1.23 ->
  * 0.89-0.92, 2880^2 2.0-2.2 -> 1.27-1.40; the other pairs did not gain
@@ -1315,10 +1313,10 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
  * bfloat16 1536^2 0.48-0.50 -> 0.57-0.59, 2048^2 1.04-1.05 -> 1.15-1.20;
  * uint16 -> float32 (median of 21) 1536^2 0.98-1.01 -> 1.17-1.21, 1800^2
  * 1.41-1.43 -> 1.38-1.48; float16 and bfloat16 -> float32 1536^2
- * 0.96-1.05 -> 1.03-1.06.
- * And streaming below the rule's bound would leave nothing in the cache
- * for the result's next reader, though uint8 -> float32 2048^2 ran
- * 0.98-1.00 so (bench/results/2026-12-01-widened-transposes.md,
+ * 0.96-1.05 -> 1.03-1.06. And streaming below the rule's bound would
+ * leave nothing in the cache for the result's next reader, though uint8
+ * -> float32 2048^2 ran 0.98-1.00 so
+ * (bench/results/2026-12-01-widened-transposes.md,
  * 2026-12-01-half-results-in-one-pass.md). The planes are the last two
  * dims, the first contiguous in the source; dims before them take a
  * plane each as in cast_then_transpose. Result rows must all start on
@@ -1371,7 +1369,8 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
     const bool done =
         widen     ? ab__host_widen_8(d, pitch, s, sb, na, nb, c->from == K_I8, to, c->stream, op->affine, a, b)
         : widen16 ? ab__host_widen_16_f32(d, pitch, s, sb, na, nb, w16, c->stream, op->affine, a, b)
-                  : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream, op->affine, a, b);
+                  : ab__host_narrow_f32_16(d, pitch, s, sb, na, nb, to == AB_ONE_PASS_BF16, c->stream, op->affine,
+                                           a, b);
     if (!done) {
       if (p == 0) return false; /* the first plane says for all: nothing done */
       convert_impl(d, pitch, s, 2, shape + r, bst + r, op, c->stream, streamed);
