@@ -2457,7 +2457,11 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
                {R_F32, R_BF16, 200, 192, 32, "1"},
                {R_I8, R_F16, 200, 192, 32, "1"},
                {R_U8, R_F16, 200, 192, 32, "0"},
-               {R_U16, R_F32, 200, 176, 16, "1"}};
+               {R_U16, R_F32, 200, 176, 16, "1"},
+               {R_U8, R_BF16, 200, 192, 32, "1"},
+               {R_I16, R_F32, 200, 176, 16, "1"},
+               {R_F16, R_F32, 200, 176, 16, "1"},
+               {R_BF16, R_F32, 200, 176, 16, "1"}};
   for (size_t k = 0; k < sizeof into / sizeof into[0]; k++) {
     setenv("AB_HOST_CAST_STREAMING", into[k].streaming, 1);
     ab__env_reload();
@@ -2484,8 +2488,11 @@ Test(cast, transposed_casts_in_one_pass_in_bands_and_caller_buffers_match_the_re
       int64_t dshape[2] = {n0, n1};
       DLTensor d = {buf + 64 + off, CPU0, 2, KD[to].dt, dshape, NULL, 0};
       const unsigned long before = ab__host_one_pass_planes();
+      const uint64_t streamed0 = ab__host_cast_streamed_calls();
       cr_assert_eq(ab_convert_into(&t, &d, &o), AB_OK, "%s at %d bytes off a line: %s", what, off, ab_last_error());
       const unsigned long done = ab__host_one_pass_planes() - before;
+      if (strcmp(into[k].streaming, "0") == 0)
+        cr_assert_eq(ab__host_cast_streamed_calls(), streamed0, "%s: rows streamed with streaming off", what);
       cr_assert(memcmp(buf + 64 + off, want, nb) == 0, "%s at %d bytes off a line: other bytes", what, off);
       for (size_t i = 0; i < 64 + (size_t)off; i++)
         cr_assert_eq((unsigned char)buf[i], 0xa5, "%s: byte %zu before the result written", what, i);
