@@ -1329,18 +1329,14 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
                                    const int64_t *shape, const int64_t *bst, const ab__cast_op *op, bool *streamed) {
   if (ndim < 2 || (op->affine && op->channel_dim >= 0)) return false;
 #ifdef HAVE_X86
-  const bool f16 = c->to == K_F16 && use_f16c();
+  const bool f16c = (c->to == K_F16 || c->from == K_F16) && use_f16c(); /* float16 on either side: F16C's loop */
 #else
-  const bool f16 = false;
+  const bool f16c = false;
 #endif
+  const bool f16 = c->to == K_F16 && f16c, from_f16 = c->from == K_F16 && f16c;
   const bool widen = (c->from == K_U8 || c->from == K_I8) && c->path == AB_ARITH_FLOAT32 &&
                      (c->to == K_F32 || f16 || c->to == K_BF16);
   const bool narrow = c->from == K_F32 && (f16 || c->to == K_BF16);
-#ifdef HAVE_X86
-  const bool from_f16 = c->from == K_F16 && use_f16c();
-#else
-  const bool from_f16 = false;
-#endif
   const bool widen16 = (c->from == K_U16 || c->from == K_I16 || from_f16 || c->from == K_BF16) && c->to == K_F32 &&
                        c->path == AB_ARITH_FLOAT32;
   const ab__widen16_from w16 = c->from == K_I16   ? AB_WIDEN16_I16
