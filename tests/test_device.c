@@ -187,7 +187,7 @@ Test(device, peer_access_is_itself_or_a_backend_answer) {
 
 /* cpu:0 names its model and vendor as /proc/cpuinfo's first processor
  * does (the vendor explains vendor-dependent host kernel choices, as the
- * blocks' prefetches; see docs/guide.md), and "" for a vendor it lacks. */
+ * blocks' prefetches; see docs/performance.md), and "" for a vendor it lacks. */
 Test(device, cpu_info_names_the_model_and_vendor) {
   char model[128], vendor[64];
   cpuinfo_value("model name", model, sizeof model);

@@ -374,7 +374,7 @@ typedef struct ab_convert_opts {
    * unless the first calls of its kind and size, timed on both numbers,
    * found the more 10% faster; the pick is the process's, timed again
    * every 1024th call, and made for the first value of this field that
-   * asked (calls with another value take 256 KiB a thread) (docs/guide.md,
+   * asked (calls with another value take 256 KiB a thread) (docs/performance.md,
    * "Threads"). The result is the same bytes either way. */
   uint32_t threads;
 } ab_convert_opts;
