@@ -393,6 +393,132 @@ Test(streaming, u8_tiles_gather_lanes_by_the_rule_or_forced_and_give_the_referen
   ab__env_reload();
 }
 
+/* uint8 transposes into output rows off cache lines through the plain
+ * tiles: with AVX-512 VBMI, planes of 128 KiB or more and two 64-byte
+ * tiles wide or more go in strips of 64 rows whose lines are cut from
+ * two tiles by byte permutes (gather.c, strip_u8_shifted), others (and
+ * every plane below VBMI) in 16 x 64 tiles. One draw: an output of rows x
+ * cols at `at` bytes into a line, rows pitch bytes apart (pitch not a
+ * multiple of 64, or `at` not 0, so rows are off lines; some rows may
+ * still start on one), from a source whose rows are spitch bytes apart;
+ * against element-by-element copies, the bytes around the output left
+ * alone. Returns the strips the shifted tiles took. */
+static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, size_t at, int64_t spitch, uint32_t seed,
+                                  const char *what) {
+  const size_t bytes = (size_t)(cols * spitch), out_bytes = (size_t)(rows * pitch) + 64;
+  char *src = NULL, *buf = NULL;
+  cr_assert_eq(posix_memalign((void **)&src, 64, bytes), 0);
+  cr_assert_eq(posix_memalign((void **)&buf, 64, out_bytes + 64), 0);
+  fill_pattern(src, bytes, seed);
+  memset(buf, 0x5a, out_bytes + 64);
+  char *const out = buf + at;
+  const int64_t shape[2] = {rows, cols}, st[2] = {1, spitch}, out_st[2] = {pitch, 1};
+  const unsigned long before = ab__host_u8_shifted_strips();
+  ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
+  const unsigned long strips = ab__host_u8_shifted_strips() - before;
+  for (size_t i = 0; i < at; i++) cr_assert_eq(buf[i], 0x5a, "%s: byte %zu before the output written", what, i);
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t j = 0; j < cols; j++)
+      if (out[i * pitch + j] != src[j * spitch + i])
+        cr_assert_fail("%s (%lld x %lld, rows %lld apart, %zu into a line, source rows %lld apart): (%lld, %lld) differs",
+                       what, (long long)rows, (long long)cols, (long long)pitch, at, (long long)spitch, (long long)i,
+                       (long long)j);
+    const int64_t end = i + 1 < rows ? pitch : pitch + 64;
+    for (int64_t j = cols; j < end; j++)
+      cr_assert_eq(out[i * pitch + j], 0x5a, "%s: row %lld's byte %lld past its end written", what, (long long)i,
+                   (long long)j);
+  }
+  free(src);
+  free(buf);
+  return strips;
+}
+
+/* Whether the plain tiles give a rows x cols uint8 output off lines to the
+ * shifted tiles, by their stated terms. */
+static bool shifted_terms(int64_t rows, int64_t cols, bool vbmi) {
+  return vbmi && rows >= 64 && cols >= 128 && rows * cols >= (128 << 10);
+}
+
+Test(streaming, u8_tiles_into_rows_off_lines_cut_whole_lines_and_give_the_reference_bytes) {
+  static const struct { int64_t rows, cols, pitch; size_t at; int64_t spitch; } cases[] = {
+    {1000, 1000, 1000, 0, 1000}, /* rows 1000 bytes apart: every 8th on a line */
+    {1920, 1080, 1080, 0, 1920}, /* 1080 apart, 16 whole tiles a strip */
+    {512, 512, 512, 8, 512},     /* on lines but for the output's start: every row 56 bytes short of one */
+    {333, 700, 736, 0, 333},     /* 13 rows past the last whole strip, 60 columns past the last whole tile */
+    {256, 512, 544, 63, 300},    /* rows 32 bytes off lines every other, from 63 bytes into one */
+    {64, 2048, 2049, 1, 64},     /* one strip */
+    {300, 300, 301, 0, 300},     /* 88 KiB: below the plane bound */
+    {1024, 100, 100, 0, 1024},   /* one whole tile a strip: below two */
+  };
+  unsetenv("AB_HOST_STREAMING");
+  static const char *const tiles[] = {"auto", "avx512"};
+  static const char *const lanes[] = {"1", "0"};
+  for (int t = 0; t < 2; t++)
+    for (int l = 0; l < 2; l++) {
+      setenv("AB_HOST_TILES", tiles[t], 1);
+      setenv("AB_HOST_U8_LANES", lanes[l], 1);
+      ab__env_reload();
+      const bool vbmi = ab__host_tiles_level() == AB_TILES_AVX512VBMI;
+      char what[96];
+      for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(what, sizeof what, "case %zu, tiles %s, lanes %s", k, tiles[t], lanes[l]);
+        const unsigned long strips = shifted_draw(cases[k].rows, cases[k].cols, cases[k].pitch, cases[k].at,
+                                                  cases[k].spitch, 90 + (uint32_t)k, what);
+        const bool shifted = shifted_terms(cases[k].rows, cases[k].cols, vbmi);
+        cr_assert_eq(strips, shifted ? (unsigned long)(cases[k].rows / 64) : 0ul, "%s: %lu strips", what, strips);
+      }
+      /* random shapes, pitches and offsets */
+      uint32_t seed = 0x5eed + 17u * (uint32_t)(2 * t + l);
+      unsigned long took = 0;
+      for (int d = 0; d < 40; d++) {
+        seed = seed * 1103515245u + 12345u;
+        const int64_t rows = 64 + (int64_t)(seed >> 8) % 700;
+        seed = seed * 1103515245u + 12345u;
+        const int64_t cols = 64 + (int64_t)(seed >> 8) % 700;
+        seed = seed * 1103515245u + 12345u;
+        const int64_t pitch = cols + 1 + (int64_t)(seed >> 8) % 80;
+        const size_t at = (seed >> 20) % 64;
+        seed = seed * 1103515245u + 12345u;
+        const int64_t spitch = rows + ((seed >> 8) % 3 == 0 ? (int64_t)((seed >> 12) % 90) : 0);
+        if (pitch % 64 == 0 && at == 0) continue; /* on lines: not these tiles' case */
+        snprintf(what, sizeof what, "draw %d, tiles %s, lanes %s", d, tiles[t], lanes[l]);
+        const unsigned long strips = shifted_draw(rows, cols, pitch, at, spitch, seed, what);
+        cr_assert_eq(strips, shifted_terms(rows, cols, vbmi) ? (unsigned long)(rows / 64) : 0ul, "%s: %lu strips", what,
+                     strips);
+        took += strips;
+      }
+      if (vbmi) cr_assert_gt(took, 0ul, "tiles %s, lanes %s: no draw took the shifted tiles", tiles[t], lanes[l]);
+    }
+  /* through ab_convert_memory on two threads, each band of a plane cut
+   * between them taking the shifted tiles on its own */
+  setenv("AB_HOST_TILES", "auto", 1);
+  setenv("AB_PARALLEL_MIN", "64KiB", 1);
+  unsetenv("AB_HOST_U8_LANES");
+  ab__env_reload();
+  const int64_t n = 1000, m = 900; /* the source: n rows of m; the result: m rows of n, 1000 bytes apart */
+  uint8_t *src = malloc((size_t)(n * m));
+  cr_assert_not_null(src);
+  fill_pattern(src, (size_t)(n * m), 99);
+  int64_t shape[2] = {m, n}, strides[2] = {1, m};
+  DLTensor t = {src, {kDLCPU, 0}, 2, {kDLUInt, 8, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 2;
+  DLManagedTensorVersioned *r = NULL;
+  const unsigned long before = ab__host_u8_shifted_strips();
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  const uint8_t *q = r->dl_tensor.data;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++)
+      if (q[i * n + j] != src[j * m + i]) cr_assert_fail("two threads: (%lld, %lld) differs", (long long)i, (long long)j);
+  if (ab__host_tiles_level() == AB_TILES_AVX512VBMI)
+    cr_assert_geq(ab__host_u8_shifted_strips() - before, (unsigned long)(m / 64 - 1), "two threads: strips");
+  r->deleter(r);
+  free(src);
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+}
+
 Test(streaming, forced_on_gives_the_reference_bytes) {
   setenv("AB_HOST_STREAMING", "1", 1);
   transposes_match();

@@ -390,6 +390,75 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
     for (int k = 0; k < 16; k++) _mm512_storeu_si512((void *)(d + (16 * c + k) * dsa), h[k]);
   }
 }
+/* ---- uint8 tiles into destination rows off lines (AVX-512 VBMI) ----
+ * Where uint8 destination rows do not start on lines, tile_u8_avx512 has
+ * tr16x64_8 write 16 bytes into each of 64 rows, most of them across two
+ * lines. strip_u8_shifted instead walks a strip of 64 destination rows
+ * left to right in 64 x 64 tiles (either kind above, by u8_lanes, into an
+ * L1 scratch; the other half of the scratch keeps the tile before), and
+ * cuts each row's next whole line from its two tiles' rows by one byte
+ * permute, stored on its line; each row's first partial line and its
+ * last are masked stores. Planes (or a thread's bands) of SHIFTED_MIN
+ * bytes or more, two tiles wide or more, take it (tile_u8_shifted).
+ * Intel Xeon (AMX) VM, one thread, of one-thread memcpy, a harness, three
+ * alternated rounds against tr16x64_8 (AB_HOST_TILES=avx512): 1000^2
+ * 0.38-0.45x -> 0.49-0.58x, a 1080 x 1920 array (output rows 1080 bytes
+ * apart) 0.49-0.51x -> 0.56-0.58x, 1500^2 0.38-0.48x -> 0.48-0.66x, 2000^2
+ * 0.48-0.51x -> 0.55-0.61x, 700 x 900 0.27-0.34x -> 0.33-0.45x, 520^2
+ * 0.29-0.30x -> 0.32-0.33x, 400^2 even; bench_host's 1080 x 1920 uint8
+ * row 0.49-0.51x -> 0.59-0.61x. Before SHIFTED_MIN, 300^2 and 200 x 300
+ * lost 11-14%. Taking each tile's rows straight from registers, with no
+ * scratch, lost to tr16x64_8 (1080 x 1920 0.33-0.45x, where tr16x64_8 ran
+ * 0.49-0.73x in the same rounds). The
+ * same walk with uint16's 32 x 32 tile lost to the SSE2 and 16 x 32 tiles
+ * (1000^2 0.77x -> 0.55x), so uint16 keeps them
+ * (bench/results/2026-12-02-u8-rows-off-lines.md). */
+#define SHIFTED_MIN ((int64_t)128 << 10)
+#define IOTA_64                                                                                    \
+  _mm512_set_epi64(0x3f3e3d3c3b3a3938, 0x3736353433323130, 0x2f2e2d2c2b2a2928, 0x2726252423222120, \
+                   0x1f1e1d1c1b1a1918, 0x1716151413121110, 0x0f0e0d0c0b0a0908, 0x0706050403020100)
+/* 64 destination rows dsa bytes apart from d (off lines), their first
+ * nb / 64 * 64 columns, from source rows sb bytes apart. A row's h bytes
+ * up to its first line go first; after tile j, the line made of the last
+ * 64 - h bytes of the row's piece of tile j - 1 and the first h of tile
+ * j's; after the last tile, the last 64 - h bytes of its piece (all 64
+ * where h is 0: those rows are on lines, and every line is a piece). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void strip_u8_shifted(char *d, int64_t dsa,
+                                                                                         const char *s, int64_t sb,
+                                                                                         int64_t nb, bool lanes) {
+  _Alignas(64) char scr[2][64 * LINE]; /* tile j's rows in scr[j & 1] */
+  _Alignas(64) uint8_t idx[64][LINE];  /* row k's permute: bytes h .. h + 63 of two pieces side by side */
+  uint8_t h[64];
+  const __m512i iota = IOTA_64;
+  for (int k = 0; k < 64; k++) {
+    h[k] = (uint8_t)(-(uintptr_t)(d + k * dsa) & (LINE - 1));
+    _mm512_store_si512((void *)idx[k], _mm512_add_epi8(iota, _mm512_set1_epi8((char)h[k])));
+  }
+  const int64_t tiles = nb / 64;
+  for (int64_t j = 0; j < tiles; j++) {
+    char *const cur = scr[j & 1], *const prev = scr[(j + 1) & 1];
+    (lanes ? tr64x64_8_lanes : tr64x64_8)(cur, LINE, s + j * 64 * sb, sb);
+    for (int k = 0; k < 64; k++) {
+      char *const row = d + k * dsa;
+      const __m512i piece = _mm512_load_si512((const void *)(cur + k * LINE));
+      if (j == 0) {
+        if (h[k]) _mm512_mask_storeu_epi8(row, ((__mmask64)1 << h[k]) - 1, piece);
+        continue;
+      }
+      const __m512i before = _mm512_load_si512((const void *)(prev + k * LINE));
+      _mm512_store_si512((void *)(row + h[k] + LINE * (j - 1)),
+                         _mm512_permutex2var_epi8(before, _mm512_load_si512((const void *)idx[k]), piece));
+    }
+  }
+  const char *const last = scr[(tiles - 1) & 1];
+  for (int k = 0; k < 64; k++) {
+    const __m512i rest = _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(last + k * LINE)),
+                                                  _mm512_load_si512((const void *)idx[k]), _mm512_setzero_si512());
+    const __mmask64 m = h[k] ? ((__mmask64)1 << (LINE - h[k])) - 1 : ~(__mmask64)0;
+    _mm512_mask_storeu_epi8(d + k * dsa + h[k] + LINE * (tiles - 1), m, rest);
+  }
+}
+#undef IOTA_64
 static bool u8_lanes(int64_t sb);
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
  * start on lines (tr64x64_8_lanes where `lanes`: u8_lanes' answer for
@@ -1827,6 +1896,27 @@ static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na,
 }
 #endif
 
+static atomic_ulong shifted_strips;
+unsigned long ab__host_u8_shifted_strips(void) { return atomic_load_explicit(&shifted_strips, memory_order_relaxed); }
+
+#ifdef HAVE_X86_KERNELS
+/* The plain tiles of a uint8 plane whose destination rows are off lines,
+ * with VBMI: strips of 64 rows (strip_u8_shifted); the columns past a
+ * strip's last whole tile, and the rows past the last whole strip, as
+ * tile_any. */
+static void tile_u8_shifted(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
+  const bool lanes = u8_lanes(sb);
+  const int64_t cols = nb / 64 * 64;
+  int64_t a = 0;
+  for (; a + 64 <= na; a += 64) {
+    strip_u8_shifted(d + a * dsa, dsa, s + a, sb, nb, lanes);
+    if (cols < nb) tile_any(d + a * dsa + cols, dsa, s + a + cols * sb, sb, 64, nb - cols, 1, false);
+  }
+  if (a < na) tile_any(d + a * dsa, dsa, s + a, sb, na - a, nb, 1, false);
+  atomic_fetch_add_explicit(&shifted_strips, (unsigned long)(na / 64), memory_order_relaxed);
+}
+#endif
+
 static void visit_transpose(void *ctx, char *d, const char *s) {
   const struct transpose_ctx *c = ctx;
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
@@ -1894,6 +1984,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
   const bool lanes = avx512 && out_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
   const bool wide_2 = avx512 && !out_lines && es == 2 && wide_off_lines(sb);
+  if (es == 1 && !out_lines && na >= 64 && nb >= 128 && na * nb >= SHIFTED_MIN && tiles_level() >= TILES_AVX512VBMI) {
+    tile_u8_shifted(d, dsa, s, sb, na, nb);
+    return;
+  }
 #else
   const bool lanes = false;
 #endif

@@ -212,6 +212,10 @@ bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t s
 /* How many planes (or bands of planes) ab__host_widen_8 and
  * ab__host_narrow_f32_16 have done in this process. For tests. */
 unsigned long ab__host_one_pass_planes(void);
+/* How many strips of 64 destination rows the plain tiles have written
+ * through the uint8 tiles for destination rows off cache lines (AVX-512
+ * VBMI; gather.c, strip_u8_shifted) in this process. For tests. */
+unsigned long ab__host_u8_shifted_strips(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
 bool ab__host_runs_in_pages(const void *s, int64_t sb, size_t n);
