@@ -187,8 +187,9 @@ static void job_memcpy_threads(void *p) {
  * MiB); the next three have outputs of 2-4 MiB, past the L2 of most
  * cores and within the last-level cache; then a 1024^2 uint8 image and
  * 512^2 float64 (1 and 2 MiB, rows a power of two apart), about an L2's
- * size, and a uint16 frame the other way round (output rows of 3840
- * bytes, on lines, where 1080 x 1920's are not). */
+ * size, a uint16 frame the other way round (output rows of 3840
+ * bytes, on lines, where 1080 x 1920's are not), and a uint8 frame whose
+ * output rows (1080 bytes) are off lines. */
 static void bench_transposes(int quick) {
   static const struct { int64_t batch, n, m; DLDataType d; const char *name; } cases[] = {
     {1, 4000, 0, {kDLFloat, 32, 1}, "f32"},  {1, 4096, 0, {kDLFloat, 32, 1}, "f32"},
@@ -200,6 +201,7 @@ static void bench_transposes(int quick) {
     {1, 1536, 0, {kDLUInt, 8, 1}, "u8"},     {1, 1080, 1920, {kDLUInt, 16, 1}, "u16"},
     {1, 1000, 0, {kDLFloat, 32, 1}, "f32"},  {1, 1024, 0, {kDLUInt, 8, 1}, "u8"},
     {1, 512, 0, {kDLFloat, 64, 1}, "f64"},   {1, 1920, 1080, {kDLUInt, 16, 1}, "u16"},
+    {1, 1080, 1920, {kDLUInt, 8, 1}, "u8"},
   };
   const int all = ab__num_threads();
   printf("\n%-30s %10s %10s %12s %12s %12s %12s\n", "transpose (ab_convert_memory)", "1 thr GB/s", "all GB/s",
