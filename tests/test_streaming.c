@@ -402,9 +402,10 @@ Test(streaming, u8_tiles_gather_lanes_by_the_rule_or_forced_and_give_the_referen
  * multiple of 64, or `at` not 0, so rows are off lines; some rows may
  * still start on one), from a source whose rows are spitch bytes apart;
  * against element-by-element copies, the bytes around the output left
- * alone. Returns the strips the shifted tiles took. */
+ * alone; where `back`, the same bytes through negative pitches (both
+ * walked from their last row). Returns the strips the shifted tiles took. */
 static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, size_t at, int64_t spitch, uint32_t seed,
-                                  const char *what) {
+                                  const char *what, bool back) {
   const size_t bytes = (size_t)(cols * spitch), out_bytes = (size_t)(rows * pitch) + 64;
   char *src = NULL, *buf = NULL;
   cr_assert_eq(posix_memalign((void **)&src, 64, bytes), 0);
@@ -412,9 +413,27 @@ static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, siz
   fill_pattern(src, bytes, seed);
   memset(buf, 0x5a, out_bytes + 64);
   char *const out = buf + at;
-  const int64_t shape[2] = {rows, cols}, st[2] = {1, spitch}, out_st[2] = {pitch, 1};
+  const int64_t shape[2] = {rows, cols};
   const unsigned long before = ab__host_u8_shifted_strips();
-  ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
+  if (back) { /* both walked from their last row, pitches negative: the same bytes in the same places */
+    const int64_t st[2] = {1, -spitch}, out_st[2] = {-pitch, 1};
+    char *flipped = malloc(bytes);
+    cr_assert_not_null(flipped);
+    for (int64_t j = 0; j < cols; j++) memcpy(flipped + (cols - 1 - j) * spitch, src + j * spitch, (size_t)spitch);
+    ab__host_gather_into(out + (rows - 1) * pitch, out_st, flipped + (cols - 1) * spitch, 2, shape, st, 1, 0);
+    free(flipped);
+    /* the output's rows came out last first: put them back in order for the check */
+    for (int64_t i = 0; i < rows / 2; i++) {
+      char tmp[4096];
+      cr_assert_leq(cols, (int64_t)sizeof tmp);
+      memcpy(tmp, out + i * pitch, (size_t)cols);
+      memcpy(out + i * pitch, out + (rows - 1 - i) * pitch, (size_t)cols);
+      memcpy(out + (rows - 1 - i) * pitch, tmp, (size_t)cols);
+    }
+  } else {
+    const int64_t st[2] = {1, spitch}, out_st[2] = {pitch, 1};
+    ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
+  }
   const unsigned long strips = ab__host_u8_shifted_strips() - before;
   for (size_t i = 0; i < at; i++) cr_assert_eq(buf[i], 0x5a, "%s: byte %zu before the output written", what, i);
   for (int64_t i = 0; i < rows; i++) {
@@ -448,7 +467,8 @@ Test(streaming, u8_tiles_into_rows_off_lines_cut_whole_lines_and_give_the_refere
     {256, 512, 544, 63, 300},    /* rows 32 bytes off lines every other, from 63 bytes into one */
     {64, 2048, 2049, 1, 64},     /* one strip */
     {300, 300, 301, 0, 300},     /* 88 KiB: below the plane bound */
-    {1024, 100, 100, 0, 1024},   /* one whole tile a strip: below two */
+    {1400, 100, 100, 0, 1400},   /* 137 KiB, but one whole tile a strip: below two */
+    {1100, 150, 151, 0, 1100},   /* two whole tiles a strip and 22 columns */
   };
   unsetenv("AB_HOST_STREAMING");
   static const char *const tiles[] = {"auto", "avx512"};
@@ -460,13 +480,14 @@ Test(streaming, u8_tiles_into_rows_off_lines_cut_whole_lines_and_give_the_refere
       ab__env_reload();
       const bool vbmi = ab__host_tiles_level() == AB_TILES_AVX512VBMI;
       char what[96];
-      for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        snprintf(what, sizeof what, "case %zu, tiles %s, lanes %s", k, tiles[t], lanes[l]);
-        const unsigned long strips = shifted_draw(cases[k].rows, cases[k].cols, cases[k].pitch, cases[k].at,
-                                                  cases[k].spitch, 90 + (uint32_t)k, what);
-        const bool shifted = shifted_terms(cases[k].rows, cases[k].cols, vbmi);
-        cr_assert_eq(strips, shifted ? (unsigned long)(cases[k].rows / 64) : 0ul, "%s: %lu strips", what, strips);
-      }
+      for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int back = 0; back < 2; back++) {
+          snprintf(what, sizeof what, "case %zu%s, tiles %s, lanes %s", k, back ? " backwards" : "", tiles[t], lanes[l]);
+          const unsigned long strips = shifted_draw(cases[k].rows, cases[k].cols, cases[k].pitch, cases[k].at,
+                                                    cases[k].spitch, 90 + (uint32_t)k, what, back);
+          const bool shifted = shifted_terms(cases[k].rows, cases[k].cols, vbmi);
+          cr_assert_eq(strips, shifted ? (unsigned long)(cases[k].rows / 64) : 0ul, "%s: %lu strips", what, strips);
+        }
       /* random shapes, pitches and offsets */
       uint32_t seed = 0x5eed + 17u * (uint32_t)(2 * t + l);
       unsigned long took = 0;
@@ -481,16 +502,17 @@ Test(streaming, u8_tiles_into_rows_off_lines_cut_whole_lines_and_give_the_refere
         seed = seed * 1103515245u + 12345u;
         const int64_t spitch = rows + ((seed >> 8) % 3 == 0 ? (int64_t)((seed >> 12) % 90) : 0);
         if (pitch % 64 == 0 && at == 0) continue; /* on lines: not these tiles' case */
-        snprintf(what, sizeof what, "draw %d, tiles %s, lanes %s", d, tiles[t], lanes[l]);
-        const unsigned long strips = shifted_draw(rows, cols, pitch, at, spitch, seed, what);
+        const bool back = (seed >> 5) & 1;
+        snprintf(what, sizeof what, "draw %d%s, tiles %s, lanes %s", d, back ? " backwards" : "", tiles[t], lanes[l]);
+        const unsigned long strips = shifted_draw(rows, cols, pitch, at, spitch, seed, what, back);
         cr_assert_eq(strips, shifted_terms(rows, cols, vbmi) ? (unsigned long)(rows / 64) : 0ul, "%s: %lu strips", what,
                      strips);
         took += strips;
       }
       if (vbmi) cr_assert_gt(took, 0ul, "tiles %s, lanes %s: no draw took the shifted tiles", tiles[t], lanes[l]);
     }
-  /* through ab_convert_memory on two threads, each band of a plane cut
-   * between them taking the shifted tiles on its own */
+  /* through ab_convert_memory on two threads (where the library cuts the
+   * plane, each band meeting the terms takes the shifted tiles itself) */
   setenv("AB_HOST_TILES", "auto", 1);
   setenv("AB_PARALLEL_MIN", "64KiB", 1);
   unsetenv("AB_HOST_U8_LANES");

@@ -398,8 +398,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
  * L1 scratch; the other half of the scratch keeps the tile before), and
  * cuts each row's next whole line from its two tiles' rows by one byte
  * permute, stored on its line; each row's first partial line and its
- * last are masked stores. Planes (or a thread's bands) of SHIFTED_MIN
- * bytes or more, two tiles wide or more, take it (tile_u8_shifted).
+ * last are masked stores. In the plain tiles only, planes (or a thread's
+ * bands) of SHIFTED_MIN bytes or more, 64 rows and two tiles wide or
+ * more, take it (tile_u8_shifted).
  * Intel Xeon (AMX) VM, one thread, of one-thread memcpy, a harness, three
  * alternated rounds against tr16x64_8 (AB_HOST_TILES=avx512): 1000^2
  * 0.38-0.45x -> 0.49-0.58x, a 1080 x 1920 array (output rows 1080 bytes
@@ -418,7 +419,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
   _mm512_set_epi64(0x3f3e3d3c3b3a3938, 0x3736353433323130, 0x2f2e2d2c2b2a2928, 0x2726252423222120, \
                    0x1f1e1d1c1b1a1918, 0x1716151413121110, 0x0f0e0d0c0b0a0908, 0x0706050403020100)
 /* 64 destination rows dsa bytes apart from d (off lines), their first
- * nb / 64 * 64 columns, from source rows sb bytes apart. A row's h bytes
+ * nb / 64 * 64 columns (nb >= 64), from source rows sb bytes apart. A row's h bytes
  * up to its first line go first; after tile j, the line made of the last
  * 64 - h bytes of the row's piece of tile j - 1 and the first h of tile
  * j's; after the last tile, the last 64 - h bytes of its piece (all 64
@@ -848,7 +849,8 @@ static void tile_wide(char *d, int64_t dsa, const char *s, int64_t sb, int64_t n
  * plain tiles where output rows start on lines; streamed lines joined and
  * written 64 bytes at a time) or AVX-512 with VBMI (as AVX-512, and the
  * uint8 pixels-to-planes kernel, and the strip-layout blocks' rows off
- * lines cut by byte permutes, stream_seg_vbmi); the L1 tiles' 2- and
+ * lines cut by byte permutes, stream_seg_vbmi, and the plain tiles'
+ * uint8 rows off lines cut the same way, strip_u8_shifted); the L1 tiles' 2- and
  * 8-byte kernels, and the plain tiles' on the whole-line tiles' ragged
  * edges and where output rows are off lines (but uint16's where
  * wide_off_lines says: the 16 x 32 AVX-512 tile), are SSE2. The pixel and plane loops
