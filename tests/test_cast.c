@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "converters/host/gather.h" /* ab__host_llc_bytes, ab__host_ran_count */
 #include "support.h"
 
 #define CL0 ((DLDevice){kDLOpenCL, 0})
@@ -1230,7 +1231,29 @@ static void every_pair_matches(bool plain) {
   }
 }
 
-Test(cast, every_pair_with_an_affine_map_matches_the_reference) { every_pair_matches(false); }
+/* Which builds of the contiguous loops fn's casts took. */
+static void loops_ran(void (*fn)(bool), bool plain, const char *what, bool base, bool avx2, bool avx512) {
+  const unsigned long b0 = ab__host_ran_count(AB_RAN_CAST_BASE), a20 = ab__host_ran_count(AB_RAN_CAST_AVX2),
+                      a50 = ab__host_ran_count(AB_RAN_CAST_AVX512);
+  fn(plain);
+  const unsigned long b = ab__host_ran_count(AB_RAN_CAST_BASE) - b0, a2 = ab__host_ran_count(AB_RAN_CAST_AVX2) - a20,
+                      a5 = ab__host_ran_count(AB_RAN_CAST_AVX512) - a50;
+  cr_assert(base == (b > 0) && avx2 == (a2 > 0) && avx512 == (a5 > 0),
+            "%s: the baseline loops ran %lu times, AVX2's %lu, AVX-512's %lu", what, b, a2, a5);
+}
+/* The widest build this CPU runs: AVX-512 (with VL), AVX2 or the baseline. */
+static int widest_loops(void) {
+#if defined(__x86_64__)
+  if (ab__host_tiles_level() >= AB_TILES_AVX512 && __builtin_cpu_supports("avx512vl")) return 2;
+  if (ab__host_tiles_level() >= AB_TILES_AVX2) return 1;
+#endif
+  return 0;
+}
+
+Test(cast, every_pair_with_an_affine_map_matches_the_reference) {
+  const int w = widest_loops(); /* AB_HOST_TILES unset: the widest */
+  loops_ran(every_pair_matches, false, "the widest loops", w == 0, w == 1, w == 2);
+}
 
 /* Rows of every length up to two vectors and around the float16 loops'
  * 512-element blocks, of each kind's edge values picked at random (so the
@@ -1369,12 +1392,14 @@ Test(cast, half_nans_become_the_default_nan_of_their_sign_on_every_path) {
  * AB_HOST_TILES caps which runs (the tests above run the widest). */
 Test(cast, every_pair_in_baseline_loops_matches_the_reference) {
   setenv("AB_HOST_TILES", "sse2", 1);
-  every_pair_matches(true);
+  loops_ran(every_pair_matches, true, "AB_HOST_TILES=sse2", true, false, false);
 }
 
 Test(cast, every_pair_in_avx2_loops_matches_the_reference) {
   setenv("AB_HOST_TILES", "avx2", 1);
-  every_pair_matches(true);
+  const int w = widest_loops();
+  if (w == 0) cr_log_warn("this CPU has no AVX2: the baseline loops ran");
+  loops_ran(every_pair_matches, true, "AB_HOST_TILES=avx2", w == 0, w >= 1, false);
 }
 
 /* ---- 4. permutations of strided sources ------------------------------------------- */
@@ -1943,10 +1968,19 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   while (n < N) bits[n++] = (uint32_t)rng_next(&g);
   setenv("AB_HOST_F16C", "1", 1);
   ab__env_reload();
+  const unsigned long f16c = ab__host_ran_count(AB_RAN_CAST_F16C);
   f32_bits_to_f16(bits, n, a);
+#if defined(__x86_64__)
+  const bool has_f16c = __builtin_cpu_supports("f16c");
+#else
+  const bool has_f16c = false;
+#endif
+  cr_assert_eq(ab__host_ran_count(AB_RAN_CAST_F16C) > f16c, has_f16c, "F16C's loop ran where the CPU has it");
   setenv("AB_HOST_F16C", "0", 1);
   ab__env_reload();
+  const unsigned long f16c_off = ab__host_ran_count(AB_RAN_CAST_F16C);
   f32_bits_to_f16(bits, n, b);
+  cr_assert_eq(ab__host_ran_count(AB_RAN_CAST_F16C), f16c_off, "F16C's loop ran with AB_HOST_F16C=0");
   for (int64_t i = 0; i < n; i++)
     cr_assert_eq(a[i], b[i], "float32 0x%08x: 0x%04x with F16C, 0x%04x without", bits[i], a[i], b[i]);
   /* NaNs stay quiet with the top of their payload (IEEE 754, NumPy), both ways */
@@ -1978,7 +2012,6 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
  * lengths around the lines and the 8 KiB buffer, and the bytes around the
  * result untouched. */
 #include "converters/host/convert.h"
-#include "converters/host/gather.h" /* ab__host_llc_bytes */
 
 static void cast_streamed_or_not(const char *streaming, char *dst, const void *src, int32_t ndim, const int64_t *shape,
                                  const int64_t *st, const ab__cast_op *op) {

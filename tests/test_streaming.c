@@ -335,7 +335,11 @@ static void u8_lane_cases_match(void) {
     fill_pattern(src, bytes, 70 + (uint32_t)k);
     memset(out, 0x5a, out_bytes + 64);
     const int64_t shape[2] = {rows, cols}, st[2] = {1, rows}, out_st[2] = {pitch, 1};
+    const unsigned long lanes = ab__host_ran_count(AB_RAN_U8_LANES);
     ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
+    if (!cases[k].streamed) /* the plain tiles took the gathering tile where the rule or the variable says */
+      cr_assert_eq(ab__host_ran_count(AB_RAN_U8_LANES) > lanes,
+                   ab__host_tiles_level() >= AB_TILES_AVX512 && ab__host_u8_lanes(rows) != 0, "case %zu: lanes", k);
     for (int64_t i = 0; i < rows; i++) {
       for (int64_t j = 0; j < cols; j++)
         cr_assert_eq(((char *)out)[i * pitch + j], ((char *)src)[j * rows + i], "case %zu (%s): (%lld, %lld) differs", k,
@@ -758,23 +762,34 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
     {2, 2049, 1100, 0, 0, 16},   /* one block a column past a page; output off lines */
     {2, 5000, 520, 0, 0, 0},     /* three blocks; output rows of 1040 bytes, on lines every 4th */
   };
-  static const char *const ways[] = {"1", "0"};
-  for (int w = 0; w < 2; w++) {
-    setenv("AB_HOST_WIDE_BLOCKS", ways[w], 1);
-    ab__env_reload();
-    char what[64];
-    snprintf(what, sizeof what, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
-    cr_assert_eq(ab__host_wide_blocks(1), w == 0 && avx512, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
-    cr_assert_eq(ab__host_wide_blocks(2), w == 0 && avx512 && intel, "AB_HOST_WIDE_BLOCKS=%s", ways[w]);
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-      for (int regime = 0; regime < 2; regime++) {
-        transpose_checked(cases[k].es, cases[k].rows, cases[k].cols, cases[k].pitch ? cases[k].pitch : cases[k].rows,
-                          cases[k].at, cases[k].out_at, 90 + (uint32_t)k, regime, what, k);
-      }
-  }
+  /* each way, and each vendor's kernels (uint16 blocks take strips only
+   * as Intel's), whatever this CPU's vendor and L2 */
+  static const char *const ways[] = {"1", "0"}, *const vendors[] = {"intel", "other"};
+  for (int v = 0; v < 2; v++)
+    for (int w = 0; w < 2; w++) {
+      setenv("AB_HOST_VENDOR", vendors[v], 1);
+      setenv("AB_HOST_WIDE_BLOCKS", ways[w], 1);
+      ab__env_reload();
+      const bool as_intel = v == 0 && strcmp(ab__host_tiles(), "portable") != 0;
+      char what[64];
+      snprintf(what, sizeof what, "AB_HOST_WIDE_BLOCKS=%s, AB_HOST_VENDOR=%s", ways[w], vendors[v]);
+      cr_assert_eq(ab__host_wide_blocks(1), w == 0 && avx512, "%s", what);
+      cr_assert_eq(ab__host_wide_blocks(2), w == 0 && avx512 && as_intel, "%s", what);
+      const unsigned long wide = ab__host_ran_count(AB_RAN_WIDE_BLOCKS);
+      for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int regime = 0; regime < 2; regime++) {
+          transpose_checked(cases[k].es, cases[k].rows, cases[k].cols, cases[k].pitch ? cases[k].pitch : cases[k].rows,
+                            cases[k].at, cases[k].out_at, 90 + (uint32_t)k, regime, what, k);
+        }
+      /* the uint8 cases took wide blocks where forced with AVX-512, and none took them elsewhere */
+      const unsigned long walks = ab__host_ran_count(AB_RAN_WIDE_BLOCKS) - wide;
+      cr_assert_eq(walks > 0, w == 0 && avx512, "%s: %lu walks of wide blocks", what, walks);
+    }
+  unsetenv("AB_HOST_VENDOR");
   setenv("AB_HOST_WIDE_BLOCKS", "sometimes", 1); /* not a value: the rule's answer */
   ab__env_reload();
   cr_assert_eq(ab__host_wide_blocks(1), avx512 && large_l2);
+  cr_assert_eq(ab__host_wide_blocks(2), avx512 && intel && large_l2);
   unsetenv("AB_HOST_WIDE_BLOCKS");
   ab__env_reload();
 }
@@ -837,12 +852,20 @@ Test(streaming, one_and_two_block_buffers_give_the_reference_bytes) {
     for (size_t es = 1; es <= 16; es *= 2)
       cr_assert_eq(ab__host_block_buffers(es), x86 ? w + 1 : 0, "AB_HOST_BLOCK_BUFFERS=%s, %zu-byte elements", ways[w],
                    es);
+    const unsigned long one = ab__host_ran_count(AB_RAN_ONE_BUFFER), two = ab__host_ran_count(AB_RAN_TWO_BUFFERS);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
       for (int regime = 0; regime < 2; regime++) {
         const int mode = transpose_checked(cases[k].es, cases[k].rows, cases[k].cols, cases[k].rows, cases[k].at,
                                            cases[k].out_at, 120 + (uint32_t)k, regime, what, k);
         if (x86) cr_assert_eq(mode, 2, "case %zu, regime %d: not the blocks", k, regime);
       }
+    /* the blocks took the buffers the variable says, and only those */
+    const unsigned long ones = ab__host_ran_count(AB_RAN_ONE_BUFFER) - one,
+                        twos = ab__host_ran_count(AB_RAN_TWO_BUFFERS) - two;
+    if (x86) {
+      cr_assert(w == 0 ? ones > 0 && twos == 0 : ones == 0 && twos > 0, "%s: %lu walks with one buffer, %lu with two",
+                what, ones, twos);
+    }
   }
   setenv("AB_HOST_BLOCK_BUFFERS", "3", 1); /* not a value: the rule's answer */
   ab__env_reload();
@@ -1338,7 +1361,12 @@ static void tiles_match(const char *tiles, const char *streaming) {
   transposes_match();
   unaligned_destination_matches();
   padded_destination_matches();
+  const unsigned long vbmi_planes = ab__host_ran_count(AB_RAN_PLANES_U8_VBMI);
   pixels_and_planes_match();
+  /* uint8 pixels of 3 and 4 channels went to planes by VBMI where the set allows it, and only there */
+  cr_assert_eq(ab__host_ran_count(AB_RAN_PLANES_U8_VBMI) > vbmi_planes, ab__host_tiles_level() == AB_TILES_AVX512VBMI,
+               "tiles %s: uint8 pixels to planes by VBMI %lu times", ab__host_tiles(),
+               ab__host_ran_count(AB_RAN_PLANES_U8_VBMI) - vbmi_planes);
   memory_regime_matches();
 #if defined(__x86_64__)
   /* The CPU features each set needs, cumulative as tiles_level has them. */
@@ -1377,3 +1405,21 @@ Test(tiles, avx512_blocked) { tiles_match("avx512", "blocked"); }
 Test(tiles, avx512vbmi_plain) { tiles_match("avx512vbmi", "0"); }
 Test(tiles, avx512vbmi_streamed) { tiles_match("avx512vbmi", "1"); }
 Test(tiles, avx512vbmi_blocked) { tiles_match("avx512vbmi", "blocked"); }
+/* The blocks as the other vendor's (Intel's uint16 strips and uint8 one
+ * buffer, or the others' layouts), with and without VBMI, so that both
+ * vendors' kernels run whatever this CPU's vendor. */
+static void tiles_match_other_vendor(const char *tiles) {
+  unsetenv("AB_HOST_VENDOR");
+  ab__env_reload();
+  const char *other = strcmp(ab__host_vendor(), "intel") == 0 ? "other" : "intel";
+  setenv("AB_HOST_VENDOR", other, 1);
+  setenv("AB_HOST_TILES", tiles, 1);
+  setenv("AB_HOST_STREAMING", "blocked", 1);
+  ab__env_reload();
+  tiles_match(tiles, "blocked");
+  if (strcmp(ab__host_tiles(), "portable") != 0) cr_assert_str_eq(ab__host_vendor(), other);
+  unsetenv("AB_HOST_VENDOR");
+  ab__env_reload();
+}
+Test(tiles, avx512_blocked_other_vendor) { tiles_match_other_vendor("avx512"); }
+Test(tiles, avx512vbmi_blocked_other_vendor) { tiles_match_other_vendor("avx512vbmi"); }

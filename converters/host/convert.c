@@ -634,13 +634,16 @@ static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
   const int level = ab__host_tiles_level();
   if (level >= AB_TILES_AVX512 && __builtin_cpu_supports("avx512vl")) {
     const fast_row_fn f2i = f2i_avx512[src[from]][dst[to]];
+    ab__host_ran(AB_RAN_CAST_AVX512);
     return f2i != NULL ? f2i : fast_avx512[src[from]][dst[to]];
   }
   if (level >= AB_TILES_AVX2) {
     const fast_row_fn f2i = f2i_avx2[src[from]][dst[to]];
+    ab__host_ran(AB_RAN_CAST_AVX2);
     return f2i != NULL ? f2i : fast_avx2[src[from]][dst[to]];
   }
 #endif
+  ab__host_ran(AB_RAN_CAST_BASE);
   return fast_base[src[from]][dst[to]];
 }
 
@@ -723,7 +726,9 @@ static fast_row_fn fast_row(enum kind from, enum kind to) {
   if (from != K_F16 && to != K_F16) return fast_plain_row(from, to);
 #ifdef HAVE_X86
   if (!use_f16c()) return NULL;
-  return fast_plain_row(from == K_F16 ? K_F32 : from, to == K_F16 ? K_F32 : to);
+  const fast_row_fn f = fast_plain_row(from == K_F16 ? K_F32 : from, to == K_F16 ? K_F32 : to);
+  if (f != NULL) ab__host_ran(AB_RAN_CAST_F16C);
+  return f;
 #else
   return NULL;
 #endif

@@ -1740,6 +1740,8 @@ static void transpose_blocked(char *d, int64_t dsa, const char *s, int64_t sb, i
   const int level = tiles_level();
   const int strips = strip_layout(es, level);
   wide = wide && strips != 0; /* a buffer sized for wide blocks holds the others too */
+  if (wide) ab__host_ran(AB_RAN_WIDE_BLOCKS);
+  ab__host_ran(one ? AB_RAN_ONE_BUFFER : AB_RAN_TWO_BUFFERS);
   const int64_t bc = wide ? BLK_RUN_MAX / (int64_t)es : es <= 4 ? BLK_COLS : 2048 / (int64_t)es;
   const size_t region = STRIP_REGION(bc, 64 / (int64_t)es), half_bytes = blk_half(es, wide);
   /* Source rows read together: 16 where the block's micro-kernel is 16
@@ -1898,6 +1900,12 @@ static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na,
 }
 #endif
 
+static atomic_ulong ran_counts[AB_RAN_KINDS];
+void ab__host_ran(ab__host_choice k) { atomic_fetch_add_explicit(&ran_counts[k], 1, memory_order_relaxed); }
+unsigned long ab__host_ran_count(ab__host_choice k) {
+  return atomic_load_explicit(&ran_counts[k], memory_order_relaxed);
+}
+
 static atomic_ulong shifted_strips;
 unsigned long ab__host_u8_shifted_strips(void) { return atomic_load_explicit(&shifted_strips, memory_order_relaxed); }
 
@@ -1926,6 +1934,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #ifdef HAVE_X86_KERNELS
   if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512VBMI) {
     planes_u8_vbmi(d, dsa, s, nb, (int)na);
+    ab__host_ran(AB_RAN_PLANES_U8_VBMI);
     return;
   }
 #endif
@@ -1985,6 +1994,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
   const bool lanes = avx512 && out_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
+  if (lanes) ab__host_ran(AB_RAN_U8_LANES);
   const bool wide_2 = avx512 && !out_lines && es == 2 && wide_off_lines(sb);
   if (es == 1 && !out_lines && na >= 64 && nb >= 128 && na * nb >= SHIFTED_MIN && tiles_level() >= TILES_AVX512VBMI) {
     tile_u8_shifted(d, dsa, s, sb, na, nb);

@@ -212,6 +212,24 @@ bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t s
 /* How many planes (or bands of planes) ab__host_widen_8 and
  * ab__host_narrow_f32_16 have done in this process. For tests. */
 unsigned long ab__host_one_pass_planes(void);
+/* Kernel choices counted for the tests, so that a test forcing one can
+ * tell it ran (the bytes are the same whichever runs): each a
+ * process-wide count, bumped once per plane (or thread's band of one),
+ * block walk or cast call that takes the choice, never per tile or row. */
+typedef enum {
+  AB_RAN_PLANES_U8_VBMI, /* uint8 pixels of 3 or 4 channels to planes by VBMI (visit_transpose) */
+  AB_RAN_U8_LANES,       /* plain tiles of uint8 that gather their lanes (visit_transpose) */
+  AB_RAN_WIDE_BLOCKS,    /* wide strip-layout blocks (transpose_blocked) */
+  AB_RAN_ONE_BUFFER,     /* blocks through one buffer (transpose_blocked) */
+  AB_RAN_TWO_BUFFERS,    /* blocks through two halves of one */
+  AB_RAN_CAST_BASE,      /* the fast cast loops' baseline build (convert.c, fast_plain_row) */
+  AB_RAN_CAST_AVX2,      /* their AVX2 build */
+  AB_RAN_CAST_AVX512,    /* their AVX-512 build */
+  AB_RAN_CAST_F16C,      /* float16 on a side through F16C (convert.c, fast_row) */
+  AB_RAN_KINDS
+} ab__host_choice;
+void ab__host_ran(ab__host_choice k);
+unsigned long ab__host_ran_count(ab__host_choice k);
 /* How many strips of 64 destination rows the plain tiles have written
  * through the uint8 tiles for destination rows off cache lines (AVX-512
  * VBMI; gather.c, strip_u8_shifted) in this process. For tests. */
