@@ -1881,6 +1881,7 @@ struct transpose_ctx {
   bool wide;         /* blocked: the buffer holds wide blocks (blocks_wide) */
   int line_tiles;    /* plain: 1 or 0 forces line_tiles' answer (its trial), -1 asks it */
   bool one;          /* blocked: one buffer, not two halves (blocks_one_buffer) */
+  unsigned *ran;     /* plain: the choices its planes took (bits of ab__host_choice), or NULL */
 };
 
 #ifdef HAVE_X86_KERNELS
@@ -1934,7 +1935,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #ifdef HAVE_X86_KERNELS
   if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512VBMI) {
     planes_u8_vbmi(d, dsa, s, nb, (int)na);
-    ab__host_ran(AB_RAN_PLANES_U8_VBMI);
+    if (c->ran != NULL) *c->ran |= 1u << AB_RAN_PLANES_U8_VBMI;
     return;
   }
 #endif
@@ -1994,7 +1995,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
   const bool lanes = avx512 && out_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
-  if (lanes) ab__host_ran(AB_RAN_U8_LANES);
+  if (lanes && c->ran != NULL) *c->ran |= 1u << AB_RAN_U8_LANES;
   const bool wide_2 = avx512 && !out_lines && es == 2 && wide_off_lines(sb);
   if (es == 1 && !out_lines && na >= 64 && nb >= 128 && na * nb >= SHIFTED_MIN && tiles_level() >= TILES_AVX512VBMI) {
     tile_u8_shifted(d, dsa, s, sb, na, nb);
@@ -2266,7 +2267,7 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(s, (size_t)(R * spitch));
           evict(d, (size_t)(C * pitch));
         }
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines, one};
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines, one, NULL};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -2618,7 +2619,7 @@ static int line_trial(size_t es) {
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 4; rep++)
       for (int w = 0; w < 2; w++) {
-        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w, false};
+        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w, false, NULL};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         const double dt = ab__seconds() - t0;
@@ -2959,8 +2960,9 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
+    unsigned ran = 0;
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false,
-                              -1, false};
+                              -1, false, &ran};
 #ifdef HAVE_X86_KERNELS
     int mode = TR_PLAIN, arm = -1, picked = TR_PLAIN;
     struct stream_learner *learner = NULL;
@@ -3003,6 +3005,11 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
     (void)whole; /* the plain tiles only: no variant to pick */
 #endif
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
+    /* counted once for the call, not a plane at a time: bumped for each
+     * plane, a batch of small planes cut between threads ran 5-25% slower,
+     * the threads taking turns at the counts' line */
+    for (int k = 0; k < AB_RAN_KINDS; k++)
+      if (ran >> k & 1) ab__host_ran((ab__host_choice)k);
 #ifdef HAVE_X86_KERNELS
     if (c.carry != NULL) {
       _mm_sfence(); /* order the streaming stores before the caller's */

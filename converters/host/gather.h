@@ -213,9 +213,12 @@ bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t s
  * ab__host_narrow_f32_16 have done in this process. For tests. */
 unsigned long ab__host_one_pass_planes(void);
 /* Kernel choices counted for the tests, so that a test forcing one can
- * tell it ran (the bytes are the same whichever runs): each a
- * process-wide count, bumped once per plane (or thread's band of one),
- * block walk or cast call that takes the choice, never per tile or row. */
+ * tell it was taken (the bytes are the same whichever runs): each a
+ * process-wide count, never bumped per tile or row: the plain tiles'
+ * choices once per gather call (or thread's band of one) whose planes took
+ * them, the blocks' once per block walk, the casts' once per call of the
+ * typed loops (a whole cast, or a chunk or plane edge of one). Counted
+ * where the choice is made, not in the kernels. */
 typedef enum {
   AB_RAN_PLANES_U8_VBMI, /* uint8 pixels of 3 or 4 channels to planes by VBMI (visit_transpose) */
   AB_RAN_U8_LANES,       /* plain tiles of uint8 that gather their lanes (visit_transpose) */
