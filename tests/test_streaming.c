@@ -1358,6 +1358,7 @@ static void pixels_and_planes_match(void) {
 static void tiles_match(const char *tiles, const char *streaming) {
   setenv("AB_HOST_TILES", tiles, 1);
   setenv("AB_HOST_STREAMING", streaming, 1);
+  ab__env_reload();
   transposes_match();
   unaligned_destination_matches();
   padded_destination_matches();
