@@ -1235,6 +1235,7 @@ static void every_pair_matches(bool plain) {
 
 /* Which builds of the contiguous loops fn's casts took. */
 static void loops_ran(void (*fn)(bool), bool plain, const char *what, bool base, bool avx2, bool avx512) {
+  ab__host_count_choices(true);
   const unsigned long b0 = ab__host_ran_count(AB_RAN_CAST_BASE), a20 = ab__host_ran_count(AB_RAN_CAST_AVX2),
                       a50 = ab__host_ran_count(AB_RAN_CAST_AVX512);
   fn(plain);
@@ -1973,6 +1974,11 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   while (n < N) bits[n++] = (uint32_t)rng_next(&g);
   setenv("AB_HOST_F16C", "1", 1);
   ab__env_reload();
+  /* the counts are kept only when asked for */
+  const unsigned long off = ab__host_ran_count(AB_RAN_CAST_F16C);
+  f32_bits_to_f16(bits, 1024, a);
+  cr_assert_eq(ab__host_ran_count(AB_RAN_CAST_F16C), off, "counted while counting was off");
+  ab__host_count_choices(true);
   const unsigned long f16c = ab__host_ran_count(AB_RAN_CAST_F16C);
   f32_bits_to_f16(bits, n, a);
   /* the library's own answer to whether this CPU runs F16C (with AVX), asked with AB_HOST_F16C=1 */

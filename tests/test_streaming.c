@@ -335,6 +335,7 @@ static void u8_lane_cases_match(void) {
     fill_pattern(src, bytes, 70 + (uint32_t)k);
     memset(out, 0x5a, out_bytes + 64);
     const int64_t shape[2] = {rows, cols}, st[2] = {1, rows}, out_st[2] = {pitch, 1};
+    ab__host_count_choices(true);
     const unsigned long lanes = ab__host_ran_count(AB_RAN_U8_LANES);
     ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
     if (!cases[k].streamed) /* the plain tiles took the gathering tile where the rule or the variable says */
@@ -775,6 +776,7 @@ Test(streaming, wide_and_narrow_blocks_give_the_reference_bytes) {
       snprintf(what, sizeof what, "AB_HOST_WIDE_BLOCKS=%s, AB_HOST_VENDOR=%s", ways[w], vendors[v]);
       cr_assert_eq(ab__host_wide_blocks(1), w == 0 && avx512, "%s", what);
       cr_assert_eq(ab__host_wide_blocks(2), w == 0 && avx512 && as_intel, "%s", what);
+      ab__host_count_choices(true);
       const unsigned long wide = ab__host_ran_count(AB_RAN_WIDE_BLOCKS);
       for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (int regime = 0; regime < 2; regime++) {
@@ -852,6 +854,7 @@ Test(streaming, one_and_two_block_buffers_give_the_reference_bytes) {
     for (size_t es = 1; es <= 16; es *= 2)
       cr_assert_eq(ab__host_block_buffers(es), x86 ? w + 1 : 0, "AB_HOST_BLOCK_BUFFERS=%s, %zu-byte elements", ways[w],
                    es);
+    ab__host_count_choices(true);
     const unsigned long one = ab__host_ran_count(AB_RAN_ONE_BUFFER), two = ab__host_ran_count(AB_RAN_TWO_BUFFERS);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
       for (int regime = 0; regime < 2; regime++) {
@@ -1362,6 +1365,7 @@ static void tiles_match(const char *tiles, const char *streaming) {
   transposes_match();
   unaligned_destination_matches();
   padded_destination_matches();
+  ab__host_count_choices(true);
   const unsigned long vbmi_planes = ab__host_ran_count(AB_RAN_PLANES_U8_VBMI);
   pixels_and_planes_match();
   /* uint8 pixels of 3 and 4 channels went to planes by VBMI where the set allows it, and only there */

@@ -1902,7 +1902,12 @@ static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na,
 #endif
 
 static atomic_ulong ran_counts[AB_RAN_KINDS];
-void ab__host_ran(ab__host_choice k) { atomic_fetch_add_explicit(&ran_counts[k], 1, memory_order_relaxed); }
+static atomic_bool counting; /* off: the counts' line is only ever read */
+void ab__host_count_choices(bool on) { atomic_store_explicit(&counting, on, memory_order_relaxed); }
+void ab__host_ran(ab__host_choice k) {
+  if (atomic_load_explicit(&counting, memory_order_relaxed))
+    atomic_fetch_add_explicit(&ran_counts[k], 1, memory_order_relaxed);
+}
 unsigned long ab__host_ran_count(ab__host_choice k) {
   return atomic_load_explicit(&ran_counts[k], memory_order_relaxed);
 }

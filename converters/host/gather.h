@@ -214,11 +214,13 @@ bool ab__host_narrow_f32_16(void *dst, int64_t pitch, const void *src, int64_t s
 unsigned long ab__host_one_pass_planes(void);
 /* Kernel choices counted for the tests, so that a test forcing one can
  * tell it was taken (the bytes are the same whichever runs): each a
- * process-wide count, never bumped per tile or row: the plain tiles'
- * choices once per gather call (or thread's band of one) whose planes took
- * them, the blocks' once per block walk, the casts' once per call of the
- * typed loops (a whole cast, or a chunk or plane edge of one). Counted
- * where the choice is made, not in the kernels. */
+ * process-wide count, kept only after ab__host_count_choices(true) (in
+ * other processes no thread writes the counts' line), never bumped per
+ * tile or row: the plain tiles' choices once per gather call (or thread's
+ * band of one) whose planes took them, the blocks' once per block walk,
+ * the casts' once per call of the typed loops (a whole cast, or a chunk or
+ * plane edge of one). Counted where the choice is made, not in the
+ * kernels. */
 typedef enum {
   AB_RAN_PLANES_U8_VBMI, /* uint8 pixels of 3 or 4 channels to planes by VBMI (visit_transpose) */
   AB_RAN_U8_LANES,       /* plain tiles of uint8 that gather their lanes (visit_transpose) */
@@ -231,6 +233,7 @@ typedef enum {
   AB_RAN_CAST_F16C,      /* float16 on a side through F16C (convert.c, fast_row) */
   AB_RAN_KINDS
 } ab__host_choice;
+void ab__host_count_choices(bool on);
 void ab__host_ran(ab__host_choice k);
 unsigned long ab__host_ran_count(ab__host_choice k);
 /* How many strips of 64 destination rows the plain tiles have written
