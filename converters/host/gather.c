@@ -405,7 +405,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
  * alternated rounds against tr16x64_8 (AB_HOST_TILES=avx512): 1000^2
  * 0.38-0.45x -> 0.49-0.58x, a 1080 x 1920 array (output rows 1080 bytes
  * apart) 0.49-0.51x -> 0.56-0.58x, 1500^2 0.38-0.48x -> 0.48-0.66x, 2000^2
- * 0.48-0.51x -> 0.55-0.61x, 700 x 900 0.27-0.34x -> 0.33-0.45x, 520^2
+ * 0.48-0.51x -> 0.55-0.61x, a 700 x 900 array 0.27-0.34x -> 0.33-0.45x, 520^2
  * 0.29-0.30x -> 0.32-0.33x, 400^2 even; bench_host's 1080 x 1920 uint8
  * row 0.49-0.51x -> 0.59-0.61x. Before SHIFTED_MIN, 300^2 and 200 x 300
  * lost 11-14%. Taking each tile's rows straight from registers, with no
