@@ -419,6 +419,7 @@ static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, siz
   memset(buf, 0x5a, out_bytes + 64);
   char *const out = buf + at;
   const int64_t shape[2] = {rows, cols};
+  ab__host_count_choices(true);
   const unsigned long before = ab__host_u8_shifted_strips();
   if (back) { /* both walked from their last row, pitches negative: the same bytes in the same places */
     const int64_t st[2] = {1, -spitch}, out_st[2] = {-pitch, 1};
@@ -531,6 +532,7 @@ Test(streaming, u8_tiles_into_rows_off_lines_cut_whole_lines_and_give_the_refere
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.threads = 2;
   DLManagedTensorVersioned *r = NULL;
+  ab__host_count_choices(true);
   const unsigned long before = ab__host_u8_shifted_strips();
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   const uint8_t *q = r->dl_tensor.data;

@@ -415,6 +415,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8_lanes
  * (1000^2 0.77x -> 0.55x), so uint16 keeps them
  * (bench/results/2026-12-02-u8-rows-off-lines.md). */
 #define SHIFTED_MIN ((int64_t)128 << 10)
+/* Bytes 0, 1, ..., 63: the index of a byte permute that takes a register
+ * whole (strip_u8_shifted, stream_seg_vbmi add a shift to it). */
 #define IOTA_64                                                                                    \
   _mm512_set_epi64(0x3f3e3d3c3b3a3938, 0x3736353433323130, 0x2f2e2d2c2b2a2928, 0x2726252423222120, \
                    0x1f1e1d1c1b1a1918, 0x1716151413121110, 0x0f0e0d0c0b0a0908, 0x0706050403020100)
@@ -459,7 +461,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void stri
     _mm512_mask_storeu_epi8(d + k * dsa + h[k] + LINE * (tiles - 1), m, rest);
   }
 }
-#undef IOTA_64
 static bool u8_lanes(int64_t sb);
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
  * start on lines (tr64x64_8_lanes where `lanes`: u8_lanes' answer for
@@ -1459,10 +1460,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline void stream
     return;
   }
   /* bytes r to r + 63 of two registers side by side */
-  const __m512i idx =
-      _mm512_add_epi8(_mm512_set_epi64(0x3f3e3d3c3b3a3938, 0x3736353433323130, 0x2f2e2d2c2b2a2928, 0x2726252423222120,
-                                       0x1f1e1d1c1b1a1918, 0x1716151413121110, 0x0f0e0d0c0b0a0908, 0x0706050403020100),
-                      _mm512_set1_epi8((char)r));
+  const __m512i idx = _mm512_add_epi8(IOTA_64, _mm512_set1_epi8((char)r));
   _mm512_stream_si512((void *)(d - (LINE - r)), _mm512_permutex2var_epi8(_mm512_loadu_si512(carry), idx, v0));
   _mm512_stream_si512((void *)(d + r), _mm512_permutex2var_epi8(v0, idx, v1));
   _mm512_storeu_si512(carry, v1);
@@ -1881,7 +1879,6 @@ struct transpose_ctx {
   bool wide;         /* blocked: the buffer holds wide blocks (blocks_wide) */
   int line_tiles;    /* plain: 1 or 0 forces line_tiles' answer (its trial), -1 asks it */
   bool one;          /* blocked: one buffer, not two halves (blocks_one_buffer) */
-  unsigned *ran;     /* plain: the choices its planes took (bits of ab__host_choice), or NULL */
 };
 
 #ifdef HAVE_X86_KERNELS
@@ -1901,18 +1898,20 @@ static void edges_8(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na,
 }
 #endif
 
+/* Off (as in every process but the tests'), the counts' line is only
+ * ever read: bumped for each plane while on, a batch of small planes cut
+ * between threads ran 5-25% slower, the threads taking turns at it. */
+static atomic_bool counting;
 static atomic_ulong ran_counts[AB_RAN_KINDS];
-static atomic_bool counting; /* off: the counts' line is only ever read */
+static atomic_ulong shifted_strips;
 void ab__host_count_choices(bool on) { atomic_store_explicit(&counting, on, memory_order_relaxed); }
-void ab__host_ran(ab__host_choice k) {
-  if (atomic_load_explicit(&counting, memory_order_relaxed))
-    atomic_fetch_add_explicit(&ran_counts[k], 1, memory_order_relaxed);
+static inline void count(atomic_ulong *n, unsigned long by) {
+  if (atomic_load_explicit(&counting, memory_order_relaxed)) atomic_fetch_add_explicit(n, by, memory_order_relaxed);
 }
+void ab__host_ran(ab__host_choice k) { count(&ran_counts[k], 1); }
 unsigned long ab__host_ran_count(ab__host_choice k) {
   return atomic_load_explicit(&ran_counts[k], memory_order_relaxed);
 }
-
-static atomic_ulong shifted_strips;
 unsigned long ab__host_u8_shifted_strips(void) { return atomic_load_explicit(&shifted_strips, memory_order_relaxed); }
 
 #ifdef HAVE_X86_KERNELS
@@ -1929,7 +1928,7 @@ static void tile_u8_shifted(char *d, int64_t dsa, const char *s, int64_t sb, int
     if (cols < nb) tile_any(d + a * dsa + cols, dsa, s + a + cols * sb, sb, 64, nb - cols, 1, false);
   }
   if (a < na) tile_any(d + a * dsa, dsa, s + a, sb, na - a, nb, 1, false);
-  atomic_fetch_add_explicit(&shifted_strips, (unsigned long)(na / 64), memory_order_relaxed);
+  count(&shifted_strips, (unsigned long)(na / 64));
 }
 #endif
 
@@ -1940,7 +1939,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #ifdef HAVE_X86_KERNELS
   if (es == 1 && (na == 3 || na == 4) && sb == na && tiles_level() >= TILES_AVX512VBMI) {
     planes_u8_vbmi(d, dsa, s, nb, (int)na);
-    if (c->ran != NULL) *c->ran |= 1u << AB_RAN_PLANES_U8_VBMI;
+    ab__host_ran(AB_RAN_PLANES_U8_VBMI);
     return;
   }
 #endif
@@ -2000,7 +1999,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
                      (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   const bool lines_2 = lines && es == 2, lines_8 = lines && es == 8;
   const bool lanes = avx512 && out_lines && es == 1 && na >= 64 && nb >= 64 && u8_lanes(sb);
-  if (lanes && c->ran != NULL) *c->ran |= 1u << AB_RAN_U8_LANES;
+  if (lanes) ab__host_ran(AB_RAN_U8_LANES);
   const bool wide_2 = avx512 && !out_lines && es == 2 && wide_off_lines(sb);
   if (es == 1 && !out_lines && na >= 64 && nb >= 128 && na * nb >= SHIFTED_MIN && tiles_level() >= TILES_AVX512VBMI) {
     tile_u8_shifted(d, dsa, s, sb, na, nb);
@@ -2272,7 +2271,7 @@ static void probe_time(char *d, int64_t pitch, const char *s, int64_t spitch, in
           evict(s, (size_t)(R * spitch));
           evict(d, (size_t)(C * pitch));
         }
-        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines, one, NULL};
+        struct transpose_ctx c = {C, R, pitch, spitch, es, m, carry, r == TR_MEMORY, wide, lines, one};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         _mm_sfence();
@@ -2624,7 +2623,7 @@ static int line_trial(size_t es) {
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 4; rep++)
       for (int w = 0; w < 2; w++) {
-        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w, false, NULL};
+        struct transpose_ctx c = {na, nb, dsa, sb, es, TR_PLAIN, NULL, false, false, w, false};
         const double t0 = ab__seconds();
         visit_transpose(&c, d, s);
         const double dt = ab__seconds() - t0;
@@ -2965,9 +2964,8 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
   for (int i = last - 1; i >= 0; i--)
     if (d.st[i] == es) { j = i; break; }
   if (j >= 0) {
-    unsigned ran = 0;
     struct transpose_ctx c = {d.shape[j], d.shape[last], dst_st[j], d.st[last], elsize, TR_PLAIN, NULL, false, false,
-                              -1, false, &ran};
+                              -1, false};
 #ifdef HAVE_X86_KERNELS
     int mode = TR_PLAIN, arm = -1, picked = TR_PLAIN;
     struct stream_learner *learner = NULL;
@@ -3010,11 +3008,6 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
     (void)whole; /* the plain tiles only: no variant to pick */
 #endif
     for_outer(&d, dst_st, (1ull << last) | (1ull << j), dst, src, visit_transpose, &c);
-    /* counted once for the call, not a plane at a time: bumped for each
-     * plane, a batch of small planes cut between threads ran 5-25% slower,
-     * the threads taking turns at the counts' line */
-    for (int k = 0; k < AB_RAN_KINDS; k++)
-      if (ran >> k & 1) ab__host_ran((ab__host_choice)k);
 #ifdef HAVE_X86_KERNELS
     if (c.carry != NULL) {
       _mm_sfence(); /* order the streaming stores before the caller's */

@@ -215,12 +215,12 @@ unsigned long ab__host_one_pass_planes(void);
 /* Kernel choices counted for the tests, so that a test forcing one can
  * tell it was taken (the bytes are the same whichever runs): each a
  * process-wide count, kept only after ab__host_count_choices(true) (in
- * other processes no thread writes the counts' line), never bumped per
- * tile or row: the plain tiles' choices once per gather call (or thread's
- * band of one) whose planes took them, the blocks' once per block walk,
- * the casts' once per call of the typed loops (a whole cast, or a chunk or
- * plane edge of one). Counted where the choice is made, not in the
- * kernels. */
+ * other processes no thread writes the counts' line; the strips of
+ * ab__host_u8_shifted_strips likewise), never bumped per tile or row: the
+ * plain tiles' choices once per plane (or thread's band of one), the
+ * blocks' once per block walk, the casts' once per call of the typed loops
+ * (a whole cast, or a chunk or plane edge of one). Counted where the
+ * choice is made, not in the kernels. */
 typedef enum {
   AB_RAN_PLANES_U8_VBMI, /* uint8 pixels of 3 or 4 channels to planes by VBMI (visit_transpose) */
   AB_RAN_U8_LANES,       /* plain tiles of uint8 that gather their lanes (visit_transpose) */
@@ -238,7 +238,8 @@ void ab__host_ran(ab__host_choice k);
 unsigned long ab__host_ran_count(ab__host_choice k);
 /* How many strips of 64 destination rows the plain tiles have written
  * through the uint8 tiles for destination rows off cache lines (AVX-512
- * VBMI; gather.c, strip_u8_shifted) in this process. For tests. */
+ * VBMI; gather.c, strip_u8_shifted) in this process while counting (see
+ * ab__host_count_choices). For tests. */
 unsigned long ab__host_u8_shifted_strips(void);
 /* Whether rows of n bytes at s, s + sb, ... all lie within one 4 KiB page
  * each, as the "pages" rule asks (false off x86-64). For tests. */
