@@ -22,7 +22,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64
 
 all: build
 
@@ -115,6 +115,14 @@ test-python: deps
 gpu-check: deps
 	tools/gpu-check.sh $(if $(filter sim,$(AB_GPU_CHECK)),--simulate,)
 
+# The library cross-built for 64-bit Arm (aarch64) and its tests run under
+# qemu-user: the portable host paths, which x86-64 never runs (host
+# backend only; tools/check-aarch64.sh says what it installs). .ci/run
+# runs it after make test.
+AARCH64_BUILD ?= build-aarch64
+test-aarch64:
+	AB_AARCH64_BUILD=$(AARCH64_BUILD) JOBS=$(JOBS) tools/check-aarch64.sh
+
 # The API reference from the public header's comments, into
 # build-docs/html/index.html. docs/Doxyfile makes every warning an error.
 docs: deps
@@ -146,4 +154,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) build-docs python/build python/*.egg-info
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) build-docs python/build python/*.egg-info
