@@ -120,8 +120,8 @@ gpu-check: deps
 # backend only; tools/check-aarch64.sh says what it installs). .ci/run
 # runs it after make test.
 AARCH64_BUILD ?= build-aarch64
-test-aarch64:
-	AB_AARCH64_BUILD=$(AARCH64_BUILD) JOBS=$(JOBS) tools/check-aarch64.sh
+test-aarch64: deps
+	AB_AARCH64_BUILD="$(AARCH64_BUILD)" JOBS=$(JOBS) tools/check-aarch64.sh
 
 # The API reference from the public header's comments, into
 # build-docs/html/index.html. docs/Doxyfile makes every warning an error.
