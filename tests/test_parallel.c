@@ -467,8 +467,8 @@ Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
  * divide a line (3 bytes) and cuts of other dims (dim 0 of a 3008 x 69
  * float16 result, contiguous in the source: a band a thread, 151). */
 Test(parallel, bands_along_result_rows_start_on_cache_lines) {
-  static const DLDataType f32 = {kDLFloat, 32, 1}, f16 = {kDLFloat, 16, 1}, u8 = {kDLUInt, 8, 1};
-  static const struct {
+  const DLDataType f32 = {kDLFloat, 32, 1}, f16 = {kDLFloat, 16, 1}, u8 = {kDLUInt, 8, 1};
+  const struct { /* automatic: C11 does not take the types above in a static initializer (GCC does) */
     DLDataType from, to;
     bool plain; /* a gather of es bytes, no op */
     size_t es;

@@ -1299,8 +1299,8 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
 
 Test(streaming, the_learned_pick_needs_a_5_percent_lead) {
   cr_assert_eq(ab__host_learn_pick(100, 100), 1, "even: the trial's pick");
-  cr_assert_eq(ab__host_learn_pick(100, 96), 1, "4% ahead");
-  cr_assert_eq(ab__host_learn_pick(100, 94), 2, "6% ahead");
+  cr_assert_eq(ab__host_learn_pick(100, 96), 1, "4%% ahead");
+  cr_assert_eq(ab__host_learn_pick(100, 94), 2, "6%% ahead");
   cr_assert_eq(ab__host_learn_pick(94, 100), 1);
   cr_assert_eq(ab__host_learn_pick(100, 0), 1, "the other never timed");
   cr_assert_eq(ab__host_learn_pick(0, 100), 2, "only the other timed");
