@@ -5,7 +5,9 @@
  * the same conversions through OpenCL.
  *
  * Results are compared element by element with a scalar reference written
- * here and independent of the library's code: GCC's _Float16 for float16,
+ * here and independent of the library's code: the compiler's _Float16 for
+ * float16 (where it has none, as clang before 15 on x86, the bit-level
+ * conversions below, which the tests check against _Float16 where it is),
  * libm's nearbyint (round half to even in the default mode) for integers,
  * and an exact bracketing of the value between its two neighbouring
  * bfloat16 values for bfloat16. Floats are compared as bit patterns; where
@@ -84,11 +86,43 @@ static __int128 kmax(int k) {
 
 /* ---- the scalar reference ------------------------------------------------ */
 
+/* float16 by hand: the value of bits b (any NaN for a NaN), and the
+ * float16 nearest to d, ties to even, in one rounding (a NaN of d's
+ * sign for a NaN). Scaling by powers of two is exact, and nearbyint rounds
+ * half to even in the default mode. */
+static double soft_f16_value(uint16_t b) {
+  const int e = (b >> 10) & 31, m = b & 1023;
+  const double v = e == 31 ? (m != 0 ? (double)NAN : (double)INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(m + 1024, e - 25);
+  return b & 0x8000 ? -v : v;
+}
+static uint16_t soft_f16_bits(double d) {
+  const uint16_t sign = signbit(d) ? 0x8000 : 0;
+  const double a = fabs(d);
+  if (a != a) return sign | 0x7e00;
+  if (a >= 65520.0) return sign | 0x7c00; /* 65504 plus half its unit rounds up, to infinity */
+  if (a < 0x1p-14) return sign | (uint16_t)nearbyint(a * 0x1p24); /* subnormal; 1024 is the least normal's bits */
+  int e;
+  (void)frexp(a, &e);                                 /* a = f * 2^e, f in [0.5, 1): exponent e - 1 */
+  const uint16_t q = (uint16_t)nearbyint(ldexp(a, 11 - e)); /* 11 significant bits: 1024 .. 2048 */
+  return sign | (uint16_t)(((e - 1 + 15) << 10) + (q - 1024)); /* 2048 carries into the exponent */
+}
+#ifdef __FLT16_MAX__
+#define HAVE_FLOAT16 1
 static double f16_value(uint16_t b) {
   _Float16 h;
   memcpy(&h, &b, sizeof h);
   return (double)h;
 }
+static uint16_t f16_bits(double d) {
+  const _Float16 h = (_Float16)d;
+  uint16_t b;
+  memcpy(&b, &h, sizeof b);
+  return b;
+}
+#else
+static double f16_value(uint16_t b) { return soft_f16_value(b); }
+static uint16_t f16_bits(double d) { return soft_f16_bits(d); }
+#endif
 
 static double bf16_value(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
@@ -172,7 +206,7 @@ static void put_int(int k, unsigned char *p, __int128 v) {
 static void put_double(int k, unsigned char *p, double d) {
   switch (k) {
   case R_BOOL: p[0] = !(d == 0); break; /* NaN is nonzero */
-  case R_F16: { _Float16 h = (_Float16)d; memcpy(p, &h, 2); break; }
+  case R_F16: { uint16_t b = f16_bits(d); memcpy(p, &b, 2); break; }
   case R_BF16: { uint16_t b = ref_bf16(d); memcpy(p, &b, 2); break; }
   case R_F32: { float f = (float)d; memcpy(p, &f, 4); break; }
   case R_F64: memcpy(p, &d, 8); break;
@@ -193,7 +227,7 @@ static void put_double(int k, unsigned char *p, double d) {
 /* A value computed in float32, stored as a float32, float16 or bfloat16. */
 static void put_float(int k, unsigned char *p, float f) {
   switch (k) {
-  case R_F16: { _Float16 h = (_Float16)f; memcpy(p, &h, 2); break; }
+  case R_F16: { uint16_t b = f16_bits((double)f); memcpy(p, &b, 2); break; }
   case R_BF16: { uint16_t b = ref_bf16((double)f); memcpy(p, &b, 2); break; }
   default: memcpy(p, &f, 4); break;
   }
@@ -619,6 +653,49 @@ static uint16_t d_to_bits16(int to, double x) {
   uint16_t y = 0;
   convert_one(R_F64, &x, to, &y, NULL);
   return y;
+}
+
+/* The float16 reference by hand (soft_f16_value, soft_f16_bits), which
+ * stands in where the compiler has no _Float16: values checked by hand on
+ * every compiler, and where _Float16 is, every float16 value, every
+ * midpoint between neighbours (ties), the doubles either side of each,
+ * and random doubles from below the subnormals to past the largest,
+ * against it. */
+Test(cast, the_float16_reference_by_hand_agrees_with_float16) {
+  static const struct { double d; uint16_t b; } hand[] = {
+      {1 + 0x1p-11, 0x3c00}, {1 + 3 * 0x1p-11, 0x3c02}, {1 + 0x1p-11 + 0x1p-40, 0x3c01}, {65504, 0x7bff},
+      {65519.99, 0x7bff},    {65520, 0x7c00},          {0x1p-24, 0x0001},                 {0x1p-25, 0x0000},
+      {3 * 0x1p-25, 0x0002}, {-0.0, 0x8000},           {0x1p-14, 0x0400},                 {1023.5 * 0x1p-24, 0x0400},
+      {1022.5 * 0x1p-24, 0x03fe}, {-2.0, 0xc000},      {1e300, 0x7c00},                   {-1e-300, 0x8000}};
+  for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++)
+    cr_expect_eq(soft_f16_bits(hand[i].d), hand[i].b, "%a: 0x%04x, want 0x%04x", hand[i].d, soft_f16_bits(hand[i].d),
+                 hand[i].b);
+  cr_expect_eq(soft_f16_bits((double)INFINITY), 0x7c00);
+  cr_expect_eq(soft_f16_bits(-(double)INFINITY), 0xfc00);
+  const uint16_t nan = soft_f16_bits((double)NAN);
+  cr_expect((nan & 0x7c00) == 0x7c00 && (nan & 0x03ff) != 0, "NaN: 0x%04x", nan);
+  cr_expect(soft_f16_value(0x3c00) == 1.0 && soft_f16_value(0x0001) == 0x1p-24 && soft_f16_value(0x7bff) == 65504);
+  cr_expect(soft_f16_value(0x03ff) == 1023 * 0x1p-24 && soft_f16_value(0xfc00) == -(double)INFINITY);
+  cr_expect(isnan(soft_f16_value(0x7e00)) && isnan(soft_f16_value(0xfc01)) && signbit(soft_f16_value(0x8000)));
+#ifdef HAVE_FLOAT16
+  for (uint32_t b = 0; b <= 0xffff; b++) {
+    const double want = f16_value((uint16_t)b), got = soft_f16_value((uint16_t)b);
+    cr_assert(isnan(want) ? isnan(got) : got == want && signbit(got) == signbit(want), "0x%04x: %a, want %a", b, got,
+              want);
+    if (isnan(want) || (b & 0x7fff) >= 0x7bff) continue;
+    /* the tie between b and its neighbour away from zero, and either side of it */
+    const double mid = (want + f16_value((uint16_t)(b + 1))) / 2;
+    const double probes[3] = {mid, nextafter(mid, 0.0), nextafter(mid, b & 0x8000 ? -(double)INFINITY : (double)INFINITY)};
+    for (int k = 0; k < 3; k++)
+      cr_assert_eq(soft_f16_bits(probes[k]), f16_bits(probes[k]), "%a: 0x%04x, want 0x%04x", probes[k],
+                   soft_f16_bits(probes[k]), f16_bits(probes[k]));
+  }
+  test_rng g = {7};
+  for (int i = 0; i < 200000; i++) {
+    const double d = ldexp((double)rng_between(&g, 1, 1 << 30), rng_between(&g, -60, -10)) * (i & 1 ? -1 : 1);
+    cr_assert_eq(soft_f16_bits(d), f16_bits(d), "%a: 0x%04x, want 0x%04x", d, soft_f16_bits(d), f16_bits(d));
+  }
+#endif
 }
 
 Test(cast, hand_checked_values_follow_the_rules) {
