@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what building and testing arraybridge needs, from Debian's packages.
+# Installs what building and testing arraybridge needs, from Debian's packages
+# (and any packages named as arguments).
 # Idempotent and quick when everything is present: apt-get runs only when a
 # package is missing.
 #
@@ -15,6 +16,8 @@ deps=${AB_DEPS_DIR:-$root/.deps}
 suite=${AB_DLPACK_SUITE:-trixie}
 packages=(build-essential cmake pkg-config libcriterion-dev
           ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libpng-dev doxygen valgrind)
+# Packages named on the command line too (make test-clang: clang).
+packages+=("$@")
 
 # The Python module (python/, tested by make test) needs a CPython with its
 # headers and venv; Debian's python3 has them in separate packages.
