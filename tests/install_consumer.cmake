@@ -1,6 +1,7 @@
 # Installs the build tree into a scratch prefix, then configures, builds and
 # runs tests/consumer against it with find_package(arraybridge), once with
-# the shared and once with the static library.
+# the shared and once with the static library; then main.c by hand with
+# pkg-config's flags, and main.cpp the same way with a C++ compiler.
 # Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR, CMAKE_C_COMPILER, LIBDIR.
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
@@ -38,6 +39,24 @@ separate_arguments(pcflags UNIX_COMMAND "${pcflags}")
 run(${CMAKE_C_COMPILER} -std=c11 "${SOURCE_DIR}/main.c" -o "${WORK_DIR}/consumer-pc" ${pcflags}
     "-Wl,-rpath,${prefix}/${LIBDIR}")
 run("${WORK_DIR}/consumer-pc")
+
+# And from C++ (main.cpp), with the C++ compiler of the C compiler's kind
+# (gcc -> g++, clang-15 -> clang++-15, aarch64-linux-gnu-gcc ->
+# aarch64-linux-gnu-g++): where there is none, the check says so and is
+# left out.
+get_filename_component(cc_name "${CMAKE_C_COMPILER}" NAME)
+get_filename_component(cc_dir "${CMAKE_C_COMPILER}" DIRECTORY)
+string(REGEX REPLACE "gcc(-[0-9]+)?$" "g++\\1" cxx_name "${cc_name}")
+string(REGEX REPLACE "^clang(-[0-9]+)?$" "clang++\\1" cxx_name "${cxx_name}")
+string(REGEX REPLACE "^cc$" "c++" cxx_name "${cxx_name}")
+find_program(CXX_COMPILER NAMES "${cxx_name}" HINTS "${cc_dir}" NO_CACHE)
+if(cxx_name STREQUAL cc_name OR NOT CXX_COMPILER)
+  message(STATUS "no C++ compiler beside ${CMAKE_C_COMPILER} (looked for ${cxx_name}): the C++ check did not run")
+else()
+  run(${CXX_COMPILER} -std=c++11 -Wall -Wextra -pedantic -Werror "${SOURCE_DIR}/main.cpp" -o "${WORK_DIR}/consumer-cxx"
+      ${pcflags} "-Wl,-rpath,${prefix}/${LIBDIR}")
+  run("${WORK_DIR}/consumer-cxx")
+endif()
 
 # Only ab_ symbols may be exported from the shared library.
 find_program(NM nm REQUIRED)
