@@ -2,7 +2,9 @@
  * POCL_DEVICES="pthread pthread" giving two). Every test skips, saying why,
  * when the devices it needs are absent; the test registered with an empty
  * OCL_ICD_VENDORS directory checks that absence is handled. */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -398,6 +400,77 @@ Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
   cr_assert_eq(ab_tensor_validate(&t), AB_OK, "%s", ab_last_error());
   clReleaseMemObject(m);
   clReleaseContext(ctx);
+}
+
+/* A context of more devices than the library lists (64), as a caller's
+ * context of sub-devices can be: while padded_devices is set, this
+ * clGetContextInfo (the library's calls in this executable come here)
+ * answers as if the context held that many devices, the real ones last
+ * and the rest ids of no device. The library once skipped the device
+ * list past 64 and compared ids it had never read: what was on the stack
+ * could hold the right id, so this test alone may pass on that code, but
+ * the valgrind tier (make test-valgrind runs test_opencl) fails on the
+ * uninitialised read. */
+static cl_uint padded_devices;
+typedef cl_int (*context_info_fn)(cl_context, cl_context_info, size_t, void *, size_t *);
+CL_API_ENTRY cl_int CL_API_CALL clGetContextInfo(cl_context context, cl_context_info param_name, size_t size,
+                                                 void *value, size_t *size_ret) {
+  const context_info_fn real = (context_info_fn)dlsym(RTLD_NEXT, "clGetContextInfo");
+  if (real == NULL) return CL_INVALID_OPERATION;
+  if (padded_devices == 0 || (param_name != CL_CONTEXT_NUM_DEVICES && param_name != CL_CONTEXT_DEVICES))
+    return real(context, param_name, size, value, size_ret);
+  cl_uint n = 0;
+  cl_int e = real(context, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL);
+  if (e != CL_SUCCESS || n > padded_devices) return e != CL_SUCCESS ? e : CL_INVALID_OPERATION;
+  const size_t want = param_name == CL_CONTEXT_NUM_DEVICES ? sizeof(cl_uint) : padded_devices * sizeof(cl_device_id);
+  if (size_ret != NULL) *size_ret = want;
+  if (value == NULL) return CL_SUCCESS;
+  if (size < want) return CL_INVALID_VALUE;
+  if (param_name == CL_CONTEXT_NUM_DEVICES) {
+    memcpy(value, &padded_devices, sizeof padded_devices);
+    return CL_SUCCESS;
+  }
+  cl_device_id *ids = value;
+  for (cl_uint i = 0; i < padded_devices - n; i++) ids[i] = (cl_device_id)(uintptr_t)(0x100 + 8 * i);
+  return real(context, CL_CONTEXT_DEVICES, n * sizeof(cl_device_id), ids + (padded_devices - n), NULL);
+}
+
+Test(opencl, a_buffer_of_a_context_of_more_devices_than_listed_is_checked_against_them_all) {
+  need_devices(2);
+  cl_platform_id p;
+  cl_device_id d[2];
+  cl_int e;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 2, d, NULL), CL_SUCCESS);
+  uint8_t bytes[64];
+  fill_pattern(bytes, sizeof bytes, 5);
+  int64_t shape[1] = {64};
+  for (int k = 0; k < 2; k++) { /* a context of opencl:0 (the 70th device), then one of opencl:1 alone */
+    cl_context ctx = clCreateContext(NULL, 1, &d[k], NULL, NULL, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof bytes, bytes, &e);
+    cr_assert_eq(e, CL_SUCCESS);
+    DLTensor t = {m, CL(0), 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+    padded_devices = 70;
+    cl_uint n = 0;
+    cr_assert_eq(clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL), CL_SUCCESS);
+    cr_assert_eq(n, 70, "the stand-in clGetContextInfo is not the one called");
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    const ab_status st = ab_convert_memory(&t, CPU0, NULL, &r);
+    padded_devices = 0;
+    if (k == 0) {
+      cr_assert_eq(st, AB_OK, "%s", ab_last_error());
+      cr_assert_eq(memcmp(r->dl_tensor.data, bytes, sizeof bytes), 0);
+      r->deleter(r);
+    } else {
+      cr_assert_eq(st, AB_ERR_INVALID_ARGUMENT, "a context of 70 ids none of which is opencl:0 was taken");
+      cr_assert_not_null(strstr(ab_last_error(), "context"), "%s", ab_last_error());
+      cr_assert_eq(r, SENTINEL_OUT);
+    }
+    clReleaseMemObject(m);
+    clReleaseContext(ctx);
+  }
+  assert_pool_clean(CL(0));
 }
 #endif
 

@@ -156,13 +156,21 @@ ab_status ab__cl_check_range(int32_t id, const void *handle, uint64_t begin, uin
   /* The device the tensor names must be one of the buffer's context. */
   cl_context ctx = NULL;
   cl_uint n = 0;
-  cl_device_id in_ctx[MAX_DEVICES];
+  /* A caller's context may hold more devices than the library lists
+   * (sub-devices, say): their ids go on the heap. Past MAX_DEVICES the
+   * list was once left unread and compared uninitialised. */
+  cl_device_id few[MAX_DEVICES], *in_ctx = few;
   e = clGetMemObjectInfo((cl_mem)handle, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL);
   if (e == CL_SUCCESS) e = clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL);
-  if (e == CL_SUCCESS && n <= MAX_DEVICES) e = clGetContextInfo(ctx, CL_CONTEXT_DEVICES, sizeof in_ctx, in_ctx, NULL);
   if (e != CL_SUCCESS) return ab__cl_fail_cl(e, id, "clGetContextInfo");
+  if (n > MAX_DEVICES && (in_ctx = ab__malloc((size_t)n * sizeof *in_ctx)) == NULL)
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": no memory for the ids of a context's %u devices", id,
+                   (unsigned)n);
+  e = clGetContextInfo(ctx, CL_CONTEXT_DEVICES, (size_t)n * sizeof *in_ctx, in_ctx, NULL);
   bool found = false;
-  for (cl_uint i = 0; i < n && i < MAX_DEVICES; i++) found |= in_ctx[i] == ab__cl_devices[id].id;
+  for (cl_uint i = 0; e == CL_SUCCESS && i < n; i++) found |= in_ctx[i] == ab__cl_devices[id].id;
+  if (in_ctx != few) ab__free(in_ctx);
+  if (e != CL_SUCCESS) return ab__cl_fail_cl(e, id, "clGetContextInfo");
   if (!found)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "opencl:%" PRId32 ": the tensor's buffer belongs to a context without this device", id);
