@@ -36,7 +36,8 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "pkg-config --cflags --libs arraybridge failed")
 endif()
 separate_arguments(pcflags UNIX_COMMAND "${pcflags}")
-run(${CMAKE_C_COMPILER} -std=c11 "${SOURCE_DIR}/main.c" -o "${WORK_DIR}/consumer-pc" ${pcflags}
+# C99 with -pedantic -Werror: what the guide says the header compiles as.
+run(${CMAKE_C_COMPILER} -std=c99 -Wall -Wextra -pedantic -Werror "${SOURCE_DIR}/main.c" -o "${WORK_DIR}/consumer-pc" ${pcflags}
     "-Wl,-rpath,${prefix}/${LIBDIR}")
 run("${WORK_DIR}/consumer-pc")
 
@@ -49,7 +50,7 @@ get_filename_component(cc_dir "${CMAKE_C_COMPILER}" DIRECTORY)
 string(REGEX REPLACE "gcc(-[0-9]+|)$" "g++\\1" cxx_name "${cc_name}")
 string(REGEX REPLACE "^clang(-[0-9]+|)$" "clang++\\1" cxx_name "${cxx_name}")
 string(REGEX REPLACE "^cc$" "c++" cxx_name "${cxx_name}")
-find_program(CXX_COMPILER NAMES "${cxx_name}" HINTS "${cc_dir}" NO_CACHE)
+find_program(CXX_COMPILER NAMES "${cxx_name}" PATHS "${cc_dir}" NO_DEFAULT_PATH NO_CACHE)
 if(cxx_name STREQUAL cc_name OR NOT CXX_COMPILER)
   message(STATUS "no C++ compiler beside ${CMAKE_C_COMPILER} (looked for ${cxx_name}): the C++ check did not run")
 else()

@@ -666,14 +666,15 @@ Test(cast, the_float16_reference_by_hand_agrees_with_float16) {
       {1 + 0x1p-11, 0x3c00}, {1 + 3 * 0x1p-11, 0x3c02}, {1 + 0x1p-11 + 0x1p-40, 0x3c01}, {65504, 0x7bff},
       {65519.99, 0x7bff},    {65520, 0x7c00},          {0x1p-24, 0x0001},                 {0x1p-25, 0x0000},
       {3 * 0x1p-25, 0x0002}, {-0.0, 0x8000},           {0x1p-14, 0x0400},                 {1023.5 * 0x1p-24, 0x0400},
-      {1022.5 * 0x1p-24, 0x03fe}, {-2.0, 0xc000},      {1e300, 0x7c00},                   {-1e-300, 0x8000}};
+      {1022.5 * 0x1p-24, 0x03fe}, {-2.0, 0xc000},      {1e300, 0x7c00},                   {-1e-300, 0x8000},
+      {-65520, 0xfc00},      {0x1.ffdffffffffffp+15, 0x7bff}, {-0x1.ffdffffffffffp+15, 0xfbff}}; /* 65520 - an ulp */
   for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++)
     cr_expect_eq(soft_f16_bits(hand[i].d), hand[i].b, "%a: 0x%04x, want 0x%04x", hand[i].d, soft_f16_bits(hand[i].d),
                  hand[i].b);
   cr_expect_eq(soft_f16_bits((double)INFINITY), 0x7c00);
   cr_expect_eq(soft_f16_bits(-(double)INFINITY), 0xfc00);
-  const uint16_t nan = soft_f16_bits((double)NAN);
-  cr_expect((nan & 0x7c00) == 0x7c00 && (nan & 0x03ff) != 0, "NaN: 0x%04x", nan);
+  const uint16_t qnan = soft_f16_bits((double)NAN);
+  cr_expect((qnan & 0x7c00) == 0x7c00 && (qnan & 0x03ff) != 0, "NaN: 0x%04x", qnan);
   cr_expect(soft_f16_value(0x3c00) == 1.0 && soft_f16_value(0x0001) == 0x1p-24 && soft_f16_value(0x7bff) == 65504);
   cr_expect(soft_f16_value(0x03ff) == 1023 * 0x1p-24 && soft_f16_value(0xfc00) == -(double)INFINITY);
   cr_expect(isnan(soft_f16_value(0x7e00)) && isnan(soft_f16_value(0xfc01)) && signbit(soft_f16_value(0x8000)));
@@ -682,9 +683,11 @@ Test(cast, the_float16_reference_by_hand_agrees_with_float16) {
     const double want = f16_value((uint16_t)b), got = soft_f16_value((uint16_t)b);
     cr_assert(isnan(want) ? isnan(got) : got == want && signbit(got) == signbit(want), "0x%04x: %a, want %a", b, got,
               want);
-    if (isnan(want) || (b & 0x7fff) >= 0x7bff) continue;
-    /* the tie between b and its neighbour away from zero, and either side of it */
-    const double mid = (want + f16_value((uint16_t)(b + 1))) / 2;
+    if (isnan(want) || (b & 0x7fff) > 0x7bff) continue;
+    /* the tie between b and its neighbour away from zero (past the largest
+     * finite, 65536), and either side of it */
+    const double next = (b & 0x7fff) == 0x7bff ? copysign(65536.0, want) : f16_value((uint16_t)(b + 1));
+    const double mid = (want + next) / 2;
     const double probes[3] = {mid, nextafter(mid, 0.0), nextafter(mid, b & 0x8000 ? -(double)INFINITY : (double)INFINITY)};
     for (int k = 0; k < 3; k++)
       cr_assert_eq(soft_f16_bits(probes[k]), f16_bits(probes[k]), "%a: 0x%04x, want 0x%04x", probes[k],

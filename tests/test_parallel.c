@@ -468,7 +468,7 @@ Test(parallel, casts_of_short_outer_dims_on_threads_match_one_thread) {
  * float16 result, contiguous in the source: a band a thread, 151). */
 Test(parallel, bands_along_result_rows_start_on_cache_lines) {
   const DLDataType f32 = {kDLFloat, 32, 1}, f16 = {kDLFloat, 16, 1}, u8 = {kDLUInt, 8, 1};
-  const struct { /* automatic: C11 does not take the types above in a static initializer (GCC does) */
+  const struct { /* automatic: C11 does not take the const variables above in a static initializer (GCC does) */
     DLDataType from, to;
     bool plain; /* a gather of es bytes, no op */
     size_t es;
