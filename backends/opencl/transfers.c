@@ -161,7 +161,8 @@ ab_status ab__cl_check_range(int32_t id, const void *handle, uint64_t begin, uin
    * list was once left unread and compared uninitialised. */
   cl_device_id few[MAX_DEVICES], *in_ctx = few;
   e = clGetMemObjectInfo((cl_mem)handle, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL);
-  if (e == CL_SUCCESS) e = clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL);
+  if (e != CL_SUCCESS) return ab__cl_fail_cl(e, id, "clGetMemObjectInfo(CL_MEM_CONTEXT)");
+  e = clGetContextInfo(ctx, CL_CONTEXT_NUM_DEVICES, sizeof n, &n, NULL);
   if (e != CL_SUCCESS) return ab__cl_fail_cl(e, id, "clGetContextInfo");
   if (n > MAX_DEVICES && (in_ctx = ab__malloc((size_t)n * sizeof *in_ctx)) == NULL)
     return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": no memory for the ids of a context's %u devices", id,
