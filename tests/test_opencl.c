@@ -99,6 +99,15 @@ Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
 }
 
 #ifdef AB_HAVE_OPENCL
+/* The first n OpenCL devices of the first platform, as the tests' own
+ * contexts take them: opencl:0, opencl:1, ... in the library's order
+ * (without AB_OPENCL_PLATFORM or AB_OPENCL_DEVICE_TYPE). */
+static void first_devices(cl_device_id *d, cl_uint n) {
+  cl_platform_id p;
+  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
+  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, n, d, NULL), CL_SUCCESS);
+}
+
 /* A cl_mem made by another library, in its own context, read with a
  * non-zero byte_offset. */
 /* A context of the test's own (not the library's) on the first OpenCL
@@ -111,12 +120,10 @@ struct foreign {
 
 static struct foreign foreign_buffer(const void *init, size_t bytes) {
   need_devices(1);
-  cl_platform_id p;
   cl_device_id d;
   cl_int e;
   struct foreign f;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
+  first_devices(&d, 1);
   f.ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
   cr_assert_eq(e, CL_SUCCESS);
   f.q = clCreateCommandQueue(f.ctx, d, 0, &e);
@@ -380,11 +387,9 @@ Test(opencl, a_callers_queue_is_used_or_finished) {
  * as the conversion does. */
 Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
   need_devices(2);
-  cl_platform_id p;
   cl_device_id d[2];
   cl_int e;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 2, d, NULL), CL_SUCCESS);
+  first_devices(d, 2);
   cl_context ctx = clCreateContext(NULL, 1, &d[1], NULL, NULL, &e);
   cr_assert_eq(e, CL_SUCCESS);
   cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 256, NULL, &e);
@@ -439,11 +444,9 @@ CL_API_ENTRY cl_int CL_API_CALL clGetContextInfo(cl_context context, cl_context_
 
 Test(opencl, a_buffer_of_a_context_of_more_devices_than_listed_is_checked_against_them_all) {
   need_devices(2);
-  cl_platform_id p;
   cl_device_id d[2];
   cl_int e;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 2, d, NULL), CL_SUCCESS);
+  first_devices(d, 2);
   uint8_t bytes[64];
   fill_pattern(bytes, sizeof bytes, 5);
   int64_t shape[1] = {64};
@@ -1318,11 +1321,9 @@ Test(opencl, misaligned_or_foreign_sources_are_converted_on_the_host) {
   a->deleter(a);
 #ifdef AB_HAVE_OPENCL
   /* float16 in a buffer of another context */
-  cl_platform_id p;
   cl_device_id d;
   cl_int e;
-  cr_assert_eq(clGetPlatformIDs(1, &p, NULL), CL_SUCCESS);
-  cr_assert_eq(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, NULL), CL_SUCCESS);
+  first_devices(&d, 1);
   cl_context ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &e);
   cr_assert_eq(e, CL_SUCCESS);
   cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof bytes, bytes, &e);
