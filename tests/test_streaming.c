@@ -895,7 +895,6 @@ static void need_trials(void) {
 
 Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
   need_trials();
-  unsetenv("AB_HOST_STREAMING");
   for (size_t es = 1; es <= 16; es *= 2) {
     cr_assert_eq(ab__host_transpose_mode_known(es), -1, "decided before use");
     cr_assert_eq(ab__host_transpose_kinds_known(es), 0, "measured before use");
@@ -996,7 +995,6 @@ Test(streaming, the_threshold_is_4_mib) {
  * own; the first kind's picks stay as they were. */
 Test(streaming, each_kind_of_rows_is_measured_when_first_asked) {
   need_trials();
-  unsetenv("AB_HOST_STREAMING");
   cr_assert_eq(ab__host_transpose_kinds_known(4), 0);
   const int64_t rows = 1040, cols[2] = {1027, 1024}; /* output rows of 4108 bytes (off lines), then 4096 */
   const unsigned want[2] = {2u, 2u | 1u};            /* output off lines; then rows on lines too */
@@ -1069,7 +1067,6 @@ Test(streaming, a_fork_during_a_trial_leaves_the_child_able_to_measure) {
   cr_skip_test("AddressSanitizer's runtime here does not lock its allocator around fork (see the comment)");
 #endif
   need_trials();
-  unsetenv("AB_HOST_STREAMING");
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, first_transposes, NULL), 0);
   int forks = 0;
@@ -1106,7 +1103,6 @@ Test(streaming, a_fork_during_a_trial_leaves_the_child_able_to_measure) {
  * returned. */
 Test(streaming, a_fork_after_both_kinds_of_trial_returns) {
   need_trials();
-  unsetenv("AB_HOST_STREAMING");
   unsetenv("AB_HOST_LINE_TILES");
   ab__env_reload();
   const int64_t rows = 1000, cols = 1600; /* uint16: source rows 2000 bytes apart, output rows 3200 */
@@ -1142,8 +1138,7 @@ Test(streaming, a_fork_after_both_kinds_of_trial_returns) {
  * decided at the first transpose that may stream, so whether a size's
  * choice is known afterwards tells whether anything asked for it. */
 Test(streaming, bands_of_a_large_conversion_may_stream) {
-  need_trials();
-  unsetenv("AB_HOST_STREAMING"); /* measured: decided at the first use (forced ones are known at once) */
+  need_trials(); /* measured: decided at the first use (forced ones are known at once) */
   /* one uint8 plane of 1024 x 1000 through ab__host_gather_part: alone, too
    * small to stream; as a band of a 32 MiB conversion, large enough */
   const int64_t rows = 1024, cols = 1000;
