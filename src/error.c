@@ -1,6 +1,7 @@
 /* Status codes and the thread-local detail message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -44,6 +45,11 @@ ab_status ab__fail_at(const char *file, int line, ab_status status,
 #endif
   AB_LOG(AB_LOG_INFO, "%s: %s", ab_status_name(status), errbuf);
   return status;
+}
+
+_Noreturn void ab__assume_failed(const char *file, int line, const char *cond) {
+  fprintf(stderr, "arraybridge: internal invariant broken at %s:%d: %s\n", file, line, cond);
+  abort();
 }
 
 void ab__trace(const char *file, int line, ab_status status) {

@@ -169,6 +169,7 @@ static void run_band(const struct job *j, int64_t b) {
   const ab__host_job *w = j->work;
   const int c = j->cut;
   const int64_t b0 = b * j->band;
+  AB_ASSUME(c >= 0 && c < w->ndim);
   const size_t osz = out_size(w);
   int64_t shape[AB_MAX_NDIM], inner = 1;
   for (int32_t i = c + 1; i < w->ndim; i++) inner *= w->shape[i];

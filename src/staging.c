@@ -202,6 +202,7 @@ ab_status ab__staged_read(const struct ab_backend *be, int32_t id, const void *h
     return queued(be, id, stream, ab__dev_read_async(be, id, handle, offset, dst, bytes, stream));
   if (!wanted(be, id, dst, bytes) || !ring_open(&r, be, id, bytes, &chunk))
     return ab__dev_read(be, id, handle, offset, dst, bytes, stream);
+  AB_ASSUME(r.n > 0 || bytes == 0);
   const size_t nchunks = (bytes + chunk - 1) / chunk;
   ab_status st = AB_OK;
   /* Chunk k lives in slot k % n; queue_read(k) starts it. */

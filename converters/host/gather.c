@@ -31,6 +31,7 @@ typedef struct dims {
 
 static void simplify(dims *d, int32_t ndim, const int64_t *shape, const int64_t *st) {
   d->n = ab__merge_dims(ndim, shape, st, d->shape, d->st);
+  AB_ASSUME(d->n >= 0 && d->n <= AB_MAX_NDIM);
 }
 
 /* ---- strided element loops -------------------------------------------- */
