@@ -817,8 +817,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
   pthread_once(&config_once, configure);
   if (attr == NULL) return fail(cudaErrorInvalidValue);
   memset(attr, 0, sizeof *attr);
-  enum space sp;
-  int dev;
+  enum space sp = PAGEABLE; /* resolve() of one byte always answers; the analyzer cannot tell */
+  int dev = -1;
   char *h;
   pthread_mutex_lock(&mu);
   (void)resolve(p, 1, &sp, &dev, &h);
