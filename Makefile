@@ -22,7 +22,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64 test-clang
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64 test-clang test-analyze
 
 all: build
 
@@ -127,6 +127,20 @@ test-clang:
 	  -DCMAKE_C_FLAGS=-Werror $(CMAKE_ARGS)
 	cmake --build $(CLANG_BUILD) -j $(JOBS)
 	ctest --test-dir $(CLANG_BUILD) --output-on-failure --no-tests=error -j $(JOBS)
+
+# clang's static analyzer (scan-build, Debian's clang-tools) over the
+# library, abtool, the examples and simcuda, in a fresh build (an
+# incremental one would not look at files it built before): any report
+# fails (--status-bugs) and is printed as a warning; the HTML reports stay
+# in $(ANALYZE_BUILD)/reports. Invariants the analyzer cannot see across
+# files are stated with AB_ASSUME (src/internal.h). .ci/run runs it.
+ANALYZE_BUILD ?= build-analyze
+test-analyze:
+	@tools/setup-deps.sh clang clang-tools
+	rm -rf $(ANALYZE_BUILD)
+	scan-build --status-bugs -o $(ANALYZE_BUILD)/reports cmake -S . -B $(ANALYZE_BUILD) -DCMAKE_BUILD_TYPE=Debug \
+	  -DAB_BUILD_TESTS=OFF -DAB_BUILD_BENCH=OFF -DAB_BUILD_SIMCUDA=ON $(CMAKE_ARGS)
+	scan-build --status-bugs -o $(ANALYZE_BUILD)/reports cmake --build $(ANALYZE_BUILD) -j $(JOBS)
 
 # The library cross-built for 64-bit Arm (aarch64) and its tests run under
 # qemu-user: the portable host paths, which x86-64 never runs (host
