@@ -211,10 +211,13 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
   }
   /* By its capability, and by value in builds without the backend. */
   const int i = backend_index(dev.device_type);
-  if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type))
+  if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type)) {
+    char id[16] = "auto"; /* as ab_parse_device spells AB_DEVICE_AUTO */
+    if (dev.device_id != AB_DEVICE_AUTO) snprintf(id, sizeof id, "%" PRId32, dev.device_id);
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "%s %s:%" PRId32 " is the library's own staging memory, not a DLPack device type: no tensor may name it",
-                   what, ab_device_type_name(dev.device_type), dev.device_id);
+                   "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
+                   what, ab_device_type_name(dev.device_type), id);
+  }
   return check_device_at(i, dev, what, is_target, resolved, be);
 }
 
@@ -319,7 +322,9 @@ DLDevice ab_best_device(void) {
   ab__save_error(saved);
   const char *env = ab__env_str("AB_DEFAULT_DEVICE"); /* read at every call, as documented */
   if (env != NULL) {
-    if (ab_parse_device(env, &want) == AB_OK && ab__check_device(want, "AB_DEFAULT_DEVICE", true, &want, NULL) == AB_OK) {
+    /* a device tensors may live on: not the library's own staging memory */
+    if (ab_parse_device(env, &want) == AB_OK &&
+        ab__check_tensor_device(want, "AB_DEFAULT_DEVICE", true, &want, NULL) == AB_OK) {
       ab__restore_error(saved);
       return want;
     }

@@ -233,8 +233,8 @@ AB_API const char *ab_device_type_name(DLDeviceType type);
 AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
 
 /** The best device for work: the AB_DEFAULT_DEVICE environment variable
- * when it is set and names a device that exists (a device string, read at
- * every call); else the accelerator with the most memory to offer, an
+ * when it is set and names a device that exists and tensors may live on
+ * (a device string, read at every call; not AB_DEVICE_OPENCL_HOST); else the accelerator with the most memory to offer, an
  * accelerator being a device whose memory is its own (not host memory such
  * as cuda_host, nor the host's RAM as an OpenCL CPU device's is): devices
  * that report their free memory (CUDA GPUs) come first, by free memory,
