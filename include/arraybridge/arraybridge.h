@@ -322,7 +322,7 @@ enum {
  * AB_CONVERT_AFFINE and AB_CONVERT_PER_CHANNEL, whose numbers are such
  * fields, are refused (AB_ERR_INVALID_ARGUMENT) when `size` is 0. */
 typedef struct ab_convert_opts {
-  uint32_t size;      /**< 0 or sizeof(ab_convert_opts) */
+  uint32_t size;      /**< 0 or sizeof(ab_convert_opts) (older layouts' sizes: docs/guide.md) */
   uint32_t flags;     /**< AB_CONVERT_* bits */
   ab_copy_mode copy;  /**< copy semantics; 0 is AB_COPY_IF_NEEDED */
   /** Result dtype; bits == 0 keeps the source dtype. Another dtype is
