@@ -8,15 +8,16 @@
 # OpenCL ICD or CUDA toolkit for aarch64 is installed here.
 #
 # What it does:
-#  1. installs gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user and
-#     qemu-user-binfmt from Debian, the missing ones (qemu-user-static, where
+#  1. installs gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu (the install
+#     check compiles the header from C++ too), libc6-dev-arm64-cross,
+#     qemu-user and qemu-user-binfmt from Debian, the missing ones (qemu-user-static, where
 #     installed, stands for the last two; qemu-user-binfmt may register
 #     qemu for every architecture it ships where systemd runs). The DLPack
 #     header comes from tools/setup-deps.sh (make test-aarch64 runs it first);
 #  2. downloads Criterion (the tests' framework) and the libraries it needs
 #     for arm64 with a private apt configuration (the system's architectures
 #     and package lists are left alone) and unpacks them into
-#     $build/sysroot, with Debian's arm64 C library for qemu to load (but
+#     $build/sysroot, with Debian's arm64 C and C++ libraries for qemu to load (but
 #     not the C library's or the kernel's headers: the cross compiler has
 #     its own);
 #  3. makes sure the kernel runs aarch64 programs through qemu (binfmt_misc):
@@ -52,7 +53,7 @@ say() { echo "check-aarch64: $*"; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 # ---- 1. cross compiler and qemu ------------------------------------------
-packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+packages=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross)
 if installed qemu-user-static; then # conflicts with qemu-user-binfmt, and does its job
   qemu="qemu-aarch64-static"
 else
@@ -75,7 +76,7 @@ mkdir -p "$build/dlpack-include/dlpack"
 cp "$dlpack" "$build/dlpack-include/dlpack/dlpack.h"
 
 # ---- 2. arm64 Criterion in a sysroot of our own ----------------------------
-want="libcriterion-dev libc6"
+want="libcriterion-dev libc6 libstdc++6" # libstdc++6: the install check's C++ consumer
 if [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot/.packages")" != "$want" ]; then
   say "fetching arm64 packages ($want and what they need) into $sysroot"
   work=$(mktemp -d)
