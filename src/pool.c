@@ -1076,8 +1076,9 @@ static ab_status pool_of(DLDevice dev, struct ab__pool **out) {
 ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {
   struct ab__pool *p;
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
-  if (out->size == 0)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out->size is 0; set it to sizeof(struct ab_pool_stats)");
+  if (out->size < sizeof out->size) /* not even the size field itself */
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out->size is %" PRIu32 "; set it to sizeof(struct ab_pool_stats)",
+                   out->size);
   AB_FORWARD(pool_of(dev, &p));
   struct ab_pool_stats s;
   read_stats(p, &s, false);

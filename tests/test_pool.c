@@ -290,12 +290,14 @@ Test(pool, stats_struct_size_is_honoured) {
 
   union stats_buf u;
 
-  /* size 0 and NULL: rejected, nothing written */
-  memset(u.raw, 0xA5, sizeof u.raw);
-  u.s.size = 0;
-  cr_assert_eq(ab_pool_stats(CPU0, &u.s), AB_ERR_INVALID_ARGUMENT);
-  cr_assert_eq(u.s.size, 0);
-  for (size_t i = sizeof u.s.size; i < sizeof u.raw; i++) cr_assert_eq(u.raw[i], 0xA5, "byte %zu written", i);
+  /* sizes 0-3 (short of the size field itself) and NULL: rejected, nothing written */
+  for (uint32_t size = 0; size < sizeof u.s.size; size++) {
+    memset(u.raw, 0xA5, sizeof u.raw);
+    u.s.size = size;
+    cr_assert_eq(ab_pool_stats(CPU0, &u.s), AB_ERR_INVALID_ARGUMENT, "size %u", size);
+    cr_assert_eq(u.s.size, size);
+    for (size_t i = sizeof u.s.size; i < sizeof u.raw; i++) cr_assert_eq(u.raw[i], 0xA5, "byte %zu written", i);
+  }
   cr_assert_eq(ab_pool_stats(CPU0, NULL), AB_ERR_INVALID_ARGUMENT);
 
   /* an old caller that knows only size, device and limit_bytes */

@@ -156,8 +156,12 @@ AB_API const char *ab_last_error(void);
 /** The name of a dtype as NumPy and the frameworks spell it: "bool",
  * "int8" .. "int64", "uint8" .. "uint64", "float16", "float32", "float64",
  * "bfloat16", "complex64", "complex128", with "x<lanes>" appended for more
- * than one lane ("float32x4"); other DLPack types by DLPack's code name
- * ("int4", "float8_e4m3fn(bits 8)"), and anything else as "code C bits B".
+ * than one lane ("float32x4"); any other bits of a DLPack code by the
+ * code's name: the bits appended for the int, uint, float, bfloat, complex
+ * and bool codes ("int4"; "float8" is the float code with 8 bits, none of
+ * the float8 formats, which have codes of their own), beside the others
+ * ("float8_e4m3fn(bits 8)"); a code DLPack does not define as
+ * "code C bits B".
  * Writes into buf (NUL-terminated, cut to len) and returns buf; nothing
  * when buf is NULL or len 0. Never fails. */
 AB_API const char *ab_dtype_name(DLDataType dt, char *buf, size_t len);
@@ -605,7 +609,8 @@ struct ab_pool_stats {
  * one thread at a time allocates from the pool, and with several may
  * overstate by the blocks idle in the other threads' caches (at most 1 MiB
  * and one larger block per thread; docs/pools.md, AB_POOL_THREAD_CACHE). AB_ERR_INVALID_ARGUMENT
- * for NULL out or out->size == 0; AB_ERR_NO_DEVICE for a device that does
+ * for NULL out or an out->size that does not cover the size field itself
+ * (0-3); AB_ERR_NO_DEVICE for a device that does
  * not exist. */
 AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
 
