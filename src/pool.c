@@ -932,13 +932,12 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
   fmt_bytes(res, sizeof res, s.reserved_bytes.current);
   if (s.limit_bytes) fmt_bytes(lim, sizeof lim, s.limit_bytes);
   else snprintf(lim, sizeof lim, "none");
-  if (dtotal) {
-    fmt_bytes(fr, sizeof fr, dfree);
-    fmt_bytes(tot, sizeof tot, dtotal);
-  } else {
-    snprintf(fr, sizeof fr, "unknown");
-    snprintf(tot, sizeof tot, "unknown");
-  }
+  /* 0 is also what a device that cannot tell reports (OpenCL has no
+   * free-memory query): not to be read as "full" */
+  if (dfree) fmt_bytes(fr, sizeof fr, dfree);
+  else snprintf(fr, sizeof fr, "0 B or unreported");
+  if (dtotal) fmt_bytes(tot, sizeof tot, dtotal);
+  else snprintf(tot, sizeof tot, "unknown");
   return AB_FAIL(AB_ERR_OUT_OF_MEMORY,
                  "%s:%" PRId32 ": out of memory allocating %zu bytes (%s, block %s): %s; in use %s, "
                  "reserved %s, limit %s, device free %s of %s; %d retr%s after releasing the cache, "
