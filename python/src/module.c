@@ -56,9 +56,22 @@ static int interpreter_alive(void) {
 
 /* A device from a string ("cuda:1"), a (type, id) tuple, or None (cpu:0
  * when allow_none). */
+/* o's UTF-8 text for one of the C parsers, or NULL with ValueError when it
+ * holds a NUL character, which they would take for its end ("cpu\0:7"
+ * read as "cpu"). */
+static const char *text_of(PyObject *o, const char *what) {
+  Py_ssize_t n;
+  const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+  if (s != NULL && strlen(s) != (size_t)n) {
+    PyErr_Format(PyExc_ValueError, "%s %R contains a NUL character", what, o);
+    return NULL;
+  }
+  return s;
+}
+
 static int device_from_object(PyObject *o, DLDevice *out) {
   if (PyUnicode_Check(o)) {
-    const char *s = PyUnicode_AsUTF8(o);
+    const char *s = text_of(o, "device");
     if (s == NULL) return -1;
     ab_status st = ab_parse_device(s, out);
     if (st != AB_OK) {
@@ -99,7 +112,7 @@ static PyObject *dtype_string(DLDataType t) {
 static int dtype_from_object(PyObject *o, DLDataType *out) {
   PyObject *s = PyObject_Str(o);
   if (s == NULL) return -1;
-  const char *name = PyUnicode_AsUTF8(s);
+  const char *name = text_of(s, "dtype");
   if (name == NULL) {
     Py_DECREF(s);
     return -1;
@@ -245,7 +258,7 @@ static int layout_arg(PyObject *o, enum layout *out) {
   static const char *names[] = {"any", "nonnegative", "compact"};
   *out = LAYOUT_ANY;
   if (o == Py_None) return 0;
-  const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+  const char *s = PyUnicode_Check(o) ? text_of(o, "layout") : NULL;
   for (int i = 0; s != NULL && i < 3; i++)
     if (strcmp(s, names[i]) == 0) {
       *out = (enum layout)i;
@@ -1412,7 +1425,7 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   DLTensor *t = &ot->mt.dl_tensor;
   t->shape = ot->dims;
   t->device = (DLDevice){kDLCUDA, gpu_id};
-  const char *ts_utf8 = PyUnicode_AsUTF8(ts);
+  const char *ts_utf8 = text_of(ts, "__cuda_array_interface__ typestr");
   if (ts_utf8 == NULL || dtype_of_typestr(ts_utf8, &t->dtype) < 0 || shape_from_object(shape, t->shape, &t->ndim) < 0)
     goto done;
   const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));

@@ -393,6 +393,19 @@ def test_malformed_device_strings_raise_value_error(bad):
         ab.to_device(np.arange(3), bad)
 
 
+def test_text_with_a_nul_character_is_refused_not_cut_short():
+    # The C parsers would stop at the NUL: "cpu\0:7" read as "cpu".
+    for bad in ("cpu\0:7", "opencl:1\0garbage", "opencl\0:1"):
+        with pytest.raises(ValueError, match="NUL"):
+            ab.to_device(np.arange(3), bad)
+        with pytest.raises(ValueError, match="NUL"):
+            ab.from_dlpack(np.arange(3), device=bad)
+    with pytest.raises(ValueError, match="NUL"):
+        ab.to_device(np.arange(3), "cpu", dtype="float32\0x")
+    with pytest.raises(ValueError, match="NUL"):
+        ab.to_device(np.arange(3), "cpu", layout="any\0")
+
+
 def test_missing_devices_raise_value_error_naming_them():
     with pytest.raises(ValueError, match="opencl:99"):
         ab.to_device(np.arange(3), "opencl:99")
