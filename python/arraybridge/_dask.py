@@ -42,7 +42,10 @@ def serialize(t):
     """(header, frames) of a Tensor for Dask: its host bytes, compact, as
     one frame (the tensor's own memory when it already is such bytes)."""
     host = _ab.to_device(t, "cpu", layout="compact")
-    header = {"dtype": t.dtype, "shape": list(t.shape), "readonly": bool(t.readonly), "device": t.device}
+    # dldtype: (code, bits, lanes), for dtypes whose names do not read back
+    # (float8, multi-lane); dtype: the name, for receivers before it.
+    header = {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
+              "device": t.device}
     # its bytes, one-dimensional (memoryview(host) has its dtype and shape)
     return header, [pickle.PickleBuffer(host).raw()]
 
@@ -50,7 +53,8 @@ def serialize(t):
 def deserialize(header, frames):
     """The Tensor of serialize's header and frames."""
     frame = frames[0] if len(frames) == 1 else b"".join(frames)
-    return _ab._rebuild_tensor(frame, header["dtype"], tuple(header["shape"]), header["readonly"], header["device"])
+    dtype = tuple(header["dldtype"]) if "dldtype" in header else header["dtype"]
+    return _ab._rebuild_tensor(frame, dtype, tuple(header["shape"]), header["readonly"], header["device"])
 
 
 _CUDA = ("cuda:", "cuda_managed:")

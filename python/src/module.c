@@ -226,6 +226,12 @@ static PyObject *tensor_dtype(TensorObject *self, void *closure) {
   return dtype_string(dl(self)->dtype);
 }
 
+static PyObject *tensor_dldtype(TensorObject *self, void *closure) {
+  (void)closure;
+  const DLDataType d = dl(self)->dtype;
+  return Py_BuildValue("(III)", (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes);
+}
+
 static PyObject *tensor_device(TensorObject *self, void *closure) {
   (void)closure;
   return device_string(dl(self)->device);
@@ -561,6 +567,34 @@ static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
 
 static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer, (releasebufferproc)tensor_releasebuffer};
 
+/* A dtype as a pickle carries it: its name where the name reads back as
+ * the same dtype (the common one-lane types: pickles stay readable by
+ * older versions), else (code, bits, lanes): float8, multi-lane. */
+static PyObject *dtype_for_pickle(DLDataType t) {
+  char name[64];
+  DLDataType back;
+  ab_dtype_name(t, name, sizeof name);
+  const int same = ab_parse_dtype(name, &back) == AB_OK && back.code == t.code && back.bits == t.bits &&
+                   back.lanes == t.lanes;
+  if (same) return PyUnicode_FromString(name);
+  return Py_BuildValue("(III)", (unsigned)t.code, (unsigned)t.bits, (unsigned)t.lanes);
+}
+
+/* The dtype of a pickle: a (code, bits, lanes) tuple of whole bytes, or a
+ * name. */
+static int dtype_from_pickle(PyObject *o, DLDataType *out) {
+  if (!PyTuple_Check(o)) return dtype_from_object(o, out);
+  int code, bits, lanes;
+  if (!PyArg_ParseTuple(o, "iii", &code, &bits, &lanes)) return -1;
+  if (code < 0 || code > 255 || bits <= 0 || bits > 255 || bits % 8 != 0 || lanes < 1 || lanes > 65535) {
+    PyErr_Format(PyExc_ValueError, "pickled dtype (code %d, bits %d, lanes %d) is not one of whole bytes", code, bits,
+                 lanes);
+    return -1;
+  }
+  *out = (DLDataType){(uint8_t)code, (uint8_t)bits, (uint16_t)lanes};
+  return 0;
+}
+
 /* pickle: (the module's _rebuild_tensor, (bytes, dtype, shape, read-only,
  * device)). The bytes are the tensor's own memory when it is compact host
  * memory (out of band with protocol 5: a PickleBuffer, no copy into the
@@ -581,8 +615,8 @@ static PyObject *tensor_reduce_ex(TensorObject *self, PyObject *proto_o) {
   Py_DECREF(src);
   if (payload == NULL) return NULL;
   PyObject *readonly = (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? Py_True : Py_False;
-  return Py_BuildValue("O(NNNON)", rebuild_fn, payload, tensor_dtype(self, NULL), tensor_shape(self, NULL), readonly,
-                       tensor_device(self, NULL));
+  return Py_BuildValue("O(NNNON)", rebuild_fn, payload, dtype_for_pickle(dl(self)->dtype), tensor_shape(self, NULL),
+                       readonly, tensor_device(self, NULL));
 }
 
 static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwargs) {
@@ -676,6 +710,7 @@ static PyGetSetDef tensor_getset[] = {
   {"shape", (getter)tensor_shape, NULL, "tuple of ints", NULL},
   {"strides", (getter)tensor_strides, NULL, "strides in elements (DLPack's unit), tuple of ints", NULL},
   {"dtype", (getter)tensor_dtype, NULL, "element type as a string, e.g. 'float32'", NULL},
+  {"dldtype", (getter)tensor_dldtype, NULL, "DLPack's dtype as (code, bits, lanes), e.g. (2, 32, 1)", NULL},
   {"device", (getter)tensor_device, NULL, "device string, e.g. 'cuda:0'", NULL},
   {"nbytes", (getter)tensor_nbytes, NULL, "bytes of the elements", NULL},
   {"readonly", (getter)tensor_readonly, NULL, "whether the producer marked the data read-only", NULL},
@@ -1515,7 +1550,7 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   DLDevice dev;
   int64_t shape[AB_MAX_NDIM];
   int32_t n;
-  if (dtype_from_object(dtype_o, &dtype) < 0 || shape_from_object(shape_o, shape, &n) < 0 ||
+  if (dtype_from_pickle(dtype_o, &dtype) < 0 || shape_from_object(shape_o, shape, &n) < 0 ||
       device_from_object(device_o, &dev) < 0)
     return NULL;
   Py_buffer b;

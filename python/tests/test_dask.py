@@ -83,6 +83,22 @@ def test_a_host_tensors_frame_is_its_own_memory_and_every_dtype_round_trips():
         np.testing.assert_array_equal(np.from_dlpack(u), a)
 
 
+def test_float8_and_multi_lane_tensors_travel_and_old_headers_still_load():
+    dp = need_distributed()
+    payload = bytes(range(48))
+    for dl, shape, name in (((10, 8, 1), (6, 8), "float8_e4m3fn(bits 8)"), ((2, 32, 4), (3,), "float32x4")):
+        t = ab._arraybridge._rebuild_tensor(payload, dl, shape, False, "cpu:0")
+        assert t.dldtype == dl
+        header, frames = dp.serialize(t)
+        u = dp.deserialize(header, frames)
+        assert u.dtype == name and u.shape == shape and bytes(memoryview(u).cast("B")) == payload
+    # a header from a sender before dldtype: the name alone
+    from arraybridge import _dask
+    h, f = _dask.serialize(ab.to_device(np.arange(6, dtype=np.float32), "cpu"))
+    del h["dldtype"]
+    np.testing.assert_array_equal(np.from_dlpack(_dask.deserialize(h, f)), np.arange(6, dtype=np.float32))
+
+
 def test_0d_empty_strided_and_read_only_tensors_travel():
     dp = need_distributed()
     base = np.arange(48, dtype=np.int32).reshape(6, 8)

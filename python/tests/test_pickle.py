@@ -128,6 +128,32 @@ def test_a_process_without_the_device_gets_host_memory_or_an_error_when_asked():
     assert r.returncode != 0 and b"AB_UNPICKLE_MISSING_DEVICE=fail" in r.stderr
 
 
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_dtypes_without_a_common_name_round_trip(protocol):
+    # float8 (as JAX's ml_dtypes makes them) and multi-lane dtypes have names
+    # that ab_parse_dtype does not read back: they travel as (code, bits, lanes).
+    rebuild = ab._arraybridge._rebuild_tensor
+    payload = bytes(range(48))
+    for code_bits_lanes, shape, name in (((10, 8, 1), (6, 8), "float8_e4m3fn(bits 8)"),
+                                         ((2, 32, 4), (3,), "float32x4"), ((2, 16, 1), (24,), "float16")):
+        t = rebuild(payload, code_bits_lanes, shape, False, "cpu:0")
+        assert t.dtype == name
+        u = pickle.loads(pickle.dumps(t, protocol=protocol))
+        assert u.dtype == name and u.shape == shape
+        assert bytes(memoryview(u).cast("B")) == payload
+    # a common dtype still travels by name, which older versions read
+    assert t.__reduce_ex__(2)[1][1] == "float16"
+
+
+def test_a_pickled_dtype_tuple_is_checked():
+    rebuild = ab._arraybridge._rebuild_tensor
+    for bad in ((2, 4, 1), (2, 0, 1), (2, 32, 0), (300, 8, 1), (2, 32, 70000), (-1, 8, 1)):
+        with pytest.raises(ValueError, match="whole bytes"):
+            rebuild(b"\0" * 8, bad, (1,), False, "cpu:0")
+    with pytest.raises(TypeError):
+        rebuild(b"\0" * 8, (2, 32), (1,), False, "cpu:0")
+
+
 def test_a_damaged_pickle_is_refused():
     from arraybridge._arraybridge import _rebuild_tensor
     with pytest.raises(ValueError, match="bytes"):
