@@ -2,6 +2,7 @@
 call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
 
+from . import _arraybridge as _ab
 from ._frameworks import ADAPTERS, dtype_arg, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
 
@@ -76,6 +77,12 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     opts = {} if given == _NONE else {k: v for k, v in zip(_OPTIONS, given) if v is not None}
     if dtype is not None:
         opts["dtype"] = dtype_arg(dtype)
+    if sa.traced(data):  # inside jax.jit, vmap or grad: no data to move
+        if source is target and not opts:
+            return data
+        raise MemoryConversionError(source, target, "convert_memory",
+                                    "data is a traced %s value (inside jax.jit, vmap or grad), which has no data to "
+                                    "convert; convert before tracing" % source.display_name)
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
     if gpu_id is not None:
@@ -87,7 +94,12 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
             return data  # already there, as asked
         if gpu_id is None and not ta.has_host:
             gpu_id = int(device.split(":")[1])
-        return ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
+        producer = sa.producer(data)
+        if sa.immutable and target is MemoryType.NUMPY:
+            # A NumPy view of a JAX or TensorFlow array is read-only, as
+            # np.asarray makes it: writing it would change an immutable array.
+            producer = _ab.from_dlpack(producer, readonly=True)
+        return ta.convert(producer, device, gpu_id, tmod, opts)
     except MemoryConversionError:
         raise
     except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's

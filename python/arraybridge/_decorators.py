@@ -4,28 +4,46 @@ import functools
 
 from ._cleanup import run_with_oom_recovery
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, dtype_name as _dtype_name
+from ._frameworks import ADAPTERS, dtype_name as _dtype_name, is_array as _is_array
 from ._types import MemoryType, memory_type
 
+
+def _data_argument(args, kwargs):
+    """Where the array to convert is: the first positional argument that is
+    an array (so a method's self or cls is passed over), else the first
+    keyword argument that is one; (None, None) when no argument is."""
+    for i, a in enumerate(args):
+        if _is_array(a):
+            return i, None
+    for k, v in kwargs.items():
+        if _is_array(v):
+            return None, k
+    return None, None
+
+
 def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
-    """func, called with its first argument as a runs_on array on gpu_id
-    (converted from accepts; None: from whatever it is), its result returned
-    as an output array."""
+    """func, called with its data argument (_data_argument) as a runs_on
+    array on gpu_id (converted from accepts; None: from whatever it is), its
+    result returned as an output array."""
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         def call():
-            if not args:
-                return func(*args, **kwargs)
-            first = args[0]
+            pos, key = _data_argument(args, kwargs)
+            if pos is None and key is None:
+                return func(*args, **kwargs)  # no array to convert
+            first = args[pos] if key is None else kwargs[key]
             dtype = _dtype_name(first) if preserve_dtype else None
             src = accepts if accepts is not None else detect_memory_type(first)
-            result = func(convert_memory(first, src, runs_on, gpu_id), *args[1:], **kwargs)
-            try:
-                res_type = detect_memory_type(result)
-            except ValueError:
-                return result  # not an array (a tuple, a number): as it is
+            data = convert_memory(first, src, runs_on, gpu_id)
+            if key is None:
+                result = func(*args[:pos], data, *args[pos + 1:], **kwargs)
+            else:
+                result = func(*args, **{**kwargs, key: data})
+            if not _is_array(result):
+                return result  # not an array (a tuple, a number, a NumPy scalar): as it is
+            res_type = detect_memory_type(result)
             keep = dtype if dtype is not None and _dtype_name(result) not in (dtype, None) else None
             return convert_memory(result, res_type, output, gpu_id, dtype=keep)
 
@@ -39,11 +57,16 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
 
 
 def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, preserve_dtype=True):
-    """A decorator: the wrapped function receives its first argument as an
+    """A decorator: the wrapped function receives its first array argument
+    (the first positional argument that is an array of a framework, so a
+    method's self passes over; else the first such keyword argument) as an
     input_type array on gpu_id (converted from whatever framework it comes
     in, by detect_memory_type), and its result is returned as an
     output_type array on gpu_id (NumPy ignores gpu_id). Other arguments
-    pass as they are; a result that is not an array is returned as it is.
+    pass as they are; a result that is not an array (a NumPy scalar
+    included) is returned as it is, and so is a call with no array
+    argument. Inside jax.jit, vmap or grad, a JAX function's traced values
+    pass as they are.
 
     preserve_dtype: a result whose dtype differs from the first argument's is
     cast back to it in the same move (as the original arraybridge keeps the
@@ -69,7 +92,8 @@ def _framework_decorator(mt):
     decorator.__doc__ = (
         """Decorator: the function runs on %(name)s arrays. Bare (@%(v)s) or called
         (@%(v)s(gpu_id=0, input_type='numpy', output_type='numpy', oom_recovery=True)):
-        the first argument, of input_type (default: detected), is converted to
+        the first array argument (a method's self passes over), of input_type
+        (default: detected), is converted to
         %(name)s on gpu_id; the result is returned as output_type (default %(v)s)
         with the first argument's dtype; out-of-memory errors free the caches and
         retry. See memory_types.""" % {"name": mt.display_name, "v": mt.value})

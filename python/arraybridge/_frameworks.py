@@ -42,6 +42,24 @@ def _dtype_str(d):
     return name.rsplit(".", 1)[-1]  # torch.float32 -> float32
 
 
+def element_name(obj):
+    """obj's element type as the C core names it, complex included, or None."""
+    name = dtype_name(obj)
+    if name is None and getattr(obj, "dtype", None) is not None:
+        name = _dtype_str(obj.dtype)
+        name = name if name in ("complex64", "complex128") else None
+    return name
+
+
+def is_array(obj):
+    """Whether obj is an array of a framework the seed API names (a NumPy
+    scalar, such as a reduction gives, is not)."""
+    if owner_of(obj) is None:
+        return False
+    numpy = sys.modules.get("numpy")
+    return numpy is None or not isinstance(obj, numpy.generic)
+
+
 def dtype_name(obj):
     """obj's element type as the C core names it, or None."""
     d = getattr(obj, "dtype", None)
@@ -97,6 +115,7 @@ class Adapter:
     has_host = True         # its arrays can live in host memory (gpu_id=None)
     accel = "cuda"          # the arraybridge device family of its GPUs
     layout = "any"          # which strides its from_dlpack takes: any, nonnegative, compact
+    immutable = False       # its arrays are never written (JAX, TensorFlow), though DLPack does not say so
 
     # ---- the framework itself -------------------------------------------------
     def module(self, source=None, target=None):
@@ -117,6 +136,11 @@ class Adapter:
 
     def owns(self, obj):
         return owner_of(obj) is self.memory_type
+
+    def traced(self, obj):
+        """Whether obj is a value being traced (inside jax.jit, vmap, grad):
+        it has no data to move, only a type."""
+        return False
 
     # ---- devices --------------------------------------------------------------
     def gpu_ids(self, mod):
@@ -273,6 +297,12 @@ class Jax(Adapter):
     import_name = "jax"
     modules = ("jax", "jaxlib")
     layout = "compact"
+    immutable = True
+
+    def traced(self, obj):
+        jax = sys.modules.get("jax")
+        tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+        return tracer is not None and isinstance(obj, tracer)
 
     def _gpus(self, mod):
         try:
@@ -304,6 +334,7 @@ class TensorFlow(Adapter):
     import_name = "tensorflow"
     modules = ("tensorflow", "tf_keras", "keras")
     layout = "compact"
+    immutable = True
 
     def gpu_ids(self, mod):
         return tuple(range(len(mod.config.list_physical_devices("GPU"))))

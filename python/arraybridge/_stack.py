@@ -1,7 +1,7 @@
 """stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, dtype_name
+from ._frameworks import ADAPTERS, dtype_name, element_name
 from ._types import MemoryConversionError, MemoryType, memory_type as _memory_type
 
 
@@ -27,7 +27,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
             raise ValueError("Slice at index %d has shape %s; slice 0 has %s. All slices must have one shape."
                              % (i, sh, shape))
         shape = sh
-    dtype = dtype_name(slices[0])
+    dtype = element_name(slices[0])
     adapter = ADAPTERS[mt]
     mod = adapter.module(detect_memory_type(slices[0]), mt)
     device = adapter.target_device(gpu_id, mod, detect_memory_type(slices[0]), mt)
@@ -49,7 +49,10 @@ def stack_slices(slices, memory_type, gpu_id=None):
         return out
     if gpu_id is None and not adapter.has_host:
         gpu_id = int(device.split(":")[1])
-    return adapter.from_tensor(out, mod, gpu_id)
+    try:
+        return adapter.from_tensor(out, mod, gpu_id)
+    except Exception as e:  # the framework's own refusal (NumPy has no bfloat16, say)
+        raise MemoryConversionError("stack", mt, "%s from_dlpack" % mt.value, "%s: %s" % (type(e).__name__, e)) from e
 
 
 def unstack_slices(array, memory_type, gpu_id=None, validate_slices=True):

@@ -1114,15 +1114,24 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
 }
 
 static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x", "device", "copy", NULL};
+  static char *kwlist[] = {"x", "device", "copy", "readonly", NULL};
   PyObject *x, *device = Py_None, *copy = Py_None;
+  int readonly = 0;
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:from_dlpack", kwlist, &x, &device, &copy)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOp:from_dlpack", kwlist, &x, &device, &copy, &readonly))
+    return NULL;
   DLDevice target;
   if (device != Py_None && device_from_object(device, &target) < 0) return NULL;
   int c = copy_arg(copy);
   if (c == -2) return NULL;
-  return import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL, LAYOUT_ANY);
+  PyObject *r = import_and_convert(x, device == Py_None ? NULL : &target, c, NULL, NULL, LAYOUT_ANY);
+  /* A new Tensor of its own managed tensor: marking it read-only touches
+   * nothing the producer still holds. (Not by default for JAX and
+   * TensorFlow arrays, though they are immutable: a read-only Tensor goes
+   * only to consumers that ask for versioned capsules, and they ask for
+   * legacy ones, so jnp.from_dlpack(from_dlpack(x)) would fail.) */
+  if (r != NULL && readonly) ((TensorObject *)r)->mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  return r;
 }
 
 static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
@@ -1772,10 +1781,12 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
 
 static PyMethodDef module_methods[] = {
   {"from_dlpack", (PyCFunction)(void (*)(void))py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
-   "from_dlpack(x, /, *, device=None, copy=None)\n--\n\n"
+   "from_dlpack(x, /, *, device=None, copy=None, readonly=False)\n--\n\n"
    "A Tensor with the data of any DLPack producer (an object with __dlpack__), zero-copy when it can be.\n"
    "device: a string ('cpu', 'cuda:1', 'opencl:0') or (type, id) tuple; another device than x's copies there.\n"
-   "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed)."},
+   "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed).\n"
+   "readonly: mark the Tensor read-only whatever the producer said (JAX and TensorFlow arrays are immutable,\n"
+   "but their DLPack exports do not say so)."},
   {"to_device", (PyCFunction)(void (*)(void))py_to_device, METH_VARARGS | METH_KEYWORDS,
    "to_device(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
    "          channel_axis=None, channel_scale=None, channel_offset=None, layout='any')\n--\n\n"

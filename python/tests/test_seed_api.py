@@ -338,6 +338,38 @@ def test_tensorflow_variables_are_taken_as_their_value():
     np.testing.assert_array_equal(values("torch", ab.convert_memory(v, "tensorflow", "torch")), [1, 2, 3])
 
 
+@pytest.mark.parametrize("fw", ("jax", "tensorflow"))
+def test_numpy_views_of_immutable_arrays_are_read_only(fw):
+    # JAX and TensorFlow arrays are immutable, but their DLPack exports do
+    # not say read-only: a writable NumPy view would let a caller change one.
+    a = aligned(np.arange(4, dtype=np.float32))
+    x = make(fw, a)
+    n = ab.convert_memory(x, fw, "numpy")
+    assert ptr(n) == ptr(x), "no longer zero-copy"
+    assert not n.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        n[0] = 100
+
+    @ab.numpy
+    def center(v):
+        v -= v.mean()
+        return v
+
+    with pytest.raises(ValueError, match="read-only"):  # NumPy's own refusal, in the caller's function
+        center(x)
+    np.testing.assert_array_equal(values(fw, x), a)  # unchanged
+    # A copy is the caller's to write; so is a view of a mutable array.
+    c = ab.convert_memory(x, fw, "numpy", dtype="float64")
+    assert c.flags.writeable
+    assert ab.convert_memory(np.zeros(2), "numpy", "numpy").flags.writeable
+    # from_dlpack takes the producer's word, unless told: readonly=True
+    t = ab.from_dlpack(x, readonly=True)
+    assert t.readonly and not ab.from_dlpack(x).readonly
+    with pytest.raises(ValueError, match="read-only"):
+        ab.convert_into(np.ones(4, np.float32), t)
+    assert ab.from_dlpack(np.zeros(2), readonly=True).readonly
+
+
 # ---- pyclesperanto on PoCL ------------------------------------------------------
 
 
@@ -496,6 +528,81 @@ def test_cleanup_all_gpu_frameworks_empties_our_pools():
     assert ab.memory_stats("cpu")["reserved_bytes"]["current"] == 0
 
 
+def test_decorators_convert_the_first_array_argument_and_pass_the_rest():
+    # A method's self (the reference page's MultiGPUModel decorates methods),
+    # a classmethod's cls, data given by keyword, a call without arrays.
+    need("jax")
+
+    class Model:
+        scale = 3.0
+
+        @ab.jax
+        def forward(self, x, bias=0.0):
+            assert ab.detect_memory_type(x) == "jax"
+            return x * self.scale + bias
+
+        @classmethod
+        @ab.numpy(output_type="numpy")
+        def halve(cls, x):
+            assert isinstance(x, np.ndarray)
+            return x / 2
+
+    a = np.arange(4, dtype=np.float32)
+    r = Model().forward(a, bias=1.0)
+    assert ab.detect_memory_type(r) == "jax"
+    np.testing.assert_array_equal(np.asarray(r), a * 3 + 1)
+    np.testing.assert_array_equal(Model.halve(make("jax", a)), a / 2)
+
+    @ab.jax
+    def by_keyword(scale, x=None):
+        assert ab.detect_memory_type(x) == "jax", type(x)
+        return x * scale
+
+    np.testing.assert_array_equal(np.asarray(by_keyword(2.0, x=a)), a * 2)
+
+    @ab.jax
+    def no_arrays(n, label="x"):
+        return [label] * n
+
+    assert no_arrays(2) == ["x", "x"]
+
+
+def test_decorated_functions_return_numpy_scalars_as_they_are():
+    @ab.numpy
+    def total(x):
+        return x.sum()
+
+    @ab.numpy
+    def mean_of_ints(x):
+        return x.mean()
+
+    t = total(np.arange(4, dtype=np.float32))
+    assert isinstance(t, np.float32) and t == 6
+    m = mean_of_ints(np.arange(4, dtype=np.int32))
+    assert isinstance(m, np.float64) and m == 1.5
+
+
+def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
+    jax = need("jax")
+    import jax.numpy as jnp
+
+    @ab.jax
+    def double(x):
+        return x * 2
+
+    x = jnp.arange(3, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(double)(x)), [0, 2, 4])
+    np.testing.assert_array_equal(np.asarray(jax.vmap(double)(jnp.ones((2, 3), jnp.float32))), np.full((2, 3), 2))
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda v: double(v).sum())(x)), [2, 2, 2])
+
+    @ab.numpy
+    def to_numpy(x):
+        return x
+
+    with pytest.raises(ab.MemoryConversionError, match="traced JAX value"):
+        jax.jit(to_numpy)(x)  # a traced value has no data to move to NumPy
+
+
 # ---- stack_slices / unstack_slices ---------------------------------------------
 
 
@@ -528,6 +635,18 @@ def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
         ab.stack_slices([np.zeros((2, 2)), np.zeros((2, 3))], "numpy")
     with pytest.raises(ValueError, match="must be 3D"):
         ab.unstack_slices(np.zeros((2, 2)), "numpy")
+
+
+def test_stack_slices_of_complex_and_a_dtype_the_target_lacks():
+    c = [np.full((2, 3), 1 + 2j, np.complex64), np.full((2, 3), 3 - 1j, np.complex64)]
+    s = ab.stack_slices(c, "numpy")
+    assert s.dtype == np.complex64
+    np.testing.assert_array_equal(s, np.stack(c))
+    need("jax")
+    import jax.numpy as jnp
+    b = [jnp.ones((2, 2), jnp.bfloat16)] * 2
+    with pytest.raises(ab.MemoryConversionError):  # NumPy has no bfloat16: the framework's refusal, wrapped
+        ab.stack_slices(b, "numpy")
 
 
 def test_convert_into_refuses_bad_outputs():
@@ -854,6 +973,29 @@ def test_the_pages_code_runs(k):
             assert isinstance(r, torch.Tensor) and r.device == torch.device("cuda", gpu), r.device
             np.testing.assert_allclose(r.cpu().numpy(), x @ x.T, rtol=1e-3)
 
+
+
+def test_the_pages_model_with_decorated_methods_runs_on_the_host():
+    # The page's MultiGPUModel decorates methods (self first) with
+    # @torch(gpu_id=N); its GPU ids are taken out, so it runs on any machine.
+    need_page()
+    torch = need("torch")
+    code = next(b for b in page_blocks() if "class MultiGPUModel" in b)
+    for gpu in ("gpu_id=0, ", "gpu_id=1, "):
+        assert gpu in code
+        code = code.replace(gpu, "")
+    code = code.replace(", gpu_id=1)", ")")
+    ns = page_namespace()
+    exec(compile(code, "page block (host)", "exec"), ns)
+
+    class Model(ns["MultiGPUModel"]):
+        def _create_layer(self, k):
+            return lambda x: x * (k + 2)
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    r = Model().forward(x)
+    assert isinstance(r, torch.Tensor)
+    np.testing.assert_array_equal(r.numpy(), x * 2 * 3)
 
 # ---- the device-level pieces the seed API stands on -----------------------------
 
