@@ -237,14 +237,14 @@ AB_API const char *ab_device_type_name(DLDeviceType type);
 AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
 
 /** The best device for work: the AB_DEFAULT_DEVICE environment variable
- * when it is set and names a device that exists and tensors may live on
- * (a device string, read at every call; not AB_DEVICE_OPENCL_HOST); else the accelerator with the most memory to offer, an
- * accelerator being a device whose memory is its own (not host memory such
- * as cuda_host, nor the host's RAM as an OpenCL CPU device's is): devices
- * that report their free memory (CUDA GPUs) come first, by free memory,
- * then the others (OpenCL GPUs) by total memory; else cpu:0. For the "cuda
- * if available else cpu" pattern. Never fails; never leaves an error
- * message behind. */
+ * when it is set and names a device that exists and tensors may live on (a
+ * device string, read at every call; not AB_DEVICE_OPENCL_HOST); else the
+ * accelerator with the most memory to offer, an accelerator being a device
+ * whose memory is its own (not host memory such as cuda_host, nor the
+ * host's RAM as an OpenCL CPU device's is): devices that report their free
+ * memory (CUDA GPUs) come first, by free memory, then the others (OpenCL
+ * GPUs) by total memory; else cpu:0. For the "cuda if available else cpu"
+ * pattern. Never fails; never leaves an error message behind. */
 AB_API DLDevice ab_best_device(void);
 
 /** Loads the device drivers the library will use into the process, without
@@ -608,10 +608,10 @@ struct ab_pool_stats {
  * moment of the call, the threads' caches summed in; a peak is exact while
  * one thread at a time allocates from the pool, and with several may
  * overstate by the blocks idle in the other threads' caches (at most 1 MiB
- * and one larger block per thread; docs/pools.md, AB_POOL_THREAD_CACHE). AB_ERR_INVALID_ARGUMENT
- * for NULL out or an out->size that does not cover the size field itself
- * (0-3); AB_ERR_NO_DEVICE for a device that does
- * not exist. */
+ * and one larger block per thread; docs/pools.md, AB_POOL_THREAD_CACHE).
+ * AB_ERR_INVALID_ARGUMENT for NULL out or an out->size that does not cover
+ * the size field itself (0-3); AB_ERR_NO_DEVICE for a device that does not
+ * exist. */
 AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
 
 /** Sets every gauge's peak to its current value. */
