@@ -1,50 +1,62 @@
 """The seed API's decorators: numpy, cupy, torch, tensorflow, jax,
 pyclesperanto and memory_types."""
 import functools
+import inspect
 
 from ._cleanup import run_with_oom_recovery
 from ._convert import convert_memory, detect_memory_type
 from ._frameworks import ADAPTERS, dtype_name as _dtype_name, is_array as _is_array
 from ._types import MemoryType, memory_type
 
+_P = inspect.Parameter
 
-def _data_argument(args, kwargs):
-    """Where the array to convert is: the first positional argument that is
-    an array (so a method's self or cls is passed over), else the first
-    keyword argument that is one; (None, None) when no argument is."""
-    for i, a in enumerate(args):
-        if _is_array(a):
-            return i, None
-    for k, v in kwargs.items():
-        if _is_array(v):
-            return None, k
-    return None, None
+
+def _data_parameter(func):
+    """(position, name) of the parameter that takes the data: func's first,
+    or its second when the first is a method's self or cls. name is None
+    where the data can only come by position (*args, or a function whose
+    signature Python cannot read)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return 0, None
+    i = 1 if params and params[0].name in ("self", "cls") else 0
+    if i >= len(params) or params[i].kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD, _P.POSITIONAL_ONLY):
+        return i, None
+    return (i if params[i].kind is _P.POSITIONAL_OR_KEYWORD else None), params[i].name
 
 
 def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
-    """func, called with its data argument (_data_argument) as a runs_on
+    """func, called with its data argument (_data_parameter) as a runs_on
     array on gpu_id (converted from accepts; None: from whatever it is), its
     result returned as an output array."""
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
+    pos, name = _data_parameter(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         def call():
-            pos, key = _data_argument(args, kwargs)
-            if pos is None and key is None:
-                return func(*args, **kwargs)  # no array to convert
-            first = args[pos] if key is None else kwargs[key]
+            if pos is not None and pos < len(args):
+                first = args[pos]
+            elif name is not None and name in kwargs:
+                first = kwargs[name]
+            else:
+                return func(*args, **kwargs)  # no data argument in this call
+            if accepts is None and not _is_array(first):
+                return func(*args, **kwargs)  # not an array (a list, a number): as it is
             dtype = _dtype_name(first) if preserve_dtype else None
             src = accepts if accepts is not None else detect_memory_type(first)
-            data = convert_memory(first, src, runs_on, gpu_id)
-            if key is None:
+            data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
+            if pos is not None and pos < len(args):
                 result = func(*args[:pos], data, *args[pos + 1:], **kwargs)
             else:
-                result = func(*args, **{**kwargs, key: data})
+                result = func(*args, **{**kwargs, name: data})
             if not _is_array(result):
-                return result  # not an array (a tuple, a number, a NumPy scalar): as it is
+                return result  # not an array (a tuple, a shape, a NumPy scalar): as it is
             res_type = detect_memory_type(result)
             keep = dtype if dtype is not None and _dtype_name(result) not in (dtype, None) else None
+            if keep is not None and ADAPTERS[MemoryType(res_type)].traced(result):
+                result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
             return convert_memory(result, res_type, output, gpu_id, dtype=keep)
 
         if oom_recovery:
@@ -57,18 +69,17 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
 
 
 def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, preserve_dtype=True):
-    """A decorator: the wrapped function receives its first array argument
-    (the first positional argument that is an array of a framework, so a
-    method's self passes over; else the first such keyword argument) as an
-    input_type array on gpu_id (converted from whatever framework it comes
-    in, by detect_memory_type), and its result is returned as an
-    output_type array on gpu_id (NumPy ignores gpu_id). Other arguments
-    pass as they are; a result that is not an array (a NumPy scalar
-    included) is returned as it is, and so is a call with no array
-    argument. Inside jax.jit, vmap or grad, a JAX function's traced values
-    pass as they are.
+    """A decorator: the wrapped function receives its data argument (its
+    first parameter, or its second when the first is a method's self or
+    cls; by position or by keyword) as an input_type array on gpu_id
+    (converted from whatever framework it comes in, by detect_memory_type),
+    and its result is returned as an output_type array on gpu_id (NumPy
+    ignores gpu_id). Other arguments pass as they are; a result that is not
+    an array (a NumPy scalar included) is returned as it is, and so is a
+    call whose data argument is missing or not an array. Inside jax.jit,
+    vmap or grad, a JAX function's traced values pass as they are.
 
-    preserve_dtype: a result whose dtype differs from the first argument's is
+    preserve_dtype: a result whose dtype differs from the data argument's is
     cast back to it in the same move (as the original arraybridge keeps the
     input's dtype). oom_recovery: on an out-of-memory error (MemoryError,
     arraybridge's, or the frameworks'), the caches are freed
@@ -92,10 +103,10 @@ def _framework_decorator(mt):
     decorator.__doc__ = (
         """Decorator: the function runs on %(name)s arrays. Bare (@%(v)s) or called
         (@%(v)s(gpu_id=0, input_type='numpy', output_type='numpy', oom_recovery=True)):
-        the first array argument (a method's self passes over), of input_type
-        (default: detected), is converted to
+        the data argument (the first parameter, after a method's self), of
+        input_type (default: detected), is converted to
         %(name)s on gpu_id; the result is returned as output_type (default %(v)s)
-        with the first argument's dtype; out-of-memory errors free the caches and
+        with the data argument's dtype; out-of-memory errors free the caches and
         retry. See memory_types.""" % {"name": mt.display_name, "v": mt.value})
     return decorator
 

@@ -52,9 +52,11 @@ def element_name(obj):
 
 
 def is_array(obj):
-    """Whether obj is an array of a framework the seed API names (a NumPy
-    scalar, such as a reduction gives, is not)."""
-    if owner_of(obj) is None:
+    """Whether obj is an array of a framework the seed API names: an object
+    of its modules with a shape and a dtype (not torch.Size, a dtype, an
+    nn.Module, a random Generator), and not a NumPy scalar, such as a
+    reduction gives."""
+    if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):
         return False
     numpy = sys.modules.get("numpy")
     return numpy is None or not isinstance(obj, numpy.generic)

@@ -553,18 +553,52 @@ def test_decorators_convert_the_first_array_argument_and_pass_the_rest():
     np.testing.assert_array_equal(np.asarray(r), a * 3 + 1)
     np.testing.assert_array_equal(Model.halve(make("jax", a)), a / 2)
 
-    @ab.jax
-    def by_keyword(scale, x=None):
-        assert ab.detect_memory_type(x) == "jax", type(x)
-        return x * scale
+    @ab.numpy
+    def masked(x, mask):  # the data is the first parameter, however the call names it
+        assert x.dtype == np.float32
+        return np.where(mask, x, 0)
 
-    np.testing.assert_array_equal(np.asarray(by_keyword(2.0, x=a)), a * 2)
+    m = np.array([True, False, True, True])
+    for r in (masked(a, m), masked(x=a, mask=m), masked(mask=m, x=a), masked(a, mask=m)):
+        assert r.dtype == np.float32  # a's dtype kept, not the mask's
+        np.testing.assert_array_equal(r, [0, 0, 2, 3])
 
     @ab.jax
     def no_arrays(n, label="x"):
         return [label] * n
 
-    assert no_arrays(2) == ["x", "x"]
+    assert no_arrays(2) == ["x", "x"]  # a data argument that is no array: the call as it is
+
+    @ab.jax(input_type="numpy")
+    def strict(x, factor):
+        return x * factor
+
+    with pytest.raises(ab.MemoryConversionError, match="not numpy"):
+        strict([0.5, 2.5], np.int8(3))  # input_type given: the data must be one
+
+
+def test_framework_objects_that_are_not_arrays_pass_as_they_are():
+    torch = need("torch")
+
+    @ab.torch
+    def apply(x, layer):
+        return layer(x)
+
+    lin = torch.nn.Linear(3, 2)
+    r = apply(np.ones((1, 3), np.float32), lin)
+    assert isinstance(r, torch.Tensor) and r.shape == (1, 2)
+
+    @ab.torch
+    def shape_of(x):
+        return x.shape
+
+    assert shape_of(np.zeros((2, 5), np.float32)) == torch.Size([2, 5])
+
+    @ab.numpy
+    def noise(rng, n):
+        return rng.random(n)
+
+    assert noise(np.random.default_rng(1), 3).shape == (3,)  # a Generator is no array: passed as it is
 
 
 def test_decorated_functions_return_numpy_scalars_as_they_are():
@@ -601,6 +635,15 @@ def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
 
     with pytest.raises(ab.MemoryConversionError, match="traced JAX value"):
         jax.jit(to_numpy)(x)  # a traced value has no data to move to NumPy
+
+    @ab.jax
+    def positive(v):
+        return v > 1  # a bool result, cast back to the input's dtype: by JAX's astype under jit
+
+    for f in (positive, jax.jit(positive)):
+        r = f(x)
+        assert r.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(r), [0, 0, 1])
 
 
 # ---- stack_slices / unstack_slices ---------------------------------------------
@@ -974,7 +1017,6 @@ def test_the_pages_code_runs(k):
             np.testing.assert_allclose(r.cpu().numpy(), x @ x.T, rtol=1e-3)
 
 
-
 def test_the_pages_model_with_decorated_methods_runs_on_the_host():
     # The page's MultiGPUModel decorates methods (self first) with
     # @torch(gpu_id=N); its GPU ids are taken out, so it runs on any machine.
@@ -996,6 +1038,7 @@ def test_the_pages_model_with_decorated_methods_runs_on_the_host():
     r = Model().forward(x)
     assert isinstance(r, torch.Tensor)
     np.testing.assert_array_equal(r.numpy(), x * 2 * 3)
+
 
 # ---- the device-level pieces the seed API stands on -----------------------------
 
