@@ -2,7 +2,6 @@
 call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
 
-from . import _arraybridge as _ab
 from ._frameworks import ADAPTERS, dtype_arg, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
 
@@ -61,7 +60,8 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     Zero-copy (the result shares data's memory) when the data already sits
     where the target needs it and no keyword asks for a change; otherwise a
     compact copy made by the C library (peer copies, pinned staging,
-    pooled memory). Any failure is a MemoryConversionError whose __cause__
+    pooled memory). A NumPy array of a JAX or TensorFlow array (both
+    immutable) is read-only unless a keyword made it a copy. Any failure is a MemoryConversionError whose __cause__
     is the exception behind it (MemoryError: out of memory)."""
     source = memory_type(source_type, "source_type")
     target = memory_type(target_type, "target_type")
@@ -94,12 +94,14 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
             return data  # already there, as asked
         if gpu_id is None and not ta.has_host:
             gpu_id = int(device.split(":")[1])
-        producer = sa.producer(data)
-        if sa.immutable and target is MemoryType.NUMPY:
-            # A NumPy view of a JAX or TensorFlow array is read-only, as
-            # np.asarray makes it: writing it would change an immutable array.
-            producer = _ab.from_dlpack(producer, readonly=True)
-        return ta.convert(producer, device, gpu_id, tmod, opts)
+        out = ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
+        if sa.immutable and target is MemoryType.NUMPY and not opts:
+            # A NumPy array of a JAX or TensorFlow array is read-only, as
+            # np.asarray makes it: a view, written, would change an
+            # immutable array. (Set here, not through DLPack's read-only
+            # flag, which a NumPy before 2.1 cannot take.)
+            out.flags.writeable = False
+        return out
     except MemoryConversionError:
         raise
     except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's

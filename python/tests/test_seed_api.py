@@ -363,6 +363,8 @@ def test_numpy_views_of_immutable_arrays_are_read_only(fw):
     assert c.flags.writeable
     assert ab.convert_memory(np.zeros(2), "numpy", "numpy").flags.writeable
     # from_dlpack takes the producer's word, unless told: readonly=True
+    for v in ab.unstack_slices(make(fw, aligned(np.zeros((2, 2, 2), np.float32))), "numpy"):
+        assert not v.flags.writeable
     t = ab.from_dlpack(x, readonly=True)
     assert t.readonly and not ab.from_dlpack(x).readonly
     with pytest.raises(ValueError, match="read-only"):
