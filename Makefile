@@ -136,11 +136,15 @@ test-clang:
 # files are stated with AB_ASSUME (src/internal.h). .ci/run runs it.
 ANALYZE_BUILD ?= build-analyze
 test-analyze:
+	@test -n "$(strip $(ANALYZE_BUILD))" || { echo "test-analyze: ANALYZE_BUILD is empty"; exit 1; }
 	@tools/setup-deps.sh clang clang-tools
 	rm -rf $(ANALYZE_BUILD)
 	scan-build --status-bugs -o $(ANALYZE_BUILD)/reports cmake -S . -B $(ANALYZE_BUILD) -DCMAKE_BUILD_TYPE=Debug \
 	  -DAB_BUILD_TESTS=OFF -DAB_BUILD_BENCH=OFF -DAB_BUILD_SIMCUDA=ON $(CMAKE_ARGS)
 	scan-build --status-bugs -o $(ANALYZE_BUILD)/reports cmake --build $(ANALYZE_BUILD) -j $(JOBS)
+	@# A file the analyzer could not parse, or crashed on, is no report: it is a failure too.
+	@if ls -d $(ANALYZE_BUILD)/reports/*/failures >/dev/null 2>&1; then \
+	  echo "test-analyze: the analyzer failed on some files:"; ls $(ANALYZE_BUILD)/reports/*/failures; exit 1; fi
 
 # The library cross-built for 64-bit Arm (aarch64) and its tests run under
 # qemu-user: the portable host paths, which x86-64 never runs (host
@@ -181,4 +185,5 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) $(CLANG_BUILD) build-docs python/build python/*.egg-info
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) $(CLANG_BUILD) $(ANALYZE_BUILD) \
+	  build-docs python/build python/*.egg-info
