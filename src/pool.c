@@ -935,7 +935,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
   /* 0 is also what a device that cannot tell reports (OpenCL has no
    * free-memory query): not to be read as "full" */
   if (dfree) fmt_bytes(fr, sizeof fr, dfree);
-  else snprintf(fr, sizeof fr, "0 B or unreported");
+  else snprintf(fr, sizeof fr, dtotal ? "0 B or unreported" : "unknown");
   if (dtotal) fmt_bytes(tot, sizeof tot, dtotal);
   else snprintf(tot, sizeof tot, "unknown");
   return AB_FAIL(AB_ERR_OUT_OF_MEMORY,

@@ -1,7 +1,7 @@
 """stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, dtype_name, element_name
+from ._frameworks import ADAPTERS, element_name
 from ._types import MemoryConversionError, MemoryType, memory_type as _memory_type
 
 

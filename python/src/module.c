@@ -54,8 +54,6 @@ static int interpreter_alive(void) {
 
 /* ---- devices and dtypes as Python values ---------------------------------- */
 
-/* A device from a string ("cuda:1"), a (type, id) tuple, or None (cpu:0
- * when allow_none). */
 /* o's UTF-8 text for one of the C parsers, or NULL with ValueError when it
  * holds a NUL character, which they would take for its end ("cpu\0:7"
  * read as "cpu"). */
@@ -69,6 +67,7 @@ static const char *text_of(PyObject *o, const char *what) {
   return s;
 }
 
+/* A device from a string ("cuda:1") or a (type, id) tuple. */
 static int device_from_object(PyObject *o, DLDevice *out) {
   if (PyUnicode_Check(o)) {
     const char *s = text_of(o, "device");
