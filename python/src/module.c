@@ -1146,11 +1146,19 @@ static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
   DLDevice target;
   if (device_from_object(target_o, &target) < 0) return NULL;
   if (gpu_id != Py_None) {
+    if (PyBool_Check(gpu_id)) { /* an int to Python, but True is no GPU id */
+      PyErr_SetString(PyExc_TypeError, "gpu_id must be an int or None, not bool");
+      return NULL;
+    }
     long id = PyLong_AsLong(gpu_id);
-    if (id == -1 && PyErr_Occurred()) return NULL;
+    if (id == -1 && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+      PyErr_Clear();
+      id = LONG_MAX; /* out of range: the message below */
+    }
     if (id < AB_DEVICE_AUTO || id > INT32_MAX) {
-      PyErr_Format(PyExc_ValueError, "gpu_id %ld is out of range (>= 0, or -1 for the device with most free memory)",
-                   id);
+      PyErr_Format(PyExc_ValueError, "gpu_id %S is out of range (>= 0, or -1 for the device with most free memory)",
+                   gpu_id);
       return NULL;
     }
     target.device_id = (int32_t)id;

@@ -393,6 +393,18 @@ def test_malformed_device_strings_raise_value_error(bad):
         ab.to_device(np.arange(3), bad)
 
 
+def test_gpu_id_must_be_an_int_in_range():
+    for bad in (True, False):
+        with pytest.raises(TypeError, match="not bool"):
+            ab.to_device(np.arange(3), "cpu", gpu_id=bad)
+    for bad in (-2, 1 << 31, 1 << 80, -(1 << 80)):
+        with pytest.raises(ValueError, match="out of range"):
+            ab.to_device(np.arange(3), "cpu", gpu_id=bad)
+    with pytest.raises(TypeError):
+        ab.to_device(np.arange(3), "cpu", gpu_id="0")
+    assert ab.to_device(np.arange(3), "cpu", gpu_id=np.int64(0)).device == "cpu:0"
+
+
 def test_text_with_a_nul_character_is_refused_not_cut_short():
     # The C parsers would stop at the NUL: "cpu\0:7" read as "cpu".
     for bad in ("cpu\0:7", "opencl:1\0garbage", "opencl\0:1"):
