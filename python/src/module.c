@@ -692,11 +692,47 @@ static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused) {
   return Py_BuildValue("(ii)", (int)t->device.device_type, (int)t->device.device_id);
 }
 
+/* NumPy's __array__, which np.asarray calls when the buffer protocol gives
+ * nothing (a strided tensor, or one on a device; a compact host tensor
+ * goes through the buffer, zero-copy): the data copied to compact host
+ * memory through the library's routes, as a NumPy array. copy=False is
+ * then ValueError, NumPy's protocol for "a copy is needed"; without this
+ * method NumPy made a 0-d object array of the Tensor, silently. */
+static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"dtype", "copy", NULL};
+  PyObject *dtype = Py_None, *copy = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy)) return NULL;
+  const int c = copy_arg(copy);
+  if (c == -2) return NULL;
+  if (c == 0 && !host_compact(dl(self))) {
+    PyErr_SetString(PyExc_ValueError, "a NumPy array of this tensor needs a copy (it is strided or on a device), "
+                                      "and copy=False was given");
+    return NULL;
+  }
+  const DLDevice cpu = {kDLCPU, 0};
+  PyObject *host = import_and_convert((PyObject *)self, &cpu, c == 1 ? 1 : -1, NULL, NULL, LAYOUT_COMPACT);
+  if (host == NULL) return NULL;
+  PyObject *np = PyImport_ImportModule("numpy");
+  PyObject *arr = np == NULL ? NULL : PyObject_CallMethod(np, "from_dlpack", "O", host);
+  Py_XDECREF(np);
+  Py_DECREF(host);
+  if (arr != NULL && dtype != Py_None) {
+    PyObject *cast = PyObject_CallMethod(arr, "astype", "O", dtype);
+    Py_DECREF(arr);
+    arr = cast;
+  }
+  return arr;
+}
+
 static PyMethodDef tensor_methods[] = {
   {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
    "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
    "Exports the tensor as a DLPack capsule: versioned (\"dltensor_versioned\") when max_version allows 1.x,\n"
    "legacy (\"dltensor\") otherwise. A view unless dl_device names another device or copy=True."},
+  {"__array__", (PyCFunction)(void (*)(void))tensor_array, METH_VARARGS | METH_KEYWORDS,
+   "__array__(dtype=None, copy=None)\n--\n\n"
+   "NumPy's protocol: the tensor as a NumPy array; a strided or device tensor is copied to compact host memory\n"
+   "(a compact host tensor reaches NumPy through the buffer protocol, without a copy)."},
   {"__dlpack_device__", (PyCFunction)tensor_dlpack_device, METH_NOARGS,
    "__dlpack_device__()\n--\n\nThe (device_type, device_id) pair of DLPack."},
   {"__reduce_ex__", (PyCFunction)tensor_reduce_ex, METH_O,

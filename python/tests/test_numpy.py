@@ -514,6 +514,25 @@ def test_a_producer_whose_dlpack_device_raises_passes_the_error_on():
         ab.from_dlpack(Broken())
 
 
+def test_asarray_of_a_strided_or_device_tensor_copies_it_to_the_host():
+    # What the buffer protocol cannot give goes through __array__ (NumPy
+    # made a 0-d object array of such a Tensor before).
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = ab.to_device(base[::-1, ::2], "cpu")
+    assert t.strides != (3, 1)  # a strided view
+    a = np.asarray(t)
+    assert a.dtype == np.float32 and a.shape == (4, 3)
+    np.testing.assert_array_equal(a, base[::-1, ::2])
+    assert np.asarray(t, dtype=np.float64).dtype == np.float64
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(t, copy=False)
+    c = ab.to_device(base, "cpu")  # compact: still the buffer, zero-copy, even with copy=False
+    assert np.array(c, copy=False).__array_interface__["data"][0] == c.data_ptr
+    if "opencl:0" in ab.devices():
+        g = ab.to_device(base, "opencl:0")
+        np.testing.assert_array_equal(np.asarray(g), base)
+
+
 def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
     # The buffer protocol with format and shape (what np.asarray asks for):
     # the tensor as an array, sharing its memory, read-only where it is.
