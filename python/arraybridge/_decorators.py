@@ -94,6 +94,9 @@ def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, pr
 
 def _framework_decorator(mt):
     def decorator(func=None, *, gpu_id=None, input_type=None, output_type=mt, oom_recovery=True, preserve_dtype=True):
+        if func is not None and not callable(func):  # @torch(0): a gpu_id given by position
+            raise TypeError("@%s decorates a function; give its options by keyword (@%s(gpu_id=%r)), not %r"
+                            % (mt.value, mt.value, func, func))
         accepts = None if input_type is None else memory_type(input_type, "input_type")
         out = memory_type(output_type, "output_type")
         d = lambda f: _wrap(f, accepts, mt, out, gpu_id, oom_recovery, preserve_dtype)  # noqa: E731

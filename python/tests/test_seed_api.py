@@ -578,6 +578,9 @@ def test_decorators_convert_the_first_array_argument_and_pass_the_rest():
     with pytest.raises(ab.MemoryConversionError, match="not numpy"):
         strict([0.5, 2.5], np.int8(3))  # input_type given: the data must be one
 
+    with pytest.raises(TypeError, match="by keyword"):
+        ab.jax(0)  # gpu_id by position: refused where it is written, not at the first call
+
 
 def test_framework_objects_that_are_not_arrays_pass_as_they_are():
     torch = need("torch")
