@@ -61,8 +61,9 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     where the target needs it and no keyword asks for a change; otherwise a
     compact copy made by the C library (peer copies, pinned staging,
     pooled memory). A NumPy array of a JAX or TensorFlow array (both
-    immutable) is read-only unless a keyword made it a copy. Any failure is a MemoryConversionError whose __cause__
-    is the exception behind it (MemoryError: out of memory)."""
+    immutable) is read-only unless a keyword made it a copy. Any failure
+    is a MemoryConversionError whose __cause__ is the exception behind it
+    (MemoryError: out of memory)."""
     source = memory_type(source_type, "source_type")
     target = memory_type(target_type, "target_type")
     sa, ta = ADAPTERS[source], ADAPTERS[target]
