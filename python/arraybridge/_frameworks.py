@@ -94,6 +94,23 @@ def gpu_id_arg(gpu_id, source, target):
 _OWNER = {}  # type -> the MemoryType of its framework (None: no framework's)
 
 
+def _keras_owner():
+    """The framework under Keras: Keras 3 runs on TensorFlow, JAX or torch
+    (its backend, fixed when it is imported); Keras 2 on TensorFlow."""
+    keras = sys.modules.get("keras")
+    backend = getattr(getattr(keras, "config", None), "backend", None)
+    name = backend() if callable(backend) else "tensorflow"
+    return {"tensorflow": MemoryType.TENSORFLOW, "jax": MemoryType.JAX, "torch": MemoryType.TORCH}.get(name)
+
+
+def _keras_value(obj):
+    """A Keras 3 variable's array (its .value) where obj has no DLPack of its
+    own, else obj."""
+    if type(obj).__module__.startswith("keras.") and not hasattr(obj, "__dlpack__"):
+        return getattr(obj, "value", obj)
+    return obj
+
+
 def owner_of(obj):
     """The MemoryType whose framework obj's type belongs to, by the top-level
     module of the type (nothing is imported), or None. Cached per type."""
@@ -103,7 +120,10 @@ def owner_of(obj):
     except KeyError:
         pass
     top = cls.__module__.split(".", 1)[0]
-    found = next((a.memory_type for a in ADAPTERS.values() if top in a.modules), None)
+    if top == "keras":
+        found = _keras_owner()
+    else:
+        found = next((a.memory_type for a in ADAPTERS.values() if top in a.modules), None)
     _OWNER[cls] = found
     return found
 
@@ -223,7 +243,11 @@ class Torch(Adapter):
     def gpu_ids(self, mod):
         return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
 
+    def device_of(self, obj):
+        return super().device_of(_keras_value(obj))
+
     def producer(self, obj):
+        obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
         if obj.requires_grad:
             obj = obj.detach()
         # A lazily conjugated or negated view: DLPack has no such bits, so
@@ -301,6 +325,12 @@ class Jax(Adapter):
     layout = "compact"
     immutable = True
 
+    def device_of(self, obj):
+        return super().device_of(_keras_value(obj))
+
+    def producer(self, obj):
+        return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array
+
     def traced(self, obj):
         jax = sys.modules.get("jax")
         tracer = getattr(getattr(jax, "core", None), "Tracer", None)
@@ -334,7 +364,7 @@ class Jax(Adapter):
 class TensorFlow(Adapter):
     memory_type = MemoryType.TENSORFLOW
     import_name = "tensorflow"
-    modules = ("tensorflow", "tf_keras", "keras")
+    modules = ("tensorflow", "tf_keras")  # keras: by its backend (_keras_owner)
     layout = "compact"
     immutable = True
 

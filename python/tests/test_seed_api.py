@@ -606,6 +606,32 @@ def test_framework_objects_that_are_not_arrays_pass_as_they_are():
     assert noise(np.random.default_rng(1), 3).shape == (3,)  # a Generator is no array: passed as it is
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_keras_variables_belong_to_keras_backend(backend):
+    # Keras 3 runs on TensorFlow, JAX or torch; its variables were all taken
+    # for TensorFlow's, so @ab.jax on one failed where TensorFlow was absent.
+    need("keras")
+    need(backend)
+    code = textwrap.dedent("""
+        import numpy as np, keras, arraybridge as ab
+        v = keras.Variable(np.arange(3, dtype=np.float32))
+        assert ab.detect_memory_type(v) == %r, ab.detect_memory_type(v)
+        n = ab.convert_memory(v, %r, "numpy")
+        assert n.tolist() == [0, 1, 2], n
+
+        @ab.jax
+        def double(x):
+            assert ab.detect_memory_type(x) == "jax"
+            return x * 2
+
+        assert np.asarray(double(v)).tolist() == [0, 2, 4]
+        print("ok")
+    """ % (backend, backend))
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
 def test_decorated_functions_return_numpy_scalars_as_they_are():
     @ab.numpy
     def total(x):
