@@ -317,6 +317,16 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
 /* Whether two host byte ranges [a, a + n) and [b, b + m) share a byte. */
 static bool overlap(uintptr_t a, uint64_t n, uintptr_t b, uint64_t m) { return n > 0 && m > 0 && a < b + m && b < a + n; }
 
+/* "(3, 4)" for a message, cut with "..." where buf is too short. */
+static const char *shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "(");
+  for (int32_t i = 0; i < ndim && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%" PRId64, i ? ", " : "", shape[i]);
+  if (n < len) n += (size_t)snprintf(buf + n, len - n, ndim == 1 ? ",)" : ")");
+  if (n >= len && len > 4) memcpy(buf + len - 4, "...", 4);
+  return buf;
+}
+
 ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_convert_opts *opts) {
   ab__prepared p;
   ab__layout dlay;
@@ -346,9 +356,12 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   const int64_t *shape = p.cv.active ? p.cv.out_shape : src->shape;
   bool same = dst->ndim == src->ndim;
   for (int32_t i = 0; same && i < dst->ndim; i++) same = dst->shape[i] == shape[i];
-  if (!same)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dst has %" PRId32 " dims and not the result's shape (src has %" PRId32
-                   " dims%s)", dst->ndim, src->ndim, o.permute != NULL ? ", permuted by opts->permute" : "");
+  if (!same) {
+    char ds[96], rs[96];
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dst has shape %s, not the result's %s (src's%s)",
+                   shape_text(dst->ndim, dst->shape, ds, sizeof ds), shape_text(src->ndim, shape, rs, sizeof rs),
+                   o.permute != NULL ? ", permuted by opts->permute" : "");
+  }
   if ((p.sbe->caps & AB_CAP_HOST_ACCESSIBLE) && (dbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
       overlap((uintptr_t)src->data + src->byte_offset + (uintptr_t)p.lay.min_off,
               p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0,

@@ -136,6 +136,13 @@ int32_t ab_device_count(DLDeviceType type) {
 }
 
 /* ab__check_device with dev's backend index i (backend_index) looked up. */
+/* A device id as device strings spell it: "auto" for AB_DEVICE_AUTO. */
+static const char *id_text(int32_t id, char buf[16]) {
+  if (id == AB_DEVICE_AUTO) return "auto";
+  snprintf(buf, 16, "%" PRId32, id);
+  return buf;
+}
+
 static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                  const struct ab_backend **be) {
   /* The type's name is for the messages only: looked up on their paths. */
@@ -144,13 +151,14 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
   if (i < 0 && strcmp(tname, "unknown") == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s type %d is not a DLPack device type",
                    what, (int)dev.device_type);
+  char idb[16];
   if (i < 0)
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s backend is built into this library",
-                   what, tname, dev.device_id, tname);
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s backend is built into this library",
+                   what, tname, id_text(dev.device_id, idb), tname);
   int32_t n = count_of(i);
   if (n == 0)
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 ": no %s devices (%s)", what, tname,
-                   dev.device_id, tname, backend_why[i][0] ? backend_why[i] : "none found");
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s devices (%s)", what, tname,
+                   id_text(dev.device_id, idb), tname, backend_why[i][0] ? backend_why[i] : "none found");
   if (dev.device_id == AB_DEVICE_AUTO && is_target) {
     /* The device with the most free memory; ties go to the lowest id. A
      * device that cannot say is skipped without touching the message. */
@@ -212,11 +220,10 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
   /* By its capability, and by value in builds without the backend. */
   const int i = backend_index(dev.device_type);
   if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type)) {
-    char id[16] = "auto"; /* as ab_parse_device spells AB_DEVICE_AUTO */
-    if (dev.device_id != AB_DEVICE_AUTO) snprintf(id, sizeof id, "%" PRId32, dev.device_id);
+    char idb[16];
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
-                   what, ab_device_type_name(dev.device_type), id);
+                   what, ab_device_type_name(dev.device_type), id_text(dev.device_id, idb));
   }
   return check_device_at(i, dev, what, is_target, resolved, be);
 }

@@ -73,7 +73,8 @@ static void read_env(void) {
     bool automatic = v == NULL || strcasecmp(v, "auto") == 0;
     /* malformed: logged, and the default (auto) */
     if (!automatic && (!ab__parse_size(v, strlen(v), &m) || m > SIZE_MAX)) {
-      m = ab__env_size("AB_PARALLEL_MIN", AUTO_MIN, 0, SIZE_MAX, "256KiB or auto");
+      AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 256KiB, or auto; using auto", v);
+      m = AUTO_MIN;
       automatic = true;
     }
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);

@@ -72,8 +72,10 @@ Test(convert_into, bad_destinations_are_refused_and_left_unwritten) {
     ab_status want;
     const char *what;
   } cases[] = {
-    {host_tensor(out, 2, other, NULL, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT, "shape"},
-    {host_tensor(out, 2, big, NULL, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT, "shape"},
+    {host_tensor(out, 2, other, NULL, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT,
+     "shape (3, 2), not the result's (2, 3)"},
+    {host_tensor(out, 2, big, NULL, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT,
+     "shape (2, 4), not the result's (2, 3)"},
     {host_tensor(out, 2, shape, strided, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT,
      "compact"},
     {host_tensor(a, 2, shape, NULL, dt(kDLFloat, 32, 1)), AB_CONVERT_OPTS_INIT, AB_ERR_INVALID_ARGUMENT, "share"},

@@ -109,6 +109,17 @@ Test(device, private_types_are_staging_memory_no_tensor_may_name) {
     cr_assert_eq(ab_tensor_validate(&t), AB_ERR_INVALID_ARGUMENT, "type %#x", (unsigned)types[k]);
     cr_assert(strstr(ab_last_error(), "staging memory") != NULL, "%s", ab_last_error());
   }
+  /* A target of AB_DEVICE_AUTO is named as device strings spell it. */
+  DLTensor src = {&x, {kDLCPU, 0}, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *out = NULL;
+  cr_assert_eq(ab_convert_memory(&src, (DLDevice){AB_DEVICE_OPENCL_HOST, AB_DEVICE_AUTO}, NULL, &out),
+               AB_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(ab_last_error(), "opencl_host:auto ") != NULL, "%s", ab_last_error());
+  if (ab_device_count(kDLCUDA) == 0) {
+    cr_assert_eq(ab_convert_memory(&src, (DLDevice){kDLCUDA, AB_DEVICE_AUTO}, NULL, &out), AB_ERR_NO_DEVICE);
+    cr_assert(strstr(ab_last_error(), "cuda:auto: no cuda") != NULL, "%s", ab_last_error());
+  }
+  cr_assert_null(out);
   /* Past the range: not a device type at all. */
   DLTensor t = {&x, {(DLDeviceType)0x10010, 0}, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
   cr_assert_eq(ab_tensor_validate(&t), AB_ERR_INVALID_ARGUMENT);
