@@ -135,7 +135,6 @@ int32_t ab_device_count(DLDeviceType type) {
   return i < 0 ? 0 : count_of(i);
 }
 
-/* ab__check_device with dev's backend index i (backend_index) looked up. */
 /* A device id as device strings spell it: "auto" for AB_DEVICE_AUTO. */
 static const char *id_text(int32_t id, char buf[16]) {
   if (id == AB_DEVICE_AUTO) return "auto";
@@ -143,6 +142,7 @@ static const char *id_text(int32_t id, char buf[16]) {
   return buf;
 }
 
+/* ab__check_device with dev's backend index i (backend_index) looked up. */
 static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                  const struct ab_backend **be) {
   /* The type's name is for the messages only: looked up on their paths. */
