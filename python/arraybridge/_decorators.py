@@ -36,7 +36,8 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         def call():
-            if pos is not None and pos < len(args):
+            positional = pos is not None and pos < len(args)
+            if positional:
                 first = args[pos]
             elif name is not None and name in kwargs:
                 first = kwargs[name]
@@ -47,7 +48,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
             dtype = _dtype_name(first) if preserve_dtype else None
             src = accepts if accepts is not None else detect_memory_type(first)
             data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
-            if pos is not None and pos < len(args):
+            if positional:
                 result = func(*args[:pos], data, *args[pos + 1:], **kwargs)
             else:
                 result = func(*args, **{**kwargs, name: data})
@@ -55,7 +56,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
                 return result  # not an array (a tuple, a shape, a NumPy scalar): as it is
             res_type = detect_memory_type(result)
             keep = dtype if dtype is not None and _dtype_name(result) not in (dtype, None) else None
-            if keep is not None and ADAPTERS[MemoryType(res_type)].traced(result):
+            if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
                 result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
             return convert_memory(result, res_type, output, gpu_id, dtype=keep)
 

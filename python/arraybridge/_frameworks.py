@@ -193,8 +193,9 @@ class Adapter:
         return 0
 
     def device_of(self, obj):
-        """The arraybridge device string where obj's data is."""
-        t, i = obj.__dlpack_device__()
+        """The arraybridge device string where obj's data is (a Keras 3
+        variable's: its array's)."""
+        t, i = _keras_value(obj).__dlpack_device__()
         return "%s:%d" % (_DEVICE_NAMES.get(int(t), "?"), int(i))
 
     # ---- DLPack ---------------------------------------------------------------
@@ -242,9 +243,6 @@ class Torch(Adapter):
 
     def gpu_ids(self, mod):
         return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
-
-    def device_of(self, obj):
-        return super().device_of(_keras_value(obj))
 
     def producer(self, obj):
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
@@ -324,9 +322,6 @@ class Jax(Adapter):
     modules = ("jax", "jaxlib")
     layout = "compact"
     immutable = True
-
-    def device_of(self, obj):
-        return super().device_of(_keras_value(obj))
 
     def producer(self, obj):
         return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array

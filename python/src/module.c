@@ -225,10 +225,14 @@ static PyObject *tensor_dtype(TensorObject *self, void *closure) {
   return dtype_string(dl(self)->dtype);
 }
 
+/* DLPack's dtype as Python sees it: (code, bits, lanes). */
+static PyObject *dtype_tuple(DLDataType d) {
+  return Py_BuildValue("(III)", (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes);
+}
+
 static PyObject *tensor_dldtype(TensorObject *self, void *closure) {
   (void)closure;
-  const DLDataType d = dl(self)->dtype;
-  return Py_BuildValue("(III)", (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes);
+  return dtype_tuple(dl(self)->dtype);
 }
 
 static PyObject *tensor_device(TensorObject *self, void *closure) {
@@ -575,8 +579,7 @@ static PyObject *dtype_for_pickle(DLDataType t) {
   ab_dtype_name(t, name, sizeof name);
   const int same = ab_parse_dtype(name, &back) == AB_OK && back.code == t.code && back.bits == t.bits &&
                    back.lanes == t.lanes;
-  if (same) return PyUnicode_FromString(name);
-  return Py_BuildValue("(III)", (unsigned)t.code, (unsigned)t.bits, (unsigned)t.lanes);
+  return same ? PyUnicode_FromString(name) : dtype_tuple(t);
 }
 
 /* The dtype of a pickle: a (code, bits, lanes) tuple of whole bytes, or a
