@@ -60,27 +60,53 @@ static bool is_floatk(int k) { return k >= R_F16; }
 static bool wide_source(int k) { return k == R_F64 || k == R_I32 || k == R_I64 || k == R_U32 || k == R_U64; }
 static bool narrow_float(int k) { return k == R_F16 || k == R_BF16 || k == R_F32; }
 
-static __int128 kmin(int k) {
+/* Any int64 or uint64 value: a sign and a magnitude (at most 2^63 when
+ * negative), so the reference needs no wider type than 64 bits and runs on
+ * 32-bit targets, which have no __int128. */
+typedef struct {
+  bool neg;
+  uint64_t mag;
+} wint;
+
+static wint w_s(int64_t v) { return v < 0 ? (wint){true, 0 - (uint64_t)v} : (wint){false, (uint64_t)v}; }
+static wint w_u(uint64_t v) { return (wint){false, v}; }
+static int w_cmp(wint a, wint b) { /* neither is a negative zero */
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  const int c = a.mag < b.mag ? -1 : a.mag > b.mag;
+  return a.neg ? -c : c;
+}
+/* a + d for |d| small. */
+static wint w_add(wint a, int d) {
+  const uint64_t m = d < 0 ? (uint64_t)-(int64_t)d : (uint64_t)d;
+  if (a.neg == (d < 0)) return (wint){a.neg, a.mag + m}; /* away from zero */
+  if (a.mag >= m) return (wint){a.neg && a.mag != m, a.mag - m};
+  return (wint){!a.neg, m - a.mag};
+}
+static double w_double(wint a) { return a.neg ? -(double)a.mag : (double)a.mag; } /* rounded once: to nearest is symmetric */
+/* Bits of a value within the kind's range (two's complement for signed ones). */
+static uint64_t w_bits(wint a) { return a.neg ? 0 - a.mag : a.mag; }
+
+static wint kmin(int k) {
   switch (k) {
-  case R_I8: return INT8_MIN;
-  case R_I16: return INT16_MIN;
-  case R_I32: return INT32_MIN;
-  case R_I64: return INT64_MIN;
-  default: return 0;
+  case R_I8: return w_s(INT8_MIN);
+  case R_I16: return w_s(INT16_MIN);
+  case R_I32: return w_s(INT32_MIN);
+  case R_I64: return w_s(INT64_MIN);
+  default: return w_u(0);
   }
 }
 
-static __int128 kmax(int k) {
+static wint kmax(int k) {
   switch (k) {
-  case R_BOOL: return 1;
-  case R_I8: return INT8_MAX;
-  case R_I16: return INT16_MAX;
-  case R_I32: return INT32_MAX;
-  case R_I64: return INT64_MAX;
-  case R_U8: return UINT8_MAX;
-  case R_U16: return UINT16_MAX;
-  case R_U32: return UINT32_MAX;
-  default: return UINT64_MAX;
+  case R_BOOL: return w_u(1);
+  case R_I8: return w_u(INT8_MAX);
+  case R_I16: return w_u(INT16_MAX);
+  case R_I32: return w_u(INT32_MAX);
+  case R_I64: return w_u(INT64_MAX);
+  case R_U8: return w_u(UINT8_MAX);
+  case R_U16: return w_u(UINT16_MAX);
+  case R_U32: return w_u(UINT32_MAX);
+  default: return w_u(UINT64_MAX);
   }
 }
 
@@ -158,22 +184,22 @@ static uint16_t ref_bf16(double x) {
 
 typedef struct {
   bool is_int;
-  __int128 i;
+  wint i;
   double d;
 } rval;
 
 static rval ref_load(int k, const unsigned char *p) {
-  rval v = {true, 0, 0};
+  rval v = {true, {false, 0}, 0};
   switch (k) {
-  case R_BOOL: v.i = p[0] != 0; break;
-  case R_I8: v.i = (int8_t)p[0]; break;
-  case R_U8: v.i = p[0]; break;
-  case R_I16: { int16_t x; memcpy(&x, p, 2); v.i = x; break; }
-  case R_U16: { uint16_t x; memcpy(&x, p, 2); v.i = x; break; }
-  case R_I32: { int32_t x; memcpy(&x, p, 4); v.i = x; break; }
-  case R_U32: { uint32_t x; memcpy(&x, p, 4); v.i = x; break; }
-  case R_I64: { int64_t x; memcpy(&x, p, 8); v.i = x; break; }
-  case R_U64: { uint64_t x; memcpy(&x, p, 8); v.i = x; break; }
+  case R_BOOL: v.i = w_u(p[0] != 0); break;
+  case R_I8: v.i = w_s((int8_t)p[0]); break;
+  case R_U8: v.i = w_u(p[0]); break;
+  case R_I16: { int16_t x; memcpy(&x, p, 2); v.i = w_s(x); break; }
+  case R_U16: { uint16_t x; memcpy(&x, p, 2); v.i = w_u(x); break; }
+  case R_I32: { int32_t x; memcpy(&x, p, 4); v.i = w_s(x); break; }
+  case R_U32: { uint32_t x; memcpy(&x, p, 4); v.i = w_u(x); break; }
+  case R_I64: { int64_t x; memcpy(&x, p, 8); v.i = w_s(x); break; }
+  case R_U64: { uint64_t x; memcpy(&x, p, 8); v.i = w_u(x); break; }
   case R_F16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.d = f16_value(x); break; }
   case R_BF16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.d = bf16_value(x); break; }
   case R_F32: { float x; memcpy(&x, p, 4); v.is_int = false; v.d = x; break; }
@@ -183,23 +209,15 @@ static rval ref_load(int k, const unsigned char *p) {
 }
 
 /* An integer, saturated to k's range (bool: nonzero is 1). */
-static void put_int(int k, unsigned char *p, __int128 v) {
+static void put_int(int k, unsigned char *p, wint v) {
   if (k == R_BOOL) {
-    p[0] = v != 0;
+    p[0] = v.mag != 0;
     return;
   }
-  if (v < kmin(k)) v = kmin(k);
-  if (v > kmax(k)) v = kmax(k);
-  switch (k) {
-  case R_I8: { int8_t x = (int8_t)v; memcpy(p, &x, 1); break; }
-  case R_U8: { uint8_t x = (uint8_t)v; memcpy(p, &x, 1); break; }
-  case R_I16: { int16_t x = (int16_t)v; memcpy(p, &x, 2); break; }
-  case R_U16: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
-  case R_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
-  case R_U32: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
-  case R_I64: { int64_t x = (int64_t)v; memcpy(p, &x, 8); break; }
-  default: { uint64_t x = (uint64_t)v; memcpy(p, &x, 8); break; }
-  }
+  if (w_cmp(v, kmin(k)) < 0) v = kmin(k);
+  if (w_cmp(v, kmax(k)) > 0) v = kmax(k);
+  const uint64_t b = w_bits(v); /* the value's low bytes, little-endian */
+  memcpy(p, &b, KD[k].size);
 }
 
 /* A value computed in float64, stored as k. */
@@ -211,13 +229,14 @@ static void put_double(int k, unsigned char *p, double d) {
   case R_F32: { float f = (float)d; memcpy(p, &f, 4); break; }
   case R_F64: memcpy(p, &d, 8); break;
   default: {
-    __int128 r;
+    wint r;
     if (d != d) {
-      r = 0;
+      r = w_u(0);
     } else {
       const double n = nearbyint(d);
-      const double lo = (double)kmin(k), hi_excl = (double)(kmax(k) + 1); /* both exact */
-      r = n >= hi_excl ? kmax(k) : n <= lo ? kmin(k) : (__int128)n;
+      /* both powers of two or 0 (w_double rounds 2^63 - 1 and 2^64 - 1 up) */
+      const double lo = w_double(kmin(k)), hi_excl = w_double(kmax(k)) + 1;
+      r = n >= hi_excl ? kmax(k) : n <= lo ? kmin(k) : n < 0 ? (wint){true, (uint64_t)-n} : w_u((uint64_t)n);
     }
     put_int(k, p, r);
   }
@@ -239,19 +258,19 @@ struct affine {
 
 /* The integer v rounded once, to nearest even at `bits` significant bits
  * (24 float32, 11 float16, 8 bfloat16): exact in a double. */
-static double round_int(__int128 v, int bits) {
-  unsigned __int128 m = v < 0 ? -(unsigned __int128)v : (unsigned __int128)v;
+static double round_int(wint v, int bits) {
+  const uint64_t m = v.mag;
   int msb = -1;
-  for (unsigned __int128 t = m; t != 0; t >>= 1) msb++;
+  for (uint64_t t = m; t != 0; t >>= 1) msb++;
+  double d = (double)m; /* exact when it has at most `bits` significant bits */
   if (msb >= bits) {
     const int sh = msb - bits + 1;
-    const unsigned __int128 rem = m & (((unsigned __int128)1 << sh) - 1), half = (unsigned __int128)1 << (sh - 1);
-    unsigned __int128 q = m >> sh;
+    const uint64_t rem = m & ((UINT64_C(1) << sh) - 1), half = UINT64_C(1) << (sh - 1);
+    uint64_t q = m >> sh;
     q += rem > half || (rem == half && (q & 1));
-    m = q << sh;
+    d = ldexp((double)q, sh); /* q <= 2^bits: exact, and 2^64 too */
   }
-  const double d = (double)m;
-  return v < 0 ? -d : d;
+  return v.neg ? -d : d;
 }
 
 /* One element from -> to, with y = x * scale + offset when a != NULL. */
@@ -262,7 +281,7 @@ static void ref_convert(int from, const unsigned char *src, int to, unsigned cha
     return;
   }
   if (narrow_float(to) && !wide_source(from)) {
-    float x = v.is_int ? (float)(int32_t)v.i : (float)v.d; /* exact for these sources */
+    float x = v.is_int ? (float)w_double(v.i) : (float)v.d; /* exact for these sources */
     if (a != NULL) {
       volatile float m = x * (float)a->scale; /* a multiply, then an add: never fused */
       x = m + (float)a->offset;
@@ -274,7 +293,7 @@ static void ref_convert(int from, const unsigned char *src, int to, unsigned cha
     put_double(to, dst, round_int(v.i, to == R_F32 ? 24 : to == R_F16 ? 11 : 8));
     return;
   }
-  double x = !v.is_int ? v.d : from == R_U64 ? (double)(uint64_t)v.i : (double)(int64_t)v.i;
+  double x = !v.is_int ? v.d : w_double(v.i);
   if (a != NULL) {
     volatile double m = x * a->scale;
     x = m + a->offset;
@@ -305,9 +324,9 @@ static const char *describe(int k, const unsigned char *p, char *buf, size_t len
   if (!v.is_int)
     snprintf(buf, len, "%s %.17g (0x%0*llx)", KD[k].name, v.d, (int)(2 * KD[k].size), (unsigned long long)bits);
   else if (k == R_U64)
-    snprintf(buf, len, "%s %llu", KD[k].name, (unsigned long long)(uint64_t)v.i);
+    snprintf(buf, len, "%s %llu", KD[k].name, (unsigned long long)v.i.mag);
   else
-    snprintf(buf, len, "%s %lld", KD[k].name, (long long)(int64_t)v.i);
+    snprintf(buf, len, "%s %s%llu", KD[k].name, v.i.neg ? "-" : "", (unsigned long long)v.i.mag);
   return buf;
 }
 
@@ -501,8 +520,8 @@ static void push_raw(struct vals *v, const void *p) {
   v->n++;
 }
 
-static void push_int(struct vals *v, __int128 i) {
-  if (i < kmin(v->k) || i > kmax(v->k)) return;
+static void push_int(struct vals *v, wint i) {
+  if (w_cmp(i, kmin(v->k)) < 0 || w_cmp(i, kmax(v->k)) > 0) return;
   unsigned char e[8];
   put_int(v->k, e, i);
   push_raw(v, e);
@@ -523,8 +542,8 @@ static struct vals make_values(int k) {
   test_rng g = {0x5eed0000u + (uint64_t)k};
   switch (k) {
   case R_BOOL:
-    push_int(&v, 0);
-    push_int(&v, 1);
+    push_int(&v, w_u(0));
+    push_int(&v, w_u(1));
     break;
   case R_I8:
   case R_U8:
@@ -538,14 +557,14 @@ static struct vals make_values(int k) {
   case R_U32:
   case R_I64:
   case R_U64:
-    for (size_t i = 0; i < sizeof IVALS / sizeof IVALS[0]; i++) push_int(&v, IVALS[i]);
-    for (size_t i = 0; i < sizeof UVALS / sizeof UVALS[0]; i++) push_int(&v, UVALS[i]);
+    for (size_t i = 0; i < sizeof IVALS / sizeof IVALS[0]; i++) push_int(&v, w_s(IVALS[i]));
+    for (size_t i = 0; i < sizeof UVALS / sizeof UVALS[0]; i++) push_int(&v, w_u(UVALS[i]));
     push_int(&v, kmin(k));
-    push_int(&v, kmin(k) + 1);
+    push_int(&v, w_add(kmin(k), 1));
     push_int(&v, kmax(k));
-    push_int(&v, kmax(k) - 1);
+    push_int(&v, w_add(kmax(k), -1));
     for (int i = 0; i < 3000; i++) push_bits(&v, rng_next(&g));
-    for (int i = 0; i < 1000; i++) push_int(&v, rng_between(&g, -70000, 70000));
+    for (int i = 0; i < 1000; i++) push_int(&v, w_s(rng_between(&g, -70000, 70000)));
     break;
   case R_F32:
     for (size_t i = 0; i < sizeof DVALS / sizeof DVALS[0]; i++) push_double(&v, DVALS[i]);
@@ -646,7 +665,7 @@ static double d_to(int to, double x) {
   uint64_t y = 0;
   convert_one(R_F64, &x, to, &y, NULL);
   const rval v = ref_load(to, (const unsigned char *)&y);
-  return v.is_int ? (double)v.i : v.d;
+  return v.is_int ? w_double(v.i) : v.d;
 }
 
 static uint16_t d_to_bits16(int to, double x) {

@@ -127,34 +127,49 @@ static void store_f(enum kind k, char *p, float v) {
   }
 }
 
-/* Integers exactly (no affine): every value fits an __int128. */
-static __int128 load_i(enum kind k, const char *p) {
+/* Integers exactly (no affine): every int64 and uint64 value, held as
+ * the one or the other by its sign, so no wider type is needed (32-bit
+ * targets have no __int128). */
+struct ival {
+  bool neg;   /* the value is s, below zero; else u */
+  int64_t s;
+  uint64_t u;
+};
+
+static struct ival ival_signed(int64_t v) { return v < 0 ? (struct ival){true, v, 0} : (struct ival){false, 0, (uint64_t)v}; }
+
+static struct ival load_i(enum kind k, const char *p) {
   switch (k) {
-  case K_BOOL: return *(const uint8_t *)p != 0;
-  case K_I8: return *(const int8_t *)p;
-  case K_I16: return rd_i16(p);
-  case K_I32: return rd_i32(p);
-  case K_I64: return rd_i64(p);
-  case K_U8: return *(const uint8_t *)p;
-  case K_U16: return rd_u16(p);
-  case K_U32: return rd_u32(p);
-  default: return rd_u64(p);
+  case K_BOOL: return ival_signed(*(const uint8_t *)p != 0);
+  case K_I8: return ival_signed(*(const int8_t *)p);
+  case K_I16: return ival_signed(rd_i16(p));
+  case K_I32: return ival_signed(rd_i32(p));
+  case K_I64: return ival_signed(rd_i64(p));
+  case K_U8: return ival_signed(*(const uint8_t *)p);
+  case K_U16: return ival_signed(rd_u16(p));
+  case K_U32: return ival_signed(rd_u32(p));
+  default: return (struct ival){false, 0, rd_u64(p)};
   }
 }
 
-static __int128 clamp128(__int128 v, __int128 lo, __int128 hi) { return v < lo ? lo : v > hi ? hi : v; }
+/* v saturated to [lo, hi] (lo <= 0 <= hi), and to [0, hi]. */
+static int64_t clamp_s(struct ival v, int64_t lo, int64_t hi) {
+  if (v.neg) return v.s < lo ? lo : v.s;
+  return v.u > (uint64_t)hi ? hi : (int64_t)v.u;
+}
+static uint64_t clamp_u(struct ival v, uint64_t hi) { return v.neg ? 0 : v.u > hi ? hi : v.u; }
 
-static void store_i(enum kind k, char *p, __int128 v) {
+static void store_i(enum kind k, char *p, struct ival v) {
   switch (k) {
-  case K_BOOL: *(uint8_t *)p = v != 0; break;
-  case K_I8: *(int8_t *)p = (int8_t)clamp128(v, INT8_MIN, INT8_MAX); break;
-  case K_I16: wr_i16(p, (int16_t)clamp128(v, INT16_MIN, INT16_MAX)); break;
-  case K_I32: wr_i32(p, (int32_t)clamp128(v, INT32_MIN, INT32_MAX)); break;
-  case K_I64: wr_i64(p, (int64_t)clamp128(v, INT64_MIN, INT64_MAX)); break;
-  case K_U8: *(uint8_t *)p = (uint8_t)clamp128(v, 0, UINT8_MAX); break;
-  case K_U16: wr_u16(p, (uint16_t)clamp128(v, 0, UINT16_MAX)); break;
-  case K_U32: wr_u32(p, (uint32_t)clamp128(v, 0, UINT32_MAX)); break;
-  default: wr_u64(p, (uint64_t)clamp128(v, 0, UINT64_MAX)); break;
+  case K_BOOL: *(uint8_t *)p = v.neg || v.u != 0; break;
+  case K_I8: *(int8_t *)p = (int8_t)clamp_s(v, INT8_MIN, INT8_MAX); break;
+  case K_I16: wr_i16(p, (int16_t)clamp_s(v, INT16_MIN, INT16_MAX)); break;
+  case K_I32: wr_i32(p, (int32_t)clamp_s(v, INT32_MIN, INT32_MAX)); break;
+  case K_I64: wr_i64(p, clamp_s(v, INT64_MIN, INT64_MAX)); break;
+  case K_U8: *(uint8_t *)p = (uint8_t)clamp_u(v, UINT8_MAX); break;
+  case K_U16: wr_u16(p, (uint16_t)clamp_u(v, UINT16_MAX)); break;
+  case K_U32: wr_u32(p, (uint32_t)clamp_u(v, UINT32_MAX)); break;
+  default: wr_u64(p, clamp_u(v, UINT64_MAX)); break;
   }
 }
 

@@ -54,23 +54,26 @@ static void fail(const char *what) {
   __builtin_trap();
 }
 
-/* Byte range addressed by t relative to its first element, exact in 128
- * bits; false when empty. */
-static int extent(const DLTensor *t, size_t es, __int128 *lo, __int128 *hi) {
-  __int128 a = 0, b = 0, acc = 1;
+/* Byte range [lo, hi) addressed by t relative to its first element, exact
+ * in 64 bits: 1, or 0 when empty, or -1 when a step leaves int64's range
+ * (then the range is far past any buffer here). No __int128: 32-bit
+ * targets build this file too. */
+static int extent(const DLTensor *t, size_t es, int64_t *lo, int64_t *hi) {
+  int64_t a = 0, b = 0, acc = 1;
   /* Empty first: with a zero dim the others may multiply past any range. */
   for (int32_t i = 0; i < t->ndim; i++)
     if (t->shape[i] == 0) return 0;
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    __int128 st = t->strides ? t->strides[i] : acc;
-    if (!t->strides) acc *= t->shape[i];
+    const int64_t st = t->strides ? t->strides[i] : acc;
+    if (!t->strides && __builtin_mul_overflow(acc, t->shape[i], &acc)) return -1;
     if (t->shape[i] == 1) continue;
-    __int128 span = (__int128)(t->shape[i] - 1) * st * (__int128)es;
-    if (span > 0) b += span;
-    else a += span;
+    int64_t span;
+    if (__builtin_mul_overflow(t->shape[i] - 1, st, &span) || __builtin_mul_overflow(span, (int64_t)es, &span))
+      return -1;
+    if (__builtin_add_overflow(span > 0 ? b : a, span, span > 0 ? &b : &a)) return -1;
   }
   *lo = a;
-  *hi = b + (__int128)es;
+  if (__builtin_add_overflow(b, (int64_t)es, hi)) return -1;
   return 1;
 }
 
@@ -137,13 +140,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t es = (size_t)(t.dtype.bits / 8u) * t.dtype.lanes;
   int safe = 0;
   if (v == AB_OK) {
-    __int128 lo, hi;
-    if (t.ndim == 0 || !extent(&t, es, &lo, &hi)) {
-      safe = t.ndim == 0 ? (t.data != NULL && (__int128)base + t.byte_offset + es <= BUF_SIZE) : 1;
-    } else {
-      __int128 first = (__int128)base + (__int128)t.byte_offset;
-      safe = t.data != NULL && first + lo >= 0 && first + hi <= BUF_SIZE;
-    }
+    int64_t lo = 0, hi = 0;
+    const int range = t.ndim == 0 ? 1 : extent(&t, es, &lo, &hi);
+    /* base < BUF_SIZE, es < 2^24 and byte_offset < 2^64: first and the
+     * ends below are exact in int64 unless byte_offset is past 2^62, which
+     * puts any range past the buffer. */
+    const bool near = t.byte_offset < ((uint64_t)1 << 62);
+    const int64_t first = (int64_t)base + (int64_t)(near ? t.byte_offset : 0);
+    if (t.ndim == 0) safe = near && t.data != NULL && first + (int64_t)es <= BUF_SIZE;
+    else if (range == 0) safe = 1;
+    else safe = range > 0 && near && t.data != NULL && first + lo >= 0 && first <= BUF_SIZE - hi;
   }
   /* Results over 1 MiB (broadcast strides make huge ones cheap to
    * describe) would only time the allocator and the reference gather:
@@ -151,11 +157,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * sizes is bad_input::a_copy_too_large_for_memory_is_out_of_memory. */
   if (v == AB_OK && safe) {
     /* A zero dim makes any other dims valid, so multiply with a cap. */
-    __int128 total = es;
+    int64_t total = (int64_t)es;
     for (int32_t i = 0; i < t.ndim; i++)
       if (t.shape[i] == 0) total = 0;
-    for (int32_t i = 0; i < t.ndim && total != 0 && total <= ((__int128)1 << 20); i++) total *= t.shape[i];
-    if (total > ((__int128)1 << 20)) safe = 0;
+    for (int32_t i = 0; i < t.ndim && total != 0 && total <= ((int64_t)1 << 20); i++)
+      if (__builtin_mul_overflow(total, t.shape[i], &total)) total = INT64_MAX;
+    if (total > ((int64_t)1 << 20)) safe = 0;
   }
   long live = ab__alloc_live_settled();
   uint8_t before[BUF_SIZE];
