@@ -78,9 +78,13 @@ ab_status ab__check_shape(int32_t ndim, const int64_t *shape, DLDataType dtype,
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s element count overflows int64 at shape[%" PRId32 "] = %" PRId64,
                      what, i, shape[i]);
   }
-  if (ab__mul_overflow_i64(numel, (int64_t)elsize, &nbytes) || (uint64_t)nbytes > SIZE_MAX)
+  if (ab__mul_overflow_i64(numel, (int64_t)elsize, &nbytes))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s byte size (%" PRId64 " elements x %zu bytes) overflows",
                    what, numel, elsize);
+  if ((uint64_t)nbytes > SIZE_MAX) /* a 32-bit target */
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "%s byte size (%" PRId64 " bytes) is more than a %zu-bit process can address", what, nbytes,
+                   8 * sizeof(size_t));
   /* Field by field into *lay: a local struct copied out whole was read back
    * with wide loads right after its narrow stores, a store-forwarding stall
    * that cost ~10% of a small conversion (perf). */
