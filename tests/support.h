@@ -9,6 +9,10 @@
 #include "arraybridge/arraybridge.h"
 
 #define CPU0 ((DLDevice){kDLCPU, 0})
+/* A size far past any cache or memory that size_t holds on 32- and 64-bit
+ * targets alike: 2^40, or 2^31 where size_t has 32 bits. Loops that shift
+ * sizes up to it stop at 0 too (a shift past the top gives 0). */
+#define TEST_HUGE_SIZE ((size_t)1 << (SIZE_MAX > 0xffffffffu ? 40 : 31))
 
 static inline DLDataType dt(uint8_t code, uint8_t bits, uint16_t lanes) {
   DLDataType t = {code, bits, lanes};

@@ -839,7 +839,7 @@ Test(pool, a_callback_that_frees_into_a_fitting_block_is_reused) {
 
 Test(pool, a_lying_callback_runs_the_maximum_rounds_then_the_allocation_fails) {
   cr_assert_eq(ab_set_memory_limit(CPU0, MiB), AB_OK);
-  struct cb_ctx liar = {1, (size_t)1 << 40, NULL, 0};
+  struct cb_ctx liar = {1, TEST_HUGE_SIZE, NULL, 0};
   cr_assert_eq(ab_register_oom_callback(cb_record, &liar), AB_OK);
   DLManagedTensorVersioned *r = SENTINEL_OUT;
   cr_assert_eq(try_alloc(3 * MiB, &r), AB_ERR_OUT_OF_MEMORY);

@@ -598,7 +598,7 @@ static void memory_cases_match(bool page_cases_only) {
     char *out = (char *)outs + cases[k].out_at;
     fill_pattern(a, bytes, 21 + (uint32_t)k);
     const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, rows * (int64_t)es};
-    ab__host_gather_part(out, a, 2, shape, st, es, (size_t)1 << 50);
+    ab__host_gather_part(out, a, 2, shape, st, es, TEST_HUGE_SIZE);
     for (int64_t i = 0; i < rows; i++)
       for (int64_t j = 0; j < cols; j++)
         cr_assert_eq(memcmp(out + (size_t)(i * cols + j) * es, a + (size_t)(j * rows + i) * es, es), 0,
@@ -619,8 +619,8 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
   /* forced: every kind of rows, from the cache or from memory */
   for (size_t es = 1; es <= 16; es *= 2)
     for (int kind = 0; kind < 4; kind++)
-      for (size_t whole = 1 << 20; whole <= (size_t)1 << 34; whole <<= 11)
-        for (size_t plane = whole >> 4; plane <= whole; plane <<= 2)
+      for (size_t whole = 1 << 20; whole != 0 && whole <= TEST_HUGE_SIZE; whole <<= 11)
+        for (size_t plane = whole >> 4; plane != 0 && plane <= whole; plane <<= 2)
           cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), 2,
                        "%zu-byte elements, kind %d, %zu bytes in planes of %zu", es, kind, whole, plane);
   cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30, (size_t)1 << 30), 0);
@@ -714,7 +714,7 @@ static int transpose_checked(size_t es, int64_t rows, int64_t cols, int64_t pitc
   fill_pattern(a, src_bytes, seed);
   memset(outs, 0x5a, bytes + 64);
   const int64_t shape[2] = {rows, cols}, st[2] = {(int64_t)es, pitch * (int64_t)es};
-  ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : (size_t)1 << 50);
+  ab__host_gather_part(out, a, 2, shape, st, es, regime == 0 ? 2 * bytes : TEST_HUGE_SIZE);
   const int mode = ab__host_last_transpose_mode();
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++)
@@ -914,10 +914,10 @@ Test(streaming, measured_gives_the_reference_bytes_and_a_stable_choice) {
    * the mode reports; every kind's is a variant, and the same when asked
    * again. */
   for (size_t es = 1; es <= 16; es *= 2) {
-    cr_assert_eq(ab__host_transpose_pick(es, true, true, (size_t)1 << 40, (size_t)1 << 39), ab__host_transpose_mode(es));
+    cr_assert_eq(ab__host_transpose_pick(es, true, true, TEST_HUGE_SIZE, TEST_HUGE_SIZE / 2), ab__host_transpose_mode(es));
     for (int kind = 0; kind < 4; kind++)
-      for (size_t whole = 1 << 20; whole <= (size_t)1 << 40; whole <<= 4)
-        for (size_t plane = whole >> 8; plane <= whole; plane <<= 4) {
+      for (size_t whole = 1 << 20; whole != 0 && whole <= TEST_HUGE_SIZE; whole <<= 4)
+        for (size_t plane = whole >> 8; plane != 0 && plane <= whole; plane <<= 4) {
           const int p = ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane);
           cr_assert(p >= 0 && p <= 2, "%zu-byte elements, kind %d, %zu bytes in planes of %zu: %d", es, kind, whole,
                     plane, p);
@@ -1000,7 +1000,7 @@ Test(streaming, each_kind_of_rows_is_measured_when_first_asked) {
   const unsigned want[2] = {2u, 2u | 1u};            /* output off lines; then rows on lines too */
   int before[3] = {0};
   /* from the cache; from memory in small planes; from memory in planes of 16 MiB and more */
-  const size_t regime_whole[3] = {(size_t)1 << 20, (size_t)1 << 40, (size_t)1 << 40};
+  const size_t regime_whole[3] = {(size_t)1 << 20, TEST_HUGE_SIZE, TEST_HUGE_SIZE};
   const size_t regime_plane[3] = {(size_t)1 << 18, (size_t)1 << 20, (size_t)1 << 30};
   for (int c = 0; c < 2; c++) {
     const size_t bytes = (size_t)(rows * cols[c]) * 4;
@@ -1287,7 +1287,7 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
     cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)8 << 20, (size_t)4 << 20, (size_t)4 << 20, state), -1);
   else
     cr_log_info("a last-level cache of %zu bytes: no 8 MiB transpose is from the cache here", ab__host_llc_bytes());
-  cr_assert_eq(ab__host_learned_stores(1, false, false, (size_t)1 << 40, (size_t)4 << 20, (size_t)4 << 20, state), 0,
+  cr_assert_eq(ab__host_learned_stores(1, false, false, TEST_HUGE_SIZE, (size_t)4 << 20, (size_t)4 << 20, state), 0,
                "from memory they may be");
   learn_teardown();
 }
