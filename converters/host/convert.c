@@ -225,6 +225,10 @@ static double load_odd(enum kind k, const char *p) {
   return load_d(k, p);
 }
 
+#if defined(__i386__) && !defined(__SSE2_MATH__)
+#error "32-bit x86 needs float arithmetic in SSE2 (-msse2 -mfpmath=sse, which CMakeLists.txt adds): the x87's wider registers change float32 and float64 results"
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
