@@ -22,7 +22,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64 test-clang test-analyze
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64 test-i386 test-armhf test-clang test-analyze
 
 all: build
 
@@ -146,13 +146,22 @@ test-analyze:
 	@if ls -d $(ANALYZE_BUILD)/reports/*/failures >/dev/null 2>&1; then \
 	  echo "test-analyze: the analyzer failed on some files:"; ls $(ANALYZE_BUILD)/reports/*/failures; exit 1; fi
 
-# The library cross-built for 64-bit Arm (aarch64) and its tests run under
-# qemu-user: the portable host paths, which x86-64 never runs (host
-# backend only; tools/check-aarch64.sh says what it installs). .ci/run
-# runs it after make test.
+# The library cross-built for 64-bit Arm (aarch64), 32-bit x86 (i386) and
+# 32-bit Arm (armhf): the portable host paths, which x86-64 never runs,
+# and what 32-bit sizes and pointers change. The suites run under
+# qemu-user on aarch64 and natively on i386; armhf is built and runs abtool
+# and the demo under qemu (Debian has no armhf Criterion). Host backend
+# only; tools/check-cross.sh says what it installs. .ci/run runs all three
+# after make test.
 AARCH64_BUILD ?= build-aarch64
+I386_BUILD ?= build-i386
+ARMHF_BUILD ?= build-armhf
 test-aarch64: deps
-	AB_AARCH64_BUILD="$(AARCH64_BUILD)" JOBS=$(JOBS) tools/check-aarch64.sh
+	AB_CROSS_BUILD="$(AARCH64_BUILD)" JOBS=$(JOBS) tools/check-cross.sh aarch64
+test-i386: deps
+	AB_CROSS_BUILD="$(I386_BUILD)" JOBS=$(JOBS) tools/check-cross.sh i386
+test-armhf: deps
+	AB_CROSS_BUILD="$(ARMHF_BUILD)" JOBS=$(JOBS) tools/check-cross.sh armhf
 
 # The API reference from the public header's comments, into
 # build-docs/html/index.html. docs/Doxyfile makes every warning an error.
@@ -185,5 +194,5 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) $(CLANG_BUILD) $(ANALYZE_BUILD) \
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) $(I386_BUILD) $(ARMHF_BUILD) $(CLANG_BUILD) $(ANALYZE_BUILD) \
 	  build-docs python/build python/*.egg-info
