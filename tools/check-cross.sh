@@ -31,12 +31,12 @@
 #     where systemd runs). The DLPack header comes from tools/setup-deps.sh
 #     (make test-aarch64, test-i386 and test-armhf run it first);
 #  2. where the suites run, downloads Criterion (the tests' framework) and
-#     the libraries it needs
-#     for the target with a private apt configuration (the system's
-#     architectures and package lists are left alone) and unpacks them into
-#     $build/sysroot, with Debian's C and C++ libraries for qemu to load (but
-#     not the C library's or the kernel's headers: the cross compiler has
-#     its own);
+#     the libraries it needs for the target with a private apt
+#     configuration (the system's architectures and package lists are left
+#     alone) and unpacks them into $build/sysroot, with Debian's C and C++
+#     libraries for qemu to load (but not the C library's or the kernel's
+#     headers: the cross compiler has its own; nor, for i386, the C
+#     library, which must be libc6-i386's);
 #  3. (aarch64) makes sure the kernel runs the target's programs through
 #     qemu (binfmt_misc): Criterion starts each test as a new process of the test
 #     binary, which nothing else can route through qemu. Where a program of
@@ -110,7 +110,7 @@ cp "$dlpack" "$build/dlpack-include/dlpack/dlpack.h"
 
 # ---- 2. the target's Criterion in a sysroot of our own ----------------------
 want="libcriterion-dev libc6 libstdc++6" # libstdc++6: the install check's C++ consumer
-if [ "$suites" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot/.packages")" != "$want" ]; }; then
+if [ "$suites" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot/.packages")" != "$debarch: $want" ]; }; then
   say "fetching $debarch packages ($want and what they need) into $sysroot"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
@@ -138,7 +138,7 @@ if [ "$suites" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot/.p
     if [ -z "$qemu_name" ]; then case "$(basename "$d")" in libc6_*) continue ;; esac; fi
     dpkg-deb -x "$d" "$sysroot"
   done
-  echo "$want" > "$sysroot/.packages"
+  echo "$debarch: $want" > "$sysroot/.packages"
   rm -rf "$work"
   trap - EXIT
 fi
@@ -170,12 +170,12 @@ fi
 # i386 programs load the sysroot's Criterion and the libraries it needs.
 [ -n "$qemu_name" ] || export LD_LIBRARY_PATH="$sysroot/lib/$multiarch:$sysroot/usr/lib/$multiarch"
 binfmt=/proc/sys/fs/binfmt_misc
-conf=/usr/lib/binfmt.d/$qemu_name.conf
-runs() { "$build/abtool" info >/dev/null 2>&1; }
+runs() { "$build/abtool" info >"$build/runs.log" 2>&1; }
 why=""
 if ! runs && [ -z "$qemu_name" ]; then
-  why="the kernel does not start i386 programs (no 32-bit support: IA32 emulation off?)"
+  why="abtool did not start ($(head -c 300 "$build/runs.log" | tr '\n' ' ')): does this kernel run 32-bit programs (IA32 emulation)?"
 elif ! runs; then
+  conf=/usr/lib/binfmt.d/$qemu_name.conf
   why="$target programs do not start here"
   {
     [ -e "$binfmt/register" ] || $sudo mount -t binfmt_misc binfmt_misc "$binfmt"
