@@ -60,15 +60,33 @@ def deserialize(header, frames):
 _CUDA = ("cuda:", "cuda_managed:")
 
 
+class _CudaBytes:
+    """A compact CUDA tensor's memory as a frame of bytes: the CUDA array
+    interface has no type string for bfloat16, float8 or multi-lane dtypes,
+    so such a tensor describes itself as uint8 (one dimension), and the
+    header says what the bytes are. Holds the tensor."""
+
+    def __init__(self, t):
+        self.tensor = t
+        self.nbytes = t.nbytes
+        self.__cuda_array_interface__ = {"version": 3, "shape": (t.nbytes,), "typestr": "|u1",
+                                         "data": (t.data_ptr, bool(t.readonly)), "strides": None, "stream": None}
+
+
 def cuda_serialize(t):
     """(header, frames) of a Tensor in CUDA memory for Dask's "cuda" family
     (UCX moves such frames GPU to GPU): the tensor itself, compact, as the
-    frame (its __cuda_array_interface__). Any other tensor is Dask's
+    frame (its __cuda_array_interface__; its bytes where the interface has
+    no type string for its dtype). Any other tensor is Dask's
     NotImplementedError, so that the next family takes it."""
     if not t.device.startswith(_CUDA):
         raise NotImplementedError("arraybridge: only a Tensor in CUDA memory is a cuda frame")
     frame = _ab.to_device(t, t.device, layout="compact")  # itself when already compact
-    header = {"dtype": t.dtype, "shape": list(t.shape), "readonly": bool(t.readonly), "device": t.device}
+    if not hasattr(frame, "__cuda_array_interface__"):
+        frame = _CudaBytes(frame)
+    # dldtype, as serialize's: the name alone does not read back for all
+    header = {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
+              "device": t.device}
     return header, [frame]
 
 
@@ -82,10 +100,11 @@ def cuda_deserialize(header, frames):
     (frame,) = frames
     n = sum(1 for d in _ab.devices() if d.startswith("cuda:"))
     first = int(header["device"].split(":")[1])
+    dtype = tuple(header["dldtype"]) if "dldtype" in header else header["dtype"]
     error = None
     for gpu in [first] + [i for i in range(n) if i != first]:
         try:
-            return _ab._from_cuda_array_interface(frame, gpu, dtype=header["dtype"], shape=tuple(header["shape"]),
+            return _ab._from_cuda_array_interface(frame, gpu, dtype=dtype, shape=tuple(header["shape"]),
                                                  readonly=header["readonly"])
         except ValueError as e:  # not this GPU's memory (or no such GPU)
             error = e

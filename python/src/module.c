@@ -1463,7 +1463,8 @@ static int dtype_of_typestr(const char *ts, DLDataType *out) {
 /* _from_cuda_array_interface(obj, gpu_id, dtype=None, shape=None): a
  * Tensor on cuda:gpu_id over the memory obj describes with its
  * __cuda_array_interface__ (version 2 or 3), zero-copy, holding obj.
- * dtype and shape reinterpret a compact buffer (a Dask frame of bytes) as
+ * dtype (a name, or (code, bits, lanes) as Dask headers and pickles carry
+ * it) and shape reinterpret a compact buffer (a Dask frame of bytes) as
  * the tensor it carries. A stream the interface names is waited for. */
 static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"obj", "gpu_id", "dtype", "shape", "readonly", NULL};
@@ -1547,7 +1548,7 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
     DLDataType d = t->dtype;
     int64_t want_shape[AB_MAX_NDIM];
     int32_t want_ndim = 1;
-    if (dtype_o != Py_None && dtype_from_object(dtype_o, &d) < 0) goto done;
+    if (dtype_o != Py_None && dtype_from_pickle(dtype_o, &d) < 0) goto done; /* a name or (code, bits, lanes) */
     const int64_t des = (int64_t)(d.bits / 8u) * d.lanes;
     want_shape[0] = des > 0 ? have / des : 0; /* no shape: one dim of the new elements */
     if (shape_o != Py_None && shape_from_object(shape_o, want_shape, &want_ndim) < 0) goto done;

@@ -51,6 +51,12 @@ def host(t):
     return np.from_dlpack(ab.to_device(t, "cpu"))
 
 
+def host_bytes(t):
+    """A tensor's bytes on the host, whatever its dtype (NumPy takes none of
+    bfloat16, float8 or multi-lane)."""
+    return bytes(memoryview(ab.to_device(t, "cpu")).cast("B"))
+
+
 class Recorder:
     """A producer that passes a Tensor's capsule on and remembers how it was asked."""
 
@@ -276,6 +282,35 @@ def test_dask_cuda_family_sends_the_device_memory_itself():
     header, frames = dp.serialize(h, serializers=("cuda", "dask"))
     assert header["serializer"] == "dask"
     np.testing.assert_array_equal(np.from_dlpack(dp.deserialize(header, frames)), a)
+
+
+def test_dask_cuda_frames_carry_dtypes_the_cuda_array_interface_cannot_name():
+    # bfloat16, float8 and multi-lane dtypes have no typestr: their frame
+    # is the tensor's memory as bytes, and the header says what they are.
+    try:
+        import distributed.protocol as dp
+    except ImportError:
+        pytest.skip("distributed is not installed")
+    gpu = "cuda:%d" % (n_cuda() - 1)
+    payload = bytes(range(48))
+    cases = [(ab.to_device(sample("float32", (4, 3)), gpu, dtype="bfloat16"), "bfloat16")]
+    for dl, shape, name in (((10, 8, 1), (6, 8), "float8_e4m3fn(bits 8)"), ((2, 32, 4), (3,), "float32x4")):
+        cases.append((ab.to_device(ab._arraybridge._rebuild_tensor(payload, dl, shape, False, "cpu:0"), gpu), name))
+    for t, name in cases:
+        assert not hasattr(t, "__cuda_array_interface__")
+        header, frames = dp.serialize(t, serializers=("cuda",))
+        assert header["serializer"] == "cuda" and len(frames) == 1
+        cai = frames[0].__cuda_array_interface__
+        assert cai["data"][0] == t.data_ptr and cai["typestr"] == "|u1" and cai["shape"] == (t.nbytes,)
+        u = dp.deserialize(header, frames, deserializers=("cuda",))
+        assert u.device == t.device and u.dtype == name and u.shape == t.shape and u.data_ptr == t.data_ptr
+        assert host_bytes(u) == host_bytes(t)
+    # a header from a sender before dldtype: the name alone
+    from arraybridge import _dask
+    a = sample("float32", (2, 5))
+    h, f = _dask.cuda_serialize(ab.to_device(a, gpu))
+    del h["dldtype"]
+    np.testing.assert_array_equal(host(_dask.cuda_deserialize(h, f)), a)
 
 
 def test_cuda_frames_are_placed_on_the_gpu_their_memory_is_on_and_keep_read_only():
