@@ -2,11 +2,11 @@
 # tools/check-cross.sh does; included by cmake/<triplet>.cmake, which sets
 # AB_CROSS_TRIPLET (aarch64-linux-gnu, i686-linux-gnu, arm-linux-gnueabihf),
 # AB_CROSS_PROCESSOR and, where Debian's library folder is named otherwise,
-# AB_CROSS_MULTIARCH (i386-linux-gnu). AB_CROSS_SYSROOT, where set, is a folder of Debian's
-# packages for the target unpacked (the tests' Criterion and what it
-# links): searched for libraries and headers after the cross C library,
-# and given to the linker for the libraries those libraries need (a path
-# without spaces: the flags are one string).
+# AB_CROSS_MULTIARCH (i386-linux-gnu). AB_CROSS_SYSROOT, where set, is a
+# folder of Debian's packages for the target unpacked (the tests' Criterion
+# and what it links): searched for libraries and headers after the cross C
+# library, and given to the linker for the libraries those libraries need
+# (a path without spaces: the flags are one string).
 if(NOT AB_CROSS_MULTIARCH)
   set(AB_CROSS_MULTIARCH ${AB_CROSS_TRIPLET})
 endif()

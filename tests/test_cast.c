@@ -82,7 +82,8 @@ static wint w_add(wint a, int d) {
   if (a.mag >= m) return (wint){a.neg && a.mag != m, a.mag - m};
   return (wint){!a.neg, m - a.mag};
 }
-static double w_double(wint a) { return a.neg ? -(double)a.mag : (double)a.mag; } /* rounded once: to nearest is symmetric */
+/* Rounded once: rounding to nearest is the same for a value and its negative. */
+static double w_double(wint a) { return a.neg ? -(double)a.mag : (double)a.mag; }
 /* Bits of a value within the kind's range (two's complement for signed ones). */
 static uint64_t w_bits(wint a) { return a.neg ? 0 - a.mag : a.mag; }
 

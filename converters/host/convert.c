@@ -136,7 +136,9 @@ struct ival {
   uint64_t u;
 };
 
-static struct ival ival_signed(int64_t v) { return v < 0 ? (struct ival){true, v, 0} : (struct ival){false, 0, (uint64_t)v}; }
+static struct ival ival_signed(int64_t v) {
+  return v < 0 ? (struct ival){true, v, 0} : (struct ival){false, 0, (uint64_t)v};
+}
 
 static struct ival load_i(enum kind k, const char *p) {
   switch (k) {
