@@ -38,23 +38,33 @@ _lock = threading.Lock()
 _registered = False
 
 
+def _header(t):
+    """Both families' header of a Tensor. dldtype: (code, bits, lanes), for
+    dtypes whose names do not read back (float8, multi-lane); dtype: the
+    name, for receivers before dldtype."""
+    return {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
+            "device": t.device}
+
+
+def _header_dtype(header):
+    """The dtype a header carries, as _rebuild_tensor and
+    _from_cuda_array_interface take it (a sender before dldtype: the name)."""
+    return tuple(header["dldtype"]) if "dldtype" in header else header["dtype"]
+
+
 def serialize(t):
     """(header, frames) of a Tensor for Dask: its host bytes, compact, as
     one frame (the tensor's own memory when it already is such bytes)."""
     host = _ab.to_device(t, "cpu", layout="compact")
-    # dldtype: (code, bits, lanes), for dtypes whose names do not read back
-    # (float8, multi-lane); dtype: the name, for receivers before it.
-    header = {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
-              "device": t.device}
     # its bytes, one-dimensional (memoryview(host) has its dtype and shape)
-    return header, [pickle.PickleBuffer(host).raw()]
+    return _header(t), [pickle.PickleBuffer(host).raw()]
 
 
 def deserialize(header, frames):
     """The Tensor of serialize's header and frames."""
     frame = frames[0] if len(frames) == 1 else b"".join(frames)
-    dtype = tuple(header["dldtype"]) if "dldtype" in header else header["dtype"]
-    return _ab._rebuild_tensor(frame, dtype, tuple(header["shape"]), header["readonly"], header["device"])
+    return _ab._rebuild_tensor(frame, _header_dtype(header), tuple(header["shape"]), header["readonly"],
+                               header["device"])
 
 
 _CUDA = ("cuda:", "cuda_managed:")
@@ -84,10 +94,7 @@ def cuda_serialize(t):
     frame = _ab.to_device(t, t.device, layout="compact")  # itself when already compact
     if not hasattr(frame, "__cuda_array_interface__"):
         frame = _CudaBytes(frame)
-    # dldtype, as serialize's: the name alone does not read back for all
-    header = {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
-              "device": t.device}
-    return header, [frame]
+    return _header(t), [frame]
 
 
 def cuda_deserialize(header, frames):
@@ -100,7 +107,7 @@ def cuda_deserialize(header, frames):
     (frame,) = frames
     n = sum(1 for d in _ab.devices() if d.startswith("cuda:"))
     first = int(header["device"].split(":")[1])
-    dtype = tuple(header["dldtype"]) if "dldtype" in header else header["dtype"]
+    dtype = _header_dtype(header)
     error = None
     for gpu in [first] + [i for i in range(n) if i != first]:
         try:
