@@ -7,9 +7,12 @@
  *                  [--scale S] [--offset O] [--explain] --out OUT.npy
  *
  * Exit codes: 0 success; 1 the library failed (its message is printed);
- * 2 bad command line; 3 a bad input file. */
+ * 2 bad command line; 3 a bad input file, or an output file that cannot
+ * be written. */
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,17 +172,42 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* "4K", "1M", "64MiB", "1000" -> bytes; 0 on error. */
+/* "4K", "1M", "64MiB", "1000" -> bytes; 0 on error (a sign, a size past
+ * size_t, trailing junk). */
 static size_t parse_size(const char *s) {
   char *end;
   errno = 0;
+  if (*s < '0' || *s > '9') return 0;
   unsigned long long v = strtoull(s, &end, 10);
+  unsigned shift = 0;
   if (errno || end == s) return 0;
-  if (*end == 'K' || *end == 'k') v <<= 10, end++;
-  else if (*end == 'M' || *end == 'm') v <<= 20, end++;
-  else if (*end == 'G' || *end == 'g') v <<= 30, end++;
+  if (*end == 'K' || *end == 'k') shift = 10, end++;
+  else if (*end == 'M' || *end == 'm') shift = 20, end++;
+  else if (*end == 'G' || *end == 'g') shift = 30, end++;
   if (strcmp(end, "") != 0 && strcmp(end, "iB") != 0 && strcmp(end, "B") != 0) return 0;
-  return (size_t)v;
+  if (v > (unsigned long long)(SIZE_MAX >> shift)) return 0;
+  return (size_t)(v << shift);
+}
+
+/* The whole of `s` as a finite number; -1 when it is not one (atof would
+ * take "abc" as 0 and "2x" as 2). */
+static int parse_double(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v)) return -1;
+  *out = v;
+  return 0;
+}
+
+/* The whole of `s` as a decimal integer in [lo, hi]; -1 otherwise. */
+static int parse_long(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
 }
 
 static int cmd_bandwidth(int argc, char **argv) {
@@ -191,7 +219,14 @@ static int cmd_bandwidth(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) size_list = argv[++i];
     else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) dev_list = argv[++i];
-    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      long v;
+      if (parse_long(argv[++i], 1, 1000, &v) != 0) {
+        fprintf(stderr, "abtool bandwidth: --reps must be 1..1000, not \"%s\"\n", argv[i]);
+        return EXIT_USAGE;
+      }
+      reps = (int)v;
+    }
     else if (strcmp(argv[i], "--help") == 0) {
       printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
              "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there),\n"
@@ -201,10 +236,6 @@ static int cmd_bandwidth(int argc, char **argv) {
       fprintf(stderr, "abtool bandwidth: unknown option %s\n", argv[i]);
       return EXIT_USAGE;
     }
-  }
-  if (reps < 1 || reps > 1000) {
-    fprintf(stderr, "abtool bandwidth: --reps must be 1..1000\n");
-    return EXIT_USAGE;
   }
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", size_list);
@@ -347,8 +378,14 @@ static int cmd_convert(int argc, char **argv) {
     else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outp = argv[++i];
     else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) dtype_s = argv[++i];
     else if (strcmp(argv[i], "--permute") == 0 && i + 1 < argc) perm_s = argv[++i];
-    else if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc) scale = atof(argv[++i]), affine = 1;
-    else if (strcmp(argv[i], "--offset") == 0 && i + 1 < argc) offset = atof(argv[++i]), affine = 1;
+    else if ((strcmp(argv[i], "--scale") == 0 || strcmp(argv[i], "--offset") == 0) && i + 1 < argc) {
+      if (parse_double(argv[i + 1], argv[i][2] == 's' ? &scale : &offset) != 0) {
+        fprintf(stderr, "abtool convert: %s needs a finite number, not \"%s\"\n", argv[i], argv[i + 1]);
+        return EXIT_USAGE;
+      }
+      affine = 1;
+      i++;
+    }
     else if (strcmp(argv[i], "--explain") == 0) explain = 1;
     else if (argv[i][0] != '-' && in == NULL) in = argv[i];
     else {
@@ -388,14 +425,19 @@ static int cmd_convert(int argc, char **argv) {
     int n = 0;
     char tmp[256];
     snprintf(tmp, sizeof tmp, "%s", perm_s);
+    bool seen[NPY_MAX_NDIM] = {false}, ok = true;
     for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
-      char *end;
-      long v = strtol(tok, &end, 10);
-      if (*end || n == NPY_MAX_NDIM) n = NPY_MAX_NDIM + 1;
-      else perm[n++] = (int32_t)v;
+      long v;
+      if (n == a.ndim || parse_long(tok, 0, a.ndim - 1, &v) != 0 || seen[v]) {
+        ok = false;
+        break;
+      }
+      seen[v] = true;
+      perm[n++] = (int32_t)v;
     }
-    if (n != a.ndim) {
-      fprintf(stderr, "abtool convert: --permute needs %d comma-separated axes\n", (int)a.ndim);
+    if (!ok || n != a.ndim) {
+      fprintf(stderr, "abtool convert: --permute \"%s\" is not an order of the %d axes (each of 0..%d once)\n",
+              perm_s, (int)a.ndim, (int)a.ndim - 1);
       free(buf);
       return EXIT_USAGE;
     }
