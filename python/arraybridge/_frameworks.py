@@ -411,11 +411,28 @@ class Pyclesperanto(Adapter):
     def default_gpu(self, mod):
         return mod.get_device().index  # pyclesperanto's current device
 
+    @staticmethod
+    def _device_by_index(mod):
+        """pyclesperanto's backend's getDeviceFromIndex (0.25 and later), which
+        hands out the Device that select_device would without making it the
+        process's current device; None where the backend has none."""
+        try:
+            return mod._core._get_backend_manager().get_backend().getDeviceFromIndex
+        except Exception:  # another layout: a private API, so no promise
+            return None
+
     def create(self, mod, shape, dtype, gpu_id):
-        """A new pyclesperanto array on its device gpu_id. pyclesperanto hands
-        out a Device only by selecting it: the caller's current device is
-        selected again after."""
+        """A new pyclesperanto array on its device gpu_id. The current device
+        is process-wide in pyclesperanto, so selecting gpu_id, even for a
+        moment, would send another thread's arrays there: the Device is taken
+        from the backend by index where it can be, and only elsewhere
+        selected and the caller's current device selected again after."""
         import numpy  # pyclesperanto's own dependency; it names dtypes so
+        by_index = self._device_by_index(mod)
+        if by_index is not None:
+            dev = by_index(gpu_id, "all")
+            if dev is not None:
+                return mod.create(tuple(shape), dtype=numpy.dtype(dtype), device=dev)
         with self._select_lock:  # our select-and-restore, one thread at a time
             current = mod.get_device().index
             dev = mod.select_device(gpu_id)

@@ -449,6 +449,28 @@ def test_pyclesperanto_between_its_devices_and_with_a_cast():
     assert cle.get_device().index == before, "convert_memory changed pyclesperanto's current device"
 
 
+def test_pyclesperanto_targets_leave_other_threads_current_device_alone(monkeypatch):
+    """pyclesperanto's current device is one for the whole process: a
+    conversion that selected its target, even for a moment and under a lock
+    of ours, sent arrays that another thread pushed meanwhile to the wrong
+    device. Where pyclesperanto's backend hands out devices by index (0.25
+    and later), a conversion selects nothing."""
+    opencl(2)
+    cle = need("pyclesperanto")
+    from arraybridge import _frameworks
+    if _frameworks.Pyclesperanto._device_by_index(cle) is None:
+        pytest.skip("this pyclesperanto has no getDeviceFromIndex; conversions select and restore")
+    selected = []
+    real = cle.select_device
+    monkeypatch.setattr(cle, "select_device", lambda *a, **k: selected.append(a) or real(*a, **k))
+    a = np.arange(6, dtype=np.float32)
+    for gpu_id in (0, 1):
+        g = ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=gpu_id)
+        assert g.device.index == gpu_id
+        np.testing.assert_array_equal(cle.pull(g), a)
+    assert selected == [], "a conversion selected pyclesperanto devices %s" % selected
+
+
 # ---- decorators ------------------------------------------------------------------
 
 
