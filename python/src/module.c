@@ -1061,6 +1061,28 @@ static int map_apply(struct map_buf *b, const DLTensor *t, ab_convert_opts *o) {
 /* The core of from_dlpack and to_device: import x, then move or copy
  * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
  * 1 always. dtype and map (NULL: none) convert the elements on the way. */
+/* TensorFlow's DLPack export aborts the whole process (a failed CHECK)
+ * when asked for a tensor of strings, resource handles or variants, so
+ * such a tensor is refused before it is asked. Found by the type's name
+ * (no import of TensorFlow; a free test for every other producer).
+ * 0, or -1 with TypeError set. */
+static int refuse_tf_without_dlpack(PyObject *x) {
+  static const char *const kinds[] = {"string", "resource", "variant"};
+  if (strncmp(Py_TYPE(x)->tp_name, "tensorflow.", 11) != 0) return 0;
+  PyObject *dt = PyObject_GetAttrString(x, "dtype");
+  PyObject *name = dt == NULL ? NULL : PyObject_GetAttrString(dt, "name");
+  Py_XDECREF(dt);
+  const char *s = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+  PyErr_Clear(); /* no dtype or no name: TensorFlow's export decides */
+  int bad = 0;
+  for (size_t k = 0; s != NULL && k < sizeof kinds / sizeof *kinds; k++) bad |= strcmp(s, kinds[k]) == 0;
+  if (bad)
+    PyErr_Format(PyExc_TypeError, "a TensorFlow tensor of %s has no DLPack form (TensorFlow's export would abort the "
+                                  "process); only tensors of numbers and bool convert", s);
+  Py_XDECREF(name);
+  return bad ? -1 : 0;
+}
+
 /* x's data as a managed tensor for the caller to release: a view export
  * of a Tensor, else the producer's capsule taken. Validated; a device
  * producer's data is complete when this returns. -1 with an exception. */
@@ -1079,7 +1101,7 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
     if (take_capsule(x, &mt) < 0) return -1;
   } else {
     DLDevice pdev;
-    if (producer_device(x, &pdev) < 0) return -1;
+    if (refuse_tf_without_dlpack(x) < 0 || producer_device(x, &pdev) < 0) return -1;
     PyObject *cap = call_dlpack(x, pdev);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);

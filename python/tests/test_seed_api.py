@@ -338,6 +338,33 @@ def test_tensorflow_variables_are_taken_as_their_value():
     np.testing.assert_array_equal(values("torch", ab.convert_memory(v, "tensorflow", "torch")), [1, 2, 3])
 
 
+def test_tensorflow_strings_and_handles_are_refused_not_aborted():
+    """TensorFlow's DLPack export aborts the process for tensors of strings,
+    resource handles and variants (numpy.from_dlpack of one does): we refuse
+    them before asking. Run in a child so that an abort is a failure here,
+    not the end of the test run."""
+    need("tensorflow")
+    code = textwrap.dedent("""
+        import arraybridge as ab, tensorflow as tf
+        for t in (tf.constant(["a", "b"]), tf.Variable([1.0]).handle):
+            try:
+                ab.convert_memory(t, "tensorflow", "numpy")
+            except ab.MemoryConversionError as e:
+                assert "has no DLPack form" in str(e) and isinstance(e.__cause__, TypeError), e
+            else:
+                raise AssertionError("converted a %s tensor" % t.dtype.name)
+            try:
+                ab.from_dlpack(t)
+            except TypeError as e:
+                assert "TensorFlow tensor of %s has no DLPack form" % t.dtype.name in str(e), e
+            else:
+                raise AssertionError("imported a %s tensor" % t.dtype.name)
+        print("refused")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "refused" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 @pytest.mark.parametrize("fw", ("jax", "tensorflow"))
 def test_numpy_views_of_immutable_arrays_are_read_only(fw):
     # JAX and TensorFlow arrays are immutable, but their DLPack exports do
