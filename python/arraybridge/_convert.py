@@ -76,8 +76,6 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
                                     "data is %s, not %s" % (actual, source.value))
     given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
     opts = {} if given == _NONE else {k: v for k, v in zip(_OPTIONS, given) if v is not None}
-    if dtype is not None:
-        opts["dtype"] = dtype_arg(dtype)
     if sa.traced(data):  # inside jax.jit, vmap or grad: no data to move
         if source is target and not opts:
             return data
@@ -89,6 +87,8 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     if gpu_id is not None:
         gpu_id = int(device.split(":")[1]) if device != "cpu:0" else gpu_id
     try:
+        if dtype is not None:
+            opts["dtype"] = dtype_arg(dtype)  # a ValueError for a dtype of the other byte order
         if len(opts) > ("dtype" in opts):
             opts = _plain(opts)
         if source is target and not opts and sa.device_of(data) == device:

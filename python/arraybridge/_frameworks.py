@@ -74,8 +74,15 @@ def dtype_name(obj):
 def dtype_arg(d):
     """A dtype keyword as the C core takes it: a name ('float32') as it is,
     a framework's dtype object (torch.float16, np.float32, np.dtype('u1'),
-    tf.float32, jnp.bfloat16) by its name."""
-    return d if d is None or isinstance(d, str) else _dtype_str(d)
+    tf.float32, jnp.bfloat16) by its name. A NumPy dtype of the other byte
+    order (np.dtype('>f4')) is a ValueError: results are in the machine's
+    order, and DLPack has no way to say otherwise."""
+    if d is None or isinstance(d, str):
+        return d
+    if getattr(d, "byteorder", "=") not in ("=", "|") and not isinstance(d, type):
+        raise ValueError("dtype %s is of the other byte order; arraybridge makes tensors in the machine's own (%s)"
+                         % (d, d.newbyteorder("=")))
+    return _dtype_str(d)
 
 
 def gpu_id_arg(gpu_id, source, target):

@@ -107,9 +107,19 @@ static PyObject *dtype_string(DLDataType t) {
 }
 
 /* A dtype from a name ("float32", as ab_parse_dtype reads them), or from
- * anything whose str() is one (numpy.dtype, numpy.float32's dtype). */
+ * any framework's dtype object (numpy.float32, numpy.dtype("u1"),
+ * torch.float16, tf.float32, jnp.bfloat16), named as convert_memory names
+ * it (arraybridge._frameworks.dtype_arg, so the two read dtypes alike). */
 static int dtype_from_object(PyObject *o, DLDataType *out) {
-  PyObject *s = PyObject_Str(o);
+  PyObject *s;
+  if (PyUnicode_Check(o)) {
+    Py_INCREF(o);
+    s = o;
+  } else {
+    PyObject *fw = PyImport_ImportModule("arraybridge._frameworks");
+    s = fw == NULL ? NULL : PyObject_CallMethod(fw, "dtype_arg", "O", o);
+    Py_XDECREF(fw);
+  }
   if (s == NULL) return -1;
   const char *name = text_of(s, "dtype");
   if (name == NULL) {

@@ -249,6 +249,35 @@ def test_an_image_is_normalised_and_reordered_in_the_move_like_numpy():
     assert "convert" in ab.explain_route(img, "cpu", dtype="float32", permute=(2, 0, 1), scale=2.0)
 
 
+def test_dtype_keywords_take_every_frameworks_dtype_objects_alike():
+    """to_device, empty and convert_memory read a dtype the same way: a name
+    or any framework's dtype object (to_device used str(), which made
+    np.float32 "<class 'numpy.float32'>"). NumPy dtypes of the other byte
+    order are refused: results are in the machine's order, and
+    convert_memory used to take np.dtype('>f2') as float16."""
+    a = np.arange(6, dtype=np.int32)
+    kinds = ["float16", np.float16, np.dtype("float16"), np.dtype("f2")]
+    try:
+        import torch
+        kinds.append(torch.float16)
+    except ImportError:
+        pass
+    for d in kinds:
+        assert ab.to_device(a, "cpu", dtype=d).dtype == "float16", d
+        assert ab.empty((2,), d, "cpu").dtype == "float16", d
+        assert ab.convert_memory(a, "numpy", "numpy", dtype=d).dtype == np.float16, d
+    other = np.dtype("float16").newbyteorder()
+    with pytest.raises(ValueError, match="other byte order"):
+        ab.to_device(a, "cpu", dtype=other)
+    with pytest.raises(ValueError, match="other byte order"):
+        ab.empty((2,), other, "cpu")
+    with pytest.raises(ab.MemoryConversionError, match="other byte order") as e:
+        ab.convert_memory(a, "numpy", "numpy", dtype=other)
+    assert isinstance(e.value.__cause__, ValueError)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ab.to_device(a, "cpu", dtype=3)
+
+
 def test_bad_conversion_options_are_clear_errors():
     a = np.zeros((2, 3, 4), dtype=np.uint8)
     with pytest.raises(ValueError, match="permute has 2 axes; the tensor has 3"):
