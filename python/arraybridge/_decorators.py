@@ -5,7 +5,7 @@ import inspect
 
 from ._cleanup import run_with_oom_recovery
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, dtype_name as _dtype_name, is_array as _is_array
+from ._frameworks import ADAPTERS, element_name as _dtype_name, is_array as _is_array
 from ._types import MemoryType, memory_type
 
 _P = inspect.Parameter
@@ -55,7 +55,11 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
             if not _is_array(result):
                 return result  # not an array (a tuple, a shape, a NumPy scalar): as it is
             res_type = detect_memory_type(result)
-            keep = dtype if dtype is not None and _dtype_name(result) not in (dtype, None) else None
+            got = _dtype_name(result)
+            # Cast back within real or within complex types; between them
+            # (abs of complex data, say) the result stays as it is.
+            keep = (dtype if dtype is not None and got not in (dtype, None)
+                    and dtype.startswith("complex") == got.startswith("complex") else None)
             if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
                 result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
             return convert_memory(result, res_type, output, gpu_id, dtype=keep)

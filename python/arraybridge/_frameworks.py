@@ -323,6 +323,10 @@ class CuPy(Adapter):
         return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
 
 
+# What JAX makes of 64-bit floats with its 64-bit types off.
+_JAX_NARROW = {"float64": "float32", "complex128": "complex64"}
+
+
 class Jax(Adapter):
     memory_type = MemoryType.JAX
     import_name = "jax"
@@ -350,7 +354,15 @@ class Jax(Adapter):
     def from_tensor(self, t, mod, gpu_id):
         import jax.dlpack
         dev = mod.devices("cpu")[0] if gpu_id is None else self._gpus(mod)[gpu_id]
-        if t.readonly:  # JAX takes legacy capsules, which cannot say read-only
+        narrow = _JAX_NARROW.get(t.dtype)
+        if narrow is not None and not mod.config.read("jax_enable_x64"):
+            # 64-bit floats with JAX's 64-bit types off: JAX's own import
+            # narrows them flushing float32 subnormals to zero (1e-40 -> 0,
+            # where jnp.asarray keeps it); the C core rounds them as NumPy's
+            # astype does. (Integers are left to JAX, which wraps them as
+            # jnp.asarray does.)
+            t = _ab.to_device(t, t.device, dtype=narrow)
+        elif t.readonly:  # JAX takes legacy capsules, which cannot say read-only
             t = _ab.to_device(t, t.device, copy=True)
         return jax.dlpack.from_dlpack(t, device=dev)
 

@@ -84,6 +84,22 @@ def test_arraybridge_to_jax_shares_memory_and_writes_show_through(jax_cpu):
     assert int(j[3]) == -7
 
 
+def test_64_bit_floats_reach_jax_without_x64_rounded_as_numpy_rounds(jax_cpu):
+    """With JAX's 64-bit types off, its own DLPack import narrows float64
+    flushing float32 subnormals to zero; jnp.asarray (NumPy's astype) keeps
+    them. convert_memory gives jnp.asarray's values, bit for bit."""
+    jax, jnp = jax_cpu
+    if jax.config.read("jax_enable_x64"):
+        pytest.skip("JAX's 64-bit types are on here")
+    x = np.array([1e-40, -3e-42, 1.401298464324817e-45, 0.1, 1e300, -0.0, np.nan], np.float64)
+    c = (x + 1j * x[::-1]).astype(np.complex128)
+    for a, want in ((x, x.astype(np.float32)), (c, c.astype(np.complex64))):
+        got = ab.convert_memory(a, "numpy", "jax")
+        assert got.dtype == want.dtype
+        assert np.array_equal(bits(np.asarray(got)), bits(want))
+    assert int(ab.convert_memory(np.array([2**40 + 5], np.int64), "numpy", "jax")[0]) == 5  # wraps, as jnp.asarray
+
+
 @pytest.mark.parametrize("name", JAX_DTYPES)
 def test_every_jax_dtype_round_trips_bit_exact(name, jax_cpu):
     jax, jnp = jax_cpu

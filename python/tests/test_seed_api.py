@@ -528,6 +528,18 @@ def test_decorators_bare_and_called_convert_in_and_out():
     with pytest.raises(ab.MemoryConversionError):
         third(make("torch", u))  # input_type says numpy
 
+    # Complex data: cast back between complex types; between complex and
+    # real the result is returned as it is (a cast would drop a part).
+    c64 = np.array([1 + 2j, 3 - 4j], np.complex64)
+    widened = ab.numpy(lambda x: x.astype(np.complex128))(c64)
+    assert widened.dtype == np.complex64
+    np.testing.assert_array_equal(widened, c64)
+    assert ab.numpy(lambda x: np.abs(x))(c64).dtype == np.float32  # NumPy's own abs: float32
+    magnitudes = ab.numpy(lambda x: np.abs(x).astype(np.float64))(c64)
+    assert magnitudes.dtype == np.float64
+    np.testing.assert_allclose(magnitudes, [5 ** 0.5, 5])
+    assert ab.numpy(lambda x: x * 1j)(np.ones(2, np.float32)).dtype == np.complex64
+
     @ab.memory_types("tensorflow", "torch")
     def ident(x):
         assert ab.detect_memory_type(x) == "tensorflow"
