@@ -1285,6 +1285,11 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
   if (map_parse(&m, &mb) < 0) return NULL; /* before the imports: it may run Python */
   long long idx = 0;
   if (index != Py_None) {
+    if (PyBool_Check(index)) { /* an int to Python, but True is no index */
+      PyErr_SetString(PyExc_TypeError, "index must be an int or None, not bool");
+      map_free(&mb);
+      return NULL;
+    }
     idx = PyLong_AsLongLong(index);
     if (idx == -1 && PyErr_Occurred()) {
       if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
@@ -1805,6 +1810,10 @@ static PyObject *py_set_memory_limit(PyObject *mod, PyObject *args) {
   PyObject *device, *bytes_o;
   (void)mod;
   if (!PyArg_ParseTuple(args, "OO!:set_memory_limit", &device, &PyLong_Type, &bytes_o)) return NULL;
+  if (PyBool_Check(bytes_o)) { /* an int to Python, but True is no byte count */
+    PyErr_SetString(PyExc_TypeError, "bytes must be an int, not bool");
+    return NULL;
+  }
   unsigned long long bytes = PyLong_AsUnsignedLongLong(bytes_o); /* OverflowError when negative or too big */
   if (bytes == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   DLDevice d;

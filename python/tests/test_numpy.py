@@ -426,6 +426,12 @@ def test_gpu_id_must_be_an_int_in_range():
     for bad in (True, False):
         with pytest.raises(TypeError, match="not bool"):
             ab.to_device(np.arange(3), "cpu", gpu_id=bad)
+        # the other integer arguments refuse a bool alike (True was index 1)
+        out = ab.empty((2, 3), "float32", "cpu")
+        with pytest.raises(TypeError, match="index must be an int or None, not bool"):
+            ab.convert_into(np.ones(3, np.float32), out, index=bad)
+        with pytest.raises(TypeError, match="bytes must be an int, not bool"):
+            ab.set_memory_limit("cpu", bad)
     for bad in (-2, 1 << 31, 1 << 80, -(1 << 80)):
         with pytest.raises(ValueError, match="out of range"):
             ab.to_device(np.arange(3), "cpu", gpu_id=bad)
