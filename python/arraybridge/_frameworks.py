@@ -408,6 +408,11 @@ class TensorFlow(Adapter):
         return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
 
 
+# OpenCL's codes for an allocation that did not fit, as pyclesperanto's
+# errors spell them.
+_CL_NO_MEMORY = ("MEM_OBJECT_ALLOCATION_FAILURE", "OUT_OF_RESOURCES", "OUT_OF_HOST_MEMORY", "INVALID_BUFFER_SIZE")
+
+
 class Pyclesperanto(Adapter):
     memory_type = MemoryType.PYCLESPERANTO
     import_name = "pyclesperanto"
@@ -478,13 +483,22 @@ class Pyclesperanto(Adapter):
                              "shape %s" % (tuple(shape),))
         dtype = opts.get("dtype")
         dtype = src.dtype if dtype is None else dtype
-        out = self.create(mod, shape, dtype, gpu_id)
+        try:
+            out = self.create(mod, shape, dtype, gpu_id)
+        except RuntimeError as e:
+            # pyclesperanto raises RuntimeError with OpenCL's code; out of
+            # memory, or more than the device allocates at once, is a
+            # MemoryError, as the C core's own allocations give.
+            if not any(code in str(e) for code in _CL_NO_MEMORY):
+                raise
+            raise MemoryError("pyclesperanto could not allocate an array of shape %s on its device %s: %s"
+                              % (tuple(shape), gpu_id, e)) from e
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
         return out
 
     def is_oom(self, exc, mod):
         text = str(exc)
-        return isinstance(exc, MemoryError) or "MEM_OBJECT_ALLOCATION_FAILURE" in text or "OUT_OF_RESOURCES" in text
+        return isinstance(exc, MemoryError) or any(code in text for code in _CL_NO_MEMORY)
 
 
 ADAPTERS = {a.memory_type: a for a in (NumPy(), CuPy(), Torch(), TensorFlow(), Jax(), Pyclesperanto())}

@@ -330,6 +330,19 @@ def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
             ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
 
 
+def test_pyclesperanto_arrays_too_large_for_the_device_are_memory_errors():
+    """As the C core's own allocations: the cause is a MemoryError (which
+    the decorators' OOM recovery and callers catching MemoryError know),
+    not pyclesperanto's RuntimeError with an OpenCL code."""
+    opencl(1)
+    need("pyclesperanto")
+    huge = np.broadcast_to(np.zeros(1, np.float32), (1 << 20, 1 << 20))  # 4 TiB, no memory behind it
+    with pytest.raises(ab.MemoryConversionError, match="could not allocate") as e:
+        ab.convert_memory(huge, "numpy", "pyclesperanto", gpu_id=0)
+    assert isinstance(e.value.__cause__, MemoryError)
+    assert isinstance(e.value.__cause__.__cause__, RuntimeError)
+
+
 def test_tensorflow_variables_are_taken_as_their_value():
     tf = need("tensorflow")
     v = tf.Variable([1.0, 2.0, 3.0])
