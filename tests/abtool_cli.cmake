@@ -32,6 +32,8 @@ expect(3 "cannot read" convert "${WORK}/missing.npy" --to cpu --out "${WORK}/x.n
 expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale abc --out "${WORK}/x.npy")
 expect(2 "--offset needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --offset 1junk --out "${WORK}/x.npy")
 expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale inf --out "${WORK}/x.npy")
+expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale 1e999 --out "${WORK}/x.npy")
+expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float64 --scale 1e-310 --out "${WORK}/tiny.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,0,1 --out "${WORK}/x.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,1 --out "${WORK}/x.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,1,3 --out "${WORK}/x.npy")

@@ -47,7 +47,7 @@ static void usage(FILE *f) {
           "                           moves a NumPy file through DEVICE (converting on the way) and back\n"
           "  help                     this text; `abtool COMMAND --help` for one command\n"
           "\n"
-          "exit codes: 0 success, 1 library error, 2 bad command line, 3 bad input file\n");
+          "exit codes: 0 success, 1 library error, 2 bad command line, 3 bad input file or unwritable output\n");
 }
 
 /* ---- info --------------------------------------------------------------- */
@@ -190,12 +190,12 @@ static size_t parse_size(const char *s) {
 }
 
 /* The whole of `s` as a finite number; -1 when it is not one (atof would
- * take "abc" as 0 and "2x" as 2). */
+ * take "abc" as 0 and "2x" as 2). Past double's range is infinite, so
+ * refused; a subnormal (strtod's ERANGE too) is taken. */
 static int parse_double(const char *s, double *out) {
   char *end;
-  errno = 0;
   double v = strtod(s, &end);
-  if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v)) return -1;
+  if (end == s || *end != '\0' || !isfinite(v)) return -1;
   *out = v;
   return 0;
 }
@@ -226,8 +226,7 @@ static int cmd_bandwidth(int argc, char **argv) {
         return EXIT_USAGE;
       }
       reps = (int)v;
-    }
-    else if (strcmp(argv[i], "--help") == 0) {
+    } else if (strcmp(argv[i], "--help") == 0) {
       printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
              "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there),\n"
              "median of N copies each (default 5), beside memcpy of the same size.\n");
@@ -379,14 +378,13 @@ static int cmd_convert(int argc, char **argv) {
     else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) dtype_s = argv[++i];
     else if (strcmp(argv[i], "--permute") == 0 && i + 1 < argc) perm_s = argv[++i];
     else if ((strcmp(argv[i], "--scale") == 0 || strcmp(argv[i], "--offset") == 0) && i + 1 < argc) {
-      if (parse_double(argv[i + 1], argv[i][2] == 's' ? &scale : &offset) != 0) {
-        fprintf(stderr, "abtool convert: %s needs a finite number, not \"%s\"\n", argv[i], argv[i + 1]);
+      const char *opt = argv[i++];
+      if (parse_double(argv[i], strcmp(opt, "--scale") == 0 ? &scale : &offset) != 0) {
+        fprintf(stderr, "abtool convert: %s needs a finite number, not \"%s\"\n", opt, argv[i]);
         return EXIT_USAGE;
       }
       affine = 1;
-      i++;
-    }
-    else if (strcmp(argv[i], "--explain") == 0) explain = 1;
+    } else if (strcmp(argv[i], "--explain") == 0) explain = 1;
     else if (argv[i][0] != '-' && in == NULL) in = argv[i];
     else {
       fprintf(stderr, "abtool convert: unexpected argument %s (see abtool convert --help)\n", argv[i]);
