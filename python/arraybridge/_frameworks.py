@@ -355,7 +355,7 @@ class Jax(Adapter):
         import jax.dlpack
         dev = mod.devices("cpu")[0] if gpu_id is None else self._gpus(mod)[gpu_id]
         narrow = _JAX_NARROW.get(t.dtype)
-        if narrow is not None and not mod.config.read("jax_enable_x64"):
+        if narrow is not None and not mod.config.jax_enable_x64:
             # 64-bit floats with JAX's 64-bit types off: JAX's own import
             # narrows them flushing float32 subnormals to zero (1e-40 -> 0,
             # where jnp.asarray keeps it); the C core rounds them as NumPy's
@@ -450,7 +450,20 @@ class Pyclesperanto(Adapter):
         is process-wide in pyclesperanto, so selecting gpu_id, even for a
         moment, would send another thread's arrays there: the Device is taken
         from the backend by index where it can be, and only elsewhere
-        selected and the caller's current device selected again after."""
+        selected and the caller's current device selected again after.
+        An allocation that does not fit is a MemoryError."""
+        try:
+            return self._create(mod, shape, dtype, gpu_id)
+        except RuntimeError as e:
+            # pyclesperanto raises RuntimeError with OpenCL's code; out of
+            # memory, or more than the device allocates at once, is a
+            # MemoryError, as the C core's own allocations give.
+            if not any(code in str(e) for code in _CL_NO_MEMORY):
+                raise
+            raise MemoryError("pyclesperanto could not allocate an array of shape %s on its device %s: %s"
+                              % (tuple(shape), gpu_id, e)) from e
+
+    def _create(self, mod, shape, dtype, gpu_id):
         import numpy  # pyclesperanto's own dependency; it names dtypes so
         by_index = self._device_by_index(mod)
         if by_index is not None:
@@ -483,16 +496,7 @@ class Pyclesperanto(Adapter):
                              "shape %s" % (tuple(shape),))
         dtype = opts.get("dtype")
         dtype = src.dtype if dtype is None else dtype
-        try:
-            out = self.create(mod, shape, dtype, gpu_id)
-        except RuntimeError as e:
-            # pyclesperanto raises RuntimeError with OpenCL's code; out of
-            # memory, or more than the device allocates at once, is a
-            # MemoryError, as the C core's own allocations give.
-            if not any(code in str(e) for code in _CL_NO_MEMORY):
-                raise
-            raise MemoryError("pyclesperanto could not allocate an array of shape %s on its device %s: %s"
-                              % (tuple(shape), gpu_id, e)) from e
+        out = self.create(mod, shape, dtype, gpu_id)
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
         return out
 

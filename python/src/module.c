@@ -109,7 +109,8 @@ static PyObject *dtype_string(DLDataType t) {
 /* A dtype from a name ("float32", as ab_parse_dtype reads them), or from
  * any framework's dtype object (numpy.float32, numpy.dtype("u1"),
  * torch.float16, tf.float32, jnp.bfloat16), named as convert_memory names
- * it (arraybridge._frameworks.dtype_arg, so the two read dtypes alike). */
+ * it (arraybridge._frameworks.dtype_arg, so the two read dtypes alike: the
+ * module is used from its package, never alone). */
 static int dtype_from_object(PyObject *o, DLDataType *out) {
   PyObject *s;
   if (PyUnicode_Check(o)) {
@@ -119,6 +120,10 @@ static int dtype_from_object(PyObject *o, DLDataType *out) {
     PyObject *fw = PyImport_ImportModule("arraybridge._frameworks");
     s = fw == NULL ? NULL : PyObject_CallMethod(fw, "dtype_arg", "O", o);
     Py_XDECREF(fw);
+    if (s != NULL && !PyUnicode_Check(s)) { /* None, say: named by str() in the error below */
+      Py_DECREF(s);
+      s = PyObject_Str(o);
+    }
   }
   if (s == NULL) return -1;
   const char *name = text_of(s, "dtype");
@@ -1068,9 +1073,6 @@ static int map_apply(struct map_buf *b, const DLTensor *t, ab_convert_opts *o) {
   return 0;
 }
 
-/* The core of from_dlpack and to_device: import x, then move or copy
- * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
- * 1 always. dtype and map (NULL: none) convert the elements on the way. */
 /* TensorFlow's DLPack export aborts the whole process (a failed CHECK)
  * when asked for a tensor of strings, resource handles or variants, so
  * such a tensor is refused before it is asked. Found by the type's name
@@ -1083,7 +1085,13 @@ static int refuse_tf_without_dlpack(PyObject *x) {
   PyObject *name = dt == NULL ? NULL : PyObject_GetAttrString(dt, "name");
   Py_XDECREF(dt);
   const char *s = name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
-  PyErr_Clear(); /* no dtype or no name: TensorFlow's export decides */
+  if (PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) { /* MemoryError, KeyboardInterrupt: they stand */
+      Py_XDECREF(name);
+      return -1;
+    }
+    PyErr_Clear(); /* no dtype or no name: TensorFlow's export decides */
+  }
   int bad = 0;
   for (size_t k = 0; s != NULL && k < sizeof kinds / sizeof *kinds; k++) bad |= strcmp(s, kinds[k]) == 0;
   if (bad)
@@ -1139,6 +1147,9 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   return 0;
 }
 
+/* The core of from_dlpack and to_device: import x, then move or copy
+ * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
+ * 1 always. dtype and map (NULL: none) convert the elements on the way. */
 static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
                                     const struct map_args *map, enum layout layout) {
   struct map_buf mb;

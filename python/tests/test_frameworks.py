@@ -89,7 +89,7 @@ def test_64_bit_floats_reach_jax_without_x64_rounded_as_numpy_rounds(jax_cpu):
     flushing float32 subnormals to zero; jnp.asarray (NumPy's astype) keeps
     them. convert_memory gives jnp.asarray's values, bit for bit."""
     jax, jnp = jax_cpu
-    if jax.config.read("jax_enable_x64"):
+    if jax.config.jax_enable_x64:
         pytest.skip("JAX's 64-bit types are on here")
     x = np.array([1e-40, -3e-42, 1.401298464324817e-45, 0.1, 1e300, -0.0, np.nan], np.float64)
     c = (x + 1j * x[::-1]).astype(np.complex128)

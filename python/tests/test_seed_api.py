@@ -341,6 +341,10 @@ def test_pyclesperanto_arrays_too_large_for_the_device_are_memory_errors():
         ab.convert_memory(huge, "numpy", "pyclesperanto", gpu_id=0)
     assert isinstance(e.value.__cause__, MemoryError)
     assert isinstance(e.value.__cause__.__cause__, RuntimeError)
+    # stack_slices allocates its pyclesperanto result the same way
+    with pytest.raises(ab.MemoryConversionError, match="could not allocate") as e:
+        ab.stack_slices([huge[:1 << 15, :1 << 15]] * 64, "pyclesperanto", gpu_id=0)  # 256 GiB
+    assert isinstance(e.value.__cause__, MemoryError)
 
 
 def test_tensorflow_variables_are_taken_as_their_value():
