@@ -149,8 +149,8 @@ test-analyze:
 # The library cross-built for 64-bit Arm (aarch64), 32-bit x86 (i386) and
 # 32-bit Arm (armhf): the portable host paths, which x86-64 never runs,
 # and what 32-bit sizes and pointers change. The suites run under
-# qemu-user on aarch64 and natively on i386; armhf is built and runs abtool
-# and the demo under qemu (Debian has no armhf Criterion). Host backend
+# qemu-user on aarch64 and natively on i386; armhf runs the tests that
+# need no Criterion (Debian has none for armhf) and the demo under qemu. Host backend
 # only; tools/check-cross.sh says what it installs. .ci/run runs all three
 # after make test.
 AARCH64_BUILD ?= build-aarch64

@@ -3,6 +3,7 @@
  * directory, goes through LLVMFuzzerTestOneInput once. Exit 0 when all ran;
  * a failing input aborts (the target traps). */
 #include <dirent.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,15 +51,28 @@ int main(int argc, char **argv) {
     }
     if (S_ISDIR(st.st_mode)) {
       DIR *d = opendir(argv[i]);
-      struct dirent *e;
-      while (d && (e = readdir(d)) != NULL) {
+      if (d == NULL) {
+        perror(argv[i]);
+        return 1;
+      }
+      for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (e == NULL) {
+          if (errno != 0) { /* not the end: EOVERFLOW, say, on 32 bits */
+            perror(argv[i]);
+            closedir(d);
+            return 1;
+          }
+          break;
+        }
         if (e->d_name[0] == '.') continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", argv[i], e->d_name);
         errors += run_file(path);
         files++;
       }
-      if (d) closedir(d);
+      closedir(d);
     } else {
       errors += run_file(argv[i]);
       files++;
