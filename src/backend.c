@@ -82,6 +82,9 @@ ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, v
 }
 
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes) {
+  /* In a child forked after the drivers started, their memory is the
+   * parent's and their threads are gone: nothing goes back to them. */
+  if (be->device_type != kDLCPU && ab__drivers_left_behind()) return;
   if (be->free != NULL) be->free(id, ptr, bytes);
 }
 

@@ -26,6 +26,11 @@ void ab__ensure_init(void);
  * initialises them again. */
 void ab__registry_shutdown(void);
 
+/* Whether this process was forked after the backends started: then every
+ * backend but the host's has no devices in it, for good, and nothing is
+ * handed back to those drivers (see device.c, "fork"). */
+bool ab__drivers_left_behind(void);
+
 /* The backend serving `type`, or NULL if none is built in. */
 const struct ab_backend *ab__backend_for(DLDeviceType type);
 /* Whether cpu:0 is checked without the backend search now (tests). */

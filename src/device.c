@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "core.h"
 
@@ -34,6 +35,32 @@ static char backend_why[NBACKENDS][256]; /* why a backend has no devices */
  * published, read after it (ab__check_tensor_device); NULL otherwise. */
 static _Atomic(const struct ab_backend *) host_fast;
 
+/* fork. A child process has none of its parent's threads, the drivers'
+ * among them (PoCL's workers, CUDA's): a driver that started before the
+ * fork, called in the child, waits for them for ever (Python's
+ * multiprocessing forks by default on Linux). So in a child forked after
+ * the backends started, every backend but the host's has no devices, for
+ * good (a new init would meet the same driver state), with the reason in
+ * its NO_DEVICE message, and no memory goes back to those drivers. Host
+ * moves work as before. */
+static atomic_bool left_behind;
+static pid_t started_in; /* the process the backends started in, for the message */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void on_fork_child(void) { atomic_store_explicit(&left_behind, true, memory_order_relaxed); }
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+bool ab__drivers_left_behind(void) { return atomic_load_explicit(&left_behind, memory_order_relaxed); }
+
+/* Whether backend i is one the fork left behind. */
+static bool left_behind_at(int i) { return backends[i]->device_type != kDLCPU && ab__drivers_left_behind(); }
+
+static void fork_reason(int i, char *buf, size_t len) {
+  snprintf(buf, len,
+           "this process was forked from process %ld after the %s backend started there, and a driver does not "
+           "survive fork: start child processes with 'spawn' or 'forkserver', or start the backends after forking",
+           (long)started_in, backends[i]->name);
+}
+
 void ab_preload_drivers(void) {
   for (size_t i = 0; i < NBACKENDS; i++)
     ab__dev_preload(backends[i]);
@@ -45,7 +72,14 @@ void ab__ensure_init(void) {
   if (!atomic_load_explicit(&inited, memory_order_relaxed)) {
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
+    pthread_once(&fork_once, register_fork_handler);
+    if (!ab__drivers_left_behind()) started_in = getpid();
     for (size_t i = 0; i < NBACKENDS; i++) {
+      if (left_behind_at((int)i)) { /* re-initialised in a forked child */
+        backend_up[i] = false;
+        fork_reason((int)i, backend_why[i], sizeof backend_why[i]);
+        continue;
+      }
       ab_status st = ab__dev_init(backends[i]);
       backend_up[i] = st == AB_OK;
       if (st != AB_OK) {
@@ -68,7 +102,7 @@ void ab__registry_shutdown(void) {
   pthread_mutex_lock(&init_lock);
   if (atomic_load_explicit(&inited, memory_order_relaxed)) {
     for (size_t i = NBACKENDS; i-- > 0;) {
-      if (backend_up[i]) ab__dev_shutdown(backends[i]);
+      if (backend_up[i] && !left_behind_at((int)i)) ab__dev_shutdown(backends[i]);
       backend_up[i] = false;
     }
     atomic_store_explicit(&host_fast, NULL, memory_order_relaxed);
@@ -117,7 +151,7 @@ const char *ab_device_type_name(DLDeviceType type) {
 
 static int32_t count_of(int i) {
   ab__ensure_init();
-  return backend_up[i] ? ab__dev_count(backends[i]) : 0;
+  return backend_up[i] && !left_behind_at(i) ? ab__dev_count(backends[i]) : 0;
 }
 
 int ab_device_types(DLDeviceType *out, int max) {
@@ -156,9 +190,13 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s backend is built into this library",
                    what, tname, id_text(dev.device_id, idb), tname);
   int32_t n = count_of(i);
-  if (n == 0)
-    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s devices (%s)", what, tname,
-                   id_text(dev.device_id, idb), tname, backend_why[i][0] ? backend_why[i] : "none found");
+  if (n == 0) {
+    char why[sizeof backend_why[0]];
+    if (left_behind_at(i)) fork_reason(i, why, sizeof why);
+    else snprintf(why, sizeof why, "%s", backend_why[i][0] ? backend_why[i] : "none found");
+    return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s devices (%s)", what, tname, id_text(dev.device_id, idb), tname,
+                   why);
+  }
   if (dev.device_id == AB_DEVICE_AUTO && is_target) {
     /* The device with the most free memory; ties go to the lowest id. A
      * device that cannot say is skipped without touching the message. */

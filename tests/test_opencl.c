@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef AB_HAVE_OPENCL
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -40,6 +42,50 @@ Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
   cr_assert_eq(r, SENTINEL_OUT);
   cr_assert_not_null(strstr(ab_last_error(), "opencl"), "message: %s", ab_last_error());
   cr_assert_not_null(strstr(ab_last_error(), "OpenCL platform"), "message: %s", ab_last_error());
+}
+
+/* Python's multiprocessing forks by default on Linux. A child forked after
+ * OpenCL started has none of the driver's threads (PoCL's workers), and
+ * the first OpenCL call there waited for them for ever: OpenCL is refused
+ * in such a child, host moves still work, and the parent is untouched. */
+Test(opencl, a_child_forked_after_opencl_started_refuses_it_and_still_moves_host_data) {
+  need_devices(1);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *on_cl = convert_ok(&t, CL(0), AB_COPY_IF_NEEDED, NULL);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    alarm(120); /* a hang ends in SIGALRM, a failure below, not a stuck suite */
+    int bad = 0;
+    if (ab_device_count(kDLOpenCL) != 0) bad |= 1;
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    if (ab_convert_memory(&t, CL(0), NULL, &r) != AB_ERR_NO_DEVICE || r != SENTINEL_OUT) bad |= 2;
+    if (strstr(ab_last_error(), "was forked from process") == NULL) bad |= 4;
+    /* The parent's OpenCL tensor cannot be read here; deleting it hands
+     * nothing to the driver. */
+    if (ab_convert_memory(&on_cl->dl_tensor, CPU0, NULL, &r) != AB_ERR_NO_DEVICE || r != SENTINEL_OUT) bad |= 8;
+    on_cl->deleter(on_cl);
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.copy = AB_COPY_ALWAYS;
+    if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK || memcmp(r->dl_tensor.data, v, sizeof v) != 0) bad |= 16;
+    else r->deleter(r);
+    ab_shutdown(); /* returns: no driver is called */
+    if (ab_device_count(kDLOpenCL) != 0) bad |= 32; /* and starting again keeps OpenCL off */
+    _exit(bad);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status), "the child did not exit: signal %d (SIGALRM: it hung)",
+            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  cr_assert_eq(WEXITSTATUS(status), 0, "the child's failed checks (bits): %d", WEXITSTATUS(status));
+  DLManagedTensorVersioned *back = convert_ok(&on_cl->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  cr_assert_eq(memcmp(back->dl_tensor.data, v, sizeof v), 0);
+  back->deleter(back);
+  on_cl->deleter(on_cl);
+  assert_pool_clean(CL(0));
 }
 
 Test(opencl, device_info_describes_each_device) {

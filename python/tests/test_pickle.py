@@ -176,3 +176,35 @@ def test_a_forged_pickle_is_refused_before_anything_is_allocated():
     assert ab.memory_stats("cpu:0")["allocations"] == before["allocations"]
     ok = rebuild(b"\0" * 0, "float32", (0, 5), False, "cpu:0")
     assert ok.shape == (0, 5)
+
+
+def test_a_forked_pool_gets_opencl_tensors_in_host_memory_instead_of_hanging():
+    """multiprocessing forks by default on Linux. A child forked after
+    OpenCL started has no driver threads, and its first OpenCL call waited
+    for ever; now the child has no OpenCL devices (a clear error), so an
+    OpenCL tensor sent to it stays in host memory, as for any machine
+    without its device."""
+    opencl(1)
+    code = """
+import multiprocessing as mp, numpy as np, arraybridge as ab
+def work(t):
+    try:
+        ab.to_device(np.ones(2, np.float32), "opencl:0")
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return t.device, float(np.asarray(ab.to_device(t, "cpu")).sum()), refused
+if __name__ == "__main__":
+    t = ab.to_device(np.arange(6, dtype=np.float32), "opencl:0")
+    with mp.get_context("fork").Pool(2) as pool:
+        for device, total, refused in pool.map(work, [t, t]):
+            assert (device, total) == ("cpu:0", 15.0), (device, total)
+            assert "was forked from process" in refused and "spawn" in refused, refused
+    assert float(np.asarray(ab.to_device(t, "cpu")).sum()) == 15.0  # the parent's OpenCL still works
+    print("ok")
+"""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a forked child hung on OpenCL")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
