@@ -5,6 +5,7 @@
  * of the core never tests a pointer of the table or injects a fault of its
  * own. */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,10 +82,17 @@ ab_status ab__dev_alloc(const struct ab_backend *be, int32_t id, size_t bytes, v
   return be->alloc(id, bytes, out);
 }
 
+static atomic_uint_fast64_t frees_left_behind;
+
+uint64_t ab__dev_frees_left_behind(void) { return atomic_load_explicit(&frees_left_behind, memory_order_relaxed); }
+
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes) {
   /* In a child forked after the drivers started, their memory is the
    * parent's and their threads are gone: nothing goes back to them. */
-  if (be->device_type != kDLCPU && ab__drivers_left_behind()) return;
+  if (be->device_type != kDLCPU && ab__drivers_left_behind()) {
+    atomic_fetch_add_explicit(&frees_left_behind, 1, memory_order_relaxed);
+    return;
+  }
   if (be->free != NULL) be->free(id, ptr, bytes);
 }
 

@@ -30,6 +30,8 @@ void ab__registry_shutdown(void);
  * backend but the host's has no devices in it, for good, and nothing is
  * handed back to those drivers (see device.c, "fork"). */
 bool ab__drivers_left_behind(void);
+/* How many frees of such memory were not handed to their driver (tests). */
+uint64_t ab__dev_frees_left_behind(void);
 
 /* The backend serving `type`, or NULL if none is built in. */
 const struct ab_backend *ab__backend_for(DLDeviceType type);

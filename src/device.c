@@ -38,27 +38,65 @@ static _Atomic(const struct ab_backend *) host_fast;
 /* fork. A child process has none of its parent's threads, the drivers'
  * among them (PoCL's workers, CUDA's): a driver that started before the
  * fork, called in the child, waits for them for ever (Python's
- * multiprocessing forks by default on Linux). So in a child forked after
- * the backends started, every backend but the host's has no devices, for
- * good (a new init would meet the same driver state), with the reason in
- * its NO_DEVICE message, and no memory goes back to those drivers. Host
- * moves work as before. */
+ * multiprocessing forked by default on Linux before 3.14). So in a child
+ * forked after the backends started (the first call of almost any
+ * function starts them all), every backend but the host's has no devices,
+ * for good (a new init would meet the same driver state; ab_shutdown does
+ * not stop a driver's threads either), and no memory goes back to those
+ * drivers. A backend that had started says so in its NO_DEVICE message;
+ * one that had failed to start keeps its reason. Host moves work as
+ * before. A fork waits for an init in progress (the prepare handler takes
+ * init_lock), so a child never finds it half done or the lock held. */
 static atomic_bool left_behind;
-static pid_t started_in; /* the process the backends started in, for the message */
+static bool ever_started;         /* the backends' init has run in this process or an ancestor */
+static bool ever_up[NBACKENDS];   /* backend i started, in this process or an ancestor */
+static pid_t started_in;          /* the process they first started in, for the message */
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void on_fork_child(void) { atomic_store_explicit(&left_behind, true, memory_order_relaxed); }
-static void register_fork_handler(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+/* Whether this thread holds init_lock; whether its fork's prepare handler
+ * took it. A driver may fork (to run a linker, say) inside its init, on
+ * the thread that holds the lock: that fork must not wait for it. */
+static _Thread_local bool holding_init, fork_took_init;
+static void on_fork_prepare(void) {
+  fork_took_init = !holding_init;
+  if (fork_took_init) pthread_mutex_lock(&init_lock);
+}
+static void on_fork_parent(void) {
+  if (fork_took_init) pthread_mutex_unlock(&init_lock);
+}
+static void on_fork_child(void) {
+  if (ever_started) atomic_store_explicit(&left_behind, true, memory_order_relaxed);
+  if (fork_took_init) pthread_mutex_unlock(&init_lock);
+}
+static void register_fork_handlers(void) { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); }
+
+/* Takes init_lock, the fork handlers registered first: whenever it is
+ * held, a fork finds them. */
+static void lock_registry(void) {
+  pthread_once(&fork_once, register_fork_handlers);
+  pthread_mutex_lock(&init_lock);
+  holding_init = true;
+}
+
+static void unlock_registry(void) {
+  holding_init = false;
+  pthread_mutex_unlock(&init_lock);
+}
 
 bool ab__drivers_left_behind(void) { return atomic_load_explicit(&left_behind, memory_order_relaxed); }
 
-/* Whether backend i is one the fork left behind. */
+/* Whether backend i is one a fork left behind. */
 static bool left_behind_at(int i) { return backends[i]->device_type != kDLCPU && ab__drivers_left_behind(); }
 
-static void fork_reason(int i, char *buf, size_t len) {
-  snprintf(buf, len,
-           "this process was forked from process %ld after the %s backend started there, and a driver does not "
-           "survive fork: start child processes with 'spawn' or 'forkserver', or start the backends after forking",
-           (long)started_in, backends[i]->name);
+/* Why backend i has no devices, into buf. */
+static void why_none(int i, char *buf, size_t len) {
+  if (left_behind_at(i) && ever_up[i])
+    snprintf(buf, len,
+             "the %s backend started in process %ld, and this process was forked from it (or from a child of it) "
+             "since; a driver does not survive fork: start child processes with 'spawn' or 'forkserver', or fork "
+             "before the first arraybridge call",
+             backends[i]->name, (long)started_in);
+  else
+    snprintf(buf, len, "%s", backend_why[i][0] ? backend_why[i] : "none found");
 }
 
 void ab_preload_drivers(void) {
@@ -68,20 +106,20 @@ void ab_preload_drivers(void) {
 
 void ab__ensure_init(void) {
   if (AB_LIKELY(atomic_load_explicit(&inited, memory_order_acquire))) return;
-  pthread_mutex_lock(&init_lock);
+  lock_registry();
   if (!atomic_load_explicit(&inited, memory_order_relaxed)) {
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
-    pthread_once(&fork_once, register_fork_handler);
-    if (!ab__drivers_left_behind()) started_in = getpid();
+    if (!ever_started) started_in = getpid();
+    ever_started = true;
     for (size_t i = 0; i < NBACKENDS; i++) {
-      if (left_behind_at((int)i)) { /* re-initialised in a forked child */
+      if (left_behind_at((int)i)) { /* initialised again in a forked child: stays down */
         backend_up[i] = false;
-        fork_reason((int)i, backend_why[i], sizeof backend_why[i]);
         continue;
       }
       ab_status st = ab__dev_init(backends[i]);
       backend_up[i] = st == AB_OK;
+      ever_up[i] = ever_up[i] || backend_up[i];
       if (st != AB_OK) {
         /* The reason is kept for NO_DEVICE messages; the caller's own
          * (successful) call must not see it in ab_last_error(). */
@@ -95,11 +133,11 @@ void ab__ensure_init(void) {
     }
     atomic_store_explicit(&inited, true, memory_order_release);
   }
-  pthread_mutex_unlock(&init_lock);
+  unlock_registry();
 }
 
 void ab__registry_shutdown(void) {
-  pthread_mutex_lock(&init_lock);
+  lock_registry();
   if (atomic_load_explicit(&inited, memory_order_relaxed)) {
     for (size_t i = NBACKENDS; i-- > 0;) {
       if (backend_up[i] && !left_behind_at((int)i)) ab__dev_shutdown(backends[i]);
@@ -108,7 +146,7 @@ void ab__registry_shutdown(void) {
     atomic_store_explicit(&host_fast, NULL, memory_order_relaxed);
     atomic_store_explicit(&inited, false, memory_order_release);
   }
-  pthread_mutex_unlock(&init_lock);
+  unlock_registry();
 }
 
 static int backend_index(DLDeviceType type) {
@@ -191,9 +229,8 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
                    what, tname, id_text(dev.device_id, idb), tname);
   int32_t n = count_of(i);
   if (n == 0) {
-    char why[sizeof backend_why[0]];
-    if (left_behind_at(i)) fork_reason(i, why, sizeof why);
-    else snprintf(why, sizeof why, "%s", backend_why[i][0] ? backend_why[i] : "none found");
+    char why[320];
+    why_none(i, why, sizeof why);
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s devices (%s)", what, tname, id_text(dev.device_id, idb), tname,
                    why);
   }

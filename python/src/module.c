@@ -1707,8 +1707,11 @@ static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int r
     const char *v = getenv("AB_UNPICKLE_MISSING_DEVICE");
     if (v != NULL && strcmp(v, "fail") == 0) {
       Py_DECREF(t);
+      struct ab_device_info info;
+      ab_device_info(dev, &info); /* fails: its message says why the device is missing */
       return PyErr_Format(PyExc_ValueError, "the pickled tensor was on %s:%d, which this process does not have "
-                          "(AB_UNPICKLE_MISSING_DEVICE=fail)", ab_device_type_name(dev.device_type), (int)dev.device_id);
+                          "(AB_UNPICKLE_MISSING_DEVICE=fail): %s", ab_device_type_name(dev.device_type),
+                          (int)dev.device_id, ab_last_error());
     }
     return t; /* host memory; its device says so */
   }
