@@ -18,6 +18,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -412,32 +414,93 @@ static void legacy_view_export_deleter(DLManagedTensor *m) {
   PyMem_RawFree(v);
 }
 
+/* What a capsule of ours holds: the managed tensor handed out, wrapped, so
+ * that its deleter runs once however it is reached. A consumer that takes
+ * the tensor, calls its deleter on a failure and leaves the capsule's name
+ * as it was (torch.from_dlpack of an OpenCL tensor: it raises, deletes,
+ * and does not rename) would otherwise have the capsule's destructor free
+ * it a second time, and the process abort. The wrapper is freed when both
+ * the deleter's call and the capsule are done with it. */
+struct guarded {
+  union {
+    DLManagedTensorVersioned v;
+    DLManagedTensor l;
+  } mt;        /* first: the pointer the capsule holds */
+  void *inner; /* the managed tensor wrapped */
+  int versioned;
+  atomic_bool deleted;
+  atomic_int refs; /* the capsule's and the deleter's */
+};
+
+static void guarded_unref(struct guarded *g) {
+  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) PyMem_RawFree(g);
+}
+
+static void guarded_delete(struct guarded *g) {
+  if (atomic_exchange_explicit(&g->deleted, true, memory_order_acq_rel)) return; /* the second call */
+  if (g->versioned) {
+    DLManagedTensorVersioned *in = g->inner;
+    if (in->deleter != NULL) in->deleter(in);
+  } else {
+    DLManagedTensor *in = g->inner;
+    if (in->deleter != NULL) in->deleter(in);
+  }
+  guarded_unref(g);
+}
+
+static void guarded_deleter_versioned(DLManagedTensorVersioned *m) { guarded_delete((struct guarded *)m); }
+static void guarded_deleter_legacy(DLManagedTensor *m) { guarded_delete((struct guarded *)m); }
+
 static void capsule_destructor(PyObject *cap) {
   /* A capsule a consumer took is renamed "used_..."; only an unconsumed
    * one still owns its tensor. Keep any exception in flight. */
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
-  if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
-    if (m != NULL && m->deleter != NULL) m->deleter(m);
-  } else if (PyCapsule_IsValid(cap, LEGACY_NAME)) {
-    DLManagedTensor *m = PyCapsule_GetPointer(cap, LEGACY_NAME);
-    if (m != NULL && m->deleter != NULL) m->deleter(m);
+  struct guarded *g = PyCapsule_GetContext(cap);
+  if (g != NULL) {
+    if (PyCapsule_IsValid(cap, VERSIONED_NAME) || PyCapsule_IsValid(cap, LEGACY_NAME)) guarded_delete(g);
+    guarded_unref(g);
   }
+  PyErr_Clear();
   PyErr_Restore(type, value, tb);
 }
 
-static PyObject *capsule_versioned(DLManagedTensorVersioned *m) {
-  PyObject *cap = PyCapsule_New(m, VERSIONED_NAME, capsule_destructor);
-  if (cap == NULL) release(m);
+/* A capsule holding m (a DLManagedTensorVersioned when versioned, else a
+ * DLManagedTensor), which it owns from here on: on failure m is released
+ * and NULL returned with an exception. */
+static PyObject *capsule_of(void *m, int versioned) {
+  struct guarded *g = PyMem_RawMalloc(sizeof *g);
+  if (g == NULL) {
+    if (versioned) release(m);
+    else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
+    return PyErr_NoMemory();
+  }
+  if (versioned) {
+    g->mt.v = *(DLManagedTensorVersioned *)m;
+    g->mt.v.manager_ctx = g;
+    g->mt.v.deleter = guarded_deleter_versioned;
+  } else {
+    g->mt.l = *(DLManagedTensor *)m;
+    g->mt.l.manager_ctx = g;
+    g->mt.l.deleter = guarded_deleter_legacy;
+  }
+  g->inner = m;
+  g->versioned = versioned;
+  atomic_init(&g->deleted, false);
+  atomic_init(&g->refs, 2);
+  PyObject *cap = PyCapsule_New(&g->mt, versioned ? VERSIONED_NAME : LEGACY_NAME, NULL);
+  if (cap == NULL || PyCapsule_SetContext(cap, g) != 0 || PyCapsule_SetDestructor(cap, capsule_destructor) != 0) {
+    Py_XDECREF(cap); /* no destructor yet, or none that finds g: g is released here */
+    guarded_delete(g);
+    guarded_unref(g);
+    return NULL;
+  }
   return cap;
 }
 
-static PyObject *capsule_legacy(DLManagedTensor *m) {
-  PyObject *cap = PyCapsule_New(m, LEGACY_NAME, capsule_destructor);
-  if (cap == NULL && m->deleter) m->deleter(m);
-  return cap;
-}
+static PyObject *capsule_versioned(DLManagedTensorVersioned *m) { return capsule_of(m, 1); }
+
+static PyObject *capsule_legacy(DLManagedTensor *m) { return capsule_of(m, 0); }
 
 /* Exports a fresh, owned tensor (a copy made for this consumer). */
 static PyObject *export_owned(DLManagedTensorVersioned *m, int versioned) {

@@ -11,6 +11,8 @@ Zero-copy is proven by comparing the frameworks' own data pointers, and by
 writes through one side seen in the other."""
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -250,6 +252,21 @@ def test_every_torch_dtype_round_trips_bit_exact(name):
     assert same_torch(torch, torch.from_dlpack(t), x)
     c = ab.to_device(x, "cpu", copy=True)
     assert same_torch(torch, torch.from_dlpack(c), x)
+
+
+def test_torch_refusing_an_opencl_tensor_leaves_the_process_alive():
+    """torch.from_dlpack of an OpenCL tensor fails after taking it, deletes
+    it and leaves the capsule's name: that used to free it twice and abort
+    the process. (A child, so that an abort is a failure here.)"""
+    opencl(1)
+    need_torch()
+    code = ("import numpy as np, arraybridge as ab, torch\n"
+            "t = ab.to_device(np.arange(4, dtype=np.float32), 'opencl:0')\n"
+            "try:\n    torch.from_dlpack(t)\nexcept Exception:\n    pass\n"
+            "assert np.asarray(ab.to_device(t, 'cpu')).tolist() == [0, 1, 2, 3]\n"
+            "print('alive')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and r.stdout.strip() == "alive", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 def test_torch_tensors_through_opencl_with_a_cast():

@@ -3,6 +3,7 @@ DLPack capsules, every dtype and layout NumPy can export, and round trips
 through OpenCL (PoCL in CI: POCL_DEVICES="pthread pthread" gives two
 devices)."""
 import gc
+import subprocess
 import sys
 import weakref
 
@@ -605,3 +606,38 @@ def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
     one = ab.to_device(np.zeros((1, 3), np.float32), "cpu", copy=True)  # one long dim: both orders
     assert get(one, ctypes.addressof(buf), PyBUF_F_CONTIGUOUS | PyBUF_FORMAT) == 0
     rel(ctypes.addressof(buf))
+
+
+CONSUMER_DELETES_WITHOUT_RENAMING = """
+import ctypes, gc, sys
+import numpy as np, arraybridge as ab
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+a = np.arange(1 << 16, dtype=np.float32)
+t = ab.to_device(a, "cpu", copy=True)
+# the deleter's offset: after DLPackVersion and manager_ctx (versioned), after
+# the DLTensor and manager_ctx (legacy)
+for kwargs, name, offset in (({"max_version": (1, 0)}, b"dltensor_versioned", 16), ({}, b"dltensor", 56)):
+    for _ in range(100):
+        cap = t.__dlpack__(**kwargs)
+        p = api.PyCapsule_GetPointer(cap, name)
+        ctypes.cast(ctypes.c_void_p.from_address(p + offset).value, DELETER)(p)  # the consumer deletes...
+        del cap  # ...and leaves the name as it was
+gc.collect()
+assert sys.getrefcount(t) == 2, sys.getrefcount(t)  # each export's reference dropped once
+assert np.array_equal(np.asarray(t), a)
+print("ok")
+"""
+
+
+def test_a_consumer_that_deletes_without_renaming_the_capsule_frees_nothing_twice():
+    """torch.from_dlpack of an OpenCL tensor takes the capsule's tensor,
+    fails, calls its deleter and leaves the capsule's name as it was; the
+    capsule's destructor then freed the tensor again and the process
+    aborted (double free). Our capsules run their tensor's deleter once
+    however it is reached. In a child, so that the old abort is a failure."""
+    r = subprocess.run([sys.executable, "-c", CONSUMER_DELETES_WITHOUT_RENAMING], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
