@@ -10,16 +10,15 @@
  *    then on the Tensor owns it.
  *  - Exporting (__dlpack__) puts a new managed tensor in a capsule: either a
  *    fresh copy (owning its memory) or a view whose manager_ctx holds a
- *    reference to the Tensor. The capsule's destructor calls the deleter
- *    only if no consumer renamed the capsule; view deleters take the GIL to
- *    drop their reference, and do nothing with Python once the interpreter
- *    is finalising.
+ *    reference to the Tensor, wrapped (struct guarded) so that it is
+ *    deleted exactly once: by the consumer's deleter call, or by the
+ *    capsule's destructor if no consumer renamed the capsule and none
+ *    deleted it; view deleters take the GIL to drop their reference, and
+ *    do nothing with Python once the interpreter is finalising.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <stdatomic.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -419,8 +418,14 @@ static void legacy_view_export_deleter(DLManagedTensor *m) {
  * the tensor, calls its deleter on a failure and leaves the capsule's name
  * as it was (torch.from_dlpack of an OpenCL tensor: it raises, deletes,
  * and does not rename) would otherwise have the capsule's destructor free
- * it a second time, and the process abort. The wrapper is freed when both
- * the deleter's call and the capsule are done with it. */
+ * it a second time, and the process abort; and a consumer may also take
+ * the capsule's destructor away (JAX and TensorFlow rename it and set
+ * none), so the wrapper cannot wait for the destructor either. So the
+ * wrappers not yet deleted are listed (live_wrappers: address -> serial,
+ * under the GIL): whichever of the deleter and an unconsumed capsule's
+ * destructor finds its wrapper there first deletes it; the capsule keeps
+ * the serial as its context, so that a new wrapper at a freed one's
+ * address is never taken for it. */
 struct guarded {
   union {
     DLManagedTensorVersioned v;
@@ -428,16 +433,29 @@ struct guarded {
   } mt;        /* first: the pointer the capsule holds */
   void *inner; /* the managed tensor wrapped */
   int versioned;
-  atomic_bool deleted;
-  atomic_int refs; /* the capsule's and the deleter's */
+  size_t serial;
 };
 
-static void guarded_unref(struct guarded *g) {
-  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) == 1) PyMem_RawFree(g);
+static PyObject *live_wrappers; /* dict, kept for the process's life */
+static size_t wrapper_serial;   /* under the GIL; the capsule's context holds it */
+
+/* Whether g (freed or not: only its address is read) is listed with
+ * `serial`, taking it off the list if so. The GIL is held. */
+static int take_wrapper(const void *g, size_t serial) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  int taken = 0;
+  PyObject *key = PyLong_FromVoidPtr((void *)g);
+  PyObject *have = key == NULL ? NULL : PyDict_GetItemWithError(live_wrappers, key); /* borrowed */
+  if (have != NULL && PyLong_AsSize_t(have) == serial) taken = PyDict_DelItem(live_wrappers, key) == 0;
+  Py_XDECREF(key);
+  PyErr_Clear(); /* out of memory here: the wrapper stays, leaked rather than freed twice */
+  PyErr_Restore(type, value, tb);
+  return taken;
 }
 
-static void guarded_delete(struct guarded *g) {
-  if (atomic_exchange_explicit(&g->deleted, true, memory_order_acq_rel)) return; /* the second call */
+/* Deletes the wrapped tensor and frees g; g is off the list. */
+static void delete_wrapped(struct guarded *g) {
   if (g->versioned) {
     DLManagedTensorVersioned *in = g->inner;
     if (in->deleter != NULL) in->deleter(in);
@@ -445,21 +463,32 @@ static void guarded_delete(struct guarded *g) {
     DLManagedTensor *in = g->inner;
     if (in->deleter != NULL) in->deleter(in);
   }
-  guarded_unref(g);
+  PyMem_RawFree(g);
 }
 
-static void guarded_deleter_versioned(DLManagedTensorVersioned *m) { guarded_delete((struct guarded *)m); }
-static void guarded_deleter_legacy(DLManagedTensor *m) { guarded_delete((struct guarded *)m); }
+static void guarded_release(void *arg) {
+  struct guarded *g = arg;
+  if (take_wrapper(g, g->serial)) delete_wrapped(g);
+}
+
+/* The consumer's call, on any thread (the list is read under the GIL). */
+static void guarded_deleter_versioned(DLManagedTensorVersioned *m) { with_gil(guarded_release, m); }
+static void guarded_deleter_legacy(DLManagedTensor *m) { with_gil(guarded_release, m); }
 
 static void capsule_destructor(PyObject *cap) {
   /* A capsule a consumer took is renamed "used_..."; only an unconsumed
-   * one still owns its tensor. Keep any exception in flight. */
+   * one may still own its tensor (unless the consumer deleted it without
+   * renaming: then its wrapper is off the list). Keep any exception in
+   * flight. */
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
-  struct guarded *g = PyCapsule_GetContext(cap);
-  if (g != NULL) {
-    if (PyCapsule_IsValid(cap, VERSIONED_NAME) || PyCapsule_IsValid(cap, LEGACY_NAME)) guarded_delete(g);
-    guarded_unref(g);
+  const char *name = PyCapsule_IsValid(cap, VERSIONED_NAME) ? VERSIONED_NAME
+                     : PyCapsule_IsValid(cap, LEGACY_NAME)  ? LEGACY_NAME
+                                                            : NULL;
+  if (name != NULL) {
+    void *g = PyCapsule_GetPointer(cap, name);
+    size_t serial = (size_t)(uintptr_t)PyCapsule_GetContext(cap);
+    if (g != NULL && take_wrapper(g, serial)) delete_wrapped(g);
   }
   PyErr_Clear();
   PyErr_Restore(type, value, tb);
@@ -470,10 +499,10 @@ static void capsule_destructor(PyObject *cap) {
  * and NULL returned with an exception. */
 static PyObject *capsule_of(void *m, int versioned) {
   struct guarded *g = PyMem_RawMalloc(sizeof *g);
+  PyObject *key = NULL, *serial = NULL, *cap = NULL;
   if (g == NULL) {
-    if (versioned) release(m);
-    else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
-    return PyErr_NoMemory();
+    PyErr_NoMemory();
+    goto fail;
   }
   if (versioned) {
     g->mt.v = *(DLManagedTensorVersioned *)m;
@@ -486,16 +515,33 @@ static PyObject *capsule_of(void *m, int versioned) {
   }
   g->inner = m;
   g->versioned = versioned;
-  atomic_init(&g->deleted, false);
-  atomic_init(&g->refs, 2);
-  PyObject *cap = PyCapsule_New(&g->mt, versioned ? VERSIONED_NAME : LEGACY_NAME, NULL);
-  if (cap == NULL || PyCapsule_SetContext(cap, g) != 0 || PyCapsule_SetDestructor(cap, capsule_destructor) != 0) {
-    Py_XDECREF(cap); /* no destructor yet, or none that finds g: g is released here */
-    guarded_delete(g);
-    guarded_unref(g);
-    return NULL;
+  g->serial = ++wrapper_serial;
+  if (live_wrappers == NULL && (live_wrappers = PyDict_New()) == NULL) goto fail;
+  key = PyLong_FromVoidPtr(g);
+  serial = PyLong_FromSize_t(g->serial);
+  if (key == NULL || serial == NULL || PyDict_SetItem(live_wrappers, key, serial) < 0) goto fail;
+  cap = PyCapsule_New(&g->mt, versioned ? VERSIONED_NAME : LEGACY_NAME, NULL);
+  if (cap == NULL || PyCapsule_SetContext(cap, (void *)(uintptr_t)g->serial) != 0 ||
+      PyCapsule_SetDestructor(cap, capsule_destructor) != 0) {
+    Py_CLEAR(cap); /* it has no destructor yet: nothing was deleted */
+    goto fail;
   }
+  Py_DECREF(key);
+  Py_DECREF(serial);
   return cap;
+fail:
+  if (g != NULL && key != NULL) take_wrapper(g, g->serial); /* off the list, if it got there */
+  Py_XDECREF(key);
+  Py_XDECREF(serial);
+  PyMem_RawFree(g);
+  {
+    PyObject *type, *value, *tb; /* m's deleter may run Python: the error stands */
+    PyErr_Fetch(&type, &value, &tb);
+    if (versioned) release(m);
+    else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
+    PyErr_Restore(type, value, tb);
+  }
+  return NULL;
 }
 
 static PyObject *capsule_versioned(DLManagedTensorVersioned *m) { return capsule_of(m, 1); }
