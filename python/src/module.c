@@ -382,7 +382,15 @@ struct view_export {
  * foreign threads). What every deleter of ours that holds Python objects
  * does. */
 static void with_gil(void (*release)(void *), void *arg) {
-  if (PyGILState_Check()) {
+  /* This thread's current thread state, which is set exactly while it
+   * holds the GIL. (Not PyGILState_Check: once a subinterpreter has been
+   * created, CPython stops checking and it says 1 on every thread.) */
+#if PY_VERSION_HEX >= 0x030D0000
+  const int holding = PyThreadState_GetUnchecked() != NULL;
+#else
+  const int holding = _PyThreadState_UncheckedGet() != NULL;
+#endif
+  if (holding) {
     release(arg);
     return;
   }
@@ -436,8 +444,9 @@ struct guarded {
   size_t serial;
 };
 
-static PyObject *live_wrappers; /* dict, kept for the process's life */
+static PyObject *live_wrappers; /* dict, made by PyInit and kept for the process's life */
 static size_t wrapper_serial;   /* under the GIL; the capsule's context holds it */
+_Static_assert(sizeof(size_t) <= sizeof(void *), "the capsule's context holds a serial");
 
 /* Whether g (freed or not: only its address is read) is listed with
  * `serial`, taking it off the list if so. The GIL is held. */
@@ -516,7 +525,6 @@ static PyObject *capsule_of(void *m, int versioned) {
   g->inner = m;
   g->versioned = versioned;
   g->serial = ++wrapper_serial;
-  if (live_wrappers == NULL && (live_wrappers = PyDict_New()) == NULL) goto fail;
   key = PyLong_FromVoidPtr(g);
   serial = PyLong_FromSize_t(g->serial);
   if (key == NULL || serial == NULL || PyDict_SetItem(live_wrappers, key, serial) < 0) goto fail;
@@ -529,19 +537,18 @@ static PyObject *capsule_of(void *m, int versioned) {
   Py_DECREF(key);
   Py_DECREF(serial);
   return cap;
-fail:
-  if (g != NULL && key != NULL) take_wrapper(g, g->serial); /* off the list, if it got there */
+fail: {
+  PyObject *type, *value, *tb; /* the error stands: the clean-up and m's deleter may run Python */
+  PyErr_Fetch(&type, &value, &tb);
+  if (key != NULL && PyDict_DelItem(live_wrappers, key) < 0) PyErr_Clear(); /* off the list, if it got there */
   Py_XDECREF(key);
   Py_XDECREF(serial);
   PyMem_RawFree(g);
-  {
-    PyObject *type, *value, *tb; /* m's deleter may run Python: the error stands */
-    PyErr_Fetch(&type, &value, &tb);
-    if (versioned) release(m);
-    else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
-    PyErr_Restore(type, value, tb);
-  }
+  if (versioned) release(m);
+  else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
+  PyErr_Restore(type, value, tb);
   return NULL;
+}
 }
 
 static PyObject *capsule_versioned(DLManagedTensorVersioned *m) { return capsule_of(m, 1); }
@@ -2069,7 +2076,8 @@ PyMODINIT_FUNC PyInit__arraybridge(void) {
   }
   /* From here the module owns the type's reference. */
   rebuild_fn = PyObject_GetAttrString(m, "_rebuild_tensor"); /* kept for the process's life */
-  if (rebuild_fn == NULL) {
+  if (live_wrappers == NULL) live_wrappers = PyDict_New();   /* likewise */
+  if (rebuild_fn == NULL || live_wrappers == NULL) {
     Py_DECREF(m);
     return NULL;
   }
