@@ -463,15 +463,16 @@ static int take_wrapper(const void *g, size_t serial) {
   return taken;
 }
 
+/* Runs the deleter of m, a DLManagedTensorVersioned when versioned, else
+ * a DLManagedTensor. */
+static void release_either(void *m, int versioned) {
+  if (versioned) release(m);
+  else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
+}
+
 /* Deletes the wrapped tensor and frees g; g is off the list. */
 static void delete_wrapped(struct guarded *g) {
-  if (g->versioned) {
-    DLManagedTensorVersioned *in = g->inner;
-    if (in->deleter != NULL) in->deleter(in);
-  } else {
-    DLManagedTensor *in = g->inner;
-    if (in->deleter != NULL) in->deleter(in);
-  }
+  release_either(g->inner, g->versioned);
   PyMem_RawFree(g);
 }
 
@@ -544,8 +545,7 @@ fail: {
   Py_XDECREF(key);
   Py_XDECREF(serial);
   PyMem_RawFree(g);
-  if (versioned) release(m);
-  else if (((DLManagedTensor *)m)->deleter != NULL) ((DLManagedTensor *)m)->deleter(m);
+  release_either(m, versioned);
   PyErr_Restore(type, value, tb);
   return NULL;
 }
