@@ -564,20 +564,31 @@ static PyObject *export_owned(DLManagedTensorVersioned *m, int versioned) {
   return capsule_legacy(legacy);
 }
 
+/* A view of a Tensor as a managed tensor that keeps it alive; NULL with
+ * MemoryError. What a versioned export puts in its capsule, and what the
+ * module's own imports of a Tensor take without one. */
+static DLManagedTensorVersioned *view_of(TensorObject *self) {
+  struct view_export *v = PyMem_RawCalloc(1, sizeof *v);
+  if (v == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  v->mt.version.major = DLPACK_MAJOR_VERSION;
+  v->mt.version.minor = DLPACK_MINOR_VERSION;
+  v->mt.dl_tensor = *dl(self); /* shape and strides stay the Tensor's, alive while it is */
+  v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+  v->mt.manager_ctx = v;
+  v->mt.deleter = view_export_deleter;
+  Py_INCREF(self);
+  v->owner = (PyObject *)self;
+  return &v->mt;
+}
+
 static PyObject *export_view(TensorObject *self, int versioned) {
   const DLTensor *t = dl(self);
   if (versioned) {
-    struct view_export *v = PyMem_RawCalloc(1, sizeof *v);
-    if (v == NULL) return PyErr_NoMemory();
-    v->mt.version.major = DLPACK_MAJOR_VERSION;
-    v->mt.version.minor = DLPACK_MINOR_VERSION;
-    v->mt.dl_tensor = *t; /* shape and strides stay the Tensor's, alive while it is */
-    v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
-    v->mt.manager_ctx = v;
-    v->mt.deleter = view_export_deleter;
-    Py_INCREF(self);
-    v->owner = (PyObject *)self;
-    return capsule_versioned(&v->mt);
+    DLManagedTensorVersioned *v = view_of(self);
+    return v == NULL ? NULL : capsule_versioned(v);
   }
   if (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
     PyErr_SetString(PyExc_BufferError,
@@ -1223,12 +1234,9 @@ static int refuse_tf_without_dlpack(PyObject *x) {
 static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
-    /* Our own tensor: a view export of it (holding a reference to x). */
-    PyObject *cap = export_view((TensorObject *)x, 1);
-    if (cap == NULL) return -1;
-    int rc = take_capsule(cap, &mt);
-    Py_DECREF(cap);
-    if (rc < 0) return -1;
+    /* Our own tensor: a view of it (holding a reference to x), taken
+     * directly: no capsule, so no consumer to guard against. */
+    if ((mt = view_of((TensorObject *)x)) == NULL) return -1;
   } else if (PyCapsule_CheckExact(x)) {
     /* A producer's capsule itself (torch.utils.dlpack.to_dlpack's, say):
      * it carries no stream promise, so device data must be complete. */
