@@ -1564,8 +1564,8 @@ static PyObject *py_empty(PyObject *mod, PyObject *args, PyObject *kwargs) {
 
 /* Unpickling (Tensor.__reduce_ex__): the bytes into a new host tensor,
  * then onto the device it came from when this process has that device;
- * else it stays in host memory (AB_UNPICKLE_MISSING_DEVICE=fail raises
- * instead). Read-only survives. */
+ * else it stays in host memory (AB_UNPICKLE_MISSING_DEVICE=host, the
+ * default; =fail raises instead). Read-only survives. */
 /* A managed tensor over the memory of a Python buffer view it holds
  * (buffer_tensor). */
 struct buffer_tensor {
@@ -1781,6 +1781,9 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   if (dtype_from_pickle(dtype_o, &dtype) < 0 || shape_from_object(shape_o, shape, &n) < 0 ||
       device_from_object(device_o, &dev) < 0)
     return NULL;
+  if (dev.device_type == AB_DEVICE_OPENCL_HOST) /* whatever its id: no tensor is ever on it, so no pickle of ours names it */
+    return PyErr_Format(PyExc_ValueError, "pickled tensor names %s:%d, the library's own staging memory, "
+                        "which no tensor is ever on", ab_device_type_name(dev.device_type), (int)dev.device_id);
   Py_buffer b;
   if (PyObject_GetBuffer(payload, &b, PyBUF_SIMPLE) < 0) return NULL;
   /* The payload must hold exactly the elements, checked before anything
@@ -1828,7 +1831,16 @@ static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int r
   PyObject *t = tensor_new_owning(mt, NULL);
   if (t == NULL || dev.device_type == kDLCPU) return t;
   if (dev.device_id >= ab_device_count(dev.device_type)) {
+    /* "host" (the default: unset or empty alike) or "fail"; anything else
+     * is warned about, as the C library logs a malformed AB_* value, and
+     * the default used. */
     const char *v = getenv("AB_UNPICKLE_MISSING_DEVICE");
+    if (v != NULL && *v != '\0' && strcmp(v, "fail") != 0 && strcmp(v, "host") != 0 &&
+        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "AB_UNPICKLE_MISSING_DEVICE=\"%s\" ignored: want host or fail; using host", v) < 0) {
+      Py_DECREF(t); /* warnings made errors */
+      return NULL;
+    }
     if (v != NULL && strcmp(v, "fail") == 0) {
       Py_DECREF(t);
       struct ab_device_info info;

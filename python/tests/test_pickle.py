@@ -3,6 +3,7 @@ tensors as their bytes and back onto their device (or the host where the
 receiving process lacks it), flags and layouts as documented."""
 import os
 import pickle
+import warnings
 import subprocess
 import sys
 
@@ -126,6 +127,33 @@ def test_a_process_without_the_device_gets_host_memory_or_an_error_when_asked():
     env["AB_UNPICKLE_MISSING_DEVICE"] = "fail"
     r = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, timeout=120)
     assert r.returncode != 0 and b"AB_UNPICKLE_MISSING_DEVICE=fail" in r.stderr
+
+
+def test_the_missing_device_rule_warns_about_a_value_it_does_not_know(monkeypatch):
+    rebuild = ab._arraybridge._rebuild_tensor
+    data = np.arange(4, dtype=np.float32).tobytes()
+    for value in ("", "host"):
+        monkeypatch.setenv("AB_UNPICKLE_MISSING_DEVICE", value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert rebuild(data, "float32", (4,), False, "opencl:99").device == "cpu:0"
+    monkeypatch.setenv("AB_UNPICKLE_MISSING_DEVICE", "FAIL")  # a typo: warned, and the default used
+    with pytest.warns(RuntimeWarning, match='AB_UNPICKLE_MISSING_DEVICE="FAIL" ignored: want host or fail'):
+        u = rebuild(data, "float32", (4,), False, "opencl:99")
+    assert u.device == "cpu:0" and np.from_dlpack(u).tobytes() == data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning made an error leaves nothing behind
+        with pytest.raises(RuntimeWarning):
+            rebuild(data, "float32", (4,), False, "opencl:99")
+    monkeypatch.setenv("AB_UNPICKLE_MISSING_DEVICE", "fail")
+    with pytest.raises(ValueError, match="AB_UNPICKLE_MISSING_DEVICE=fail"):
+        rebuild(data, "float32", (4,), False, "opencl:99")
+
+
+@pytest.mark.parametrize("device", ["opencl_host:0", "opencl_host:9"])
+def test_a_pickle_naming_the_staging_memory_is_refused_whatever_the_id(device):
+    with pytest.raises(ValueError, match="staging memory, which no tensor is ever on"):
+        ab._arraybridge._rebuild_tensor(b"\0" * 8, "float32", (2,), False, device)
 
 
 @pytest.mark.parametrize("protocol", [2, 5])
