@@ -382,14 +382,24 @@ struct view_export {
  * foreign threads). What every deleter of ours that holds Python objects
  * does. */
 static void with_gil(void (*release)(void *), void *arg) {
-  /* This thread's current thread state, which is set exactly while it
-   * holds the GIL. (Not PyGILState_Check: once a subinterpreter has been
-   * created, CPython stops checking and it says 1 on every thread.) */
+  /* Whether this thread holds the GIL: the current thread state is set
+   * and bound to this thread. (Not PyGILState_Check: once a
+   * subinterpreter has been created, CPython stops checking and it says 1
+   * on every thread. Nor the current thread state alone: before Python
+   * 3.12 it is one global, the holder's on whatever thread, and a bare
+   * thread took it for its own.) Its own gilstate thread state is
+   * compared first, which reads nothing of another thread's; another
+   * thread's is read only where a subinterpreter's thread state or none
+   * is this thread's, and only its thread id (a thread state its own
+   * thread frees at that instant is the one read of freed memory left:
+   * a heap block, still mapped, whose id is not this thread's). */
 #if PY_VERSION_HEX >= 0x030D0000
-  const int holding = PyThreadState_GetUnchecked() != NULL;
+  PyThreadState *cur = PyThreadState_GetUnchecked();
 #else
-  const int holding = _PyThreadState_UncheckedGet() != NULL;
+  PyThreadState *cur = _PyThreadState_UncheckedGet();
 #endif
+  const int holding =
+      cur != NULL && (cur == PyGILState_GetThisThreadState() || cur->thread_id == PyThread_get_thread_ident());
   if (holding) {
     release(arg);
     return;

@@ -660,6 +660,77 @@ print("ok")
 """
 
 
+VIEW_ON_BARE_THREAD = CONSUMERS.split("a = np.arange")[0] + """
+import time
+held = ctypes.PyDLL(None)  # its calls keep the GIL
+free = ctypes.CDLL(None)   # its calls let it go
+for lib in (held, free):
+    lib.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.pthread_join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+held.usleep.argtypes = [ctypes.c_uint]
+sys.setswitchinterval(1000)  # this thread gives the GIL up only where it blocks in free's calls
+t = ab.to_device(np.arange(16, dtype=np.float32), "cpu", copy=True)
+for kwargs, name, offset in KINDS:
+    for _ in range(20):
+        cap = t.__dlpack__(**kwargs)  # a view: it holds a reference to t
+        p = api.PyCapsule_GetPointer(cap, name)
+        api.PyCapsule_SetName(cap, b"used_" + name)
+        deleter = ctypes.c_void_p.from_address(p + offset).value
+        del cap
+        refs = sys.getrefcount(t)
+        tid = ctypes.c_ulong()
+        assert held.pthread_create(ctypes.byref(tid), None, deleter, p) == 0
+        held.usleep(20000)  # the GIL held throughout: the deleter must wait for it
+        during = sys.getrefcount(t)
+        assert free.pthread_join(tid, None) == 0
+        after = sys.getrefcount(t)
+        assert (during, after) == (refs, refs - 1), (refs, during, after)
+print("ok")
+"""
+
+
+def test_a_views_deleter_on_a_bare_thread_waits_for_the_gil():
+    """A view's deleter drops its reference to the Tensor, which only the
+    GIL's holder may do. Before Python 3.12 the current thread state is one
+    global (the holder's, on whatever thread), and the deleter took it for
+    its own: it dropped the reference while another thread held the GIL."""
+    r = subprocess.run([sys.executable, "-c", VIEW_ON_BARE_THREAD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+IN_A_SUBINTERPRETER = CONSUMERS.split("a = np.arange")[0] + """
+import _xxsubinterpreters as si
+interp = si.create()  # from here PyGILState_Check says 1 on every thread
+t = ab.to_device(np.arange(16, dtype=np.float32), "cpu", copy=True)
+for _ in range(5):
+    cap = t.__dlpack__(max_version=(1, 0))
+    p = api.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+    api.PyCapsule_SetName(cap, b"used_dltensor_versioned")
+    deleter = ctypes.c_void_p.from_address(p + 8 + P).value
+    del cap
+    refs = sys.getrefcount(t)
+    # called from code the subinterpreter runs: its thread state holds the GIL
+    si.run_string(interp, f"import ctypes\\nctypes.PYFUNCTYPE(None, ctypes.c_void_p)({deleter})({p})\\n")
+    assert sys.getrefcount(t) == refs - 1, (refs, sys.getrefcount(t))
+print("ok")
+"""
+
+
+def test_a_views_deleter_called_where_a_subinterpreter_holds_the_gil_runs_there():
+    """The GIL held through a subinterpreter's thread state is this thread's
+    too: the deleter drops its reference there and then, rather than wait
+    for a GIL its own thread holds."""
+    try:
+        import _xxsubinterpreters  # noqa: F401  (CPython 3.9-3.12)
+    except ImportError:
+        pytest.skip("this Python has no _xxsubinterpreters")
+    try:
+        r = subprocess.run([sys.executable, "-c", IN_A_SUBINTERPRETER], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hung: the deleter waited for the GIL its own thread held")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 def test_consumers_that_delete_without_renaming_or_take_the_destructor_away_free_once():
     """torch.from_dlpack of an OpenCL tensor takes the capsule's tensor,
     fails, calls its deleter and leaves the capsule's name as it was; the
