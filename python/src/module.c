@@ -13,12 +13,14 @@
  *    reference to the Tensor, wrapped (struct guarded) so that it is
  *    deleted exactly once: by the consumer's deleter call, or by the
  *    capsule's destructor if no consumer renamed the capsule and none
- *    deleted it; view deleters take the GIL to drop their reference, and
- *    do nothing with Python once the interpreter is finalising.
+ *    deleted it. View deleters take the GIL to drop their reference, and
+ *    do nothing with Python once the interpreter is finalising; a copy's
+ *    deleter needs no GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -439,8 +441,9 @@ static void legacy_view_export_deleter(DLManagedTensor *m) {
  * it a second time, and the process abort; and a consumer may also take
  * the capsule's destructor away (JAX and TensorFlow rename it and set
  * none), so the wrapper cannot wait for the destructor either. So the
- * wrappers not yet deleted are listed (live_wrappers: address -> serial,
- * under the GIL): whichever of the deleter and an unconsumed capsule's
+ * wrappers not yet deleted are listed (struct live_set, serial -> wrapper,
+ * under a mutex of its own, so that a deleter on any thread reads it
+ * without the GIL): whichever of the deleter and an unconsumed capsule's
  * destructor finds its wrapper there first deletes it; the capsule keeps
  * the serial as its context, so that a new wrapper at a freed one's
  * address is never taken for it. */
@@ -454,24 +457,87 @@ struct guarded {
   size_t serial;
 };
 
-static PyObject *live_wrappers; /* dict, made by PyInit and kept for the process's life */
-static size_t wrapper_serial;   /* under the GIL; the capsule's context holds it */
+/* The wrappers not yet deleted: open addressing, linear probing, keyed by
+ * serial (0: an empty slot). Serials are handed out in order, so the
+ * serial itself, masked, is the home slot. At most half full. Entries are
+ * added under the GIL (capsule_of, the only caller that allocates: the
+ * allocator may take the GIL under tracemalloc) and taken on any thread;
+ * nothing else is done under the lock, and nothing with Python. */
+static struct live_set {
+  pthread_mutex_t lock;
+  struct live_entry {
+    size_t serial;
+    struct guarded *g;
+  } *slot;
+  size_t mask; /* slots - 1; slot is NULL until the first export */
+  size_t count;
+  size_t last_serial;
+} live = {.lock = PTHREAD_MUTEX_INITIALIZER};
 _Static_assert(sizeof(size_t) <= sizeof(void *), "the capsule's context holds a serial");
 
-/* Whether g (freed or not: only its address is read) is listed with
- * `serial`, taking it off the list if so. The GIL is held. */
+static void live_put(struct live_entry *slot, size_t mask, struct live_entry e) {
+  size_t i = e.serial & mask;
+  while (slot[i].serial != 0) i = (i + 1) & mask;
+  slot[i] = e;
+}
+
+/* Lists g under a new serial (g->serial). 0 when out of memory. */
+static int live_add(struct guarded *g) {
+  int ok = 1;
+  pthread_mutex_lock(&live.lock);
+  if (live.slot == NULL || (live.count + 1) * 2 > live.mask + 1) {
+    const size_t slots = live.slot == NULL ? 64 : 2 * (live.mask + 1);
+    struct live_entry *grown = slots <= SIZE_MAX / sizeof *grown ? PyMem_RawCalloc(slots, sizeof *grown) : NULL;
+    if (grown == NULL) {
+      ok = 0;
+    } else {
+      for (size_t i = 0; live.slot != NULL && i <= live.mask; i++)
+        if (live.slot[i].serial != 0) live_put(grown, slots - 1, live.slot[i]);
+      PyMem_RawFree(live.slot);
+      live.slot = grown;
+      live.mask = slots - 1;
+    }
+  }
+  if (ok) {
+    if (++live.last_serial == 0) ++live.last_serial; /* 0 marks an empty slot (a 32-bit size_t can wrap) */
+    g->serial = live.last_serial;
+    live_put(live.slot, live.mask, (struct live_entry){g->serial, g});
+    live.count++;
+  }
+  pthread_mutex_unlock(&live.lock);
+  return ok;
+}
+
+/* Whether g (freed or not: only its address is compared) is listed with
+ * `serial`, taking it off the list if so. Any thread, GIL or not. */
 static int take_wrapper(const void *g, size_t serial) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
   int taken = 0;
-  PyObject *key = PyLong_FromVoidPtr((void *)g);
-  PyObject *have = key == NULL ? NULL : PyDict_GetItemWithError(live_wrappers, key); /* borrowed */
-  if (have != NULL && PyLong_AsSize_t(have) == serial) taken = PyDict_DelItem(live_wrappers, key) == 0;
-  Py_XDECREF(key);
-  PyErr_Clear(); /* out of memory here: the wrapper stays, leaked rather than freed twice */
-  PyErr_Restore(type, value, tb);
+  pthread_mutex_lock(&live.lock);
+  if (live.slot != NULL && serial != 0) {
+    const size_t mask = live.mask;
+    size_t i = serial & mask;
+    while (live.slot[i].serial != 0 && live.slot[i].serial != serial) i = (i + 1) & mask;
+    if (live.slot[i].serial == serial && live.slot[i].g == g) {
+      /* Off the list, moving back each later entry of the run that may
+       * sit no nearer its home than the hole. */
+      for (size_t j = (i + 1) & mask; live.slot[j].serial != 0; j = (j + 1) & mask)
+        if (((j - (live.slot[j].serial & mask)) & mask) >= ((j - i) & mask)) {
+          live.slot[i] = live.slot[j];
+          i = j;
+        }
+      live.slot[i].serial = 0;
+      live.count--;
+      taken = 1;
+    }
+  }
+  pthread_mutex_unlock(&live.lock);
   return taken;
 }
+
+/* A fork while another thread holds the lock would leave it held in the
+ * child: the fork waits for it (registered by PyInit). */
+static void live_fork_prepare(void) { pthread_mutex_lock(&live.lock); }
+static void live_fork_done(void) { pthread_mutex_unlock(&live.lock); }
 
 /* Runs the deleter of m, a DLManagedTensorVersioned when versioned, else
  * a DLManagedTensor. */
@@ -486,14 +552,14 @@ static void delete_wrapped(struct guarded *g) {
   PyMem_RawFree(g);
 }
 
-static void guarded_release(void *arg) {
-  struct guarded *g = arg;
+/* The consumer's call, on any thread. Only a view's own deleter takes the
+ * GIL (to drop its reference to the Tensor: drop_owner); a copy's is the
+ * C library's, and runs without it, at finalisation too. */
+static void guarded_release(struct guarded *g) {
   if (take_wrapper(g, g->serial)) delete_wrapped(g);
 }
-
-/* The consumer's call, on any thread (the list is read under the GIL). */
-static void guarded_deleter_versioned(DLManagedTensorVersioned *m) { with_gil(guarded_release, m); }
-static void guarded_deleter_legacy(DLManagedTensor *m) { with_gil(guarded_release, m); }
+static void guarded_deleter_versioned(DLManagedTensorVersioned *m) { guarded_release(m->manager_ctx); }
+static void guarded_deleter_legacy(DLManagedTensor *m) { guarded_release(m->manager_ctx); }
 
 static void capsule_destructor(PyObject *cap) {
   /* A capsule a consumer took is renamed "used_..."; only an unconsumed
@@ -519,7 +585,8 @@ static void capsule_destructor(PyObject *cap) {
  * and NULL returned with an exception. */
 static PyObject *capsule_of(void *m, int versioned) {
   struct guarded *g = PyMem_RawMalloc(sizeof *g);
-  PyObject *key = NULL, *serial = NULL, *cap = NULL;
+  PyObject *cap = NULL;
+  int listed = 0;
   if (g == NULL) {
     PyErr_NoMemory();
     goto fail;
@@ -535,25 +602,22 @@ static PyObject *capsule_of(void *m, int versioned) {
   }
   g->inner = m;
   g->versioned = versioned;
-  g->serial = ++wrapper_serial;
-  key = PyLong_FromVoidPtr(g);
-  serial = PyLong_FromSize_t(g->serial);
-  if (key == NULL || serial == NULL || PyDict_SetItem(live_wrappers, key, serial) < 0) goto fail;
+  if (!live_add(g)) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  listed = 1;
   cap = PyCapsule_New(&g->mt, versioned ? VERSIONED_NAME : LEGACY_NAME, NULL);
   if (cap == NULL || PyCapsule_SetContext(cap, (void *)(uintptr_t)g->serial) != 0 ||
       PyCapsule_SetDestructor(cap, capsule_destructor) != 0) {
     Py_CLEAR(cap); /* it has no destructor yet: nothing was deleted */
     goto fail;
   }
-  Py_DECREF(key);
-  Py_DECREF(serial);
   return cap;
 fail: {
-  PyObject *type, *value, *tb; /* the error stands: the clean-up and m's deleter may run Python */
+  PyObject *type, *value, *tb; /* the error stands: m's deleter may run Python */
   PyErr_Fetch(&type, &value, &tb);
-  if (key != NULL && PyDict_DelItem(live_wrappers, key) < 0) PyErr_Clear(); /* off the list, if it got there */
-  Py_XDECREF(key);
-  Py_XDECREF(serial);
+  if (listed) take_wrapper(g, g->serial); /* off the list */
   PyMem_RawFree(g);
   release_either(m, versioned);
   PyErr_Restore(type, value, tb);
@@ -2106,8 +2170,10 @@ PyMODINIT_FUNC PyInit__arraybridge(void) {
   }
   /* From here the module owns the type's reference. */
   rebuild_fn = PyObject_GetAttrString(m, "_rebuild_tensor"); /* kept for the process's life */
-  if (live_wrappers == NULL) live_wrappers = PyDict_New();   /* likewise */
-  if (rebuild_fn == NULL || live_wrappers == NULL) {
+  static int fork_handlers; /* once, however often the module is initialised */
+  if (!fork_handlers && pthread_atfork(live_fork_prepare, live_fork_done, live_fork_done) == 0) fork_handlers = 1;
+  if (rebuild_fn == NULL || !fork_handlers) {
+    if (!PyErr_Occurred()) PyErr_NoMemory(); /* pthread_atfork's one failure */
     Py_DECREF(m);
     return NULL;
   }

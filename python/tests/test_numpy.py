@@ -660,6 +660,31 @@ print("ok")
 """
 
 
+BARE_THREAD = CONSUMERS.split("a = np.arange")[0] + """
+libc = ctypes.PyDLL(None)  # its calls keep the GIL
+libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+t = ab.to_device(np.arange(1 << 16, dtype=np.float32), "cpu", copy=True)
+for kwargs, name, offset in KINDS:
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(500):
+        cap = t.__dlpack__(copy=True, **kwargs)
+        p = api.PyCapsule_GetPointer(cap, name)
+        api.PyCapsule_SetName(cap, b"used_" + name)  # taken: the deleter owns it now
+        deleter = ctypes.c_void_p.from_address(p + offset).value
+        tid = ctypes.c_ulong()
+        # the deleter as a bare thread's start routine, joined with the GIL held
+        assert libc.pthread_create(ctypes.byref(tid), None, deleter, p) == 0
+        assert libc.pthread_join(tid, None) == 0
+        del cap
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 20000, (name, grown)  # 500 wrappers left behind would be 50 KB
+print("ok")
+"""
+
+
 VIEW_ON_BARE_THREAD = CONSUMERS.split("a = np.arange")[0] + """
 import time
 held = ctypes.PyDLL(None)  # its calls keep the GIL
@@ -729,6 +754,66 @@ def test_a_views_deleter_called_where_a_subinterpreter_holds_the_gil_runs_there(
     except subprocess.TimeoutExpired:
         pytest.fail("hung: the deleter waited for the GIL its own thread held")
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_a_copys_deleter_runs_on_a_bare_thread_while_another_holds_the_gil():
+    """A consumer may delete a copy on a thread of its own that Python never
+    saw, while the thread holding the GIL waits for it (pthread_join under
+    the GIL here). The copy's deleter used to take the GIL for the list of
+    wrappers, and that wait never ended; it is freed without Python now."""
+    try:
+        r = subprocess.run([sys.executable, "-c", BARE_THREAD], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hung: the copy's deleter waited for the GIL")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_thousands_of_exports_alive_at_once_are_each_deleted_once_in_any_order():
+    """The list of wrappers not yet deleted grows and shrinks (a hash set
+    under its own lock): entries taken out of order, some among them long
+    lived while tens of thousands come and go around them, must leave every
+    other one findable. Each view holds one reference to t, so one left
+    behind or deleted twice shows in t's reference count."""
+    import ctypes
+    import random
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    deleter_at = 8 + ctypes.sizeof(ctypes.c_void_p)  # after DLPackVersion and manager_ctx
+    deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+    def consume(cap):  # as a consumer does: take, rename, delete
+        p = api.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+        api.PyCapsule_SetName(cap, b"used_dltensor_versioned")
+        deleter(ctypes.c_void_p.from_address(p + deleter_at).value)(p)
+
+    t = ab.to_device(np.arange(8, dtype=np.float32), "cpu", copy=True)
+    refs = sys.getrefcount(t)
+    rng = random.Random(18)
+    first = [t.__dlpack__(max_version=(1, 0)) for _ in range(5000)]
+    rng.shuffle(first)
+    kept, first = first[:1000], first[1000:]  # long lived, scattered through the set
+    for cap in first[:2000]:
+        consume(cap)
+    del first  # the rest never consumed: their destructors delete them
+    assert sys.getrefcount(t) == refs + len(kept)
+    for _ in range(12):  # serials run far past the set's size: they collide with the kept ones
+        caps = [t.__dlpack__(max_version=(1, 0)) for _ in range(3000)]
+        rng.shuffle(caps)
+        for cap in caps[:1500]:
+            consume(cap)
+        rest = caps[1500:]
+        del caps
+        rng.shuffle(rest)
+        while rest:
+            rest.pop()
+        assert sys.getrefcount(t) == refs + len(kept)
+    rng.shuffle(kept)
+    for cap in kept[:500]:
+        consume(cap)
+    del kept
+    assert sys.getrefcount(t) == refs
 
 
 def test_consumers_that_delete_without_renaming_or_take_the_destructor_away_free_once():
