@@ -370,10 +370,13 @@ static PyObject *tensor_repr(TensorObject *self) {
 
 /* ---- export ------------------------------------------------------------------- */
 
-/* A view of a Tensor for a consumer: it keeps the Tensor alive. */
+/* A view of a Tensor for a consumer: it keeps alive the Tensor whose
+ * memory the data is (memory_owner), and has its own copy of the shape
+ * and strides (dims: ndim of each), which were the viewed Tensor's. */
 struct view_export {
   DLManagedTensorVersioned mt;
   PyObject *owner;
+  int64_t dims[];
 };
 
 /* Runs `release` on `arg` with the GIL: directly when this thread holds
@@ -425,6 +428,7 @@ static void view_export_deleter(DLManagedTensorVersioned *m) {
 struct legacy_view_export {
   DLManagedTensor mt;
   PyObject *owner;
+  int64_t dims[];
 };
 
 static void legacy_view_export_deleter(DLManagedTensor *m) {
@@ -638,28 +642,57 @@ static PyObject *export_owned(DLManagedTensorVersioned *m, int versioned) {
   return capsule_legacy(legacy);
 }
 
-/* A view of a Tensor as a managed tensor that keeps it alive; NULL with
- * MemoryError. What a versioned export puts in its capsule, and what the
- * module's own imports of a Tensor take without one. */
+/* The Tensor whose memory self's data is: the one self is a view of,
+ * when self is one (its managed tensor, or the one its zero-copy result
+ * was made of, is a view export of ours), else self. A view holds that
+ * Tensor, not self, so views of views of a Tensor are never a chain:
+ * `t = ab.to_device(t, "cpu")` in a loop held every earlier Tensor alive
+ * (128 bytes each, and a million of them overflowed the stack when the
+ * last was freed). */
+static PyObject *memory_owner(TensorObject *self) {
+  const DLManagedTensorVersioned *m = self->base != NULL ? self->base : self->mt;
+  return m->deleter == view_export_deleter ? ((const struct view_export *)m)->owner : (PyObject *)self;
+}
+
+/* A view's description of self's data, with the shape and strides copied
+ * into dims (2 * ndim int64_t), as self may be freed first. */
+static DLTensor describe_into(TensorObject *self, int64_t *dims) {
+  DLTensor t = *dl(self);
+  const size_t n = t.ndim > 0 ? (size_t)t.ndim : 0;
+  if (n > 0) memcpy(dims, t.shape, n * sizeof *dims);
+  t.shape = dims;
+  if (t.strides != NULL) {
+    if (n > 0) memcpy(dims + n, t.strides, n * sizeof *dims);
+    t.strides = dims + n;
+  }
+  return t;
+}
+
+static size_t dims_bytes(TensorObject *self) {
+  return 2 * (size_t)(dl(self)->ndim > 0 ? dl(self)->ndim : 0) * sizeof(int64_t);
+}
+
+/* A view of a Tensor as a managed tensor that keeps its memory alive;
+ * NULL with MemoryError. What a versioned export puts in its capsule, and
+ * what the module's own imports of a Tensor take without one. */
 static DLManagedTensorVersioned *view_of(TensorObject *self) {
-  struct view_export *v = PyMem_RawCalloc(1, sizeof *v);
+  struct view_export *v = PyMem_RawCalloc(1, sizeof *v + dims_bytes(self));
   if (v == NULL) {
     PyErr_NoMemory();
     return NULL;
   }
   v->mt.version.major = DLPACK_MAJOR_VERSION;
   v->mt.version.minor = DLPACK_MINOR_VERSION;
-  v->mt.dl_tensor = *dl(self); /* shape and strides stay the Tensor's, alive while it is */
+  v->mt.dl_tensor = describe_into(self, v->dims);
   v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
   v->mt.manager_ctx = v;
   v->mt.deleter = view_export_deleter;
-  Py_INCREF(self);
-  v->owner = (PyObject *)self;
+  v->owner = memory_owner(self);
+  Py_INCREF(v->owner);
   return &v->mt;
 }
 
 static PyObject *export_view(TensorObject *self, int versioned) {
-  const DLTensor *t = dl(self);
   if (versioned) {
     DLManagedTensorVersioned *v = view_of(self);
     return v == NULL ? NULL : capsule_versioned(v);
@@ -670,13 +703,13 @@ static PyObject *export_view(TensorObject *self, int versioned) {
                     "which cannot say so; ask with max_version=(1, 0) or make a copy");
     return NULL;
   }
-  struct legacy_view_export *v = PyMem_RawCalloc(1, sizeof *v);
+  struct legacy_view_export *v = PyMem_RawCalloc(1, sizeof *v + dims_bytes(self));
   if (v == NULL) return PyErr_NoMemory();
-  v->mt.dl_tensor = *t;
+  v->mt.dl_tensor = describe_into(self, v->dims);
   v->mt.manager_ctx = v;
   v->mt.deleter = legacy_view_export_deleter;
-  Py_INCREF(self);
-  v->owner = (PyObject *)self;
+  v->owner = memory_owner(self);
+  Py_INCREF(v->owner);
   return capsule_legacy(&v->mt);
 }
 

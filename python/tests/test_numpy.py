@@ -348,6 +348,37 @@ def test_a_consumed_capsule_cannot_be_consumed_twice():
         ab.from_dlpack(SameCapsule(legacy, (KDLCPU, 0)))
 
 
+def test_views_of_views_hold_the_tensor_with_the_memory_not_a_chain():
+    """`t = ab.to_device(t, "cpu")` (or from_dlpack) in a loop made each
+    Tensor a view holding the one before: memory grew with every call and a
+    million of them overflowed the C stack when the last was freed. Views
+    now hold the Tensor whose memory it is."""
+    import tracemalloc
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    root = ab.from_dlpack(a.T)  # strided: the views copy shape and strides
+    t = ab.from_dlpack(root)
+    first = weakref.ref(t)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(20000):
+            t = ab.to_device(ab.from_dlpack(t), "cpu")
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20000, grown  # 40000 levels of a chain would be 5 MB
+    gc.collect()
+    assert first() is None  # nothing holds the earlier views
+    # a consumer's view outlives the Tensor it was made of, shape and strides too
+    b = np.from_dlpack(ab.from_dlpack(t))
+    del t
+    gc.collect()
+    assert b.shape == (4, 3) and b.strides == a.T.strides and np.array_equal(b, a.T)
+    legacy = np.from_dlpack(SameCapsule(ab.from_dlpack(root).__dlpack__(), (KDLCPU, 0)))
+    gc.collect()
+    assert legacy.strides == a.T.strides and np.array_equal(legacy, a.T)
+
+
 def test_each_deleter_runs_exactly_once():
     a = np.arange(7, dtype=np.float32)
     t = ab.from_dlpack(a)
