@@ -387,24 +387,27 @@ struct view_export {
  * foreign threads). What every deleter of ours that holds Python objects
  * does. */
 static void with_gil(void (*release)(void *), void *arg) {
-  /* Whether this thread holds the GIL: the current thread state is set
-   * and bound to this thread. (Not PyGILState_Check: once a
+  /* Whether this thread holds the GIL. (Not PyGILState_Check: once a
    * subinterpreter has been created, CPython stops checking and it says 1
-   * on every thread. Nor the current thread state alone: before Python
-   * 3.12 it is one global, the holder's on whatever thread, and a bare
-   * thread took it for its own.) Its own gilstate thread state is
-   * compared first, which reads nothing of another thread's; another
-   * thread's is read only where a subinterpreter's thread state or none
-   * is this thread's, and only its thread id (a thread state its own
-   * thread frees at that instant is the one read of freed memory left:
-   * a heap block, still mapped, whose id is not this thread's). */
+   * on every thread.) From Python 3.12 the current thread state is this
+   * thread's own, set exactly while it holds the GIL. Before, it is one
+   * global, the holder's on whatever thread, and a bare thread took it
+   * for its own; so there it must be this thread's gilstate thread state,
+   * or, where a subinterpreter's code runs (another interpreter), one made
+   * on this thread. A thread Python has never seen holds no GIL, and
+   * reads nothing of another thread's thread state; a Python thread reads
+   * another's only where that interpreter differs (the other thread
+   * freeing its own at that instant is the one read of freed memory
+   * left, a heap block). */
 #if PY_VERSION_HEX >= 0x030D0000
-  PyThreadState *cur = PyThreadState_GetUnchecked();
+  const int holding = PyThreadState_GetUnchecked() != NULL;
+#elif PY_VERSION_HEX >= 0x030C0000
+  const int holding = _PyThreadState_UncheckedGet() != NULL;
 #else
-  PyThreadState *cur = _PyThreadState_UncheckedGet();
+  PyThreadState *cur = _PyThreadState_UncheckedGet(), *mine = PyGILState_GetThisThreadState();
+  const int holding = cur != NULL && mine != NULL &&
+                      (cur == mine || (cur->interp != mine->interp && cur->thread_id == PyThread_get_thread_ident()));
 #endif
-  const int holding =
-      cur != NULL && (cur == PyGILState_GetThisThreadState() || cur->thread_id == PyThread_get_thread_ident());
   if (holding) {
     release(arg);
     return;
@@ -462,11 +465,14 @@ struct guarded {
 };
 
 /* The wrappers not yet deleted: open addressing, linear probing, keyed by
- * serial (0: an empty slot). Serials are handed out in order, so the
- * serial itself, masked, is the home slot. At most half full. Entries are
- * added under the GIL (capsule_of, the only caller that allocates: the
- * allocator may take the GIL under tracemalloc) and taken on any thread;
- * nothing else is done under the lock, and nothing with Python. */
+ * serial (0: an empty slot), each serial's home slot a multiplicative
+ * hash of it (the serial itself, masked, would put wrappers that live
+ * together in one run of slots, which every newer serial wrapping round
+ * the table then probed to its end). Between an eighth and a half full
+ * once grown past 64 slots. Entries are added under the GIL (capsule_of,
+ * the only caller that allocates or resizes: the allocator may take the
+ * GIL under tracemalloc) and taken on any thread; nothing else is done
+ * under the lock, and nothing with Python. */
 static struct live_set {
   pthread_mutex_t lock;
   struct live_entry {
@@ -476,36 +482,58 @@ static struct live_set {
   size_t mask; /* slots - 1; slot is NULL until the first export */
   size_t count;
   size_t last_serial;
+  int wrapped; /* serials have wrapped round (a 32-bit size_t can): a new one may still be listed */
 } live = {.lock = PTHREAD_MUTEX_INITIALIZER};
 _Static_assert(sizeof(size_t) <= sizeof(void *), "the capsule's context holds a serial");
 
-static void live_put(struct live_entry *slot, size_t mask, struct live_entry e) {
-  size_t i = e.serial & mask;
-  while (slot[i].serial != 0) i = (i + 1) & mask;
-  slot[i] = e;
+static size_t live_home(size_t serial, size_t mask) {
+  return (size_t)(((uint64_t)serial * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & mask;
+}
+
+/* The slot holding serial, or the empty one ending its probe. */
+static size_t live_find(size_t serial) {
+  size_t i = live_home(serial, live.mask);
+  while (live.slot[i].serial != 0 && live.slot[i].serial != serial) i = (i + 1) & live.mask;
+  return i;
+}
+
+/* The table at `slots` slots (a power of two, more than twice the count).
+ * 0 when out of memory, the table as it was. */
+static int live_resize(size_t slots) {
+  struct live_entry *t = slots <= SIZE_MAX / sizeof *t ? PyMem_RawCalloc(slots, sizeof *t) : NULL;
+  if (t == NULL) return 0;
+  for (size_t i = 0; live.slot != NULL && i <= live.mask; i++)
+    if (live.slot[i].serial != 0) {
+      size_t k = live_home(live.slot[i].serial, slots - 1);
+      while (t[k].serial != 0) k = (k + 1) & (slots - 1);
+      t[k] = live.slot[i];
+    }
+  PyMem_RawFree(live.slot);
+  live.slot = t;
+  live.mask = slots - 1;
+  return 1;
 }
 
 /* Lists g under a new serial (g->serial). 0 when out of memory. */
 static int live_add(struct guarded *g) {
   int ok = 1;
   pthread_mutex_lock(&live.lock);
-  if (live.slot == NULL || (live.count + 1) * 2 > live.mask + 1) {
-    const size_t slots = live.slot == NULL ? 64 : 2 * (live.mask + 1);
-    struct live_entry *grown = slots <= SIZE_MAX / sizeof *grown ? PyMem_RawCalloc(slots, sizeof *grown) : NULL;
-    if (grown == NULL) {
-      ok = 0;
-    } else {
-      for (size_t i = 0; live.slot != NULL && i <= live.mask; i++)
-        if (live.slot[i].serial != 0) live_put(grown, slots - 1, live.slot[i]);
-      PyMem_RawFree(live.slot);
-      live.slot = grown;
-      live.mask = slots - 1;
-    }
-  }
+  const size_t slots = live.slot == NULL ? 0 : live.mask + 1;
+  if (slots == 0 || (live.count + 1) * 2 > slots)
+    ok = live_resize(slots == 0 ? 64 : 2 * slots);
+  else if (slots > 64 && (live.count + 1) * 8 < slots)
+    live_resize(slots / 2); /* shrinking may fail: the table stays as it is */
   if (ok) {
-    if (++live.last_serial == 0) ++live.last_serial; /* 0 marks an empty slot (a 32-bit size_t can wrap) */
+    /* Serial 0 marks an empty slot; after a wrap, skip serials still
+     * listed (a second entry of one serial could never be taken). */
+    do {
+      if (++live.last_serial == 0) {
+        live.wrapped = 1;
+        ++live.last_serial;
+      }
+    } while (live.wrapped && live.slot[live_find(live.last_serial)].serial != 0);
     g->serial = live.last_serial;
-    live_put(live.slot, live.mask, (struct live_entry){g->serial, g});
+    live.slot[live_find(g->serial)] = (struct live_entry){g->serial, g};
     live.count++;
   }
   pthread_mutex_unlock(&live.lock);
@@ -519,13 +547,12 @@ static int take_wrapper(const void *g, size_t serial) {
   pthread_mutex_lock(&live.lock);
   if (live.slot != NULL && serial != 0) {
     const size_t mask = live.mask;
-    size_t i = serial & mask;
-    while (live.slot[i].serial != 0 && live.slot[i].serial != serial) i = (i + 1) & mask;
+    size_t i = live_find(serial);
     if (live.slot[i].serial == serial && live.slot[i].g == g) {
       /* Off the list, moving back each later entry of the run that may
        * sit no nearer its home than the hole. */
       for (size_t j = (i + 1) & mask; live.slot[j].serial != 0; j = (j + 1) & mask)
-        if (((j - (live.slot[j].serial & mask)) & mask) >= ((j - i) & mask)) {
+        if (((j - live_home(live.slot[j].serial, mask)) & mask) >= ((j - i) & mask)) {
           live.slot[i] = live.slot[j];
           i = j;
         }
