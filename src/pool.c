@@ -113,6 +113,11 @@ struct limit_rule {
 };
 #define MAX_RULES 64
 static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The thread caches' list and the table's changes (fork_prepare, below). */
+static pthread_mutex_t registry = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER; /* the OOM callbacks (below) */
+static pthread_once_t tc_once = PTHREAD_ONCE_INIT; /* the thread caches' key and the fork handlers */
+static void tc_init(void);
 static unsigned env_generation; /* of the rules; 0: never parsed */
 static bool env_stale;          /* ab_shutdown asks for a new read */
 static int nrules;
@@ -246,6 +251,9 @@ static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__
     *out = p;
     return AB_OK;
   }
+  /* The fork handlers (tc_init) before the first pool, with the thread
+   * caches off too: from here a pool's lock can be held. */
+  pthread_once(&tc_once, tc_init);
   uint64_t limit;
   AB_FORWARD(env_limit(dev, &limit));
   p = ab__calloc(1, sizeof *p);
@@ -268,8 +276,11 @@ static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__
   p->st.device = dev;
   p->st.limit_bytes = limit;
   struct ab__pool *expected = NULL;
-  if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel,
-                                               memory_order_acquire)) {
+  pthread_mutex_lock(&registry); /* so that a fork's prepare handler sees every pool it must lock */
+  const bool won =
+      atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel, memory_order_acquire);
+  pthread_mutex_unlock(&registry);
+  if (!won) {
     pthread_mutex_destroy(&p->lock); /* another thread won the race */
     ab__free(p);
     p = expected;
@@ -401,8 +412,6 @@ struct tcache {
   ab__block *big; /* one idle block over TC_MAX_SIZE, or NULL */
 };
 
-static pthread_mutex_t registry = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t tc_once = PTHREAD_ONCE_INIT;
 static pthread_key_t tc_key;
 static atomic_bool tc_key_ok;
 static _Thread_local struct tcache *my_caches, *my_last;
@@ -497,7 +506,14 @@ static void tc_thread_exit(void *head) {
   my_caches = my_last = NULL;
 }
 
-/* fork: no cache lock may be held by a thread the child will not have. */
+/* fork: no lock of the pools may be held by a thread the child will not
+ * have (the child would wait for it for ever). The prepare handler takes
+ * them all, in the order every path takes them: the registry, each
+ * cache's lock, each pool's lock (the pools in the table: one is added,
+ * and taken out at shutdown, under the registry), then the leaf locks
+ * (the environment's, the callbacks'), which are never held while
+ * another is taken. A pool that ab_shutdown orphaned (tensors of it still
+ * alive) is out of the table, and its lock is not taken. */
 static void each_cache(bool lock) {
   for (int t = 0; t < MAX_TYPES; t++)
     for (int i = 0; i < MAX_IDS; i++) {
@@ -508,11 +524,26 @@ static void each_cache(bool lock) {
       }
     }
 }
+static void each_pool(bool lock) {
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++) {
+      struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
+      if (p == NULL) continue;
+      if (lock) pthread_mutex_lock(&p->lock);
+      else pthread_mutex_unlock(&p->lock);
+    }
+}
 static void fork_prepare(void) {
   pthread_mutex_lock(&registry);
   each_cache(true);
+  each_pool(true);
+  pthread_mutex_lock(&env_lock);
+  pthread_mutex_lock(&cb_lock);
 }
 static void fork_done(void) {
+  pthread_mutex_unlock(&cb_lock);
+  pthread_mutex_unlock(&env_lock);
+  each_pool(false);
   each_cache(false);
   pthread_mutex_unlock(&registry);
 }
@@ -794,7 +825,6 @@ struct callback {
   ab_oom_callback fn;
   void *user;
 };
-static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct callback callbacks[AB_OOM_MAX_CALLBACKS];
 static int ncallbacks;
 
@@ -1160,18 +1190,18 @@ void ab__pool_shutdown(void) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
       if (p == NULL) continue;
       release_cache(p, true);
+      pthread_mutex_lock(&registry); /* out of the table as a fork's prepare handler walks it */
       pthread_mutex_lock(&p->lock);
       uint64_t in_use = relaxed(&p->use);
-      pthread_mutex_unlock(&p->lock);
+      /* Live tensors still point at the pool: it outlives the table, and
+       * their deleters release its blocks and then the pool. */
+      if (in_use != 0) p->orphaned = true;
       atomic_store_explicit(&table[t][i], NULL, memory_order_release);
+      pthread_mutex_unlock(&p->lock);
+      pthread_mutex_unlock(&registry);
       if (in_use != 0) {
-        /* Live tensors still point at this pool: it outlives the table,
-         * and their deleters release its blocks and then the pool. */
         AB_LOG(AB_LOG_WARN, "ab_shutdown: %s:%d still has %" PRIu64 " bytes in use; they are released when deleted",
                ab_device_type_name(ab__slot_type(t)), i, in_use);
-        pthread_mutex_lock(&p->lock);
-        p->orphaned = true;
-        pthread_mutex_unlock(&p->lock);
         continue;
       }
       pthread_mutex_destroy(&p->lock);
