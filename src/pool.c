@@ -234,6 +234,7 @@ static ab_status env_limit(DLDevice dev, uint64_t *out) {
 }
 
 static void env_reread(void) {
+  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&env_lock);
   env_stale = true;
   pthread_mutex_unlock(&env_lock);
@@ -831,6 +832,7 @@ static int ncallbacks;
 ab_status ab_register_oom_callback(ab_oom_callback fn, void *user) {
   ab_status st = AB_OK;
   if (fn == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "fn is NULL");
+  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&cb_lock);
   for (int i = 0; i < ncallbacks; i++)
     if (callbacks[i].fn == fn && callbacks[i].user == user)
@@ -844,6 +846,7 @@ ab_status ab_register_oom_callback(ab_oom_callback fn, void *user) {
 }
 
 ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user) {
+  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&cb_lock);
   for (int i = 0; i < ncallbacks; i++) {
     if (callbacks[i].fn == fn && callbacks[i].user == user) {
