@@ -379,34 +379,93 @@ struct view_export {
   int64_t dims[];
 };
 
-/* Runs `release` on `arg` with the GIL: directly when this thread holds
- * it (the usual case: a consumer deleting under the GIL); else taking it,
- * unless the interpreter is finalising, when the Python object is leaked
- * rather than touched (a thread that calls in exactly as finalisation
- * starts can still be stopped inside PyGILState_Ensure: CPython's rule for
- * foreign threads). What every deleter of ours that holds Python objects
- * does. */
+#if PY_VERSION_HEX < 0x030C0000
+/* Releases that with_gil cannot place (before 3.12: see there), run later
+ * by the main thread with the GIL, through one pending call at a time
+ * (CPython's queue of them is short). Nodes are malloc'd (not PyMem: under
+ * tracemalloc its allocator takes the GIL); one that cannot be is leaked
+ * rather than run without the GIL. */
+struct deferred {
+  void (*release)(void *);
+  void *arg;
+  struct deferred *next;
+};
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct deferred *deferred_head;
+static int deferred_scheduled;
+
+static int run_deferred(void *unused) {
+  (void)unused;
+  pthread_mutex_lock(&deferred_lock);
+  struct deferred *d = deferred_head;
+  deferred_head = NULL;
+  deferred_scheduled = 0;
+  pthread_mutex_unlock(&deferred_lock);
+  while (d != NULL) {
+    struct deferred *next = d->next;
+    d->release(d->arg);
+    free(d);
+    d = next;
+  }
+  return 0;
+}
+
+static void defer_release(void (*release)(void *), void *arg) {
+  struct deferred *d = malloc(sizeof *d);
+  if (d == NULL) return;
+  d->release = release;
+  d->arg = arg;
+  pthread_mutex_lock(&deferred_lock);
+  d->next = deferred_head;
+  deferred_head = d;
+  const int schedule = !deferred_scheduled;
+  deferred_scheduled = 1;
+  pthread_mutex_unlock(&deferred_lock);
+  /* A full queue: this node waits for the next deferral's call. */
+  if (schedule && Py_AddPendingCall(run_deferred, NULL) != 0) {
+    pthread_mutex_lock(&deferred_lock);
+    deferred_scheduled = 0;
+    pthread_mutex_unlock(&deferred_lock);
+  }
+}
+#endif
+
+/* Runs `release` on `arg` with the GIL (release then owns arg: it may run
+ * later): directly when this thread holds it (the usual case: a consumer
+ * deleting under the GIL); else taking it, unless the interpreter is
+ * finalising, when the Python object is leaked rather than touched (a
+ * thread that calls in exactly as finalisation starts can still be
+ * stopped inside PyGILState_Ensure: CPython's rule for foreign threads).
+ * What every deleter of ours that holds Python objects does. */
 static void with_gil(void (*release)(void *), void *arg) {
   /* Whether this thread holds the GIL. (Not PyGILState_Check: once a
    * subinterpreter has been created, CPython stops checking and it says 1
    * on every thread.) From Python 3.12 the current thread state is this
    * thread's own, set exactly while it holds the GIL. Before, it is one
    * global, the holder's on whatever thread, and a bare thread took it
-   * for its own; so there it must be this thread's gilstate thread state,
-   * or, where a subinterpreter's code runs (another interpreter), one made
-   * on this thread. A thread Python has never seen holds no GIL, and
-   * reads nothing of another thread's thread state; a Python thread reads
-   * another's only where that interpreter differs (the other thread
-   * freeing its own at that instant is the one read of freed memory
-   * left, a heap block). */
+   * for its own; so there it must be this thread's gilstate thread state.
+   * Where the current one belongs to another interpreter (a
+   * subinterpreter's code runs), which thread holds it cannot be told
+   * (_xxsubinterpreters.run_string borrows the thread state made on the
+   * thread that created the interpreter, whichever thread runs the code),
+   * so the release is deferred to the main thread (defer_release) rather
+   * than run without the GIL or wait for a GIL this thread may hold. A
+   * thread Python has never seen holds no GIL (one that holds it only
+   * through a subinterpreter of its own would wait here). Nothing of
+   * another thread's thread state is read but its interpreter, and only
+   * by a Python thread (the other thread freeing its own at that instant
+   * is the one read of freed memory left, a heap block). */
 #if PY_VERSION_HEX >= 0x030D0000
   const int holding = PyThreadState_GetUnchecked() != NULL;
 #elif PY_VERSION_HEX >= 0x030C0000
   const int holding = _PyThreadState_UncheckedGet() != NULL;
 #else
   PyThreadState *cur = _PyThreadState_UncheckedGet(), *mine = PyGILState_GetThisThreadState();
-  const int holding = cur != NULL && mine != NULL &&
-                      (cur == mine || (cur->interp != mine->interp && cur->thread_id == PyThread_get_thread_ident()));
+  const int holding = cur != NULL && cur == mine;
+  if (!holding && cur != NULL && mine != NULL && cur->interp != mine->interp) {
+    if (interpreter_alive()) defer_release(release, arg);
+    return;
+  }
 #endif
   if (holding) {
     release(arg);
@@ -567,8 +626,18 @@ static int take_wrapper(const void *g, size_t serial) {
 
 /* A fork while another thread holds the lock would leave it held in the
  * child: the fork waits for it (registered by PyInit). */
-static void live_fork_prepare(void) { pthread_mutex_lock(&live.lock); }
-static void live_fork_done(void) { pthread_mutex_unlock(&live.lock); }
+static void live_fork_prepare(void) {
+  pthread_mutex_lock(&live.lock);
+#if PY_VERSION_HEX < 0x030C0000
+  pthread_mutex_lock(&deferred_lock);
+#endif
+}
+static void live_fork_done(void) {
+#if PY_VERSION_HEX < 0x030C0000
+  pthread_mutex_unlock(&deferred_lock);
+#endif
+  pthread_mutex_unlock(&live.lock);
+}
 
 /* Runs the deleter of m, a DLManagedTensorVersioned when versioned, else
  * a DLManagedTensor. */
@@ -1708,13 +1777,15 @@ struct buffer_tensor {
   int64_t shape[AB_MAX_NDIM];
 };
 
-static void release_view(void *view) { PyBuffer_Release(view); }
-
-static void buffer_tensor_deleter(DLManagedTensorVersioned *self) {
-  struct buffer_tensor *bt = (struct buffer_tensor *)self;
-  with_gil(release_view, &bt->view);
+/* The view released, then the tensor freed (both, or neither when the
+ * interpreter is finalising: with_gil). */
+static void release_buffer_tensor(void *self) {
+  struct buffer_tensor *bt = self;
+  PyBuffer_Release(&bt->view);
   PyMem_RawFree(bt);
 }
+
+static void buffer_tensor_deleter(DLManagedTensorVersioned *self) { with_gil(release_buffer_tensor, self); }
 
 /* A tensor over the memory of *view (already checked: its length is the
  * elements', its address aligned for them), which it takes over: the
