@@ -21,6 +21,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -380,34 +381,44 @@ struct view_export {
 };
 
 #if PY_VERSION_HEX < 0x030C0000
-/* Releases that with_gil cannot place (before 3.12: see there), run later
- * by the main thread with the GIL, through one pending call at a time
- * (CPython's queue of them is short). Nodes are malloc'd (not PyMem: under
- * tracemalloc its allocator takes the GIL); one that cannot be is leaked
- * rather than run without the GIL. */
+/* Releases that with_gil cannot place (before 3.12: see there), run by a
+ * thread of ours that has no thread state until it takes the GIL
+ * (PyGILState_Ensure: a main-interpreter thread state), so it never holds
+ * the GIL while it waits for it. Started at the first deferral (again in
+ * a forked child). Nodes are malloc'd (not PyMem: under tracemalloc its
+ * allocator takes the GIL); a release that cannot be queued, or that is
+ * queued once the interpreter is finalising, is leaked rather than run
+ * without the GIL. */
 struct deferred {
   void (*release)(void *);
   void *arg;
   struct deferred *next;
 };
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t deferred_cond = PTHREAD_COND_INITIALIZER;
 static struct deferred *deferred_head;
-static int deferred_scheduled;
+static int deferred_thread_up;
 
-static int run_deferred(void *unused) {
+static void *run_deferred(void *unused) {
   (void)unused;
   pthread_mutex_lock(&deferred_lock);
-  struct deferred *d = deferred_head;
-  deferred_head = NULL;
-  deferred_scheduled = 0;
-  pthread_mutex_unlock(&deferred_lock);
-  while (d != NULL) {
-    struct deferred *next = d->next;
-    d->release(d->arg);
-    free(d);
-    d = next;
+  for (;;) {
+    while (deferred_head == NULL) pthread_cond_wait(&deferred_cond, &deferred_lock);
+    struct deferred *d = deferred_head;
+    deferred_head = NULL;
+    pthread_mutex_unlock(&deferred_lock);
+    const int alive = interpreter_alive();
+    PyGILState_STATE g = alive ? PyGILState_Ensure() : PyGILState_UNLOCKED;
+    while (d != NULL) {
+      struct deferred *next = d->next;
+      if (alive) d->release(d->arg);
+      free(d);
+      d = next;
+    }
+    if (alive) PyGILState_Release(g);
+    pthread_mutex_lock(&deferred_lock);
   }
-  return 0;
+  return NULL;
 }
 
 static void defer_release(void (*release)(void *), void *arg) {
@@ -416,17 +427,28 @@ static void defer_release(void (*release)(void *), void *arg) {
   d->release = release;
   d->arg = arg;
   pthread_mutex_lock(&deferred_lock);
-  d->next = deferred_head;
-  deferred_head = d;
-  const int schedule = !deferred_scheduled;
-  deferred_scheduled = 1;
-  pthread_mutex_unlock(&deferred_lock);
-  /* A full queue: this node waits for the next deferral's call. */
-  if (schedule && Py_AddPendingCall(run_deferred, NULL) != 0) {
-    pthread_mutex_lock(&deferred_lock);
-    deferred_scheduled = 0;
-    pthread_mutex_unlock(&deferred_lock);
+  if (!deferred_thread_up) {
+    /* Detached, and with every signal blocked: Python's handlers belong
+     * to its own threads. */
+    pthread_attr_t attr;
+    sigset_t all, was;
+    pthread_t t;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &was);
+    if (pthread_attr_init(&attr) == 0) {
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      deferred_thread_up = pthread_create(&t, &attr, run_deferred, NULL) == 0;
+      pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
   }
+  if (deferred_thread_up) {
+    d->next = deferred_head;
+    deferred_head = d;
+    pthread_cond_signal(&deferred_cond);
+  }
+  pthread_mutex_unlock(&deferred_lock);
+  if (!deferred_thread_up) free(d); /* no thread to run it: leaked */
 }
 #endif
 
@@ -448,7 +470,7 @@ static void with_gil(void (*release)(void *), void *arg) {
    * subinterpreter's code runs), which thread holds it cannot be told
    * (_xxsubinterpreters.run_string borrows the thread state made on the
    * thread that created the interpreter, whichever thread runs the code),
-   * so the release is deferred to the main thread (defer_release) rather
+   * so the release is deferred to a thread of ours (defer_release) rather
    * than run without the GIL or wait for a GIL this thread may hold. A
    * thread Python has never seen holds no GIL (one that holds it only
    * through a subinterpreter of its own would wait here). Nothing of
@@ -637,6 +659,12 @@ static void live_fork_done(void) {
   pthread_mutex_unlock(&deferred_lock);
 #endif
   pthread_mutex_unlock(&live.lock);
+}
+static void live_fork_child(void) {
+#if PY_VERSION_HEX < 0x030C0000
+  deferred_thread_up = 0; /* not in the child: the next deferral starts one (and runs what is queued) */
+#endif
+  live_fork_done();
 }
 
 /* Runs the deleter of m, a DLManagedTensorVersioned when versioned, else
@@ -2302,7 +2330,7 @@ PyMODINIT_FUNC PyInit__arraybridge(void) {
   /* From here the module owns the type's reference. */
   rebuild_fn = PyObject_GetAttrString(m, "_rebuild_tensor"); /* kept for the process's life */
   static int fork_handlers; /* once, however often the module is initialised */
-  if (!fork_handlers && pthread_atfork(live_fork_prepare, live_fork_done, live_fork_done) == 0) fork_handlers = 1;
+  if (!fork_handlers && pthread_atfork(live_fork_prepare, live_fork_done, live_fork_child) == 0) fork_handlers = 1;
   if (rebuild_fn == NULL || !fork_handlers) {
     if (!PyErr_Occurred()) PyErr_NoMemory(); /* pthread_atfork's one failure */
     Py_DECREF(m);

@@ -783,16 +783,44 @@ print("ok")
 
 # The module used only inside a subinterpreter, whose code runs on a thread
 # other than the one that created it (run_string then borrows that thread's
-# thread state): it hung there at the first view's deleter.
+# thread state: it hung there at the first view's deleter), or on a thread
+# that created it; each view's reference dropped.
 ON_ANOTHER_THREAD = """
 import threading
 import _xxsubinterpreters as si
-code = ("import warnings\\nwarnings.simplefilter('ignore')\\nimport numpy as np, arraybridge as ab\\n"
-        "t = ab.from_dlpack(np.arange(3.0))\\nfor _ in range(100):\\n    a = np.from_dlpack(t)\\n    del a\\n")
-interp = si.create()  # on this thread
-th = threading.Thread(target=si.run_string, args=(interp, code))
-th.start()
-th.join()
+code = '''
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import arraybridge as ab
+import numpy as np
+t = ab.from_dlpack(np.arange(3.0))
+refs = sys.getrefcount(t)
+for _ in range(100):
+    a = np.from_dlpack(t)
+    del a
+end = time.monotonic() + 10  # each view's reference is dropped, if a little later
+while sys.getrefcount(t) != refs and time.monotonic() < end:
+    time.sleep(0.001)
+assert sys.getrefcount(t) == refs, (refs, sys.getrefcount(t))
+'''
+failures = []
+
+def run(interp, code):
+    try:
+        si.run_string(interp, code)
+    except Exception as e:
+        failures.append(repr(e))
+
+def create_and_run():  # a thread with a subinterpreter of its own (NumPy loads in one only)
+    run(si.create(), code.replace("import numpy as np\\n", "").replace("np.from_dlpack(t)", "ab.from_dlpack(t)")
+                         .replace("ab.from_dlpack(np.arange(3.0))", "ab.empty((3,), 'float64')"))
+
+interp = si.create()  # on this thread, run on another
+for target, args in ((run, (interp, code)), (create_and_run, ())):
+    th = threading.Thread(target=target, args=args)
+    th.start()
+    th.join()
+assert not failures, failures
 print("ok", flush=True)
 # CPython 3.11's own: a subinterpreter that imported threading on a thread
 # other than its creator's leaves the process waiting at exit for ever
