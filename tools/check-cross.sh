@@ -154,11 +154,13 @@ if [ "$criterion" = 1 ]; then libs=$sysroot; else libs=/usr/$triplet; fi
 export QEMU_LD_PREFIX=$libs
 with_criterion=OFF
 [ "$criterion" = 1 ] && with_criterion=ON
+under_qemu=OFF
+[ -n "$qemu_name" ] && under_qemu=ON
 PKG_CONFIG_SYSROOT_DIR=$sysroot \
 PKG_CONFIG_LIBDIR=$sysroot/usr/lib/$multiarch/pkgconfig:$sysroot/usr/share/pkgconfig \
   cmake -S "$root" -B "$build" -DCMAKE_TOOLCHAIN_FILE="$root/cmake/$triplet.cmake" \
     -DAB_CROSS_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAB_WITH_OPENCL=OFF -DAB_WITH_CUDA=OFF \
-    -DAB_BUILD_TESTS=ON -DAB_TESTS_CRITERION=$with_criterion -DAB_BUILD_BENCH=ON -DAB_DLPACK_INCLUDE_DIR="$build/dlpack-include" -DCMAKE_C_FLAGS=-Werror \
+    -DAB_BUILD_TESTS=ON -DAB_TESTS_CRITERION=$with_criterion -DAB_TESTS_UNDER_QEMU=$under_qemu -DAB_BUILD_BENCH=ON -DAB_DLPACK_INCLUDE_DIR="$build/dlpack-include" -DCMAKE_C_FLAGS=-Werror \
     > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 grep -E '^-- arraybridge' "$build/configure.log" || true
 cmake --build "$build" -j "$jobs"
