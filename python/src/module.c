@@ -571,12 +571,15 @@ static size_t live_home(size_t serial, size_t mask) {
   return (size_t)(((uint64_t)serial * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & mask;
 }
 
-/* The slot holding serial, or the empty one ending its probe. */
-static size_t live_find(size_t serial) {
-  size_t i = live_home(serial, live.mask);
-  while (live.slot[i].serial != 0 && live.slot[i].serial != serial) i = (i + 1) & live.mask;
+/* The slot of table t (mask: its slots - 1) holding serial, or the empty
+ * one ending its probe. */
+static size_t live_probe(const struct live_entry *t, size_t mask, size_t serial) {
+  size_t i = live_home(serial, mask);
+  while (t[i].serial != 0 && t[i].serial != serial) i = (i + 1) & mask;
   return i;
 }
+
+static size_t live_find(size_t serial) { return live_probe(live.slot, live.mask, serial); }
 
 /* The table at `slots` slots (a power of two, more than twice the count).
  * 0 when out of memory, the table as it was. */
@@ -584,11 +587,7 @@ static int live_resize(size_t slots) {
   struct live_entry *t = slots <= SIZE_MAX / sizeof *t ? PyMem_RawCalloc(slots, sizeof *t) : NULL;
   if (t == NULL) return 0;
   for (size_t i = 0; live.slot != NULL && i <= live.mask; i++)
-    if (live.slot[i].serial != 0) {
-      size_t k = live_home(live.slot[i].serial, slots - 1);
-      while (t[k].serial != 0) k = (k + 1) & (slots - 1);
-      t[k] = live.slot[i];
-    }
+    if (live.slot[i].serial != 0) t[live_probe(t, slots - 1, live.slot[i].serial)] = live.slot[i];
   PyMem_RawFree(live.slot);
   live.slot = t;
   live.mask = slots - 1;
