@@ -51,7 +51,6 @@ static atomic_bool left_behind;
 static bool ever_started;         /* the backends' init has run in this process or an ancestor */
 static bool ever_up[NBACKENDS];   /* backend i started, in this process or an ancestor */
 static pid_t started_in;          /* the process they first started in, for the message */
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 /* Whether this thread holds init_lock; whether its fork's prepare handler
  * took it. A driver may fork (to run a linker, say) inside its init, on
  * the thread that holds the lock: that fork must not wait for it. */
@@ -67,12 +66,13 @@ static void on_fork_child(void) {
   if (ever_started) atomic_store_explicit(&left_behind, true, memory_order_relaxed);
   if (fork_took_init) pthread_mutex_unlock(&init_lock);
 }
-static void register_fork_handlers(void) { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); }
+/* Registered as the library is loaded, before init_lock can be held: see
+ * pool.c's fork_register. */
+__attribute__((constructor)) static void register_fork_handlers(void) {
+  pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+}
 
-/* Takes init_lock, the fork handlers registered first: whenever it is
- * held, a fork finds them. */
 static void lock_registry(void) {
-  pthread_once(&fork_once, register_fork_handlers);
   pthread_mutex_lock(&init_lock);
   holding_init = true;
 }

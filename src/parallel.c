@@ -44,7 +44,7 @@ static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it
 #define AUTO_MIN ((size_t)256 << 10)
 
 /* AB_NUM_THREADS and AB_PARALLEL_MIN, read once and again after
- * ab__env_reload (tests). */
+ * ab__env_reload (tests). A fork waits for env_lock (atfork_prepare). */
 static void read_env(void) {
   pthread_mutex_lock(&env_lock);
   const unsigned gen = ab__env_generation();
@@ -264,7 +264,6 @@ static struct job *queue; /* jobs that may have bands left */
 static pthread_t workers[MAX_THREADS];
 static int nworkers;
 static bool stopping;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* Under lock: takes j out of the queue if it is still there. */
 static void unqueue(struct job *j) {
@@ -294,10 +293,18 @@ static void *worker_main(void *unused) {
 }
 
 /* fork: the child has none of the parent's workers; it starts its own on
- * demand, with a lock and conditions of its own. */
-static void atfork_prepare(void) { pthread_mutex_lock(&lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&lock); }
+ * demand, with a lock and conditions of its own. env_lock is a leaf (no
+ * other lock is taken while it is held, and it is not taken under lock). */
+static void atfork_prepare(void) {
+  pthread_mutex_lock(&env_lock);
+  pthread_mutex_lock(&lock);
+}
+static void atfork_parent(void) {
+  pthread_mutex_unlock(&lock);
+  pthread_mutex_unlock(&env_lock);
+}
 static void atfork_child(void) {
+  pthread_mutex_unlock(&env_lock);
   pthread_mutex_init(&lock, NULL);
   pthread_cond_init(&work_cv, NULL);
   pthread_cond_init(&done_cv, NULL);
@@ -313,13 +320,10 @@ static void atfork_child(void) {
       atomic_store_explicit(&l->uses, 0, memory_order_relaxed);
     }
 }
-static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
-
-/* Takes lock, the fork handlers registered first: whenever lock is held,
- * a fork finds them (else the child would find lock held for ever). */
-static void lock_take(void) {
-  pthread_once(&atfork_once, register_atfork);
-  pthread_mutex_lock(&lock);
+/* Registered as the library is loaded, before either lock can be held:
+ * see pool.c's fork_register. */
+__attribute__((constructor)) static void register_atfork(void) {
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 /* Under lock: at least `want` workers, as far as threads can be made (the
@@ -336,7 +340,7 @@ static void start_workers(int want) {
 }
 
 int ab__parallel_workers(void) {
-  lock_take();
+  pthread_mutex_lock(&lock);
   const int n = nworkers;
   pthread_mutex_unlock(&lock);
   return n;
@@ -431,7 +435,7 @@ static int learn_arm(struct learned *l, int64_t most, unsigned *gen) {
       again = true;
     }
   }
-  lock_take();
+  pthread_mutex_lock(&lock);
   learned_current(now);
   int arm = PICK_UNKNOWN;
   if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == now) {
@@ -462,7 +466,7 @@ static void learn_record(const ab__host_job *w, size_t bytes, struct learned *l,
   const int a = arm - ARM_FEWER;
   int pick = PICK_UNKNOWN;
   double best[2];
-  lock_take();
+  pthread_mutex_lock(&lock);
   if (atomic_load_explicit(&learned_generation, memory_order_relaxed) == gen &&
       atomic_load_explicit(&l->pick, memory_order_relaxed) == PICK_UNKNOWN) {
     if (l->done[a] == 0 || dt < l->best[a]) l->best[a] = dt;
@@ -488,7 +492,7 @@ static void learn_record(const ab__host_job *w, size_t bytes, struct learned *l,
 int ab__parallel_learned(const ab__host_job *w, int done[2]) {
   struct learned *l = slot_of(w, result_bytes(w));
   if (l == NULL) return -1;
-  lock_take();
+  pthread_mutex_lock(&lock);
   learned_current(ab__env_generation());
   done[0] = l->done[0];
   done[1] = l->done[1];
@@ -565,7 +569,7 @@ static void run_on(const ab__host_job *w, int64_t t) {
   j.nbands = (n + j.band - 1) / j.band;
   atomic_init(&j.next, 0);
 
-  lock_take();
+  pthread_mutex_lock(&lock);
   start_workers((int)t - 1);
   struct job **tail = &queue;
   while (*tail != NULL) tail = &(*tail)->queued;

@@ -116,7 +116,7 @@ static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The thread caches' list and the table's changes (fork_prepare, below). */
 static pthread_mutex_t registry = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER; /* the OOM callbacks (below) */
-static pthread_once_t tc_once = PTHREAD_ONCE_INIT; /* the thread caches' key and the fork handlers */
+static pthread_once_t tc_once = PTHREAD_ONCE_INIT; /* the thread caches' key */
 static void tc_init(void);
 static unsigned env_generation; /* of the rules; 0: never parsed */
 static bool env_stale;          /* ab_shutdown asks for a new read */
@@ -234,7 +234,6 @@ static ab_status env_limit(DLDevice dev, uint64_t *out) {
 }
 
 static void env_reread(void) {
-  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&env_lock);
   env_stale = true;
   pthread_mutex_unlock(&env_lock);
@@ -252,9 +251,6 @@ static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__
     *out = p;
     return AB_OK;
   }
-  /* The fork handlers (tc_init) before the first pool, with the thread
-   * caches off too: from here a pool's lock can be held. */
-  pthread_once(&tc_once, tc_init);
   uint64_t limit;
   AB_FORWARD(env_limit(dev, &limit));
   p = ab__calloc(1, sizeof *p);
@@ -549,10 +545,14 @@ static void fork_done(void) {
   pthread_mutex_unlock(&registry);
 }
 
-static void tc_init(void) {
-  tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
-  pthread_atfork(fork_prepare, fork_done, fork_done); /* glibc drops these at dlclose */
-}
+/* Registered as the library is loaded, before any thread can take one of
+ * these locks (glibc drops them at dlclose). Not at first use: from glibc
+ * 2.35 another thread may register handlers while a fork runs the
+ * prepare handlers, and a handler registered then is not run for that
+ * fork; the lock taken next would be held in the child for ever. */
+__attribute__((constructor)) static void fork_register(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+
+static void tc_init(void) { tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0; }
 
 /* At dlclose (or exit): no thread-exit destructor may run into unloaded
  * code afterwards; the caches of threads still running are left (memory,
@@ -832,7 +832,6 @@ static int ncallbacks;
 ab_status ab_register_oom_callback(ab_oom_callback fn, void *user) {
   ab_status st = AB_OK;
   if (fn == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "fn is NULL");
-  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&cb_lock);
   for (int i = 0; i < ncallbacks; i++)
     if (callbacks[i].fn == fn && callbacks[i].user == user)
@@ -846,7 +845,6 @@ ab_status ab_register_oom_callback(ab_oom_callback fn, void *user) {
 }
 
 ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user) {
-  pthread_once(&tc_once, tc_init); /* the fork handlers, before the lock can be held */
   pthread_mutex_lock(&cb_lock);
   for (int i = 0; i < ncallbacks; i++) {
     if (callbacks[i].fn == fn && callbacks[i].user == user) {

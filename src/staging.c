@@ -36,6 +36,15 @@ static pthread_mutex_t cfg_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned cfg_generation; /* under cfg_lock; 0: never read */
 static struct ab__staging_config cfg;
 
+/* fork: a child must not find cfg_lock held by a thread it does not have
+ * (a leaf: no other lock is taken while it is held). Registered as the
+ * library is loaded: see pool.c's fork_register. */
+static void cfg_fork_prepare(void) { pthread_mutex_lock(&cfg_lock); }
+static void cfg_fork_done(void) { pthread_mutex_unlock(&cfg_lock); }
+__attribute__((constructor)) static void cfg_fork_register(void) {
+  pthread_atfork(cfg_fork_prepare, cfg_fork_done, cfg_fork_done);
+}
+
 struct ab__staging_config ab__staging_config(void) {
   pthread_mutex_lock(&cfg_lock);
   const unsigned gen = ab__env_generation();

@@ -3,6 +3,8 @@
  * layout, with concurrent callers, after fork and after ab_shutdown. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 
 #include "converters/host/convert.h"
 #include "converters/host/gather.h"
+#include "core.h"
 #include "parallel.h"
 #include "support.h"
 
@@ -170,6 +173,55 @@ Test(parallel, fork_and_shutdown_leave_working_threads) {
   ab_shutdown();
   cr_assert_null(caller((void *)9)); /* started again on demand */
   cr_assert_eq(pool_in_use(CPU0), 0);
+}
+
+/* A fork while other threads read the settings: after ab__env_reload the
+ * next host move reads AB_NUM_THREADS and AB_PARALLEL_MIN under a lock of
+ * parallel.c's, and the next staged transfer its settings under one of
+ * staging.c's. The child must find both free. It used to find them held
+ * by a thread it does not have, and wait for ever: they had no fork
+ * handlers, and with handlers registered at their first use the child of
+ * the first fork or two still hung (glibc runs a fork's prepare handlers
+ * without its registration lock, so a thread can register, then lock,
+ * while a fork is under way: the handlers are now registered at load). */
+static atomic_bool reread_stop;
+static void *reread_settings(void *staging) {
+  while (!atomic_load(&reread_stop)) {
+    ab__env_reload();
+    if (staging != NULL) (void)ab__staging_config();
+    else (void)ab__num_threads();
+  }
+  return NULL;
+}
+
+Test(parallel, a_fork_while_other_threads_read_the_settings_leaves_the_child_able_to_read_them) {
+#if defined(AB_TESTS_UNDER_QEMU)
+  /* as fork_and_shutdown_leave_working_threads, left out there (tools/check-cross.sh) */
+  cr_skip_test("qemu-user's emulation asserts in a child forked from a process with threads");
+#endif
+  pthread_t th[2];
+  atomic_store(&reread_stop, false);
+  for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, reread_settings, i ? &th : NULL), 0);
+  int hung = 0, failed = 0;
+  enum { FORKS = 200 };
+  for (int f = 0; f < FORKS && hung + failed == 0; f++) {
+    fflush(NULL);
+    const pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+      alarm(5); /* a lock held for ever ends in SIGALRM */
+      const bool ok = ab__num_threads() == 4 && ab__staging_config().count >= 2;
+      _exit(ok ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    hung += WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  atomic_store(&reread_stop, true);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  cr_assert_eq(hung, 0, "a child hung on a lock");
+  cr_assert_eq(failed, 0, "a child failed");
 }
 
 Test(parallel, the_environment_is_read_and_checked, .init = NULL) {

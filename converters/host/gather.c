@@ -2372,21 +2372,17 @@ static void trial_fork_child(void) {
   learners_fork_child();
   pthread_mutex_unlock(&trial_lock);
 }
-static void trial_atfork(void) { pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_child); }
-/* Takes trial_lock, the fork handlers registered once for every trial:
- * registered twice, a fork would lock trial_lock twice in one thread and
- * wait for ever. */
-static void trial_lock_take(void) {
-  static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-  pthread_once(&atfork_once, trial_atfork);
-  pthread_mutex_lock(&trial_lock);
+/* Registered as the library is loaded, before the lock can be held: see
+ * src/pool.c's fork_register. */
+__attribute__((constructor)) static void trial_atfork(void) {
+  pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_child);
 }
 
 /* Size class k's picks for one kind of rows: measured (or forced) at the
  * first call that needs them; every later call reads them. */
 static void decide(int k, size_t es, int kind) {
   if (atomic_load_explicit(&tr_ready[k][kind], memory_order_acquire)) return;
-  trial_lock_take(); /* one thread measures; the others wait for its answer */
+  pthread_mutex_lock(&trial_lock); /* one thread measures; the others wait for its answer */
   if (!atomic_load_explicit(&tr_ready[k][kind], memory_order_relaxed)) {
     int pick[TR_PICKS];
     const int m = forced_mode();
@@ -2564,7 +2560,7 @@ int ab__host_last_transpose_mode(void) { return last_mode; }
 void ab__host_transpose_preset(size_t es, int mode) {
   const int k = ab__width_index(es);
   if (k < 0) return;
-  trial_lock_take();
+  pthread_mutex_lock(&trial_lock);
   for (int kind = 0; kind < TR_KINDS; kind++) {
     for (int r = 0; r < TR_PICKS; r++) {
       tr_pick[k][r][kind] = mode;
@@ -2666,7 +2662,7 @@ static bool line_tiles_held(size_t es, int64_t sb) {
 static bool line_tiles(size_t es, int64_t sb) {
   const int v = line_rule(es, sb);
   if (AB_LIKELY(v >= 0)) return v != 0;
-  trial_lock_take(); /* one trial at a time (see decide) */
+  pthread_mutex_lock(&trial_lock); /* one trial at a time (see decide) */
   const bool lines = line_tiles_held(es, sb);
   pthread_mutex_unlock(&trial_lock);
   return lines;
