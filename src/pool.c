@@ -82,8 +82,9 @@ struct ab__pool {
   /* Left behind by ab_shutdown while tensors still held blocks: out of the
    * table (a fresh pool serves the device after re-initialisation), its
    * blocks go back to the driver as they are freed, and the last one
-   * destroys it. */
+   * destroys it. Listed in `orphans` (registry lock) until then. */
   bool orphaned;
+  struct ab__pool *orphan_next;
   struct tcache *caches; /* the threads' caches of this pool (registry lock) */
   /* The in-use and requested gauges at pool level: blocks out of the
    * shared cache, whether held by tensors or idle in a thread cache, and
@@ -95,6 +96,7 @@ struct ab__pool {
 #define MAX_TYPES AB__TYPE_SLOTS /* indexed by ab__type_slot */
 #define MAX_IDS 128
 static _Atomic(struct ab__pool *) table[MAX_TYPES][MAX_IDS];
+static struct ab__pool *orphans; /* registry lock */
 
 static atomic_uint_fast64_t next_gen = 1;
 
@@ -509,8 +511,8 @@ static void tc_thread_exit(void *head) {
  * cache's lock, each pool's lock (the pools in the table: one is added,
  * and taken out at shutdown, under the registry), then the leaf locks
  * (the environment's, the callbacks'), which are never held while
- * another is taken. A pool that ab_shutdown orphaned (tensors of it still
- * alive) is out of the table, and its lock is not taken. */
+ * another is taken. The pools ab_shutdown orphaned (tensors of them still
+ * alive) are out of the table, in `orphans`: their locks are taken too. */
 static void each_cache(bool lock) {
   for (int t = 0; t < MAX_TYPES; t++)
     for (int i = 0; i < MAX_IDS; i++) {
@@ -521,14 +523,17 @@ static void each_cache(bool lock) {
       }
     }
 }
+static void lock_or_unlock(struct ab__pool *p, bool lock) {
+  if (lock) pthread_mutex_lock(&p->lock);
+  else pthread_mutex_unlock(&p->lock);
+}
 static void each_pool(bool lock) {
   for (int t = 0; t < MAX_TYPES; t++)
     for (int i = 0; i < MAX_IDS; i++) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
-      if (p == NULL) continue;
-      if (lock) pthread_mutex_lock(&p->lock);
-      else pthread_mutex_unlock(&p->lock);
+      if (p != NULL) lock_or_unlock(p, lock);
     }
+  for (struct ab__pool *p = orphans; p != NULL; p = p->orphan_next) lock_or_unlock(p, lock);
 }
 static void fork_prepare(void) {
   pthread_mutex_lock(&registry);
@@ -1090,6 +1095,11 @@ void ab__pool_free(ab__block *b) {
   ab__dev_free(be, id, b->ptr, b->size);
   ab__free(b);
   if (last) {
+    pthread_mutex_lock(&registry);
+    struct ab__pool **l = &orphans;
+    while (*l != p) l = &(*l)->orphan_next;
+    *l = p->orphan_next;
+    pthread_mutex_unlock(&registry);
     pthread_mutex_destroy(&p->lock);
     ab__free(p);
   }
@@ -1196,7 +1206,11 @@ void ab__pool_shutdown(void) {
       uint64_t in_use = relaxed(&p->use);
       /* Live tensors still point at the pool: it outlives the table, and
        * their deleters release its blocks and then the pool. */
-      if (in_use != 0) p->orphaned = true;
+      if (in_use != 0) {
+        p->orphaned = true;
+        p->orphan_next = orphans;
+        orphans = p;
+      }
       atomic_store_explicit(&table[t][i], NULL, memory_order_release);
       pthread_mutex_unlock(&p->lock);
       pthread_mutex_unlock(&registry);
