@@ -67,7 +67,7 @@ static void on_fork_child(void) {
   if (fork_took_init) pthread_mutex_unlock(&init_lock);
 }
 /* Registered as the library is loaded, before init_lock can be held: see
- * pool.c's fork_register. */
+ * "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void register_fork_handlers(void) {
   pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
 }

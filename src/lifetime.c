@@ -7,6 +7,35 @@
 #include "parallel.h"
 #include "pool.h"
 
+/* fork. A child has one thread, the one that forked; a lock some other
+ * thread held at that instant stays held in the child for ever. So every
+ * lock a child's host moves can take has a pthread_atfork prepare handler
+ * that takes it (and parent and child handlers that release it):
+ *   device.c   init_lock (but where the forking thread holds it: a driver
+ *              forking inside its init)
+ *   gather.c   trial_lock (store and line-tile trials)
+ *   pool.c     the registry, the thread caches' locks, every pool's lock
+ *              (the orphaned ones too), its settings and callback locks
+ *   parallel.c its settings lock, the workers' lock
+ *   staging.c  its settings lock
+ * The device backends' locks are not taken: a child uses no device
+ * (device.c).
+ *
+ * The rule that keeps the handlers from deadlocking: no thread holds a
+ * lock of one of these files while it takes a lock of another (each
+ * file's own order is its handler's). The handlers' order among files is
+ * the constructors', which the link decides (it differs between the
+ * shared library and a static link), so it must not matter.
+ *
+ * Each file registers its handlers from a constructor, as the library is
+ * loaded (in a static link: at program start, after the constructors of
+ * objects linked before it; glibc drops a shared object's handlers at
+ * dlclose). Not at first use: since glibc 2.36 (BZ 24595) a fork runs the
+ * prepare handlers without its registration lock, so another thread can
+ * register a handler and take its lock while a fork is under way; that
+ * fork's child finds the lock held (test_parallel's fork test hung at
+ * the first or second fork that way). */
+
 void ab_shutdown(void) {
   ab__parallel_shutdown();
   ab__pool_shutdown();

@@ -293,7 +293,10 @@ static void *worker_main(void *unused) {
 }
 
 /* fork: the child has none of the parent's workers; it starts its own on
- * demand, with a lock and conditions of its own. env_lock is a leaf (no
+ * demand, with conditions of its own (no thread of the child waits on the
+ * parent's). lock is unlocked, not initialised again: this thread holds it
+ * (atfork_prepare), and initialising a held mutex is undefined (TSan then
+ * takes it as held for ever). env_lock is a leaf (no
  * other lock is taken while it is held, and it is not taken under lock). */
 static void atfork_prepare(void) {
   pthread_mutex_lock(&env_lock);
@@ -305,7 +308,7 @@ static void atfork_parent(void) {
 }
 static void atfork_child(void) {
   pthread_mutex_unlock(&env_lock);
-  pthread_mutex_init(&lock, NULL);
+  pthread_mutex_unlock(&lock);
   pthread_cond_init(&work_cv, NULL);
   pthread_cond_init(&done_cv, NULL);
   queue = NULL;
@@ -321,7 +324,7 @@ static void atfork_child(void) {
     }
 }
 /* Registered as the library is loaded, before either lock can be held:
- * see pool.c's fork_register. */
+ * see "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void register_atfork(void) {
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

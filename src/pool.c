@@ -550,11 +550,7 @@ static void fork_done(void) {
   pthread_mutex_unlock(&registry);
 }
 
-/* Registered as the library is loaded, before any thread can take one of
- * these locks (glibc drops them at dlclose). Not at first use: from glibc
- * 2.35 another thread may register handlers while a fork runs the
- * prepare handlers, and a handler registered then is not run for that
- * fork; the lock taken next would be held in the child for ever. */
+/* Registered as the library is loaded: see "fork" in lifetime.c. */
 __attribute__((constructor)) static void fork_register(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
 
 static void tc_init(void) { tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0; }

@@ -38,7 +38,7 @@ static struct ab__staging_config cfg;
 
 /* fork: a child must not find cfg_lock held by a thread it does not have
  * (a leaf: no other lock is taken while it is held). Registered as the
- * library is loaded: see pool.c's fork_register. */
+ * library is loaded: see "fork" in src/lifetime.c. */
 static void cfg_fork_prepare(void) { pthread_mutex_lock(&cfg_lock); }
 static void cfg_fork_done(void) { pthread_mutex_unlock(&cfg_lock); }
 __attribute__((constructor)) static void cfg_fork_register(void) {

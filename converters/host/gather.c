@@ -2373,7 +2373,7 @@ static void trial_fork_child(void) {
   pthread_mutex_unlock(&trial_lock);
 }
 /* Registered as the library is loaded, before the lock can be held: see
- * src/pool.c's fork_register. */
+ * "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void trial_atfork(void) {
   pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_child);
 }
