@@ -6,7 +6,6 @@ from ._frameworks import ADAPTERS, dtype_arg, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
-_NONE = (None,) * len(_OPTIONS)
 
 
 def _plain(opts):
@@ -17,15 +16,23 @@ def _plain(opts):
     out = dict(opts)
     for k in ("scale", "offset"):
         if k in out:
-            out[k] = float(out[k])
+            out[k] = _real(k, out[k])
     if "channel_axis" in out:
         out["channel_axis"] = operator.index(out["channel_axis"])
     if "permute" in out:
         out["permute"] = tuple(operator.index(p) for p in out["permute"])
     for k in ("channel_scale", "channel_offset"):
         if k in out:
-            out[k] = tuple(float(v) for v in out[k])
+            out[k] = tuple(_real(k, v) for v in out[k])
     return out
+
+
+def _real(name, v):
+    """v as a float, as the C core reads a number: a str or bytes is a
+    TypeError, not parsed (float("2") would be)."""
+    if isinstance(v, (str, bytes, bytearray)):
+        raise TypeError("%s must be a real number, not %s" % (name, type(v).__name__))
+    return float(v)
 
 
 def detect_memory_type(data):
@@ -74,8 +81,14 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
             actual = "%s.%s" % (type(data).__module__, type(data).__qualname__)
         raise MemoryConversionError(source, target, "detect_memory_type",
                                     "data is %s, not %s" % (actual, source.value))
-    given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
-    opts = {} if given == _NONE else {k: v for k, v in zip(_OPTIONS, given) if v is not None}
+    # Each by identity (== would ask a NumPy array, permute=np.array(...),
+    # for an elementwise comparison); the plain call skips the dict.
+    if (dtype is None and permute is None and scale is None and offset is None and channel_axis is None
+            and channel_scale is None and channel_offset is None):
+        opts = {}
+    else:
+        given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
+        opts = {k: v for k, v in zip(_OPTIONS, given) if v is not None}
     if sa.traced(data):  # inside jax.jit, vmap or grad: no data to move
         if source is target and not opts:
             return data

@@ -230,6 +230,24 @@ class Adapter:
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_managed"}
 
 
+def _permuted(shape, perm):
+    """shape reordered by perm (ints: _convert's _plain made them), checked
+    with the C core's words, for a result that must be made before the core
+    sees perm (pyclesperanto's)."""
+    n = len(shape)
+    if len(perm) != n:
+        raise ValueError("permute has %d axes; the tensor has %d" % (len(perm), n))
+    axes = []
+    for i, p in enumerate(perm):
+        if not -n <= p < n:
+            raise ValueError("permute axis %d is out of range for a %d-dimensional tensor" % (p, n))
+        a = p + n if p < 0 else p
+        if a in axes:
+            raise ValueError("permute[%d] is %d; want each of 0..%d exactly once" % (i, p, n - 1))
+        axes.append(a)
+    return tuple(shape[a] for a in axes)
+
+
 class NumPy(Adapter):
     memory_type = MemoryType.NUMPY
     import_name = "numpy"
@@ -237,6 +255,16 @@ class NumPy(Adapter):
 
     def target_device(self, gpu_id, mod, source, target):
         return "cpu:0"  # NumPy ignores gpu_id
+
+    # A NumPy scalar (what a reduction gives) has no DLPack export: it
+    # moves as the 0-d array of its value.
+    def device_of(self, obj):
+        numpy = sys.modules.get("numpy")
+        return "cpu:0" if numpy is not None and isinstance(obj, numpy.generic) else super().device_of(obj)
+
+    def producer(self, obj):
+        numpy = sys.modules.get("numpy")
+        return numpy.asarray(obj) if numpy is not None and isinstance(obj, numpy.generic) else obj
 
     def from_tensor(self, t, mod, gpu_id):
         return mod.from_dlpack(t)
@@ -490,7 +518,7 @@ class Pyclesperanto(Adapter):
         shape = src.shape
         perm = opts.get("permute")
         if perm is not None:
-            shape = tuple(shape[int(p) % len(shape)] for p in perm)
+            shape = _permuted(shape, perm)
         if not 1 <= len(shape) <= 3 or 0 in shape:
             raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
                              "shape %s" % (tuple(shape),))

@@ -6,8 +6,9 @@ from ._types import MemoryConversionError, MemoryType, memory_type as _memory_ty
 
 
 def stack_slices(slices, memory_type, gpu_id=None):
-    """One 3-D array of memory_type on gpu_id ([Z, Y, X]) from a list of
-    2-D arrays of any mix of frameworks and devices.
+    """One 3-D array of memory_type on gpu_id ([Z, Y, X]) from a list (any
+    iterable: a 3-D array gives its planes) of 2-D arrays of any mix of
+    frameworks and devices.
 
     The result is allocated once, on the target, and each slice is copied
     (cast to the first slice's dtype where it differs) straight into its
@@ -16,6 +17,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
     not 2-D or slices of different shapes; MemoryConversionError when a
     conversion fails or the target device does not exist."""
     mt = _memory_type(memory_type, "memory_type")
+    slices = list(slices)  # a tuple, a generator, a 3-D array's planes too
     if not slices:
         raise ValueError("Cannot stack empty list of slices")
     shape = None

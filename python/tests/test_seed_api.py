@@ -222,6 +222,34 @@ def test_conversion_keywords_apply_in_the_same_move():
     np.testing.assert_array_equal(np.asarray(j), want * 2 + 1)
 
 
+def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    # An array as permute, with no other keyword: each keyword is tested
+    # by identity, not by == (an elementwise comparison for an array).
+    np.testing.assert_array_equal(ab.convert_memory(a, "numpy", "numpy", permute=np.array([1, 0])), a.T)
+    np.testing.assert_array_equal(
+        ab.convert_memory(a, "numpy", "numpy", channel_axis=1, channel_scale=np.array([1, 2, 3])), a * [1, 2, 3])
+    # Numbers, not text that reads as one (as to_device: TypeError).
+    for kw in (dict(scale="2"), dict(offset=b"1"), dict(channel_axis=1, channel_scale=["1", "2", "3"]),
+               dict(channel_axis=1, channel_offset="123")):
+        with pytest.raises(ab.MemoryConversionError, match="must be a real number") as e:
+            ab.convert_memory(a, "numpy", "numpy", **kw)
+        assert isinstance(e.value.__cause__, TypeError)
+        with pytest.raises(TypeError):
+            ab.to_device(a, "cpu", **kw)
+
+
+def test_numpy_scalars_convert_as_their_0d_arrays():
+    torch = need("torch")
+    s = np.float32(3)
+    assert ab.detect_memory_type(s) == "numpy"
+    assert ab.convert_memory(s, "numpy", "numpy") is s  # same framework, no keyword: itself
+    d = ab.convert_memory(s, "numpy", "numpy", dtype="float64")
+    assert d.shape == () and d.dtype == np.float64 and d == 3
+    t = ab.convert_memory(np.int16(-7), "numpy", "torch")
+    assert t.shape == () and t.dtype == torch.int16 and int(t) == -7
+
+
 def test_torch_tensors_that_require_grad_are_taken_detached():
     torch = need("torch")
     t = torch.ones(3, requires_grad=True)
@@ -328,6 +356,23 @@ def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
     for a in (np.array(2.0, np.float32), np.zeros((0, 3), np.float32), np.zeros((2, 2, 2, 2), np.float32)):
         with pytest.raises(ab.MemoryConversionError, match="1 to 3 dimensions"):
             ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+
+
+def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
+    opencl(1)
+    need("pyclesperanto")
+    x = np.zeros((2, 3, 4), np.float32)
+    for perm, words in (((0, 1, 2, 0), "permute has 4 axes; the tensor has 3"),
+                        ((0, 1, 5), "permute axis 5 is out of range for a 3-dimensional tensor"),
+                        ((0, 0, 1), r"permute\[1\] is 0; want each of 0..2 exactly once")):
+        for target in ("numpy", "pyclesperanto"):
+            with pytest.raises(ab.MemoryConversionError, match=words) as e:
+                ab.convert_memory(x, "numpy", target, permute=perm)
+            assert isinstance(e.value.__cause__, ValueError)
+    g = ab.convert_memory(x + np.arange(4, dtype=np.float32), "numpy", "pyclesperanto", permute=(2, -3, 1))
+    np.testing.assert_array_equal(values("pyclesperanto", g), np.transpose(x + np.arange(4), (2, 0, 1)))
+    with pytest.raises(ab.MemoryConversionError, match="permute has 1 axes; the tensor has 0"):
+        ab.convert_memory(np.array(1.0, np.float32), "numpy", "pyclesperanto", permute=(0,))
 
 
 def test_pyclesperanto_arrays_too_large_for_the_device_are_memory_errors():
@@ -781,6 +826,9 @@ def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
     assert s.dtype == np.uint8 and s[1, 0, 0] == 255  # saturated, as the C core casts
     with pytest.raises(ValueError, match="empty"):
         ab.stack_slices([], "numpy")
+    planes = np.arange(12, dtype=np.float32).reshape(3, 2, 2)  # a 3-D array's planes; any iterable
+    np.testing.assert_array_equal(ab.stack_slices(planes, "numpy"), planes)
+    np.testing.assert_array_equal(ab.stack_slices((p for p in planes), "numpy"), planes)
     with pytest.raises(ValueError, match="index 1 is not a 2D"):
         ab.stack_slices([np.zeros((2, 2)), np.zeros(2)], "numpy")
     with pytest.raises(ValueError, match="index 1 has shape"):
