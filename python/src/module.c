@@ -2000,6 +2000,30 @@ done:
 
 
 
+/* Whether a payload's memory is a bytes object's, through the memoryviews
+ * and PickleBuffers pickle and Dask wrap it in. Such memory is never
+ * adopted, even for a read-only tensor: bytes are immutable and shared
+ * (b"\x05" is one object interpreter-wide, constants are interned), and a
+ * consumer that ignores DLPack's read-only flag (torch does) would rewrite
+ * them for the whole process. */
+static int memory_is_bytes(PyObject *o) {
+  for (int depth = 0; o != NULL && depth < 8; depth++) {
+    if (PyBytes_Check(o)) return 1;
+    if (PyMemoryView_Check(o))
+      o = PyMemoryView_GET_BASE(o);
+    else if (PyPickleBuffer_Check(o)) {
+      const Py_buffer *view = PyPickleBuffer_GetBuffer(o);
+      if (view == NULL) { /* released: nothing of it to adopt */
+        PyErr_Clear();
+        return 0;
+      }
+      o = view->obj;
+    } else
+      return 0;
+  }
+  return 0;
+}
+
 static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   PyObject *payload, *dtype_o, *shape_o, *device_o;
   int readonly;
@@ -2038,9 +2062,10 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   /* The payload's memory itself when it can be the tensor's (as NumPy's
    * unpickling does): pickle's out-of-band buffers and Dask's frames are
    * handed over without a copy. It must be writable unless the tensor is
-   * read-only, and aligned for the elements. */
+   * read-only, never a bytes object's (memory_is_bytes), and aligned for
+   * the elements. */
   const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
-  if (!negative && (!b.readonly || readonly) && (uintptr_t)b.buf % align == 0 &&
+  if (!negative && (!b.readonly || (readonly && !memory_is_bytes(payload))) && (uintptr_t)b.buf % align == 0 &&
       (mt = buffer_tensor(&b, n, shape, dtype)) != NULL) {
     if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
     return place_rebuilt(mt, dev, readonly);

@@ -110,6 +110,13 @@ def test_0d_empty_strided_and_read_only_tensors_travel():
         assert u.shape == a.shape and u.dtype == t.dtype
         np.testing.assert_array_equal(np.from_dlpack(u), a)
         assert u.readonly == (a is ro)
+    # a read-only tensor's frame that is a bytes object is copied, not
+    # adopted: b"\x07" is one object interpreter-wide
+    from arraybridge import _dask
+    header, _ = _dask.serialize(ab.to_device(np.frombuffer(b"\x07", np.uint8), "cpu"))
+    assert header["readonly"]
+    v = _dask.deserialize(header, [b"\x07"])
+    assert v.readonly and np.from_dlpack(v)[0] == 7 and v.data_ptr != addr(np.frombuffer(b"\x07", np.uint8))
 
 
 def test_opencl_tensors_come_back_on_their_device_or_on_the_host_where_there_is_none():

@@ -62,9 +62,22 @@ def test_a_load_copies_what_it_cannot_adopt():
     assert not t.readonly and np.from_dlpack(t)[3] == 3.0
     np.from_dlpack(t)[3] = 9.0
     assert np.frombuffer(raw, np.float64)[3] == 3.0
-    # the same bytes for a read-only tensor: adopted
-    r = rebuild(raw, "float64", (8,), True, "cpu:0")
-    assert r.readonly and r.data_ptr == addr(np.frombuffer(raw, np.float64))
+    # the same bytes for a read-only tensor: copied too. bytes are immutable
+    # and shared (b"\x05" is one object for the whole interpreter), and
+    # torch writes through DLPack's read-only flag; so are bytes under the
+    # memoryviews and PickleBuffers that pickle and Dask wrap them in.
+    for payload in (raw, memoryview(raw), memoryview(memoryview(raw)[8:]), pickle.PickleBuffer(raw),
+                    memoryview(pickle.PickleBuffer(raw))):
+        r = rebuild(payload, "float64", (len(memoryview(payload).cast("B")) // 8,), True, "cpu:0")
+        assert r.readonly and r.data_ptr != addr(np.frombuffer(payload, np.uint8))
+        np.testing.assert_array_equal(np.from_dlpack(r), np.frombuffer(payload, np.float64))
+    one = rebuild(b"\x05", "uint8", (1,), True, "cpu:0")
+    assert one.data_ptr != addr(np.frombuffer(b"\x05", np.uint8))
+    # read-only memory that is not a bytes object's, for a read-only
+    # tensor: adopted
+    ro = memoryview(bytearray(raw)).toreadonly()
+    r = rebuild(ro, "float64", (8,), True, "cpu:0")
+    assert r.readonly and r.data_ptr == addr(np.frombuffer(ro, np.float64))
     # a misaligned buffer: copied into aligned memory
     buf = bytearray(8 * 8 + 1)
     view = memoryview(buf)[1:]
