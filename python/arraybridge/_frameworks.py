@@ -232,19 +232,24 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_man
 
 def _permuted(shape, perm):
     """shape reordered by perm (ints: _convert's _plain made them), checked
-    with the C core's words, for a result that must be made before the core
-    sees perm (pyclesperanto's)."""
+    as the C core checks it and refused in its words, for a result that must
+    be made before the core sees perm (pyclesperanto's): first every axis's
+    range (the module's axis_of), then repeats of the counted-from-the-end
+    axes (convert.c)."""
     n = len(shape)
     if len(perm) != n:
         raise ValueError("permute has %d axes; the tensor has %d" % (len(perm), n))
     axes = []
-    for i, p in enumerate(perm):
+    for p in perm:
+        if not -(2**63) < p < 2**63:  # beyond a C long (or its least value)
+            raise ValueError("permute axis is out of range for a %d-dimensional tensor" % n)
         if not -n <= p < n:
             raise ValueError("permute axis %d is out of range for a %d-dimensional tensor" % (p, n))
-        a = p + n if p < 0 else p
-        if a in axes:
-            raise ValueError("permute[%d] is %d; want each of 0..%d exactly once" % (i, p, n - 1))
-        axes.append(a)
+        axes.append(p + n if p < 0 else p)
+    for i, a in enumerate(axes):
+        if a in axes[:i]:
+            raise ValueError("opts->permute[%d] is %d; want each of 0..%d exactly once (AB_ERR_INVALID_ARGUMENT)"
+                             % (i, a, n - 1))
     return tuple(shape[a] for a in axes)
 
 

@@ -364,11 +364,20 @@ def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
     x = np.zeros((2, 3, 4), np.float32)
     for perm, words in (((0, 1, 2, 0), "permute has 4 axes; the tensor has 3"),
                         ((0, 1, 5), "permute axis 5 is out of range for a 3-dimensional tensor"),
-                        ((0, 0, 1), r"permute\[1\] is 0; want each of 0..2 exactly once")):
+                        ((0, 0, 1), r"permute\[1\] is 0; want each of 0..2 exactly once"),
+                        # every axis's range before any repeat, as the core does
+                        ((0, 0, 5), "permute axis 5 is out of range"),
+                        # repeats told by the axis counted from the end
+                        ((0, -3, 1), r"permute\[1\] is 0; want"),
+                        ((0, 1, 2**70), "permute axis is out of range for a 3-dimensional tensor"),
+                        ((0, 1, -2**63), "permute axis is out of range for a 3-dimensional tensor")):
+        said = []
         for target in ("numpy", "pyclesperanto"):
             with pytest.raises(ab.MemoryConversionError, match=words) as e:
                 ab.convert_memory(x, "numpy", target, permute=perm)
             assert isinstance(e.value.__cause__, ValueError)
+            said.append(str(e.value.__cause__))
+        assert said[0] == said[1]  # the same words, whichever target
     g = ab.convert_memory(x + np.arange(4, dtype=np.float32), "numpy", "pyclesperanto", permute=(2, -3, 1))
     np.testing.assert_array_equal(values("pyclesperanto", g), np.transpose(x + np.arange(4), (2, 0, 1)))
     with pytest.raises(ab.MemoryConversionError, match="permute has 1 axes; the tensor has 0"):
