@@ -20,19 +20,31 @@ def _plain(opts):
     if "channel_axis" in out:
         out["channel_axis"] = operator.index(out["channel_axis"])
     if "permute" in out:
-        out["permute"] = tuple(operator.index(p) for p in out["permute"])
+        out["permute"] = tuple(operator.index(p) for p in _items("permute", out["permute"]))
     for k in ("channel_scale", "channel_offset"):
         if k in out:
-            out[k] = tuple(_real(k, v) for v in out[k])
+            out[k] = tuple(_real(k, v) for v in _items(k, out[k]))
     return out
 
 
 def _real(name, v):
-    """v as a float, as the C core reads a number: a str or bytes is a
-    TypeError, not parsed (float("2") would be)."""
-    if isinstance(v, (str, bytes, bytearray)):
-        raise TypeError("%s must be a real number, not %s" % (name, type(v).__name__))
+    """v as a float, taken as the C core takes a number (PyFloat_AsDouble):
+    anything with __float__ or __index__. A str or bytes is a TypeError,
+    not parsed (float("2") would be), and so are a memoryview and a
+    complex."""
+    t = type(v)
+    if not (hasattr(t, "__float__") or hasattr(t, "__index__")):
+        raise TypeError("%s must be a real number, not %s" % (name, t.__name__))
     return float(v)
+
+
+def _items(name, v):
+    """v's items, when v is a sequence as the C core takes one
+    (PySequence_Check: a list, tuple, array...): a set has no order and a
+    generator no length, so both are a TypeError there and here."""
+    if isinstance(v, dict) or not hasattr(type(v), "__getitem__"):
+        raise TypeError("%s must be a sequence" % name)
+    return tuple(v)
 
 
 def detect_memory_type(data):

@@ -13,11 +13,13 @@ def stack_slices(slices, memory_type, gpu_id=None):
     The result is allocated once, on the target, and each slice is copied
     (cast to the first slice's dtype where it differs) straight into its
     plane by the C core: no per-slice arrays of the target framework and no
-    3-D host array in between. ValueError for an empty list, a slice that is
+    3-D host array in between. ValueError for an empty list (or None), a slice that is
     not 2-D or slices of different shapes; MemoryConversionError when a
     conversion fails or the target device does not exist."""
     mt = _memory_type(memory_type, "memory_type")
-    slices = list(slices)  # a tuple, a generator, a 3-D array's planes too
+    # a tuple, a generator, a 3-D array's planes too; None is the seed's
+    # "empty list" ValueError, as before
+    slices = [] if slices is None else list(slices)
     if not slices:
         raise ValueError("Cannot stack empty list of slices")
     shape = None

@@ -237,6 +237,22 @@ def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
         assert isinstance(e.value.__cause__, TypeError)
         with pytest.raises(TypeError):
             ab.to_device(a, "cpu", **kw)
+    # What the core takes as a number (__float__ or __index__) and nothing
+    # else: float() would read a memoryview's text, and complex fails there
+    # with another message.
+    for kw in (dict(scale=memoryview(b"2")), dict(offset=1j), dict(channel_axis=1, channel_scale=[1, 2, 3j])):
+        with pytest.raises(ab.MemoryConversionError, match="must be a real number, not") as e:
+            ab.convert_memory(a, "numpy", "numpy", **kw)
+        assert isinstance(e.value.__cause__, TypeError)
+    np.testing.assert_array_equal(ab.convert_memory(a, "numpy", "numpy", scale=True, offset=np.int8(1)), a + 1)
+    # Sequences where the core wants one: a set has no order, a generator
+    # no length, a float no items.
+    for kw in (dict(permute={1, 0}), dict(permute=(i for i in (1, 0))), dict(channel_axis=1, channel_scale=2.0)):
+        with pytest.raises(ab.MemoryConversionError, match="must be a sequence") as e:
+            ab.convert_memory(a, "numpy", "numpy", **kw)
+        assert isinstance(e.value.__cause__, TypeError)
+        with pytest.raises(TypeError, match="must be a sequence"):
+            ab.to_device(a, "cpu", **kw)
 
 
 def test_numpy_scalars_convert_as_their_0d_arrays():
@@ -833,8 +849,11 @@ def test_stack_slices_of_mixed_frameworks_into_one_array(target):
 def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
     s = ab.stack_slices([np.ones((2, 2), np.uint8), np.full((2, 2), 300, np.int32)], "numpy")
     assert s.dtype == np.uint8 and s[1, 0, 0] == 255  # saturated, as the C core casts
-    with pytest.raises(ValueError, match="empty"):
-        ab.stack_slices([], "numpy")
+    for nothing in ([], (), None):  # None as the seed refused it
+        with pytest.raises(ValueError, match="empty"):
+            ab.stack_slices(nothing, "numpy")
+    with pytest.raises(TypeError, match="not iterable"):
+        ab.stack_slices(5, "numpy")
     planes = np.arange(12, dtype=np.float32).reshape(3, 2, 2)  # a 3-D array's planes; any iterable
     np.testing.assert_array_equal(ab.stack_slices(planes, "numpy"), planes)
     np.testing.assert_array_equal(ab.stack_slices((p for p in planes), "numpy"), planes)
