@@ -37,6 +37,18 @@ def memory_report():
     return "\n".join(parts)
 
 
+def _retried(exc):
+    """Whether exc, or an exception it was raised from, is one a recovery
+    gave up on (run_with_oom_recovery)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "_arraybridge_retried", False) is True:
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _is_oom(exc, adapters):
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -54,16 +66,23 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
     of the adapters' frameworks'), frees the caches and calls again, at most
     max_retries times. The last error is raised as it came, with
-    arraybridge's memory report attached as a note (Python >= 3.11)."""
+    arraybridge's memory report attached as a note (Python >= 3.11), and
+    marked: an enclosing recovery (one decorated function calling another)
+    raises a marked error, or one caused by it, as it is rather than
+    retrying what was retried already (3 x 3 calls, two notes)."""
     for attempt in range(max_retries + 1):
         try:
             return call()
         except Exception as e:
-            if not _is_oom(e, adapters):
+            if not _is_oom(e, adapters) or _retried(e):
                 raise
             if attempt == max_retries:
                 if hasattr(e, "add_note"):
                     e.add_note("arraybridge: still out of memory after %d retries (caches freed before each); "
                                "memory report:\n%s" % (max_retries, memory_report()))
+                try:
+                    e._arraybridge_retried = True
+                except AttributeError:  # an exception type without a __dict__: unmarked
+                    pass
                 raise
             cleanup_all_gpu_frameworks(device_id)

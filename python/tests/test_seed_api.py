@@ -670,6 +670,50 @@ def test_oom_recovery_frees_caches_retries_and_reports():
         assert any("memory report" in n and "cpu:0" in n for n in e.value.__notes__)
 
 
+def test_nested_decorators_retry_once_not_once_per_level():
+    # One decorated function calling another: the inner one's recovery
+    # gave up after its two retries; the outer one raises that as it is.
+    calls = []
+
+    @ab.numpy
+    def inner(x):
+        calls.append(1)
+        raise MemoryError("out of memory (test)")
+
+    @ab.numpy
+    def outer(x):
+        return inner(x)
+
+    @ab.numpy
+    def wrapping(x):
+        try:
+            return inner(x)
+        except MemoryError as e:
+            raise RuntimeError("the model failed") from e  # a cause that gave up already
+
+    with pytest.raises(MemoryError) as e:
+        outer(np.ones(3))
+    assert len(calls) == 3
+    if sys.version_info >= (3, 11):
+        assert sum("memory report" in n for n in e.value.__notes__) == 1
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        wrapping(np.ones(3))
+    assert len(calls) == 3
+    # An out-of-memory error of the outer function's own is retried as ever.
+    tries = []
+
+    @ab.numpy
+    def own(x):
+        tries.append(1)
+        if len(tries) < 3:
+            raise MemoryError("out of memory (test)")
+        return x
+
+    np.testing.assert_array_equal(own(np.ones(2)), np.ones(2))
+    assert len(tries) == 3
+
+
 def test_cleanup_all_gpu_frameworks_empties_our_pools():
     t = ab.to_device(np.zeros(1 << 16), "cpu", copy=True)
     del t
