@@ -164,7 +164,9 @@ static void parse_env(const char *v) {
   nrules = 0;
   env_error[0] = '\0';
   if (v == NULL || *v == '\0') return;
-  const char *p = v;
+  /* one comma at either end is a separator left over from building the
+   * list (",cpu=1GiB", "cpu=1GiB,"); an empty entry between two is not */
+  const char *p = *v == ',' ? v + 1 : v;
   while (*p) {
     const char *end = strchr(p, ',');
     size_t n = end ? (size_t)(end - p) : strlen(p);
