@@ -59,4 +59,26 @@ if(NOT got_data STREQUAL want_data)
 endif()
 # A Fortran-order file comes back C-ordered with the same values.
 expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy")
+# To the host with nothing to change: the result is a view of the file's
+# bytes, which must still be there when it is written (the ASan tier
+# reported a use-after-free here; elsewhere the bytes could be another
+# allocation's). The data is the input's last 24 bytes.
+expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --out "${WORK}/same.npy")
+file(READ "${WORK}/same.npy" got HEX)
+file(READ "${DATA}/u8_2x3x4.npy" want HEX)
+string(LENGTH "${got}" lg)
+string(LENGTH "${want}" lw)
+math(EXPR og "${lg} - 48")
+math(EXPR ow "${lw} - 48")
+string(SUBSTRING "${got}" ${og} 48 got_data)
+string(SUBSTRING "${want}" ${ow} 48 want_data)
+if(NOT got_data STREQUAL want_data)
+  message(FATAL_ERROR "abtool convert --to cpu changed the data:\n got  ${got_data}\n want ${want_data}")
+endif()
+# What the command line can refuse up front is refused before any work.
+expect(2 "a .npy file cannot hold it" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype bfloat16 --out "${WORK}/x.npy")
+expect(2 "names no size" bandwidth --sizes ,)
+expect(2 "names no device" bandwidth --devices ,)
+expect(2 "more than 16 sizes" bandwidth --sizes 1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K,1K)
+expect(2 "not auto" bandwidth --devices cpu:auto)
 message(STATUS "abtool_cli: all checks passed")

@@ -131,6 +131,38 @@ Test(npy, malformed_files_are_refused_with_the_reason) {
   uint8_t hostile[256] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(sizeof hdr - 1), 0};
   memcpy(hostile + 10, hdr, sizeof hdr - 1);
   parse_bad(hostile, 10 + sizeof hdr - 1, "overflows", "overflowing shape");
+  /* A NUL inside a string would end it early for every later reader:
+   * '<f8\0junk' is not '<f8'. */
+  const char nul[] = "{'descr': '<f8\0junk', 'fortran_order': False, 'shape': (1,), }\n";
+  memset(hostile, 0, sizeof hostile);
+  memcpy(hostile, (const uint8_t[]){0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(sizeof nul - 1), 0}, 10);
+  memcpy(hostile + 10, nul, sizeof nul - 1);
+  parse_bad(hostile, 10 + sizeof nul - 1 + 8, "'descr' is not", "a NUL in descr");
+}
+
+/* A header of ndim sizes of 1 and one uint8 into buf; the file's length. */
+static size_t ones_file(uint8_t *buf, size_t cap, int ndim) {
+  char hdr[1024];
+  int n = snprintf(hdr, sizeof hdr, "{'descr': '|u1', 'fortran_order': False, 'shape': (");
+  for (int k = 0; k < ndim; k++) n += snprintf(hdr + n, sizeof hdr - (size_t)n, "1,");
+  n += snprintf(hdr + n, sizeof hdr - (size_t)n, "), }\n");
+  cr_assert(n > 0 && (size_t)n + 11 <= cap);
+  memcpy(buf, (const uint8_t[]){0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)}, 10);
+  memcpy(buf + 10, hdr, (size_t)n);
+  buf[10 + n] = 7;
+  return 10 + (size_t)n + 1;
+}
+
+Test(npy, as_many_dims_as_numpy_allows) {
+  /* NumPy 2 makes arrays of up to 64 dims; so does the library */
+  uint8_t buf[1024];
+  size_t len = ones_file(buf, sizeof buf, 64);
+  npy_array a = parse_ok(buf, len, "64 dims");
+  cr_assert_eq(a.ndim, 64);
+  cr_assert_eq(a.nbytes, 1);
+  cr_assert_eq(a.data[0], 7);
+  len = ones_file(buf, sizeof buf, 65);
+  parse_bad(buf, len, "more than 64 dims", "65 dims");
 }
 
 Test(npy, written_files_parse_back) {

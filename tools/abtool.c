@@ -239,17 +239,35 @@ static int cmd_bandwidth(int argc, char **argv) {
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", size_list);
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    if (nsizes == 16 || (sizes[nsizes] = parse_size(tok)) == 0) {
-      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1M, 64M; at most 16)\n", tok);
+    if (nsizes == 16) {
+      fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
+      return EXIT_USAGE;
+    }
+    if ((sizes[nsizes] = parse_size(tok)) == 0) {
+      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1M, 64M)\n", tok);
       return EXIT_USAGE;
     }
     nsizes++;
   }
+  if (nsizes == 0) { /* "," or "": nothing to measure is a mistake, not a run */
+    fprintf(stderr, "abtool bandwidth: --sizes \"%s\" names no size\n", size_list);
+    return EXIT_USAGE;
+  }
   if (dev_list) {
+    snprintf(buf, sizeof buf, "%s", dev_list);
+    if (strtok(buf, ",") == NULL) {
+      fprintf(stderr, "abtool bandwidth: --devices \"%s\" names no device\n", dev_list);
+      return EXIT_USAGE;
+    }
     snprintf(buf, sizeof buf, "%s", dev_list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
       if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
         fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
+        return EXIT_USAGE;
+      }
+      if (devs[ndevs].device_id == AB_DEVICE_AUTO) { /* a table needs the device each row is */
+        fprintf(stderr, "abtool bandwidth: --devices %s: name a device id (%s:0, ...), not auto\n", tok,
+                ab_device_type_name(devs[ndevs].device_type));
         return EXIT_USAGE;
       }
       struct ab_device_info info;
@@ -405,6 +423,11 @@ static int cmd_convert(int argc, char **argv) {
     fprintf(stderr, "abtool convert: unknown --dtype %s\n", dtype_s);
     return EXIT_USAGE;
   }
+  if (dtype_s && npy_descr(o.dtype) == NULL) { /* refused before any work, not after it */
+    fprintf(stderr, "abtool convert: --dtype %s: a .npy file cannot hold it, so OUT.npy could not be written\n",
+            dtype_s);
+    return EXIT_USAGE;
+  }
   size_t len;
   uint8_t *buf = read_file(in, &len);
   if (buf == NULL) {
@@ -463,10 +486,15 @@ static int cmd_convert(int argc, char **argv) {
   ab_convert_opts plain = AB_CONVERT_OPTS_INIT;
   ab_status st = ab_convert_memory(&there->dl_tensor, (DLDevice){kDLCPU, 0}, &plain, &back);
   there->deleter(there);
-  free(buf);
-  if (st != AB_OK) return lib_fail("back to cpu");
+  if (st != AB_OK) {
+    free(buf);
+    return lib_fail("back to cpu");
+  }
+  /* --to cpu with nothing to change is a view of src, so of buf (the
+   * file's bytes): buf is freed only once the result is written. */
   int rc = npy_write(outp, &back->dl_tensor, err, sizeof err);
   back->deleter(back);
+  free(buf);
   if (rc != 0) {
     fprintf(stderr, "abtool convert: %s\n", err);
     return EXIT_INPUT;

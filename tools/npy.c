@@ -28,6 +28,8 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
+_Static_assert(NPY_MAX_NDIM <= AB_MAX_NDIM, "a .npy array must fit a tensor");
+
 const char *npy_descr(DLDataType d) {
   if (d.lanes != 1) return NULL;
   for (size_t i = 0; i < NTYPES; i++)
@@ -60,7 +62,7 @@ static int string(struct cur *c, char *buf, size_t len) {
   const char q = *c->p++;
   size_t n = 0;
   while (c->p < c->end && *c->p != q) {
-    if (*c->p == '\\' || n + 1 >= len) return 0;
+    if (*c->p == '\\' || *c->p == '\0' || n + 1 >= len) return 0; /* a NUL would end the text early */
     buf[n++] = *c->p++;
   }
   if (c->p >= c->end) return 0;

@@ -11,7 +11,7 @@
 
 #include "arraybridge/arraybridge.h"
 
-#define NPY_MAX_NDIM 32
+#define NPY_MAX_NDIM 64 /* NumPy 2's limit, and AB_MAX_NDIM */
 
 typedef struct npy_array {
   DLDataType dtype;
