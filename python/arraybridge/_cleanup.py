@@ -74,15 +74,34 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
         try:
             return call()
         except Exception as e:
-            if not _is_oom(e, adapters) or _retried(e):
+            if not _recovered(e, adapters, device_id, attempt, max_retries):
                 raise
-            if attempt == max_retries:
-                if hasattr(e, "add_note"):
-                    e.add_note("arraybridge: still out of memory after %d retries (caches freed before each); "
-                               "memory report:\n%s" % (max_retries, memory_report()))
-                try:
-                    e._arraybridge_retried = True
-                except AttributeError:  # an exception type without a __dict__: unmarked
-                    pass
+
+
+async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
+    """run_with_oom_recovery for a coroutine function call."""
+    for attempt in range(max_retries + 1):
+        try:
+            return await call()
+        except Exception as e:
+            if not _recovered(e, adapters, device_id, attempt, max_retries):
                 raise
-            cleanup_all_gpu_frameworks(device_id)
+
+
+def _recovered(e, adapters, device_id, attempt, max_retries):
+    """After attempt (0-based) raised e: True when the caches were freed for
+    another try; False when e is to be raised (not out of memory, given up
+    on already, or the last try: then noted and marked)."""
+    if not _is_oom(e, adapters) or _retried(e):
+        return False
+    if attempt == max_retries:
+        if hasattr(e, "add_note"):
+            e.add_note("arraybridge: still out of memory after %d retries (caches freed before each); "
+                       "memory report:\n%s" % (max_retries, memory_report()))
+        try:
+            e._arraybridge_retried = True
+        except AttributeError:  # an exception type without a __dict__: unmarked
+            pass
+        return False
+    cleanup_all_gpu_frameworks(device_id)
+    return True

@@ -3,7 +3,7 @@ pyclesperanto and memory_types."""
 import functools
 import inspect
 
-from ._cleanup import run_with_oom_recovery
+from ._cleanup import run_with_oom_recovery, run_with_oom_recovery_async
 from ._convert import convert_memory, detect_memory_type
 from ._frameworks import ADAPTERS, element_name as _dtype_name, is_array as _is_array
 from ._types import MemoryType, memory_type
@@ -29,44 +29,111 @@ def _data_parameter(func):
 def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
     """func, called with its data argument (_data_parameter) as a runs_on
     array on gpu_id (converted from accepts; None: from whatever it is), its
-    result returned as an output array."""
+    result returned as an output array. A coroutine function gets a
+    coroutine function (the result converted once awaited), a generator
+    function (plain or async) a generator function whose every yielded
+    array is converted; send, throw and close reach func's generator. A
+    generator is not retried on out-of-memory errors: what it yielded
+    cannot be taken back."""
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
     pos, name = _data_parameter(func)
 
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        def call():
-            positional = pos is not None and pos < len(args)
-            if positional:
-                first = args[pos]
-            elif name is not None and name in kwargs:
-                first = kwargs[name]
-            else:
-                return func(*args, **kwargs)  # no data argument in this call
-            if accepts is None and not _is_array(first):
-                return func(*args, **kwargs)  # not an array (a list, a number): as it is
-            dtype = _dtype_name(first) if preserve_dtype else None
-            src = accepts if accepts is not None else detect_memory_type(first)
-            data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
-            if positional:
-                result = func(*args[:pos], data, *args[pos + 1:], **kwargs)
-            else:
-                result = func(*args, **{**kwargs, name: data})
-            if not _is_array(result):
-                return result  # not an array (a tuple, a shape, a NumPy scalar): as it is
-            res_type = detect_memory_type(result)
-            got = _dtype_name(result)
-            # Cast back within real or within complex types; between them
-            # (abs of complex data, say) the result stays as it is.
-            keep = (dtype if dtype is not None and got not in (dtype, None)
-                    and dtype.startswith("complex") == got.startswith("complex") else None)
-            if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
-                result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
-            return convert_memory(result, res_type, output, gpu_id, dtype=keep)
+    def prepare(args, kwargs):
+        """(args, kwargs, dtype) to call func with, the data converted; None
+        when the call has no array to convert."""
+        positional = pos is not None and pos < len(args)
+        if positional:
+            first = args[pos]
+        elif name is not None and name in kwargs:
+            first = kwargs[name]
+        else:
+            return None  # no data argument in this call
+        if accepts is None and not _is_array(first):
+            return None  # not an array (a list, a number): as it is
+        dtype = _dtype_name(first) if preserve_dtype else None
+        src = accepts if accepts is not None else detect_memory_type(first)
+        data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
+        if positional:
+            return args[:pos] + (data,) + args[pos + 1:], kwargs, dtype
+        return args, {**kwargs, name: data}, dtype
 
-        if oom_recovery:
-            return run_with_oom_recovery(call, adapters, gpu_id)
-        return call()
+    def finish(result, dtype):
+        if not _is_array(result):
+            return result  # not an array (a tuple, a shape, a NumPy scalar): as it is
+        res_type = detect_memory_type(result)
+        got = _dtype_name(result)
+        # Cast back within real or within complex types; between them
+        # (abs of complex data, say) the result stays as it is.
+        keep = (dtype if dtype is not None and got not in (dtype, None)
+                and dtype.startswith("complex") == got.startswith("complex") else None)
+        if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
+            result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
+        return convert_memory(result, res_type, output, gpu_id, dtype=keep)
+
+    def start(args, kwargs):
+        p = prepare(args, kwargs)
+        return (func(*args, **kwargs), None) if p is None else (func(*p[0], **p[1]), p[2])
+
+    if inspect.isgeneratorfunction(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            gen, dtype = start(args, kwargs)
+            try:
+                value = next(gen)
+                while True:
+                    try:
+                        sent = yield finish(value, dtype)
+                    except GeneratorExit:
+                        gen.close()
+                        raise
+                    except BaseException as e:
+                        value = gen.throw(e)
+                    else:
+                        value = gen.send(sent)
+            except StopIteration as stop:
+                return stop.value
+    elif inspect.isasyncgenfunction(func):
+        @functools.wraps(func)
+        async def wrapper(*args, **kwargs):
+            gen, dtype = start(args, kwargs)
+            try:
+                value = await gen.__anext__()
+                while True:
+                    try:
+                        sent = yield finish(value, dtype)
+                    except GeneratorExit:
+                        await gen.aclose()
+                        raise
+                    except BaseException as e:
+                        value = await gen.athrow(e)
+                    else:
+                        value = await gen.asend(sent)
+            except StopAsyncIteration:
+                return
+    elif inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def wrapper(*args, **kwargs):
+            async def call():
+                p = prepare(args, kwargs)
+                if p is None:
+                    return await func(*args, **kwargs)
+                return finish(await func(*p[0], **p[1]), p[2])
+
+            if oom_recovery:
+                return await run_with_oom_recovery_async(call, adapters, gpu_id)
+            return await call()
+    else:
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            def call():
+                p = prepare(args, kwargs)
+                if p is None:
+                    return func(*args, **kwargs)
+                return finish(func(*p[0], **p[1]), p[2])
+
+            if oom_recovery:
+                return run_with_oom_recovery(call, adapters, gpu_id)
+            return call()
 
     wrapper.input_memory_type = (accepts or runs_on).value
     wrapper.output_memory_type = output.value
@@ -91,7 +158,9 @@ def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, pr
     (cleanup_all_gpu_frameworks) and the call is made again, twice at most,
     then the error is raised with arraybridge's memory report attached.
     The wrapper carries input_memory_type and output_memory_type (names) and
-    functools.wraps metadata."""
+    functools.wraps metadata. An async def function's result is converted
+    once awaited; a generator function's every yielded array is converted
+    (generators are not retried)."""
     inp = memory_type(input_type, "input_type")
     out = memory_type(output_type, "output_type")
     return lambda func: _wrap(func, None, inp, out, gpu_id, oom_recovery, preserve_dtype)

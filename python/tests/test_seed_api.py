@@ -714,6 +714,74 @@ def test_nested_decorators_retry_once_not_once_per_level():
     assert len(tries) == 3
 
 
+def test_decorated_coroutines_and_generators_convert_what_they_give():
+    import asyncio
+    import inspect
+    torch = need("torch")
+
+    @ab.torch(output_type="numpy")
+    async def acoro(x):
+        assert isinstance(x, torch.Tensor)
+        await asyncio.sleep(0)
+        return x * 2
+
+    assert inspect.iscoroutinefunction(acoro)
+    r = asyncio.run(acoro(np.ones(2, np.float32)))
+    assert isinstance(r, np.ndarray) and r.dtype == np.float32 and (r == 2).all()
+
+    tries = []
+
+    @ab.torch
+    async def aoom(x):
+        tries.append(1)
+        raise MemoryError("out of memory (test)")
+
+    with pytest.raises(MemoryError):
+        asyncio.run(aoom(np.ones(2)))
+    assert len(tries) == 3  # retried as a plain function is
+
+    closed = []
+
+    @ab.torch(output_type="numpy")
+    def gen(x):
+        assert isinstance(x, torch.Tensor)
+        try:
+            got = yield x + 1
+            while got is not None:
+                got = yield x * got
+        except KeyError:
+            yield x - 1
+        finally:
+            closed.append(1)
+        return "done"
+
+    assert inspect.isgeneratorfunction(gen)
+    g = gen(np.ones(2, np.float32))
+    first = next(g)
+    assert isinstance(first, np.ndarray) and first.dtype == np.float32 and (first == 2).all()
+    assert (g.send(5) == 5).all()  # send reaches the generator
+    assert (g.throw(KeyError("k")) == 0).all()  # so does throw
+    with pytest.raises(StopIteration) as stop:
+        next(g)
+    assert stop.value.value == "done" and closed == [1]
+    g = gen(np.ones(2, np.float32))
+    next(g)
+    g.close()  # closing the wrapper closes the generator
+    assert closed == [1, 1]
+
+    @ab.numpy(output_type="torch")
+    async def agen(x):
+        assert isinstance(x, np.ndarray)
+        for k in range(3):
+            yield x + k
+
+    async def collect():
+        return [v async for v in agen(torch.zeros(2))]
+
+    got = asyncio.run(collect())
+    assert [type(v) for v in got] == [torch.Tensor] * 3 and [float(v[0]) for v in got] == [0.0, 1.0, 2.0]
+
+
 def test_cleanup_all_gpu_frameworks_empties_our_pools():
     t = ab.to_device(np.zeros(1 << 16), "cpu", copy=True)
     del t
