@@ -256,12 +256,12 @@ def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
 
 
 def test_numpy_scalars_convert_as_their_0d_arrays():
-    torch = need("torch")
     s = np.float32(3)
     assert ab.detect_memory_type(s) == "numpy"
     assert ab.convert_memory(s, "numpy", "numpy") is s  # same framework, no keyword: itself
     d = ab.convert_memory(s, "numpy", "numpy", dtype="float64")
     assert d.shape == () and d.dtype == np.float64 and d == 3
+    torch = need("torch")  # the rest only
     t = ab.convert_memory(np.int16(-7), "numpy", "torch")
     assert t.shape == () and t.dtype == torch.int16 and int(t) == -7
 
