@@ -1,5 +1,6 @@
 """Freeing cached GPU memory (ours and the frameworks'), and running a call
 again after an out-of-memory error."""
+import contextvars
 import gc
 
 from . import _arraybridge as _ab
@@ -37,6 +38,19 @@ def memory_report():
     return "\n".join(parts)
 
 
+# How many recoveries enclose this point of the thread's (or task's) call
+# stack.
+_depth = contextvars.ContextVar("arraybridge_oom_recovery_depth", default=0)
+
+
+def _unmark(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        getattr(exc, "__dict__", {}).pop("_arraybridge_retried", None)
+        exc = exc.__cause__
+
+
 def _retried(exc):
     """Whether exc, or an exception it was raised from, is one a recovery
     gave up on (run_with_oom_recovery)."""
@@ -66,26 +80,47 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
     of the adapters' frameworks'), frees the caches and calls again, at most
     max_retries times. The last error is raised as it came, with
-    arraybridge's memory report attached as a note (Python >= 3.11), and
-    marked: an enclosing recovery (one decorated function calling another)
-    raises a marked error, or one caused by it, as it is rather than
-    retrying what was retried already (3 x 3 calls, two notes)."""
-    for attempt in range(max_retries + 1):
-        try:
-            return call()
-        except Exception as e:
-            if not _recovered(e, adapters, device_id, attempt, max_retries):
-                raise
+    arraybridge's memory report attached as a note (Python >= 3.11). A
+    recovery inside another (one decorated function calling another, on
+    the same thread or task) marks the error it gives up on, and the
+    enclosing one raises it, or one raised from it, as it is rather than
+    retrying what was retried already (3 x 3 calls, two notes); the
+    outermost takes the mark off, so the same exception object raised
+    again by a later call (a Future's result) is retried afresh."""
+    outermost = _depth.get() == 0
+    token = _depth.set(_depth.get() + 1)
+    try:
+        for attempt in range(max_retries + 1):
+            try:
+                return call()
+            except Exception as e:
+                if not _recovered(e, adapters, device_id, attempt, max_retries):
+                    raise
+    except Exception as e:
+        if outermost:
+            _unmark(e)
+        raise
+    finally:
+        _depth.reset(token)
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
     """run_with_oom_recovery for a coroutine function call."""
-    for attempt in range(max_retries + 1):
-        try:
-            return await call()
-        except Exception as e:
-            if not _recovered(e, adapters, device_id, attempt, max_retries):
-                raise
+    outermost = _depth.get() == 0
+    token = _depth.set(_depth.get() + 1)
+    try:
+        for attempt in range(max_retries + 1):
+            try:
+                return await call()
+            except Exception as e:
+                if not _recovered(e, adapters, device_id, attempt, max_retries):
+                    raise
+    except Exception as e:
+        if outermost:
+            _unmark(e)
+        raise
+    finally:
+        _depth.reset(token)
 
 
 def _recovered(e, adapters, device_id, attempt, max_retries):

@@ -33,6 +33,8 @@ def _real(name, v):
     not parsed (float("2") would be), and so are a memoryview and a
     complex."""
     t = type(v)
+    if isinstance(v, float):
+        return float.__float__(v)  # its value: a subclass's own __float__ is not asked, as in C
     if not (hasattr(t, "__float__") or hasattr(t, "__index__")):
         raise TypeError("%s must be a real number, not %s" % (name, t.__name__))
     return float(v)

@@ -32,9 +32,10 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
     result returned as an output array. A coroutine function gets a
     coroutine function (the result converted once awaited), a generator
     function (plain or async) a generator function whose every yielded
-    array is converted; send, throw and close reach func's generator. A
-    generator is not retried on out-of-memory errors: what it yielded
-    cannot be taken back."""
+    array is converted (its input at the first next(), as a generator's
+    body runs; its return value and values sent in as they are); send,
+    throw and close reach func's generator. A generator is not retried on
+    out-of-memory errors: what it yielded cannot be taken back."""
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
     pos, name = _data_parameter(func)
 
@@ -74,15 +75,20 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
         p = prepare(args, kwargs)
         return (func(*args, **kwargs), None) if p is None else (func(*p[0], **p[1]), p[2])
 
-    if inspect.isgeneratorfunction(func):
+    # A generator-based coroutine (@types.coroutine) is awaited, not
+    # iterated: it is wrapped as any function (its result as it is).
+    old_style = inspect.isgeneratorfunction(func) and bool(
+        getattr(getattr(func, "__code__", None), "co_flags", 0) & inspect.CO_ITERABLE_COROUTINE)
+    if inspect.isgeneratorfunction(func) and not old_style:
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             gen, dtype = start(args, kwargs)
             try:
                 value = next(gen)
                 while True:
+                    out = finish(value, dtype)  # its failure is the caller's, not thrown into gen
                     try:
-                        sent = yield finish(value, dtype)
+                        sent = yield out
                     except GeneratorExit:
                         gen.close()
                         raise
@@ -99,8 +105,9 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
             try:
                 value = await gen.__anext__()
                 while True:
+                    out = finish(value, dtype)
                     try:
-                        sent = yield finish(value, dtype)
+                        sent = yield out
                     except GeneratorExit:
                         await gen.aclose()
                         raise

@@ -4,6 +4,7 @@ JAX, TensorFlow and pyclesperanto (on PoCL), all on the CPU.
 
 make test-python installs all five and sets AB_TEST_EXPECT_FRAMEWORKS=1, so
 a missing one fails there instead of skipping. CuPy needs a GPU."""
+import importlib.util
 import itertools
 import os
 import subprocess
@@ -245,6 +246,13 @@ def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
             ab.convert_memory(a, "numpy", "numpy", **kw)
         assert isinstance(e.value.__cause__, TypeError)
     np.testing.assert_array_equal(ab.convert_memory(a, "numpy", "numpy", scale=True, offset=np.int8(1)), a + 1)
+
+    class Odd(float):  # a float's value is its value, whatever its __float__ says (as in C)
+        def __float__(self):
+            return 5.0
+
+    np.testing.assert_array_equal(ab.convert_memory(a, "numpy", "numpy", scale=Odd(2.0)), a * 2)
+    np.testing.assert_array_equal(np.from_dlpack(ab.to_device(a, "cpu", scale=Odd(2.0))), a * 2)
     # Sequences where the core wants one: a set has no order, a generator
     # no length, a float no items.
     for kw in (dict(permute={1, 0}), dict(permute=(i for i in (1, 0))), dict(channel_axis=1, channel_scale=2.0)):
@@ -712,6 +720,22 @@ def test_nested_decorators_retry_once_not_once_per_level():
 
     np.testing.assert_array_equal(own(np.ones(2)), np.ones(2))
     assert len(tries) == 3
+    # The same exception object raised again by a later call (a Future's
+    # result, say) is retried afresh: the mark lasts one nesting only.
+    import concurrent.futures
+    fut = concurrent.futures.Future()
+    fut.set_exception(MemoryError("out of memory (test)"))
+    runs = []
+
+    @ab.numpy
+    def from_future(x):
+        runs.append(1)
+        return fut.result()
+
+    for call in (1, 2):
+        with pytest.raises(MemoryError):
+            from_future(np.ones(2))
+        assert len(runs) == 3 * call
 
 
 def test_decorated_coroutines_and_generators_convert_what_they_give():
@@ -780,6 +804,50 @@ def test_decorated_coroutines_and_generators_convert_what_they_give():
 
     got = asyncio.run(collect())
     assert [type(v) for v in got] == [torch.Tensor] * 3 and [float(v[0]) for v in got] == [0.0, 1.0, 2.0]
+
+    # A yielded array that cannot be converted is the caller's error; the
+    # generator is not told (it would catch it at its yield).
+    caught = []
+
+    @ab.numpy(output_type="pyclesperanto")
+    def four_d(x):
+        try:
+            yield np.zeros((1, 1, 1, 2), np.float32)  # pyclesperanto has no 4-D arrays
+        except Exception as e:
+            caught.append(e)
+            yield x
+
+    @ab.numpy(output_type="pyclesperanto")
+    async def four_d_async(x):
+        try:
+            yield np.zeros((1, 1, 1, 2), np.float32)
+        except Exception as e:
+            caught.append(e)
+            yield x
+
+    async def first(agen):
+        return await agen.__anext__()
+
+    if importlib.util.find_spec("pyclesperanto") is not None and n_devices("opencl") > 0:
+        with pytest.raises(ab.MemoryConversionError):
+            next(four_d(np.ones(2, np.float32)))
+        with pytest.raises(ab.MemoryConversionError):
+            asyncio.run(first(four_d_async(np.ones(2, np.float32))))
+        assert caught == []
+
+    # A generator-based coroutine (@types.coroutine) stays awaitable.
+    import types
+
+    @ab.numpy
+    @types.coroutine
+    def old_style(x):
+        yield from ()
+        return x * 2
+
+    async def run_old():
+        return await old_style(np.ones(2))
+
+    np.testing.assert_array_equal(asyncio.run(run_old()), [2.0, 2.0])
 
 
 def test_cleanup_all_gpu_frameworks_empties_our_pools():
