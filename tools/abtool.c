@@ -485,15 +485,17 @@ static int cmd_convert(int argc, char **argv) {
   }
   ab_convert_opts plain = AB_CONVERT_OPTS_INIT;
   ab_status st = ab_convert_memory(&there->dl_tensor, (DLDevice){kDLCPU, 0}, &plain, &back);
-  there->deleter(there);
   if (st != AB_OK) {
+    there->deleter(there);
     free(buf);
     return lib_fail("back to cpu");
   }
-  /* --to cpu with nothing to change is a view of src, so of buf (the
-   * file's bytes): buf is freed only once the result is written. */
+  /* On the host, back is a view of there, and there (with nothing to
+   * change) a view of src, so of buf (the file's bytes): both are let go
+   * only once the result is written. */
   int rc = npy_write(outp, &back->dl_tensor, err, sizeof err);
   back->deleter(back);
+  there->deleter(there);
   free(buf);
   if (rc != 0) {
     fprintf(stderr, "abtool convert: %s\n", err);
