@@ -230,29 +230,6 @@ class Adapter:
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_managed"}
 
 
-def _permuted(shape, perm):
-    """shape reordered by perm (ints: _convert's _plain made them), checked
-    as the C core checks it and refused in its words, for a result that must
-    be made before the core sees perm (pyclesperanto's): first every axis's
-    range (the module's axis_of), then repeats of the counted-from-the-end
-    axes (convert.c)."""
-    n = len(shape)
-    if len(perm) != n:
-        raise ValueError("permute has %d axes; the tensor has %d" % (len(perm), n))
-    axes = []
-    for p in perm:
-        if not -(2**63) < p < 2**63:  # beyond a C long (or its least value)
-            raise ValueError("permute axis is out of range for a %d-dimensional tensor" % n)
-        if not -n <= p < n:
-            raise ValueError("permute axis %d is out of range for a %d-dimensional tensor" % (p, n))
-        axes.append(p + n if p < 0 else p)
-    for i, a in enumerate(axes):
-        if a in axes[:i]:
-            raise ValueError("opts->permute[%d] is %d; want each of 0..%d exactly once (AB_ERR_INVALID_ARGUMENT)"
-                             % (i, a, n - 1))
-    return tuple(shape[a] for a in axes)
-
-
 class NumPy(Adapter):
     memory_type = MemoryType.NUMPY
     import_name = "numpy"
@@ -521,9 +498,14 @@ class Pyclesperanto(Adapter):
         # through host memory.
         src = _ab.from_dlpack(producer)  # zero-copy: its shape and dtype
         shape = src.shape
+        if opts:
+            # Every keyword checked, and refused in the words and order of
+            # every other target, before the result's shape is worked out
+            # from permute: the C core plans the same move to the host.
+            _ab.explain_route(src, "cpu:0", **opts)
         perm = opts.get("permute")
         if perm is not None:
-            shape = _permuted(shape, perm)
+            shape = tuple(shape[p + len(shape) if p < 0 else p] for p in perm)
         if not 1 <= len(shape) <= 3 or 0 in shape:
             raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
                              "shape %s" % (tuple(shape),))

@@ -402,6 +402,16 @@ def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
             assert isinstance(e.value.__cause__, ValueError)
             said.append(str(e.value.__cause__))
         assert said[0] == said[1]  # the same words, whichever target
+    # With another keyword wrong too, the same error comes first.
+    for kw in (dict(permute=(0, 0, 5), scale=1, channel_axis=0, channel_scale=[1, 2]),
+               dict(permute=(0, 0, 5), channel_axis=0),
+               dict(permute=(0, 0, 1), channel_axis=0, channel_scale=[1, 2, 3])):
+        said = []
+        for target in ("numpy", "pyclesperanto"):
+            with pytest.raises(ab.MemoryConversionError) as e:
+                ab.convert_memory(x, "numpy", target, **kw)
+            said.append(str(e.value.__cause__))
+        assert said[0] == said[1] and "permute" not in said[0]
     g = ab.convert_memory(x + np.arange(4, dtype=np.float32), "numpy", "pyclesperanto", permute=(2, -3, 1))
     np.testing.assert_array_equal(values("pyclesperanto", g), np.transpose(x + np.arange(4), (2, 0, 1)))
     with pytest.raises(ab.MemoryConversionError, match="permute has 1 axes; the tensor has 0"):
