@@ -98,6 +98,9 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
                         value = gen.send(sent)
             except StopIteration as stop:
                 return stop.value
+            except BaseException:
+                gen.close()  # a failed conversion: gen's finally runs now, not at collection
+                raise
     elif inspect.isasyncgenfunction(func):
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):
@@ -117,6 +120,9 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
                         value = await gen.asend(sent)
             except StopAsyncIteration:
                 return
+            except BaseException:
+                await gen.aclose()
+                raise
     elif inspect.iscoroutinefunction(func):
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):

@@ -844,6 +844,19 @@ def test_decorated_coroutines_and_generators_convert_what_they_give():
         with pytest.raises(ab.MemoryConversionError):
             asyncio.run(first(four_d_async(np.ones(2, np.float32))))
         assert caught == []
+    # and the generator is closed then, its finally run at once
+    done = []
+
+    @ab.numpy(output_type="torch")
+    def strings(x):
+        try:
+            yield np.array(["not", "numbers"])  # no DLPack for strings
+        finally:
+            done.append(1)
+
+    with pytest.raises(ab.MemoryConversionError):
+        next(strings(np.ones(2)))
+    assert done == [1]
 
     # A generator-based coroutine (@types.coroutine) stays awaitable.
     import types
