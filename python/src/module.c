@@ -1148,6 +1148,57 @@ static PyTypeObject TensorType = {
 
 /* ---- import ------------------------------------------------------------------- */
 
+/* A capsule of this module's own, being consumed by it: the tensor its
+ * wrapper holds, the wrapper freed, and a legacy view remade as a
+ * versioned one (same memory, same owner reference; a legacy copy is
+ * left wrapped). So a Tensor imported
+ * from it is, to memory_owner, the view of its owner it is, and
+ * `t = ab.from_dlpack(t.__dlpack__())` in a loop does not chain every
+ * earlier Tensor (150000 of them crashed the C stack when the last was
+ * freed). NULL when m is not a listed wrapper of ours, or (legacy) the
+ * remade view cannot be allocated: then m is consumed as any producer's. */
+static DLManagedTensorVersioned *unwrap_own(void *m, int versioned) {
+  void (*const want)(void) =
+      versioned ? (void (*)(void))guarded_deleter_versioned : (void (*)(void))guarded_deleter_legacy;
+  void (*const has)(void) = versioned ? (void (*)(void))((DLManagedTensorVersioned *)m)->deleter
+                                      : (void (*)(void))((DLManagedTensor *)m)->deleter;
+  if (has != want) return NULL;
+  struct guarded *g = versioned ? ((DLManagedTensorVersioned *)m)->manager_ctx : ((DLManagedTensor *)m)->manager_ctx;
+  if ((void *)&g->mt != m) return NULL;
+  DLManagedTensor *lm = g->inner;
+  struct view_export *v = NULL;
+  if (!versioned) {
+    /* a legacy copy (export_owned) holds its own memory: no chain to cut */
+    if (lm->deleter != legacy_view_export_deleter) return NULL;
+    const size_t n = lm->dl_tensor.ndim > 0 ? (size_t)lm->dl_tensor.ndim : 0;
+    v = PyMem_RawCalloc(1, sizeof *v + 2 * n * sizeof(int64_t));
+    if (v == NULL) return NULL;
+  }
+  if (!take_wrapper(g, g->serial)) { /* not listed: deleted already, not ours to take */
+    PyMem_RawFree(v);
+    return NULL;
+  }
+  DLManagedTensorVersioned *inner = g->inner;
+  PyMem_RawFree(g);
+  if (versioned) return inner;
+  struct legacy_view_export *lv = (struct legacy_view_export *)lm;
+  const size_t n = lm->dl_tensor.ndim > 0 ? (size_t)lm->dl_tensor.ndim : 0;
+  v->mt.version.major = DLPACK_MAJOR_VERSION;
+  v->mt.version.minor = DLPACK_MINOR_VERSION;
+  v->mt.dl_tensor = lm->dl_tensor;
+  if (n > 0) memcpy(v->dims, lm->dl_tensor.shape, n * sizeof *v->dims);
+  v->mt.dl_tensor.shape = v->dims;
+  if (lm->dl_tensor.strides != NULL) {
+    if (n > 0) memcpy(v->dims + n, lm->dl_tensor.strides, n * sizeof *v->dims);
+    v->mt.dl_tensor.strides = v->dims + n;
+  }
+  v->mt.manager_ctx = v;
+  v->mt.deleter = view_export_deleter;
+  v->owner = lv->owner; /* the reference moves over */
+  PyMem_RawFree(lv);
+  return &v->mt;
+}
+
 /* Takes the managed tensor out of a producer's capsule (renaming it, so
  * that the capsule no longer owns it). */
 static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
@@ -1161,7 +1212,8 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
       return -1;
     }
     if (PyCapsule_SetName(cap, USED_VERSIONED_NAME) < 0) return -1;
-    *out = m;
+    DLManagedTensorVersioned *own = unwrap_own(m, 1);
+    *out = own != NULL ? own : m;
     return 0;
   }
   if (PyCapsule_IsValid(cap, LEGACY_NAME)) {
@@ -1169,7 +1221,11 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
     if (m == NULL) return -1;
     /* Consumed first: from here on m is ours, whatever happens. */
     if (PyCapsule_SetName(cap, USED_LEGACY_NAME) < 0) return -1;
-    DLManagedTensorVersioned *v;
+    DLManagedTensorVersioned *v = unwrap_own(m, 0);
+    if (v != NULL) {
+      *out = v;
+      return 0;
+    }
     ab_status st = ab_from_legacy(m, &v);
     if (st != AB_OK) { /* still ours, not wrapped: delete it */
       if (m->deleter != NULL) m->deleter(m);

@@ -379,6 +379,39 @@ def test_views_of_views_hold_the_tensor_with_the_memory_not_a_chain():
     assert legacy.strides == a.T.strides and np.array_equal(legacy, a.T)
 
 
+def test_our_own_capsules_reimported_do_not_chain():
+    """`t = ab.from_dlpack(t.__dlpack__(...))` in a loop: a Tensor imported
+    from one of the module's own capsules is the view of the Tensor with
+    the memory, as one imported from the Tensor itself (150000 levels of a
+    chain crashed the C stack when the last was freed)."""
+    import tracemalloc
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    root = ab.from_dlpack(a.T)  # strided: shape and strides are copied
+    for export in (lambda t: t.__dlpack__(max_version=(1, 0)), lambda t: t.__dlpack__()):
+        for imp in (ab.from_dlpack, lambda c: ab.to_device(c, "cpu")):
+            t = ab.from_dlpack(root)
+            first = weakref.ref(t)
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                for _ in range(20000):
+                    t = imp(export(t))
+                grown = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert grown < 20000, grown  # a chain: 300 bytes a level, 6 MB
+            gc.collect()
+            assert first() is None
+            assert t.strides == root.strides and np.array_equal(np.from_dlpack(t), a.T)
+            b = np.from_dlpack(t)  # and the memory lives as long as its last view
+            del t
+            gc.collect()
+            assert np.array_equal(b, a.T)
+    # a copy exported for a consumer is still a copy when taken back
+    c = ab.from_dlpack(ab.from_dlpack(root).__dlpack__(max_version=(1, 0), copy=True))
+    assert c.data_ptr != root.data_ptr and np.array_equal(np.from_dlpack(c), a.T)
+
+
 def test_each_deleter_runs_exactly_once():
     a = np.arange(7, dtype=np.float32)
     t = ab.from_dlpack(a)
