@@ -117,8 +117,13 @@ uint32_t ab__parallel_call_threads(uint32_t n) {
 }
 
 int ab__parallel_threads(void) {
-  const int t = call_threads == 0 ? ab__num_threads() : (int)call_threads;
-  return t > MAX_THREADS ? MAX_THREADS : t;
+  if (call_threads == 0) {
+    const int t = ab__num_threads();
+    return t > MAX_THREADS ? MAX_THREADS : t;
+  }
+  /* compared unsigned: 2^31 and more asked for is "at most 64" too, not
+   * a negative int that fell through to one thread */
+  return call_threads > (uint32_t)MAX_THREADS ? MAX_THREADS : (int)call_threads;
 }
 
 /* ---- bands ------------------------------------------------------------------- */

@@ -286,6 +286,14 @@ Test(parallel, opts_threads_caps_the_threads_of_one_call) {
   cr_assert_eq(first_diff_vs_reference(&t, r), -1);
   r->deleter(r);
   cr_assert_eq(threads_now(), before + 2, "threads = 3 did not start two workers");
+  /* More than 64 is 64, however many more (2^31 was a negative int: one thread) */
+  static const uint32_t many[] = {65, 1000, 0x7fffffffu, 0x80000000u, 0xffffffffu};
+  for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+    const uint32_t prev = ab__parallel_call_threads(many[i]);
+    const int got = ab__parallel_threads();
+    ab__parallel_call_threads(prev);
+    cr_assert_eq(got, 64, "threads = %u runs on %d threads, not 64", many[i], got);
+  }
 }
 
 /* Gathers whose outermost dim is too short for bands of its own: the
