@@ -223,6 +223,11 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
   if (i < 0 && strcmp(tname, "unknown") == 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s type %d is not a DLPack device type",
                    what, (int)dev.device_type);
+  /* A negative id is a wrong argument whether or not the type has devices
+   * (only a target may be AB_DEVICE_AUTO: any device of the type). */
+  if (dev.device_id < 0 && !(dev.device_id == AB_DEVICE_AUTO && is_target))
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s id %" PRId32 " is negative%s", what,
+                   dev.device_id, is_target ? " (AB_DEVICE_AUTO is -1)" : "");
   char idb[16];
   if (i < 0)
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%s: no %s backend is built into this library",

@@ -118,7 +118,16 @@ Test(device, private_types_are_staging_memory_no_tensor_may_name) {
   if (ab_device_count(kDLCUDA) == 0) {
     cr_assert_eq(ab_convert_memory(&src, (DLDevice){kDLCUDA, AB_DEVICE_AUTO}, NULL, &out), AB_ERR_NO_DEVICE);
     cr_assert(strstr(ab_last_error(), "cuda:auto: no cuda") != NULL, "%s", ab_last_error());
+    /* ... but a negative id where a device is named is a wrong argument,
+     * whether or not the type has devices (the header's promise) */
+    struct ab_device_info info;
+    cr_assert_eq(ab_device_info((DLDevice){kDLCUDA, AB_DEVICE_AUTO}, &info), AB_ERR_INVALID_ARGUMENT, "%s",
+                 ab_last_error());
+    cr_assert_eq(ab_device_info((DLDevice){kDLCUDA, -7}, &info), AB_ERR_INVALID_ARGUMENT, "%s", ab_last_error());
+    cr_assert_eq(ab_convert_memory(&src, (DLDevice){kDLCUDA, -7}, NULL, &out), AB_ERR_INVALID_ARGUMENT);
   }
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info((DLDevice){kDLCPU, -1}, &info), AB_ERR_INVALID_ARGUMENT);
   cr_assert_null(out);
   /* Past the range: not a device type at all. */
   DLTensor t = {&x, {(DLDeviceType)0x10010, 0}, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
