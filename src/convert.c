@@ -20,6 +20,8 @@ unsigned ab_version_number(void) { return AB_VERSION_NUMBER; }
 /* The size before `threads` was appended (the maps' layout). */
 #define OPTS_MAPS_SIZE (offsetof(ab_convert_opts, channel_offset) + sizeof(const double *))
 
+enum { AB_OPTS_MAX_SIZE = 4096 };
+
 static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
   if (in == NULL) {
     memset(o, 0, sizeof *o);
@@ -33,6 +35,13 @@ static ab_status read_opts(const ab_convert_opts *in, ab_convert_opts *o) {
                    "opts->size is %" PRIu32 "; must be 0, %zu (version 0.1), %zu (before `threads`) or >= %zu "
                    "(sizeof(ab_convert_opts))",
                    in->size, OPTS_V0_1_SIZE, OPTS_MAPS_SIZE, sizeof *o);
+  /* No version's struct will reach 4 KiB: a larger size is garbage (an
+   * uninitialised struct), not a newer header, and reading that far past
+   * the caller's struct could fault. */
+  if (size > AB_OPTS_MAX_SIZE)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opts->size is %" PRIu32 ", larger than any ab_convert_opts can be (%d); was the struct initialised "
+                   "(AB_CONVERT_OPTS_INIT)?", in->size, AB_OPTS_MAX_SIZE);
   if (size > sizeof *o) {
     /* A caller built against a newer header: fine as long as it left every
      * field this version does not know at zero (the default). */

@@ -356,6 +356,17 @@ Test(convert, opts_from_a_newer_header_need_a_zero_tail) {
     cr_assert_not_null(strstr(ab_last_error(), "byte"), "message: %s", ab_last_error());
     big.bytes[sizeof(ab_convert_opts) + k] = 0;
   }
+  /* a size no struct will ever have is garbage, refused before anything
+   * past the struct is read (here: nothing readable is there to read) */
+  const uint32_t garbage[] = {4097, 0x10000, 0xdeadbeef, 0xffffffff};
+  for (size_t k = 0; k < sizeof garbage / sizeof garbage[0]; k++) {
+    big.o.size = garbage[k];
+    r = SENTINEL_OUT;
+    cr_assert_eq(ab_convert_memory(&f.t, CPU0, &big.o, &r), AB_ERR_INVALID_ARGUMENT, "size %#x: %s", garbage[k],
+                 ab_last_error());
+    cr_assert_eq(r, SENTINEL_OUT);
+    cr_assert_not_null(strstr(ab_last_error(), "AB_CONVERT_OPTS_INIT"), "message: %s", ab_last_error());
+  }
   /* bytes beyond `size` are never read, whatever they hold */
   big.o.size = sizeof(ab_convert_opts) + 8;
   big.bytes[sizeof(ab_convert_opts) + 8] = 0xff;

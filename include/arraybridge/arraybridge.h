@@ -324,7 +324,9 @@ enum {
  * "only the 0.1 fields below", so zero-initialised structs compiled against
  * any version keep meaning the defaults. Fields past `size` are read as 0;
  * AB_CONVERT_AFFINE and AB_CONVERT_PER_CHANNEL, whose numbers are such
- * fields, are refused (AB_ERR_INVALID_ARGUMENT) when `size` is 0. */
+ * fields, are refused (AB_ERR_INVALID_ARGUMENT) when `size` is 0. A `size`
+ * above 4096 (no version's struct will be that large: an uninitialised
+ * struct) is AB_ERR_INVALID_ARGUMENT, read no further. */
 typedef struct ab_convert_opts {
   uint32_t size;      /**< 0 or sizeof(ab_convert_opts) (older layouts' sizes: docs/guide.md) */
   uint32_t flags;     /**< AB_CONVERT_* bits */
