@@ -798,6 +798,12 @@ static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct g
   p->st.reserved_bytes.current += size;
   pthread_mutex_unlock(&p->lock);
 
+  /* The driver's out-of-memory message goes into why (the OOM sequence's
+   * final message quotes it); the thread's message is put back, so that a
+   * call the sequence then rescues succeeds with the message unchanged, as
+   * successful calls leave it. Other failures end the call with it. */
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
   void *ptr = NULL;
   ab_status st = ab__dev_alloc(p->be, p->dev.device_id, size, &ptr);
   pthread_mutex_lock(&p->lock);
@@ -813,6 +819,7 @@ static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct g
     ab__free(b);
     why->over_limit = false;
     snprintf(why->driver, sizeof why->driver, "%s", ab_last_error());
+    if (st == AB_ERR_OUT_OF_MEMORY) ab__restore_error(saved);
     return st;
   }
   memset(b, 0, sizeof *b);

@@ -272,6 +272,38 @@ Test(fault, convert_then_export_as_legacy_survives) {
 
 /* Disarming really disarms: after ab__fault_arm(0), allocations succeed
  * and no fault is counted. */
+/* A call that the out-of-memory sequence rescues (one failed allocation,
+ * then the retry succeeds) is a successful call: it leaves the thread's
+ * message as it found it (the header's promise), not the driver's
+ * failure. For N = 1, 2, ...: N-th allocation fails once; every AB_OK run
+ * that had a fault injected keeps the message set before it. */
+Test(fault, a_rescued_call_leaves_the_last_error_as_it_was) {
+  int64_t shape[1] = {1 << 20};
+  int rescued = 0;
+  DLManagedTensorVersioned *warm = NULL; /* the pool made: each run below grows it, nothing else */
+  cr_assert_eq(ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &warm), AB_OK);
+  warm->deleter(warm);
+  ab_pool_trim(CPU0);
+  for (long n = 1; n < 20; n++) {
+    DLDevice d;
+    cr_assert_eq(ab_parse_device("no-such-device", &d), AB_ERR_INVALID_ARGUMENT);
+    char before[512];
+    snprintf(before, sizeof before, "%s", ab_last_error());
+    DLManagedTensorVersioned *r = NULL;
+    ab__fault_arm(n);
+    ab_status st = ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &r);
+    long injected = ab__fault_injected();
+    ab__fault_arm(0);
+    if (st != AB_OK) continue; /* a fault that ended the call: its own message */
+    r->deleter(r);
+    ab_pool_trim(CPU0); /* the next run grows again */
+    if (injected == 0) break;
+    rescued++;
+    cr_assert_str_eq(ab_last_error(), before, "fault %ld, rescued: the message changed", n);
+  }
+  cr_assert_gt(rescued, 0, "no run was rescued: the sweep tested nothing");
+}
+
 Test(fault, disarmed_hook_injects_nothing) {
   ab__fault_arm(1);
   ab__fault_arm(0);
