@@ -1051,6 +1051,15 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   Py_BEGIN_ALLOW_THREADS
   st = ab_convert_memory(t, target, &o, &m);
   Py_END_ALLOW_THREADS
+  if (st == AB_ERR_NO_DEVICE || st == AB_ERR_INVALID_ARGUMENT) {
+    /* A dl_device this producer cannot export to: BufferError, as the
+     * array API standard asks of __dlpack__ (a Tensor itself is valid, so
+     * an invalid argument here is the device) */
+    PyErr_Format(PyExc_BufferError, "cannot export to dl_device %s:%d: %s (%s)",
+                 ab_device_type_name(target.device_type), (int)target.device_id, ab_last_error(),
+                 ab_status_name(st));
+    return NULL;
+  }
   if (st != AB_OK) return raise_status(st);
   if (!(m->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
     /* Only a copy may be exported as owned: a view borrows self's memory

@@ -183,6 +183,12 @@ def test_copy_modes():
     t = ab.from_dlpack(a)
     with pytest.raises(BufferError):
         t.__dlpack__(max_version=(1, 0), dl_device=(KDLOPENCL, 0), copy=False)
+    # a dl_device it cannot export to: BufferError, as the array API asks
+    # (a device id past the last, a type with no devices or none built in,
+    # a type DLPack does not define)
+    for dev in ((KDLOPENCL, 7), (KDLCPU, 1), (2, 0), (7, 0), (99, 0)):
+        with pytest.raises(BufferError, match="cannot export to dl_device"):
+            t.__dlpack__(max_version=(1, 0), dl_device=dev)
     # dl_device elsewhere makes a copy there, owned by the capsule
     cap = t.__dlpack__(max_version=(1, 0), dl_device=(KDLOPENCL, 0))
     assert capsule_name(cap) == "dltensor_versioned"
