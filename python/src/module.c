@@ -894,12 +894,25 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
     view->obj = NULL;
     return -1;
   }
+  const char *fmt = struct_format(t->dtype);
+  if (fmt == NULL && (flags & PyBUF_FORMAT) == PyBUF_FORMAT) {
+    /* Bytes with format "B" would be taken for uint8 elements: NumPy made
+     * a bfloat16 tensor's (2, 3) values twelve uint8 numbers, silently.
+     * Refused, so that np.asarray falls back to __array__ (which says
+     * what it cannot read); pickle and Dask take the bytes through
+     * byte_view. */
+    char name[64];
+    ab_dtype_name(t->dtype, name, sizeof name);
+    PyErr_Format(PyExc_BufferError, "%s has no buffer format (the struct module and NumPy's buffer reader cannot "
+                 "name it); use from_dlpack, or to_device(t, 'cpu', dtype='float32')", name);
+    view->obj = NULL;
+    return -1;
+  }
   const size_t n = byte_size(t);
   char *data = n == 0 ? &empty : (char *)t->data + t->byte_offset;
   if (PyBuffer_FillInfo(view, (PyObject *)self, data, (Py_ssize_t)n,
                         (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0, flags) < 0)
     return -1;
-  const char *fmt = struct_format(t->dtype);
   if (fmt == NULL || (flags & PyBUF_FORMAT) != PyBUF_FORMAT || (flags & PyBUF_ND) != PyBUF_ND) return 0;
   /* Row-major memory: a reader that insists on Fortran order gets it only
    * where the two agree (at most one dim longer than 1). */
@@ -969,6 +982,37 @@ static int dtype_from_pickle(PyObject *o, DLDataType *out) {
   return 0;
 }
 
+/* A 1-D uint8 Tensor of self's bytes (self: compact host memory), sharing
+ * them and holding the Tensor they belong to: how pickle and Dask hand
+ * over the memory of a dtype the buffer protocol cannot describe
+ * (bfloat16, float8, multi-lane) as the bytes it is. */
+static PyObject *byte_view(TensorObject *self) {
+  struct view_export *v = PyMem_RawCalloc(1, sizeof *v + 2 * sizeof(int64_t));
+  if (v == NULL) return PyErr_NoMemory();
+  const DLTensor *t = dl(self);
+  v->mt.version.major = DLPACK_MAJOR_VERSION;
+  v->mt.version.minor = DLPACK_MINOR_VERSION;
+  v->mt.dl_tensor = *t;
+  v->mt.dl_tensor.dtype = (DLDataType){kDLUInt, 8, 1};
+  v->mt.dl_tensor.ndim = 1;
+  v->dims[0] = (int64_t)byte_size(t);
+  v->mt.dl_tensor.shape = v->dims;
+  v->mt.dl_tensor.strides = NULL;
+  v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+  v->mt.manager_ctx = v;
+  v->mt.deleter = view_export_deleter;
+  v->owner = memory_owner(self);
+  Py_INCREF(v->owner);
+  return tensor_new_owning(&v->mt, NULL);
+}
+
+static PyObject *py_byte_view(PyObject *mod, PyObject *x) {
+  (void)mod;
+  if (!PyObject_TypeCheck(x, &TensorType) || !host_compact(dl((TensorObject *)x)))
+    return PyErr_Format(PyExc_ValueError, "_byte_view takes a Tensor in compact host memory");
+  return byte_view((TensorObject *)x);
+}
+
 /* pickle: (the module's _rebuild_tensor, (bytes, dtype, shape, read-only,
  * device)). The bytes are the tensor's own memory when it is compact host
  * memory (out of band with protocol 5: a PickleBuffer, no copy into the
@@ -984,6 +1028,12 @@ static PyObject *tensor_reduce_ex(TensorObject *self, PyObject *proto_o) {
     const DLDevice cpu = {kDLCPU, 0};
     src = import_and_convert((PyObject *)self, &cpu, 1, NULL, NULL, LAYOUT_COMPACT);
     if (src == NULL) return NULL;
+  }
+  if (struct_format(dl(self)->dtype) == NULL) { /* no typed buffer: its bytes */
+    PyObject *bytes = byte_view((TensorObject *)src);
+    Py_DECREF(src);
+    if (bytes == NULL) return NULL;
+    src = bytes;
   }
   PyObject *payload = proto >= 5 ? PyPickleBuffer_FromObject(src) : PyBytes_FromObject(src);
   Py_DECREF(src);
@@ -1088,6 +1138,12 @@ static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwar
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy)) return NULL;
   const int c = copy_arg(copy);
   if (c == -2) return NULL;
+  if (struct_format(dl(self)->dtype) == NULL) { /* NumPy's DLPack import refuses these too */
+    char name[64];
+    ab_dtype_name(dl(self)->dtype, name, sizeof name);
+    return PyErr_Format(PyExc_TypeError, "NumPy has no %s arrays: convert first, e.g. "
+                        "np.asarray(arraybridge.to_device(t, 'cpu', dtype='float32'))", name);
+  }
   if (c == 0 && !host_compact(dl(self))) {
     PyErr_SetString(PyExc_ValueError, "a NumPy array of this tensor needs a copy (it is strided or on a device), "
                                       "and copy=False was given");
@@ -2375,6 +2431,9 @@ static PyMethodDef module_methods[] = {
   {"_from_cuda_array_interface", (PyCFunction)(void (*)(void))py_from_cai, METH_VARARGS | METH_KEYWORDS,
    "_from_cuda_array_interface(obj, gpu_id, dtype=None, shape=None)\n--\n\nA Tensor on cuda:gpu_id over obj's "
    "__cuda_array_interface__, zero-copy (internal: Dask's cuda deserializer)."},
+  {"_byte_view", py_byte_view, METH_O,
+   "_byte_view(t)\n--\n\nA 1-D uint8 Tensor of a compact host Tensor's bytes, sharing them (internal: pickle and "
+   "Dask frames of dtypes the buffer protocol cannot name)."},
   {"_rebuild_tensor", py_rebuild_tensor, METH_VARARGS,
    "_rebuild_tensor(data, dtype, shape, readonly, device)\n--\n\nUnpickles a Tensor (see Tensor.__reduce_ex__)."},
   {"pool_summary", py_pool_summary, METH_O,

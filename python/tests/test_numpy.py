@@ -656,12 +656,22 @@ def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
     assert not np.asarray(ab.from_dlpack(ro)).flags.writeable
     assert np.asarray(ab.to_device(np.array(2.5, np.float32), "cpu", copy=True)).shape == ()
     assert np.asarray(ab.to_device(np.zeros((0, 3), np.int16), "cpu")).shape == (0, 3)
-    # pickle and plain readers still get bytes; a dtype without a struct
-    # code (bfloat16) stays bytes for every reader
+    # pickle and plain readers still get bytes
     t = ab.to_device(np.arange(6, dtype=np.int32), "cpu", copy=True)
     assert bytes(t) == np.arange(6, dtype=np.int32).tobytes()
-    bf = ab.to_device(np.arange(4, dtype=np.float32), "cpu", dtype="bfloat16")
-    assert memoryview(bf).format == "B" and memoryview(bf).nbytes == 8
+    # A dtype without a struct code (bfloat16, float8, multi-lane) has no
+    # typed buffer: as bytes, NumPy took a (2, 3) bfloat16 tensor for 12
+    # uint8 numbers, silently. Refused; __array__ then says what NumPy
+    # cannot read. Its bytes are there for pickle (_byte_view).
+    bf = ab.to_device(np.arange(1, 7, dtype=np.float32).reshape(2, 3), "cpu", dtype="bfloat16")
+    with pytest.raises(BufferError, match="bfloat16 has no buffer format"):
+        memoryview(bf)
+    with pytest.raises(TypeError, match="NumPy has no bfloat16 arrays"):
+        np.asarray(bf)  # what NumPy cannot read is an error, not numbers
+    raw = ab._arraybridge._byte_view(bf)
+    assert raw.dtype == "uint8" and raw.shape == (12,) and raw.data_ptr == bf.data_ptr
+    assert np.array_equal(np.asarray(raw).view(np.uint16).astype(np.uint32) << 16,
+                          np.arange(1, 7, dtype=np.float32).view(np.uint32))
     # a reader that wants Fortran order is refused (the memory is C order)
     ctypes = pytest.importorskip("ctypes")
     buf = (ctypes.c_char * ctypes.sizeof(ctypes.c_void_p * 11))()

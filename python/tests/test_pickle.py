@@ -181,7 +181,13 @@ def test_dtypes_without_a_common_name_round_trip(protocol):
         assert t.dtype == name
         u = pickle.loads(pickle.dumps(t, protocol=protocol))
         assert u.dtype == name and u.shape == shape
-        assert bytes(memoryview(u).cast("B")) == payload
+        assert bytes(ab._arraybridge._byte_view(u)) == payload
+    # out of band, such a tensor's own memory travels (through _byte_view)
+    bufs = []
+    stream = pickle.dumps(t8 := rebuild(bytearray(payload), (10, 8, 1), (6, 8), False, "cpu:0"), protocol=5,
+                          buffer_callback=bufs.append)
+    assert addr(np.frombuffer(bufs[0].raw(), np.uint8)) == t8.data_ptr
+    assert pickle.loads(stream, buffers=bufs).data_ptr == t8.data_ptr
     # a common dtype still travels by name, which older versions read
     assert t.__reduce_ex__(2)[1][1] == "float16"
 
