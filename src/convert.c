@@ -107,7 +107,16 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
 static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, const struct ab_backend *be,
                                     DLDevice dev) {
   int64_t begin;
-  if (lay->numel == 0 || (be->caps & AB_CAP_HOST_ACCESSIBLE)) return AB_OK;
+  if (lay->numel == 0) return AB_OK;
+  if (be->caps & AB_CAP_HOST_ACCESSIBLE) {
+    /* A pointer, which strides may address below (no buffer start to
+     * pass): the backend checks the addressed bytes' first and last, where
+     * it can tell (CUDA's pinned and managed spaces: device memory
+     * labelled as them would be read by host code, and fault). */
+    if (be->check_range == NULL) return AB_OK;
+    const char *first = (const char *)src->data + src->byte_offset + lay->min_off;
+    return ab__dev_check_range(be, dev.device_id, first, 0, (uint64_t)(lay->max_off - lay->min_off) + lay->elsize);
+  }
   if (__builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "src addresses bytes before the start of its buffer (byte_offset %" PRIu64 ", extent from %" PRId64 ")",

@@ -736,6 +736,25 @@ Test(cuda, memory_that_is_not_the_labelled_device_is_refused) {
     cr_assert_not_null(strstr(ab_last_error(), "belongs to cuda:0"), "%s", ab_last_error());
     g->deleter(g);
   }
+  /* Device memory labelled as pinned or managed host memory: host code
+   * would read (or write) it and fault; refused, source and target. */
+  DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+  const DLDeviceType spaces[] = {kDLCUDAHost, kDLCUDAManaged};
+  for (int k = 0; k < 2; k++) {
+    DLTensor wrong = g->dl_tensor;
+    wrong.device = (DLDevice){spaces[k], 0};
+    cr_assert_eq(ab_tensor_validate(&wrong), AB_ERR_INVALID_ARGUMENT, "%s", ab_last_error());
+    ab_convert_opts always = AB_CONVERT_OPTS_INIT;
+    always.copy = AB_COPY_ALWAYS;
+    r = SENTINEL_OUT;
+    cr_assert_eq(ab_convert_memory(&wrong, CPU0, &always, &r), AB_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(r, SENTINEL_OUT);
+    cr_assert_not_null(strstr(ab_last_error(), "is device memory of cuda:0"), "%s", ab_last_error());
+    cr_assert_eq(ab_convert_into(&h, &wrong, NULL), AB_ERR_INVALID_ARGUMENT);
+    cr_assert_not_null(strstr(ab_last_error(), "label it kDLCUDA"), "%s", ab_last_error());
+  }
+  g->deleter(g);
 }
 
 Test(cuda, out_of_memory_is_reported_and_recovered_from) {

@@ -776,6 +776,33 @@ static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin
   return AB_OK;
 }
 
+/* Pinned and managed memory are read and written by host code: device
+ * memory labelled kDLCUDAHost or kDLCUDAManaged would fault there, so the
+ * first and last addressed bytes must not be device memory. (Other host
+ * memory so labelled is readable; the routes that need it pinned ask.) */
+static ab_status space_check_range(const char *label, int32_t id, const void *handle, uint64_t begin, uint64_t end) {
+  const uint64_t at[2] = {begin, end - 1};
+  for (int k = 0; k < 2; k++) {
+    struct cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, (const char *)handle + at[k]);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue; /* memory the runtime does not know: host memory */
+    }
+    if (a.type == cudaMemoryTypeDevice)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                     "%s:%" PRId32 ": data %p + %" PRIu64 " is device memory of cuda:%d, which host code cannot read "
+                     "(label it kDLCUDA)", label, id, handle, at[k], a.device);
+  }
+  return AB_OK;
+}
+static ab_status host_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
+  return space_check_range("cuda_host", id, handle, begin, end);
+}
+static ab_status managed_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
+  return space_check_range("cuda_managed", id, handle, begin, end);
+}
+
 const struct ab_backend ab__backend_cuda = {
   .device_type = kDLCUDA,
   .name = "cuda",
@@ -827,6 +854,7 @@ const struct ab_backend ab__backend_cuda_host = {
   .synchronize = space_host_sync,
   .alloc = pinned_alloc,
   .free = pinned_free,
+  .check_range = host_check_range,
 };
 
 const struct ab_backend ab__backend_cuda_managed = {
@@ -839,4 +867,5 @@ const struct ab_backend ab__backend_cuda_managed = {
   .synchronize = managed_host_sync,
   .alloc = managed_alloc,
   .free = managed_free,
+  .check_range = managed_check_range,
 };
