@@ -258,10 +258,7 @@ static ab_status check_device_at(int i, DLDevice dev, const char *what, bool is_
     }
     ab__restore_error(saved);
     dev.device_id = best;
-  } else if (dev.device_id < 0) {
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s id %" PRId32 " is negative%s", what,
-                   dev.device_id, is_target ? " (AB_DEVICE_AUTO is -1)" : "");
-  } else if (dev.device_id >= n) {
+  } else if (dev.device_id >= n) { /* (negative ids were refused above) */
     return AB_FAIL(AB_ERR_NO_DEVICE, "%s %s:%" PRId32 " does not exist: %" PRId32 " %s device%s (ids 0..%" PRId32 ")",
                    what, tname, dev.device_id, n, tname, n == 1 ? "" : "s", n - 1);
   }

@@ -270,8 +270,6 @@ Test(fault, convert_then_export_as_legacy_survives) {
   cr_assert_geq(sweep(&op), 3, "convert and wrap together have at least 3 fault points");
 }
 
-/* Disarming really disarms: after ab__fault_arm(0), allocations succeed
- * and no fault is counted. */
 /* A call that the out-of-memory sequence rescues (one failed allocation,
  * then the retry succeeds) is a successful call: it leaves the thread's
  * message as it found it (the header's promise), not the driver's
@@ -304,6 +302,8 @@ Test(fault, a_rescued_call_leaves_the_last_error_as_it_was) {
   cr_assert_gt(rescued, 0, "no run was rescued: the sweep tested nothing");
 }
 
+/* Disarming really disarms: after ab__fault_arm(0), allocations succeed
+ * and no fault is counted. */
 Test(fault, disarmed_hook_injects_nothing) {
   ab__fault_arm(1);
   ab__fault_arm(0);

@@ -791,8 +791,8 @@ static ab_status space_check_range(const char *label, int32_t id, const void *ha
     }
     if (a.type == cudaMemoryTypeDevice)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                     "%s:%" PRId32 ": data %p + %" PRIu64 " is device memory of cuda:%d, which host code cannot read "
-                     "(label it kDLCUDA)", label, id, handle, at[k], a.device);
+                     "%s:%" PRId32 ": addressed byte %p is device memory of cuda:%d, which host code cannot read "
+                     "(label it kDLCUDA)", label, id, (const void *)((const char *)handle + at[k]), a.device);
   }
   return AB_OK;
 }
