@@ -26,6 +26,7 @@ from ._arraybridge import (  # noqa: F401
     Tensor,
     __version__,
     best_device,
+    byte_view,
     convert_into,
     device_info,
     devices,
@@ -59,6 +60,6 @@ __all__ = [
     "SUPPORTED_MEMORY_TYPES", "MemoryConversionError", "memory_types", "numpy", "cupy", "torch", "tensorflow",
     "jax", "pyclesperanto", "stack_slices", "unstack_slices", "cleanup_all_gpu_frameworks",
     # the device level
-    "DEVICE_AUTO", "Tensor", "to_device", "convert_into", "empty", "from_dlpack", "best_device", "device_info", "devices", "empty_cache",
+    "DEVICE_AUTO", "Tensor", "to_device", "byte_view", "convert_into", "empty", "from_dlpack", "best_device", "device_info", "devices", "empty_cache",
     "explain_route", "memory_stats", "pool_summary", "set_memory_limit",
 ]

@@ -105,9 +105,13 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
-    """run_with_oom_recovery for a coroutine function call."""
-    outermost = _depth.get() == 0
-    token = _depth.set(_depth.get() + 1)
+    """run_with_oom_recovery for a coroutine function call. The depth is
+    set back by value, not by token: a coroutine closed outside its task
+    (an abandoned task collected later) runs its finally in another
+    context, where the token would be refused."""
+    depth = _depth.get()
+    outermost = depth == 0
+    _depth.set(depth + 1)
     try:
         for attempt in range(max_retries + 1):
             try:
@@ -120,7 +124,7 @@ async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retrie
             _unmark(e)
         raise
     finally:
-        _depth.reset(token)
+        _depth.set(depth)
 
 
 def _recovered(e, adapters, device_id, attempt, max_retries):

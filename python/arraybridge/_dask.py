@@ -56,9 +56,9 @@ def serialize(t):
     """(header, frames) of a Tensor for Dask: its host bytes, compact, as
     one frame (the tensor's own memory when it already is such bytes)."""
     host = _ab.to_device(t, "cpu", layout="compact")
-    # its bytes, one-dimensional (_byte_view: bfloat16 and float8 have no
+    # its bytes, one-dimensional (byte_view: bfloat16 and float8 have no
     # typed buffer; the others' memoryview has its dtype and shape)
-    return _header(t), [pickle.PickleBuffer(_ab._byte_view(host)).raw()]
+    return _header(t), [pickle.PickleBuffer(_ab.byte_view(host)).raw()]
 
 
 def deserialize(header, frames):

@@ -77,8 +77,11 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
 
     # A generator-based coroutine (@types.coroutine) is awaited, not
     # iterated: it is wrapped as any function (its result as it is).
+    inner = func
+    while isinstance(inner, functools.partial):  # a partial's flags are its function's
+        inner = inner.func
     old_style = inspect.isgeneratorfunction(func) and bool(
-        getattr(getattr(func, "__code__", None), "co_flags", 0) & inspect.CO_ITERABLE_COROUTINE)
+        getattr(getattr(inner, "__code__", None), "co_flags", 0) & inspect.CO_ITERABLE_COROUTINE)
     if inspect.isgeneratorfunction(func) and not old_style:
         @functools.wraps(func)
         def wrapper(*args, **kwargs):

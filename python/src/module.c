@@ -594,6 +594,19 @@ static int live_resize(size_t slots) {
   return 1;
 }
 
+
+/* Whether g is listed under serial (not yet deleted): read only. */
+static int live_has(const void *g, size_t serial) {
+  int has = 0;
+  pthread_mutex_lock(&live.lock);
+  if (live.slot != NULL && serial != 0) {
+    size_t i = live_find(serial);
+    has = live.slot[i].serial == serial && live.slot[i].g == g;
+  }
+  pthread_mutex_unlock(&live.lock);
+  return has;
+}
+
 /* Lists g under a new serial (g->serial). 0 when out of memory. */
 static int live_add(struct guarded *g) {
   int ok = 1;
@@ -882,8 +895,10 @@ static const char *struct_format(DLDataType d) {
  * memoryview read. A consumer that asks for the format and shape
  * (PyBUF_FORMAT | PyBUF_ND, as NumPy does) gets the tensor's dtype, shape
  * and strides, so np.asarray(t) is t as an array; one that asks for plain
- * bytes (pickle, PyBUF_SIMPLE) gets them; a dtype the struct module cannot
- * name (bfloat16, float8) is plain bytes either way. */
+ * bytes (PyBUF_SIMPLE) gets them. A dtype the struct module cannot name
+ * (bfloat16, float8, multi-lane) is refused to a reader that asks for a
+ * format (memoryview, NumPy, PickleBuffer all do), which would take its
+ * bytes for uint8 elements; byte_view is its bytes as uint8. */
 static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
   static char empty;
   const DLTensor *t = dl(self);
@@ -904,7 +919,8 @@ static int tensor_getbuffer(TensorObject *self, Py_buffer *view, int flags) {
     char name[64];
     ab_dtype_name(t->dtype, name, sizeof name);
     PyErr_Format(PyExc_BufferError, "%s has no buffer format (the struct module and NumPy's buffer reader cannot "
-                 "name it); use from_dlpack, or to_device(t, 'cpu', dtype='float32')", name);
+                 "name it); its bytes are arraybridge.byte_view(t), or convert: to_device(t, 'cpu', "
+                 "dtype='float32')", name);
     view->obj = NULL;
     return -1;
   }
@@ -1009,7 +1025,8 @@ static PyObject *byte_view(TensorObject *self) {
 static PyObject *py_byte_view(PyObject *mod, PyObject *x) {
   (void)mod;
   if (!PyObject_TypeCheck(x, &TensorType) || !host_compact(dl((TensorObject *)x)))
-    return PyErr_Format(PyExc_ValueError, "_byte_view takes a Tensor in compact host memory");
+    return PyErr_Format(PyExc_ValueError, "byte_view takes a Tensor in compact host memory (to_device(t, 'cpu', "
+                        "layout='compact') makes one)");
   return byte_view((TensorObject *)x);
 }
 
@@ -1094,6 +1111,16 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   const int moves = target.device_type != t->device.device_type || target.device_id != t->device.device_id;
   if (!moves && want_copy != 1) return export_view(self, versioned);
 
+  struct ab_device_info info;
+  if (moves && (ab_device_info(target, &info) != AB_OK || target.device_type == AB_DEVICE_OPENCL_HOST)) {
+    /* A dl_device this producer cannot export to: BufferError, as the
+     * array API standard asks of __dlpack__; a failure of the move itself
+     * below keeps its own error. */
+    PyErr_Format(PyExc_BufferError, "cannot export to dl_device %s:%d: %s", ab_device_type_name(target.device_type),
+                 (int)target.device_id,
+                 target.device_type == AB_DEVICE_OPENCL_HOST ? "the library's own staging memory" : ab_last_error());
+    return NULL;
+  }
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.copy = want_copy == 0 ? AB_COPY_NEVER : AB_COPY_ALWAYS;
   DLManagedTensorVersioned *m;
@@ -1101,15 +1128,6 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   Py_BEGIN_ALLOW_THREADS
   st = ab_convert_memory(t, target, &o, &m);
   Py_END_ALLOW_THREADS
-  if (st == AB_ERR_NO_DEVICE || st == AB_ERR_INVALID_ARGUMENT) {
-    /* A dl_device this producer cannot export to: BufferError, as the
-     * array API standard asks of __dlpack__ (a Tensor itself is valid, so
-     * an invalid argument here is the device) */
-    PyErr_Format(PyExc_BufferError, "cannot export to dl_device %s:%d: %s (%s)",
-                 ab_device_type_name(target.device_type), (int)target.device_id, ab_last_error(),
-                 ab_status_name(st));
-    return NULL;
-  }
   if (st != AB_OK) return raise_status(st);
   if (!(m->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
     /* Only a copy may be exported as owned: a view borrows self's memory
@@ -1267,6 +1285,19 @@ static DLManagedTensorVersioned *unwrap_own(void *m, int versioned) {
 /* Takes the managed tensor out of a producer's capsule (renaming it, so
  * that the capsule no longer owns it). */
 static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
+  if (PyCapsule_CheckExact(cap) && PyCapsule_GetDestructor(cap) == capsule_destructor &&
+      (PyCapsule_IsValid(cap, VERSIONED_NAME) || PyCapsule_IsValid(cap, LEGACY_NAME))) {
+    /* One of ours: a consumer may have deleted its tensor without renaming
+     * it (torch.from_dlpack of an OpenCL tensor); its wrapper is then off
+     * the list and freed, and must not be read. */
+    void *g = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap));
+    if (g == NULL || !live_has(g, (size_t)(uintptr_t)PyCapsule_GetContext(cap))) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_BufferError, "this DLPack capsule was already consumed (its tensor was deleted by a "
+                                         "consumer that left the capsule's name as it was)");
+      return -1;
+    }
+  }
   if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
     DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
     if (m == NULL) return -1;
@@ -2431,9 +2462,10 @@ static PyMethodDef module_methods[] = {
   {"_from_cuda_array_interface", (PyCFunction)(void (*)(void))py_from_cai, METH_VARARGS | METH_KEYWORDS,
    "_from_cuda_array_interface(obj, gpu_id, dtype=None, shape=None)\n--\n\nA Tensor on cuda:gpu_id over obj's "
    "__cuda_array_interface__, zero-copy (internal: Dask's cuda deserializer)."},
-  {"_byte_view", py_byte_view, METH_O,
-   "_byte_view(t)\n--\n\nA 1-D uint8 Tensor of a compact host Tensor's bytes, sharing them (internal: pickle and "
-   "Dask frames of dtypes the buffer protocol cannot name)."},
+  {"byte_view", py_byte_view, METH_O,
+   "byte_view(t)\n--\n\nA 1-D uint8 Tensor of the bytes of t (a Tensor in compact host memory), sharing them and "
+   "keeping them alive: the way to the bytes of dtypes the buffer protocol cannot name (bfloat16, float8, "
+   "multi-lane), e.g. np.frombuffer(byte_view(t), ml_dtypes.bfloat16)."},
   {"_rebuild_tensor", py_rebuild_tensor, METH_VARARGS,
    "_rebuild_tensor(data, dtype, shape, readonly, device)\n--\n\nUnpickles a Tensor (see Tensor.__reduce_ex__)."},
   {"pool_summary", py_pool_summary, METH_O,

@@ -54,7 +54,7 @@ def host(t):
 def host_bytes(t):
     """A tensor's bytes on the host, whatever its dtype (NumPy takes none of
     bfloat16, float8 or multi-lane)."""
-    return bytes(ab._arraybridge._byte_view(ab.to_device(t, "cpu", layout="compact")))
+    return bytes(ab.byte_view(ab.to_device(t, "cpu", layout="compact")))
 
 
 class Recorder:

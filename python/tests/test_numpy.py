@@ -418,6 +418,24 @@ def test_our_own_capsules_reimported_do_not_chain():
     assert c.data_ptr != root.data_ptr and np.array_equal(np.from_dlpack(c), a.T)
 
 
+def test_a_capsule_of_ours_a_consumer_deleted_without_renaming_is_refused():
+    """torch.from_dlpack of an OpenCL tensor's capsule fails, deletes the
+    tensor and leaves the capsule's name: taking it again must not read the
+    freed wrapper (it read garbage: 'tensor device type 751355348')."""
+    opencl()
+    torch = pytest.importorskip("torch")
+    t = ab.to_device(np.arange(6, dtype=np.float32), "opencl:0")
+    before = sys.getrefcount(t)
+    for cap in (t.__dlpack__(), t.__dlpack__(max_version=(1, 0))):
+        with pytest.raises(Exception):
+            torch.from_dlpack(cap)
+        with pytest.raises(BufferError, match="already consumed"):
+            ab.from_dlpack(cap)
+        del cap
+    gc.collect()
+    assert sys.getrefcount(t) == before  # every view's reference dropped once
+
+
 def test_each_deleter_runs_exactly_once():
     a = np.arange(7, dtype=np.float32)
     t = ab.from_dlpack(a)
@@ -662,14 +680,16 @@ def test_asarray_and_memoryview_see_the_tensors_dtype_and_shape():
     # A dtype without a struct code (bfloat16, float8, multi-lane) has no
     # typed buffer: as bytes, NumPy took a (2, 3) bfloat16 tensor for 12
     # uint8 numbers, silently. Refused; __array__ then says what NumPy
-    # cannot read. Its bytes are there for pickle (_byte_view).
+    # cannot read. Its bytes are byte_view's (pickle and Dask use it too).
     bf = ab.to_device(np.arange(1, 7, dtype=np.float32).reshape(2, 3), "cpu", dtype="bfloat16")
     with pytest.raises(BufferError, match="bfloat16 has no buffer format"):
         memoryview(bf)
     with pytest.raises(TypeError, match="NumPy has no bfloat16 arrays"):
         np.asarray(bf)  # what NumPy cannot read is an error, not numbers
-    raw = ab._arraybridge._byte_view(bf)
+    raw = ab.byte_view(bf)
     assert raw.dtype == "uint8" and raw.shape == (12,) and raw.data_ptr == bf.data_ptr
+    with pytest.raises(ValueError, match="compact host memory"):
+        ab.byte_view(ab.from_dlpack(np.zeros((3, 4), np.float32).T))
     assert np.array_equal(np.asarray(raw).view(np.uint16).astype(np.uint32) << 16,
                           np.arange(1, 7, dtype=np.float32).view(np.uint32))
     # a reader that wants Fortran order is refused (the memory is C order)

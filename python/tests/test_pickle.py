@@ -181,8 +181,8 @@ def test_dtypes_without_a_common_name_round_trip(protocol):
         assert t.dtype == name
         u = pickle.loads(pickle.dumps(t, protocol=protocol))
         assert u.dtype == name and u.shape == shape
-        assert bytes(ab._arraybridge._byte_view(u)) == payload
-    # out of band, such a tensor's own memory travels (through _byte_view)
+        assert bytes(ab.byte_view(u)) == payload
+    # out of band, such a tensor's own memory travels (through byte_view)
     bufs = []
     stream = pickle.dumps(t8 := rebuild(bytearray(payload), (10, 8, 1), (6, 8), False, "cpu:0"), protocol=5,
                           buffer_callback=bufs.append)

@@ -872,6 +872,40 @@ def test_decorated_coroutines_and_generators_convert_what_they_give():
 
     np.testing.assert_array_equal(asyncio.run(run_old()), [2.0, 2.0])
 
+    # ... and so does one given as a functools.partial
+    import functools
+
+    @types.coroutine
+    def old_with_k(x, k):
+        yield from ()
+        return x * k
+
+    partial_old = ab.numpy(functools.partial(old_with_k, k=3))
+
+    async def run_partial():
+        return await partial_old(np.ones(2))
+
+    np.testing.assert_array_equal(asyncio.run(run_partial()), [3.0, 3.0])
+
+    # A pending retried coroutine closed outside its task's context (an
+    # abandoned task, collected later) closes quietly.
+    async def forever(x):
+        await asyncio.sleep(3600)
+
+    slow = ab.numpy(forever)
+
+    async def start():
+        task = asyncio.ensure_future(slow(np.ones(2)))
+        await asyncio.sleep(0.01)
+        return task
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.run_until_complete(start())
+        task.get_coro().close()  # here, not in the task's context: no ValueError
+    finally:
+        loop.close()
+
 
 def test_cleanup_all_gpu_frameworks_empties_our_pools():
     t = ab.to_device(np.zeros(1 << 16), "cpu", copy=True)
