@@ -15,6 +15,23 @@ function(expect code want)
   endif()
 endfunction()
 
+# Fails with `what` unless files `got` and `want` end in the same `bytes`
+# bytes (their data: .npy headers may differ in spacing).
+function(same_data got want bytes what)
+  file(READ "${got}" g HEX)
+  file(READ "${want}" w HEX)
+  math(EXPR n "2 * ${bytes}")
+  string(LENGTH "${g}" lg)
+  string(LENGTH "${w}" lw)
+  math(EXPR og "${lg} - ${n}")
+  math(EXPR ow "${lw} - ${n}")
+  string(SUBSTRING "${g}" ${og} ${n} got_data)
+  string(SUBSTRING "${w}" ${ow} ${n} want_data)
+  if(NOT got_data STREQUAL want_data)
+    message(FATAL_ERROR "${what}:\n got  ${got_data}\n want ${want_data}")
+  endif()
+endfunction()
+
 expect(0 "cpu: 1 device" info)
 # the host kernels and threads it runs with (the kernel choice, explained)
 expect(0 "threads; stores 1-16B: " info)
@@ -45,18 +62,8 @@ expect(1 "does not exist" convert "${DATA}/u8_2x3x4.npy" --to cpu:5 --out "${WOR
 # The conversion NumPy did for us: (a.transpose(2,0,1).astype(float32) * 0.5 + 1)
 expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32 --permute 2,0,1 --scale 0.5 --offset 1
        --out "${WORK}/got.npy")
-file(READ "${WORK}/got.npy" got HEX)
-file(READ "${DATA}/expect_u8_permuted_scaled.npy" want HEX)
-# Headers may differ in spacing; compare the data: the last 96 bytes (24 floats).
-string(LENGTH "${got}" lg)
-string(LENGTH "${want}" lw)
-math(EXPR og "${lg} - 192")
-math(EXPR ow "${lw} - 192")
-string(SUBSTRING "${got}" ${og} 192 got_data)
-string(SUBSTRING "${want}" ${ow} 192 want_data)
-if(NOT got_data STREQUAL want_data)
-  message(FATAL_ERROR "abtool convert differs from NumPy:\n got  ${got_data}\n want ${want_data}")
-endif()
+# the data: the last 96 bytes (24 floats)
+same_data("${WORK}/got.npy" "${DATA}/expect_u8_permuted_scaled.npy" 96 "abtool convert differs from NumPy")
 # A Fortran-order file comes back C-ordered with the same values.
 expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy")
 # To the host with nothing to change: the result is a view of the file's
@@ -64,17 +71,7 @@ expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy"
 # reported a use-after-free here; elsewhere the bytes could be another
 # allocation's). The data is the input's last 24 bytes.
 expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --out "${WORK}/same.npy")
-file(READ "${WORK}/same.npy" got HEX)
-file(READ "${DATA}/u8_2x3x4.npy" want HEX)
-string(LENGTH "${got}" lg)
-string(LENGTH "${want}" lw)
-math(EXPR og "${lg} - 48")
-math(EXPR ow "${lw} - 48")
-string(SUBSTRING "${got}" ${og} 48 got_data)
-string(SUBSTRING "${want}" ${ow} 48 want_data)
-if(NOT got_data STREQUAL want_data)
-  message(FATAL_ERROR "abtool convert --to cpu changed the data:\n got  ${got_data}\n want ${want_data}")
-endif()
+same_data("${WORK}/same.npy" "${DATA}/u8_2x3x4.npy" 24 "abtool convert --to cpu changed the data")
 # What the command line can refuse up front is refused before any work.
 expect(2 "a .npy file cannot hold it" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype bfloat16 --out "${WORK}/x.npy")
 expect(2 "names no size" bandwidth --sizes ,)
