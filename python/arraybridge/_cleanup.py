@@ -1,5 +1,6 @@
 """Freeing cached GPU memory (ours and the frameworks'), and running a call
 again after an out-of-memory error."""
+import contextlib
 import contextvars
 import gc
 
@@ -87,40 +88,39 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     retrying what was retried already (3 x 3 calls, two notes); the
     outermost takes the mark off, so the same exception object raised
     again by a later call (a Future's result) is retried afresh."""
-    outermost = _depth.get() == 0
-    token = _depth.set(_depth.get() + 1)
-    try:
+    with _nesting():
         for attempt in range(max_retries + 1):
             try:
                 return call()
             except Exception as e:
                 if not _recovered(e, adapters, device_id, attempt, max_retries):
                     raise
-    except Exception as e:
-        if outermost:
-            _unmark(e)
-        raise
-    finally:
-        _depth.reset(token)
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
-    """run_with_oom_recovery for a coroutine function call. The depth is
-    set back by value, not by token: a coroutine closed outside its task
-    (an abandoned task collected later) runs its finally in another
-    context, where the token would be refused."""
-    depth = _depth.get()
-    outermost = depth == 0
-    _depth.set(depth + 1)
-    try:
+    """run_with_oom_recovery for a coroutine function call."""
+    with _nesting():
         for attempt in range(max_retries + 1):
             try:
                 return await call()
             except Exception as e:
                 if not _recovered(e, adapters, device_id, attempt, max_retries):
                     raise
+
+
+@contextlib.contextmanager
+def _nesting():
+    """One recovery's place among those that enclose it (_depth); the
+    outermost takes the marks off the error it raises. The depth is set
+    back by value, not by token: a coroutine closed outside its task (an
+    abandoned task collected later) leaves in another context, where a
+    token would be refused."""
+    depth = _depth.get()
+    _depth.set(depth + 1)
+    try:
+        yield
     except Exception as e:
-        if outermost:
+        if depth == 0:
             _unmark(e)
         raise
     finally:
