@@ -790,10 +790,10 @@ static PyObject *memory_owner(TensorObject *self) {
   return m->deleter == view_export_deleter ? ((const struct view_export *)m)->owner : (PyObject *)self;
 }
 
-/* A view's description of self's data, with the shape and strides copied
- * into dims (2 * ndim int64_t), as self may be freed first. */
-static DLTensor describe_into(TensorObject *self, int64_t *dims) {
-  DLTensor t = *dl(self);
+/* A view's description of src's data, with the shape and strides copied
+ * into dims (2 * ndim int64_t), as src's may be freed first. */
+static DLTensor describe_into(const DLTensor *src, int64_t *dims) {
+  DLTensor t = *src;
   const size_t n = t.ndim > 0 ? (size_t)t.ndim : 0;
   if (n > 0) memcpy(dims, t.shape, n * sizeof *dims);
   t.shape = dims;
@@ -808,21 +808,31 @@ static size_t dims_bytes(TensorObject *self) {
   return 2 * (size_t)(dl(self)->ndim > 0 ? dl(self)->ndim : 0) * sizeof(int64_t);
 }
 
+/* A view export with room for ndim dims' shape and strides: its version,
+ * context and deleter set, the rest (tensor, flags, owner) the caller's.
+ * NULL when out of memory (no exception set). */
+static struct view_export *view_export_new(int32_t ndim) {
+  const size_t n = ndim > 0 ? (size_t)ndim : 0;
+  struct view_export *v = PyMem_RawCalloc(1, sizeof *v + 2 * n * sizeof(int64_t));
+  if (v == NULL) return NULL;
+  v->mt.version.major = DLPACK_MAJOR_VERSION;
+  v->mt.version.minor = DLPACK_MINOR_VERSION;
+  v->mt.manager_ctx = v;
+  v->mt.deleter = view_export_deleter;
+  return v;
+}
+
 /* A view of a Tensor as a managed tensor that keeps its memory alive;
  * NULL with MemoryError. What a versioned export puts in its capsule, and
  * what the module's own imports of a Tensor take without one. */
 static DLManagedTensorVersioned *view_of(TensorObject *self) {
-  struct view_export *v = PyMem_RawCalloc(1, sizeof *v + dims_bytes(self));
+  struct view_export *v = view_export_new(dl(self)->ndim);
   if (v == NULL) {
     PyErr_NoMemory();
     return NULL;
   }
-  v->mt.version.major = DLPACK_MAJOR_VERSION;
-  v->mt.version.minor = DLPACK_MINOR_VERSION;
-  v->mt.dl_tensor = describe_into(self, v->dims);
+  v->mt.dl_tensor = describe_into(dl(self), v->dims);
   v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
-  v->mt.manager_ctx = v;
-  v->mt.deleter = view_export_deleter;
   v->owner = memory_owner(self);
   Py_INCREF(v->owner);
   return &v->mt;
@@ -841,7 +851,7 @@ static PyObject *export_view(TensorObject *self, int versioned) {
   }
   struct legacy_view_export *v = PyMem_RawCalloc(1, sizeof *v + dims_bytes(self));
   if (v == NULL) return PyErr_NoMemory();
-  v->mt.dl_tensor = describe_into(self, v->dims);
+  v->mt.dl_tensor = describe_into(dl(self), v->dims);
   v->mt.manager_ctx = v;
   v->mt.deleter = legacy_view_export_deleter;
   v->owner = memory_owner(self);
@@ -1003,11 +1013,9 @@ static int dtype_from_pickle(PyObject *o, DLDataType *out) {
  * over the memory of a dtype the buffer protocol cannot describe
  * (bfloat16, float8, multi-lane) as the bytes it is. */
 static PyObject *byte_view(TensorObject *self) {
-  struct view_export *v = PyMem_RawCalloc(1, sizeof *v + 2 * sizeof(int64_t));
+  struct view_export *v = view_export_new(1);
   if (v == NULL) return PyErr_NoMemory();
   const DLTensor *t = dl(self);
-  v->mt.version.major = DLPACK_MAJOR_VERSION;
-  v->mt.version.minor = DLPACK_MINOR_VERSION;
   v->mt.dl_tensor = *t;
   v->mt.dl_tensor.dtype = (DLDataType){kDLUInt, 8, 1};
   v->mt.dl_tensor.ndim = 1;
@@ -1015,8 +1023,6 @@ static PyObject *byte_view(TensorObject *self) {
   v->mt.dl_tensor.shape = v->dims;
   v->mt.dl_tensor.strides = NULL;
   v->mt.flags = self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY;
-  v->mt.manager_ctx = v;
-  v->mt.deleter = view_export_deleter;
   v->owner = memory_owner(self);
   Py_INCREF(v->owner);
   return tensor_new_owning(&v->mt, NULL);
@@ -1253,8 +1259,7 @@ static DLManagedTensorVersioned *unwrap_own(void *m, int versioned) {
   if (!versioned) {
     /* a legacy copy (export_owned) holds its own memory: no chain to cut */
     if (lm->deleter != legacy_view_export_deleter) return NULL;
-    const size_t n = lm->dl_tensor.ndim > 0 ? (size_t)lm->dl_tensor.ndim : 0;
-    v = PyMem_RawCalloc(1, sizeof *v + 2 * n * sizeof(int64_t));
+    v = view_export_new(lm->dl_tensor.ndim);
     if (v == NULL) return NULL;
   }
   if (!take_wrapper(g, g->serial)) { /* not listed: deleted already, not ours to take */
@@ -1265,18 +1270,7 @@ static DLManagedTensorVersioned *unwrap_own(void *m, int versioned) {
   PyMem_RawFree(g);
   if (versioned) return inner;
   struct legacy_view_export *lv = (struct legacy_view_export *)lm;
-  const size_t n = lm->dl_tensor.ndim > 0 ? (size_t)lm->dl_tensor.ndim : 0;
-  v->mt.version.major = DLPACK_MAJOR_VERSION;
-  v->mt.version.minor = DLPACK_MINOR_VERSION;
-  v->mt.dl_tensor = lm->dl_tensor;
-  if (n > 0) memcpy(v->dims, lm->dl_tensor.shape, n * sizeof *v->dims);
-  v->mt.dl_tensor.shape = v->dims;
-  if (lm->dl_tensor.strides != NULL) {
-    if (n > 0) memcpy(v->dims + n, lm->dl_tensor.strides, n * sizeof *v->dims);
-    v->mt.dl_tensor.strides = v->dims + n;
-  }
-  v->mt.manager_ctx = v;
-  v->mt.deleter = view_export_deleter;
+  v->mt.dl_tensor = describe_into(&lm->dl_tensor, v->dims);
   v->owner = lv->owner; /* the reference moves over */
   PyMem_RawFree(lv);
   return &v->mt;
