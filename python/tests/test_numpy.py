@@ -354,24 +354,30 @@ def test_a_consumed_capsule_cannot_be_consumed_twice():
         ab.from_dlpack(SameCapsule(legacy, (KDLCPU, 0)))
 
 
+def repeated(step, t, times):
+    """t after `times` rounds of t = step(t), and the bytes tracemalloc saw
+    the rounds keep."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(times):
+            t = step(t)
+        return t, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
 def test_views_of_views_hold_the_tensor_with_the_memory_not_a_chain():
     """`t = ab.to_device(t, "cpu")` (or from_dlpack) in a loop made each
     Tensor a view holding the one before: memory grew with every call and a
     million of them overflowed the C stack when the last was freed. Views
     now hold the Tensor whose memory it is."""
-    import tracemalloc
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     root = ab.from_dlpack(a.T)  # strided: the views copy shape and strides
     t = ab.from_dlpack(root)
     first = weakref.ref(t)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(20000):
-            t = ab.to_device(ab.from_dlpack(t), "cpu")
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    t, grown = repeated(lambda t: ab.to_device(ab.from_dlpack(t), "cpu"), t, 20000)
     assert grown < 20000, grown  # 40000 levels of a chain would be 5 MB
     gc.collect()
     assert first() is None  # nothing holds the earlier views
@@ -390,21 +396,13 @@ def test_our_own_capsules_reimported_do_not_chain():
     from one of the module's own capsules is the view of the Tensor with
     the memory, as one imported from the Tensor itself (150000 levels of a
     chain crashed the C stack when the last was freed)."""
-    import tracemalloc
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     root = ab.from_dlpack(a.T)  # strided: shape and strides are copied
     for export in (lambda t: t.__dlpack__(max_version=(1, 0)), lambda t: t.__dlpack__()):
         for imp in (ab.from_dlpack, lambda c: ab.to_device(c, "cpu")):
             t = ab.from_dlpack(root)
             first = weakref.ref(t)
-            tracemalloc.start()
-            try:
-                before = tracemalloc.get_traced_memory()[0]
-                for _ in range(20000):
-                    t = imp(export(t))
-                grown = tracemalloc.get_traced_memory()[0] - before
-            finally:
-                tracemalloc.stop()
+            t, grown = repeated(lambda t: imp(export(t)), t, 20000)
             assert grown < 20000, grown  # a chain: 300 bytes a level, 6 MB
             gc.collect()
             assert first() is None
