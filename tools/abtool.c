@@ -255,11 +255,6 @@ static int cmd_bandwidth(int argc, char **argv) {
   }
   if (dev_list) {
     snprintf(buf, sizeof buf, "%s", dev_list);
-    if (strtok(buf, ",") == NULL) {
-      fprintf(stderr, "abtool bandwidth: --devices \"%s\" names no device\n", dev_list);
-      return EXIT_USAGE;
-    }
-    snprintf(buf, sizeof buf, "%s", dev_list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
       if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
         fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
@@ -273,6 +268,10 @@ static int cmd_bandwidth(int argc, char **argv) {
       struct ab_device_info info;
       if (ab_device_info(devs[ndevs], &info) != AB_OK) return lib_fail(tok);
       ndevs++;
+    }
+    if (ndevs == 0) { /* "," or "": as for --sizes */
+      fprintf(stderr, "abtool bandwidth: --devices \"%s\" names no device\n", dev_list);
+      return EXIT_USAGE;
     }
   } else {
     for (size_t k = 0; k < ntypes; k++)
