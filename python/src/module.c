@@ -595,14 +595,18 @@ static int live_resize(size_t slots) {
 }
 
 
+/* The slot listing g under serial, SIZE_MAX when none does (g deleted
+ * already). Under live.lock. */
+static size_t live_slot_of(const void *g, size_t serial) {
+  if (live.slot == NULL || serial == 0) return SIZE_MAX;
+  const size_t i = live_find(serial);
+  return live.slot[i].serial == serial && live.slot[i].g == g ? i : SIZE_MAX;
+}
+
 /* Whether g is listed under serial (not yet deleted): read only. */
 static int live_has(const void *g, size_t serial) {
-  int has = 0;
   pthread_mutex_lock(&live.lock);
-  if (live.slot != NULL && serial != 0) {
-    size_t i = live_find(serial);
-    has = live.slot[i].serial == serial && live.slot[i].g == g;
-  }
+  const int has = live_slot_of(g, serial) != SIZE_MAX;
   pthread_mutex_unlock(&live.lock);
   return has;
 }
@@ -636,23 +640,20 @@ static int live_add(struct guarded *g) {
 /* Whether g (freed or not: only its address is compared) is listed with
  * `serial`, taking it off the list if so. Any thread, GIL or not. */
 static int take_wrapper(const void *g, size_t serial) {
-  int taken = 0;
   pthread_mutex_lock(&live.lock);
-  if (live.slot != NULL && serial != 0) {
+  size_t i = live_slot_of(g, serial);
+  const int taken = i != SIZE_MAX;
+  if (taken) {
+    /* Off the list, moving back each later entry of the run that may sit
+     * no nearer its home than the hole. */
     const size_t mask = live.mask;
-    size_t i = live_find(serial);
-    if (live.slot[i].serial == serial && live.slot[i].g == g) {
-      /* Off the list, moving back each later entry of the run that may
-       * sit no nearer its home than the hole. */
-      for (size_t j = (i + 1) & mask; live.slot[j].serial != 0; j = (j + 1) & mask)
-        if (((j - live_home(live.slot[j].serial, mask)) & mask) >= ((j - i) & mask)) {
-          live.slot[i] = live.slot[j];
-          i = j;
-        }
-      live.slot[i].serial = 0;
-      live.count--;
-      taken = 1;
-    }
+    for (size_t j = (i + 1) & mask; live.slot[j].serial != 0; j = (j + 1) & mask)
+      if (((j - live_home(live.slot[j].serial, mask)) & mask) >= ((j - i) & mask)) {
+        live.slot[i] = live.slot[j];
+        i = j;
+      }
+    live.slot[i].serial = 0;
+    live.count--;
   }
   pthread_mutex_unlock(&live.lock);
   return taken;
