@@ -860,11 +860,19 @@ static PyObject *export_view(TensorObject *self, int versioned) {
   return capsule_legacy(&v->mt);
 }
 
-/* copy=None/True/False as -1/1/0; -2 when truth testing raised. */
+/* copy=None/True/False as -1/1/0; -2 with TypeError for anything else
+ * (a NumPy bool counts as a bool): truth testing would read copy="False"
+ * or a non-empty list as True. */
 static int copy_arg(PyObject *copy) {
   if (copy == Py_None) return -1;
-  int v = PyObject_IsTrue(copy);
-  return v < 0 ? -2 : v;
+  if (PyBool_Check(copy)) return copy == Py_True;
+  const char *tn = Py_TYPE(copy)->tp_name;
+  if (strcmp(tn, "numpy.bool") == 0 || strcmp(tn, "numpy.bool_") == 0) {
+    int v = PyObject_IsTrue(copy);
+    return v < 0 ? -2 : v;
+  }
+  PyErr_Format(PyExc_TypeError, "copy must be None, True or False, not %.100s", tn);
+  return -2;
 }
 
 static int is_cpu_like(DLDeviceType t) { return t == kDLCPU || t == kDLCUDAHost; }
@@ -1084,17 +1092,21 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
   }
   /* The stream is the consumer's, on the device it will use the data on. */
   if (stream != Py_None) {
-    if (!PyLong_Check(stream)) {
+    if (!PyLong_Check(stream) || PyBool_Check(stream)) {
       PyErr_SetString(PyExc_TypeError, "stream must be None or an integer");
+      return NULL;
+    }
+    int over; /* a handle beyond long long: over is 1, and it is not 0 */
+    const long long sv = PyLong_AsLongLongAndOverflow(stream, &over);
+    if (over < 0 || (over == 0 && sv < -1)) { /* the standard: an integer >= -1 */
+      PyErr_SetString(PyExc_ValueError, "stream must be -1 (no synchronisation), a stream number or a handle");
       return NULL;
     }
     if (is_cpu_like(target.device_type)) {
       PyErr_SetString(PyExc_ValueError, "stream must be None for data in host memory");
       return NULL;
     }
-    long sv = PyLong_AsLong(stream);
-    if (sv == -1 && PyErr_Occurred()) PyErr_Clear(); /* a handle beyond long: not 0 */
-    if ((target.device_type == kDLCUDA || target.device_type == kDLCUDAManaged) && sv == 0) {
+    if ((target.device_type == kDLCUDA || target.device_type == kDLCUDAManaged) && over == 0 && sv == 0) {
       PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous for CUDA (DLPack): use 1 (legacy default) or 2 "
                                         "(per-thread default)");
       return NULL;
@@ -1109,9 +1121,18 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
       PyErr_SetString(PyExc_TypeError, "max_version must be None or a (major, minor) tuple");
       return NULL;
     }
-    long major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0));
-    if (major == -1 && PyErr_Occurred()) return NULL;
-    versioned = major >= 1;
+    long v[2];
+    for (int i = 0; i < 2; i++) {
+      PyObject *part = PyTuple_GET_ITEM(max_version, i);
+      if (!PyIndex_Check(part) || PyBool_Check(part)) {
+        PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple of integers, not one with %.100s",
+                     Py_TYPE(part)->tp_name);
+        return NULL;
+      }
+      v[i] = PyLong_AsLong(part);
+      if (v[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    versioned = v[0] >= 1;
   }
   int want_copy = copy_arg(copy);
   if (want_copy == -2) return NULL;
@@ -1277,21 +1298,43 @@ static DLManagedTensorVersioned *unwrap_own(void *m, int versioned) {
   return &v->mt;
 }
 
+/* 1 when cap is one of this module's capsules, named as unconsumed, whose
+ * tensor a consumer deleted without renaming it (torch.from_dlpack of an
+ * OpenCL tensor): its wrapper is then off the list and freed, and must not
+ * be read. */
+static int own_capsule_dead(PyObject *cap) {
+  if (!PyCapsule_CheckExact(cap) || PyCapsule_GetDestructor(cap) != capsule_destructor ||
+      !(PyCapsule_IsValid(cap, VERSIONED_NAME) || PyCapsule_IsValid(cap, LEGACY_NAME)))
+    return 0;
+  void *g = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap));
+  if (g != NULL && live_has(g, (size_t)(uintptr_t)PyCapsule_GetContext(cap))) return 0;
+  PyErr_Clear();
+  return 1;
+}
+
+/* The tensor of an unconsumed DLPack capsule, read in place: the capsule
+ * still owns it. NULL (no exception) when cap is not one that
+ * take_capsule would take; take_capsule then says why. */
+static const DLTensor *capsule_peek(PyObject *cap) {
+  if (!PyCapsule_CheckExact(cap) || own_capsule_dead(cap)) return NULL;
+  if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
+    const DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
+    return m != NULL && m->version.major == 1 ? &m->dl_tensor : NULL;
+  }
+  if (PyCapsule_IsValid(cap, LEGACY_NAME)) {
+    const DLManagedTensor *m = PyCapsule_GetPointer(cap, LEGACY_NAME);
+    return m != NULL ? &m->dl_tensor : NULL;
+  }
+  return NULL;
+}
+
 /* Takes the managed tensor out of a producer's capsule (renaming it, so
  * that the capsule no longer owns it). */
 static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
-  if (PyCapsule_CheckExact(cap) && PyCapsule_GetDestructor(cap) == capsule_destructor &&
-      (PyCapsule_IsValid(cap, VERSIONED_NAME) || PyCapsule_IsValid(cap, LEGACY_NAME))) {
-    /* One of ours: a consumer may have deleted its tensor without renaming
-     * it (torch.from_dlpack of an OpenCL tensor); its wrapper is then off
-     * the list and freed, and must not be read. */
-    void *g = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap));
-    if (g == NULL || !live_has(g, (size_t)(uintptr_t)PyCapsule_GetContext(cap))) {
-      PyErr_Clear();
-      PyErr_SetString(PyExc_BufferError, "this DLPack capsule was already consumed (its tensor was deleted by a "
-                                         "consumer that left the capsule's name as it was)");
-      return -1;
-    }
+  if (own_capsule_dead(cap)) {
+    PyErr_SetString(PyExc_BufferError, "this DLPack capsule was already consumed (its tensor was deleted by a "
+                                       "consumer that left the capsule's name as it was)");
+    return -1;
   }
   if (PyCapsule_IsValid(cap, VERSIONED_NAME)) {
     DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, VERSIONED_NAME);
@@ -1337,8 +1380,15 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
 }
 
 /* Calls x.__dlpack__: first asking for a versioned capsule, then, for
- * producers that do not know max_version (TypeError), the legacy way. */
-static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev) {
+ * producers that do not know max_version (TypeError), the legacy way.
+ * no_copy: also pass copy=False, so that a producer that cannot export
+ * without copying refuses (BufferError) as the array API standard asks;
+ * a producer that does not know the keyword (TypeError) is asked again
+ * without it, and the consumer checks its IS_COPIED flag instead.
+ * (copy=True is not passed on: a producer that copies and answers with a
+ * legacy capsule, as JAX does, could not say so, and the data would be
+ * copied twice.) */
+static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev, int no_copy) {
   PyObject *meth = PyObject_GetAttrString(x, "__dlpack__");
   if (meth == NULL) {
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL; /* KeyboardInterrupt & co go on */
@@ -1363,8 +1413,18 @@ static PyObject *call_dlpack(PyObject *x, DLDevice producer_dev) {
     }
     Py_DECREF(one);
   }
+  if (no_copy && PyDict_SetItemString(kwargs, "copy", Py_False) < 0) {
+    Py_DECREF(kwargs);
+    Py_DECREF(meth);
+    return NULL;
+  }
   PyObject *empty = PyTuple_New(0);
   PyObject *cap = empty ? PyObject_Call(meth, empty, kwargs) : NULL;
+  if (cap == NULL && no_copy && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear(); /* DLPack 1.0 without the 2023.12 keywords */
+    PyDict_DelItemString(kwargs, "copy");
+    cap = PyObject_Call(meth, empty, kwargs);
+  }
   if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
     PyErr_Clear();
     PyDict_DelItemString(kwargs, "max_version");
@@ -1608,7 +1668,7 @@ static int refuse_tf_without_dlpack(PyObject *x) {
 /* x's data as a managed tensor for the caller to release: a view export
  * of a Tensor, else the producer's capsule taken. Validated; a device
  * producer's data is complete when this returns. -1 with an exception. */
-static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
+static int import_tensor(PyObject *x, int no_copy, DLManagedTensorVersioned **out) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
     /* Our own tensor: a view of it (holding a reference to x), taken
@@ -1621,11 +1681,17 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   } else {
     DLDevice pdev;
     if (refuse_tf_without_dlpack(x) < 0 || producer_device(x, &pdev) < 0) return -1;
-    PyObject *cap = call_dlpack(x, pdev);
+    PyObject *cap = call_dlpack(x, pdev, no_copy);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
     Py_DECREF(cap);
     if (rc < 0) return -1;
+    if (no_copy && (mt->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+      /* asked for copy=False (or did not know the keyword) and copied */
+      release(mt);
+      PyErr_Format(PyExc_BufferError, "copy=False, but the %.100s producer exported a copy", Py_TYPE(x)->tp_name);
+      return -1;
+    }
   }
   ab_status st = ab_tensor_validate(&mt->dl_tensor);
   if (st != AB_OK) {
@@ -1648,35 +1714,70 @@ static int import_tensor(PyObject *x, DLManagedTensorVersioned **out) {
   return 0;
 }
 
-/* The core of from_dlpack and to_device: import x, then move or copy
- * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
- * 1 always. dtype and map (NULL: none) convert the elements on the way. */
-static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
-                                    const struct map_args *map, enum layout layout) {
-  struct map_buf mb;
-  if (map_parse(map, &mb) < 0) return NULL; /* before the import: it may run Python */
-  DLManagedTensorVersioned *mt;
-  if (import_tensor(x, &mt) < 0) {
-    map_free(&mb);
-    return NULL;
-  }
-  ab_status st;
-  const DLTensor *t = &mt->dl_tensor;
+/* The options converting t as import_and_convert was asked (see there),
+ * into o; b holds what o points to. 0: t needs no conversion (the import
+ * is the result), 1: convert with o, -1 with an exception set. No Python
+ * runs. */
+static int convert_opts(const DLTensor *t, const DLDevice *target, int copy, const DLDataType *dtype,
+                        struct map_buf *b, enum layout layout, ab_convert_opts *o) {
   const int strides_ok = layout_ok(t, layout);
   const int moves = target != NULL && (target->device_type != t->device.device_type ||
                                        target->device_id != t->device.device_id);
   const int recast = dtype != NULL && (dtype->code != t->dtype.code || dtype->bits != t->dtype.bits ||
                                        dtype->lanes != t->dtype.lanes);
-  if (!moves && !recast && !mb.given && copy != 1 && strides_ok) return tensor_new_owning(mt, NULL);
-
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
+  if (!moves && !recast && !b->given && copy != 1 && strides_ok) return 0;
+  *o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
+  o->copy = copy == 1 ? AB_COPY_ALWAYS : copy == 0 ? AB_COPY_NEVER : AB_COPY_IF_NEEDED;
   /* A strided tensor on its own device may stay a view, unless the layout
    * asked for rules its strides out (a compact copy then). */
-  o.flags = strides_ok ? AB_CONVERT_ALLOW_STRIDED_VIEW : 0;
-  if (dtype != NULL) o.dtype = *dtype;
-  if (map_apply(&mb, t, &o) < 0) {
+  o->flags = strides_ok ? AB_CONVERT_ALLOW_STRIDED_VIEW : 0;
+  if (dtype != NULL) o->dtype = *dtype;
+  return map_apply(b, t, o) < 0 ? -1 : 1;
+}
+
+/* The core of from_dlpack and to_device: import x, then move or copy
+ * it as asked. target NULL = stay where it is. copy: -1 if needed, 0 never,
+ * 1 always. dtype and map (NULL: none) convert the elements on the way.
+ * A capsule given as x is planned before it is taken: what the core
+ * refuses (a malformed tensor, copy=False where a copy is needed, options
+ * that do not fit) leaves it unconsumed, for the caller to use again. */
+static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int copy, const DLDataType *dtype,
+                                    const struct map_args *map, enum layout layout) {
+  struct map_buf mb;
+  if (map_parse(map, &mb) < 0) return NULL; /* before the import: it may run Python */
+  ab_convert_opts o;
+  ab_status st;
+  const DLTensor *peek = capsule_peek(x);
+  if (peek != NULL) {
+    int r;
+    if ((st = ab_tensor_validate(peek)) != AB_OK) {
+      map_free(&mb);
+      return raise_status(st);
+    }
+    if ((r = convert_opts(peek, target, copy, dtype, &mb, layout, &o)) < 0 ||
+        (r == 1 && (st = ab_explain_convert(peek, target ? *target : peek->device, &o, NULL, 0)) != AB_OK)) {
+      map_free(&mb);
+      return r < 0 ? NULL : raise_status(st);
+    }
+  }
+  /* A producer asked for copy=False refuses what it cannot export without
+   * copying; where the import itself must be the result (no move, cast or
+   * map) that is the standard's from_dlpack(copy=False). */
+  const int no_copy = copy == 0 && !mb.given && dtype == NULL && target == NULL;
+  DLManagedTensorVersioned *mt;
+  if (import_tensor(x, no_copy, &mt) < 0) {
     map_free(&mb);
+    return NULL;
+  }
+  const DLTensor *t = &mt->dl_tensor;
+  /* A copy the producer made for this import (or a capsule of one) is
+   * the caller's alone: copy=True needs no second copy of it. */
+  if (copy == 1 && (mt->flags & DLPACK_FLAG_BITMASK_IS_COPIED) && !(mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+    copy = -1;
+  const int r = convert_opts(t, target, copy, dtype, &mb, layout, &o);
+  if (r <= 0) {
+    map_free(&mb);
+    if (r == 0) return tensor_new_owning(mt, NULL);
     release_keeping_error(mt);
     return NULL;
   }
@@ -1813,11 +1914,11 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
     }
   }
   DLManagedTensorVersioned *src, *dst;
-  if (import_tensor(x, &src) < 0) {
+  if (import_tensor(x, 0, &src) < 0) {
     map_free(&mb);
     return NULL;
   }
-  if (import_tensor(out_o, &dst) < 0) {
+  if (import_tensor(out_o, 0, &dst) < 0) {
     map_free(&mb);
     release_keeping_error(src);
     return NULL;

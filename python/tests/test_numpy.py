@@ -338,6 +338,101 @@ def test_legacy_producers_and_consumers():
     assert t.__dlpack_device__() == (KDLCPU, 0)
 
 
+def capsule_data(cap):
+    """The data pointer of an unconsumed versioned capsule's tensor."""
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    p = get(cap, b"dltensor_versioned")
+    P = ctypes.sizeof(ctypes.c_void_p)
+    return ctypes.c_void_p.from_address(p + 8 + 2 * P + 8).value  # version, ctx, deleter, flags
+
+
+class Recorder:
+    """A producer that notes what __dlpack__ was asked and answers with
+    make(**kwargs); without `knows_copy`, it refuses the 2023.12 keywords
+    as DLPack 1.0 producers did."""
+
+    def __init__(self, make, knows_copy=True):
+        self.make, self.knows_copy, self.asked = make, knows_copy, []
+
+    def __dlpack_device__(self):
+        return (KDLCPU, 0)
+
+    def __dlpack__(self, **kwargs):
+        self.asked.append(dict(kwargs))
+        if not self.knows_copy and ("copy" in kwargs or "dl_device" in kwargs):
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'copy'")
+        return self.make(**kwargs)
+
+
+def test_copy_false_is_asked_of_the_producer_and_a_copy_it_exports_is_refused():
+    a = np.arange(6, dtype=np.float32)
+    p = Recorder(lambda **kw: a.__dlpack__(**kw))
+    t = ab.from_dlpack(p, copy=False)
+    assert p.asked[-1].get("copy") is False and t.data_ptr == addr(a)
+    ab.from_dlpack(p)
+    assert "copy" not in p.asked[-1]  # None: the producer decides, as before
+    # a producer that does not know the keyword is asked again without it
+    old = Recorder(lambda **kw: a.__dlpack__(**kw), knows_copy=False)
+    assert ab.from_dlpack(old, copy=False).data_ptr == addr(a)
+    assert "copy" not in old.asked[-1] and "max_version" in old.asked[-1]
+    # a producer that cannot export without copying refuses, and that stands
+    def refuse(**kw):
+        raise BufferError("cannot export without a copy")
+    with pytest.raises(BufferError, match="without a copy"):
+        ab.from_dlpack(Recorder(refuse), copy=False)
+    # one that copies anyway (IS_COPIED) is refused: copy=False never copies
+    src = ab.to_device(a, "cpu", copy=True)
+    copier = Recorder(lambda **kw: src.__dlpack__(max_version=(1, 0), copy=True))
+    with pytest.raises(BufferError, match="exported a copy"):
+        ab.from_dlpack(copier, copy=False)
+    # copy=True is not passed on (a legacy capsule could not say it copied)
+    ab.from_dlpack(p, copy=True)
+    assert "copy" not in p.asked[-1]
+
+
+def test_copy_true_takes_a_copy_the_producer_made_without_copying_again():
+    a = np.arange(6, dtype=np.float32)
+    src = ab.to_device(a, "cpu", copy=True)
+    cap = src.__dlpack__(max_version=(1, 0), copy=True)  # IS_COPIED: the consumer's own
+    data = capsule_data(cap)
+    assert data != src.data_ptr
+    t = ab.from_dlpack(cap, copy=True)
+    assert t.data_ptr == data and not t.readonly
+    np.testing.assert_array_equal(np.from_dlpack(t), a)
+    # a view's capsule is no such copy: copy=True copies it
+    cap = src.__dlpack__(max_version=(1, 0))
+    assert ab.from_dlpack(cap, copy=True).data_ptr != src.data_ptr
+
+
+def test_a_capsule_the_core_refuses_is_left_for_the_caller():
+    """A capsule handed to to_device/from_dlpack is planned before it is
+    taken: a refusal leaves it unconsumed, as the caller's to use again
+    (it was renamed and its tensor deleted before)."""
+    a = np.arange(6, dtype=np.float32)
+    for cap in (a.__dlpack__(max_version=(1, 0)), a.__dlpack__()):
+        name = capsule_name(cap)
+        with pytest.raises(BufferError, match="copy is needed"):
+            ab.to_device(cap, "cpu", dtype="float64", copy=False)
+        with pytest.raises(ValueError, match="permute has 2 axes"):
+            ab.to_device(cap, "cpu", permute=(1, 0))
+        with pytest.raises(ValueError):
+            ab.to_device(cap, "cpu", dtype="float64", channel_axis=0, channel_scale=[1.0])
+        assert capsule_name(cap) == name
+        t = ab.to_device(cap, "cpu", dtype="float64")
+        assert capsule_name(cap) == "used_" + name
+        np.testing.assert_array_equal(np.from_dlpack(t), a)
+    # the same for one of the module's own capsules
+    src = ab.to_device(a, "cpu")
+    cap = src.__dlpack__(max_version=(1, 0))
+    with pytest.raises(BufferError, match="copy is needed"):
+        ab.to_device(cap, "cpu", dtype="int32", copy=False)
+    assert capsule_name(cap) == "dltensor_versioned"
+    assert ab.from_dlpack(cap).data_ptr == src.data_ptr
+
+
 def test_a_consumed_capsule_cannot_be_consumed_twice():
     a = np.arange(5)
     cap = a.__dlpack__(max_version=(1, 0))
@@ -614,6 +709,33 @@ def test_dl_device_and_stream_are_checked_against_the_target():
     np.testing.assert_array_equal(np.from_dlpack(ab.to_device(g, "cpu")), np.arange(4.0))
 
 
+def test_stream_max_version_and_copy_take_only_what_the_standard_allows():
+    a = np.arange(4.0)
+    t = ab.from_dlpack(a)
+    # stream: an integer >= -1 (a bool is no stream)
+    for bad, err in ((True, TypeError), (-5, ValueError), (-(2**70), ValueError), (1.0, TypeError)):
+        with pytest.raises(err, match="stream"):
+            t.__dlpack__(stream=bad, dl_device=(KDLOPENCL, 0))
+    # max_version: two integers
+    for bad in ((1, "x"), ("1", 0), (1.0, 0), (True, 0)):
+        with pytest.raises(TypeError, match="max_version"):
+            t.__dlpack__(max_version=bad)
+    assert capsule_name(t.__dlpack__(max_version=(np.int64(1), 0))) == "dltensor_versioned"
+    # copy: None or a bool; truth testing read copy="False" as True
+    for bad in ("False", 0, [], 1.0):
+        with pytest.raises(TypeError, match="copy must be None, True or False"):
+            ab.from_dlpack(a, copy=bad)
+        with pytest.raises(TypeError, match="copy must be None, True or False"):
+            ab.to_device(a, "cpu", copy=bad)
+        with pytest.raises(TypeError, match="copy must be None, True or False"):
+            t.__dlpack__(copy=bad)
+    assert ab.from_dlpack(a, copy=np.False_).data_ptr == addr(a)
+    assert ab.from_dlpack(a, copy=np.True_).data_ptr != addr(a)
+    opencl()
+    ab.from_dlpack(SameCapsule(t.__dlpack__(max_version=(1, 0), stream=-1, dl_device=(KDLOPENCL, 0)),
+                               (KDLOPENCL, 0)))
+
+
 def test_memory_limits_out_of_range_are_overflow_errors():
     with pytest.raises(OverflowError):
         ab.set_memory_limit("cpu", 2**64 + 5)
@@ -724,6 +846,10 @@ DLTENSOR = ctypes.sizeof(type("DLTensor", (ctypes.Structure,), {"_fields_": [
     ("dtype", ctypes.c_uint8 * 4), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
     ("byte_offset", ctypes.c_uint64)]}))
 KINDS = (({"max_version": (1, 0)}, b"dltensor_versioned", 8 + P), ({}, b"dltensor", DLTENSOR + P))
+# A capsule keeps the pointer to the name it is given, so each name is one
+# bytes object that lives as long as the script (a temporary's memory is
+# reused, and the capsule's name with it).
+USED = {name: b"used_" + name for _, name, _ in KINDS}
 
 def delete(cap, name, offset):
     p = api.PyCapsule_GetPointer(cap, name)
@@ -743,9 +869,9 @@ for copy in (None, True):  # views of t, and copies made for the consumer
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(2000):
             cap = t.__dlpack__(copy=copy, **kwargs)
-            api.PyCapsule_SetName(cap, b"used_" + name)
+            api.PyCapsule_SetName(cap, USED[name])
             api.PyCapsule_SetDestructor(cap, None)
-            delete(cap, b"used_" + name, offset)
+            delete(cap, USED[name], offset)
             del cap
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
@@ -769,7 +895,7 @@ for kwargs, name, offset in KINDS:
     for _ in range(500):
         cap = t.__dlpack__(copy=True, **kwargs)
         p = api.PyCapsule_GetPointer(cap, name)
-        api.PyCapsule_SetName(cap, b"used_" + name)  # taken: the deleter owns it now
+        api.PyCapsule_SetName(cap, USED[name])  # taken: the deleter owns it now
         deleter = ctypes.c_void_p.from_address(p + offset).value
         tid = ctypes.c_ulong()
         # the deleter as a bare thread's start routine, joined with the GIL held
@@ -797,7 +923,7 @@ for kwargs, name, offset in KINDS:
     for _ in range(20):
         cap = t.__dlpack__(**kwargs)  # a view: it holds a reference to t
         p = api.PyCapsule_GetPointer(cap, name)
-        api.PyCapsule_SetName(cap, b"used_" + name)
+        api.PyCapsule_SetName(cap, USED[name])
         deleter = ctypes.c_void_p.from_address(p + offset).value
         del cap
         refs = sys.getrefcount(t)
