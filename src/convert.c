@@ -104,8 +104,8 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
 
 /* A tensor in memory host code cannot address (an OpenCL buffer) must keep
  * its addressed bytes inside its buffer, which only the backend can see. */
-static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, const struct ab_backend *be,
-                                    DLDevice dev) {
+static ab_status check_handle_range(const DLTensor *src, const char *what, const ab__layout *lay,
+                                    const struct ab_backend *be, DLDevice dev) {
   int64_t begin;
   if (lay->numel == 0) return AB_OK;
   if (be->caps & AB_CAP_HOST_ACCESSIBLE) {
@@ -119,8 +119,8 @@ static ab_status check_handle_range(const DLTensor *src, const ab__layout *lay, 
   }
   if (__builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "src addresses bytes before the start of its buffer (byte_offset %" PRIu64 ", extent from %" PRId64 ")",
-                   src->byte_offset, lay->min_off);
+                   "%s addresses bytes before the start of its buffer (byte_offset %" PRIu64 ", extent from %" PRId64 ")",
+                   what, src->byte_offset, lay->min_off);
   uint64_t end = src->byte_offset + (uint64_t)lay->max_off + lay->elsize;
   return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, end);
 }
@@ -204,7 +204,7 @@ static ab_status check_request(const DLTensor *src, DLDevice target, const ab_co
   AB_FORWARD(ab__check_tensor(src, "src", &p->lay));
   AB_FORWARD(ab__check_tensor_device(src->device, "src device", false, &p->sdev, &p->sbe));
   AB_FORWARD(ab__check_tensor_device(target, "target device", true, &p->tdev, &p->tbe));
-  AB_FORWARD(check_handle_range(src, &p->lay, p->sbe, p->sdev));
+  AB_FORWARD(check_handle_range(src, "src", &p->lay, p->sbe, p->sdev));
   return read_conversion(src, &p->lay, &p->o, &p->cv);
 }
 
@@ -355,7 +355,7 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   if (src == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src is NULL");
   AB_FORWARD(ab__check_tensor(dst, "dst", &dlay));
   AB_FORWARD(ab__check_tensor_device(dst->device, "dst device", false, &ddev, &dbe));
-  AB_FORWARD(check_handle_range(dst, &dlay, dbe, ddev));
+  AB_FORWARD(check_handle_range(dst, "dst", &dlay, dbe, ddev));
   if (!dlay.compact) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dst is not compact row-major (ab_convert_into writes compact bytes)");
   /* The result's dtype is dst's: opts->dtype may name it, or nothing. */
   ab_convert_opts o;
@@ -410,5 +410,5 @@ ab_status ab_tensor_validate(const DLTensor *t) {
   DLDevice dev;
   AB_FORWARD(ab__check_tensor(t, "tensor", &lay));
   AB_FORWARD(ab__check_tensor_device(t->device, "tensor device", false, &dev, &be));
-  return check_handle_range(t, &lay, be, dev);
+  return check_handle_range(t, "tensor", &lay, be, dev);
 }

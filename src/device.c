@@ -298,9 +298,17 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
   const int i = backend_index(dev.device_type);
   if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type)) {
     char idb[16];
+    if (i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY))
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                     "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
+                     what, ab_device_type_name(dev.device_type), id_text(dev.device_id, idb));
+    /* in the range but no staging memory of this build (unused, or its
+     * backend left out) */
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
-                   what, ab_device_type_name(dev.device_type), id_text(dev.device_id, idb));
+                   "%s type %#x:%s is in the range the library keeps for its own staging memory (%#x..%#x), not a "
+                   "DLPack device type: no tensor may name it",
+                   what, (unsigned)dev.device_type, id_text(dev.device_id, idb), (unsigned)AB__PRIVATE_TYPE_BASE,
+                   (unsigned)(AB__PRIVATE_TYPE_BASE + AB__PRIVATE_TYPES - 1));
   }
   return check_device_at(i, dev, what, is_target, resolved, be);
 }

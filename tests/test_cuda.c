@@ -736,6 +736,20 @@ Test(cuda, memory_that_is_not_the_labelled_device_is_refused) {
     cr_assert_not_null(strstr(ab_last_error(), "belongs to cuda:0"), "%s", ab_last_error());
     g->deleter(g);
   }
+  {
+    /* Device memory whose shape runs far past its allocation: an overrun,
+     * not host memory to be labelled kDLCPU. */
+    DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL);
+    int64_t huge[1] = {(int64_t)1 << 40};
+    DLTensor past = g->dl_tensor;
+    past.shape = huge;
+    cr_assert_eq(ab_convert_memory(&past, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+    cr_assert_null(r);
+    cr_assert_not_null(strstr(ab_last_error(), "runs past its allocation"), "%s", ab_last_error());
+    cr_assert_null(strstr(ab_last_error(), "label it"), "%s", ab_last_error());
+    g->deleter(g);
+  }
   /* Device memory labelled as pinned or managed host memory: host code
    * would read (or write) it and fault; refused, source and target. */
   DLTensor h = {x, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};

@@ -148,8 +148,13 @@ Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
   int64_t s2[1] = {4}, st2[1] = {-1};
   DLTensor u = {dev->dl_tensor.data, CL(0), 1, dt(kDLUInt, 8, 1), s2, st2, 2};
   cr_assert_eq(ab_convert_memory(&u, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
-  cr_assert_not_null(strstr(ab_last_error(), "before the start"), "%s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "src addresses bytes before the start"), "%s", ab_last_error());
   cr_assert_eq(ab_tensor_validate(&u), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(ab_last_error(), "tensor addresses bytes before the start"), "%s", ab_last_error());
+  /* the same as ab_convert_into's destination is named so */
+  DLTensor four = {bytes, CPU0, 1, dt(kDLUInt, 8, 1), s2, NULL, 0};
+  cr_assert_eq(ab_convert_into(&four, &u, NULL), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(ab_last_error(), "dst addresses bytes before the start"), "%s", ab_last_error());
   u.byte_offset = 3; /* bytes 0..3: fine */
   cr_assert_eq(ab_tensor_validate(&u), AB_OK, "%s", ab_last_error());
   dev->deleter(dev);

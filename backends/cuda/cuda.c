@@ -756,14 +756,20 @@ static bool cuda_host_is_staged(const void *p) {
 static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
   const uint64_t at[2] = {begin, end - 1};
   for (int k = 0; k < 2; k++) {
+    /* The first byte was this device's memory (k = 1): a last byte that
+     * is not runs past the end of the allocation; it is no host memory. */
+    const char *past = k == 1 ? " (the first addressed byte is, so the tensor runs past its allocation)" : "";
     struct cudaPointerAttributes a;
     const char *p = (const char *)handle + at[k];
     cudaError_t e = cudaPointerGetAttributes(&a, p);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)", id,
-                     handle, at[k], cudaGetErrorName(e));
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)%s", id,
+                     handle, at[k], cudaGetErrorName(e), past);
     }
+    if (k == 1 && a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+      return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not device memory%s", id,
+                     handle, at[k], past);
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                      "cuda:%" PRId32 ": data %p + %" PRIu64 " is %s memory, not device memory (label it %s)", id,
