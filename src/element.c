@@ -45,6 +45,10 @@ const char *ab_dtype_name(DLDataType dt, char *buf, size_t len) {
   return buf;
 }
 
+/* The width of a sub-word float format, from its name ("float8_e4m3fn":
+ * 8), for the codes from the first float8 format to float4_e2m1fn. */
+static uint8_t format_bits(uint8_t code) { return (uint8_t)(code_names[code][5] - '0'); }
+
 ab_status ab_parse_dtype(const char *name, DLDataType *out) {
   if (name == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "dtype name is NULL");
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
@@ -53,8 +57,21 @@ ab_status ab_parse_dtype(const char *name, DLDataType *out) {
       *out = (DLDataType){common[i].code, common[i].bits, 1};
       return AB_OK;
     }
+  /* The float8, float6 and float4 formats, by DLPack's names (as the
+   * frameworks and ml_dtypes spell them), bare or as ab_dtype_name writes
+   * them ("float8_e4m3fn(bits 8)"), at their own width only. */
+  for (uint8_t c = AB__CODE_FLOAT8_FIRST; c < AB__CODE_COUNT; c++) {
+    const size_t n = strlen(code_names[c]);
+    char suffix[16];
+    snprintf(suffix, sizeof suffix, "(bits %u)", (unsigned)format_bits(c));
+    if (strncmp(name, code_names[c], n) == 0 && (name[n] == '\0' || strcmp(name + n, suffix) == 0)) {
+      *out = (DLDataType){c, format_bits(c), 1};
+      return AB_OK;
+    }
+  }
   return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                 "unknown dtype \"%.40s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128)",
+                 "unknown dtype \"%.40s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128, "
+                 "float8_e4m3fn and DLPack's other float8/6/4 formats)",
                  name);
 }
 

@@ -210,8 +210,24 @@ Test(dtypes, names_round_trip_and_unknown_ones_are_refused_with_the_list) {
   cr_assert_str_eq(ab_dtype_name(dt(99, 8, 1), buf, sizeof buf), "code 99 bits 8");
   cr_assert_str_eq(ab_dtype_name(dt(kDLFloat, 32, 1), buf, 4), "flo", "not cut to the buffer");
   cr_assert_null(ab_dtype_name(dt(kDLFloat, 32, 1), NULL, 0));
+  /* DLPack's sub-word float formats: by name, at their own width, and as
+   * ab_dtype_name writes them */
+  static const struct {
+    const char *name;
+    uint8_t code, bits;
+  } formats[] = {{"float8_e3m4", 7, 8},    {"float8_e4m3fn", 10, 8}, {"float8_e5m2", 12, 8},
+                 {"float8_e8m0fnu", 14, 8}, {"float6_e2m3fn", 15, 6}, {"float4_e2m1fn", 17, 4}};
+  for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+    DLDataType d = {0, 0, 0}, again = {0, 0, 0};
+    cr_assert_eq(ab_parse_dtype(formats[i].name, &d), AB_OK, "%s: %s", formats[i].name, ab_last_error());
+    cr_assert(d.code == formats[i].code && d.bits == formats[i].bits && d.lanes == 1, "%s: %u %u %u",
+              formats[i].name, d.code, d.bits, d.lanes);
+    cr_assert_eq(ab_parse_dtype(ab_dtype_name(d, buf, sizeof buf), &again), AB_OK, "%s: %s", buf, ab_last_error());
+    cr_assert(again.code == d.code && again.bits == d.bits && again.lanes == 1, "%s", buf);
+  }
   DLDataType keep = dt(kDLUInt, 8, 1);
-  const char *bad[] = {"float", "Float32", "float32x4", "", "int128"};
+  const char *bad[] = {"float", "Float32", "float32x4", "", "int128", "float8_e4m3fn(bits 16)", "float8_e4m3fnx",
+                       "float8_e4m3(bits 8", "float8"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cr_assert_eq(ab_parse_dtype(bad[i], &keep), AB_ERR_INVALID_ARGUMENT, "\"%s\" was taken", bad[i]);
     cr_assert(strstr(ab_last_error(), "bfloat16") != NULL, "%s", ab_last_error());

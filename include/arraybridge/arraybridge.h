@@ -167,8 +167,12 @@ AB_API const char *ab_last_error(void);
 AB_API const char *ab_dtype_name(DLDataType dt, char *buf, size_t len);
 
 /** The one-lane dtype a name gives, as ab_dtype_name writes them ("bool",
- * "int8" .. "complex128"): AB_OK and *out, or AB_ERR_INVALID_ARGUMENT (out
- * untouched) with a message listing the names. */
+ * "int8" .. "complex128"), and DLPack's float8, float6 and float4 formats
+ * at their own width, bare as the frameworks name them ("float8_e4m3fn",
+ * "float4_e2m1fn") or as ab_dtype_name writes them ("float8_e4m3fn(bits
+ * 8)"); no conversion casts to or from those formats. AB_OK and *out, or
+ * AB_ERR_INVALID_ARGUMENT (out untouched) with a message listing the
+ * names. */
 AB_API ab_status ab_parse_dtype(const char *name, DLDataType *out);
 
 /** Number of devices of a type: kDLCPU is always 1; a type whose backend is

@@ -1797,7 +1797,7 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
 }
 
 static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x", "device", "copy", "readonly", NULL};
+  static char *kwlist[] = {"", "device", "copy", "readonly", NULL}; /* x is positional-only, as documented */
   PyObject *x, *device = Py_None, *copy = Py_None;
   int readonly = 0;
   (void)mod;

@@ -285,6 +285,29 @@ def test_dtype_keywords_take_every_frameworks_dtype_objects_alike():
         ab.to_device(a, "cpu", dtype=3)
 
 
+def test_float8_formats_are_named_as_the_frameworks_name_them():
+    """DLPack's float8/6/4 formats by their names (torch.float8_e4m3fn,
+    ml_dtypes' float8_e5m2, "float8_e4m3fn", or the Tensor's own dtype
+    string): an empty tensor of one, a move that keeps it; a cast to or
+    from one is refused as unsupported (there is no such cast)."""
+    e = ab.empty((2, 3), "float8_e4m3fn")
+    assert e.dldtype == (10, 8, 1) and e.dtype == "float8_e4m3fn(bits 8)"
+    assert ab.to_device(e, "cpu", dtype=e.dtype).dldtype == (10, 8, 1)  # the Tensor's name reads back
+    assert ab.empty((4,), "float8_e5m2").dldtype == (12, 8, 1)
+    kinds = ["float8_e4m3fn"]
+    for mod, attr in (("torch", "float8_e4m3fn"), ("ml_dtypes", "float8_e4m3fn")):
+        try:
+            kinds.append(getattr(__import__(mod), attr))
+        except (ImportError, AttributeError):
+            pass
+    for d in kinds:
+        assert ab.to_device(e, "cpu", dtype=d).dldtype == (10, 8, 1), d
+        with pytest.raises(BufferError, match="cannot convert float32 to float8_e4m3fn"):
+            ab.to_device(np.zeros(3, np.float32), "cpu", dtype=d)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ab.empty((2,), "float8_e4m3fn(bits 16)")
+
+
 def test_bad_conversion_options_are_clear_errors():
     a = np.zeros((2, 3, 4), dtype=np.uint8)
     with pytest.raises(ValueError, match="permute has 2 axes; the tensor has 3"):
@@ -730,6 +753,8 @@ def test_stream_max_version_and_copy_take_only_what_the_standard_allows():
         with pytest.raises(TypeError, match="copy must be None, True or False"):
             t.__dlpack__(copy=bad)
     assert ab.from_dlpack(a, copy=np.False_).data_ptr == addr(a)
+    with pytest.raises(TypeError):  # from_dlpack(x, /, ...), as the standard and python.md have it
+        ab.from_dlpack(x=a)
     assert ab.from_dlpack(a, copy=np.True_).data_ptr != addr(a)
     opencl()
     ab.from_dlpack(SameCapsule(t.__dlpack__(max_version=(1, 0), stream=-1, dl_device=(KDLOPENCL, 0)),
