@@ -1121,7 +1121,6 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
       PyErr_SetString(PyExc_TypeError, "max_version must be None or a (major, minor) tuple");
       return NULL;
     }
-    long v[2];
     for (int i = 0; i < 2; i++) {
       PyObject *part = PyTuple_GET_ITEM(max_version, i);
       if (!PyIndex_Check(part) || PyBool_Check(part)) {
@@ -1129,10 +1128,15 @@ static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwa
                      Py_TYPE(part)->tp_name);
         return NULL;
       }
-      v[i] = PyLong_AsLong(part);
-      if (v[i] == -1 && PyErr_Occurred()) return NULL;
+      if (i == 1) break; /* the minor: any integer, however large */
+      PyObject *major = PyNumber_Index(part);
+      if (major == NULL) return NULL;
+      int over; /* a major beyond a long long allows 1.x too */
+      const long long v = PyLong_AsLongLongAndOverflow(major, &over);
+      Py_DECREF(major);
+      if (v == -1 && PyErr_Occurred()) return NULL;
+      versioned = over > 0 || (over == 0 && v >= 1);
     }
-    versioned = v[0] >= 1;
   }
   int want_copy = copy_arg(copy);
   if (want_copy == -2) return NULL;
@@ -1668,7 +1672,7 @@ static int refuse_tf_without_dlpack(PyObject *x) {
 /* x's data as a managed tensor for the caller to release: a view export
  * of a Tensor, else the producer's capsule taken. Validated; a device
  * producer's data is complete when this returns. -1 with an exception. */
-static int import_tensor(PyObject *x, int no_copy, DLManagedTensorVersioned **out) {
+static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLManagedTensorVersioned **out) {
   DLManagedTensorVersioned *mt;
   if (PyObject_TypeCheck(x, &TensorType)) {
     /* Our own tensor: a view of it (holding a reference to x), taken
@@ -1681,6 +1685,10 @@ static int import_tensor(PyObject *x, int no_copy, DLManagedTensorVersioned **ou
   } else {
     DLDevice pdev;
     if (refuse_tf_without_dlpack(x) < 0 || producer_device(x, &pdev) < 0) return -1;
+    /* copy=False is the producer's to honour where its export is to be the
+     * result: no target, or the producer's own device. */
+    no_copy = no_copy && (target == NULL || (target->device_type == pdev.device_type &&
+                                             target->device_id == pdev.device_id));
     PyObject *cap = call_dlpack(x, pdev, no_copy);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
@@ -1754,18 +1762,37 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
       map_free(&mb);
       return raise_status(st);
     }
-    if ((r = convert_opts(peek, target, copy, dtype, &mb, layout, &o)) < 0 ||
-        (r == 1 && (st = ab_explain_convert(peek, target ? *target : peek->device, &o, NULL, 0)) != AB_OK)) {
+    if ((r = convert_opts(peek, target, copy, dtype, &mb, layout, &o)) < 0) {
       map_free(&mb);
-      return r < 0 ? NULL : raise_status(st);
+      return NULL;
+    }
+    if (r == 1) {
+      /* Planning may build a device's kernels: without the GIL, and with
+       * the capsule named as consumed meanwhile, so that no other thread
+       * takes (and deletes) the tensor being read; then named again as it
+       * was, for take_capsule below or the caller. */
+      const char *name = PyCapsule_GetName(x);
+      if (PyCapsule_SetName(x, PyCapsule_IsValid(x, VERSIONED_NAME) ? USED_VERSIONED_NAME : USED_LEGACY_NAME) < 0) {
+        map_free(&mb);
+        return NULL;
+      }
+      const DLDevice to = target ? *target : peek->device;
+      Py_BEGIN_ALLOW_THREADS
+      st = ab_explain_convert(peek, to, &o, NULL, 0);
+      Py_END_ALLOW_THREADS
+      if (PyCapsule_SetName(x, name) < 0) PyErr_Clear(); /* cannot fail: x is a capsule */
+      if (st != AB_OK) {
+        map_free(&mb);
+        return raise_status(st);
+      }
     }
   }
   /* A producer asked for copy=False refuses what it cannot export without
    * copying; where the import itself must be the result (no move, cast or
    * map) that is the standard's from_dlpack(copy=False). */
-  const int no_copy = copy == 0 && !mb.given && dtype == NULL && target == NULL;
+  const int no_copy = copy == 0 && !mb.given && dtype == NULL;
   DLManagedTensorVersioned *mt;
-  if (import_tensor(x, no_copy, &mt) < 0) {
+  if (import_tensor(x, no_copy, target, &mt) < 0) {
     map_free(&mb);
     return NULL;
   }
@@ -1914,11 +1941,11 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
     }
   }
   DLManagedTensorVersioned *src, *dst;
-  if (import_tensor(x, 0, &src) < 0) {
+  if (import_tensor(x, 0, NULL, &src) < 0) {
     map_free(&mb);
     return NULL;
   }
-  if (import_tensor(out_o, 0, &dst) < 0) {
+  if (import_tensor(out_o, 0, NULL, &dst) < 0) {
     map_free(&mb);
     release_keeping_error(src);
     return NULL;

@@ -395,6 +395,11 @@ def test_copy_false_is_asked_of_the_producer_and_a_copy_it_exports_is_refused():
     p = Recorder(lambda **kw: a.__dlpack__(**kw))
     t = ab.from_dlpack(p, copy=False)
     assert p.asked[-1].get("copy") is False and t.data_ptr == addr(a)
+    # ... also with the producer's own device named as the target
+    assert ab.from_dlpack(p, device="cpu", copy=False).data_ptr == addr(a)
+    assert p.asked[-1].get("copy") is False
+    assert ab.to_device(p, "cpu", copy=False).data_ptr == addr(a)
+    assert p.asked[-1].get("copy") is False
     ab.from_dlpack(p)
     assert "copy" not in p.asked[-1]  # None: the producer decides, as before
     # a producer that does not know the keyword is asked again without it
@@ -744,6 +749,8 @@ def test_stream_max_version_and_copy_take_only_what_the_standard_allows():
         with pytest.raises(TypeError, match="max_version"):
             t.__dlpack__(max_version=bad)
     assert capsule_name(t.__dlpack__(max_version=(np.int64(1), 0))) == "dltensor_versioned"
+    assert capsule_name(t.__dlpack__(max_version=(1, 2**64))) == "dltensor_versioned"  # any minor
+    assert capsule_name(t.__dlpack__(max_version=(2**64, 0))) == "dltensor_versioned"
     # copy: None or a bool; truth testing read copy="False" as True
     for bad in ("False", 0, [], 1.0):
         with pytest.raises(TypeError, match="copy must be None, True or False"):
