@@ -1332,6 +1332,24 @@ static const DLTensor *capsule_peek(PyObject *cap) {
   return NULL;
 }
 
+/* ab_explain_convert of t without the GIL (a device may build its kernels
+ * to answer). cap, when t is an unconsumed capsule's tensor read in place
+ * (capsule_peek), is named as consumed meanwhile, so that no other thread
+ * takes and deletes the tensor being read, and then named as it was. -1
+ * with an exception when cap cannot be renamed, else 0 and *st. */
+static int explain_unlocked(PyObject *cap, const DLTensor *t, DLDevice to, const ab_convert_opts *o, char *buf,
+                            size_t len, ab_status *st) {
+  const char *name = cap != NULL ? PyCapsule_GetName(cap) : NULL;
+  if (cap != NULL &&
+      PyCapsule_SetName(cap, PyCapsule_IsValid(cap, VERSIONED_NAME) ? USED_VERSIONED_NAME : USED_LEGACY_NAME) < 0)
+    return -1;
+  Py_BEGIN_ALLOW_THREADS
+  *st = ab_explain_convert(t, to, o, buf, len);
+  Py_END_ALLOW_THREADS
+  if (cap != NULL && PyCapsule_SetName(cap, name) < 0) return -1;
+  return 0;
+}
+
 /* Takes the managed tensor out of a producer's capsule (renaming it, so
  * that the capsule no longer owns it). */
 static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
@@ -1767,23 +1785,10 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
       return NULL;
     }
     if (r == 1) {
-      /* Planning may build a device's kernels: without the GIL, and with
-       * the capsule named as consumed meanwhile, so that no other thread
-       * takes (and deletes) the tensor being read; then named again as it
-       * was, for take_capsule below or the caller. */
-      const char *name = PyCapsule_GetName(x);
-      if (PyCapsule_SetName(x, PyCapsule_IsValid(x, VERSIONED_NAME) ? USED_VERSIONED_NAME : USED_LEGACY_NAME) < 0) {
+      /* named as it was again after, for take_capsule below or the caller */
+      if (explain_unlocked(x, peek, target ? *target : peek->device, &o, NULL, 0, &st) < 0 || st != AB_OK) {
         map_free(&mb);
-        return NULL;
-      }
-      const DLDevice to = target ? *target : peek->device;
-      Py_BEGIN_ALLOW_THREADS
-      st = ab_explain_convert(peek, to, &o, NULL, 0);
-      Py_END_ALLOW_THREADS
-      if (PyCapsule_SetName(x, name) < 0) PyErr_Clear(); /* cannot fail: x is a capsule */
-      if (st != AB_OK) {
-        map_free(&mb);
-        return raise_status(st);
+        return PyErr_Occurred() ? NULL : raise_status(st);
       }
     }
   }
@@ -2530,21 +2535,34 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
   struct map_buf mb;
   if (map_parse(&m, &mb) < 0) return NULL; /* before the import: it may run Python */
-  PyObject *t = import_and_convert(x, NULL, -1, NULL, NULL, LAYOUT_ANY); /* a zero-copy import */
-  if (t == NULL) {
-    map_free(&mb);
-    return NULL;
+  /* A capsule is read in place and left unconsumed (explaining a move
+   * does not make it); anything else is imported zero-copy. */
+  const DLTensor *src = capsule_peek(x);
+  PyObject *t = NULL;
+  ab_status st;
+  if (src != NULL) {
+    if ((st = ab_tensor_validate(src)) != AB_OK) {
+      map_free(&mb);
+      return raise_status(st);
+    }
+  } else {
+    if ((t = import_and_convert(x, NULL, -1, NULL, NULL, LAYOUT_ANY)) == NULL) {
+      map_free(&mb);
+      return NULL;
+    }
+    src = &((TensorObject *)t)->mt->dl_tensor;
   }
   char buf[2048];
   o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as to_device asks */
-  if (map_apply(&mb, &((TensorObject *)t)->mt->dl_tensor, &o) < 0) {
+  if (map_apply(&mb, src, &o) < 0) {
     map_free(&mb);
-    Py_DECREF(t);
+    Py_XDECREF(t);
     return NULL;
   }
-  ab_status st = ab_explain_convert(&((TensorObject *)t)->mt->dl_tensor, target, &o, buf, sizeof buf);
+  const int rc = explain_unlocked(t == NULL ? x : NULL, src, target, &o, buf, sizeof buf, &st);
   map_free(&mb);
-  Py_DECREF(t);
+  Py_XDECREF(t);
+  if (rc < 0) return NULL;
   if (st != AB_OK) return raise_status(st);
   return PyUnicode_FromString(buf);
 }

@@ -452,6 +452,15 @@ def test_a_capsule_the_core_refuses_is_left_for_the_caller():
         t = ab.to_device(cap, "cpu", dtype="float64")
         assert capsule_name(cap) == "used_" + name
         np.testing.assert_array_equal(np.from_dlpack(t), a)
+    # explaining a move is no move: the capsule stays the caller's
+    for cap in (a.__dlpack__(max_version=(1, 0)), a.__dlpack__()):
+        name = capsule_name(cap)
+        assert "view" in ab.explain_route(cap, "cpu")
+        assert "host" in ab.explain_route(cap, "cpu", dtype="float64")
+        with pytest.raises(ValueError, match="permute has 2 axes"):
+            ab.explain_route(cap, "cpu", permute=(1, 0))
+        assert capsule_name(cap) == name
+        assert ab.from_dlpack(cap).data_ptr == addr(a)
     # the same for one of the module's own capsules
     src = ab.to_device(a, "cpu")
     cap = src.__dlpack__(max_version=(1, 0))
