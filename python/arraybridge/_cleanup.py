@@ -44,23 +44,32 @@ def memory_report():
 _depth = contextvars.ContextVar("arraybridge_oom_recovery_depth", default=0)
 
 
+def _behind(exc):
+    """The exception exc was raised from or while handling, as a traceback
+    shows the chain: __cause__, else __context__ unless suppressed."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    return None if exc.__suppress_context__ else exc.__context__
+
+
 def _unmark(exc):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         getattr(exc, "__dict__", {}).pop("_arraybridge_retried", None)
-        exc = exc.__cause__
+        exc = _behind(exc)
 
 
 def _retried(exc):
-    """Whether exc, or an exception it was raised from, is one a recovery
+    """Whether exc, or an exception it was raised from or while handling
+    (`raise MemoryError("again")` in an except block), is one a recovery
     gave up on (run_with_oom_recovery)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if getattr(exc, "_arraybridge_retried", False) is True:
             return True
-        exc = exc.__cause__
+        exc = _behind(exc)
     return False
 
 

@@ -718,6 +718,18 @@ def test_nested_decorators_retry_once_not_once_per_level():
     with pytest.raises(RuntimeError):
         wrapping(np.ones(3))
     assert len(calls) == 3
+
+    @ab.numpy
+    def rephrasing(x):
+        try:
+            return inner(x)
+        except MemoryError:
+            raise MemoryError("the model ran out")  # no `from`: raised while handling it
+
+    calls.clear()
+    with pytest.raises(MemoryError, match="the model ran out"):
+        rephrasing(np.ones(3))
+    assert len(calls) == 3  # it was retried 3 x 3 when only __cause__ was followed
     # An out-of-memory error of the outer function's own is retried as ever.
     tries = []
 
