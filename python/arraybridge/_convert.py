@@ -1,6 +1,7 @@
 """convert_memory(data, source_type, target_type, gpu_id): the seed API's
 call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
+import types
 
 from ._frameworks import ADAPTERS, dtype_arg, owner_of
 from ._types import MemoryConversionError, MemoryType, memory_type
@@ -44,9 +45,14 @@ def _items(name, v):
     """v's items, when v is a sequence as the C core takes one
     (PySequence_Check: a list, tuple, array...): a set has no order and a
     generator no length, so both are a TypeError there and here."""
-    if isinstance(v, dict) or not hasattr(type(v), "__getitem__"):
+    # dict and mappingproxy: C mappings without sq_item, which
+    # PySequence_Check refuses (a Python class's __getitem__ fills both)
+    if isinstance(v, (dict, types.MappingProxyType)) or not hasattr(type(v), "__getitem__"):
         raise TypeError("%s must be a sequence" % name)
-    return tuple(v)
+    try:
+        return tuple(v)
+    except TypeError:  # a 0-d array: the C core's words, not NumPy's
+        raise TypeError("%s must be a sequence" % name) from None
 
 
 def detect_memory_type(data):

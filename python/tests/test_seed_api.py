@@ -255,7 +255,10 @@ def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
     np.testing.assert_array_equal(np.from_dlpack(ab.to_device(a, "cpu", scale=Odd(2.0))), a * 2)
     # Sequences where the core wants one: a set has no order, a generator
     # no length, a float no items.
-    for kw in (dict(permute={1, 0}), dict(permute=(i for i in (1, 0))), dict(channel_axis=1, channel_scale=2.0)):
+    import types
+    for kw in (dict(permute={1, 0}), dict(permute=(i for i in (1, 0))), dict(channel_axis=1, channel_scale=2.0),
+               dict(permute=types.MappingProxyType({1: 0, 0: 1})), dict(permute=np.array(1)),
+               dict(channel_axis=1, channel_scale=np.array(2.0))):
         with pytest.raises(ab.MemoryConversionError, match="must be a sequence") as e:
             ab.convert_memory(a, "numpy", "numpy", **kw)
         assert isinstance(e.value.__cause__, TypeError)
