@@ -210,6 +210,25 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
+
+/* A comma-separated option value copied into buf for strtok, read as
+ * AB_MEMORY_LIMIT is: a comma at either end is ignored, an empty entry
+ * between two is a mistake (strtok would skip it), and so is a list too
+ * long for buf (it would be cut). false after saying why. */
+static bool list_ok(const char *opt, const char *list, char *buf, size_t len) {
+  const size_t n = strlen(list);
+  if (n >= len) {
+    fprintf(stderr, "abtool bandwidth: %s is longer than %zu characters\n", opt, len - 1);
+    return false;
+  }
+  for (size_t k = 0; k + 1 < n; k++)
+    if (list[k] == ',' && list[k + 1] == ',') {
+      fprintf(stderr, "abtool bandwidth: %s \"%s\" has an empty entry\n", opt, list);
+      return false;
+    }
+  memcpy(buf, list, n + 1);
+  return true;
+}
 static int cmd_bandwidth(int argc, char **argv) {
   size_t sizes[16];
   int nsizes = 0, reps = 5;
@@ -237,7 +256,7 @@ static int cmd_bandwidth(int argc, char **argv) {
     }
   }
   char buf[1024];
-  snprintf(buf, sizeof buf, "%s", size_list);
+  if (!list_ok("--sizes", size_list, buf, sizeof buf)) return EXIT_USAGE;
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
     if (nsizes == 16) {
       fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
@@ -254,7 +273,7 @@ static int cmd_bandwidth(int argc, char **argv) {
     return EXIT_USAGE;
   }
   if (dev_list) {
-    snprintf(buf, sizeof buf, "%s", dev_list);
+    if (!list_ok("--devices", dev_list, buf, sizeof buf)) return EXIT_USAGE;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
       if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
         fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
