@@ -40,8 +40,8 @@ _registered = False
 
 def _header(t):
     """Both families' header of a Tensor. dldtype: (code, bits, lanes), for
-    dtypes whose names do not read back (float8, multi-lane); dtype: the
-    name, for receivers before dldtype."""
+    dtypes whose names older versions do not read back (float8, multi-lane);
+    dtype: the name, for receivers before dldtype."""
     return {"dtype": t.dtype, "dldtype": list(t.dldtype), "shape": list(t.shape), "readonly": bool(t.readonly),
             "device": t.device}
 

@@ -30,6 +30,10 @@
 #define VERSIONED_NAME "dltensor_versioned"
 #define LEGACY_NAME "dltensor"
 #define USED_VERSIONED_NAME "used_dltensor_versioned"
+/* A capsule's name while this module reads its tensor in place without
+ * the GIL (explain_unlocked): no consumer takes it meanwhile. */
+#define BUSY_VERSIONED_NAME "dltensor_versioned (being read by arraybridge)"
+#define BUSY_LEGACY_NAME "dltensor (being read by arraybridge)"
 #define USED_LEGACY_NAME "used_dltensor"
 
 /* ---- errors --------------------------------------------------------------- */
@@ -991,23 +995,30 @@ static void tensor_releasebuffer(TensorObject *self, Py_buffer *view) {
 static PyBufferProcs tensor_as_buffer = {(getbufferproc)tensor_getbuffer, (releasebufferproc)tensor_releasebuffer};
 
 /* A dtype as a pickle carries it: its name where the name reads back as
- * the same dtype (the common one-lane types: pickles stay readable by
- * older versions), else (code, bits, lanes): float8, multi-lane. */
+ * the same dtype and is one every version reads (the common one-lane
+ * types, DLPack's int, uint, float, bfloat, complex and bool codes:
+ * pickles stay readable by older versions), else (code, bits, lanes):
+ * float8 formats (whose names only newer versions read), multi-lane. */
 static PyObject *dtype_for_pickle(DLDataType t) {
   char name[64];
   DLDataType back;
   ab_dtype_name(t, name, sizeof name);
-  const int same = ab_parse_dtype(name, &back) == AB_OK && back.code == t.code && back.bits == t.bits &&
-                   back.lanes == t.lanes;
+  const int same = t.code <= kDLBool && ab_parse_dtype(name, &back) == AB_OK && back.code == t.code &&
+                   back.bits == t.bits && back.lanes == t.lanes;
   return same ? PyUnicode_FromString(name) : dtype_tuple(t);
 }
 
-/* The dtype of a pickle: a (code, bits, lanes) tuple of whole bytes, or a
- * name. */
+/* The dtype of a pickle: a (code, bits, lanes) tuple, or a name; either
+ * way of whole bytes (a sub-byte name, "float4_e2m1fn", would make the
+ * payload's size check ask for 0 bytes). */
 static int dtype_from_pickle(PyObject *o, DLDataType *out) {
-  if (!PyTuple_Check(o)) return dtype_from_object(o, out);
   int code, bits, lanes;
-  if (!PyArg_ParseTuple(o, "iii", &code, &bits, &lanes)) return -1;
+  if (!PyTuple_Check(o)) {
+    if (dtype_from_object(o, out) < 0) return -1;
+    code = out->code, bits = out->bits, lanes = out->lanes;
+  } else if (!PyArg_ParseTuple(o, "iii", &code, &bits, &lanes)) {
+    return -1;
+  }
   if (code < 0 || code > 255 || bits <= 0 || bits > 255 || bits % 8 != 0 || lanes < 1 || lanes > 65535) {
     PyErr_Format(PyExc_ValueError, "pickled dtype (code %d, bits %d, lanes %d) is not one of whole bytes", code, bits,
                  lanes);
@@ -1341,7 +1352,7 @@ static int explain_unlocked(PyObject *cap, const DLTensor *t, DLDevice to, const
                             size_t len, ab_status *st) {
   const char *name = cap != NULL ? PyCapsule_GetName(cap) : NULL;
   if (cap != NULL &&
-      PyCapsule_SetName(cap, PyCapsule_IsValid(cap, VERSIONED_NAME) ? USED_VERSIONED_NAME : USED_LEGACY_NAME) < 0)
+      PyCapsule_SetName(cap, PyCapsule_IsValid(cap, VERSIONED_NAME) ? BUSY_VERSIONED_NAME : BUSY_LEGACY_NAME) < 0)
     return -1;
   Py_BEGIN_ALLOW_THREADS
   *st = ab_explain_convert(t, to, o, buf, len);
@@ -1393,8 +1404,12 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
   }
   if (PyCapsule_CheckExact(cap)) {
     const char *name = PyCapsule_GetName(cap);
-    PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
-                 name ? name : "(null)");
+    if (name != NULL && (strcmp(name, BUSY_VERSIONED_NAME) == 0 || strcmp(name, BUSY_LEGACY_NAME) == 0))
+      PyErr_SetString(PyExc_BufferError, "this DLPack capsule is being read by another thread's arraybridge call "
+                                         "(explain_route, or to_device planning); it is not consumed, try again");
+    else
+      PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
+                   name ? name : "(null)");
   } else {
     PyErr_Format(PyExc_TypeError, "__dlpack__ returned %.100s, not a capsule", Py_TYPE(cap)->tp_name);
   }
@@ -1793,9 +1808,10 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
     }
   }
   /* A producer asked for copy=False refuses what it cannot export without
-   * copying; where the import itself must be the result (no move, cast or
-   * map) that is the standard's from_dlpack(copy=False). */
-  const int no_copy = copy == 0 && !mb.given && dtype == NULL;
+   * copying: the standard's from_dlpack(copy=False). With a cast or map
+   * too, as copy=False refuses any that is not a view (import_tensor asks
+   * only where the target is the producer's own device). */
+  const int no_copy = copy == 0;
   DLManagedTensorVersioned *mt;
   if (import_tensor(x, no_copy, target, &mt) < 0) {
     map_free(&mb);

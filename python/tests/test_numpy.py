@@ -416,6 +416,21 @@ def test_copy_false_is_asked_of_the_producer_and_a_copy_it_exports_is_refused():
     copier = Recorder(lambda **kw: src.__dlpack__(max_version=(1, 0), copy=True))
     with pytest.raises(BufferError, match="exported a copy"):
         ab.from_dlpack(copier, copy=False)
+    # ... and with a dtype or map that leaves the import as the result
+    for kw in (dict(dtype="float32"), dict(dtype=np.float32), dict(permute=(0,))):
+        assert ab.to_device(p, "cpu", copy=False, **kw).data_ptr == addr(a), kw
+        assert p.asked[-1].get("copy") is False, kw
+    # a capsule another thread's call is reading in place is named so
+    import ctypes
+    setname = ctypes.pythonapi.PyCapsule_SetName
+    setname.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    busy = b"dltensor_versioned (being read by arraybridge)"
+    cap = a.__dlpack__(max_version=(1, 0))
+    setname(cap, busy)
+    with pytest.raises(BufferError, match="being read by another thread"):
+        ab.from_dlpack(cap)
+    setname(cap, b"dltensor_versioned")
+    assert ab.from_dlpack(cap).data_ptr == addr(a)
     # copy=True is not passed on (a legacy capsule could not say it copied)
     ab.from_dlpack(p, copy=True)
     assert "copy" not in p.asked[-1]

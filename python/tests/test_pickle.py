@@ -172,7 +172,7 @@ def test_a_pickle_naming_the_staging_memory_is_refused_whatever_the_id(device):
 @pytest.mark.parametrize("protocol", [2, 5])
 def test_dtypes_without_a_common_name_round_trip(protocol):
     # float8 (as JAX's ml_dtypes makes them) and multi-lane dtypes have names
-    # that ab_parse_dtype does not read back: they travel as (code, bits, lanes).
+    # that older versions do not read back: they travel as (code, bits, lanes).
     rebuild = ab._arraybridge._rebuild_tensor
     payload = bytes(range(48))
     for code_bits_lanes, shape, name in (((10, 8, 1), (6, 8), "float8_e4m3fn(bits 8)"),
@@ -188,8 +188,11 @@ def test_dtypes_without_a_common_name_round_trip(protocol):
                           buffer_callback=bufs.append)
     assert addr(np.frombuffer(bufs[0].raw(), np.uint8)) == t8.data_ptr
     assert pickle.loads(stream, buffers=bufs).data_ptr == t8.data_ptr
-    # a common dtype still travels by name, which older versions read
+    # a common dtype still travels by name, which older versions read; a
+    # float8 format as its tuple, though newer versions read its name too
+    # (versions before that refused the name)
     assert t.__reduce_ex__(2)[1][1] == "float16"
+    assert t8.__reduce_ex__(2)[1][1] == (10, 8, 1)
 
 
 def test_a_pickled_dtype_tuple_is_checked():
@@ -199,6 +202,11 @@ def test_a_pickled_dtype_tuple_is_checked():
             rebuild(b"\0" * 8, bad, (1,), False, "cpu:0")
     with pytest.raises(TypeError):
         rebuild(b"\0" * 8, (2, 32), (1,), False, "cpu:0")
+    # a sub-byte format by name is no more taken than by tuple: its bytes
+    # would count as 0, and an empty payload would pass for any shape
+    for name in ("float4_e2m1fn", "float6_e2m3fn", "float4_e2m1fn(bits 4)"):
+        with pytest.raises(ValueError, match="whole bytes"):
+            rebuild(bytearray(), name, (1 << 24,), False, "cpu:0")
 
 
 def test_a_damaged_pickle_is_refused():
