@@ -675,7 +675,7 @@ Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
  * return the same error ... the process must be terminated and
  * relaunched") is reported, and from then on every CUDA device refuses
  * work at once, cached pool blocks included, while the host goes on. */
-Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) {
+static void after_a_sticky_error(cudaError_t sticky) {
   need_devices(2);
   int64_t shape[1] = {4096};
   uint8_t *x = malloc(4096);
@@ -685,10 +685,10 @@ Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) {
   cr_assert_eq(ab_tensor_alloc(CUDA(1), 1, shape, dt(kDLUInt, 8, 1), &t), AB_OK);
   t->deleter(t); /* a cached block now waits in cuda:1's pool */
 
-  simcuda_poison(cudaErrorIllegalAddress);
+  simcuda_poison(sticky);
   cr_assert_eq(ab_convert_memory(&h, CUDA(0), NULL, &r), AB_ERR_BACKEND);
   cr_assert_eq(r, SENTINEL_OUT);
-  cr_assert(strstr(ab_last_error(), "cudaErrorIllegalAddress") != NULL, "%s", ab_last_error());
+  cr_assert(strstr(ab_last_error(), cudaGetErrorName(sticky)) != NULL, "%s", ab_last_error());
   /* cuda:1 did nothing wrong, but the process's CUDA is gone: its cached
    * block is not handed out as a fresh tensor. */
   cr_assert_eq(ab_tensor_alloc(CUDA(1), 1, shape, dt(kDLUInt, 8, 1), &r), AB_ERR_BACKEND);
@@ -705,6 +705,16 @@ Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) {
   r->deleter(r);
   a->deleter(a); /* its block goes back without a runtime call; no crash */
   free(x);
+}
+
+Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) { after_a_sticky_error(cudaErrorIllegalAddress); }
+
+/* The newer codes documented as needing a relaunch, by value as the
+ * backend knows them: cudaErrorContained (226) is how Hopper GPUs report
+ * a contained hardware error. */
+Test(cuda, a_contained_hardware_error_is_sticky_too) {
+  cr_assert_str_eq(cudaGetErrorName((cudaError_t)226), "cudaErrorContained");
+  after_a_sticky_error((cudaError_t)226);
 }
 
 Test(cuda, AB_CUDA_PEER_off_keeps_peer_copies_staged) {
@@ -1069,6 +1079,48 @@ static int runtime_sweep(const struct sim_case *c, cudaError_t error) {
   want->deleter(want);
   made->deleter(made);
   return n - 1;
+}
+
+/* A copy to cuda:1 on a stream of cuda:1, the caller on cuda:1: the copy
+ * first waits for cuda:0 from cuda:0. Whichever call fails, the caller is
+ * on cuda:1 afterwards, unless the failed call was the library's last, a
+ * cudaSetDevice back to it (logged; nothing more can be done). A failed
+ * switch back from cuda:0 in that wait left the caller on cuda:0. */
+Test(cuda, a_failed_peer_wait_leaves_the_callers_device_current) {
+  need_devices(2);
+  static uint8_t x[8192];
+  int64_t shape[1] = {sizeof x};
+  DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *src = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t s;
+  cr_assert_eq(cudaStreamCreate(&s), cudaSuccess);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  o.stream = s;
+  int failed_runs = 0;
+  for (long n = 1;; n++) {
+    cr_assert_lt(n, 200, "the sweep does not end");
+    cr_assert_eq(cudaSetDevice(1), cudaSuccess);
+    DLManagedTensorVersioned *out = NULL;
+    simcuda_fail_nth(n, cudaErrorNotSupported);
+    const ab_status st = ab_convert_memory(&src->dl_tensor, CUDA(1), &o, &out);
+    const long hit = simcuda_failures(), calls = simcuda_calls();
+    const char *call = simcuda_failed_call();
+    simcuda_fail_nth(0, cudaSuccess);
+    (void)cudaGetLastError();
+    const bool last_restore = hit && n == calls && strcmp(call, "cudaSetDevice") == 0;
+    cr_assert(current_device() == 1 || last_restore, "call %ld (%s of %ld): cuda:%d left current", n, call, calls,
+              current_device());
+    if (st == AB_OK) out->deleter(out);
+    else failed_runs++;
+    if (!hit) break;
+  }
+  cr_assert_gt(failed_runs, 0);
+  cr_assert_eq(cudaSetDevice(1), cudaSuccess);
+  cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  src->deleter(src);
 }
 
 Test(cuda, every_runtime_failure_is_reported_and_cleaned_up) {

@@ -91,7 +91,12 @@ static bool is_sticky(cudaError_t e) {
   case cudaErrorLaunchFailure:
     return true;
   default:
-    return false;
+    /* Newer codes the runtime documents as needing the process relaunched,
+     * by value (older toolkits' headers lack the names):
+     * cudaErrorContained (226: Hopper's contained hardware errors),
+     * cudaErrorTensorMemoryLeak (721), cudaErrorMpsClientTerminated (810),
+     * cudaErrorExternalDevice (911). */
+    return (int)e == 226 || (int)e == 721 || (int)e == 810 || (int)e == 911;
   }
 }
 
@@ -146,13 +151,17 @@ static ab_status enter(int32_t id, int *prev) {
 
 /* A failed restore (it takes a broken context) is logged and its error
  * cleared: the caller's work was done, and the error is not the caller's. */
-static void leave(int32_t id, int prev) {
-  if (prev == id) return;
+static void set_back(int32_t id, int prev) {
   cudaError_t e = cudaSetDevice(prev);
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
   AB_LOG(AB_LOG_WARN, "cuda:%d: could not make the caller's device cuda:%d current again: %s", (int)id, prev,
          cudaGetErrorName(e));
+}
+
+/* enter's pair: prev current again where enter changed it. */
+static void leave(int32_t id, int prev) {
+  if (prev != id) set_back(id, prev);
 }
 
 /* Waits for `stream`, returning the first error of the copy or the wait.
@@ -416,6 +425,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
   cudaError_t e;
   const char *what;
 
+  bool moved = false; /* the current device may be neither did nor prev */
   AB_FORWARD(enter(did, &prev));
   if (compact && sid == did) {
     what = "cudaMemcpyAsync (device to device)";
@@ -435,6 +445,9 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     } else {
       what = "a wait for the source GPU before cudaMemcpyPeerAsync";
       e = wait_for_source(sid, did, (cudaStream_t)stream);
+      /* failed, it may have left sid current, even where the caller's
+       * device was did: the caller's is made current again below */
+      if (e != cudaSuccess) moved = true;
       if (e == cudaSuccess) {
         what = "cudaMemcpyPeerAsync";
         e = cudaMemcpyPeerAsync(dst, did, src, sid, bytes, (cudaStream_t)stream);
@@ -454,7 +467,8 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
     }
   }
   ab_status st = finish_or_queued(e, did, what, stream, async);
-  leave(did, prev);
+  if (moved) set_back(did, prev); /* whichever of sid and did is current */
+  else leave(did, prev);
   return st;
 }
 

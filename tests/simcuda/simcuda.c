@@ -148,6 +148,8 @@ void simcuda_fail_nth(long n, cudaError_t error) {
 
 long simcuda_failures(void) { return atomic_load(&failed); }
 
+long simcuda_calls(void) { return atomic_load(&fail_calls); }
+
 static const char *_Atomic failed_call = "";
 
 const char *simcuda_failed_call(void) { return atomic_load(&failed) ? atomic_load(&failed_call) : ""; }
@@ -1176,6 +1178,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   if (e == code) return #code;
   SIM_ERRORS(SIM_NAME)
 #undef SIM_NAME
+  if ((int)e == 226) return "cudaErrorContained"; /* by value: older headers lack it */
   return "cudaErrorUnknown";
 }
 
@@ -1184,5 +1187,6 @@ const char *cudaGetErrorString(cudaError_t e) {
   if (e == code) return text;
   SIM_ERRORS(SIM_TEXT)
 #undef SIM_TEXT
+  if ((int)e == 226) return "an exception on the device was contained by the GPU's error containment";
   return "unknown error";
 }

@@ -21,6 +21,11 @@ void simcuda_fail_call(const char *name, cudaError_t error);
 /* How many calls failed since the last simcuda_fail_nth: 0 or 1. */
 long simcuda_failures(void);
 
+/* How many calls simcuda_fail_nth has counted since it was armed (the
+ * failed one among them): a failure at n equal to this was the last call
+ * the library made. */
+long simcuda_calls(void);
+
 /* The name of the call that failed ("" when none did). */
 const char *simcuda_failed_call(void);
 
