@@ -709,6 +709,25 @@ static void after_a_sticky_error(cudaError_t sticky) {
 
 Test(cuda, after_a_sticky_error_no_cuda_device_is_used_again) { after_a_sticky_error(cudaErrorIllegalAddress); }
 
+/* The first call to meet a sticky error may be the range check of a CUDA
+ * source (cudaPointerGetAttributes): that is the process's CUDA gone, not
+ * a tensor that is not CUDA memory, and it is recorded as sticky there. */
+Test(cuda, a_sticky_error_met_by_the_range_check_is_no_invalid_tensor) {
+  need_devices(1);
+  int64_t shape[1] = {256};
+  uint8_t x[256];
+  fill_pattern(x, sizeof x, 3);
+  DLTensor h = {x, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *a = convert_ok(&h, CUDA(0), AB_COPY_IF_NEEDED, NULL), *r = SENTINEL_OUT;
+  simcuda_poison(cudaErrorIllegalAddress);
+  cr_assert_eq(ab_convert_memory(&a->dl_tensor, CPU0, NULL, &r), AB_ERR_BACKEND, "%s", ab_last_error());
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "cudaErrorIllegalAddress"), "%s", ab_last_error());
+  cr_assert_eq(ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r), AB_ERR_BACKEND);
+  cr_assert_not_null(strstr(ab_last_error(), "unusable"), "%s", ab_last_error());
+  a->deleter(a);
+}
+
 /* The newer codes documented as needing a relaunch, by value as the
  * backend knows them: cudaErrorContained (226) is how Hopper GPUs report
  * a contained hardware error. */

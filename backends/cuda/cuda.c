@@ -129,6 +129,13 @@ static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
   return AB_FAIL(st, "cuda:%" PRId32 ": %s failed: %s (%s)", id, what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* A failure that is not the caller's to see (a release, a restore, a
+ * drain): cleared, but a sticky one is still recorded, as fail_cuda does. */
+static void drop_error(cudaError_t e, int32_t id, const char *what) {
+  if (is_sticky(e)) note_sticky(e, id, what);
+  (void)cudaGetLastError();
+}
+
 static ab_status cuda_init(void) {
   pthread_once(&once, probe);
   if (ndev == 0) return AB_FAIL(AB_ERR_NO_DEVICE, "%s", why);
@@ -154,7 +161,7 @@ static ab_status enter(int32_t id, int *prev) {
 static void set_back(int32_t id, int prev) {
   cudaError_t e = cudaSetDevice(prev);
   if (e == cudaSuccess) return;
-  (void)cudaGetLastError();
+  drop_error(e, id, "cudaSetDevice");
   AB_LOG(AB_LOG_WARN, "cuda:%d: could not make the caller's device cuda:%d current again: %s", (int)id, prev,
          cudaGetErrorName(e));
 }
@@ -173,6 +180,7 @@ static ab_status finish_or_queued(cudaError_t e, int32_t id, const char *what, v
   if (async && e == cudaSuccess) return AB_OK;
   cudaError_t w = cudaStreamSynchronize((cudaStream_t)stream);
   if (e == cudaSuccess) e = w;
+  else if (w != cudaSuccess && is_sticky(w)) note_sticky(w, id, "cudaStreamSynchronize"); /* e is reported */
   return e == cudaSuccess ? AB_OK : fail_cuda(e, id, what);
 }
 
@@ -249,7 +257,8 @@ static void cuda_free(int32_t id, void *ptr, size_t bytes) {
   int prev;
   (void)bytes;
   if (enter(id, &prev) != AB_OK) return;
-  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  cudaError_t e = cudaFree(ptr);
+  if (e != cudaSuccess) drop_error(e, id, "cudaFree");
   leave(id, prev);
 }
 
@@ -662,7 +671,8 @@ static ab_status cuda_synchronize(int32_t id, void *stream) {
 static void cuda_stream_sync(int32_t id, void *stream) {
   int prev;
   if (enter(id, &prev) != AB_OK) return;
-  if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess) (void)cudaGetLastError();
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  if (e != cudaSuccess) drop_error(e, id, "cudaStreamSynchronize");
   leave(id, prev);
 }
 
@@ -776,6 +786,7 @@ static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin
     struct cudaPointerAttributes a;
     const char *p = (const char *)handle + at[k];
     cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess && is_sticky(e)) return fail_cuda(e, id, "cudaPointerGetAttributes"); /* not the tensor's fault */
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)%s", id,
@@ -805,6 +816,7 @@ static ab_status space_check_range(const char *label, int32_t id, const void *ha
   for (int k = 0; k < 2; k++) {
     struct cudaPointerAttributes a;
     cudaError_t e = cudaPointerGetAttributes(&a, (const char *)handle + at[k]);
+    if (e != cudaSuccess && is_sticky(e)) return fail_cuda(e, id, "cudaPointerGetAttributes");
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       continue; /* memory the runtime does not know: host memory */
