@@ -670,9 +670,17 @@ static ab_status cuda_synchronize(int32_t id, void *stream) {
 
 static void cuda_stream_sync(int32_t id, void *stream) {
   int prev;
+  cudaError_t e;
+  const cudaStream_t s = (cudaStream_t)stream;
+  if (s != NULL && s != cudaStreamLegacy && s != cudaStreamPerThread) {
+    /* A named stream is its device's whatever device is current: no
+     * switch, so a drain (ring_close, before its pinned chunks go back to
+     * the pool) does not depend on one succeeding. */
+    if ((e = cudaStreamSynchronize(s)) != cudaSuccess) drop_error(e, id, "cudaStreamSynchronize");
+    return;
+  }
   if (enter(id, &prev) != AB_OK) return;
-  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
-  if (e != cudaSuccess) drop_error(e, id, "cudaStreamSynchronize");
+  if ((e = cudaStreamSynchronize(s)) != cudaSuccess) drop_error(e, id, "cudaStreamSynchronize");
   leave(id, prev);
 }
 
