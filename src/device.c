@@ -303,11 +303,15 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
                      "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
                      what, ab_device_type_name(dev.device_type), id_text(dev.device_id, idb));
     /* in the range but no staging memory of this build (unused, or its
-     * backend left out) */
+     * backend left out: opencl_host without OpenCL), by name where it has
+     * one */
+    const char *name = ab_device_type_name(dev.device_type);
+    char hex[16];
+    if (strcmp(name, "unknown") == 0) snprintf(hex, sizeof hex, "type %#x", (unsigned)dev.device_type), name = hex;
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "%s type %#x:%s is in the range the library keeps for its own staging memory (%#x..%#x), not a "
+                   "%s %s:%s is in the range the library keeps for its own staging memory (%#x..%#x), not a "
                    "DLPack device type: no tensor may name it",
-                   what, (unsigned)dev.device_type, id_text(dev.device_id, idb), (unsigned)AB__PRIVATE_TYPE_BASE,
+                   what, name, id_text(dev.device_id, idb), (unsigned)AB__PRIVATE_TYPE_BASE,
                    (unsigned)(AB__PRIVATE_TYPE_BASE + AB__PRIVATE_TYPES - 1));
   }
   return check_device_at(i, dev, what, is_target, resolved, be);
