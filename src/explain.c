@@ -124,6 +124,7 @@ ab_status ab_explain_convert(const DLTensor *src, DLDevice target, const ab_conv
   ab__step_io io[AB_MAX_STEPS];
   if (buf == NULL && len > 0) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "buf is NULL but len is %zu", len);
   AB_FORWARD(ab__prepare(src, target, opts, NULL, &p));
+  if (len == 0) return AB_OK; /* asked only whether the plan stands (no text to write) */
   struct text t = {buf, len, 0};
   put_dev(&t, p.sdev);
   put(&t, " -> ");

@@ -367,7 +367,8 @@ static cudaError_t gather(char *dst, const char *src, const DLTensor *from, size
  * caller names that one, and waited for by `stream` (cudaStreamWaitEvent:
  * "event may be from a different device than stream"). The event may be
  * destroyed at once: its resources go when the wait has run. Leaves `did`
- * current. */
+ * current when it succeeds; after a failure `did` or `sid` may be (a
+ * switch back that failed), and the caller makes its own current again. */
 static cudaError_t wait_for_source(int32_t sid, int32_t did, cudaStream_t stream) {
   cudaEvent_t ev;
   cudaError_t e = cudaSetDevice(sid);

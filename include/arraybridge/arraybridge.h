@@ -476,7 +476,8 @@ AB_API ab_status ab_peer_access(DLDevice from, DLDevice to, int *can);
  * of src is read. For users who want to know why a transfer is slow.
  *
  * buf/len: as snprintf: at most len bytes including the terminating NUL;
- * a longer text is cut. buf may be NULL only when len is 0.
+ * a longer text is cut. buf may be NULL only when len is 0: the call then
+ * only says whether the plan stands, without composing the text.
  * Returns AB_OK, or the status ab_convert_memory would fail with before
  * moving data (invalid tensor, missing device, no route); buf is then
  * not written. */

@@ -3,6 +3,7 @@ again after an out-of-memory error."""
 import contextlib
 import contextvars
 import gc
+import sys
 
 from . import _arraybridge as _ab
 from ._frameworks import ADAPTERS
@@ -44,12 +45,18 @@ def memory_report():
 _depth = contextvars.ContextVar("arraybridge_oom_recovery_depth", default=0)
 
 
-def _behind(exc):
+def _behind(exc, handling=None):
     """The exception exc was raised from or while handling, as a traceback
-    shows the chain: __cause__, else __context__ unless suppressed."""
+    shows the chain: __cause__, else __context__ unless suppressed. The
+    context stops at `handling`, the exception being handled where the
+    recovery began: a decorated fallback called in an except block (try
+    the big model; on MemoryError, the chunked one) raises its own errors
+    in that context, and they are its own to retry."""
     if exc.__cause__ is not None:
         return exc.__cause__
-    return None if exc.__suppress_context__ else exc.__context__
+    if exc.__suppress_context__ or exc.__context__ is handling:
+        return None
+    return exc.__context__
 
 
 def _unmark(exc):
@@ -60,16 +67,17 @@ def _unmark(exc):
         exc = _behind(exc)
 
 
-def _retried(exc):
+def _retried(exc, handling=None):
     """Whether exc, or an exception it was raised from or while handling
-    (`raise MemoryError("again")` in an except block), is one a recovery
-    gave up on (run_with_oom_recovery)."""
+    (`raise MemoryError("again")` in an except block) within this recovery
+    (not before it began: `handling`), is one a recovery gave up on
+    (run_with_oom_recovery)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if getattr(exc, "_arraybridge_retried", False) is True:
             return True
-        exc = _behind(exc)
+        exc = _behind(exc, handling)
     return False
 
 
@@ -97,23 +105,25 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     retrying what was retried already (3 x 3 calls, two notes); the
     outermost takes the mark off, so the same exception object raised
     again by a later call (a Future's result) is retried afresh."""
+    handling = sys.exc_info()[1]  # called in an except block: that error is not this call's
     with _nesting():
         for attempt in range(max_retries + 1):
             try:
                 return call()
             except Exception as e:
-                if not _recovered(e, adapters, device_id, attempt, max_retries):
+                if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
                     raise
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
     """run_with_oom_recovery for a coroutine function call."""
+    handling = sys.exc_info()[1]
     with _nesting():
         for attempt in range(max_retries + 1):
             try:
                 return await call()
             except Exception as e:
-                if not _recovered(e, adapters, device_id, attempt, max_retries):
+                if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
                     raise
 
 
@@ -136,11 +146,11 @@ def _nesting():
         _depth.set(depth)
 
 
-def _recovered(e, adapters, device_id, attempt, max_retries):
+def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
     """After attempt (0-based) raised e: True when the caches were freed for
     another try; False when e is to be raised (not out of memory, given up
     on already, or the last try: then noted and marked)."""
-    if not _is_oom(e, adapters) or _retried(e):
+    if not _is_oom(e, adapters) or _retried(e, handling):
         return False
     if attempt == max_retries:
         if hasattr(e, "add_note"):

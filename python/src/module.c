@@ -1345,8 +1345,9 @@ static const DLTensor *capsule_peek(PyObject *cap) {
 
 /* ab_explain_convert of t without the GIL (a device may build its kernels
  * to answer). cap, when t is an unconsumed capsule's tensor read in place
- * (capsule_peek), is named as consumed meanwhile, so that no other thread
- * takes and deletes the tensor being read, and then named as it was. -1
+ * (capsule_peek), has a busy name meanwhile (BUSY_*_NAME), so that no
+ * other thread takes and deletes the tensor being read, and then the name
+ * it had. -1
  * with an exception when cap cannot be renamed, else 0 and *st. */
 static int explain_unlocked(PyObject *cap, const DLTensor *t, DLDevice to, const ab_convert_opts *o, char *buf,
                             size_t len, ab_status *st) {

@@ -733,6 +733,28 @@ def test_nested_decorators_retry_once_not_once_per_level():
     with pytest.raises(MemoryError, match="the model ran out"):
         rephrasing(np.ones(3))
     assert len(calls) == 3  # it was retried 3 x 3 when only __cause__ was followed
+
+    # ... but a decorated fallback called in the except block (the big
+    # model failed; try the chunked one) retries its own errors
+    tries = []
+
+    @ab.numpy
+    def chunked(x):
+        tries.append(1)
+        if len(tries) == 1:
+            raise MemoryError("transient")  # in the context of inner's given-up error
+        return x
+
+    @ab.numpy
+    def model(x):
+        try:
+            return inner(x)
+        except MemoryError:
+            return chunked(x)
+
+    calls.clear()
+    np.testing.assert_array_equal(model(np.ones(3)), np.ones(3))
+    assert len(calls) == 3 and len(tries) == 2
     # An out-of-memory error of the outer function's own is retried as ever.
     tries = []
 
