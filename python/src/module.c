@@ -1347,8 +1347,8 @@ static const DLTensor *capsule_peek(PyObject *cap) {
  * to answer). cap, when t is an unconsumed capsule's tensor read in place
  * (capsule_peek), has a busy name meanwhile (BUSY_*_NAME), so that no
  * other thread takes and deletes the tensor being read, and then the name
- * it had. -1
- * with an exception when cap cannot be renamed, else 0 and *st. */
+ * it had. -1 with an exception when cap cannot be renamed, else 0 and
+ * *st. */
 static int explain_unlocked(PyObject *cap, const DLTensor *t, DLDevice to, const ab_convert_opts *o, char *buf,
                             size_t len, ab_status *st) {
   const char *name = cap != NULL ? PyCapsule_GetName(cap) : NULL;
