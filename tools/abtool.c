@@ -210,7 +210,6 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
-
 /* A comma-separated option value copied into buf for strtok, read as
  * AB_MEMORY_LIMIT is: a comma at either end is ignored, an empty entry
  * between two is a mistake (strtok would skip it), and so is a list too
@@ -229,6 +228,7 @@ static bool list_ok(const char *opt, const char *list, char *buf, size_t len) {
   memcpy(buf, list, n + 1);
   return true;
 }
+
 static int cmd_bandwidth(int argc, char **argv) {
   size_t sizes[16];
   int nsizes = 0, reps = 5;

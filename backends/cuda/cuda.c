@@ -103,7 +103,8 @@ static bool is_sticky(cudaError_t e) {
 static void note_sticky(cudaError_t e, int32_t id, const char *what) {
   pthread_mutex_lock(&sticky_lock);
   if (atomic_load_explicit(&sticky, memory_order_relaxed) == 0) {
-    snprintf(sticky_why, sizeof sticky_why, "%s on cuda:%d (in %s)", cudaGetErrorName(e), (int)id, what);
+    if (id < 0) snprintf(sticky_why, sizeof sticky_why, "%s (in %s)", cudaGetErrorName(e), what);
+    else snprintf(sticky_why, sizeof sticky_why, "%s on cuda:%d (in %s)", cudaGetErrorName(e), (int)id, what);
     atomic_store_explicit(&sticky, (int)e, memory_order_release);
     AB_LOG(AB_LOG_ERROR, "CUDA is unusable in this process from now on: %s", sticky_why);
   }
@@ -646,7 +647,8 @@ static ab_status cuda_fence_wait(void *fence) {
 }
 
 static void cuda_fence_free(void *fence) {
-  if (cudaEventDestroy((cudaEvent_t)fence) != cudaSuccess) (void)cudaGetLastError();
+  cudaError_t e = cudaEventDestroy((cudaEvent_t)fence);
+  if (e != cudaSuccess) drop_error(e, -1, "cudaEventDestroy");
 }
 
 static bool cuda_peer_access(int32_t from, int32_t to) {
@@ -709,7 +711,8 @@ static cudaError_t wait_stream(cudaStream_t s, const char **what) {
     *what = "cudaEventSynchronize";
     e = cudaEventSynchronize(ev);
   }
-  if (cudaEventDestroy(ev) != cudaSuccess && e == cudaSuccess) (void)cudaGetLastError();
+  cudaError_t gone = cudaEventDestroy(ev);
+  if (gone != cudaSuccess && e == cudaSuccess) drop_error(gone, -1, "cudaEventDestroy"); /* else e is reported */
   return e;
 }
 
