@@ -120,21 +120,22 @@ static ab_status cuda_usable(int32_t id) {
                  id, sticky_why);
 }
 
-static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
+/* A failure cleared from the runtime's error state (a non-sticky one goes;
+ * a sticky one stays, and is recorded): for a call whose failure is not
+ * the caller's to see (a release, a restore, a drain), and the first half
+ * of fail_cuda. */
+static void drop_error(cudaError_t e, int32_t id, const char *what) {
   if (is_sticky(e)) note_sticky(e, id, what);
-  (void)cudaGetLastError(); /* clear the non-sticky error state */
+  (void)cudaGetLastError();
+}
+
+static ab_status fail_cuda(cudaError_t e, int32_t id, const char *what) {
+  drop_error(e, id, what);
   ab_status st = e == cudaErrorMemoryAllocation ? AB_ERR_OUT_OF_MEMORY
                : e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer ? AB_ERR_INVALID_ARGUMENT
                : AB_ERR_BACKEND;
   if (id < 0) return AB_FAIL(st, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
   return AB_FAIL(st, "cuda:%" PRId32 ": %s failed: %s (%s)", id, what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
-/* A failure that is not the caller's to see (a release, a restore, a
- * drain): cleared, but a sticky one is still recorded, as fail_cuda does. */
-static void drop_error(cudaError_t e, int32_t id, const char *what) {
-  if (is_sticky(e)) note_sticky(e, id, what);
-  (void)cudaGetLastError();
 }
 
 static ab_status cuda_init(void) {
