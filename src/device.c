@@ -296,9 +296,10 @@ ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target
   }
   /* By its capability, and by value in builds without the backend. */
   const int i = backend_index(dev.device_type);
-  if ((i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY)) || ab__is_private_type((int)dev.device_type)) {
+  const bool staging = i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY);
+  if (staging || ab__is_private_type((int)dev.device_type)) {
     char idb[16];
-    if (i >= 0 && (backends[i]->caps & AB_CAP_STAGING_ONLY))
+    if (staging)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                      "%s %s:%s is the library's own staging memory, not a DLPack device type: no tensor may name it",
                      what, ab_device_type_name(dev.device_type), id_text(dev.device_id, idb));
