@@ -160,8 +160,6 @@ static void release(DLManagedTensorVersioned *m) {
   if (m != NULL && m->deleter != NULL) m->deleter(m);
 }
 
-/* Raises the library's error for `st`, then releases m (whose deleter may
- * run Python or call the library) without losing the exception. */
 /* release(m) with a Python exception pending: a producer's deleter may
  * run Python, which must not see (or clear) it. */
 static void release_keeping_error(DLManagedTensorVersioned *m) {
@@ -171,12 +169,11 @@ static void release_keeping_error(DLManagedTensorVersioned *m) {
   PyErr_Restore(type, value, tb);
 }
 
+/* Raises the library's error for `st`, then releases m (whose deleter may
+ * run Python or call the library) without losing the exception. */
 static PyObject *raise_and_release(ab_status st, DLManagedTensorVersioned *m) {
   raise_status(st);
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  release(m);
-  PyErr_Restore(type, value, tb);
+  release_keeping_error(m);
   return NULL;
 }
 
@@ -1407,7 +1404,7 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
     const char *name = PyCapsule_GetName(cap);
     if (name != NULL && (strcmp(name, BUSY_VERSIONED_NAME) == 0 || strcmp(name, BUSY_LEGACY_NAME) == 0))
       PyErr_SetString(PyExc_BufferError, "this DLPack capsule is being read by another thread's arraybridge call "
-                                         "(explain_route, or to_device planning); it is not consumed, try again");
+                                         "(explain_route, to_device planning, or convert_into); it is not consumed, try again");
     else
       PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
                    name ? name : "(null)");
@@ -1933,6 +1930,81 @@ static int immutable_array(PyObject *o) {
   return hit >= 0;
 }
 
+/* One array of convert_into. A Tensor or a producer's array is imported
+ * (mt, released after). An unconsumed capsule is read in place (cap: the
+ * capsule still owns the tensor), so that a refusal leaves it the
+ * caller's, and it is taken and its tensor deleted only once the
+ * conversion has succeeded (into_done). */
+struct into_arg {
+  PyObject *cap;                /* the capsule read in place, else NULL */
+  const char *name;             /* its name, while it has the busy one */
+  DLManagedTensorVersioned *mt; /* else the import, owned */
+  const DLTensor *t;
+  uint64_t flags;
+};
+
+/* -1 with an exception. */
+static int into_open(PyObject *o, struct into_arg *a) {
+  *a = (struct into_arg){0};
+  const DLTensor *peek = capsule_peek(o);
+  if (peek == NULL) {
+    if (import_tensor(o, 0, NULL, &a->mt) < 0) return -1;
+    a->t = &a->mt->dl_tensor;
+    a->flags = a->mt->flags;
+    return 0;
+  }
+  ab_status st = ab_tensor_validate(peek);
+  if (st != AB_OK) {
+    raise_status(st);
+    return -1;
+  }
+  if (PyCapsule_IsValid(o, VERSIONED_NAME))
+    a->flags = ((const DLManagedTensorVersioned *)PyCapsule_GetPointer(o, VERSIONED_NAME))->flags;
+  a->cap = o;
+  a->t = peek;
+  return 0;
+}
+
+/* Gives a capsule read in place the busy name (see explain_unlocked). */
+static int into_busy(struct into_arg *a) {
+  if (a->cap == NULL) return 0;
+  const char *name = PyCapsule_GetName(a->cap);
+  if (PyCapsule_SetName(a->cap, PyCapsule_IsValid(a->cap, VERSIONED_NAME) ? BUSY_VERSIONED_NAME
+                                                                           : BUSY_LEGACY_NAME) < 0)
+    return -1;
+  a->name = name;
+  return 0;
+}
+
+/* The capsule's name as it was, then, where ok, the capsule taken and its
+ * tensor deleted (the conversion has read or written it); an import is
+ * released either way. Keeps a pending exception. */
+static void into_done(struct into_arg *a, int ok) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  if (a->name != NULL && PyCapsule_SetName(a->cap, a->name) < 0) PyErr_Clear(); /* a capsule: cannot fail */
+  if (a->cap != NULL && ok) {
+    if (PyCapsule_IsValid(a->cap, VERSIONED_NAME)) {
+      DLManagedTensorVersioned *m = PyCapsule_GetPointer(a->cap, VERSIONED_NAME);
+      if (PyCapsule_SetName(a->cap, USED_VERSIONED_NAME) == 0 && m->deleter != NULL) m->deleter(m);
+    } else if (PyCapsule_IsValid(a->cap, LEGACY_NAME)) {
+      DLManagedTensor *m = PyCapsule_GetPointer(a->cap, LEGACY_NAME);
+      if (PyCapsule_SetName(a->cap, USED_LEGACY_NAME) == 0 && m->deleter != NULL) m->deleter(m);
+    }
+  }
+  release(a->mt);
+  *a = (struct into_arg){0};
+  PyErr_Restore(type, value, tb);
+}
+
+/* A producer's device data read in place must be complete: as import_tensor
+ * waits for the imports. Without the GIL. */
+static ab_status into_ready(const struct into_arg *a) {
+  const DLDeviceType dt = a->t->device.device_type;
+  if (a->cap == NULL || dt == kDLCPU || dt == kDLOpenCL) return AB_OK;
+  return ab_synchronize(a->t->device, NULL);
+}
+
 static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"x",      "out",          "index",         "permute",        "scale",
                            "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
@@ -1943,6 +2015,10 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
                                    &m.scale, &m.offset, &m.channel_axis, &m.channel_scale, &m.channel_offset))
     return NULL;
   if (immutable_array(out_o)) return NULL;
+  if (x == out_o && PyCapsule_CheckExact(x)) {
+    PyErr_SetString(PyExc_BufferError, "x and out are the same DLPack capsule, which only one of them can take");
+    return NULL;
+  }
   struct map_buf mb;
   if (map_parse(&m, &mb) < 0) return NULL; /* before the imports: it may run Python */
   long long idx = 0;
@@ -1962,20 +2038,12 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
       return NULL;
     }
   }
-  DLManagedTensorVersioned *src, *dst;
-  if (import_tensor(x, 0, NULL, &src) < 0) {
-    map_free(&mb);
-    return NULL;
-  }
-  if (import_tensor(out_o, 0, NULL, &dst) < 0) {
-    map_free(&mb);
-    release_keeping_error(src);
-    return NULL;
-  }
-  DLTensor plane = dst->dl_tensor;
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  struct into_arg src = {0}, dst = {0};
   ab_status st = AB_OK;
-  if (dst->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+  if (into_open(x, &src) < 0 || into_open(out_o, &dst) < 0) goto fail;
+  DLTensor plane = *dst.t;
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  if (dst.flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
     PyErr_SetString(PyExc_ValueError, "out is read-only");
     goto fail;
   }
@@ -2021,27 +2089,26 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
     plane.shape += 1;
     if (plane.strides != NULL) plane.strides += 1;
   }
-  if (map_apply(&mb, &src->dl_tensor, &o) < 0) goto fail;
+  if (map_apply(&mb, src.t, &o) < 0) goto fail;
+  /* No other thread takes a capsule read here meanwhile. */
+  if (into_busy(&src) < 0 || into_busy(&dst) < 0) goto fail;
   Py_BEGIN_ALLOW_THREADS
-  st = ab_convert_into(&src->dl_tensor, &plane, &o);
+  if ((st = into_ready(&src)) == AB_OK && (st = into_ready(&dst)) == AB_OK)
+    st = ab_convert_into(src.t, &plane, &o);
   Py_END_ALLOW_THREADS
   map_free(&mb);
   if (st != AB_OK) {
     raise_status(st);
     goto fail;
   }
-  release(src);
-  release(dst);
+  into_done(&src, 1);
+  into_done(&dst, 1);
   Py_RETURN_NONE;
-fail: {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
+fail:
   map_free(&mb);
-  release(src);
-  release(dst);
-  PyErr_Restore(type, value, tb);
+  into_done(&src, 0);
+  into_done(&dst, 0);
   return NULL;
-}
 }
 
 /* A shape given as a sequence of ints, into shape[AB_MAX_NDIM]; -1 with an

@@ -159,6 +159,23 @@ def test_a_cuda_capsule_reaches_numpy_only_through_a_host_copy():
     assert np.array_equal(np.from_dlpack(ToHost(t)), a)
 
 
+def test_convert_into_reads_a_cuda_capsule_in_place_and_takes_it_once_done():
+    a = np.arange(12, dtype=np.float32)
+    t = ab.to_device(a, "cuda:1")
+    cap = t.__dlpack__(max_version=(1, 0))
+    out = np.zeros(12, np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        ab.convert_into(cap, out[:6])
+    ab.convert_into(cap, out, scale=3.0)
+    np.testing.assert_array_equal(out, a * 3)
+    with pytest.raises(BufferError, match="not an unconsumed"):
+        ab.convert_into(cap, out)
+    # a GPU out given as a capsule is written in place
+    dst = ab.empty((12,), "float32", device="cuda:0")
+    ab.convert_into(a + 1, dst.__dlpack__(max_version=(1, 0)))
+    np.testing.assert_array_equal(np.asarray(dst), a + 1)
+
+
 def test_importing_from_a_cuda_producer_asks_for_the_legacy_stream():
     a = sample("float32", (64, 3))
     r = Recorder(ab.to_device(a, "cuda:0"))

@@ -485,6 +485,48 @@ def test_a_capsule_the_core_refuses_is_left_for_the_caller():
     assert ab.from_dlpack(cap).data_ptr == src.data_ptr
 
 
+def test_convert_into_takes_a_capsule_only_once_it_has_converted():
+    """convert_into reads a capsule (x or out) in place: a refusal leaves
+    it unconsumed, a conversion takes it (it took both before, refused or
+    not)."""
+    a = np.arange(6, dtype=np.float32)
+    out = np.zeros((2, 3), np.float32)
+    for cap in (a.__dlpack__(max_version=(1, 0)), a.__dlpack__()):
+        name = capsule_name(cap)
+        with pytest.raises(ValueError, match="shape"):
+            ab.convert_into(cap, out)
+        with pytest.raises(ValueError, match="permute has 2 axes"):
+            ab.convert_into(cap, out.reshape(6), permute=(1, 0))
+        assert capsule_name(cap) == name
+        ab.convert_into(cap, out.reshape(6), scale=2.0)
+        assert capsule_name(cap) == "used_" + name
+        np.testing.assert_array_equal(out.reshape(6), a * 2)
+    # out as a capsule: written through, taken only when written
+    o = np.zeros(6, np.float32)
+    cap = o.__dlpack__(max_version=(1, 0))
+    with pytest.raises(ValueError, match="shape"):
+        ab.convert_into(np.zeros(5, np.float32), cap)
+    with pytest.raises(IndexError):
+        ab.convert_into(a[:1].reshape(()), cap, index=6)
+    assert capsule_name(cap) == "dltensor_versioned"
+    ab.convert_into(a + 1, cap)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    np.testing.assert_array_equal(o, a + 1)
+    # a read-only out, or one capsule as both, is refused and left as it was
+    ro = np.zeros(6, np.float32)
+    ro.flags.writeable = False
+    cap = ro.__dlpack__(max_version=(1, 0))
+    with pytest.raises(ValueError, match="read-only"):
+        ab.convert_into(a, cap)
+    with pytest.raises(BufferError, match="same DLPack capsule"):
+        ab.convert_into(cap, cap)
+    assert capsule_name(cap) == "dltensor_versioned"
+    assert ab.from_dlpack(cap).readonly
+    # a capsule already taken is still refused as such
+    with pytest.raises(BufferError, match="not an unconsumed"):
+        ab.convert_into(cap, o)
+
+
 def test_a_consumed_capsule_cannot_be_consumed_twice():
     a = np.arange(5)
     cap = a.__dlpack__(max_version=(1, 0))
