@@ -413,10 +413,12 @@ typedef struct ab_convert_opts {
  *
  * A view (AB_COPY_IF_NEEDED or AB_COPY_NEVER when src is already acceptable
  * on target: same device, same dtype, compact or AB_CONVERT_ALLOW_STRIDED_VIEW)
- * has data and byte_offset equal to src's, its own copy of shape and strides,
- * and IS_COPIED clear. It does not own the bytes: the caller must keep the
- * memory src points to alive, and unchanged if it wants the view unchanged,
- * until the view's deleter has run. The view's deleter frees only the view.
+ * has data and byte_offset equal to src's, its own copy of shape, strides
+ * of its own (src's where src is strided; the compact ones, addressing the
+ * same bytes, where src is compact, so a size-1 dimension's stride may
+ * differ from src's), and IS_COPIED clear. It does not own the bytes:
+ * the caller must keep the memory src points to alive, and unchanged if
+ * it wants the view unchanged, until the view's deleter has run. The view's deleter frees only the view.
  *
  * Errors: AB_ERR_INVALID_ARGUMENT (malformed tensor or options),
  * AB_ERR_UNSUPPORTED (dtype or route not supported), AB_ERR_NO_DEVICE,
@@ -636,8 +638,10 @@ AB_API ab_status ab_pool_trim(DLDevice dev);
 AB_API void ab_pool_trim_all(void);
 
 /** Caps the bytes `dev`'s pool may reserve from the driver; 0 removes the
- * cap. Lowering it below what is reserved frees nothing by itself: later
- * allocations go through the OOM sequence until the pool fits. The
+ * cap. The cap is checked when the pool would grow: an allocation that
+ * would take the pool past it runs the OOM sequence as a driver failure
+ * does. Lowering it below what is reserved frees nothing by itself, and
+ * blocks already cached are still handed out (ab_pool_trim frees them). The
  * environment variable AB_MEMORY_LIMIT sets limits at first use, e.g.
  * "cuda:0=8GiB,opencl:1=512MiB,cpu=2GiB" (a type without ":id" means every
  * device of that type; see docs/pools.md). */
