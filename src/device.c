@@ -1,7 +1,6 @@
 /* The backend registry: the backends built in, their lazy initialisation
  * and shutdown, device checks, device types and strings, the best device.
  * Calls into a backend go through the wrappers of backend.c. */
-#include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <pthread.h>
@@ -335,23 +334,11 @@ ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
 
 /* ---- device strings and the best device ---------------------------------- */
 
-/* Writes `text` into buf for a message: at most 40 characters, anything
- * unprintable as '?'. */
-static void quote(const char *text, char *buf, size_t len) {
-  size_t n = 0;
-  for (; text[n] != '\0' && n + 4 < len && n < 40; n++) buf[n] = isprint((unsigned char)text[n]) ? text[n] : '?';
-  if (text[n] != '\0') {
-    memcpy(buf + n, "...", 3);
-    n += 3;
-  }
-  buf[n] = '\0';
-}
-
 ab_status ab_parse_device(const char *text, DLDevice *out) {
   char q[48];
   if (text == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string is NULL");
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
-  quote(text, q, sizeof q);
+  ab__quote(text, q, sizeof q);
   const char *colon = strchr(text, ':');
   size_t tlen = colon ? (size_t)(colon - text) : strlen(text);
   int type = -1;

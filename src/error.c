@@ -1,4 +1,5 @@
 /* Status codes and the thread-local detail message. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,16 @@ const char *ab_status_name(ab_status status) {
 }
 
 const char *ab_last_error(void) { return errbuf; }
+
+void ab__quote(const char *text, char *buf, size_t len) {
+  size_t n = 0;
+  for (; text[n] != '\0' && n + 4 < len && n < 40; n++) buf[n] = isprint((unsigned char)text[n]) ? text[n] : '?';
+  if (text[n] != '\0') {
+    memcpy(buf + n, "...", 3);
+    n += 3;
+  }
+  buf[n] = '\0';
+}
 
 void ab__save_error(char saved[AB_ERRBUF_SIZE]) { memcpy(saved, errbuf, AB_ERRBUF_SIZE); }
 void ab__restore_error(const char saved[AB_ERRBUF_SIZE]) { memcpy(errbuf, saved, AB_ERRBUF_SIZE); }

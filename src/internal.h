@@ -70,6 +70,10 @@ ab_status ab__fail_at(const char *file, int line, ab_status status,
 #define AB_FAIL(status, ...) (ab__fail_at(__FILE__, __LINE__, (status), __VA_ARGS__), (status))
 #endif
 
+/* Writes `text` into buf (len >= 4) for a message: at most 40 characters,
+ * "..." where it is cut, anything unprintable as '?'. */
+void ab__quote(const char *text, char *buf, size_t len);
+
 /* An invariant the code relies on and no input can break (validation has
  * run before). Debug builds check it and abort with file and line; for
  * clang's static analyzer (make test-analyze) a path that breaks it ends

@@ -151,6 +151,22 @@ bool ab__parse_size(const char *s, size_t n, uint64_t *out) {
   return false;
 }
 
+ab_status ab_parse_size(const char *text, uint64_t *bytes) {
+  char q[48];
+  uint64_t v;
+  if (text == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "size text is NULL");
+  if (bytes == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "bytes is NULL");
+  if (!ab__parse_size(text, strlen(text), &v)) {
+    ab__quote(text, q, sizeof q);
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "size \"%s\" is not a byte count: digits, then B, K/KiB, M/MiB, G/GiB, T/TiB (binary) or KB, "
+                   "MB, GB, TB (decimal), below 2^64",
+                   q);
+  }
+  *bytes = v;
+  return AB_OK;
+}
+
 static int type_from_name(const char *s, size_t n) {
   for (int t = 1; t < MAX_TYPES; t++) {
     const char *name = ab_device_type_name(ab__slot_type(t));

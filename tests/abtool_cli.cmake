@@ -3,7 +3,7 @@ file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
 # Runs abtool with ARGN; checks the exit code and that stdout+stderr
-# contains `want`.
+# contains `want`; leaves them in `out` and `err`.
 function(expect code want)
   execute_process(COMMAND "${ABTOOL}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL code)
@@ -13,6 +13,8 @@ function(expect code want)
   if(at EQUAL -1)
     message(FATAL_ERROR "abtool ${ARGN}: output lacks \"${want}\"\n${out}${err}")
   endif()
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
 endfunction()
 
 # Fails with `what` unless files `got` and `want` end in the same `bytes`
@@ -83,6 +85,18 @@ expect(2 "not auto" bandwidth --devices cpu:auto)
 expect(2 "has an empty entry" bandwidth --sizes 4K,,8K)
 expect(2 "has an empty entry" bandwidth --devices cpu,,cpu)
 expect(2 "longer than" bandwidth --sizes 1K${long_tail})
+# Sizes in AB_MEMORY_LIMIT's units: KB is 1000 bytes, and "4k" is no size
+expect(0 "1000 bytes:" bandwidth --sizes 1KB --reps 1 --devices cpu)
+expect(0 "2048 bytes:" bandwidth --sizes 2KiB --reps 1 --devices cpu)
+expect(2 "bad size" bandwidth --sizes 4k --devices cpu)
+expect(2 "bad size" bandwidth --sizes 4096iB --devices cpu)
+# A device that cannot hold a tensor (staging memory; where OpenCL is not
+# built, absent) is the library's refusal, before the table starts
+expect(1 "opencl_host:0" bandwidth --sizes 4K --reps 1 --devices cpu,opencl_host:0)
+string(FIND "${out}${err}" "from row to column" at)
+if(NOT at EQUAL -1)
+  message(FATAL_ERROR "abtool bandwidth printed a table before refusing opencl_host:0\n${out}${err}")
+endif()
 # float8 names parse, and no .npy holds them
 expect(2 "a .npy file cannot hold it" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float8_e4m3fn --out "${WORK}/x.npy")
 message(STATUS "abtool_cli: all checks passed")

@@ -2,6 +2,7 @@
  * (ab_best_device), as Python's "cuda:1" and "cuda if available else cpu"
  * need them. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,36 @@ Test(device, malformed_strings_are_refused_with_the_reason) {
   DLDevice d;
   cr_assert_eq(ab_parse_device("cpu", NULL), AB_ERR_INVALID_ARGUMENT);
   (void)d;
+}
+
+/* Sizes are read as AB_MEMORY_LIMIT reads them, so that abtool and
+ * applications with size settings of their own spell them alike. */
+Test(device, sizes_take_the_memory_limit_suffixes_and_nothing_else) {
+  static const struct { const char *text; uint64_t bytes; } ok[] = {
+    {"0", 0}, {"4096", 4096}, {"4096B", 4096}, {"4K", 4096}, {"4KiB", 4096}, {"4KB", 4000},
+    {"1M", 1u << 20}, {"1MB", 1000000}, {"3GiB", 3ull << 30}, {"2GB", 2000000000ull},
+    {"1T", 1ull << 40}, {"1TB", 1000000000000ull}, {"18446744073709551615", UINT64_MAX},
+    {"16777215TiB", 16777215ull << 40},
+  };
+  for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+    uint64_t v = 7;
+    cr_assert_eq(ab_parse_size(ok[k].text, &v), AB_OK, "%s: %s", ok[k].text, ab_last_error());
+    cr_assert_eq(v, ok[k].bytes, "%s: %" PRIu64, ok[k].text, v);
+  }
+  static const char *const bad[] = {"",     "K",   "-1",   "+1",  " 1",  "1 ",  "4k",  "4kb", "4Kb",
+                                    "4iB",  "4KiBB", "1P",  "1.5M", "0x10", "4096iB",
+                                    "18446744073709551616", "16777216TiB"};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    uint64_t v = 7;
+    cr_assert_eq(ab_parse_size(bad[k], &v), AB_ERR_INVALID_ARGUMENT, "\"%s\" is no size", bad[k]);
+    cr_assert_eq(v, 7, "bytes untouched");
+    cr_assert(strstr(ab_last_error(), "is not a byte count") != NULL, "%s", ab_last_error());
+  }
+  uint64_t v;
+  cr_assert_eq(ab_parse_size(NULL, &v), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(ab_parse_size("4K", NULL), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(ab_parse_size("4\x01K", &v), AB_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(ab_last_error(), "\"4?K\"") != NULL, "quoted printable: %s", ab_last_error());
 }
 
 Test(device, types_list_every_type_with_devices_once_cpu_first) {

@@ -172,21 +172,12 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* "4K", "1M", "64MiB", "1000" -> bytes; 0 on error (a sign, a size past
- * size_t, trailing junk). */
+/* A size as the library reads AB_MEMORY_LIMIT's (ab_parse_size): "4K",
+ * "1MiB", "2GB", "1000"; 0 when it is not one, or is 0 or past size_t. */
 static size_t parse_size(const char *s) {
-  char *end;
-  errno = 0;
-  if (*s < '0' || *s > '9') return 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  unsigned shift = 0;
-  if (errno || end == s) return 0;
-  if (*end == 'K' || *end == 'k') shift = 10, end++;
-  else if (*end == 'M' || *end == 'm') shift = 20, end++;
-  else if (*end == 'G' || *end == 'g') shift = 30, end++;
-  if (strcmp(end, "") != 0 && strcmp(end, "iB") != 0 && strcmp(end, "B") != 0) return 0;
-  if (v > (unsigned long long)(SIZE_MAX >> shift)) return 0;
-  return (size_t)(v << shift);
+  uint64_t v;
+  if (ab_parse_size(s, &v) != AB_OK || v > SIZE_MAX) return 0;
+  return (size_t)v;
 }
 
 /* The whole of `s` as a finite number; -1 when it is not one (atof would
@@ -263,7 +254,7 @@ static int cmd_bandwidth(int argc, char **argv) {
       return EXIT_USAGE;
     }
     if ((sizes[nsizes] = parse_size(tok)) == 0) {
-      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1M, 64M)\n", tok);
+      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n", tok);
       return EXIT_USAGE;
     }
     nsizes++;
@@ -284,8 +275,12 @@ static int cmd_bandwidth(int argc, char **argv) {
                 ab_device_type_name(devs[ndevs].device_type));
         return EXIT_USAGE;
       }
-      struct ab_device_info info;
-      if (ab_device_info(devs[ndevs], &info) != AB_OK) return lib_fail(tok);
+      /* Present and able to hold a tensor (not staging memory, say),
+       * before the table starts. */
+      DLManagedTensorVersioned *probe;
+      if (ab_tensor_alloc(devs[ndevs], 1, (int64_t[]){1}, (DLDataType){kDLUInt, 8, 1}, &probe) != AB_OK)
+        return lib_fail(tok);
+      probe->deleter(probe);
       ndevs++;
     }
     if (ndevs == 0) { /* "," or "": as for --sizes */

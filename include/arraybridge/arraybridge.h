@@ -240,6 +240,15 @@ AB_API const char *ab_device_type_name(DLDeviceType type);
  * message quotes the string and says what is wrong) otherwise. */
 AB_API ab_status ab_parse_device(const char *text, DLDevice *out);
 
+/** Parses a byte count as AB_MEMORY_LIMIT and the other size variables
+ * read it: decimal digits, then optionally one suffix, case-sensitive:
+ * "B"; binary "K", "KiB", "M", "MiB", "G", "GiB", "T", "TiB"; decimal
+ * "KB", "MB", "GB", "TB" (powers of 1000). "512MiB", "2GB", "4096".
+ * On success writes *bytes; AB_ERR_INVALID_ARGUMENT (bytes untouched, the
+ * message quotes the text) for anything else, a count past 2^64 - 1
+ * included. */
+AB_API ab_status ab_parse_size(const char *text, uint64_t *bytes);
+
 /** The best device for work: the AB_DEFAULT_DEVICE environment variable
  * when it is set and names a device that exists and tensors may live on (a
  * device string, read at every call; not AB_DEVICE_OPENCL_HOST); else the
