@@ -126,7 +126,7 @@ static int dtype_from_object(PyObject *o, DLDataType *out) {
     s = o;
   } else {
     PyObject *fw = PyImport_ImportModule("arraybridge._frameworks");
-    s = fw == NULL ? NULL : PyObject_CallMethod(fw, "dtype_arg", "O", o);
+    s = fw == NULL ? NULL : PyObject_CallMethod(fw, "dtype_arg", "(O)", o);
     Py_XDECREF(fw);
     if (s != NULL && !PyUnicode_Check(s)) { /* None, say: named by str() in the error below */
       Py_DECREF(s);
@@ -1215,7 +1215,7 @@ static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwar
   Py_XDECREF(np);
   Py_DECREF(host);
   if (arr != NULL && dtype != Py_None) {
-    PyObject *cast = PyObject_CallMethod(arr, "astype", "O", dtype);
+    PyObject *cast = PyObject_CallMethod(arr, "astype", "(O)", dtype);
     Py_DECREF(arr);
     arr = cast;
   }

@@ -283,6 +283,13 @@ def test_dtype_keywords_take_every_frameworks_dtype_objects_alike():
     assert isinstance(e.value.__cause__, ValueError)
     with pytest.raises(ValueError, match="unknown dtype"):
         ab.to_device(a, "cpu", dtype=3)
+    # a tuple is one argument, not an argument list (it was unpacked into
+    # dtype_arg: (2, 32, 1) a TypeError, ("float64",) taken as float64)
+    for d in ((2, 32, 1), ("float64",)):
+        with pytest.raises(ValueError, match="unknown dtype"):
+            ab.to_device(a, "cpu", dtype=d)
+        with pytest.raises(ValueError, match="unknown dtype"):
+            ab.empty((2,), d, "cpu")
 
 
 def test_float8_formats_are_named_as_the_frameworks_name_them():
