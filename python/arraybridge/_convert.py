@@ -113,7 +113,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         if source is target and not opts:
             return data
         raise MemoryConversionError(source, target, "convert_memory",
-                                    "data is a traced %s value (inside jax.jit, vmap or grad), which has no data to "
+                                    "data is a traced %s value (inside jax.jit, vmap, grad or tf.function), which has no data to "
                                     "convert; convert before tracing" % source.display_name)
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)

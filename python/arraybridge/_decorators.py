@@ -36,6 +36,10 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
     body runs; its return value and values sent in as they are); send,
     throw and close reach func's generator. A generator is not retried on
     out-of-memory errors: what it yielded cannot be taken back."""
+    if isinstance(func, (classmethod, staticmethod)):
+        # Stacked above @classmethod or @staticmethod: the function within
+        # is wrapped, and made a method of the same kind again.
+        return type(func)(_wrap(func.__func__, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype))
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
     pos, name = _data_parameter(func)
 
@@ -68,7 +72,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
         keep = (dtype if dtype is not None and got not in (dtype, None)
                 and dtype.startswith("complex") == got.startswith("complex") else None)
         if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
-            result, keep = result.astype(keep), None  # inside jax.jit: JAX's own cast
+            result, keep = ADAPTERS[memory_type(res_type)].traced_cast(result, keep), None  # the framework's own
         return convert_memory(result, res_type, output, gpu_id, dtype=keep)
 
     def start(args, kwargs):
@@ -184,7 +188,8 @@ def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, pr
 
 def _framework_decorator(mt):
     def decorator(func=None, *, gpu_id=None, input_type=None, output_type=mt, oom_recovery=True, preserve_dtype=True):
-        if func is not None and not callable(func):  # @torch(0): a gpu_id given by position
+        if func is not None and not callable(func) and not isinstance(func, classmethod):
+            # @torch(0): a gpu_id given by position
             raise TypeError("@%s decorates a function; give its options by keyword (@%s(gpu_id=%r)), not %r"
                             % (mt.value, mt.value, func, func))
         accepts = None if input_type is None else memory_type(input_type, "input_type")

@@ -120,17 +120,24 @@ def _keras_value(obj):
 
 def owner_of(obj):
     """The MemoryType whose framework obj's type belongs to, by the top-level
-    module of the type (nothing is imported), or None. Cached per type."""
+    module of the type or of the first of its bases that has one (a
+    user's subclass of np.ndarray or torch.Tensor is that framework's
+    array; nothing is imported), or None. Cached per type."""
     cls = type(obj)
     try:
         return _OWNER[cls]
     except KeyError:
         pass
-    top = cls.__module__.split(".", 1)[0]
-    if top == "keras":
-        found = _keras_owner()
-    else:
-        found = next((a.memory_type for a in ADAPTERS.values() if top in a.modules), None)
+    found = None
+    for c in cls.__mro__:
+        module = getattr(c, "__module__", None)
+        top = module.split(".", 1)[0] if isinstance(module, str) else ""
+        if top == "keras":
+            found = _keras_owner()
+        else:
+            found = next((a.memory_type for a in ADAPTERS.values() if top in a.modules), None)
+        if found is not None:
+            break
     _OWNER[cls] = found
     return found
 
@@ -167,9 +174,13 @@ class Adapter:
         return owner_of(obj) is self.memory_type
 
     def traced(self, obj):
-        """Whether obj is a value being traced (inside jax.jit, vmap, grad):
-        it has no data to move, only a type."""
+        """Whether obj is a value being traced (inside jax.jit, vmap, grad,
+        or tf.function): it has no data to move, only a type."""
         return False
+
+    def traced_cast(self, obj, dtype):
+        """A traced value cast to dtype (a name) by the framework itself."""
+        return obj.astype(dtype)
 
     # ---- devices --------------------------------------------------------------
     def gpu_ids(self, mod):
@@ -257,6 +268,18 @@ class Torch(Adapter):
     import_name = "torch"
     modules = ("torch",)
     layout = "nonnegative"
+
+    def device_of(self, obj):
+        # By its torch.device, which torch.compile can trace (it cannot
+        # trace __dlpack_device__'s enum): the torch -> torch no-op of a
+        # decorated function then compiles. ROCm's "cuda" is not ours.
+        dev = getattr(obj, "device", None)
+        kind = getattr(dev, "type", None)
+        if kind == "cpu":
+            return "cpu:0"
+        if kind == "cuda" and getattr(getattr(sys.modules.get("torch"), "version", None), "hip", None) is None:
+            return "cuda:%d" % (dev.index or 0)
+        return super().device_of(obj)
 
     def gpu_ids(self, mod):
         return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
@@ -402,6 +425,15 @@ class TensorFlow(Adapter):
     def device_of(self, obj):
         return super().device_of(self.producer(obj))
 
+    def traced(self, obj):
+        # A graph tensor, inside tf.function (Keras's fit, say).
+        tf = sys.modules.get("tensorflow")
+        symbolic = getattr(tf, "is_symbolic_tensor", None)
+        return symbolic is not None and bool(symbolic(obj))
+
+    def traced_cast(self, obj, dtype):
+        return self.module().cast(obj, dtype)
+
     def from_tensor(self, t, mod, gpu_id):
         # TensorFlow takes legacy capsules only, and a legacy capsule cannot
         # say read-only: such data is copied (TensorFlow never writes it).
@@ -488,6 +520,17 @@ class Pyclesperanto(Adapter):
             finally:
                 mod.select_device(current)
 
+    @staticmethod
+    def check(shape, dtype):
+        """Refuses what pyclesperanto has no array for (its create would make
+        another shape or dtype): ValueError, or TypeError for complex."""
+        if not 1 <= len(shape) <= 3 or 0 in shape:
+            raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
+                             "shape %s" % (tuple(shape),))
+        if str(dtype).startswith("complex"):
+            raise TypeError("pyclesperanto has no complex arrays, so %s data cannot go there as it is; convert its "
+                            "real part, or abs(), instead" % (dtype,))
+
     def from_tensor(self, t, mod, gpu_id):
         return self.convert(t, None, gpu_id, mod, {})
 
@@ -506,11 +549,9 @@ class Pyclesperanto(Adapter):
         perm = opts.get("permute")
         if perm is not None:
             shape = tuple(shape[p + len(shape) if p < 0 else p] for p in perm)
-        if not 1 <= len(shape) <= 3 or 0 in shape:
-            raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
-                             "shape %s" % (tuple(shape),))
         dtype = opts.get("dtype")
         dtype = src.dtype if dtype is None else dtype
+        self.check(shape, dtype)
         out = self.create(mod, shape, dtype, gpu_id)
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
         return out

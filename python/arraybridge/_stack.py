@@ -42,6 +42,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
         if mt is MemoryType.PYCLESPERANTO:
             # The result lives in pyclesperanto's own OpenCL context: allocate it
             # there and write the planes into its buffer.
+            adapter.check(full, dtype)
             out = adapter.create(mod, full, dtype, int(device.split(":")[1]))
         else:
             out = _ab.empty(full, dtype, device)

@@ -383,6 +383,17 @@ def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
     for a in (np.array(2.0, np.float32), np.zeros((0, 3), np.float32), np.zeros((2, 2, 2, 2), np.float32)):
         with pytest.raises(ab.MemoryConversionError, match="1 to 3 dimensions"):
             ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+    # stack_slices too (pyclesperanto made a (1, 2) array of empty slices,
+    # which convert_into then refused as a shape mismatch)
+    with pytest.raises(ab.MemoryConversionError, match="1 to 3 dimensions"):
+        ab.stack_slices([np.zeros((0, 2), np.float32)], "pyclesperanto")
+    # complex data: pyclesperanto makes complex64 float32 and refuses
+    # complex128, each in words about something else
+    for d in (np.complex64, np.complex128):
+        with pytest.raises(ab.MemoryConversionError, match="no complex arrays"):
+            ab.convert_memory(np.ones(3, d), "numpy", "pyclesperanto", gpu_id=0)
+        with pytest.raises(ab.MemoryConversionError, match="no complex arrays"):
+            ab.stack_slices([np.ones((2, 2), d)], "pyclesperanto")
 
 
 def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
@@ -1097,6 +1108,114 @@ def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
         r = f(x)
         assert r.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(r), [0, 0, 1])
+
+
+def test_tensorflow_decorated_functions_run_inside_tf_function():
+    """Graph tensors inside tf.function (Keras's fit runs there) pass as
+    they are, as JAX's traced values do: they have no data to move. They
+    failed on __dlpack_device__ before."""
+    tf = need("tensorflow")
+
+    @ab.tensorflow
+    def double(x):
+        return x * 2
+
+    @ab.tensorflow
+    def wider(x):
+        return tf.cast(x, tf.float64) * 2  # cast back to float32 by TensorFlow under tracing
+
+    x = tf.constant([1.0, 2.0])
+    for f in (double, wider):
+        r = tf.function(f)(x)
+        assert r.dtype == tf.float32, f
+        np.testing.assert_array_equal(r.numpy(), [2, 4])
+    assert ab.convert_memory(x, "tensorflow", "tensorflow") is x
+
+    @ab.numpy
+    def to_numpy(x):
+        return x
+
+    with pytest.raises(Exception, match="traced TensorFlow value"):  # within autograph's StagingError
+        tf.function(to_numpy)(x)
+
+
+def test_torch_compile_traces_a_torch_decorated_function():
+    """torch.compile could not trace the torch -> torch no-op of @torch
+    (__dlpack_device__'s enum). In a process of its own: one that has
+    loaded TensorFlow aborts in torch.compile (two LLVMs' options), with
+    or without arraybridge."""
+    need("torch")
+    code = textwrap.dedent("""
+        import numpy as np, torch, arraybridge as ab
+
+        @ab.torch
+        def f(x):
+            return x * 2 + 1
+
+        r = torch.compile(f, backend="eager")(torch.ones(3))
+        assert type(r) is torch.Tensor and r.tolist() == [3.0, 3.0, 3.0], r
+        r = torch.compile(f, backend="eager")(np.ones(3, np.float32))  # a graph break converts it
+        assert type(r) is torch.Tensor and r.tolist() == [3.0, 3.0, 3.0], r
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
+def test_subclasses_of_framework_arrays_are_that_frameworks():
+    """A user's subclass of np.ndarray or torch.Tensor is that framework's
+    array: decorators passed it on unconverted, and convert_memory refused
+    it as '__main__.MyArray, not numpy'."""
+    class Frame(np.ndarray):
+        pass
+
+    a = np.arange(6.0).reshape(2, 3).view(Frame)
+    assert ab.detect_memory_type(a) == "numpy"
+    torch = need("torch")
+
+    @ab.torch
+    def twice(x):
+        assert type(x) is torch.Tensor
+        return x * 2
+
+    r = twice(a)
+    assert type(r) is torch.Tensor
+    np.testing.assert_array_equal(r.numpy(), np.asarray(a) * 2)
+    assert ab.convert_memory(a, "numpy", "torch").data_ptr() == a.ctypes.data
+
+    class Labelled(torch.Tensor):
+        pass
+
+    t = torch.arange(3.0).as_subclass(Labelled)
+    assert ab.detect_memory_type(t) == "torch"
+    np.testing.assert_array_equal(ab.convert_memory(t, "torch", "numpy"), [0, 1, 2])
+
+
+def test_decorators_stacked_above_classmethod_and_staticmethod():
+    """@torch above @classmethod said it was given a gpu_id; both kinds of
+    method are wrapped and stay what they were."""
+    torch = need("torch")
+
+    class Model:
+        @ab.torch(output_type="numpy")
+        @classmethod
+        def scaled(cls, x, k=2):
+            assert cls is Model and type(x) is torch.Tensor
+            return x * k
+
+        @ab.torch(output_type="numpy")
+        @staticmethod
+        def plus(x):
+            assert type(x) is torch.Tensor
+            return x + 1
+
+    a = np.arange(3, dtype=np.float32)
+    for f in (Model.scaled, Model().scaled):
+        np.testing.assert_array_equal(f(a), a * 2)
+    np.testing.assert_array_equal(Model.scaled(a, k=3), a * 3)
+    for f in (Model.plus, Model().plus):
+        np.testing.assert_array_equal(f(a), a + 1)
+    assert Model.scaled.input_memory_type == "torch" and Model.plus.output_memory_type == "numpy"
 
 
 # ---- stack_slices / unstack_slices ---------------------------------------------
