@@ -332,8 +332,9 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   return AB_OK;
 }
 
-/* Whether two host byte ranges [a, a + n) and [b, b + m) share a byte. */
-static bool overlap(uintptr_t a, uint64_t n, uintptr_t b, uint64_t m) { return n > 0 && m > 0 && a < b + m && b < a + n; }
+/* Whether two byte ranges [a, a + n) and [b, b + m) share a byte: host
+ * addresses, or offsets into one buffer. */
+static bool overlap(uint64_t a, uint64_t n, uint64_t b, uint64_t m) { return n > 0 && m > 0 && a < b + m && b < a + n; }
 
 /* "(3, 4)" for a message, cut with "..." where buf is too short. */
 static const char *shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
@@ -380,10 +381,15 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
                    shape_text(dst->ndim, dst->shape, ds, sizeof ds), shape_text(src->ndim, shape, rs, sizeof rs),
                    o.permute != NULL ? ", permuted by opts->permute" : "");
   }
-  if ((p.sbe->caps & AB_CAP_HOST_ACCESSIBLE) && (dbe->caps & AB_CAP_HOST_ACCESSIBLE) &&
-      overlap((uintptr_t)src->data + src->byte_offset + (uintptr_t)p.lay.min_off,
-              p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0,
-              (uintptr_t)dst->data + dst->byte_offset, dlay.nbytes))
+  /* The bytes src reads, from its first: validated, so no overflow. */
+  const uint64_t from = src->byte_offset + (uint64_t)p.lay.min_off;
+  const uint64_t span = p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0;
+  const bool host = (p.sbe->caps & AB_CAP_HOST_ACCESSIBLE) && (dbe->caps & AB_CAP_HOST_ACCESSIBLE);
+  /* Pointers by address; handles (OpenCL buffers) by offset when both
+   * are the same buffer of one backend (a driver would refuse the copy,
+   * or run it over bytes it is still reading). */
+  if (host ? overlap((uintptr_t)src->data + from, span, (uintptr_t)dst->data + dst->byte_offset, dlay.nbytes)
+           : p.sbe == dbe && src->data == dst->data && overlap(from, span, dst->byte_offset, dlay.nbytes))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
   DLTensor out = *dst;
   out.device = ddev;

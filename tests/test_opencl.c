@@ -254,6 +254,21 @@ Test(opencl, convert_into_writes_a_buffer_of_another_context) {
   /* a plane past the buffer's end is refused before anything moves */
   plane.byte_offset = 3 * 64 * sizeof(float);
   cr_assert_eq(ab_convert_into(&h, &plane, NULL), AB_ERR_INVALID_ARGUMENT);
+  /* bytes of one buffer into themselves, or into a range they overlap,
+   * are refused as on the host (the driver said CL_MEM_COPY_OVERLAP, a
+   * backend failure); planes apart in it are fine */
+  DLTensor from = {m, CL(0), 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  const uint64_t offsets[3] = {0, 4, 63 * sizeof(float)};
+  for (int k = 0; k < 3; k++) {
+    plane.byte_offset = offsets[k];
+    cr_assert_eq(ab_convert_into(&from, &plane, NULL), AB_ERR_INVALID_ARGUMENT, "offset %d: %s", (int)offsets[k],
+                 ab_last_error());
+    cr_assert(strstr(ab_last_error(), "share memory") != NULL, "%s", ab_last_error());
+  }
+  plane.byte_offset = 64 * sizeof(float);
+  cr_assert_eq(ab_convert_into(&from, &plane, NULL), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(clEnqueueReadBuffer(f.q, m, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL), CL_SUCCESS);
+  for (int i = 0; i < 64; i++) cr_assert_eq(got[64 + i], (float)src[i], "plane 1 element %d", i);
   foreign_release(&f);
   assert_pool_clean(CL(0));
 }

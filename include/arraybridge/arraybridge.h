@@ -427,7 +427,8 @@ typedef struct ab_convert_opts {
  * same bytes, where src is compact, so a size-1 dimension's stride may
  * differ from src's), and IS_COPIED clear. It does not own the bytes:
  * the caller must keep the memory src points to alive, and unchanged if
- * it wants the view unchanged, until the view's deleter has run. The view's deleter frees only the view.
+ * it wants the view unchanged, until the view's deleter has run. The
+ * view's deleter frees only the view.
  *
  * Errors: AB_ERR_INVALID_ARGUMENT (malformed tensor or options),
  * AB_ERR_UNSUPPORTED (dtype or route not supported), AB_ERR_NO_DEVICE,
@@ -456,7 +457,8 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
  *
  * Errors: those of ab_convert_memory; AB_ERR_INVALID_ARGUMENT for a dst
  * that is malformed, strided, of another shape or dtype, overlapping src
- * (checked for host-addressable memory), or opts with AB_CONVERT_READ_ONLY;
+ * (checked for host-addressable memory, and for bytes of one OpenCL
+ * buffer), or opts with AB_CONVERT_READ_ONLY;
  * AB_ERR_COPY_REQUIRED for AB_COPY_NEVER. On error, src is unchanged; dst
  * may have been partly written. */
 AB_API ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst,
