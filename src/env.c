@@ -59,8 +59,11 @@ long ab__env_int(const char *name, long dflt, long lo, long hi) {
   const char *v = ab__env_str(name);
   if (v == NULL) return dflt;
   char *end;
+  /* digits alone (strtol would skip leading blanks and take a sign, so
+   * " 4" was read and "4 " refused) */
+  const bool digits = (v[0] >= '0' && v[0] <= '9') || (lo < 0 && v[0] == '-' && v[1] >= '0' && v[1] <= '9');
   long x = strtol(v, &end, 10);
-  if (*end != '\0' || x < lo || x > hi) {
+  if (!digits || *end != '\0' || x < lo || x > hi) {
     AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, v, lo, hi, dflt);
     return dflt;
   }

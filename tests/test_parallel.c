@@ -235,6 +235,16 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   ab__env_reload();
   cr_assert_eq(ab__num_threads(), (int)(sysconf(_SC_NPROCESSORS_ONLN) > 64 ? 64 : sysconf(_SC_NPROCESSORS_ONLN)));
   cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  /* digits alone: a blank or a sign on either side is refused alike (" 3"
+   * was read as 3, "3 " refused) */
+  const int cores = ab__num_threads(); /* the default, so the value tried is another */
+  const char *const spaced[2][4] = {{" 3", "3 ", "+3", "\t3"}, {" 2", "2 ", "+2", "\t2"}};
+  for (size_t k = 0; k < 4; k++) {
+    const char *v = spaced[cores == 3][k];
+    setenv("AB_NUM_THREADS", v, 1);
+    ab__env_reload();
+    cr_assert_eq(ab__num_threads(), cores, "\"%s\" was read", v);
+  }
   unsetenv("AB_NUM_THREADS");
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
