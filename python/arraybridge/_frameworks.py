@@ -241,6 +241,29 @@ class Adapter:
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_managed"}
 
 
+def _ml_dtypes_name(name):
+    """A Tensor dtype name (bfloat16, "float8_e4m3fn(bits 8)") as
+    ml_dtypes names its NumPy type, for the whole-byte formats NumPy itself
+    lacks; None for any other."""
+    name = name.split("(", 1)[0]
+    return name if name == "bfloat16" or name.startswith("float8_") else None
+
+
+def _ml_dtypes_type(name):
+    """ml_dtypes' NumPy scalar type `name` (JAX and TensorFlow install
+    ml_dtypes); TypeError when it is missing or has no such type."""
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise TypeError("NumPy has no %s arrays of its own, and ml_dtypes, which adds them, is not installed (%s)"
+                        % (name, e)) from e
+    found = getattr(ml_dtypes, name, None)
+    if found is None:
+        raise TypeError("NumPy has no %s arrays, and ml_dtypes %s has no such type either"
+                        % (name, getattr(ml_dtypes, "__version__", "?")))
+    return found
+
+
 class NumPy(Adapter):
     memory_type = MemoryType.NUMPY
     import_name = "numpy"
@@ -257,10 +280,31 @@ class NumPy(Adapter):
 
     def producer(self, obj):
         numpy = sys.modules.get("numpy")
-        return numpy.asarray(obj) if numpy is not None and isinstance(obj, numpy.generic) else obj
+        if numpy is None:
+            return obj
+        if isinstance(obj, numpy.generic):
+            obj = numpy.asarray(obj)
+        dt = getattr(obj, "dtype", None)
+        if (isinstance(obj, numpy.ndarray) and str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes")
+                and _ml_dtypes_name(dt.name) is not None):
+            # ml_dtypes' bfloat16 and float8 arrays, which NumPy's DLPack
+            # export refuses: their memory taken as a Tensor of that dtype
+            # (shared; a C-ordered copy of a strided one).
+            a = obj if obj.flags.c_contiguous else numpy.ascontiguousarray(obj).reshape(obj.shape)
+            return _ab._rebuild_tensor(a.reshape(-1).view(numpy.uint8), dt.name, a.shape, not a.flags.writeable,
+                                       "cpu")
+        return obj
 
     def from_tensor(self, t, mod, gpu_id):
-        return mod.from_dlpack(t)
+        name = _ml_dtypes_name(t.dtype)
+        if name is None:
+            return mod.from_dlpack(t)
+        # bfloat16 and float8, which NumPy's DLPack import refuses: as
+        # ml_dtypes' NumPy types (what np.asarray of a JAX array gives),
+        # over the same memory where it is compact.
+        kind = _ml_dtypes_type(name)
+        t = _ab.to_device(t, "cpu:0", layout="compact")
+        return mod.frombuffer(_ab.byte_view(t), dtype=kind).reshape(t.shape)
 
 
 class Torch(Adapter):
@@ -455,6 +499,12 @@ class TensorFlow(Adapter):
 _CL_NO_MEMORY = ("MEM_OBJECT_ALLOCATION_FAILURE", "OUT_OF_RESOURCES", "OUT_OF_HOST_MEMORY", "INVALID_BUFFER_SIZE")
 
 
+# What pyclesperanto makes arrays of (bool as uint8, 64-bit types as
+# 32-bit: its own storage rules); float16, bfloat16 and float8 it has not.
+_CLE_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
+                         "float64"))
+
+
 class Pyclesperanto(Adapter):
     memory_type = MemoryType.PYCLESPERANTO
     import_name = "pyclesperanto"
@@ -527,9 +577,13 @@ class Pyclesperanto(Adapter):
         if not 1 <= len(shape) <= 3 or 0 in shape:
             raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
                              "shape %s" % (tuple(shape),))
-        if str(dtype).startswith("complex"):
+        name = str(dtype).split("(", 1)[0]
+        if name.startswith("complex"):
             raise TypeError("pyclesperanto has no complex arrays, so %s data cannot go there as it is; convert its "
-                            "real part, or abs(), instead" % (dtype,))
+                            "real part, or abs(), instead" % (name,))
+        if name not in _CLE_DTYPES:
+            raise TypeError("pyclesperanto has no %s arrays; give a dtype it has (dtype='float32', say) to convert on "
+                            "the way" % (name,))
 
     def from_tensor(self, t, mod, gpu_id):
         return self.convert(t, None, gpu_id, mod, {})

@@ -67,6 +67,8 @@ def values(fw, x):
 
 
 def ptr(x):
+    if isinstance(x, np.ndarray):
+        return x.ctypes.data  # NumPy's DLPack export refuses ml_dtypes' bfloat16
     return ab.from_dlpack(x).data_ptr
 
 
@@ -167,7 +169,10 @@ def source_array(dtype, shape=(3, 4)):
 
 
 def make_bfloat16(fw, a32):
-    """fw's bfloat16 array of float32 values a32, by fw's own cast."""
+    """fw's bfloat16 array of float32 values a32, by fw's own cast
+    (NumPy's: ml_dtypes', which JAX and TensorFlow install)."""
+    if fw == "numpy":
+        return aligned(a32.astype(need("ml_dtypes").bfloat16))
     if fw == "torch":
         return need("torch").from_numpy(a32).to(need("torch").bfloat16)
     if fw == "jax":
@@ -182,9 +187,7 @@ def test_every_pair_of_host_frameworks_is_zero_copy_with_every_dtype(src, dst):
     for dtype in DTYPES:
         if not (supported(src, dtype) and supported(dst, dtype)):
             continue
-        if dtype == "bfloat16":
-            if "numpy" in (src, dst):
-                continue  # NumPy has no bfloat16 of its own
+        if dtype == "bfloat16":  # NumPy's: ml_dtypes' (NumPy has none of its own)
             a = source_array("float32")
             x = make_bfloat16(src, a)
             want = ab.convert_memory(x, src, "numpy", dtype="float32")
@@ -394,6 +397,12 @@ def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
             ab.convert_memory(np.ones(3, d), "numpy", "pyclesperanto", gpu_id=0)
         with pytest.raises(ab.MemoryConversionError, match="no complex arrays"):
             ab.stack_slices([np.ones((2, 2), d)], "pyclesperanto")
+    # nor float16 or bfloat16, which it refused in words of its own
+    with pytest.raises(ab.MemoryConversionError, match="no float16 arrays; give a dtype"):
+        ab.convert_memory(np.ones(3, np.float16), "numpy", "pyclesperanto", gpu_id=0)
+    np.testing.assert_array_equal(
+        need("pyclesperanto").pull(ab.convert_memory(np.ones(3, np.float16), "numpy", "pyclesperanto", gpu_id=0,
+                                                     dtype="float32")), np.ones(3, np.float32))
 
 
 def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
@@ -1110,6 +1119,54 @@ def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
         np.testing.assert_array_equal(np.asarray(r), [0, 0, 1])
 
 
+def test_bfloat16_and_float8_reach_numpy_as_ml_dtypes_arrays():
+    """NumPy has no bfloat16 or float8 of its own; ml_dtypes (which JAX and
+    TensorFlow install) adds them, and np.asarray of a JAX array gives
+    them. convert_memory to and from NumPy refused them ("Unsupported
+    dtype in DLTensor", NumPy's words)."""
+    ml_dtypes = need("ml_dtypes")
+    torch = need("torch")
+    a32 = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5
+    t = torch.from_numpy(a32).to(torch.bfloat16)
+    n = ab.convert_memory(t, "torch", "numpy")
+    assert n.dtype == ml_dtypes.bfloat16 and n.ctypes.data == t.data_ptr()  # shared
+    np.testing.assert_array_equal(n.astype(np.float32), a32)
+    np.testing.assert_array_equal(ab.convert_memory(t.T, "torch", "numpy").astype(np.float32), a32.T)  # strided
+    # back: shared, strided, read-only, 0-d and empty arrays of ml_dtypes'
+    b = a32.astype(ml_dtypes.bfloat16)
+    back = ab.convert_memory(b, "numpy", "torch")
+    assert back.dtype == torch.bfloat16 and back.data_ptr() == b.ctypes.data
+    np.testing.assert_array_equal(ab.convert_memory(b.T, "numpy", "torch").float().numpy(), a32.T)
+    ro = b.copy()
+    ro.flags.writeable = False
+    got = ab.convert_memory(ro, "numpy", "torch")  # torch has no read-only tensors: a copy
+    assert got.data_ptr() != ro.ctypes.data
+    got[0, 0] = 100
+    assert ro[0, 0] == b[0, 0]
+    assert ab.convert_memory(b[1, 2], "numpy", "torch").item() == float(a32[1, 2])
+    assert ab.convert_memory(np.zeros((0, 3), ml_dtypes.bfloat16), "numpy", "torch").shape == (0, 3)
+    # float8 both ways; a cast on the way reads them too
+    f8 = torch.from_numpy(a32).to(torch.float8_e4m3fn)
+    n8 = ab.convert_memory(f8, "torch", "numpy")
+    assert n8.dtype == ml_dtypes.float8_e4m3fn
+    np.testing.assert_array_equal(n8.view(np.uint8), f8.view(torch.uint8).numpy())
+    assert ab.convert_memory(n8, "numpy", "torch").dtype == torch.float8_e4m3fn
+    np.testing.assert_array_equal(ab.convert_memory(b, "numpy", "numpy", dtype="float32"), a32)
+
+    @ab.numpy
+    def same(x):
+        return x
+
+    assert same(t).dtype == ml_dtypes.bfloat16
+
+
+def test_bfloat16_to_numpy_without_ml_dtypes_says_so(monkeypatch):
+    torch = need("torch")
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes: ImportError
+    with pytest.raises(ab.MemoryConversionError, match="ml_dtypes, which adds them, is not installed"):
+        ab.convert_memory(torch.ones(3, dtype=torch.bfloat16), "torch", "numpy")
+
+
 def test_tensorflow_decorated_functions_run_inside_tf_function():
     """Graph tensors inside tf.function (Keras's fit runs there) pass as
     they are, as JAX's traced values do: they have no data to move. They
@@ -1266,8 +1323,9 @@ def test_stack_slices_of_complex_and_a_dtype_the_target_lacks():
     need("jax")
     import jax.numpy as jnp
     b = [jnp.ones((2, 2), jnp.bfloat16)] * 2
-    with pytest.raises(ab.MemoryConversionError):  # NumPy has no bfloat16: the framework's refusal, wrapped
-        ab.stack_slices(b, "numpy")
+    s = ab.stack_slices(b, "numpy")  # ml_dtypes' bfloat16, as np.asarray of a JAX array gives
+    assert s.dtype == jnp.bfloat16 and s.shape == (2, 2, 2)
+    np.testing.assert_array_equal(s.astype(np.float32), np.ones((2, 2, 2), np.float32))
 
 
 def test_convert_into_refuses_bad_outputs():
