@@ -636,6 +636,8 @@ Test(pool, env_limits_are_parsed) {
     {"cpu:1=1GiB", 0},                     /* about another cpu */
     {"cpu=0", 0},
     {"", 0},
+    {"CPU=7KiB", 7168},                    /* type names as ab_parse_device reads them */
+    {"Cpu:0=8KiB", 8192},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint64_t got = limit_from_env(cases[i].v);
