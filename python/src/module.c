@@ -1937,42 +1937,46 @@ static int immutable_array(PyObject *o) {
  * conversion has succeeded (into_done). */
 struct into_arg {
   PyObject *cap;                /* the capsule read in place, else NULL */
-  const char *name;             /* its name, while it has the busy one */
+  const char *name;             /* its own name, while it has the busy one */
   DLManagedTensorVersioned *mt; /* else the import, owned */
   const DLTensor *t;
   uint64_t flags;
 };
 
-/* -1 with an exception. */
-static int into_open(PyObject *o, struct into_arg *a) {
-  *a = (struct into_arg){0};
+static int into_take(PyObject *o, struct into_arg *a) {
+  if (import_tensor(o, 0, NULL, &a->mt) < 0) return -1;
+  a->t = &a->mt->dl_tensor;
+  a->flags = a->mt->flags;
+  return 0;
+}
+
+/* o imported, unless it is a capsule (into_read's). This runs Python (a
+ * producer's __dlpack__), which could take and delete a capsule's tensor,
+ * so both imports come before either capsule is read. -1 with an
+ * exception. */
+static int into_import(PyObject *o, struct into_arg *a) { return PyCapsule_CheckExact(o) ? 0 : into_take(o, a); }
+
+/* A capsule o read in place and given the busy name (see explain_unlocked)
+ * at once, with no Python in between, so that nothing takes it while it
+ * is read. One that cannot be read in place (consumed, busy in another
+ * call, of another DLPack major) goes to import_tensor, which says why it
+ * cannot be taken either. -1 with an exception. */
+static int into_read(PyObject *o, struct into_arg *a) {
+  if (!PyCapsule_CheckExact(o)) return 0;
   const DLTensor *peek = capsule_peek(o);
-  if (peek == NULL) {
-    if (import_tensor(o, 0, NULL, &a->mt) < 0) return -1;
-    a->t = &a->mt->dl_tensor;
-    a->flags = a->mt->flags;
-    return 0;
-  }
+  if (peek == NULL) return into_take(o, a);
   ab_status st = ab_tensor_validate(peek);
   if (st != AB_OK) {
     raise_status(st);
     return -1;
   }
-  if (PyCapsule_IsValid(o, VERSIONED_NAME))
-    a->flags = ((const DLManagedTensorVersioned *)PyCapsule_GetPointer(o, VERSIONED_NAME))->flags;
+  const int versioned = PyCapsule_IsValid(o, VERSIONED_NAME);
+  if (versioned) a->flags = ((const DLManagedTensorVersioned *)PyCapsule_GetPointer(o, VERSIONED_NAME))->flags;
+  const char *name = PyCapsule_GetName(o);
+  if (PyCapsule_SetName(o, versioned ? BUSY_VERSIONED_NAME : BUSY_LEGACY_NAME) < 0) return -1;
   a->cap = o;
-  a->t = peek;
-  return 0;
-}
-
-/* Gives a capsule read in place the busy name (see explain_unlocked). */
-static int into_busy(struct into_arg *a) {
-  if (a->cap == NULL) return 0;
-  const char *name = PyCapsule_GetName(a->cap);
-  if (PyCapsule_SetName(a->cap, PyCapsule_IsValid(a->cap, VERSIONED_NAME) ? BUSY_VERSIONED_NAME
-                                                                           : BUSY_LEGACY_NAME) < 0)
-    return -1;
   a->name = name;
+  a->t = peek;
   return 0;
 }
 
@@ -2040,7 +2044,9 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
   }
   struct into_arg src = {0}, dst = {0};
   ab_status st = AB_OK;
-  if (into_open(x, &src) < 0 || into_open(out_o, &dst) < 0) goto fail;
+  if (into_import(x, &src) < 0 || into_import(out_o, &dst) < 0 || into_read(x, &src) < 0 ||
+      into_read(out_o, &dst) < 0)
+    goto fail;
   DLTensor plane = *dst.t;
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   if (dst.flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
@@ -2090,8 +2096,6 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
     if (plane.strides != NULL) plane.strides += 1;
   }
   if (map_apply(&mb, src.t, &o) < 0) goto fail;
-  /* No other thread takes a capsule read here meanwhile. */
-  if (into_busy(&src) < 0 || into_busy(&dst) < 0) goto fail;
   Py_BEGIN_ALLOW_THREADS
   if ((st = into_ready(&src)) == AB_OK && (st = into_ready(&dst)) == AB_OK)
     st = ab_convert_into(src.t, &plane, &o);

@@ -532,6 +532,42 @@ def test_convert_into_takes_a_capsule_only_once_it_has_converted():
     # a capsule already taken is still refused as such
     with pytest.raises(BufferError, match="not an unconsumed"):
         ab.convert_into(cap, o)
+    # the tensor is deleted once, when taken: NumPy's holds a reference to
+    # its array until then
+    src = np.arange(6, dtype=np.float32)
+    base = sys.getrefcount(src)
+    cap = src.__dlpack__(max_version=(1, 0))
+    assert sys.getrefcount(src) == base + 1
+    with pytest.raises(ValueError):
+        ab.convert_into(cap, np.zeros(5, np.float32))
+    assert sys.getrefcount(src) == base + 1
+    ab.convert_into(cap, np.zeros(6, np.float32))
+    assert sys.getrefcount(src) == base
+    del cap
+    assert sys.getrefcount(src) == base
+
+
+def test_convert_into_reads_a_capsule_only_after_the_imports_that_run_python():
+    """out's import runs Python (its __dlpack__), which may take x's
+    capsule and delete its tensor: x is read in place only after it, and
+    then found taken (this read freed memory, and crashed)."""
+    src = np.ones(1 << 16, np.float32)
+    cap = src.__dlpack__(max_version=(1, 0))
+    del src
+    out = np.zeros(1 << 16, np.float32)
+
+    class TakesX:
+        def __dlpack_device__(self):
+            return out.__dlpack_device__()
+
+        def __dlpack__(self, **kw):
+            del_tensor = ab.from_dlpack(cap)  # takes x's capsule
+            del del_tensor  # ... and deletes its tensor
+            return out.__dlpack__(**kw)
+
+    with pytest.raises(BufferError, match="not an unconsumed"):
+        ab.convert_into(cap, TakesX())
+    assert not out.any()
 
 
 def test_a_consumed_capsule_cannot_be_consumed_twice():
