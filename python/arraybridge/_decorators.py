@@ -11,22 +11,23 @@ from ._types import MemoryType, memory_type
 _P = inspect.Parameter
 
 
-def _data_parameter(func):
+def _data_parameter(func, method=False):
     """(position, name) of the parameter that takes the data: func's first,
-    or its second when the first is a method's self or cls. name is None
+    or its second when the first is a method's self or cls (by its name,
+    or any name where method says func is a classmethod's). name is None
     where the data can only come by position (*args, or a function whose
     signature Python cannot read)."""
     try:
         params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
-        return 0, None
-    i = 1 if params and params[0].name in ("self", "cls") else 0
+        return int(method), None
+    i = 1 if params and (method or params[0].name in ("self", "cls")) else 0
     if i >= len(params) or params[i].kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD, _P.POSITIONAL_ONLY):
         return i, None
     return (i if params[i].kind is _P.POSITIONAL_OR_KEYWORD else None), params[i].name
 
 
-def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
+def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, method=False):
     """func, called with its data argument (_data_parameter) as a runs_on
     array on gpu_id (converted from accepts; None: from whatever it is), its
     result returned as an output array. A coroutine function gets a
@@ -38,10 +39,15 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype):
     out-of-memory errors: what it yielded cannot be taken back."""
     if isinstance(func, (classmethod, staticmethod)):
         # Stacked above @classmethod or @staticmethod: the function within
-        # is wrapped, and made a method of the same kind again.
-        return type(func)(_wrap(func.__func__, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype))
+        # is wrapped (a classmethod's first parameter is the class, whatever
+        # its name), and made a method of the same kind again.
+        inner = _wrap(func.__func__, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype,
+                      method=isinstance(func, classmethod))
+        wrapped = type(func)(inner)
+        wrapped.input_memory_type, wrapped.output_memory_type = inner.input_memory_type, inner.output_memory_type
+        return wrapped
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
-    pos, name = _data_parameter(func)
+    pos, name = _data_parameter(func, method)
 
     def prepare(args, kwargs):
         """(args, kwargs, dtype) to call func with, the data converted; None

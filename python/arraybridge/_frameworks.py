@@ -120,9 +120,12 @@ def _keras_value(obj):
 
 def owner_of(obj):
     """The MemoryType whose framework obj's type belongs to, by the top-level
-    module of the type or of the first of its bases that has one (a
-    user's subclass of np.ndarray or torch.Tensor is that framework's
-    array; nothing is imported), or None. Cached per type."""
+    module of the type, or else of the first of its bases that is a
+    framework's array or scalar type (with __dlpack__ or
+    __array_interface__: a user's subclass of np.ndarray or torch.Tensor,
+    or ml_dtypes' scalars, are that framework's, a subclass of a mixin or
+    of torch.nn.Module is not); nothing is imported. None for no
+    framework's. Cached per type."""
     cls = type(obj)
     try:
         return _OWNER[cls]
@@ -130,6 +133,8 @@ def owner_of(obj):
         pass
     found = None
     for c in cls.__mro__:
+        if c is not cls and not (hasattr(c, "__dlpack__") or hasattr(c, "__array_interface__")):
+            continue
         module = getattr(c, "__module__", None)
         top = module.split(".", 1)[0] if isinstance(module, str) else ""
         if top == "keras":
@@ -242,11 +247,14 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_man
 
 
 def _ml_dtypes_name(name):
-    """A Tensor dtype name (bfloat16, "float8_e4m3fn(bits 8)") as
-    ml_dtypes names its NumPy type, for the whole-byte formats NumPy itself
-    lacks; None for any other."""
-    name = name.split("(", 1)[0]
-    return name if name == "bfloat16" or name.startswith("float8_") else None
+    """A dtype name, a Tensor's ("bfloat16", "float8_e4m3fn(bits 8)") or
+    ml_dtypes' ("float8_e4m3fn"), as ml_dtypes names its NumPy type, for
+    the whole-byte formats NumPy itself lacks; None for any other (and for
+    more than one lane: "float8_e4m3fn(bits 8)x2")."""
+    if name == "bfloat16":
+        return name
+    base, _, rest = name.partition("(")
+    return base if base.startswith("float8_") and rest in ("", "bits 8)") else None
 
 
 def _ml_dtypes_type(name):
@@ -470,10 +478,14 @@ class TensorFlow(Adapter):
         return super().device_of(self.producer(obj))
 
     def traced(self, obj):
-        # A graph tensor, inside tf.function (Keras's fit, say).
+        # A graph tensor, inside tf.function (Keras's fit, say); a variable
+        # there is one as its value.
         tf = sys.modules.get("tensorflow")
         symbolic = getattr(tf, "is_symbolic_tensor", None)
-        return symbolic is not None and bool(symbolic(obj))
+        if symbolic is None:
+            return False
+        return bool(symbolic(obj)) or (not hasattr(obj, "__dlpack__") and not tf.executing_eagerly()
+                                       and bool(symbolic(self.producer(obj))))
 
     def traced_cast(self, obj, dtype):
         return self.module().cast(obj, dtype)
@@ -582,8 +594,8 @@ class Pyclesperanto(Adapter):
             raise TypeError("pyclesperanto has no complex arrays, so %s data cannot go there as it is; convert its "
                             "real part, or abs(), instead" % (name,))
         if name not in _CLE_DTYPES:
-            raise TypeError("pyclesperanto has no %s arrays; give a dtype it has (dtype='float32', say) to convert on "
-                            "the way" % (name,))
+            raise TypeError("pyclesperanto has no %s arrays (bool, integers, float32 and float64 only); convert the "
+                            "data to one (convert_memory's dtype='float32', say) first" % (name,))
 
     def from_tensor(self, t, mod, gpu_id):
         return self.convert(t, None, gpu_id, mod, {})

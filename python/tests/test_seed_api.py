@@ -398,7 +398,7 @@ def test_pyclesperanto_refuses_shapes_it_has_no_arrays_for():
         with pytest.raises(ab.MemoryConversionError, match="no complex arrays"):
             ab.stack_slices([np.ones((2, 2), d)], "pyclesperanto")
     # nor float16 or bfloat16, which it refused in words of its own
-    with pytest.raises(ab.MemoryConversionError, match="no float16 arrays; give a dtype"):
+    with pytest.raises(ab.MemoryConversionError, match="no float16 arrays"):
         ab.convert_memory(np.ones(3, np.float16), "numpy", "pyclesperanto", gpu_id=0)
     np.testing.assert_array_equal(
         need("pyclesperanto").pull(ab.convert_memory(np.ones(3, np.float16), "numpy", "pyclesperanto", gpu_id=0,
@@ -1187,6 +1187,13 @@ def test_tensorflow_decorated_functions_run_inside_tf_function():
         assert r.dtype == tf.float32, f
         np.testing.assert_array_equal(r.numpy(), [2, 4])
     assert ab.convert_memory(x, "tensorflow", "tensorflow") is x
+    v = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def on_variable():  # a variable captured inside tf.function is traced too
+        return ab.convert_memory(v, "tensorflow", "tensorflow") * 2
+
+    np.testing.assert_array_equal(on_variable().numpy(), [2, 4])
 
     @ab.numpy
     def to_numpy(x):
@@ -1240,6 +1247,25 @@ def test_subclasses_of_framework_arrays_are_that_frameworks():
     np.testing.assert_array_equal(r.numpy(), np.asarray(a) * 2)
     assert ab.convert_memory(a, "numpy", "torch").data_ptr() == a.ctypes.data
 
+    # a base of a framework's that is no array type makes no array: a
+    # NumPy mixin's duck array, an nn.Module
+    class Duck(np.lib.mixins.NDArrayOperatorsMixin):
+        shape, dtype = (2,), np.dtype("float32")
+
+        def __array__(self, dtype=None, copy=None):
+            return np.ones(2, np.float32)
+
+    duck = Duck()
+    assert twice.__wrapped__ is not None and ab.torch(lambda x: x)(duck) is duck  # runs as it is
+    with pytest.raises(ValueError, match="Unknown memory type"):
+        ab.detect_memory_type(duck)
+
+    class Net(torch.nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match="Unknown memory type"):
+        ab.detect_memory_type(Net())
+
     class Labelled(torch.Tensor):
         pass
 
@@ -1266,13 +1292,21 @@ def test_decorators_stacked_above_classmethod_and_staticmethod():
             assert type(x) is torch.Tensor
             return x + 1
 
+        @ab.torch(output_type="numpy")
+        @classmethod
+        def named_otherwise(klass, x):  # the class's parameter by any name
+            assert klass is Model and type(x) is torch.Tensor
+            return x - 1
+
     a = np.arange(3, dtype=np.float32)
     for f in (Model.scaled, Model().scaled):
         np.testing.assert_array_equal(f(a), a * 2)
     np.testing.assert_array_equal(Model.scaled(a, k=3), a * 3)
     for f in (Model.plus, Model().plus):
         np.testing.assert_array_equal(f(a), a + 1)
+    np.testing.assert_array_equal(Model.named_otherwise(a), a - 1)
     assert Model.scaled.input_memory_type == "torch" and Model.plus.output_memory_type == "numpy"
+    assert Model.__dict__["scaled"].input_memory_type == "torch"  # on the classmethod object too
 
 
 # ---- stack_slices / unstack_slices ---------------------------------------------
