@@ -254,7 +254,12 @@ static int cmd_bandwidth(int argc, char **argv) {
       return EXIT_USAGE;
     }
     if ((sizes[nsizes] = parse_size(tok)) == 0) {
-      fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n", tok);
+      uint64_t v;
+      if (ab_parse_size(tok, &v) == AB_OK && v > SIZE_MAX)
+        fprintf(stderr, "abtool bandwidth: size \"%s\" is larger than this build's memory can hold\n", tok);
+      else
+        fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n",
+                tok);
       return EXIT_USAGE;
     }
     nsizes++;
