@@ -121,10 +121,10 @@ def _keras_value(obj):
 def owner_of(obj):
     """The MemoryType whose framework obj's type belongs to, by the top-level
     module of the type, or else of the first of its bases that is a
-    framework's array or scalar type (with __dlpack__ or
-    __array_interface__: a user's subclass of np.ndarray or torch.Tensor,
-    or ml_dtypes' scalars, are that framework's, a subclass of a mixin or
-    of torch.nn.Module is not); nothing is imported. None for no
+    framework's array, scalar or variable type (one with __dlpack__ or a
+    dtype: a user's subclass of np.ndarray, torch.Tensor or tf.Variable,
+    or ml_dtypes' scalars, are that framework's; a subclass of a NumPy
+    mixin or of torch.nn.Module is not); nothing is imported. None for no
     framework's. Cached per type."""
     cls = type(obj)
     try:
@@ -133,7 +133,7 @@ def owner_of(obj):
         pass
     found = None
     for c in cls.__mro__:
-        if c is not cls and not (hasattr(c, "__dlpack__") or hasattr(c, "__array_interface__")):
+        if c is not cls and not (hasattr(c, "__dlpack__") or hasattr(c, "dtype")):
             continue
         module = getattr(c, "__module__", None)
         top = module.split(".", 1)[0] if isinstance(module, str) else ""
@@ -484,8 +484,14 @@ class TensorFlow(Adapter):
         symbolic = getattr(tf, "is_symbolic_tensor", None)
         if symbolic is None:
             return False
-        return bool(symbolic(obj)) or (not hasattr(obj, "__dlpack__") and not tf.executing_eagerly()
-                                       and bool(symbolic(self.producer(obj))))
+        if symbolic(obj):
+            return True
+        if hasattr(obj, "__dlpack__") or tf.executing_eagerly():
+            return False
+        try:
+            return bool(symbolic(self.producer(obj)))
+        except Exception:  # no tensor (a SparseTensor): refused later, as outside tf.function
+            return False
 
     def traced_cast(self, obj, dtype):
         return self.module().cast(obj, dtype)

@@ -1195,6 +1195,20 @@ def test_tensorflow_decorated_functions_run_inside_tf_function():
 
     np.testing.assert_array_equal(on_variable().numpy(), [2, 4])
 
+    class Weights(type(v)):  # a subclass of the variable's type
+        pass
+
+    assert ab.detect_memory_type(Weights([1.0])) == "tensorflow"
+    sparse = tf.sparse.from_dense(tf.constant([[1.0, 0.0], [0.0, 2.0]]))
+
+    @tf.function
+    def on_sparse():  # refused as outside tf.function, not in TensorFlow's words
+        with pytest.raises(ab.MemoryConversionError):
+            ab.convert_memory(sparse, "tensorflow", "numpy")
+        return tf.constant(0)
+
+    on_sparse()
+
     @ab.numpy
     def to_numpy(x):
         return x
