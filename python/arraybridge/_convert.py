@@ -109,12 +109,12 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     else:
         given = (dtype, permute, scale, offset, channel_axis, channel_scale, channel_offset)
         opts = {k: v for k, v in zip(_OPTIONS, given) if v is not None}
-    if sa.traced(data):  # inside jax.jit, vmap or grad: no data to move
+    if sa.traced(data):  # inside jax.jit, vmap, grad or tf.function: no data to move
         if source is target and not opts:
             return data
         raise MemoryConversionError(source, target, "convert_memory",
-                                    "data is a traced %s value (inside jax.jit, vmap, grad or tf.function), which has no data to "
-                                    "convert; convert before tracing" % source.display_name)
+                                    "data is a traced %s value (inside jax.jit, vmap, grad or tf.function), which "
+                                    "has no data to convert; convert before tracing" % source.display_name)
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
     if gpu_id is not None:

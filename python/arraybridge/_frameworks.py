@@ -591,7 +591,8 @@ class Pyclesperanto(Adapter):
     @staticmethod
     def check(shape, dtype):
         """Refuses what pyclesperanto has no array for (its create would make
-        another shape or dtype): ValueError, or TypeError for complex."""
+        another shape or dtype, or fail in words about something else):
+        ValueError for the shape, TypeError for the dtype."""
         if not 1 <= len(shape) <= 3 or 0 in shape:
             raise ValueError("pyclesperanto arrays have 1 to 3 dimensions of at least one element each; data has "
                              "shape %s" % (tuple(shape),))

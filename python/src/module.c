@@ -1404,7 +1404,8 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
     const char *name = PyCapsule_GetName(cap);
     if (name != NULL && (strcmp(name, BUSY_VERSIONED_NAME) == 0 || strcmp(name, BUSY_LEGACY_NAME) == 0))
       PyErr_SetString(PyExc_BufferError, "this DLPack capsule is being read by another thread's arraybridge call "
-                                         "(explain_route, to_device planning, or convert_into); it is not consumed, try again");
+                                         "(explain_route, to_device planning, or convert_into); it is not "
+                                         "consumed, try again");
     else
       PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
                    name ? name : "(null)");
@@ -1943,6 +1944,7 @@ struct into_arg {
   uint64_t flags;
 };
 
+/* o imported by import_tensor (a capsule taken). -1 with an exception. */
 static int into_take(PyObject *o, struct into_arg *a) {
   if (import_tensor(o, 0, NULL, &a->mt) < 0) return -1;
   a->t = &a->mt->dl_tensor;
