@@ -119,6 +119,10 @@ def cuda_deserialize(header, frames):
     raise ValueError("the frame's memory is on none of this worker's %d CUDA devices: %s" % (n, error))
 
 
+def _nbytes(t):
+    return int(t.nbytes)
+
+
 def _register(protocol):
     global _registered
     with _lock:
@@ -126,6 +130,11 @@ def _register(protocol):
             return
         protocol.dask_serialize.register(_ab.Tensor)(serialize)
         protocol.dask_deserialize.register(_ab.Tensor)(deserialize)
+        # Its size as Dask counts worker memory (for spilling and pausing):
+        # the bytes, on whatever device, as Dask counts CuPy's; without
+        # this, sys.getsizeof's 40 bytes of the object.
+        from dask.sizeof import sizeof
+        sizeof.register(_ab.Tensor)(_nbytes)
         cuda = getattr(protocol, "cuda_serialize", None)
         if cuda is not None:
             cuda.register(_ab.Tensor)(cuda_serialize)

@@ -209,6 +209,20 @@ def test_tensors_are_scattered_made_on_one_worker_used_on_another_and_gathered(c
     assert client.gather(t).shape == (64, 48)
 
 
+def test_dask_counts_a_tensors_bytes(client):
+    """Dask sizes worker memory (spilling, pausing) with dask.sizeof, which
+    took sys.getsizeof's 40 bytes of a Tensor of 80 MB."""
+    need_distributed()
+    from dask.sizeof import sizeof
+    for device in ["cpu"] + (["opencl:0"] if "opencl:0" in ab.devices() else []):
+        t = ab.to_device(np.zeros((1000, 250)), device)
+        assert sizeof(t) == t.nbytes == 2_000_000, device
+    # ... and a worker's count of a task's result
+    x = client.submit(lambda: ab.to_device(np.zeros(500_000), "cpu"), pure=False)
+    x.result(timeout=120)
+    assert client.nbytes(summary=False)[x.key] == 4_000_000
+
+
 def test_the_seed_api_and_decorators_run_inside_tasks(client):
     def task(n):
         import numpy
