@@ -293,7 +293,8 @@ class NumPy(Adapter):
         if isinstance(obj, numpy.generic):
             obj = numpy.asarray(obj)
         dt = getattr(obj, "dtype", None)
-        if (isinstance(obj, numpy.ndarray) and str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes")
+        if (isinstance(obj, numpy.ndarray) and dt.kind == "V"  # NumPy's own are not 'V' but structured ones
+                and str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes")
                 and _ml_dtypes_name(dt.name) is not None):
             # ml_dtypes' bfloat16 and float8 arrays, which NumPy's DLPack
             # export refuses: their memory taken as a Tensor of that dtype
@@ -304,9 +305,12 @@ class NumPy(Adapter):
         return obj
 
     def from_tensor(self, t, mod, gpu_id):
-        name = _ml_dtypes_name(t.dtype)
-        if name is None:
+        try:
             return mod.from_dlpack(t)
+        except Exception:  # NumPy's refusal of a dtype it lacks (asked only then: this is the hot path)
+            name = _ml_dtypes_name(t.dtype)
+            if name is None:
+                raise
         # bfloat16 and float8, which NumPy's DLPack import refuses: as
         # ml_dtypes' NumPy types (what np.asarray of a JAX array gives),
         # over the same memory where it is compact.
