@@ -15,6 +15,7 @@
  * device is used (ab_best_device: a GPU when there is one); "all" runs
  * the round trip on every device present (make demo does). */
 #include <png.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,16 +140,23 @@ static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *
 }
 
 int main(int argc, char **argv) {
-  const char *device = NULL, *in = NULL, *out = NULL;
-  for (int i = 1; i < argc; i++) {
+  const char *device = NULL, *files[2] = {NULL, NULL};
+  int nfiles = 0;
+  bool bad = false;
+  /* Options and file names in any order: one name is OUT, two are IN OUT. */
+  for (int i = 1; i < argc && !bad; i++) {
     if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
-    else if (in == NULL && i == argc - 2) in = argv[i];
-    else out = argv[i];
+    else if (argv[i][0] == '-' || nfiles == 2) bad = true;
+    else files[nfiles++] = argv[i];
   }
-  if (out == NULL) {
+  if (bad || nfiles == 0) {
     fprintf(stderr, "usage: ab_image [--device DEVICE] [IN.png] OUT.png\n");
     return 2;
   }
+  const char *in = nfiles == 2 ? files[0] : NULL, *out = files[nfiles - 1];
+  /* OUT without its ".png", for the names of the files made beside it */
+  const size_t len = strlen(out);
+  const int stem = (int)(len > 4 && strcmp(out + len - 4, ".png") == 0 ? len - 4 : len);
   DLDevice dev = ab_best_device();
   if (device != NULL && strcmp(device, "all") != 0 && ab_parse_device(device, &dev) != AB_OK) return fail("--device");
 
@@ -156,7 +164,7 @@ int main(int argc, char **argv) {
   uint8_t *px;
   if (in == NULL) {
     char path[4096];
-    snprintf(path, sizeof path, "%.*s-input.png", (int)(strlen(out) > 4 ? strlen(out) - 4 : strlen(out)), out);
+    snprintf(path, sizeof path, "%.*s-input.png", stem, out);
     uint8_t *card = pattern(640, 360);
     if (card == NULL || write_png(path, card, 640, 360) != 0) {
       free(card);
@@ -181,8 +189,7 @@ int main(int argc, char **argv) {
         if (types[k] != kDLCPU && (ab_device_info((DLDevice){types[k], i}, &info) != AB_OK || info.host_accessible))
           continue;
         char path[4096];
-        snprintf(path, sizeof path, "%.*s-%s%d.png", (int)(strlen(out) > 4 ? strlen(out) - 4 : strlen(out)), out,
-                 ab_device_type_name(types[k]), (int)i);
+        snprintf(path, sizeof path, "%.*s-%s%d.png", stem, out, ab_device_type_name(types[k]), (int)i);
         rc |= roundtrip((DLDevice){types[k], i}, px, w, h, path);
       }
   } else {
