@@ -293,7 +293,7 @@ class NumPy(Adapter):
         if isinstance(obj, numpy.generic):
             obj = numpy.asarray(obj)
         dt = getattr(obj, "dtype", None)
-        if (isinstance(obj, numpy.ndarray) and dt.kind == "V"  # NumPy's own are not 'V' but structured ones
+        if (isinstance(obj, numpy.ndarray) and dt.num >= 256  # a dtype not NumPy's own (NPY_USERDEF and up)
                 and str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes")
                 and _ml_dtypes_name(dt.name) is not None):
             # ml_dtypes' bfloat16 and float8 arrays, which NumPy's DLPack

@@ -1145,12 +1145,14 @@ def test_bfloat16_and_float8_reach_numpy_as_ml_dtypes_arrays():
     assert ro[0, 0] == b[0, 0]
     assert ab.convert_memory(b[1, 2], "numpy", "torch").item() == float(a32[1, 2])
     assert ab.convert_memory(np.zeros((0, 3), ml_dtypes.bfloat16), "numpy", "torch").shape == (0, 3)
-    # float8 both ways; a cast on the way reads them too
-    f8 = torch.from_numpy(a32).to(torch.float8_e4m3fn)
-    n8 = ab.convert_memory(f8, "torch", "numpy")
-    assert n8.dtype == ml_dtypes.float8_e4m3fn
-    np.testing.assert_array_equal(n8.view(np.uint8), f8.view(torch.uint8).numpy())
-    assert ab.convert_memory(n8, "numpy", "torch").dtype == torch.float8_e4m3fn
+    # float8 both ways (ml_dtypes gives float8_e5m2 NumPy's kind 'f', the
+    # others 'V'); a cast on the way reads them too
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        f8 = torch.from_numpy(a32).to(getattr(torch, name))
+        n8 = ab.convert_memory(f8, "torch", "numpy")
+        assert n8.dtype == getattr(ml_dtypes, name)
+        np.testing.assert_array_equal(n8.view(np.uint8), f8.view(torch.uint8).numpy())
+        assert ab.convert_memory(n8, "numpy", "torch").dtype == getattr(torch, name)
     np.testing.assert_array_equal(ab.convert_memory(b, "numpy", "numpy", dtype="float32"), a32)
 
     @ab.numpy
@@ -1202,7 +1204,7 @@ def test_tensorflow_decorated_functions_run_inside_tf_function():
     sparse = tf.sparse.from_dense(tf.constant([[1.0, 0.0], [0.0, 2.0]]))
 
     @tf.function
-    def on_sparse():  # refused as outside tf.function, not in TensorFlow's words
+    def on_sparse():  # a MemoryConversionError, as outside tf.function (TensorFlow's TypeError escaped)
         with pytest.raises(ab.MemoryConversionError):
             ab.convert_memory(sparse, "tensorflow", "numpy")
         return tf.constant(0)
