@@ -217,6 +217,9 @@ def test_dask_counts_a_tensors_bytes(client):
     for device in ["cpu"] + (["opencl:0"] if "opencl:0" in ab.devices() else []):
         t = ab.to_device(np.zeros((1000, 250)), device)
         assert sizeof(t) == t.nbytes == 2_000_000, device
+    # a broadcast (strides of 0) holds one row, not its elements
+    b = ab.to_device(np.broadcast_to(np.zeros(250), (1000, 250)), "cpu")
+    assert b.strides == (0, 1) and b.nbytes == 2_000_000 and sizeof(b) == 2000
     # ... and a worker's count of a task's result
     x = client.submit(lambda: ab.to_device(np.zeros(500_000), "cpu"), pure=False)
     x.result(timeout=120)
