@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
   /* Options and file names in any order: one name is OUT, two are IN OUT. */
   for (int i = 1; i < argc && !bad; i++) {
     if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
-    else if (argv[i][0] == '-' || nfiles == 2) bad = true;
+    else if (argv[i][0] == '-' || argv[i][0] == '\0' || nfiles == 2) bad = true;
     else files[nfiles++] = argv[i];
   }
   if (bad || nfiles == 0) {

@@ -32,4 +32,5 @@ expect(0 "drew a test card into ${WORK}/plain-input.png" --device cpu "${WORK}/p
 expect(2 "usage" "${WORK}/a-input.png" "${WORK}/b.png" "${WORK}/c.png")
 expect(2 "usage" --bogus "${WORK}/b.png")
 expect(2 "usage")
+expect(2 "usage" "")
 message(STATUS "image_cli: all checks passed")
