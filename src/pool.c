@@ -171,7 +171,8 @@ ab_status ab_parse_size(const char *text, uint64_t *bytes) {
 static int type_from_name(const char *s, size_t n) {
   for (int t = 1; t < MAX_TYPES; t++) {
     const char *name = ab_device_type_name(ab__slot_type(t));
-    if (strcmp(name, "unknown") != 0 && strlen(name) == n && strncasecmp(name, s, n) == 0) return (int)ab__slot_type(t);
+    if (strcmp(name, "unknown") != 0 && strlen(name) == n && strncasecmp(name, s, n) == 0)
+      return (int)ab__slot_type(t);
   }
   return -1;
 }

@@ -172,14 +172,6 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* A size as the library reads AB_MEMORY_LIMIT's (ab_parse_size): "4K",
- * "1MiB", "2GB", "1000"; 0 when it is not one, or is 0 or past size_t. */
-static size_t parse_size(const char *s) {
-  uint64_t v;
-  if (ab_parse_size(s, &v) != AB_OK || v > SIZE_MAX) return 0;
-  return (size_t)v;
-}
-
 /* The whole of `s` as a finite number; -1 when it is not one (atof would
  * take "abc" as 0 and "2x" as 2). Past double's range is infinite, so
  * refused; a subnormal (strtod's ERANGE too) is taken. */
@@ -253,16 +245,18 @@ static int cmd_bandwidth(int argc, char **argv) {
       fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
       return EXIT_USAGE;
     }
-    if ((sizes[nsizes] = parse_size(tok)) == 0) {
-      uint64_t v;
-      if (ab_parse_size(tok, &v) == AB_OK && v > SIZE_MAX)
+    /* read as the library reads AB_MEMORY_LIMIT's sizes */
+    uint64_t v = 0;
+    const bool parsed = ab_parse_size(tok, &v) == AB_OK;
+    if (!parsed || v == 0 || v > SIZE_MAX) {
+      if (parsed && v > SIZE_MAX)
         fprintf(stderr, "abtool bandwidth: size \"%s\" is larger than this build's memory can hold\n", tok);
       else
         fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n",
                 tok);
       return EXIT_USAGE;
     }
-    nsizes++;
+    sizes[nsizes++] = (size_t)v;
   }
   if (nsizes == 0) { /* "," or "": nothing to measure is a mistake, not a run */
     fprintf(stderr, "abtool bandwidth: --sizes \"%s\" names no size\n", size_list);
