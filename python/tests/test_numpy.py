@@ -561,8 +561,8 @@ def test_convert_into_reads_a_capsule_only_after_the_imports_that_run_python():
             return out.__dlpack_device__()
 
         def __dlpack__(self, **kw):
-            del_tensor = ab.from_dlpack(cap)  # takes x's capsule
-            del del_tensor  # ... and deletes its tensor
+            taken = ab.from_dlpack(cap)  # takes x's capsule
+            del taken  # ... and deletes its tensor
             return out.__dlpack__(**kw)
 
     with pytest.raises(BufferError, match="not an unconsumed"):
