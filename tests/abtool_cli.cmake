@@ -1,21 +1,6 @@
 # abtool end to end. Arguments: ABTOOL, DATA (tests/data/npy), WORK.
-file(REMOVE_RECURSE "${WORK}")
-file(MAKE_DIRECTORY "${WORK}")
-
-# Runs abtool with ARGN; checks the exit code and that stdout+stderr
-# contains `want`; leaves them in `out` and `err`.
-function(expect code want)
-  execute_process(COMMAND "${ABTOOL}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL code)
-    message(FATAL_ERROR "abtool ${ARGN}: exit ${rc}, want ${code}\n${out}${err}")
-  endif()
-  string(FIND "${out}${err}" "${want}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "abtool ${ARGN}: output lacks \"${want}\"\n${out}${err}")
-  endif()
-  set(out "${out}" PARENT_SCOPE)
-  set(err "${err}" PARENT_SCOPE)
-endfunction()
+set(PROGRAM "${ABTOOL}")
+include("${CMAKE_CURRENT_LIST_DIR}/cli_expect.cmake")
 
 # Fails with `what` unless files `got` and `want` end in the same `bytes`
 # bytes (their data: .npy headers may differ in spacing).
