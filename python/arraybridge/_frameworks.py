@@ -51,6 +51,16 @@ def element_name(obj):
     return name
 
 
+def float8_name(obj):
+    """obj's float8 element type as the C core names it ("float8_e4m3fn":
+    ml_dtypes' NumPy types, torch's, JAX's), or None. Apart from
+    element_name: the C core moves float8 data but casts none to or from
+    it, so a decorator's preserve_dtype must not ask for one."""
+    d = getattr(obj, "dtype", None)
+    name = None if d is None else _ml_dtypes_name(_dtype_str(d))
+    return name if name is not None and name.startswith("float8_") else None
+
+
 def is_array(obj):
     """Whether obj is an array of a framework the seed API names: an object
     of its modules with a shape and a dtype (not torch.Size, a dtype, an

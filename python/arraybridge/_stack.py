@@ -1,7 +1,7 @@
 """stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, element_name
+from ._frameworks import ADAPTERS, element_name, float8_name
 from ._types import MemoryConversionError, MemoryType, memory_type as _memory_type
 
 
@@ -31,7 +31,8 @@ def stack_slices(slices, memory_type, gpu_id=None):
             raise ValueError("Slice at index %d has shape %s; slice 0 has %s. All slices must have one shape."
                              % (i, sh, shape))
         shape = sh
-    dtype = element_name(slices[0])
+    # float8 slices stack as they are (the C core casts none to or from float8)
+    dtype = element_name(slices[0]) or float8_name(slices[0])
     adapter = ADAPTERS[mt]
     mod = adapter.module(detect_memory_type(slices[0]), mt)
     device = adapter.target_device(gpu_id, mod, detect_memory_type(slices[0]), mt)

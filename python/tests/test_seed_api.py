@@ -1346,6 +1346,24 @@ def test_stack_slices_of_mixed_frameworks_into_one_array(target):
     np.testing.assert_array_equal(back[2], planes[2])
 
 
+def test_stack_slices_of_float8_slices():
+    """float8 slices (ml_dtypes' NumPy arrays, torch's) stack as they are;
+    stack_slices refused them as "not one arraybridge converts" although
+    convert_memory takes them. A cast into float8 stays refused."""
+    ml_dtypes = need("ml_dtypes")
+    torch = need("torch")
+    a = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5).astype(ml_dtypes.float8_e4m3fn)
+    t = torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+    s = ab.stack_slices([a, t], "numpy")
+    assert s.dtype == ml_dtypes.float8_e4m3fn and s.shape == (2, 3, 4)
+    np.testing.assert_array_equal(s.view(np.uint8), np.stack([a.view(np.uint8)] * 2))
+    s = ab.stack_slices([t, a], "torch")
+    assert s.dtype == torch.float8_e4m3fn
+    np.testing.assert_array_equal(s.view(torch.uint8).numpy(), np.stack([a.view(np.uint8)] * 2))
+    with pytest.raises(ab.MemoryConversionError, match="float8"):
+        ab.stack_slices([a, np.ones((3, 4), np.float32)], "numpy")
+
+
 def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
     s = ab.stack_slices([np.ones((2, 2), np.uint8), np.full((2, 2), 300, np.int32)], "numpy")
     assert s.dtype == np.uint8 and s[1, 0, 0] == 255  # saturated, as the C core casts
