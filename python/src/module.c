@@ -1403,9 +1403,10 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
   if (PyCapsule_CheckExact(cap)) {
     const char *name = PyCapsule_GetName(cap);
     if (name != NULL && (strcmp(name, BUSY_VERSIONED_NAME) == 0 || strcmp(name, BUSY_LEGACY_NAME) == 0))
-      PyErr_SetString(PyExc_BufferError, "this DLPack capsule is being read by another thread's arraybridge call "
-                                         "(explain_route, to_device planning, or convert_into); it is not "
-                                         "consumed, try again");
+      PyErr_SetString(PyExc_BufferError, "this DLPack capsule is being read by an arraybridge call in progress "
+                                         "(explain_route, to_device planning, or convert_into: in another "
+                                         "thread, or one whose Python code is running now); it is not "
+                                         "consumed, try again once that call returns");
     else
       PyErr_Format(PyExc_BufferError, "capsule \"%s\" is not an unconsumed DLPack capsule (already consumed?)",
                    name ? name : "(null)");
