@@ -945,10 +945,15 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
                               struct grow_fail *why) {
   int retries = 0, rounds = 0;
   ab_status st = AB_ERR_OUT_OF_MEMORY;
+  /* Above 32 MiB the 2 MiB rounding alone can be what does not fit: a
+   * limit, or an OpenCL device's largest buffer, that is not a multiple of
+   * 2 MiB. Such a request also takes any block of its own size (in 256 B),
+   * which the large list holds as well as any other. */
+  const size_t least = size > GEO_MAX ? (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP : size;
 
   for (;;) {
     /* A cached block that fits, whatever its class, before anything else. */
-    ab__block *b = take_any_fit(p, size);
+    ab__block *b = take_any_fit(p, least);
     if (b != NULL) {
       *out = b;
       return AB_OK;
@@ -962,7 +967,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
       rounds++;
       if (freed == 0) break;
       /* What they freed may have come back to this cache: look again. */
-      b = take_any_fit(p, size);
+      b = take_any_fit(p, least);
       if (b != NULL) {
         *out = b;
         return AB_OK;
@@ -974,6 +979,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
     p->st.oom_retries++;
     pthread_mutex_unlock(&p->lock);
     st = grow(p, size, out, why);
+    if (st == AB_ERR_OUT_OF_MEMORY && least < size) st = grow(p, least, out, why);
     if (st != AB_ERR_OUT_OF_MEMORY) return st;
   }
 

@@ -513,6 +513,37 @@ Test(pool, an_allocation_past_the_limit_fails_with_the_numbers) {
                ab__alloc_live_settled() - live);
 }
 
+/* Above 32 MiB a request rounds up to 2 MiB; where only that rounding
+ * would pass the limit (or, on an OpenCL device, its largest buffer), the
+ * request is allocated at its own size instead of failing. */
+Test(pool, a_large_request_that_fits_only_unrounded_is_allocated_at_its_size) {
+  const size_t n = 40 * MiB + 4 * KiB; /* rounds to 42 MiB */
+  cr_assert_eq(ab__pool_round(n), 42 * MiB);
+  cr_assert_eq(ab_set_memory_limit(CPU0, n), AB_OK);
+  DLManagedTensorVersioned *r = alloc_bytes(n);
+  check_writable(r, n, 0x5a);
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.reserved_bytes.current, n);
+  cr_assert_eq(s.reserved_bytes.peak, n, "the limit was passed, if only for a moment");
+  cr_assert_eq(s.in_use_bytes.current, n);
+  cr_assert_eq(s.requested_bytes.current, n);
+  cr_assert_eq(s.backend_allocs, 1);
+  cr_assert_eq(s.oom_failures, 0);
+  cr_assert_eq(s.oom_retries, 1);
+  drop(r);
+  /* the block, cached at its own size, serves the same request again */
+  r = alloc_bytes(n);
+  s = get_stats();
+  cr_assert_eq(s.backend_allocs, 1, "the cached block was not reused");
+  cr_assert_eq(s.reserved_bytes.current, n);
+  drop(r);
+  /* one 256 B step more does not fit at all */
+  r = SENTINEL_OUT;
+  cr_assert_eq(try_alloc(n + 1, &r), AB_ERR_OUT_OF_MEMORY);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_eq(get_stats().reserved_bytes.peak, n);
+}
+
 Test(pool, the_cache_is_released_to_make_room) {
   cr_assert_eq(ab_set_memory_limit(CPU0, MiB), AB_OK);
   /* a 512 KiB block in the cache, smaller than the next request */
