@@ -478,7 +478,10 @@ AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
  * that copies between them need no trip through host memory: for two CUDA
  * GPUs, cudaDeviceCanAccessPeer (peer access is then enabled on first use
  * unless AB_CUDA_PEER=0; see docs/guide.md); for one device with itself,
- * 1; otherwise 0. On success writes 0 or 1 to *can;
+ * 1; otherwise 0. Two OpenCL devices give 0 even in one context, where a
+ * copy between them is one clEnqueueCopyBuffer (ab_explain_route shows
+ * it): OpenCL does not say whether the driver stages it through host
+ * memory. On success writes 0 or 1 to *can;
  * AB_ERR_INVALID_ARGUMENT for a NULL can, AB_ERR_NO_DEVICE for a device
  * that does not exist. */
 AB_API ab_status ab_peer_access(DLDevice from, DLDevice to, int *can);
