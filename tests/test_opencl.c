@@ -180,7 +180,7 @@ struct foreign {
   cl_mem m;
 };
 
-static struct foreign foreign_buffer(const void *init, size_t bytes) {
+static struct foreign foreign_buffer_flags(const void *init, size_t bytes, cl_mem_flags host_flags) {
   need_devices(1);
   cl_device_id d;
   cl_int e;
@@ -190,15 +190,65 @@ static struct foreign foreign_buffer(const void *init, size_t bytes) {
   cr_assert_eq(e, CL_SUCCESS);
   f.q = clCreateCommandQueue(f.ctx, d, 0, &e);
   cr_assert_eq(e, CL_SUCCESS);
-  f.m = clCreateBuffer(f.ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes, (void *)init, &e);
+  f.m = clCreateBuffer(f.ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR | host_flags, bytes, (void *)init, &e);
   cr_assert_eq(e, CL_SUCCESS);
   return f;
 }
+
+static struct foreign foreign_buffer(const void *init, size_t bytes) { return foreign_buffer_flags(init, bytes, 0); }
 
 static void foreign_release(struct foreign *f) {
   clReleaseMemObject(f->m);
   clReleaseCommandQueue(f->q);
   clReleaseContext(f->ctx);
+}
+
+/* A buffer whose flags keep the host out (CL_MEM_HOST_NO_ACCESS, or
+ * HOST_READ_ONLY / HOST_WRITE_ONLY for the other direction) is refused in
+ * those words, not as the driver's bare CL_INVALID_OPERATION, and the
+ * direction its flags allow still works. */
+Test(opencl, a_buffer_the_host_may_not_touch_is_refused_in_words) {
+  const float init[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  float host[16] = {0};
+  int64_t shape[1] = {16};
+  DLTensor h = {host, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  const struct {
+    cl_mem_flags flags;
+    const char *name;
+    bool read, write;
+  } cases[3] = {{CL_MEM_HOST_NO_ACCESS, "CL_MEM_HOST_NO_ACCESS", false, false},
+                {CL_MEM_HOST_READ_ONLY, "CL_MEM_HOST_READ_ONLY", true, false},
+                {CL_MEM_HOST_WRITE_ONLY, "CL_MEM_HOST_WRITE_ONLY", false, true}};
+  for (int k = 0; k < 3; k++) {
+    struct foreign f = foreign_buffer_flags(init, sizeof init, cases[k].flags);
+    DLTensor dev = {f.m, CL(0), 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    DLManagedTensorVersioned *out = SENTINEL_OUT;
+    ab_status st = ab_convert_memory(&dev, CPU0, NULL, &out);
+    if (cases[k].read) {
+      cr_assert_eq(st, AB_OK, "%s: reading: %s", cases[k].name, ab_last_error());
+      cr_assert_eq(memcmp(out->dl_tensor.data, init, sizeof init), 0, "%s: read wrongly", cases[k].name);
+      out->deleter(out);
+    } else {
+      cr_assert_eq(st, AB_ERR_INVALID_ARGUMENT, "%s: reading: %s (%s)", cases[k].name, ab_status_name(st),
+                   ab_last_error());
+      cr_assert_eq(out, SENTINEL_OUT, "%s: *out written on failure", cases[k].name);
+      cr_assert(strstr(ab_last_error(), "cannot read") && strstr(ab_last_error(), cases[k].name), "%s",
+                ab_last_error());
+    }
+    for (int i = 0; i < 16; i++) host[i] = (float)(100 + i);
+    st = ab_convert_into(&h, &dev, NULL);
+    if (cases[k].write) {
+      cr_assert_eq(st, AB_OK, "%s: writing: %s", cases[k].name, ab_last_error());
+    } else {
+      cr_assert_eq(st, AB_ERR_INVALID_ARGUMENT, "%s: writing: %s (%s)", cases[k].name, ab_status_name(st),
+                   ab_last_error());
+      cr_assert(strstr(ab_last_error(), "cannot write") && strstr(ab_last_error(), cases[k].name), "%s",
+                ab_last_error());
+    }
+    foreign_release(&f);
+  }
+  assert_pool_clean(CPU0);
+  assert_pool_clean(CL(0));
 }
 
 /* ab_convert_into a buffer of another context (pyclesperanto's arrays are

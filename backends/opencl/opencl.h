@@ -87,6 +87,10 @@ ab_status ab__cl_info(int32_t id, struct ab_device_info *out);
 /* transfers.c: buffers, transfers, queues of the caller's. */
 ab_status ab__cl_alloc(int32_t id, size_t bytes, void **out);
 void ab__cl_free(int32_t id, void *ptr, size_t bytes);
+/* ab__cl_fail_cl for a read (write false) or write of buffer m by the host:
+ * a buffer whose flags forbid it (CL_MEM_HOST_NO_ACCESS and the like) is
+ * AB_ERR_INVALID_ARGUMENT, said in those words. */
+ab_status ab__cl_fail_host_xfer(cl_int e, int32_t id, cl_mem m, bool write, const char *call);
 ab_status ab__cl_use_stream(int32_t id, cl_context ctx, void *stream, cl_command_queue *q);
 ab_status ab__cl_queue_for(int32_t id, cl_mem m, void *stream, cl_command_queue *q, bool *tmp);
 ab_status ab__cl_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream);

@@ -125,7 +125,9 @@ static ab_status async_xfer(int32_t id, cl_mem m, uint64_t offset, void *host, s
   }
   if (tmp) clReleaseCommandQueue(q);
   AB_FORWARD(st);
-  return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, id, write ? "clEnqueueWriteBuffer (staged)" : "clEnqueueReadBuffer (staged)");
+  return e == CL_SUCCESS ? AB_OK
+                         : ab__cl_fail_host_xfer(e, id, m, write,
+                                                 write ? "clEnqueueWriteBuffer (staged)" : "clEnqueueReadBuffer (staged)");
 }
 
 ab_status ab__cl_write_async(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {

@@ -79,6 +79,24 @@ ab_status ab__cl_queue_for(int32_t id, cl_mem m, void *stream, cl_command_queue 
   return AB_OK;
 }
 
+ab_status ab__cl_fail_host_xfer(cl_int e, int32_t id, cl_mem m, bool write, const char *call) {
+  cl_mem_flags flags = 0;
+  const cl_mem_flags forbid = CL_MEM_HOST_NO_ACCESS | (write ? CL_MEM_HOST_READ_ONLY : CL_MEM_HOST_WRITE_ONLY);
+  /* Flags are asked for only once the driver has refused: the calls that
+   * succeed pay nothing. */
+  if (e == CL_INVALID_OPERATION && clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof flags, &flags, NULL) == CL_SUCCESS &&
+      (flags & forbid) != 0)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
+                   "opencl:%" PRId32 ": the host cannot %s this buffer (created with %s), so %s refused; a copy "
+                   "to another OpenCL buffer first does not need the host",
+                   id, write ? "write" : "read",
+                   flags & CL_MEM_HOST_NO_ACCESS ? "CL_MEM_HOST_NO_ACCESS"
+                   : write                       ? "CL_MEM_HOST_READ_ONLY"
+                                                 : "CL_MEM_HOST_WRITE_ONLY",
+                   call);
+  return ab__cl_fail_cl(e, id, call);
+}
+
 /* One blocking transfer between host memory and a buffer, on the queue
  * queue_for picks. Rectangles are compact on one side: the device side for
  * writes (host pitches given), the host side for reads (device pitches). */
@@ -118,7 +136,8 @@ static ab_status transfer(int32_t id, cl_mem m, void *stream, const struct xfer 
     break;
   }
   if (tmp) clReleaseCommandQueue(q);
-  return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, id, calls[x->kind]);
+  const bool write = x->kind == XFER_WRITE || x->kind == XFER_WRITE_RECT;
+  return e == CL_SUCCESS ? AB_OK : ab__cl_fail_host_xfer(e, id, m, write, calls[x->kind]);
 }
 
 ab_status ab__cl_write(int32_t id, void *handle, uint64_t offset, const void *src, size_t bytes, void *stream) {
