@@ -3,6 +3,7 @@ again after an out-of-memory error."""
 import contextlib
 import contextvars
 import gc
+import operator
 import sys
 
 from . import _arraybridge as _ab
@@ -15,7 +16,15 @@ def cleanup_all_gpu_frameworks(device_id=None):
     opencl:N) and the caches of every framework the process has imported
     (torch.cuda.empty_cache, CuPy's pools, JAX's caches). Frameworks not
     imported are left alone (never imported here). Runs gc.collect() first,
-    so arrays no longer referenced give their memory back too."""
+    so arrays no longer referenced give their memory back too. device_id:
+    None or an int >= 0 (TypeError for a bool, a float, a string; an id no
+    device has frees nothing of ours)."""
+    if device_id is not None:
+        if isinstance(device_id, bool) or not hasattr(type(device_id), "__index__"):
+            raise TypeError("device_id must be an int or None, not %s" % type(device_id).__name__)
+        device_id = operator.index(device_id)  # a NumPy integer too
+        if device_id < 0:
+            raise ValueError("device_id must be >= 0, got %d" % device_id)
     gc.collect()
     if device_id is None:
         _ab.empty_cache()

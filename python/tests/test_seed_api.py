@@ -972,6 +972,16 @@ def test_cleanup_all_gpu_frameworks_empties_our_pools():
     assert ab.memory_stats("cpu")["reserved_bytes"]["current"] == 0
 
 
+def test_cleanup_all_gpu_frameworks_checks_its_device_id():
+    """'x', True, 1.5 and -5 were taken and freed nothing, silently (True
+    was compared as the text "True")."""
+    for bad, exc in (("x", TypeError), (True, TypeError), (1.5, TypeError), (-5, ValueError)):
+        with pytest.raises(exc, match="device_id"):
+            ab.cleanup_all_gpu_frameworks(bad)
+    assert ab.cleanup_all_gpu_frameworks(np.int64(0)) is None
+    assert ab.cleanup_all_gpu_frameworks(99) is None  # no such device: nothing of ours to free
+
+
 def test_decorators_convert_the_first_array_argument_and_pass_the_rest():
     # A method's self (the reference page's MultiGPUModel decorates methods),
     # a classmethod's cls, data given by keyword, a call without arrays.
