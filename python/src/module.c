@@ -75,6 +75,15 @@ static const char *text_of(PyObject *o, const char *what) {
   return s;
 }
 
+/* -1 with TypeError "<rule>, not bool" when o is a bool: an int to
+ * Python, but True is no GPU id, index, byte count, axis, dimension or
+ * device number. */
+static int refuse_bool(PyObject *o, const char *rule) {
+  if (!PyBool_Check(o)) return 0;
+  PyErr_Format(PyExc_TypeError, "%s, not bool", rule);
+  return -1;
+}
+
 /* A device from a string ("cuda:1") or a (type, id) tuple. */
 static int device_from_object(PyObject *o, DLDevice *out) {
   if (PyUnicode_Check(o)) {
@@ -88,6 +97,9 @@ static int device_from_object(PyObject *o, DLDevice *out) {
     return 0;
   }
   if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2) {
+    if (refuse_bool(PyTuple_GET_ITEM(o, 0), "a device tuple's type must be an int") < 0 ||
+        refuse_bool(PyTuple_GET_ITEM(o, 1), "a device tuple's id must be an int") < 0)
+      return -1;
     long type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
     if (type == -1 && PyErr_Occurred()) return -1;
     long id = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
@@ -1215,7 +1227,17 @@ static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwar
   Py_XDECREF(np);
   Py_DECREF(host);
   if (arr != NULL && dtype != Py_None) {
-    PyObject *cast = PyObject_CallMethod(arr, "astype", "(O)", dtype);
+    /* the array itself when it has that dtype already (the import above
+     * copied where copy=True asked); copy=False refuses a cast */
+    PyObject *kw = Py_BuildValue("{sO}", "copy", Py_False), *astype = PyObject_GetAttrString(arr, "astype");
+    PyObject *cast = kw != NULL && astype != NULL ? PyObject_Call(astype, Py_BuildValue("(O)", dtype), kw) : NULL;
+    Py_XDECREF(kw);
+    Py_XDECREF(astype);
+    if (cast != NULL && cast != arr && c == 0) {
+      Py_CLEAR(cast);
+      PyErr_SetString(PyExc_ValueError, "a NumPy array of this tensor in that dtype needs a copy (a cast), and "
+                                        "copy=False was given");
+    }
     Py_DECREF(arr);
     arr = cast;
   }
@@ -1520,7 +1542,8 @@ static void map_free(struct map_buf *b) {
 
 /* An axis as given (LONG_MIN when it does not fit a long: out of range
  * for any tensor); -1 with an exception when it is not an integer. */
-static int axis_raw(PyObject *o, long *out) {
+static int axis_raw(PyObject *o, const char *rule, long *out) {
+  if (refuse_bool(o, rule) < 0) return -1;
   long a = PyLong_AsLong(o);
   if (a == -1 && PyErr_Occurred()) {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
@@ -1556,6 +1579,15 @@ static PyObject *items_of(PyObject *o, const char *what) {
     PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
   }
   return seq;
+}
+
+/* The length of o when it is a sequence longer than `most`, else -1 (no
+ * exception): such a sequence is refused by its length without building
+ * its items (range(10**9) as a permute or a shape). */
+static Py_ssize_t too_long(PyObject *o, Py_ssize_t most) {
+  Py_ssize_t n = PySequence_Check(o) ? PySequence_Size(o) : -1;
+  if (n < 0) PyErr_Clear(); /* no length: items_of says what is wrong */
+  return n > most ? n : -1;
 }
 
 /* The floats of a sequence of numbers into PyMem (*n of them). */
@@ -1595,12 +1627,14 @@ static int map_parse(const struct map_args *m, struct map_buf *b) {
                      m->channel_axis != Py_None || m->channel_scale != Py_None || m->channel_offset != Py_None))
     return 0;
   b->given = 1;
-  if (m->permute != Py_None) {
+  if ((b->nperm = too_long(m->permute, AB_MAX_NDIM)) >= 0) {
+    /* longer than any tensor's axes: map_apply refuses the length */
+  } else if (m->permute != Py_None) {
     PyObject *seq = items_of(m->permute, "permute");
     if (seq == NULL) return -1;
     b->nperm = PyTuple_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < b->nperm && i < AB_MAX_NDIM; i++)
-      if (axis_raw(PyTuple_GET_ITEM(seq, i), &b->perm_raw[i]) < 0) {
+      if (axis_raw(PyTuple_GET_ITEM(seq, i), "a permute axis must be an int", &b->perm_raw[i]) < 0) {
         Py_DECREF(seq);
         return -1;
       }
@@ -1625,7 +1659,7 @@ static int map_parse(const struct map_args *m, struct map_buf *b) {
     if (b->offset == -1.0 && PyErr_Occurred()) return -1;
   }
   if (b->per_channel) {
-    if (axis_raw(m->channel_axis, &b->channel_axis_raw) < 0) return -1;
+    if (axis_raw(m->channel_axis, "channel_axis must be an int", &b->channel_axis_raw) < 0) return -1;
     if ((m->channel_scale != Py_None && floats_of(m->channel_scale, "channel_scale", &b->cs, &b->ncs) < 0) ||
         (m->channel_offset != Py_None && floats_of(m->channel_offset, "channel_offset", &b->co, &b->nco) < 0)) {
       map_free(b);
@@ -1725,8 +1759,14 @@ static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLMan
     PyObject *cap = call_dlpack(x, pdev, no_copy);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
+    if (rc < 0) { /* an unconsumed capsule's destructor deletes the tensor: */
+      PyObject *type, *value, *tb; /* one written in Python must not see (or clear) our error */
+      PyErr_Fetch(&type, &value, &tb);
+      Py_DECREF(cap);
+      PyErr_Restore(type, value, tb);
+      return -1;
+    }
     Py_DECREF(cap);
-    if (rc < 0) return -1;
     if (no_copy && (mt->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
       /* asked for copy=False (or did not know the keyword) and copied */
       release(mt);
@@ -1865,6 +1905,26 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kwargs)
   return r;
 }
 
+/* to_device's and explain_route's gpu_id (None: target's own id) into
+ * target. -1 with an exception. */
+static int gpu_id_arg(PyObject *gpu_id, DLDevice *target) {
+  if (gpu_id == Py_None) return 0;
+  if (refuse_bool(gpu_id, "gpu_id must be an int or None") < 0) return -1;
+  long id = PyLong_AsLong(gpu_id);
+  if (id == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+    PyErr_Clear();
+    id = LONG_MAX; /* out of range: the message below */
+  }
+  if (id < AB_DEVICE_AUTO || id > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "gpu_id %S is out of range (>= 0, or -1 for the device with most free memory)",
+                 gpu_id);
+    return -1;
+  }
+  target->device_id = (int32_t)id;
+  return 0;
+}
+
 static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
   static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy",   "permute", "scale",
                            "offset", "channel_axis", "channel_scale", "channel_offset", "layout", NULL};
@@ -1876,25 +1936,7 @@ static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
                                    &m.channel_scale, &m.channel_offset, &layout_o))
     return NULL;
   DLDevice target;
-  if (device_from_object(target_o, &target) < 0) return NULL;
-  if (gpu_id != Py_None) {
-    if (PyBool_Check(gpu_id)) { /* an int to Python, but True is no GPU id */
-      PyErr_SetString(PyExc_TypeError, "gpu_id must be an int or None, not bool");
-      return NULL;
-    }
-    long id = PyLong_AsLong(gpu_id);
-    if (id == -1 && PyErr_Occurred()) {
-      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
-      PyErr_Clear();
-      id = LONG_MAX; /* out of range: the message below */
-    }
-    if (id < AB_DEVICE_AUTO || id > INT32_MAX) {
-      PyErr_Format(PyExc_ValueError, "gpu_id %S is out of range (>= 0, or -1 for the device with most free memory)",
-                   gpu_id);
-      return NULL;
-    }
-    target.device_id = (int32_t)id;
-  }
+  if (device_from_object(target_o, &target) < 0 || gpu_id_arg(gpu_id, &target) < 0) return NULL;
   DLDataType dtype;
   if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
   int c = copy_arg(copy);
@@ -2030,8 +2072,7 @@ static PyObject *py_convert_into(PyObject *mod, PyObject *args, PyObject *kwargs
   if (map_parse(&m, &mb) < 0) return NULL; /* before the imports: it may run Python */
   long long idx = 0;
   if (index != Py_None) {
-    if (PyBool_Check(index)) { /* an int to Python, but True is no index */
-      PyErr_SetString(PyExc_TypeError, "index must be an int or None, not bool");
+    if (refuse_bool(index, "index must be an int or None") < 0) {
       map_free(&mb);
       return NULL;
     }
@@ -2121,16 +2162,19 @@ fail:
 /* A shape given as a sequence of ints, into shape[AB_MAX_NDIM]; -1 with an
  * exception otherwise. */
 static int shape_from_object(PyObject *o, int64_t *shape, int32_t *ndim) {
-  PyObject *items = items_of(o, "shape");
-  if (items == NULL) return -1;
-  Py_ssize_t n = PyTuple_GET_SIZE(items);
+  Py_ssize_t n = too_long(o, AB_MAX_NDIM);
+  PyObject *items = n < 0 ? items_of(o, "shape") : NULL;
+  if (items != NULL) n = PyTuple_GET_SIZE(items);
   if (n > AB_MAX_NDIM) {
-    Py_DECREF(items);
+    Py_XDECREF(items);
     PyErr_Format(PyExc_ValueError, "shape has %zd dims; at most %d", n, AB_MAX_NDIM);
     return -1;
   }
+  if (items == NULL) return -1;
   for (Py_ssize_t i = 0; i < n; i++) {
-    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(items, i));
+    long long v = refuse_bool(PyTuple_GET_ITEM(items, i), "a shape's dimension must be an int") < 0
+                      ? -1
+                      : PyLong_AsLongLong(PyTuple_GET_ITEM(items, i));
     if (v == -1 && PyErr_Occurred()) {
       Py_DECREF(items);
       return -1;
@@ -2588,10 +2632,7 @@ static PyObject *py_set_memory_limit(PyObject *mod, PyObject *args) {
   PyObject *device, *bytes_o;
   (void)mod;
   if (!PyArg_ParseTuple(args, "OO!:set_memory_limit", &device, &PyLong_Type, &bytes_o)) return NULL;
-  if (PyBool_Check(bytes_o)) { /* an int to Python, but True is no byte count */
-    PyErr_SetString(PyExc_TypeError, "bytes must be an int, not bool");
-    return NULL;
-  }
+  if (refuse_bool(bytes_o, "bytes must be an int") < 0) return NULL;
   unsigned long long bytes = PyLong_AsUnsignedLongLong(bytes_o); /* OverflowError when negative or too big */
   if (bytes == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   DLDevice d;
@@ -2611,19 +2652,23 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
 }
 
 static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x",     "target", "dtype",        "permute",       "scale",
-                           "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
-  PyObject *x, *target_o, *dtype_o = Py_None;
+  static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy",   "permute", "scale",
+                           "offset", "channel_axis", "channel_scale", "channel_offset", "layout", NULL};
+  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
   struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOOOOOO:explain_route", kwlist, &x, &target_o, &dtype_o,
-                                   &m.permute, &m.scale, &m.offset, &m.channel_axis, &m.channel_scale,
-                                   &m.channel_offset))
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOOO:explain_route", kwlist, &x, &target_o, &gpu_id,
+                                   &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
+                                   &m.channel_scale, &m.channel_offset, &layout_o))
     return NULL;
   DLDevice target;
-  if (device_from_object(target_o, &target) < 0) return NULL;
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  if (dtype_o != Py_None && dtype_from_object(dtype_o, &o.dtype) < 0) return NULL;
+  if (device_from_object(target_o, &target) < 0 || gpu_id_arg(gpu_id, &target) < 0) return NULL;
+  DLDataType dtype;
+  if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
+  const int c = copy_arg(copy);
+  if (c == -2) return NULL;
+  enum layout layout;
+  if (layout_arg(layout_o, &layout) < 0) return NULL;
   struct map_buf mb;
   if (map_parse(&m, &mb) < 0) return NULL; /* before the import: it may run Python */
   /* A capsule is read in place and left unconsumed (explaining a move
@@ -2644,11 +2689,18 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
     src = &((TensorObject *)t)->mt->dl_tensor;
   }
   char buf[2048];
-  o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW; /* as to_device asks */
-  if (map_apply(&mb, src, &o) < 0) {
+  /* the options to_device would give the core (its own when it returns x
+   * as it is: a view, strided as x is) */
+  ab_convert_opts o;
+  const int r = convert_opts(src, &target, c, dtype_o == Py_None ? NULL : &dtype, &mb, layout, &o);
+  if (r < 0) {
     map_free(&mb);
     Py_XDECREF(t);
     return NULL;
+  }
+  if (r == 0) {
+    o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
+    o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
   }
   const int rc = explain_unlocked(t == NULL ? x : NULL, src, target, &o, buf, sizeof buf, &st);
   map_free(&mb);
@@ -2711,8 +2763,9 @@ static PyMethodDef module_methods[] = {
    "best_device()\n--\n\nThe best device for work: a CUDA GPU, else an OpenCL GPU, else 'cpu:0' "
    "(AB_DEFAULT_DEVICE overrides)."},
   {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_VARARGS | METH_KEYWORDS,
-   "explain_route(x, target, *, dtype=None, permute=None, scale=None, offset=None, channel_axis=None,\n"
-   "              channel_scale=None, channel_offset=None)\n--\n\nHow to_device(x, target, ...) with the "
+   "explain_route(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
+   "              channel_axis=None, channel_scale=None, channel_offset=None, layout='any')\n--\n\n"
+   "How to_device(x, target, ...) with the "
    "same options would move x, step by step, and where a conversion would run."},
   {NULL, NULL, 0, NULL},
 };

@@ -1253,3 +1253,112 @@ def test_consumers_that_delete_without_renaming_or_take_the_destructor_away_free
     is a failure here."""
     r = subprocess.run([sys.executable, "-c", CONSUMERS], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_a_refused_capsule_is_released_without_our_error_pending():
+    """A producer's capsule destructor written in Python (ctypes) ran while
+    the import's BufferError was pending: the call ended in SystemError and
+    the tensor was never deleted. A refused capsule (DLPack 99.0 here) is
+    now released with the error set aside."""
+    import ctypes
+
+    class Dev(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int32), ("id", ctypes.c_int32)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Dev), ("ndim", ctypes.c_int32),
+                    ("dtype", ctypes.c_uint8 * 4), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+    class Managed(ctypes.Structure):
+        pass
+
+    deleter_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(Managed))
+    Managed._fields_ = [("version", ctypes.c_uint32 * 2), ("ctx", ctypes.c_void_p), ("deleter", deleter_t),
+                        ("flags", ctypes.c_uint64), ("dl_tensor", Tensor)]
+    deleted = []
+    data, shape = (ctypes.c_float * 4)(), (ctypes.c_int64 * 1)(4)
+    m = Managed()
+    m.version[0] = 99
+    m.dl_tensor = Tensor(ctypes.addressof(data), Dev(KDLCPU, 0), 1, (ctypes.c_uint8 * 4)(2, 32, 1, 0),
+                         shape, None, 0)
+    m.deleter = deleter_t(lambda p: deleted.append(1))
+    new, name = ctypes.pythonapi.PyCapsule_New, ctypes.pythonapi.PyCapsule_GetName
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def destructor(cap):  # Python code: it must not run with an exception pending
+        if name(cap) == b"dltensor_versioned":
+            m.deleter(ctypes.pointer(m))
+
+    class Producer:
+        def __dlpack_device__(self):
+            return (KDLCPU, 0)
+
+        def __dlpack__(self, **kwargs):
+            return new(ctypes.addressof(m), b"dltensor_versioned", ctypes.cast(destructor, ctypes.c_void_p))
+
+    with pytest.raises(BufferError, match="99"):
+        ab.from_dlpack(Producer())
+    assert deleted == [1]
+
+
+def test_permute_and_shape_longer_than_any_tensor_are_refused_by_their_length():
+    """range(10**9) as a permute (or a shape) was built whole, a tuple of a
+    billion ints, before its length was compared: the kernel killed the
+    process. Only the length is read now."""
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="permute has 1000000000 axes; the tensor has 2"):
+        ab.to_device(a, "cpu", permute=range(10**9))
+    with pytest.raises(ValueError, match="shape has 1000000000 dims; at most 64"):
+        ab.empty(range(10**9), "float32", "cpu")
+    assert ab.to_device(a, "cpu", permute=range(1, -1, -1)).shape == (3, 2)  # a short range still is read
+
+
+def test_array_protocol_honours_copy_with_a_dtype():
+    """__array__(dtype, copy=False) used astype, which always copies: the same
+    dtype gave a copy, another dtype a cast, where NumPy's protocol says
+    copy=False never copies."""
+    a = np.arange(6, dtype=np.float32)
+    t = ab.from_dlpack(a)
+    same = t.__array__(np.float32, copy=False)
+    assert addr(same) == addr(a)
+    assert addr(t.__array__(np.float32)) == addr(a)  # copy=None: no copy needed either
+    with pytest.raises(ValueError, match="needs a copy"):
+        t.__array__(np.int8, copy=False)
+    cast = t.__array__(np.int8)
+    assert cast.dtype == np.int8 and list(cast) == list(range(6))
+    assert addr(t.__array__(np.float32, copy=True)) != addr(a)
+
+
+def test_explain_route_takes_every_option_of_to_device():
+    """python.md promised to_device's options; gpu_id, copy and layout were
+    TypeError, so a compact copy's or copy=True's route could not be shown."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert "view" in ab.explain_route(a.T, "cpu")
+    assert "host copy" in ab.explain_route(a.T, "cpu", layout="compact")
+    assert "host copy" in ab.explain_route(a, "cpu", copy=True)
+    assert "host copy" in ab.explain_route(a, "cpu", 0, copy=True)
+    with pytest.raises(BufferError, match="copy is needed"):
+        ab.explain_route(a.T, "cpu", copy=False, layout="compact")
+    with pytest.raises(TypeError, match="not bool"):
+        ab.explain_route(a, "cpu", True)
+
+
+def test_bools_are_no_axes_dimensions_or_device_numbers():
+    """gpu_id, index and bytes refused bools; permute=(True, False) was a
+    transpose, channel_axis=True axis 1, (4, True) opencl:1, and
+    empty((True, 2)) a (1, 2) array."""
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(TypeError, match="a permute axis must be an int, not bool"):
+        ab.to_device(a, "cpu", permute=(True, False))
+    with pytest.raises(TypeError, match="channel_axis must be an int, not bool"):
+        ab.to_device(a, "cpu", channel_axis=True, channel_scale=(1.0, 2.0, 3.0))
+    with pytest.raises(TypeError, match="device tuple's id must be an int, not bool"):
+        ab.to_device(a, (KDLCPU, False))
+    with pytest.raises(TypeError, match="device tuple's type must be an int, not bool"):
+        ab.to_device(a, (True, 0))
+    with pytest.raises(TypeError, match="a shape's dimension must be an int, not bool"):
+        ab.empty((True, 2), "float32", "cpu")
+    assert ab.to_device(a, (KDLCPU, 0), permute=(np.int64(1), 0)).shape == (3, 2)  # integers still are
