@@ -135,6 +135,7 @@ struct job {
   int64_t nbands;
   atomic_llong next;   /* the next band to claim */
   int active;          /* workers inside the job (under lock) */
+  int most;            /* workers it may have: its thread count less the caller */
   struct job *queued;  /* the queue's next job (under lock) */
 };
 
@@ -268,6 +269,7 @@ static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER, done_cv = PTHREAD_COND
 static struct job *queue; /* jobs that may have bands left */
 static pthread_t workers[MAX_THREADS];
 static int nworkers;
+static int peak_in_job; /* the most workers in one job (under lock; tests) */
 static bool stopping;
 
 /* Under lock: takes j out of the queue if it is still there. */
@@ -279,14 +281,23 @@ static void unqueue(struct job *j) {
     }
 }
 
+/* Under lock: the first queued job that may take one more worker, or
+ * NULL. A job asked for t threads runs on at most t, whatever the pool
+ * holds: a call with opts.threads = 2 beside 15 idle workers keeps to 2. */
+static struct job *open_job(void) {
+  for (struct job *j = queue; j != NULL; j = j->queued)
+    if (j->active < j->most) return j;
+  return NULL;
+}
+
 static void *worker_main(void *unused) {
   (void)unused;
   pthread_mutex_lock(&lock);
   for (;;) {
-    while (!stopping && queue == NULL) pthread_cond_wait(&work_cv, &lock);
+    struct job *j = NULL;
+    while (!stopping && (j = open_job()) == NULL) pthread_cond_wait(&work_cv, &lock);
     if (stopping) break;
-    struct job *j = queue;
-    j->active++;
+    if (++j->active > peak_in_job) peak_in_job = j->active;
     pthread_mutex_unlock(&lock);
     work_on(j);
     pthread_mutex_lock(&lock);
@@ -350,6 +361,14 @@ static void start_workers(int want) {
 int ab__parallel_workers(void) {
   pthread_mutex_lock(&lock);
   const int n = nworkers;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+int ab__parallel_peak_in_job(void) {
+  pthread_mutex_lock(&lock);
+  const int n = peak_in_job;
+  peak_in_job = 0;
   pthread_mutex_unlock(&lock);
   return n;
 }
@@ -571,7 +590,7 @@ static void run_on(const ab__host_job *w, int64_t t) {
     run_whole(w, w->dst, w->src, w->shape, w->op);
     return;
   }
-  struct job j = {.work = w, .cut = cut, .active = 0, .queued = NULL};
+  struct job j = {.work = w, .cut = cut, .active = 0, .most = (int)t - 1, .queued = NULL};
   const int64_t n = w->shape[cut];
   j.band = ab__parallel_band(w, cut, t);
   j.nbands = (n + j.band - 1) / j.band;
@@ -582,7 +601,9 @@ static void run_on(const ab__host_job *w, int64_t t) {
   struct job **tail = &queue;
   while (*tail != NULL) tail = &(*tail)->queued;
   *tail = &j;
-  pthread_cond_broadcast(&work_cv);
+  /* as many as may join it (a worker that finds every queued job full
+   * waits again; one that finishes a job looks for another first) */
+  for (int i = 0; i < j.most && i < nworkers; i++) pthread_cond_signal(&work_cv);
   pthread_mutex_unlock(&lock);
 
   work_on(&j);

@@ -78,6 +78,10 @@ int64_t ab__parallel_band(const ab__host_job *w, int cut, int64_t t);
  * started t - 1 of them). */
 int ab__parallel_workers(void);
 
+/* The most workers that were inside one job at once since the last call
+ * (for tests: a job on t threads has at most t - 1 beside its caller). */
+int ab__parallel_peak_in_job(void);
+
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);
 

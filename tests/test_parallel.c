@@ -306,6 +306,33 @@ Test(parallel, opts_threads_caps_the_threads_of_one_call) {
   }
 }
 
+/* A call keeps to its own thread count when the pool holds more workers
+ * (an earlier call's, or AB_NUM_THREADS's): every idle worker was woken
+ * and took bands, so a call with threads = 2 ran on up to 8 after one
+ * with 8 (cold audit, 2026-12-03). */
+Test(parallel, a_call_runs_on_no_more_threads_than_it_asked_for_whatever_the_pool_holds) {
+  static float big[1 << 22]; /* 16 MiB: bands of 2 MiB on two threads */
+  int64_t shape[2] = {2048, 2048}, strides[2] = {1, 2048};
+  DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  DLManagedTensorVersioned *r;
+  o.threads = 8; /* seven workers */
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  cr_assert_geq(ab__parallel_workers(), 7);
+  cr_assert_gt(ab__parallel_peak_in_job(), 0, "no worker took a band of the 8-thread call");
+  for (uint32_t want = 2; want <= 3; want++) {
+    o.threads = want;
+    for (int k = 0; k < 6; k++) {
+      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+      cr_assert_eq(first_diff_vs_reference(&t, r), -1);
+      r->deleter(r);
+    }
+    const int peak = ab__parallel_peak_in_job();
+    cr_assert_leq(peak, (int)want - 1, "a call of %u threads had %d workers in it", want, peak);
+  }
+}
+
 /* Gathers whose outermost dim is too short for bands of its own: the
  * planes of HWC -> CHW (cut along the rows, every band a strip of every
  * plane, the pixel kernels taking the channels whole), a batch of fewer
