@@ -14,10 +14,12 @@
  * calling thread (a job waits in a queue; the caller works on its own job
  * meanwhile, so nothing waits for an idle worker), stop at ab_shutdown
  * and when the library is unloaded, and are re-created after fork. */
+#define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
 #include "parallel.h"
 #include "element.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -43,13 +45,24 @@ static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it
 
 #define AUTO_MIN ((size_t)256 << 10)
 
+/* The cores this process may run on: its CPU affinity (taskset, a
+ * container's cpuset), else the online ones. A worker for every online
+ * core of a 64-core host, in a container given 2, would only take turns. */
+static long usable_cores(void) {
+#if defined(__linux__) && defined(CPU_COUNT)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 /* AB_NUM_THREADS and AB_PARALLEL_MIN, read once and again after
  * ab__env_reload (tests). A fork waits for env_lock (atfork_prepare). */
 static void read_env(void) {
   pthread_mutex_lock(&env_lock);
   const unsigned gen = ab__env_generation();
   if (atomic_load_explicit(&env_generation, memory_order_relaxed) != gen) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = usable_cores();
     int n = cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
     n = (int)ab__env_int("AB_NUM_THREADS", n, 1, MAX_THREADS);
     /* Bytes of result each thread gets at least: a move of fewer than

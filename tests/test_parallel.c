@@ -1,8 +1,10 @@
 /* Host moves on several threads (src/parallel.c): the bands give the same
  * bytes as one thread, for gathers and conversions of every kind of
  * layout, with concurrent callers, after fork and after ab_shutdown. */
+#define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -230,10 +232,12 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   ab__env_reload();
   cr_assert_eq(ab__num_threads(), 3);
   cr_assert_eq(ab__parallel_min(), (size_t)2 << 20);
-  setenv("AB_NUM_THREADS", "0", 1); /* refused: the online cores */
+  setenv("AB_NUM_THREADS", "0", 1); /* refused: the cores the process may use */
   setenv("AB_PARALLEL_MIN", "lots", 1);
   ab__env_reload();
-  cr_assert_eq(ab__num_threads(), (int)(sysconf(_SC_NPROCESSORS_ONLN) > 64 ? 64 : sysconf(_SC_NPROCESSORS_ONLN)));
+  cpu_set_t set;
+  cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+  cr_assert_eq(ab__num_threads(), CPU_COUNT(&set) > 64 ? 64 : CPU_COUNT(&set));
   cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
   /* digits alone: a blank or a sign on either side is refused alike (" 3"
    * was read as 3, "3 " refused) */
@@ -248,6 +252,26 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   unsetenv("AB_NUM_THREADS");
   unsetenv("AB_PARALLEL_MIN");
   ab__env_reload();
+}
+
+/* The default is the cores the process may run on (taskset, a container's
+ * cpuset), not every online core: on a 2-core machine a process bound to
+ * one core started a worker that only took turns with it. */
+Test(parallel, the_default_thread_count_is_the_processs_cpu_affinity, .init = NULL) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  cpu_set_t had;
+  cr_assert_eq(sched_getaffinity(0, sizeof had, &had), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &had)) first++;
+  CPU_SET(first, &one);
+  cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0, "sched_setaffinity");
+  unsetenv("AB_NUM_THREADS");
+  ab__env_reload();
+  cr_assert_eq(ab__num_threads(), 1, "bound to one core, the default is %d threads", ab__num_threads());
+  cr_assert_eq(sched_setaffinity(0, sizeof had, &had), 0);
+  ab__env_reload();
+  cr_assert_eq(ab__num_threads(), CPU_COUNT(&had) > 64 ? 64 : CPU_COUNT(&had));
 }
 
 Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
