@@ -386,10 +386,10 @@ typedef struct ab_convert_opts {
   /** Threads a large host move (gather, cast, copy in host memory) may
    * use: 0 = the library's default (AB_NUM_THREADS, else the cores the
    * process may run on: its CPU affinity), 1 = the calling thread only,
-   * n = up to n (more than 64 is
-   * taken as 64). Each thread of a move gets at least AB_PARALLEL_MIN
-   * bytes of its result (default 256 KiB), so moves below twice that
-   * stay on the calling thread whatever this says. With AB_PARALLEL_MIN
+   * n = up to n (more than 64 is taken as 64). Each thread of a move gets
+   * at least AB_PARALLEL_MIN bytes of its result (default 256 KiB), so
+   * moves below twice that stay on the calling thread whatever this says.
+   * With AB_PARALLEL_MIN
    * unset, a move of less than 1 MiB a thread takes as few threads as
    * 1 MiB a thread would give it unless the first calls of its kind and
    * size, timed on both numbers, found the more 10% faster; the pick is
