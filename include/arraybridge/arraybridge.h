@@ -569,7 +569,7 @@ typedef struct ab_gauge {
 } ab_gauge;
 
 /** The statistics of one pool, listed once here. Gauges, in bytes:
- *   in_use_bytes     blocks held by live tensors (rounded sizes)
+ *   in_use_bytes     blocks held by live tensors (the blocks' sizes)
  *   requested_bytes  what those tensors asked for (before rounding)
  *   reserved_bytes   obtained from the driver: in use plus cached
  * Counters, since the pool was created:
@@ -604,7 +604,8 @@ struct ab_pool_stats {
 };
 
 /** \var ab_pool_stats::in_use_bytes
- * Bytes of blocks held by live tensors (rounded sizes). */
+ * Bytes of blocks held by live tensors: each block's size, the request
+ * rounded up, or more where a bigger cached block served it. */
 /** \var ab_pool_stats::requested_bytes
  * Bytes those tensors asked for (before rounding). */
 /** \var ab_pool_stats::reserved_bytes
