@@ -1229,8 +1229,10 @@ static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwar
   if (arr != NULL && dtype != Py_None) {
     /* the array itself when it has that dtype already (the import above
      * copied where copy=True asked); copy=False refuses a cast */
-    PyObject *kw = Py_BuildValue("{sO}", "copy", Py_False), *astype = PyObject_GetAttrString(arr, "astype");
-    PyObject *cast = kw != NULL && astype != NULL ? PyObject_Call(astype, Py_BuildValue("(O)", dtype), kw) : NULL;
+    PyObject *a = Py_BuildValue("(O)", dtype), *kw = Py_BuildValue("{sO}", "copy", Py_False);
+    PyObject *astype = PyObject_GetAttrString(arr, "astype");
+    PyObject *cast = a != NULL && kw != NULL && astype != NULL ? PyObject_Call(astype, a, kw) : NULL;
+    Py_XDECREF(a);
     Py_XDECREF(kw);
     Py_XDECREF(astype);
     if (cast != NULL && cast != arr && c == 0) {
@@ -1571,9 +1573,27 @@ static int axis_of(long a, int32_t ndim, const char *what, int32_t *out) {
 
 /* A private tuple of o's items: converting an item may run the caller's
  * code (__float__, __index__), which must not be able to change what is
- * being read (a list given as it is could shrink under the loop). */
-static PyObject *items_of(PyObject *o, const char *what) {
-  PyObject *seq = PySequence_Check(o) ? PySequence_Tuple(o) : NULL;
+ * being read (a list given as it is could shrink under the loop). With
+ * most >= 0, of its first most + 1 items only. */
+static PyObject *items_of(PyObject *o, const char *what, Py_ssize_t most) {
+  PyObject *seq = NULL;
+  if (PySequence_Check(o)) {
+    if (most < 0) {
+      seq = PySequence_Tuple(o);
+    } else if ((seq = PyList_New(0)) != NULL) {
+      /* at most most + 1 items: more is refused by that length, and a
+       * sequence may be as long as range(10**9), or endless */
+      PyObject *it = PyObject_GetIter(o), *item = NULL;
+      while (it != NULL && PyList_GET_SIZE(seq) <= most && (item = PyIter_Next(it)) != NULL) {
+        const int rc = PyList_Append(seq, item);
+        Py_DECREF(item);
+        if (rc < 0) break;
+      }
+      Py_XDECREF(it);
+      if (PyErr_Occurred()) Py_CLEAR(seq);
+      else Py_SETREF(seq, PyList_AsTuple(seq));
+    }
+  }
   if (seq == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError))) {
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
@@ -1581,18 +1601,9 @@ static PyObject *items_of(PyObject *o, const char *what) {
   return seq;
 }
 
-/* The length of o when it is a sequence longer than `most`, else -1 (no
- * exception): such a sequence is refused by its length without building
- * its items (range(10**9) as a permute or a shape). */
-static Py_ssize_t too_long(PyObject *o, Py_ssize_t most) {
-  Py_ssize_t n = PySequence_Check(o) ? PySequence_Size(o) : -1;
-  if (n < 0) PyErr_Clear(); /* no length: items_of says what is wrong */
-  return n > most ? n : -1;
-}
-
 /* The floats of a sequence of numbers into PyMem (*n of them). */
 static int floats_of(PyObject *o, const char *what, double **out, Py_ssize_t *n) {
-  PyObject *seq = items_of(o, what);
+  PyObject *seq = items_of(o, what, -1);
   if (seq == NULL) return -1;
   const Py_ssize_t len = PyTuple_GET_SIZE(seq);
   double *v = PyMem_Malloc(len > 0 ? (size_t)len * sizeof *v : 1);
@@ -1627,10 +1638,8 @@ static int map_parse(const struct map_args *m, struct map_buf *b) {
                      m->channel_axis != Py_None || m->channel_scale != Py_None || m->channel_offset != Py_None))
     return 0;
   b->given = 1;
-  if ((b->nperm = too_long(m->permute, AB_MAX_NDIM)) >= 0) {
-    /* longer than any tensor's axes: map_apply refuses the length */
-  } else if (m->permute != Py_None) {
-    PyObject *seq = items_of(m->permute, "permute");
+  if (m->permute != Py_None) {
+    PyObject *seq = items_of(m->permute, "permute", AB_MAX_NDIM); /* more: map_apply refuses the length */
     if (seq == NULL) return -1;
     b->nperm = PyTuple_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < b->nperm && i < AB_MAX_NDIM; i++)
@@ -1683,7 +1692,11 @@ static int map_apply(struct map_buf *b, const DLTensor *t, ab_convert_opts *o) {
   if (!b->given) return 0;
   if (b->nperm >= 0) {
     if (b->nperm != t->ndim) {
-      PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", b->nperm, (int)t->ndim);
+      if (b->nperm > AB_MAX_NDIM) /* items_of read no more */
+        PyErr_Format(PyExc_ValueError, "permute has more than %d axes; the tensor has %d", AB_MAX_NDIM,
+                     (int)t->ndim);
+      else
+        PyErr_Format(PyExc_ValueError, "permute has %zd axes; the tensor has %d", b->nperm, (int)t->ndim);
       return -1;
     }
     for (Py_ssize_t i = 0; i < b->nperm; i++)
@@ -2162,15 +2175,14 @@ fail:
 /* A shape given as a sequence of ints, into shape[AB_MAX_NDIM]; -1 with an
  * exception otherwise. */
 static int shape_from_object(PyObject *o, int64_t *shape, int32_t *ndim) {
-  Py_ssize_t n = too_long(o, AB_MAX_NDIM);
-  PyObject *items = n < 0 ? items_of(o, "shape") : NULL;
-  if (items != NULL) n = PyTuple_GET_SIZE(items);
+  PyObject *items = items_of(o, "shape", AB_MAX_NDIM);
+  if (items == NULL) return -1;
+  Py_ssize_t n = PyTuple_GET_SIZE(items);
   if (n > AB_MAX_NDIM) {
-    Py_XDECREF(items);
-    PyErr_Format(PyExc_ValueError, "shape has %zd dims; at most %d", n, AB_MAX_NDIM);
+    Py_DECREF(items);
+    PyErr_Format(PyExc_ValueError, "shape has more than %d dims", AB_MAX_NDIM);
     return -1;
   }
-  if (items == NULL) return -1;
   for (Py_ssize_t i = 0; i < n; i++) {
     long long v = refuse_bool(PyTuple_GET_ITEM(items, i), "a shape's dimension must be an int") < 0
                       ? -1

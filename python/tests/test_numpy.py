@@ -1307,12 +1307,21 @@ def test_a_refused_capsule_is_released_without_our_error_pending():
 def test_permute_and_shape_longer_than_any_tensor_are_refused_by_their_length():
     """range(10**9) as a permute (or a shape) was built whole, a tuple of a
     billion ints, before its length was compared: the kernel killed the
-    process. Only the length is read now."""
+    process. Only the first 65 items are read now, also of a sequence
+    with no length that never ends."""
+
+    class Endless:
+        def __getitem__(self, i):
+            return 0
+
     a = np.zeros((2, 3), np.float32)
-    with pytest.raises(ValueError, match="permute has 1000000000 axes; the tensor has 2"):
-        ab.to_device(a, "cpu", permute=range(10**9))
-    with pytest.raises(ValueError, match="shape has 1000000000 dims; at most 64"):
-        ab.empty(range(10**9), "float32", "cpu")
+    for seq in (range(10**9), Endless()):
+        with pytest.raises(ValueError, match="permute has more than 64 axes; the tensor has 2"):
+            ab.to_device(a, "cpu", permute=seq)
+        with pytest.raises(ValueError, match="shape has more than 64 dims"):
+            ab.empty(seq, "float32", "cpu")
+    with pytest.raises(ValueError, match="permute has 3 axes; the tensor has 2"):
+        ab.to_device(a, "cpu", permute=range(3))
     assert ab.to_device(a, "cpu", permute=range(1, -1, -1)).shape == (3, 2)  # a short range still is read
 
 
@@ -1329,6 +1338,11 @@ def test_array_protocol_honours_copy_with_a_dtype():
         t.__array__(np.int8, copy=False)
     cast = t.__array__(np.int8)
     assert cast.dtype == np.int8 and list(cast) == list(range(6))
+    dt = np.dtype(np.int8)
+    before = sys.getrefcount(dt)
+    for _ in range(100):
+        t.__array__(dt)
+    assert sys.getrefcount(dt) - before < 10  # each call leaked its argument tuple and a dtype reference
     assert addr(t.__array__(np.float32, copy=True)) != addr(a)
 
 
