@@ -87,8 +87,7 @@ ab_status ab__cl_fail_host_xfer(cl_int e, int32_t id, cl_mem m, bool write, cons
   if (e == CL_INVALID_OPERATION && clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof flags, &flags, NULL) == CL_SUCCESS &&
       (flags & forbid) != 0)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "opencl:%" PRId32 ": the host cannot %s this buffer (created with %s), so %s refused; a copy "
-                   "to another OpenCL buffer first does not need the host",
+                   "opencl:%" PRId32 ": the host cannot %s this buffer (created with %s), so %s refused",
                    id, write ? "write" : "read",
                    flags & CL_MEM_HOST_NO_ACCESS ? "CL_MEM_HOST_NO_ACCESS"
                    : write                       ? "CL_MEM_HOST_READ_ONLY"
