@@ -47,11 +47,13 @@ static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it
 
 /* The cores this process may run on: its CPU affinity (taskset, a
  * container's cpuset), else the online ones. A worker for every online
- * core of a 64-core host, in a container given 2, would only take turns. */
+ * core of a 64-core host, in a container given 2, would only take turns.
+ * The process's mask (its main thread's, as taskset sets it), not the
+ * calling thread's: a thread pinned to one core must not decide for all. */
 static long usable_cores(void) {
 #if defined(__linux__) && defined(CPU_COUNT)
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  if (sched_getaffinity(getpid(), sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
 #endif
   return sysconf(_SC_NPROCESSORS_ONLN);
 }

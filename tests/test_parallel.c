@@ -236,7 +236,7 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   setenv("AB_PARALLEL_MIN", "lots", 1);
   ab__env_reload();
   cpu_set_t set;
-  cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+  cr_assert_eq(sched_getaffinity(getpid(), sizeof set, &set), 0);
   cr_assert_eq(ab__num_threads(), CPU_COUNT(&set) > 64 ? 64 : CPU_COUNT(&set));
   cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
   /* digits alone: a blank or a sign on either side is refused alike (" 3"
@@ -254,24 +254,45 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   ab__env_reload();
 }
 
-/* The default is the cores the process may run on (taskset, a container's
- * cpuset), not every online core: on a 2-core machine a process bound to
- * one core started a worker that only took turns with it. */
-Test(parallel, the_default_thread_count_is_the_processs_cpu_affinity, .init = NULL) {
+/* A thread that pins itself to one core and reads the settings first. */
+static void *read_pinned(void *core) {
   cpu_set_t one;
   CPU_ZERO(&one);
-  cpu_set_t had;
-  cr_assert_eq(sched_getaffinity(0, sizeof had, &had), 0);
+  CPU_SET(*(const int *)core, &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return NULL;
+  ab__env_reload();
+  static int n;
+  n = ab__num_threads();
+  return &n;
+}
+
+/* The default is the cores the process may run on (taskset, a container's
+ * cpuset), not every online core: on a 2-core machine a process bound to
+ * one core started a worker that only took turns with it. The process's
+ * mask, not that of whichever thread reads the settings first. */
+Test(parallel, the_default_thread_count_is_the_processs_cpu_affinity, .init = NULL) {
+  const pid_t self = getpid();
+  cpu_set_t had, one;
+  cr_assert_eq(sched_getaffinity(self, sizeof had, &had), 0);
+  const int all = CPU_COUNT(&had) > 64 ? 64 : CPU_COUNT(&had);
   int first = 0;
   while (!CPU_ISSET(first, &had)) first++;
-  CPU_SET(first, &one);
-  cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0, "sched_setaffinity");
   unsetenv("AB_NUM_THREADS");
+  pthread_t th;
+  void *got = NULL;
+  cr_assert_eq(pthread_create(&th, NULL, read_pinned, &first), 0);
+  cr_assert_eq(pthread_join(th, &got), 0);
+  cr_assert_not_null(got, "pthread_setaffinity_np");
+  cr_assert_eq(*(int *)got, all, "a thread pinned to one core made the default %d threads, not %d", *(int *)got,
+               all);
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  cr_assert_eq(sched_setaffinity(self, sizeof one, &one), 0, "sched_setaffinity");
   ab__env_reload();
   cr_assert_eq(ab__num_threads(), 1, "bound to one core, the default is %d threads", ab__num_threads());
-  cr_assert_eq(sched_setaffinity(0, sizeof had, &had), 0);
+  cr_assert_eq(sched_setaffinity(self, sizeof had, &had), 0);
   ab__env_reload();
-  cr_assert_eq(ab__num_threads(), CPU_COUNT(&had) > 64 ? 64 : CPU_COUNT(&had));
+  cr_assert_eq(ab__num_threads(), all);
 }
 
 Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
