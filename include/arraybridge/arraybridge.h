@@ -605,7 +605,8 @@ struct ab_pool_stats {
 
 /** \var ab_pool_stats::in_use_bytes
  * Bytes of blocks held by live tensors: each block's size, the request
- * rounded up, or more where a bigger cached block served it. */
+ * rounded up, or more where a bigger cached block served it, or the
+ * request's own size where only that fit (docs/pools.md). */
 /** \var ab_pool_stats::requested_bytes
  * Bytes those tensors asked for (before rounding). */
 /** \var ab_pool_stats::reserved_bytes
