@@ -389,14 +389,14 @@ typedef struct ab_convert_opts {
    * n = up to n (more than 64 is taken as 64). Each thread of a move gets
    * at least AB_PARALLEL_MIN bytes of its result (default 256 KiB), so
    * moves below twice that stay on the calling thread whatever this says.
-   * With AB_PARALLEL_MIN
-   * unset, a move of less than 1 MiB a thread takes as few threads as
-   * 1 MiB a thread would give it unless the first calls of its kind and
-   * size, timed on both numbers, found the more 10% faster; the pick is
-   * the process's, timed again every 1024th call, and made for the first
-   * value of this field that asked (calls with another value take 256 KiB
-   * a thread) (docs/performance.md, "Threads"). The result is the same
-   * bytes either way. */
+   * With AB_PARALLEL_MIN unset, a move of less than 1 MiB a thread takes
+   * as few threads as 1 MiB a thread would give it unless the first calls
+   * of its kind and size, timed on both numbers, found the more 10%
+   * faster; the pick is the process's, timed again every 1024th call, and
+   * made for the first value of this field that asked (calls with another
+   * value take 256 KiB a thread) (docs/performance.md, "Threads"). The
+   * result is the same bytes either way. A call runs on no more threads
+   * than this allows, whatever workers earlier calls started. */
   uint32_t threads;
 } ab_convert_opts;
 
