@@ -1938,25 +1938,41 @@ static int gpu_id_arg(PyObject *gpu_id, DLDevice *target) {
   return 0;
 }
 
-static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
+/* to_device's arguments, which explain_route takes alike: x, the target
+ * (with gpu_id's id), dtype (NULL when not given), copy (-1, 0, 1), the
+ * element maps and layout. format: PyArg's, ending in the function's name.
+ * -1 with an exception. */
+struct move_args {
+  PyObject *x;
+  DLDevice target;
+  DLDataType dtype_buf;
+  const DLDataType *dtype;
+  int copy;
+  struct map_args m;
+  enum layout layout;
+};
+
+static int move_args_parse(PyObject *args, PyObject *kwargs, const char *format, struct move_args *a) {
   static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy",   "permute", "scale",
                            "offset", "channel_axis", "channel_scale", "channel_offset", "layout", NULL};
-  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
-  struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+  PyObject *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
+  a->m = (struct map_args){Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &a->x, &target_o, &gpu_id, &dtype_o, &copy,
+                                   &a->m.permute, &a->m.scale, &a->m.offset, &a->m.channel_axis,
+                                   &a->m.channel_scale, &a->m.channel_offset, &layout_o))
+    return -1;
+  if (device_from_object(target_o, &a->target) < 0 || gpu_id_arg(gpu_id, &a->target) < 0) return -1;
+  a->dtype = dtype_o == Py_None ? NULL : &a->dtype_buf;
+  if (a->dtype != NULL && dtype_from_object(dtype_o, &a->dtype_buf) < 0) return -1;
+  if ((a->copy = copy_arg(copy)) == -2) return -1;
+  return layout_arg(layout_o, &a->layout);
+}
+
+static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  struct move_args a;
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOOO:to_device", kwlist, &x, &target_o, &gpu_id,
-                                   &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
-                                   &m.channel_scale, &m.channel_offset, &layout_o))
-    return NULL;
-  DLDevice target;
-  if (device_from_object(target_o, &target) < 0 || gpu_id_arg(gpu_id, &target) < 0) return NULL;
-  DLDataType dtype;
-  if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
-  int c = copy_arg(copy);
-  if (c == -2) return NULL;
-  enum layout layout;
-  if (layout_arg(layout_o, &layout) < 0) return NULL;
-  return import_and_convert(x, &target, c, dtype_o == Py_None ? NULL : &dtype, &m, layout);
+  if (move_args_parse(args, kwargs, "OO|O$OOOOOOOOO:to_device", &a) < 0) return NULL;
+  return import_and_convert(a.x, &a.target, a.copy, a.dtype, &a.m, a.layout);
 }
 
 /* Whether o is an array of a framework whose arrays are immutable (JAX,
@@ -2664,25 +2680,12 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
 }
 
 static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwargs) {
-  static char *kwlist[] = {"x",      "target",       "gpu_id",        "dtype",          "copy",   "permute", "scale",
-                           "offset", "channel_axis", "channel_scale", "channel_offset", "layout", NULL};
-  PyObject *x, *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
-  struct map_args m = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+  struct move_args a;
   (void)mod;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOOOOOO:explain_route", kwlist, &x, &target_o, &gpu_id,
-                                   &dtype_o, &copy, &m.permute, &m.scale, &m.offset, &m.channel_axis,
-                                   &m.channel_scale, &m.channel_offset, &layout_o))
-    return NULL;
-  DLDevice target;
-  if (device_from_object(target_o, &target) < 0 || gpu_id_arg(gpu_id, &target) < 0) return NULL;
-  DLDataType dtype;
-  if (dtype_o != Py_None && dtype_from_object(dtype_o, &dtype) < 0) return NULL;
-  const int c = copy_arg(copy);
-  if (c == -2) return NULL;
-  enum layout layout;
-  if (layout_arg(layout_o, &layout) < 0) return NULL;
+  if (move_args_parse(args, kwargs, "OO|O$OOOOOOOOO:explain_route", &a) < 0) return NULL;
+  PyObject *x = a.x;
   struct map_buf mb;
-  if (map_parse(&m, &mb) < 0) return NULL; /* before the import: it may run Python */
+  if (map_parse(&a.m, &mb) < 0) return NULL; /* before the import: it may run Python */
   /* A capsule is read in place and left unconsumed (explaining a move
    * does not make it); anything else is imported zero-copy. */
   const DLTensor *src = capsule_peek(x);
@@ -2704,7 +2707,7 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
   /* the options to_device would give the core (its own when it returns x
    * as it is: a view, strided as x is) */
   ab_convert_opts o;
-  const int r = convert_opts(src, &target, c, dtype_o == Py_None ? NULL : &dtype, &mb, layout, &o);
+  const int r = convert_opts(src, &a.target, a.copy, a.dtype, &mb, a.layout, &o);
   if (r < 0) {
     map_free(&mb);
     Py_XDECREF(t);
@@ -2714,7 +2717,7 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwarg
     o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
     o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
   }
-  const int rc = explain_unlocked(t == NULL ? x : NULL, src, target, &o, buf, sizeof buf, &st);
+  const int rc = explain_unlocked(t == NULL ? x : NULL, src, a.target, &o, buf, sizeof buf, &st);
   map_free(&mb);
   Py_XDECREF(t);
   if (rc < 0) return NULL;
