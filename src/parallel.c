@@ -48,12 +48,21 @@ static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it
 /* The cores this process may run on: its CPU affinity (taskset, a
  * container's cpuset), else the online ones. A worker for every online
  * core of a 64-core host, in a container given 2, would only take turns.
- * The process's mask (its main thread's, as taskset sets it), not the
- * calling thread's: a thread pinned to one core must not decide for all. */
+ * The process's mask is its main thread's (as taskset sets it), not the
+ * calling thread's: a thread pinned to one core must not decide for all.
+ * A main thread an OpenMP runtime pinned (OMP_PROC_BIND) counts as one
+ * core; AB_NUM_THREADS says otherwise (docs/performance.md). */
+#if defined(__GLIBC__) && defined(CPU_COUNT)
+#define HAVE_PROCESS_MASK 1
+static bool process_mask(cpu_set_t *set) {
+  return sched_getaffinity(getpid(), sizeof *set, set) == 0 && CPU_COUNT(set) > 0;
+}
+#endif
+
 static long usable_cores(void) {
-#if defined(__linux__) && defined(CPU_COUNT)
+#ifdef HAVE_PROCESS_MASK
   cpu_set_t set;
-  if (sched_getaffinity(getpid(), sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  if (process_mask(&set)) return CPU_COUNT(&set);
 #endif
   return sysconf(_SC_NPROCESSORS_ONLN);
 }
@@ -307,6 +316,9 @@ static struct job *open_job(void) {
 
 static void *worker_main(void *unused) {
   (void)unused;
+#ifdef __GLIBC__
+  pthread_setname_np(pthread_self(), "arraybridge"); /* as top, gdb and /proc name it */
+#endif
   pthread_mutex_lock(&lock);
   for (;;) {
     struct job *j = NULL;
@@ -362,14 +374,28 @@ __attribute__((constructor)) static void register_atfork(void) {
 
 /* Under lock: at least `want` workers, as far as threads can be made (the
  * caller does whatever bands are left, so fewer is only slower). Workers
- * block every signal: signals stay the application's threads' business. */
+ * block every signal: signals stay the application's threads' business.
+ * They run on the process's cores (usable_cores counted them), not only on
+ * those of the thread that happened to need them first: a new thread takes
+ * its creator's mask, and a caller pinned to one core would otherwise leave
+ * every caller's workers on that core. */
 static void start_workers(int want) {
   if (want > MAX_THREADS - 1) want = MAX_THREADS - 1;
   if (nworkers >= want) return;
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  while (nworkers < want && pthread_create(&workers[nworkers], NULL, worker_main, NULL) == 0) nworkers++;
+  pthread_attr_t *ap = NULL;
+#ifdef HAVE_PROCESS_MASK
+  pthread_attr_t attr;
+  cpu_set_t set;
+  if (process_mask(&set) && pthread_attr_init(&attr) == 0) {
+    if (pthread_attr_setaffinity_np(&attr, sizeof set, &set) == 0) ap = &attr;
+    else pthread_attr_destroy(&attr);
+  }
+#endif
+  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, NULL) == 0) nworkers++;
+  if (ap != NULL) pthread_attr_destroy(ap);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -293,6 +294,62 @@ Test(parallel, the_default_thread_count_is_the_processs_cpu_affinity, .init = NU
   cr_assert_eq(sched_setaffinity(self, sizeof had, &had), 0);
   ab__env_reload();
   cr_assert_eq(ab__num_threads(), all);
+}
+
+/* A thread pinned to one core that moves data first, on 2 threads. */
+static void *move_pinned(void *core) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(*(const int *)core, &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return NULL;
+  static float big[1 << 20];
+  int64_t shape[2] = {1024, 1024}, strides[2] = {1, 1024};
+  DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 2;
+  DLManagedTensorVersioned *r;
+  if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK) return NULL;
+  r->deleter(r);
+  return big;
+}
+
+/* Workers run on the process's cores: a new thread takes its creator's
+ * mask, so workers started for a caller pinned to one core stayed on that
+ * core, for every later caller too (cold review, 2026-12-03). */
+Test(parallel, workers_started_for_a_pinned_caller_run_on_the_processs_cores) {
+  cpu_set_t had;
+  cr_assert_eq(sched_getaffinity(getpid(), sizeof had, &had), 0);
+  if (CPU_COUNT(&had) < 2) cr_skip_test("one core: every mask is that core");
+  int first = 0;
+  while (!CPU_ISSET(first, &had)) first++;
+  pthread_t th;
+  void *ok = NULL;
+  cr_assert_eq(pthread_create(&th, NULL, move_pinned, &first), 0);
+  cr_assert_eq(pthread_join(th, &ok), 0);
+  cr_assert_not_null(ok, "the pinned move failed: %s", ab_last_error());
+  cr_assert_geq(ab__parallel_workers(), 1);
+  /* every worker (named "arraybridge"; a driver's threads started from the
+   * pinned thread keep its mask, which is theirs to choose) has the whole mask */
+  DIR *d = opendir("/proc/self/task");
+  cr_assert_not_null(d);
+  int seen = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], name[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue; /* gone meanwhile */
+    const bool named = fgets(name, sizeof name, f) != NULL && strcmp(name, "arraybridge\n") == 0;
+    fclose(f);
+    if (!named) continue;
+    cpu_set_t m;
+    cr_assert_eq(sched_getaffinity((pid_t)atoi(e->d_name), sizeof m, &m), 0);
+    cr_assert_eq(CPU_COUNT(&m), CPU_COUNT(&had), "thread %s runs on %d of the process's %d cores", e->d_name,
+                 CPU_COUNT(&m), CPU_COUNT(&had));
+    seen++;
+  }
+  closedir(d);
+  cr_assert_geq(seen, 1, "no thread named arraybridge among the process's");
 }
 
 Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
