@@ -1576,28 +1576,29 @@ static int axis_of(long a, int32_t ndim, const char *what, int32_t *out) {
  * being read (a list given as it is could shrink under the loop). With
  * most >= 0, of its first most + 1 items only. */
 static PyObject *items_of(PyObject *o, const char *what, Py_ssize_t most) {
-  PyObject *seq = NULL;
-  if (PySequence_Check(o)) {
-    if (most < 0) {
-      seq = PySequence_Tuple(o);
-    } else if ((seq = PyList_New(0)) != NULL) {
-      /* at most most + 1 items: more is refused by that length, and a
-       * sequence may be as long as range(10**9), or endless */
-      PyObject *it = PyObject_GetIter(o), *item = NULL;
-      while (it != NULL && PyList_GET_SIZE(seq) <= most && (item = PyIter_Next(it)) != NULL) {
-        const int rc = PyList_Append(seq, item);
-        Py_DECREF(item);
-        if (rc < 0) break;
-      }
-      Py_XDECREF(it);
-      if (PyErr_Occurred()) Py_CLEAR(seq);
-      else Py_SETREF(seq, PyList_AsTuple(seq));
+  PyObject *it = PySequence_Check(o) ? PyObject_GetIter(o) : NULL; /* a 0-d array has no iterator */
+  if (it == NULL) {
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
     }
+    return NULL;
   }
-  if (seq == NULL && (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError))) {
-    PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
+  /* With a bound, most + 1 items at most: more is refused by that length,
+   * and a sequence may be as long as range(10**9), or endless. An error
+   * while iterating is the sequence's own, passed on as it is. */
+  PyObject *seq = PyList_New(0), *item;
+  while (seq != NULL && (most < 0 || PyList_GET_SIZE(seq) <= most) && (item = PyIter_Next(it)) != NULL) {
+    const int rc = PyList_Append(seq, item);
+    Py_DECREF(item);
+    if (rc < 0) break;
   }
+  Py_DECREF(it);
+  if (seq == NULL || PyErr_Occurred()) {
+    Py_XDECREF(seq);
+    return NULL;
+  }
+  Py_SETREF(seq, PyList_AsTuple(seq));
   return seq;
 }
 

@@ -1376,3 +1376,27 @@ def test_bools_are_no_axes_dimensions_or_device_numbers():
     with pytest.raises(TypeError, match="a shape's dimension must be an int, not bool"):
         ab.empty((True, 2), "float32", "cpu")
     assert ab.to_device(a, (KDLCPU, 0), permute=(np.int64(1), 0)).shape == (3, 2)  # integers still are
+
+
+def test_an_error_raised_while_a_sequence_is_read_keeps_its_words():
+    """A TypeError from a sequence's own item access was replaced by
+    'permute must be a sequence', which it is."""
+
+    class Bad:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            if i == 1:
+                raise TypeError("item 1 is broken")
+            return 0
+
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(TypeError, match="item 1 is broken"):
+        ab.to_device(a, "cpu", permute=Bad())
+    with pytest.raises(TypeError, match="item 1 is broken"):
+        ab.to_device(a, "cpu", channel_axis=0, channel_scale=Bad())
+    with pytest.raises(TypeError, match="item 1 is broken"):
+        ab.empty(Bad(), "float32", "cpu")
+    with pytest.raises(TypeError, match="permute must be a sequence"):
+        ab.to_device(a, "cpu", permute=np.array(1))  # no items at all: as before
