@@ -671,12 +671,9 @@ static void tc_count_in(struct tcache *tc, const ab__block *b) {
 }
 
 /* A free into the caller's cache. Returns false when it has none or no
- * room; true when it took b, with *spill the large block b displaced from
- * the slot (its free counted already, its bytes no longer the cache's:
- * the caller gives it to the shared cache), or NULL. */
-static bool tc_put(ab__block *b, ab__block **spill) {
+ * room; true when it took b. */
+static bool tc_put(ab__block *b) {
   struct ab__pool *p = b->pool;
-  *spill = NULL;
   if (!tc_enabled()) return false;
   struct tcache *tc = tc_get(p, false);
   if (tc == NULL) return false;
@@ -686,7 +683,20 @@ static bool tc_put(ab__block *b, ab__block **spill) {
     /* The slot keeps the last large block freed: a thread that moves on
      * to another size keeps the new one at hand. */
     if (tc->pool == p) {
-      if (tc->big != NULL) *spill = big_out(tc);
+      /* The block it held goes to the shared cache before this cache's
+       * lock is given up, so that a statistics read, a trim or the OOM
+       * sequence finds it idle in one of the two, never in neither (it
+       * left the slot's idle bytes; its free was counted going in). The
+       * pool is not orphaned: ab_shutdown detaches every cache, under
+       * its lock, before it orphans a pool. */
+      if (tc->big != NULL) {
+        ab__block *old = big_out(tc);
+        pthread_mutex_lock(&p->lock);
+        atomic_fetch_sub_explicit(&p->use, old->size, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&p->req, old->requested, memory_order_relaxed);
+        put_cached(p, old);
+        pthread_mutex_unlock(&p->lock);
+      }
       tc->big = b;
       tc_count_in(tc, b);
       kept = true;
@@ -1099,13 +1109,9 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
 void ab__pool_free(ab__block *b) {
   struct ab__pool *p = b->pool;
-  ab__block *spill;
-  const bool kept = tc_put(b, &spill);
-  if (kept && spill == NULL) return;
-  const bool counted = kept; /* a block spilled from a slot: its free was counted going in */
-  if (kept) b = spill;
+  if (tc_put(b)) return;
   pthread_mutex_lock(&p->lock);
-  if (!counted) p->st.frees++;
+  p->st.frees++;
   atomic_fetch_sub_explicit(&p->use, b->size, memory_order_relaxed);
   atomic_fetch_sub_explicit(&p->req, b->requested, memory_order_relaxed);
   if (AB_LIKELY(!p->orphaned)) {
