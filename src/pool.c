@@ -87,6 +87,9 @@ struct ab__pool {
   bool orphaned;
   struct ab__pool *orphan_next;
   struct tcache *caches; /* the threads' caches of this pool (registry lock) */
+  /* Bytes that grows in progress reserved against the limit, not yet in
+   * reserved_bytes (the driver has not answered). Under lock. */
+  uint64_t pending;
   /* The in-use and requested gauges at pool level: blocks out of the
    * shared cache, whether held by tensors or idle in a thread cache, and
    * what was last asked of them. Atomic: thread-cache hits read them (and
@@ -570,8 +573,19 @@ static void fork_done(void) {
   pthread_mutex_unlock(&registry);
 }
 
+/* The child has only the forking thread: a grow in progress was another
+ * thread's, and its reservation would count against the limit for ever. */
+static void fork_child(void) {
+  for (int t = 0; t < MAX_TYPES; t++)
+    for (int i = 0; i < MAX_IDS; i++) {
+      struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
+      if (p != NULL) p->pending = 0; /* an orphaned pool never grows */
+    }
+  fork_done();
+}
+
 /* Registered as the library is loaded: see "fork" in lifetime.c. */
-__attribute__((constructor)) static void fork_register(void) { pthread_atfork(fork_prepare, fork_done, fork_done); }
+__attribute__((constructor)) static void fork_register(void) { pthread_atfork(fork_prepare, fork_done, fork_child); }
 
 static void tc_init(void) { tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0; }
 
@@ -798,32 +812,46 @@ static uint64_t release_cache(struct ab__pool *p, bool detach_caches) {
 
 /* ---- growing ------------------------------------------------------------- */
 
+/* A block goes to a caller: under the lock. `own` is the caller's cache
+ * of p, if it has one (for the peaks). */
+static void account_use(struct ab__pool *p, ab__block *b, size_t bytes, struct tcache *own) {
+  b->requested = bytes;
+  p->st.allocations++;
+  atomic_fetch_add_explicit(&p->use, b->size, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->req, bytes, memory_order_relaxed);
+  note_peaks(p, own);
+}
+
 /* Why the last grow attempt failed, for the final OOM message. */
 struct grow_fail {
   bool over_limit;
   char driver[200];
 };
 
-/* A new block of `size` from the backend, within the limit. Statuses:
- * AB_OK, AB_ERR_OUT_OF_MEMORY (limit or driver; retryable), or another
- * backend error (not retried). */
-static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct grow_fail *why) {
+/* A new block of `size` from the backend, within the limit, for a request
+ * of `bytes` (accounted as in use as it is counted reserved, so that a
+ * statistics read never finds it in one and not the other; `own` as for
+ * account_use). Statuses: AB_OK, AB_ERR_OUT_OF_MEMORY (limit or driver;
+ * retryable), or another backend error (not retried). */
+static ab_status grow(struct ab__pool *p, size_t size, size_t bytes, struct tcache *own, ab__block **out,
+                      struct grow_fail *why) {
   ab__block *b = ab__malloc(sizeof *b);
   if (b == NULL) {
     why->over_limit = false;
     snprintf(why->driver, sizeof why->driver, "no host memory for a %zu-byte block descriptor", sizeof *b);
     return AB_ERR_OUT_OF_MEMORY;
   }
-  /* Reserve first, so that concurrent growers cannot pass the limit. */
+  /* Reserve first, so that concurrent growers cannot pass the limit: as
+   * pending until the driver has answered, reserved from then on. */
   pthread_mutex_lock(&p->lock);
-  uint64_t limit = p->st.limit_bytes, reserved = p->st.reserved_bytes.current;
+  uint64_t limit = p->st.limit_bytes, reserved = p->st.reserved_bytes.current + p->pending;
   if (limit != 0 && (reserved > limit || size > limit - reserved)) {
     pthread_mutex_unlock(&p->lock);
     ab__free(b);
     why->over_limit = true;
     return AB_ERR_OUT_OF_MEMORY;
   }
-  p->st.reserved_bytes.current += size;
+  p->pending += size;
   pthread_mutex_unlock(&p->lock);
 
   /* The driver's out-of-memory message goes into why (the OOM sequence's
@@ -834,13 +862,20 @@ static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct g
   ab__save_error(saved);
   void *ptr = NULL;
   ab_status st = ab__dev_alloc(p->be, p->dev.device_id, size, &ptr);
+  if (st == AB_OK) {
+    memset(b, 0, sizeof *b);
+    b->ptr = ptr;
+    b->size = size;
+    b->pool = p;
+  }
   pthread_mutex_lock(&p->lock);
+  p->pending -= size;
   if (st == AB_OK) {
     p->st.backend_allocs++;
+    p->st.reserved_bytes.current += size;
     if (p->st.reserved_bytes.current > p->st.reserved_bytes.peak)
       p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
-  } else {
-    p->st.reserved_bytes.current -= size;
+    account_use(p, b, bytes, own);
   }
   pthread_mutex_unlock(&p->lock);
   if (st != AB_OK) {
@@ -850,10 +885,6 @@ static ab_status grow(struct ab__pool *p, size_t size, ab__block **out, struct g
     if (st == AB_ERR_OUT_OF_MEMORY) ab__restore_error(saved);
     return st;
   }
-  memset(b, 0, sizeof *b);
-  b->ptr = ptr;
-  b->size = size;
-  b->pool = p;
   *out = b;
   return AB_OK;
 }
@@ -940,19 +971,23 @@ static void count_late_hit(struct ab__pool *p) {
 
 /* Any idle block that fits, in the shared cache or in a thread's (they
  * are flushed to it first: a block a thread or a callback freed into its
- * own cache counts as cached here too), as a late hit; or NULL. */
-static ab__block *take_any_fit(struct ab__pool *p, size_t size) {
+ * own cache counts as cached here too), as a late hit, accounted for a
+ * request of `bytes`; or NULL. */
+static ab__block *take_any_fit(struct ab__pool *p, size_t size, size_t bytes, struct tcache *own) {
   flush_caches(p, false);
   pthread_mutex_lock(&p->lock);
   ab__block *b = take_cached(p, size, true);
-  if (b != NULL) count_late_hit(p);
+  if (b != NULL) {
+    count_late_hit(p);
+    account_use(p, b, bytes, own);
+  }
   pthread_mutex_unlock(&p->lock);
   return b;
 }
 
 /* Steps 1-4 of the OOM sequence (see the public header). */
-static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab__block **out,
-                              struct grow_fail *why) {
+static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, struct tcache *own,
+                              ab__block **out, struct grow_fail *why) {
   int retries = 0, rounds = 0;
   ab_status st = AB_ERR_OUT_OF_MEMORY;
   /* Above 32 MiB the 2 MiB rounding alone can be what does not fit: a
@@ -963,7 +998,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
 
   for (;;) {
     /* A cached block that fits, whatever its class, before anything else. */
-    ab__block *b = take_any_fit(p, least);
+    ab__block *b = take_any_fit(p, least, bytes, own);
     if (b != NULL) {
       *out = b;
       return AB_OK;
@@ -977,7 +1012,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
       rounds++;
       if (freed == 0) break;
       /* What they freed may have come back to this cache: look again. */
-      b = take_any_fit(p, least);
+      b = take_any_fit(p, least, bytes, own);
       if (b != NULL) {
         *out = b;
         return AB_OK;
@@ -988,8 +1023,8 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
     pthread_mutex_lock(&p->lock);
     p->st.oom_retries++;
     pthread_mutex_unlock(&p->lock);
-    st = grow(p, size, out, why);
-    if (st == AB_ERR_OUT_OF_MEMORY && least < size) st = grow(p, least, out, why);
+    st = grow(p, size, bytes, own, out, why);
+    if (st == AB_ERR_OUT_OF_MEMORY && least < size) st = grow(p, least, bytes, own, out, why);
     if (st != AB_ERR_OUT_OF_MEMORY) return st;
   }
 
@@ -1020,16 +1055,6 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, ab_
                  ab_device_type_name(p->dev.device_type), p->dev.device_id, bytes, req, blk,
                  why->over_limit ? "the memory limit would be exceeded" : why->driver, used, res, lim,
                  fr, tot, retries, retries == 1 ? "y" : "ies", rounds, rounds == 1 ? "" : "s");
-}
-
-/* A block goes to a caller: under the lock. `own` is the caller's cache
- * of p, if it has one (for the peaks). */
-static void account_use(struct ab__pool *p, ab__block *b, size_t bytes, struct tcache *own) {
-  b->requested = bytes;
-  p->st.allocations++;
-  atomic_fetch_add_explicit(&p->use, b->size, memory_order_relaxed);
-  atomic_fetch_add_explicit(&p->req, bytes, memory_order_relaxed);
-  note_peaks(p, own);
 }
 
 /* A large block that fits `size`, taken from another thread's slot (see
@@ -1097,12 +1122,9 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
   }
 
   struct grow_fail why = {false, ""};
-  ab_status st = grow(p, size, &b, &why);
-  if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, &b, &why);
+  ab_status st = grow(p, size, bytes, tc, &b, &why);
+  if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
   if (st != AB_OK) return st;
-  pthread_mutex_lock(&p->lock);
-  account_use(p, b, bytes, tc);
-  pthread_mutex_unlock(&p->lock);
   *out = b;
   return AB_OK;
 }
@@ -1146,6 +1168,15 @@ static ab_status pool_of(DLDevice dev, struct ab__pool **out) {
   const struct ab_backend *be;
   AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));
   return pool_get(be, dev, out);
+}
+
+uint64_t ab__pool_pending(DLDevice dev) {
+  struct ab__pool *p;
+  if (pool_of(dev, &p) != AB_OK) return 0;
+  pthread_mutex_lock(&p->lock);
+  uint64_t v = p->pending;
+  pthread_mutex_unlock(&p->lock);
+  return v;
 }
 
 ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {

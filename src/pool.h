@@ -37,6 +37,10 @@ void ab__pool_free(ab__block *b);
 /* The size a request is rounded to (its size class). */
 size_t ab__pool_round(size_t bytes);
 
+/* Test hook: the bytes dev's pool has reserved against its limit for
+ * allocations still waiting on the driver (0 without a pool). */
+uint64_t ab__pool_pending(DLDevice dev);
+
 /* Trims and destroys every pool (ab_shutdown); pools that still have
  * blocks in use are trimmed and kept. */
 void ab__pool_shutdown(void);
