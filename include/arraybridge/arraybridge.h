@@ -633,9 +633,10 @@ struct ab_pool_stats {
 /** Fills *out with `dev`'s pool statistics (all zero but device if nothing
  * was allocated there yet). Counters and current values are exact at the
  * moment of the call, the threads' caches summed in; a peak is exact while
- * one thread at a time allocates from the pool, and with several may
- * overstate by the blocks idle in the other threads' caches (at most 1 MiB
- * and one larger block per thread; docs/pools.md, AB_POOL_THREAD_CACHE).
+ * no thread but the one allocating holds idle blocks in its cache of the
+ * pool (always with AB_POOL_THREAD_CACHE=0), and otherwise may overstate
+ * by the blocks idle in the other threads' caches (at most 1 MiB and one
+ * larger block per thread; docs/pools.md).
  * AB_ERR_INVALID_ARGUMENT for NULL out or an out->size that does not cover
  * the size field itself (0-3); AB_ERR_NO_DEVICE for a device that does not
  * exist. */
@@ -656,9 +657,11 @@ AB_API ab_status ab_pool_trim(DLDevice dev);
 AB_API void ab_pool_trim_all(void);
 
 /** Caps the bytes `dev`'s pool may reserve from the driver; 0 removes the
- * cap. The cap is checked when the pool would grow: an allocation that
- * would take the pool past it runs the OOM sequence as a driver failure
- * does. Lowering it below what is reserved frees nothing by itself, and
+ * cap. The cap is checked when the pool would grow, at the block's size
+ * (the request rounded up to its size class: up to 12.5% more, 2 MiB steps
+ * above 32 MiB, where a request that fits only unrounded gets a block of
+ * its own size; docs/pools.md): an allocation that would take the pool
+ * past it runs the OOM sequence as a driver failure does. Lowering it below what is reserved frees nothing by itself, and
  * blocks already cached are still handed out (ab_pool_trim frees them). The
  * environment variable AB_MEMORY_LIMIT sets limits at first use, e.g.
  * "cuda:0=8GiB,opencl:1=512MiB,cpu=2GiB" (a type without ":id" means every
