@@ -985,16 +985,21 @@ static ab__block *take_any_fit(struct ab__pool *p, size_t size, size_t bytes, st
   return b;
 }
 
+/* The block a request of `bytes` rounded to `size` takes where `size`
+ * itself does not fit: above 32 MiB the 2 MiB rounding alone can be what
+ * does not fit (a limit, or a device's largest allocation, that is not a
+ * multiple of 2 MiB), so the request's own size in 256 B steps, which the
+ * large list holds as well as any other; below, `size`. */
+static size_t own_size(size_t bytes, size_t size) {
+  return size > GEO_MAX ? (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP : size;
+}
+
 /* Steps 1-4 of the OOM sequence (see the public header). */
 static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, struct tcache *own,
                               ab__block **out, struct grow_fail *why) {
   int retries = 0, rounds = 0;
   ab_status st = AB_ERR_OUT_OF_MEMORY;
-  /* Above 32 MiB the 2 MiB rounding alone can be what does not fit: a
-   * limit, or an OpenCL device's largest buffer, that is not a multiple of
-   * 2 MiB. Such a request also takes any block of its own size (in 256 B),
-   * which the large list holds as well as any other. */
-  const size_t least = size > GEO_MAX ? (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP : size;
+  const size_t least = own_size(bytes, size);
 
   for (;;) {
     /* A cached block that fits, whatever its class, before anything else. */
@@ -1123,7 +1128,28 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
   struct grow_fail why = {false, ""};
   ab_status st = grow(p, size, bytes, tc, &b, &why);
-  if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
+  if (st == AB_ERR_OUT_OF_MEMORY) {
+    /* Past the device's largest allocation (OpenCL's largest buffer, a
+     * CUDA device's memory) no release or callback helps: refused before
+     * the OOM sequence empties the cache and asks the callbacks for
+     * nothing; a request whose size class alone is past it gets its own
+     * size at once. */
+    struct ab_device_info info = {0};
+    const size_t least = own_size(bytes, size);
+    char saved[AB_ERRBUF_SIZE]; /* a query that fails is no error of this call */
+    ab__save_error(saved);
+    if (be->device_info == NULL || be->device_info(dev.device_id, &info) != AB_OK) info.max_alloc_size = 0;
+    ab__restore_error(saved);
+    if (info.max_alloc_size != 0 && size > info.max_alloc_size) {
+      if (least > info.max_alloc_size)
+        return AB_FAIL(AB_ERR_OUT_OF_MEMORY,
+                       "%s:%" PRId32 ": cannot allocate %zu bytes: more than one allocation on this device may "
+                       "hold (%" PRIu64 " bytes); nothing was released",
+                       ab_device_type_name(dev.device_type), dev.device_id, bytes, info.max_alloc_size);
+      st = grow(p, least, bytes, tc, &b, &why);
+    }
+    if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
+  }
   if (st != AB_OK) return st;
   *out = b;
   return AB_OK;

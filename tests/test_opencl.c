@@ -115,6 +115,43 @@ Test(opencl, device_info_describes_each_device) {
   }
 }
 
+static atomic_int oom_calls;
+static size_t count_oom_call(DLDevice dev, size_t requested, void *user) {
+  (void)dev, (void)requested, (void)user;
+  atomic_fetch_add(&oom_calls, 1);
+  return 0;
+}
+
+Test(opencl, a_request_past_the_largest_buffer_fails_without_emptying_the_cache) {
+  need_devices(1);
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info(CL(0), &info), AB_OK, "%s", ab_last_error());
+  /* A block in the cache and a callback that would be asked: a request
+   * no buffer of the device can hold used to release the one and ask the
+   * other (the OOM sequence) before it failed. */
+  int64_t one[1] = {(int64_t)(1 << 20)}, past[1] = {(int64_t)info.max_alloc_size + 1};
+  DLManagedTensorVersioned *r = NULL;
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, one, dt(kDLUInt, 8, 1), &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+  cr_assert_eq(ab_pool_stats(CL(0), &before), AB_OK);
+  cr_assert_eq(ab_register_oom_callback(count_oom_call, NULL), AB_OK);
+  atomic_store(&oom_calls, 0);
+  r = SENTINEL_OUT;
+  ab_status st = ab_tensor_alloc(CL(0), 1, past, dt(kDLUInt, 8, 1), &r);
+  cr_assert_eq(ab_unregister_oom_callback(count_oom_call, NULL), AB_OK);
+  cr_assert_eq(st, AB_ERR_OUT_OF_MEMORY, "%s: %s", ab_status_name(st), ab_last_error());
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "more than one allocation on this device may hold"), "%s",
+                     ab_last_error());
+  cr_assert_eq(atomic_load(&oom_calls), 0, "the OOM callbacks were asked");
+  cr_assert_eq(ab_pool_stats(CL(0), &after), AB_OK);
+  cr_assert_eq(after.cached_blocks, before.cached_blocks, "the cache was released");
+  cr_assert_eq(after.trims, before.trims);
+  cr_assert_eq(after.oom_retries, before.oom_retries);
+  assert_pool_clean(CL(0));
+}
+
 Test(opencl, out_of_range_ids_are_refused) {
   need_devices(1);
   int32_t n = ab_device_count(kDLOpenCL);

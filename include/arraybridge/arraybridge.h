@@ -661,8 +661,9 @@ AB_API void ab_pool_trim_all(void);
  * (the request rounded up to its size class: up to 12.5% more, 2 MiB steps
  * above 32 MiB, where a request that fits only unrounded gets a block of
  * its own size; docs/pools.md): an allocation that would take the pool
- * past it runs the OOM sequence as a driver failure does. Lowering it below what is reserved frees nothing by itself, and
- * blocks already cached are still handed out (ab_pool_trim frees them). The
+ * past it runs the OOM sequence as a driver failure does. Lowering it
+ * below what is reserved frees nothing by itself, and blocks already
+ * cached are still handed out (ab_pool_trim frees them). The
  * environment variable AB_MEMORY_LIMIT sets limits at first use, e.g.
  * "cuda:0=8GiB,opencl:1=512MiB,cpu=2GiB" (a type without ":id" means every
  * device of that type; see docs/pools.md). */
