@@ -19,10 +19,18 @@ run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
 if(NOT EXISTS "${prefix}/include/arraybridge/third_party/dlpack/dlpack.h")
   message(FATAL_ERROR "installed tree lacks include/arraybridge/third_party/dlpack/dlpack.h")
 endif()
+# The shared library carries its backends: a program linking it needs
+# neither the OpenCL headers nor the CUDA toolkit (find_package must not
+# ask for them); the static one does.
+set(without_backend_packages -DCMAKE_DISABLE_FIND_PACKAGE_OpenCL=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 foreach(kind shared static)
   set(b "${WORK_DIR}/build-${kind}")
+  set(extra "")
+  if(kind STREQUAL "shared")
+    set(extra ${without_backend_packages})
+  endif()
   run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${b}" "-DCMAKE_PREFIX_PATH=${prefix}"
-      "-DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}" "-DCONSUMER_LINK=${kind}")
+      "-DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}" "-DCONSUMER_LINK=${kind}" ${extra})
   run(${CMAKE_COMMAND} --build "${b}")
   run("${b}/consumer")
 endforeach()

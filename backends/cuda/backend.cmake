@@ -32,7 +32,7 @@ if(AB_WITH_CUDA)
     # cudart's symbols stay inside libarraybridge.so.
     list(APPEND AB_BACKEND_LINK_OPTIONS "LINKER:--exclude-libs,libcudart_static.a")
     set(AB_PC_LIBS_PRIVATE "${AB_PC_LIBS_PRIVATE} -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
-    set(AB_CONFIG_FIND_CUDA "find_dependency(CUDAToolkit)")
+    set(AB_CONFIG_FIND_CUDA "find_package(CUDAToolkit QUIET)")
     # The device kernels (converters/cuda) need nvcc as well; without it
     # strided device tensors go through the host.
     include(CheckLanguage)
