@@ -1,12 +1,13 @@
 """Builds arraybridge._arraybridge against the C library of the same tree.
 
 The library is configured and built with CMake (static, position-independent)
-from the repository root one level up, into $AB_PY_BUILD_DIR (default
-<repo>/build-python), and linked into the extension with the private link
-flags its pkg-config file lists (OpenCL, the static CUDA runtime), so the
-extension needs no libarraybridge.so at run time. The DLPack header comes
-from the same CMake configuration (tools/setup-deps.sh provides it; run
-`make deps` first on a fresh machine).
+from the repository root one level up (or, in an sdist, from the copy of it
+in csrc/), into $AB_PY_BUILD_DIR (default <that tree>/build-python), and
+linked into the extension with the private link flags its pkg-config file
+lists (OpenCL, the static CUDA runtime), so the extension needs no
+libarraybridge.so at run time. The DLPack header comes from the same CMake
+configuration (tools/setup-deps.sh provides it; run `make deps` first on a
+fresh machine); an sdist carries the one it was made with.
 
 AB_PY_SIMCUDA=1 links the library against simcuda, a simulated CUDA runtime
 (tests/simcuda), instead of cudart: for the module's CUDA tests on machines
@@ -15,23 +16,92 @@ without a GPU (make test-python). Never for an install that is used.
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+CSRC = os.path.join(HERE, "csrc")
+# What CMake needs of the repository to build the library alone (no tests,
+# benchmarks, examples or abtool): what an sdist carries in csrc/.
+C_TREE = ["CMakeLists.txt", "cmake", "include", "src", "backends", "converters"]
+
+
+def is_c_tree(root):
+    return os.path.exists(os.path.join(root, "include", "arraybridge", "arraybridge.h"))
+
+
+def dlpack_header():
+    """The DLPack >= 1.0 header that CMake would find (tools/setup-deps.sh's, or the system's), or None."""
+    deps = os.environ.get("AB_DEPS_DIR") or os.path.join(REPO, ".deps")
+    for inc in (os.path.join(deps, "dlpack", "usr", "include"), "/usr/local/include", "/usr/include"):
+        path = os.path.join(inc, "dlpack", "dlpack.h")
+        if os.path.exists(path):
+            with open(path) as f:
+                m = re.search(r"#define\s+DLPACK_MAJOR_VERSION\s+(\d+)", f.read())
+            if m and int(m.group(1)) >= 1:
+                return path
+    return None
+
+
+class SdistWithLibrary(sdist):
+    """An sdist that builds anywhere: the C library's tree goes into csrc/,
+    with the DLPack header (third_party/dlpack/dlpack.h) where one is here."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        if not is_c_tree(REPO):
+            sys.exit("arraybridge: make the sdist in the repository (python/ next to include/ and src/)")
+        dst = os.path.join(base_dir, "csrc")
+        for name in C_TREE:
+            src = os.path.join(REPO, name)
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(dst, name), ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                os.makedirs(dst, exist_ok=True)
+                shutil.copy2(src, os.path.join(dst, name))
+        header = dlpack_header()
+        if header is None:
+            print("arraybridge: no DLPack >= 1.0 header here; the sdist needs one where it is built")
+        else:
+            os.makedirs(os.path.join(dst, "third_party", "dlpack"))
+            shutil.copy2(header, os.path.join(dst, "third_party", "dlpack", "dlpack.h"))
+
+
+def stale_cache(build, source):
+    """Whether build/ was configured for another source tree (a checkout moved or
+    copied): CMake refuses it, so it is configured afresh."""
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                    return os.path.realpath(line.split("=", 1)[1].strip()) != os.path.realpath(source)
+    except OSError:
+        pass
+    return False
 
 
 class BuildWithLibrary(build_ext):
     def run(self):
-        if not os.path.exists(os.path.join(REPO, "include", "arraybridge", "arraybridge.h")):
-            sys.exit("arraybridge: build the extension from the repository (python/ next to include/ and src/)")
-        build = os.environ.get("AB_PY_BUILD_DIR") or os.path.join(REPO, "build-python")
-        cfg = ["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DAB_BUILD_TESTS=OFF",
-               "-DAB_BUILD_BENCH=OFF", "-DAB_BUILD_EXAMPLES=OFF"]
+        source = REPO if is_c_tree(REPO) else CSRC
+        if not is_c_tree(source):
+            sys.exit("arraybridge: build the extension from the repository (python/ next to include/ and src/) "
+                     "or from an sdist of it (csrc/)")
+        build = os.environ.get("AB_PY_BUILD_DIR") or os.path.join(source, "build-python")
+        if stale_cache(build, source):
+            print("arraybridge: %s was configured for another source tree; configuring it afresh" % build)
+            os.remove(os.path.join(build, "CMakeCache.txt"))
+            shutil.rmtree(os.path.join(build, "CMakeFiles"), ignore_errors=True)
+        cfg = ["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DAB_BUILD_TESTS=OFF",
+               "-DAB_BUILD_BENCH=OFF", "-DAB_BUILD_EXAMPLES=OFF", "-DAB_BUILD_TOOLS=OFF"]
+        bundled = os.path.join(source, "third_party")
+        if source == CSRC and os.path.exists(os.path.join(bundled, "dlpack", "dlpack.h")):
+            cfg += ["-DAB_DLPACK_INCLUDE_DIR=" + bundled]
         sim = os.environ.get("AB_PY_SIMCUDA") == "1"
         if sim:
             # No kernels run under simcuda: build them for one architecture only.
@@ -64,7 +134,7 @@ class BuildWithLibrary(build_ext):
             archive = os.path.join(build, "libarraybridge_simcuda.a")
             private = [f for f in private if f != "-lcudart_static"] + ["-lm"]
         for ext in self.extensions:
-            ext.include_dirs += [os.path.join(REPO, "include"), dlpack]
+            ext.include_dirs += [os.path.join(source, "include"), dlpack]
             ext.extra_objects += [archive]
             # setuptools relinks only when a dependency is newer than the
             # extension: without this a rebuilt library would not be linked in.
@@ -83,5 +153,5 @@ setup(
     ext_modules=[Extension("arraybridge._arraybridge", sources=["src/module.c"],
                            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
                                                "-Wno-cast-function-type"])],
-    cmdclass={"build_ext": BuildWithLibrary},
+    cmdclass={"build_ext": BuildWithLibrary, "sdist": SdistWithLibrary},
 )

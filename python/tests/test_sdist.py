@@ -1,0 +1,53 @@
+"""The sdist builds away from the repository: `setup.py sdist` carries the C
+library's tree (csrc/) and the DLPack header, a wheel is built from the
+archive alone, and the module it holds converts."""
+import os
+import subprocess
+import sys
+import tarfile
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, "%s failed (%d):\n%s\n%s" % (cmd, r.returncode, r.stdout[-4000:], r.stderr[-4000:])
+    return r
+
+
+def test_a_wheel_built_from_the_sdist_alone_converts(tmp_path):
+    dist = tmp_path / "dist"
+    run([sys.executable, "setup.py", "-q", "sdist", "-d", str(dist)], cwd=PYTHON_DIR)
+    (archive,) = dist.glob("arraybridge-*.tar.gz")
+    with tarfile.open(archive) as t:
+        names = t.getnames()
+    top = names[0].split("/")[0]
+    for need in ("csrc/CMakeLists.txt", "csrc/include/arraybridge/arraybridge.h", "csrc/src/convert.c",
+                 "csrc/converters/host/gather.c", "csrc/third_party/dlpack/dlpack.h", "src/module.c"):
+        assert "%s/%s" % (top, need) in names, "the sdist lacks %s" % need
+
+    # Unpacked where no repository is above it, built without the CUDA
+    # backend (the quick build; the module builds with it in make test).
+    with tarfile.open(archive) as t:
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(tmp_path / "unpacked", filter="data")
+        else:
+            t.extractall(tmp_path / "unpacked")
+    env = dict(os.environ, AB_PY_CMAKE_ARGS="-DAB_WITH_CUDA=OFF", AB_PY_BUILD_DIR=str(tmp_path / "cbuild"))
+    env.pop("AB_PY_SIMCUDA", None)
+    wheels = tmp_path / "wheels"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+         str(tmp_path / "unpacked" / top)], env=env, cwd=str(tmp_path))
+    (wheel,) = wheels.glob("arraybridge-*.whl")
+    target = tmp_path / "site"
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
+    check = (
+        "import numpy as np, arraybridge as ab\n"
+        "assert ab.__file__.startswith(%r), ab.__file__\n"
+        "a = np.arange(12, dtype=np.float32).reshape(3, 4)\n"
+        "b = ab.convert_memory(a.T, 'numpy', 'numpy', dtype='float64')\n"
+        "assert b.dtype == np.float64 and (b == a.T).all()\n"
+        "print('ok')\n" % str(target)
+    )
+    r = run([sys.executable, "-c", check], env=dict(os.environ, PYTHONPATH=str(target)), cwd=str(tmp_path))
+    assert r.stdout.strip() == "ok"
