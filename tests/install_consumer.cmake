@@ -62,7 +62,8 @@ find_program(CXX_COMPILER NAMES "${cxx_name}" PATHS "${cc_dir}" NO_DEFAULT_PATH 
 if(cxx_name STREQUAL cc_name OR NOT CXX_COMPILER)
   message(STATUS "no C++ compiler beside ${CMAKE_C_COMPILER} (looked for ${cxx_name}): the C++ check did not run")
 else()
-  run(${CXX_COMPILER} -std=c++11 -Wall -Wextra -pedantic -Werror "${SOURCE_DIR}/main.cpp" -o "${WORK_DIR}/consumer-cxx"
+  run(${CXX_COMPILER} -std=c++11 -Wall -Wextra -pedantic -Wshadow -Wold-style-cast -Werror "${SOURCE_DIR}/main.cpp"
+      -o "${WORK_DIR}/consumer-cxx"
       ${pcflags} "-Wl,-rpath,${prefix}/${LIBDIR}")
   run("${WORK_DIR}/consumer-cxx")
 endif()

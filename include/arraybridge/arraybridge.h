@@ -35,6 +35,28 @@ typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 extern "C" {
 #endif
 
+/** \cond IMPLEMENTATION */
+/* A cast in the header's macros that C++ compilers take without
+ * -Wold-style-cast warnings. */
+#ifdef __cplusplus
+#define AB_IMPL_CAST(type, value) (static_cast<type>(value))
+#else
+#define AB_IMPL_CAST(type, value) ((type)(value))
+#endif
+
+/* ab_device_info and ab_pool_stats name both a function and the struct it
+ * fills (C and C++ code write `struct ab_pool_stats s;`); in C++, g++'s -Wshadow
+ * says the function hides the struct's constructor. The names stay: the
+ * warning is turned off for those two declarations only. */
+#if defined(__cplusplus) && defined(__GNUC__)
+#define AB_IMPL_SAME_NAME_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
+#define AB_IMPL_SAME_NAME_END _Pragma("GCC diagnostic pop")
+#else
+#define AB_IMPL_SAME_NAME_BEGIN
+#define AB_IMPL_SAME_NAME_END
+#endif
+/** \endcond */
+
 /** Marks the library's public functions: default symbol visibility with GCC
  * and Clang (the library is compiled with -fvisibility=hidden); on Windows
  * __declspec(dllexport) / __declspec(dllimport) when AB_BUILDING_SHARED /
@@ -151,7 +173,7 @@ AB_API const char *ab_last_error(void);
  * take it; no tensor is ever labelled with it, and ab_convert_memory,
  * ab_tensor_alloc and ab_tensor_validate refuse it (AB_ERR_INVALID_ARGUMENT).
  * Whether a device stages through it: docs/pools.md (AB_OPENCL_PINNED). */
-#define AB_DEVICE_OPENCL_HOST ((DLDeviceType)0x10004)
+#define AB_DEVICE_OPENCL_HOST AB_IMPL_CAST(DLDeviceType, 0x10004)
 
 /** The name of a dtype as NumPy and the frameworks spell it: "bool",
  * "int8" .. "int64", "uint8" .. "uint64", "float16", "float32", "float64",
@@ -224,7 +246,9 @@ struct ab_device_info {
  * (type not built in, or id past the last device); AB_ERR_INVALID_ARGUMENT
  * for a NULL out, an unknown device type or a negative id (AB_DEVICE_AUTO
  * included: ask about a concrete device). */
+AB_IMPL_SAME_NAME_BEGIN
 AB_API ab_status ab_device_info(DLDevice dev, struct ab_device_info *out);
+AB_IMPL_SAME_NAME_END
 
 /** Short lower-case name of a device type ("cpu", "cuda", "cuda_host",
  * "opencl", ...; "opencl_host" for AB_DEVICE_OPENCL_HOST); "unknown" for
@@ -324,9 +348,9 @@ enum {
   AB_CONVERT_ASYNC = 1u << 4
 };
 /** Every AB_CONVERT_* bit this version knows. */
-#define AB_CONVERT_KNOWN_FLAGS \
-  ((uint32_t)(AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL | \
-              AB_CONVERT_ASYNC))
+#define AB_CONVERT_KNOWN_FLAGS                                                                                  \
+  AB_IMPL_CAST(uint32_t, AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL | \
+                         AB_CONVERT_ASYNC)
 
 /** Options of ab_convert_memory. A NULL pointer and an all-zero struct both
  * mean the defaults (copy if needed, keep the dtype, default stream).
@@ -640,7 +664,9 @@ struct ab_pool_stats {
  * AB_ERR_INVALID_ARGUMENT for NULL out or an out->size that does not cover
  * the size field itself (0-3); AB_ERR_NO_DEVICE for a device that does not
  * exist. */
+AB_IMPL_SAME_NAME_BEGIN
 AB_API ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out);
+AB_IMPL_SAME_NAME_END
 
 /** Sets every gauge's peak to its current value. */
 AB_API ab_status ab_pool_reset_peak(DLDevice dev);

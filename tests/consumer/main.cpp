@@ -1,6 +1,8 @@
 // The same conversion from C++: the public header must compile as C++
-// (-std=c++11, -Wall -Wextra -pedantic -Werror), as frameworks' extensions
-// that include it are C++, and link with the C library unchanged.
+// (-std=c++11, -Wall -Wextra -pedantic -Wshadow -Wold-style-cast -Werror),
+// as frameworks' extensions that include it are C++, and link with the C
+// library unchanged. The header's macros and same-named struct and
+// function (ab_pool_stats) are used too.
 #include <arraybridge/arraybridge.h>
 
 #include <cstdio>
@@ -18,8 +20,14 @@ int main() {
     return 1;
   }
   const int32_t want[6] = {1, 3, 5, 2, 4, 6};
-  const bool ok = std::memcmp(r->dl_tensor.data, want, sizeof want) == 0;
+  bool ok = std::memcmp(r->dl_tensor.data, want, sizeof want) == 0;
   r->deleter(r);
+  struct ab_pool_stats stats = {}; // "struct": the function ab_pool_stats hides the name
+  stats.size = sizeof stats;
+  ok = ok && ab_pool_stats(cpu, &stats) == AB_OK && stats.allocations > 0;
+  ok = ok && (opts.flags & ~AB_CONVERT_KNOWN_FLAGS) == 0;
+  DLDevice pinned = {AB_DEVICE_OPENCL_HOST, 0};
+  ok = ok && std::strcmp(ab_device_type_name(pinned.device_type), "opencl_host") == 0;
   std::printf("consumer (C++): arraybridge %s, transposed copy %s\n", ab_version_string(), ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }
