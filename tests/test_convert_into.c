@@ -62,6 +62,36 @@ Test(convert_into, maps_and_permutes_like_convert_memory) {
   r->deleter(r);
 }
 
+Test(convert_into, images_into_planes_at_any_address) {
+  /* uint8 HWC -> float32 CHW into a destination that is not 4-byte
+   * aligned (a byte buffer the caller sliced): the image path stored
+   * floats through float pointers, undefined there (the ASan/UBSan tier
+   * stopped on it); the bytes must come out the same at any address. */
+  enum { H = 5, W = 37 };
+  uint8_t img[H * W * 4];
+  for (int i = 0; i < H * W * 4; i++) img[i] = (uint8_t)(i * 7 + 3);
+  unsigned char buf[4 * H * W * sizeof(float) + 8];
+  for (int64_t c = 1; c <= 4; c++)
+    for (int off = 0; off < 4; off++) {
+      int64_t hwc[3] = {H, W, c}, chw[3] = {c, H, W};
+      int32_t perm[3] = {2, 0, 1};
+      DLTensor src = host_tensor(img, 3, hwc, NULL, dt(kDLUInt, 8, 1));
+      DLTensor dst = host_tensor(buf + off, 3, chw, NULL, dt(kDLFloat, 32, 1));
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.permute = perm;
+      o.threads = 1;
+      memset(buf, 0, sizeof buf);
+      cr_assert_eq(ab_convert_into(&src, &dst, &o), AB_OK, "C=%lld +%d: %s", (long long)c, off, ab_last_error());
+      for (int64_t ch = 0; ch < c; ch++)
+        for (int64_t i = 0; i < H * W; i++) {
+          float got;
+          memcpy(&got, buf + off + (size_t)(ch * H * W + i) * sizeof got, sizeof got);
+          cr_assert_eq(got, (float)img[i * c + ch], "C=%lld +%d: plane %lld, pixel %lld", (long long)c, off,
+                       (long long)ch, (long long)i);
+        }
+    }
+}
+
 Test(convert_into, bad_destinations_are_refused_and_left_unwritten) {
   float a[6] = {1, 2, 3, 4, 5, 6}, out[8];
   int64_t shape[2] = {2, 3}, other[2] = {3, 2}, strided[2] = {6, 1}, big[2] = {2, 4};

@@ -1488,7 +1488,11 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
     convert_row(&c, dst, src, 1, 0, &ts, &to, false);
     return;
   }
+  /* The image path stores through float pointers: a destination of
+   * ab_convert_into off a float's alignment takes the loops below, which
+   * store bytes. */
   if (c.from == K_U8 && c.path == AB_ARITH_FLOAT32 && (op->channel_dim <= 0 || !op->affine) &&
+      (uintptr_t)dst % _Alignof(float) == 0 &&
       u8_planes_f32(dst, dst0, src, ndim, shape, byte_strides, op, sc, of, stream, streamed))
     return;
   const int32_t inner = ndim - 1;
