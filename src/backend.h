@@ -104,6 +104,11 @@ struct ab_backend {
    * (always usable). Asked by every device check of the core, so cheap. */
   ab_status (*usable)(int32_t id);
 
+  /* AB_ERR_OUT_OF_MEMORY where memory in use is what refused it (the pool
+   * runs its OOM sequence); AB_ERR_UNSUPPORTED where no allocation of that
+   * size can be had on the device whatever is freed (OpenCL: past
+   * CL_DEVICE_MAX_MEM_ALLOC_SIZE; the pool tries the request's own size,
+   * then fails with AB_ERR_OUT_OF_MEMORY without the sequence). */
   ab_status (*alloc)(int32_t id, size_t bytes, void **out);
   void (*free)(int32_t id, void *ptr, size_t bytes);
 

@@ -832,7 +832,8 @@ struct grow_fail {
  * of `bytes` (accounted as in use as it is counted reserved, so that a
  * statistics read never finds it in one and not the other; `own` as for
  * account_use). Statuses: AB_OK, AB_ERR_OUT_OF_MEMORY (limit or driver;
- * retryable), or another backend error (not retried). */
+ * retryable), AB_ERR_UNSUPPORTED (the driver refused the size itself: not
+ * retried at it), or another backend error (not retried). */
 static ab_status grow(struct ab__pool *p, size_t size, size_t bytes, struct tcache *own, ab__block **out,
                       struct grow_fail *why) {
   ab__block *b = ab__malloc(sizeof *b);
@@ -854,10 +855,11 @@ static ab_status grow(struct ab__pool *p, size_t size, size_t bytes, struct tcac
   p->pending += size;
   pthread_mutex_unlock(&p->lock);
 
-  /* The driver's out-of-memory message goes into why (the OOM sequence's
-   * final message quotes it); the thread's message is put back, so that a
-   * call the sequence then rescues succeeds with the message unchanged, as
-   * successful calls leave it. Other failures end the call with it. */
+  /* The driver's out-of-memory or size message goes into why (the final
+   * message quotes it); the thread's message is put back, so that a call
+   * the sequence (or a block of the request's own size) then rescues
+   * succeeds with the message unchanged, as successful calls leave it.
+   * Other failures end the call with it. */
   char saved[AB_ERRBUF_SIZE];
   ab__save_error(saved);
   void *ptr = NULL;
@@ -882,7 +884,7 @@ static ab_status grow(struct ab__pool *p, size_t size, size_t bytes, struct tcac
     ab__free(b);
     why->over_limit = false;
     snprintf(why->driver, sizeof why->driver, "%s", ab_last_error());
-    if (st == AB_ERR_OUT_OF_MEMORY) ab__restore_error(saved);
+    if (st == AB_ERR_OUT_OF_MEMORY || st == AB_ERR_UNSUPPORTED) ab__restore_error(saved);
     return st;
   }
   *out = b;
@@ -1029,7 +1031,8 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, str
     p->st.oom_retries++;
     pthread_mutex_unlock(&p->lock);
     st = grow(p, size, bytes, own, out, why);
-    if (st == AB_ERR_OUT_OF_MEMORY && least < size) st = grow(p, least, bytes, own, out, why);
+    if ((st == AB_ERR_OUT_OF_MEMORY || st == AB_ERR_UNSUPPORTED) && least < size)
+      st = grow(p, least, bytes, own, out, why);
     if (st != AB_ERR_OUT_OF_MEMORY) return st;
   }
 
@@ -1128,27 +1131,25 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
   struct grow_fail why = {false, ""};
   ab_status st = grow(p, size, bytes, tc, &b, &why);
-  if (st == AB_ERR_OUT_OF_MEMORY) {
-    /* Past the device's largest allocation (OpenCL's largest buffer, a
-     * CUDA device's memory) no release or callback helps: refused before
-     * the OOM sequence empties the cache and asks the callbacks for
-     * nothing; a request whose size class alone is past it gets its own
-     * size at once. */
-    struct ab_device_info info = {0};
-    const size_t least = own_size(bytes, size);
-    char saved[AB_ERRBUF_SIZE]; /* a query that fails is no error of this call */
-    ab__save_error(saved);
-    if (be->device_info == NULL || be->device_info(dev.device_id, &info) != AB_OK) info.max_alloc_size = 0;
-    ab__restore_error(saved);
-    if (info.max_alloc_size != 0 && size > info.max_alloc_size) {
-      if (least > info.max_alloc_size)
-        return AB_FAIL(AB_ERR_OUT_OF_MEMORY,
-                       "%s:%" PRId32 ": cannot allocate %zu bytes: more than one allocation on this device may "
-                       "hold (%" PRIu64 " bytes); nothing was released",
-                       ab_device_type_name(dev.device_type), dev.device_id, bytes, info.max_alloc_size);
-      st = grow(p, least, bytes, tc, &b, &why);
-    }
-    if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
+  /* The driver refused the size itself (AB_ERR_UNSUPPORTED: past OpenCL's
+   * largest buffer): no release or callback can make room for it, so the
+   * OOM sequence does not empty the cache and ask the callbacks for
+   * nothing; a request whose size class alone is past it takes its own
+   * size at once. */
+  const size_t least = own_size(bytes, size);
+  if (st == AB_ERR_UNSUPPORTED && least < size) st = grow(p, least, bytes, tc, &b, &why);
+  if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
+  if (st == AB_ERR_UNSUPPORTED) {
+    pthread_mutex_lock(&p->lock);
+    p->st.oom_failures++;
+    pthread_mutex_unlock(&p->lock);
+    char req[24], blk[24];
+    fmt_bytes(req, sizeof req, bytes);
+    fmt_bytes(blk, sizeof blk, least);
+    return AB_FAIL(AB_ERR_OUT_OF_MEMORY,
+                   "%s:%" PRId32 ": out of memory allocating %zu bytes (%s, block %s): %s; no release or callback "
+                   "can make room for it, so none ran",
+                   ab_device_type_name(dev.device_type), dev.device_id, bytes, req, blk, why.driver);
   }
   if (st != AB_OK) return st;
   *out = b;

@@ -808,10 +808,9 @@ Test(cuda, out_of_memory_is_reported_and_recovered_from) {
   need_devices(1);
   struct ab_device_info info;
   cr_assert_eq(ab_device_info(CUDA(0), &info), AB_OK);
-  /* More than the device has: cudaMalloc fails, the pool refuses it
-   * without the OOM sequence (past max_alloc_size), the error names the
-   * device and sizes, and the next allocation works (the runtime's error
-   * state was cleared). */
+  /* More than the device has: cudaMalloc fails, the pool's retry runs, the
+   * error names the device and sizes, and the next allocation works (the
+   * runtime's error state was cleared). */
   int64_t shape[1] = {(int64_t)(info.total_memory * 2)};
   DLManagedTensorVersioned *r = NULL;
   ab_status st = ab_tensor_alloc(CUDA(0), 1, shape, dt(kDLUInt, 8, 1), &r);

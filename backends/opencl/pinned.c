@@ -33,8 +33,8 @@ ab_status ab__cl_pinned_alloc(int32_t id, size_t bytes, void **out) {
   AB_FORWARD(ab__cl_get_queue(id, &ctx, &q));
   cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, len, NULL, &e);
   if (e == CL_INVALID_BUFFER_SIZE)
-    /* Not an out-of-memory the OOM sequence could cure: the caller stages
-     * in pageable memory instead. */
+    /* Not an out-of-memory the OOM sequence could cure (struct
+     * ab_backend's alloc): the caller stages in pageable memory instead. */
     return AB_FAIL(AB_ERR_UNSUPPORTED, "opencl_host:%" PRId32 ": %zu bytes is more than one buffer may hold", id, len);
   if (e != CL_SUCCESS) return fail_pinned(e, id, "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)");
   void *base = clEnqueueMapBuffer(q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, len, 0, NULL, NULL, &e);

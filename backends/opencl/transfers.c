@@ -10,9 +10,11 @@ ab_status ab__cl_alloc(int32_t id, size_t bytes, void **out) {
   AB_FORWARD(ab__cl_get_queue(id, &ctx, &q));
   cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, NULL, &e);
   if (e == CL_INVALID_BUFFER_SIZE) {
+    /* The size itself, not memory in use: the pool runs no OOM sequence
+     * for it (struct ab_backend's alloc). */
     cl_ulong max = 0;
     clGetDeviceInfo(ab__cl_devices[id].id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max, &max, NULL);
-    return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": %zu bytes is more than one buffer may hold (%llu)", id,
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "opencl:%" PRId32 ": %zu bytes is more than one buffer may hold (%llu)", id,
                    bytes, (unsigned long long)max);
   }
   if (e != CL_SUCCESS) return ab__cl_fail_cl(e, id, "clCreateBuffer");

@@ -584,7 +584,11 @@ AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
  * cached blocks to the driver and retries, (3) calls the registered OOM
  * callbacks, releases what they gave back, and retries, for at most
  * AB_OOM_MAX_CALLBACK_ROUNDS rounds while they report progress, and then
- * (4) fails with AB_ERR_OUT_OF_MEMORY and a message with the numbers. */
+ * (4) fails with AB_ERR_OUT_OF_MEMORY and a message with the numbers. A
+ * size the driver refuses for itself (OpenCL: past
+ * CL_DEVICE_MAX_MEM_ALLOC_SIZE), which no release could cure, fails with
+ * AB_ERR_OUT_OF_MEMORY without steps 1-3, after one try at the request's
+ * own size where its class alone was past it. */
 
 /** A gauge: the value now and its highest value since the last reset. */
 typedef struct ab_gauge {
