@@ -37,9 +37,11 @@ def is_c_tree(root):
 
 
 def dlpack_header():
-    """The DLPack >= 1.0 header that CMake would find (tools/setup-deps.sh's, or the system's), or None."""
+    """A DLPack >= 1.0 header: $AB_DLPACK_INCLUDE_DIR's, tools/setup-deps.sh's or the system's; or None."""
     deps = os.environ.get("AB_DEPS_DIR") or os.path.join(REPO, ".deps")
-    for inc in (os.path.join(deps, "dlpack", "usr", "include"), "/usr/local/include", "/usr/include"):
+    places = [os.environ.get("AB_DLPACK_INCLUDE_DIR"), os.path.join(deps, "dlpack", "usr", "include"),
+              "/usr/local/include", "/usr/include"]
+    for inc in filter(None, places):
         path = os.path.join(inc, "dlpack", "dlpack.h")
         if os.path.exists(path):
             with open(path) as f:
@@ -67,10 +69,10 @@ class SdistWithLibrary(sdist):
                 shutil.copy2(src, os.path.join(dst, name))
         header = dlpack_header()
         if header is None:
-            print("arraybridge: no DLPack >= 1.0 header here; the sdist needs one where it is built")
-        else:
-            os.makedirs(os.path.join(dst, "third_party", "dlpack"))
-            shutil.copy2(header, os.path.join(dst, "third_party", "dlpack", "dlpack.h"))
+            sys.exit("arraybridge: no DLPack >= 1.0 header for the sdist: run tools/setup-deps.sh (make deps), "
+                     "or set AB_DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
+        os.makedirs(os.path.join(dst, "third_party", "dlpack"))
+        shutil.copy2(header, os.path.join(dst, "third_party", "dlpack", "dlpack.h"))
 
 
 def stale_cache(build, source):
@@ -88,7 +90,9 @@ def stale_cache(build, source):
 
 class BuildWithLibrary(build_ext):
     def run(self):
-        source = REPO if is_c_tree(REPO) else CSRC
+        # An sdist's own copy first: one unpacked inside another checkout
+        # builds what it carries.
+        source = CSRC if is_c_tree(CSRC) else REPO
         if not is_c_tree(source):
             sys.exit("arraybridge: build the extension from the repository (python/ next to include/ and src/) "
                      "or from an sdist of it (csrc/)")
