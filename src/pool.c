@@ -1198,7 +1198,7 @@ static ab_status pool_of(DLDevice dev, struct ab__pool **out) {
 }
 
 uint64_t ab__pool_pending(DLDevice dev) {
-  struct ab__pool *p;
+  struct ab__pool *p = NULL;
   if (pool_of(dev, &p) != AB_OK) return 0;
   pthread_mutex_lock(&p->lock);
   uint64_t v = p->pending;
