@@ -53,7 +53,8 @@ def dlpack_header():
 
 class SdistWithLibrary(sdist):
     """An sdist that builds anywhere: the C library's tree goes into csrc/,
-    with the DLPack header (third_party/dlpack/dlpack.h) where one is here."""
+    with the DLPack header (third_party/dlpack/dlpack.h); without one here it
+    is refused."""
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
