@@ -45,9 +45,9 @@ extern "C" {
 #endif
 
 /* ab_device_info and ab_pool_stats name both a function and the struct it
- * fills (C and C++ code write `struct ab_pool_stats s;`); in C++, g++'s -Wshadow
- * says the function hides the struct's constructor. The names stay: the
- * warning is turned off for those two declarations only. */
+ * fills (C and C++ code write `struct ab_pool_stats s;`); in C++, g++'s
+ * -Wshadow says the function hides the struct's constructor. The names
+ * stay: the warning is turned off for those two declarations only. */
 #if defined(__cplusplus) && defined(__GNUC__)
 #define AB_IMPL_SAME_NAME_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
 #define AB_IMPL_SAME_NAME_END _Pragma("GCC diagnostic pop")
@@ -348,9 +348,9 @@ enum {
   AB_CONVERT_ASYNC = 1u << 4
 };
 /** Every AB_CONVERT_* bit this version knows. */
-#define AB_CONVERT_KNOWN_FLAGS                                                                                  \
-  AB_IMPL_CAST(uint32_t, AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL | \
-                         AB_CONVERT_ASYNC)
+#define AB_CONVERT_KNOWN_FLAGS                                                                  \
+  AB_IMPL_CAST(uint32_t, AB_CONVERT_ALLOW_STRIDED_VIEW | AB_CONVERT_READ_ONLY | AB_CONVERT_AFFINE | \
+                             AB_CONVERT_PER_CHANNEL | AB_CONVERT_ASYNC)
 
 /** Options of ab_convert_memory. A NULL pointer and an all-zero struct both
  * mean the defaults (copy if needed, keep the dtype, default stream).
