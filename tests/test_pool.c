@@ -1809,10 +1809,10 @@ Test(pool, a_second_large_block_takes_the_slot_and_the_first_goes_to_the_shared_
 /* A thread that never holds more than 64 MiB: a 64 MiB block alone, then
  * two of 4 MiB, each freed into its slot, which sends the one it held to
  * the shared cache. */
-static atomic_bool slot_churn_stop;
+static atomic_bool churn_threads_stop;
 static void *slot_churn(void *arg) {
   (void)arg;
-  while (!atomic_load(&slot_churn_stop)) {
+  while (!atomic_load(&churn_threads_stop)) {
     int64_t big[1] = {(int64_t)(64 * MiB)}, small[1] = {(int64_t)(4 * MiB)};
     DLManagedTensorVersioned *b, *c, *a;
     if (ab_tensor_alloc(CPU0, 1, big, dt(kDLUInt, 8, 1), &b) != AB_OK) abort();
@@ -1832,7 +1832,7 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
    * loop caught it in 2 runs of 3 with half the reads). */
   cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
   pthread_t th;
-  atomic_store(&slot_churn_stop, false);
+  atomic_store(&churn_threads_stop, false);
   cr_assert_eq(pthread_create(&th, NULL, slot_churn, NULL), 0);
   uint64_t worst = 0;
   long reads = 0;
@@ -1841,7 +1841,7 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
     if (s.in_use_bytes.current > worst) worst = s.in_use_bytes.current;
     reads++;
   }
-  atomic_store(&slot_churn_stop, true);
+  atomic_store(&churn_threads_stop, true);
   cr_assert_eq(pthread_join(th, NULL), 0);
   cr_assert_leq(worst, 64 * MiB, "a read said %" PRIu64 " MiB in use where the thread held 64 MiB at most (%ld reads)",
                 worst >> 20, reads);
@@ -1852,7 +1852,7 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
  * every allocation grows the pool. */
 static void *grow_churn(void *arg) {
   (void)arg;
-  while (!atomic_load(&slot_churn_stop)) {
+  while (!atomic_load(&churn_threads_stop)) {
     int64_t shape[1] = {(int64_t)MiB};
     DLManagedTensorVersioned *t;
     if (ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &t) != AB_OK) abort();
@@ -1868,7 +1868,7 @@ Test(pool, reserved_is_in_use_plus_cached_while_the_pool_grows) {
    * reserved, none in use and nothing cached (about half the reads). */
   cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
   pthread_t th;
-  atomic_store(&slot_churn_stop, false);
+  atomic_store(&churn_threads_stop, false);
   cr_assert_eq(pthread_create(&th, NULL, grow_churn, NULL), 0);
   long reads = 0, bad = 0;
   struct ab_pool_stats first_bad = {0};
@@ -1876,7 +1876,7 @@ Test(pool, reserved_is_in_use_plus_cached_while_the_pool_grows) {
     struct ab_pool_stats s = get_stats();
     if (s.reserved_bytes.current != s.in_use_bytes.current + s.cached_blocks * MiB && bad++ == 0) first_bad = s;
   }
-  atomic_store(&slot_churn_stop, true);
+  atomic_store(&churn_threads_stop, true);
   cr_assert_eq(pthread_join(th, NULL), 0);
   cr_assert_eq(bad, 0,
                "%ld of %ld reads: reserved %" PRIu64 " B, in use %" PRIu64 " B, %" PRIu64 " cached blocks of 1 MiB", bad,
