@@ -1806,21 +1806,26 @@ Test(pool, a_second_large_block_takes_the_slot_and_the_first_goes_to_the_shared_
   assert_pool_clean(CPU0);
 }
 
+/* A thread that runs `fn` until churn_end, beside the test's reads. */
+static pthread_t churn_start(void *(*fn)(void *)) {
+  pthread_t th;
+  atomic_store(&churn_stop, false);
+  cr_assert_eq(pthread_create(&th, NULL, fn, NULL), 0);
+  return th;
+}
+static void churn_end(pthread_t th) {
+  atomic_store(&churn_stop, true);
+  cr_assert_eq(pthread_join(th, NULL), 0);
+}
+
 /* A thread that never holds more than 64 MiB: a 64 MiB block alone, then
  * two of 4 MiB, each freed into its slot, which sends the one it held to
- * the shared cache. */
-static atomic_bool churn_threads_stop;
+ * the shared cache (the 64 MiB block while the second 4 MiB one is held). */
 static void *slot_churn(void *arg) {
   (void)arg;
-  while (!atomic_load(&churn_threads_stop)) {
-    int64_t big[1] = {(int64_t)(64 * MiB)}, small[1] = {(int64_t)(4 * MiB)};
-    DLManagedTensorVersioned *b, *c, *a;
-    if (ab_tensor_alloc(CPU0, 1, big, dt(kDLUInt, 8, 1), &b) != AB_OK) abort();
-    b->deleter(b); /* into the slot */
-    if (ab_tensor_alloc(CPU0, 1, small, dt(kDLUInt, 8, 1), &c) != AB_OK) abort();
-    if (ab_tensor_alloc(CPU0, 1, small, dt(kDLUInt, 8, 1), &a) != AB_OK) abort();
-    a->deleter(a); /* into the slot: the 64 MiB block to the shared cache */
-    c->deleter(c); /* into the slot: a to the shared cache */
+  while (!atomic_load(&churn_stop)) {
+    must_alloc_free(64 * MiB, 1);
+    must_alloc_free(4 * MiB, 2);
   }
   return NULL;
 }
@@ -1831,9 +1836,7 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
    * the thread held 4 (about one read in 15000 on a 2-core VM; this
    * loop caught it in 2 runs of 3 with half the reads). */
   cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
-  pthread_t th;
-  atomic_store(&churn_threads_stop, false);
-  cr_assert_eq(pthread_create(&th, NULL, slot_churn, NULL), 0);
+  pthread_t th = churn_start(slot_churn);
   uint64_t worst = 0;
   long reads = 0;
   while (reads < 4000000 && worst <= 64 * MiB) {
@@ -1841,8 +1844,7 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
     if (s.in_use_bytes.current > worst) worst = s.in_use_bytes.current;
     reads++;
   }
-  atomic_store(&churn_threads_stop, true);
-  cr_assert_eq(pthread_join(th, NULL), 0);
+  churn_end(th);
   cr_assert_leq(worst, 64 * MiB, "a read said %" PRIu64 " MiB in use where the thread held 64 MiB at most (%ld reads)",
                 worst >> 20, reads);
   assert_pool_clean(CPU0);
@@ -1852,11 +1854,8 @@ Test(pool, a_block_leaving_a_slot_is_never_counted_in_use) {
  * every allocation grows the pool. */
 static void *grow_churn(void *arg) {
   (void)arg;
-  while (!atomic_load(&churn_threads_stop)) {
-    int64_t shape[1] = {(int64_t)MiB};
-    DLManagedTensorVersioned *t;
-    if (ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &t) != AB_OK) abort();
-    t->deleter(t);
+  while (!atomic_load(&churn_stop)) {
+    must_alloc_free(MiB, 1);
     if (ab_pool_trim(CPU0) != AB_OK) abort();
   }
   return NULL;
@@ -1867,17 +1866,14 @@ Test(pool, reserved_is_in_use_plus_cached_while_the_pool_grows) {
    * driver was asked and in use only after: reads in between found 1 MiB
    * reserved, none in use and nothing cached (about half the reads). */
   cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
-  pthread_t th;
-  atomic_store(&churn_threads_stop, false);
-  cr_assert_eq(pthread_create(&th, NULL, grow_churn, NULL), 0);
+  pthread_t th = churn_start(grow_churn);
   long reads = 0, bad = 0;
   struct ab_pool_stats first_bad = {0};
   for (; reads < 200000; reads++) {
     struct ab_pool_stats s = get_stats();
     if (s.reserved_bytes.current != s.in_use_bytes.current + s.cached_blocks * MiB && bad++ == 0) first_bad = s;
   }
-  atomic_store(&churn_threads_stop, true);
-  cr_assert_eq(pthread_join(th, NULL), 0);
+  churn_end(th);
   cr_assert_eq(bad, 0,
                "%ld of %ld reads: reserved %" PRIu64 " B, in use %" PRIu64 " B, %" PRIu64 " cached blocks of 1 MiB", bad,
                reads, first_bad.reserved_bytes.current, first_bad.in_use_bytes.current, first_bad.cached_blocks);
