@@ -12,17 +12,21 @@
 
 /* ---- float16 and bfloat16 ------------------------------------------------ */
 
+/* Exact: the double is built from the narrow value's fields (a loop of
+ * halvings instead ran the element loop of float16 sources at 0.5 GB/s). */
 static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
   const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
   double v;
   if (e == emax) {
     v = m ? __builtin_nan("") : __builtin_inf();
-  } else {
-    /* m * 2^(1 - bias - mbits) for subnormals, (2^mbits + m) * 2^(e - bias - mbits) otherwise: exact. */
-    int p = (e ? (int)e : 1) - bias - mbits;
-    v = (double)(e ? (1u << mbits) + m : m);
-    while (p > 0) v *= 2, p--;
-    while (p < 0) v *= 0.5, p++;
+  } else if (e != 0) { /* (2^mbits + m) * 2^(e - bias - mbits) */
+    const uint64_t b = (uint64_t)((int)e - bias + 1023) << 52 | (uint64_t)m << (52 - mbits);
+    memcpy(&v, &b, sizeof v);
+  } else { /* m * 2^(1 - bias - mbits), a power of two that a double holds */
+    const uint64_t b = (uint64_t)(1 - bias - mbits + 1023) << 52;
+    double unit;
+    memcpy(&unit, &b, sizeof unit);
+    v = (double)m * unit;
   }
   return (h >> 15) ? -v : v;
 }
