@@ -2046,9 +2046,10 @@ Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_hos
   cr_assert_eq(pool_in_use(CL0), cl_in_use, "opencl:0 pool in_use did not return to its start");
 }
 
-/* ---- float32 -> float16 on x86: the F16C loop against the scalar one ------
- * (AB_HOST_F16C=0 forces the scalar loop; on a CPU without F16C both runs
- * are the scalar loop and the test still checks the NaN rules.) */
+/* ---- float16 on a side: the F16C loop and the portable one ----------------
+ * Both against the element loop's roundings (ab__half_from_float,
+ * ab__half_to_double). AB_HOST_F16C=0 forces the portable loop; on a CPU
+ * without F16C both runs are the portable loop. */
 
 static void f32_bits_to_f16(const uint32_t *bits, int64_t n, uint16_t *out) {
   int64_t shape[1] = {n};
@@ -2088,8 +2089,13 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   const unsigned long f16c_off = ab__host_ran_count(AB_RAN_CAST_F16C);
   f32_bits_to_f16(bits, n, b);
   cr_assert_eq(ab__host_ran_count(AB_RAN_CAST_F16C), f16c_off, "F16C's loop ran with AB_HOST_F16C=0");
-  for (int64_t i = 0; i < n; i++)
-    cr_assert_eq(a[i], b[i], "float32 0x%08x: 0x%04x with F16C, 0x%04x without", bits[i], a[i], b[i]);
+  for (int64_t i = 0; i < n; i++) {
+    float f;
+    memcpy(&f, &bits[i], sizeof f);
+    const uint16_t want = ab__half_from_float(f); /* the element loop's rounding */
+    cr_assert_eq(b[i], want, "float32 0x%08x: 0x%04x without F16C, want 0x%04x", bits[i], b[i], want);
+    cr_assert_eq(a[i], want, "float32 0x%08x: 0x%04x with F16C, want 0x%04x", bits[i], a[i], want);
+  }
   /* NaNs stay quiet with the top of their payload (IEEE 754, NumPy), both ways */
   static const uint32_t nan_in[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa00000u};
   static const uint16_t nan_out[] = {0x7e00, 0xfe00, 0x7e00, 0x7fff, 0x7f00};
@@ -2108,6 +2114,49 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   free(bits);
   free(a);
   free(b);
+}
+
+/* Every float16 into float32 (widened alone) and into uint8 (x * 255 + 0.5,
+ * the float32 loop after widening), both ways, with a byte of offset so
+ * that nothing is aligned. */
+Test(cast, every_float16_widens_alike_with_and_without_f16c) {
+  enum { N = 1 << 16 };
+  char *src = malloc(2 * N + 1), *f32 = malloc(4 * N + 1), *u8 = malloc(N);
+  for (uint32_t h = 0; h < N; h++) memcpy(src + 1 + 2 * h, &(uint16_t){(uint16_t)h}, 2);
+  int64_t shape[1] = {N};
+  DLTensor t = {src, CPU0, 1, dt(kDLFloat, 16, 1), shape, NULL, 1};
+  ab__host_count_choices(true);
+  for (int v = 0; v < 2; v++) {
+    setenv("AB_HOST_F16C", v ? "1" : "0", 1);
+    ab__env_reload();
+    const unsigned long bits_ran = ab__host_ran_count(AB_RAN_CAST_F16_BITS);
+    DLTensor d = {f32, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 1};
+    cr_assert_eq(ab_convert_into(&t, &d, NULL), AB_OK, "%s", ab_last_error());
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.flags = AB_CONVERT_AFFINE;
+    o.scale = 255;
+    o.offset = 0.5;
+    DLTensor e = {u8, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+    cr_assert_eq(ab_convert_into(&t, &e, &o), AB_OK, "%s", ab_last_error());
+    if (!v || !ab__host_f16c())
+      cr_assert_geq(ab__host_ran_count(AB_RAN_CAST_F16_BITS), bits_ran + 2, "F16C %d: the portable block loop did not run", v);
+    for (uint32_t h = 0; h < N; h++) {
+      const double x = ab__half_to_double((uint16_t)h);
+      const float want = (float)x;
+      float got;
+      memcpy(&got, f32 + 1 + 4 * h, sizeof got);
+      cr_assert(memcmp(&got, &want, sizeof got) == 0, "F16C %d: float16 0x%04x -> float32 %a, want %a", v, h, got, want);
+      unsigned char wu;
+      ref_convert(R_F16, (const unsigned char *)src + 1 + 2 * h, R_U8, &wu, &(struct affine){255, 0.5});
+      cr_assert_eq((uint8_t)u8[h], wu, "F16C %d: float16 0x%04x * 255 + 0.5 -> uint8 %u, want %u", v, h, (uint8_t)u8[h], wu);
+    }
+  }
+  ab__host_count_choices(false);
+  unsetenv("AB_HOST_F16C");
+  ab__env_reload();
+  free(src);
+  free(f32);
+  free(u8);
 }
 
 /* ---- casts whose rows go out with streaming stores --------------------------

@@ -218,6 +218,7 @@ struct row_ctx {
   size_t in_size;
   fast_row_fn fast; /* contiguous rows of this pair, or NULL */
   bool f16;         /* float16 on a side: fast is the float32 loop, run through fast_f16_row */
+  bool f16c;        /* ... which widens and narrows float16 through F16C (else fast_f16_row's bits) */
   bool stream;      /* the fast loops' rows go out with streaming stores (ab__host_cast_streams) */
   bool prefetch;    /* long rows run in prefetched pieces (fast_run; not into float16) */
   bool *streamed;   /* set where a row went out streamed (for ab__host_cast_streamed_calls) */
@@ -672,33 +673,87 @@ static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
   return fast_base[src[from]][dst[to]];
 }
 
-#ifdef HAVE_X86
-/* float16 through F16C, a block at a time: a float16 source is widened
- * to float32 (exactly) and goes through the float32 source's loop, which
- * takes the same arithmetic; a float16 result is computed as float32 by
- * the loop for a float32 result (float32 arithmetic, as for float16) and
- * narrowed by VCVTPS2PH (the element loop's bits: see f32_to_f16_f16c).
- * EPYC VM, one thread, 94 MB, against the element loop: float16 ->
- * float32 0.03x -> about 1x of memcpy. */
+/* float16 a block at a time: a float16 source is widened to float32
+ * (exactly) and goes through the float32 source's loop, which takes the
+ * same arithmetic; a float16 result is computed as float32 by the loop
+ * for a float32 result (float32 arithmetic, as for float16) and narrowed
+ * in one rounding to nearest even: the element loop's bits. Widening and
+ * narrowing run through F16C where it runs (f16c), else through the bits
+ * below, which compilers vectorize. EPYC VM, one thread, 94 MB, F16C
+ * against the element loop: float16 -> float32 0.03x -> about 1x of
+ * memcpy. */
 #define F16_BLOCK 512
-/* Eight float16 as float32; a NaN as the element loop's, the default NaN
- * of its sign: its float16 bits are made float16's default NaN first
- * (VCVTPH2PS would keep the payload). */
+
+/* A float16 as float32; a NaN as the element loop's, the default NaN of
+ * its sign. Every case is computed and one picked, so that compilers
+ * vectorize the loop below. */
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h & 0x7c00u, m = h & 0x3ffu;
+  const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23); /* exponent rebiased 15 -> 127 */
+  const uint32_t special = m != 0 ? 0x7fc00000u : 0x7f800000u;
+  const float sub = (float)(int32_t)m * 0x1p-24f; /* a subnormal (or zero): exact, and normal in float32 */
+  uint32_t subnormal;
+  memcpy(&subnormal, &sub, sizeof subnormal);
+  const uint32_t b = sign | (e == 0x7c00u ? special : e == 0 ? subnormal : normal);
+  float f;
+  memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+/* A float32 as float16 in one rounding to nearest even, NaNs quiet with
+ * the top of their payload: ab__half_from_float's bits for all 2^32
+ * inputs (checked exhaustively), without its branches. */
+static inline uint16_t float_to_half(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  /* Signed from here (|f|'s bits fit): SSE2 compares no unsigned lanes. */
+  const int32_t sign = (int32_t)(x >> 16 & 0x8000u), a = (int32_t)(x & 0x7fffffffu);
+  const int32_t nan = 0x7e00 | (a >> 13 & 0x3ff);
+  /* 2^-14 and up: rebias 127 -> 15 and round off 13 bits, ties to even;
+   * a carry out of the mantissa lands in the exponent, and 65520 and up
+   * are cut to infinity. (Below, it is not taken.) */
+  int32_t normal = (int32_t)((uint32_t)a - (112u << 23) + 0xfffu + (uint32_t)(a >> 13 & 1)) >> 13;
+  normal = normal < 0x7c00 ? normal : 0x7c00;
+  /* Below 2^-14: adding 0.5 rounds |f| to the 2^-24 steps of float16's
+   * subnormals in the FPU (ties to even), the sum's last bits the step
+   * count; a float32 subnormal (0 where denormals are flushed) gives 0. */
+  float af;
+  memcpy(&af, &a, sizeof af);
+  const float t = af + 0.5f;
+  int32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  const int32_t sub = tb - 0x3f000000;
+  return (uint16_t)(sign | (a > 0x7f800000 ? nan : a < 0x38800000 ? sub : normal));
+}
+
+/* d: n float32, s: n float16, both at any alignment. */
+static void f16_to_f32_bits(char *d, const char *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) wr_f32(d + 4 * i, half_to_float(rd_u16(s + 2 * i)));
+}
+static void f32_to_f16_bits(char *d, const char *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) wr_u16(d + 2 * i, float_to_half(rd_f32(s + 4 * i)));
+}
+
+#ifdef HAVE_X86
+/* Eight float16 as float32, NaNs as half_to_float's: the float16 bits of
+ * a NaN are made float16's default NaN first (VCVTPH2PS would keep the
+ * payload). */
 __attribute__((target("avx,f16c"))) static inline __m256 f16x8_to_f32(__m128i h) {
   const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
   const __m128i dflt = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
   return _mm256_cvtph_ps(_mm_or_si128(_mm_andnot_si128(nan, h), _mm_and_si128(nan, dflt)));
 }
 
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *d, const char *s, int64_t n) {
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(char *d, const char *s, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, f16x8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)(s + 2 * i))));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps((float *)(void *)(d + 4 * i), f16x8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)(s + 2 * i))));
   if (i < n) { /* the last 1-7 through a zero-padded register */
     _Alignas(16) uint16_t tail[8] = {0};
     memcpy(tail, s + 2 * i, (size_t)(n - i) * 2);
     _Alignas(32) float out[8];
     _mm256_store_ps(out, f16x8_to_f32(_mm_load_si128((const __m128i *)(const void *)tail)));
-    memcpy(d + i, out, (size_t)(n - i) * sizeof(float));
+    memcpy(d + 4 * i, out, (size_t)(n - i) * sizeof(float));
   }
 }
 
@@ -713,50 +768,64 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_all(char *d, const ch
     memcpy(d + 2 * i, out, (size_t)(n - i) * 2);
   }
 }
+#endif
 
-/* n elements through `inner`, the loop with float32 in float16's place;
- * is, os: the bytes of a source and a result element; to_f32: the result
- * is float32 (from float16 F16C gives it, no loop needed). */
-static void fast_f16_row(fast_row_fn inner, char *d, const char *s, int64_t n, ab__arith path, bool affine, double a,
-                         double b, bool from_f16, bool to_f16, bool to_f32, size_t is, size_t os) {
-  if (to_f16 && !from_f16 && !affine && is == sizeof(float)) { /* float32 itself (int32 and uint32 have no loop here) */
+static void f16_to_f32_block(char *d, const char *s, int64_t n, bool f16c) {
+#ifdef HAVE_X86
+  if (f16c) {
+    f16_to_f32_f16c(d, s, n);
+    return;
+  }
+#endif
+  (void)f16c;
+  f16_to_f32_bits(d, s, n);
+}
+static void f32_to_f16_block(char *d, const char *s, int64_t n, bool f16c) {
+#ifdef HAVE_X86
+  if (f16c) {
     f32_to_f16_all(d, s, n);
     return;
   }
-  if (from_f16 && to_f32 && !affine) { /* into float32 itself: inner would only copy */
-    f16_to_f32_f16c((float *)(void *)d, s, n);
+#endif
+  (void)f16c;
+  f32_to_f16_bits(d, s, n);
+}
+
+/* n elements through c->fast, the loop with float32 in float16's place. */
+static void fast_f16_row(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
+  const bool from_f16 = c->from == K_F16, to_f16 = c->to == K_F16;
+  if (to_f16 && c->from == K_F32 && !c->affine) { /* float32 itself */
+    f32_to_f16_block(d, s, n, c->f16c);
+    return;
+  }
+  if (from_f16 && c->to == K_F32 && !c->affine) { /* into float32 itself: the loop would only copy */
+    f16_to_f32_block(d, s, n, c->f16c);
     return;
   }
   _Alignas(64) float in[F16_BLOCK], out[F16_BLOCK];
   for (int64_t i = 0; i < n; i += F16_BLOCK) {
     const int64_t m = n - i < F16_BLOCK ? n - i : F16_BLOCK;
-    const char *x = s + (size_t)i * is;
+    const char *x = s + (size_t)i * c->in_size;
     if (from_f16) {
-      f16_to_f32_f16c(in, x, m);
+      f16_to_f32_block((char *)in, x, m, c->f16c);
       x = (const char *)in;
     }
-    inner(to_f16 ? (char *)out : d + (size_t)i * os, x, m, path, affine, a, b);
-    if (to_f16) f32_to_f16_all(d + (size_t)i * 2, (const char *)out, m);
+    c->fast(to_f16 ? (char *)out : d + (size_t)i * c->out_size, x, m, c->path, c->affine, a, b);
+    if (to_f16) f32_to_f16_block(d + (size_t)i * 2, (const char *)out, m, c->f16c);
   }
 }
-#endif
 
 /* The loop for a pair of kinds, or NULL; for a pair with float16 on a
- * side, the loop with float32 in its place (run by fast_f16_row), where
- * F16C runs. A float16 or bfloat16 result from float64 arithmetic (wide
- * sources) is rounded once from the double by the element loop, not
- * through a float32 here. */
-static fast_row_fn fast_row(enum kind from, enum kind to) {
+ * side, the loop with float32 in its place (run by fast_f16_row). A
+ * float16 or bfloat16 result from float64 arithmetic (wide sources) is
+ * rounded once from the double by the element loop, not through a
+ * float32 here. */
+static fast_row_fn fast_row(enum kind from, enum kind to, bool f16c) {
   if ((to == K_F16 || to == K_BF16) && arith_of(from, to, false) != AB_ARITH_FLOAT32) return NULL;
   if (from != K_F16 && to != K_F16) return fast_plain_row(from, to);
-#ifdef HAVE_X86
-  if (!use_f16c()) return NULL;
   const fast_row_fn f = fast_plain_row(from == K_F16 ? K_F32 : from, to == K_F16 ? K_F32 : to);
-  if (f != NULL) ab__host_ran(AB_RAN_CAST_F16C);
+  if (f != NULL) ab__host_ran(f16c ? AB_RAN_CAST_F16C : AB_RAN_CAST_F16_BITS);
   return f;
-#else
-  return NULL;
-#endif
 }
 
 static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim, const int64_t *shape,
@@ -781,13 +850,10 @@ static bool cast_prefetch(void) {
 
 /* n contiguous elements through the pair's fast loop, map a * x + b. */
 static void fast_piece(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
-#ifdef HAVE_X86
   if (c->f16) {
-    fast_f16_row(c->fast, d, s, n, c->path, c->affine, a, b, c->from == K_F16, c->to == K_F16, c->to == K_F32,
-                 c->in_size, c->out_size);
+    fast_f16_row(c, d, s, n, a, b);
     return;
   }
-#endif
   c->fast(d, s, n, c->path, c->affine, a, b);
 }
 
@@ -1358,12 +1424,7 @@ static bool cast_then_transpose(const struct row_ctx *c, char *dst, int64_t dst0
 static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t dst0, const char *src, int32_t ndim,
                                    const int64_t *shape, const int64_t *bst, const ab__cast_op *op, bool *streamed) {
   if (ndim < 2 || (op->affine && op->channel_dim >= 0)) return false;
-#ifdef HAVE_X86
-  const bool f16c = (c->to == K_F16 || c->from == K_F16) && use_f16c(); /* float16 on either side: F16C's loop */
-#else
-  const bool f16c = false;
-#endif
-  const bool f16 = c->to == K_F16 && f16c, from_f16 = c->from == K_F16 && f16c;
+  const bool f16 = c->to == K_F16 && c->f16c, from_f16 = c->from == K_F16 && c->f16c; /* float16 through F16C */
   const bool widen = (c->from == K_U8 || c->from == K_I8) && c->path == AB_ARITH_FLOAT32 &&
                      (c->to == K_F32 || f16 || c->to == K_BF16);
   const bool narrow = c->from == K_F32 && (f16 || c->to == K_BF16);
@@ -1477,8 +1538,9 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
   c.odd = !op->affine && (c.from == K_I64 || c.from == K_U64) && (c.to == K_F32 || c.to == K_F16 || c.to == K_BF16);
   c.out_size = ab__elsize(op->to);
   c.in_size = ab__elsize(op->from);
-  c.fast = fast_row(c.from, c.to);
   c.f16 = c.from == K_F16 || c.to == K_F16;
+  c.f16c = c.f16 && ab__host_f16c();
+  c.fast = fast_row(c.from, c.to, c.f16c);
   c.stream = stream;
   c.prefetch = c.to != K_F16 && cast_prefetch();
   c.streamed = streamed;

@@ -231,6 +231,7 @@ typedef enum {
   AB_RAN_CAST_AVX2,      /* their AVX2 build */
   AB_RAN_CAST_AVX512,    /* their AVX-512 build */
   AB_RAN_CAST_F16C,      /* float16 on a side through F16C (convert.c, fast_row) */
+  AB_RAN_CAST_F16_BITS,  /* float16 on a side through the float32 loops without F16C (convert.c, fast_row) */
   AB_RAN_KINDS
 } ab__host_choice;
 void ab__host_count_choices(bool on);
