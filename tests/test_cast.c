@@ -1004,6 +1004,25 @@ Test(cast, hwc_uint8_image_with_a_per_tensor_affine_into_chw_float32) {
   normalise_image(4, 17, 4, false, false, true);
 }
 
+/* The SSSE3 image loop (three channels) is capped by AB_HOST_TILES as the
+ * other kernels are: it ran under AB_HOST_TILES=sse2 before. */
+Test(cast, the_ssse3_image_loop_follows_ab_host_tiles) {
+  ab__host_count_choices(true);
+  setenv("AB_HOST_TILES", "sse2", 1);
+  ab__env_reload();
+  unsigned long before = ab__host_ran_count(AB_RAN_PLANES_RGB_SSSE3);
+  normalise_image(6, 40, 3, false, false, false);
+  cr_assert_eq(ab__host_ran_count(AB_RAN_PLANES_RGB_SSSE3), before, "the SSSE3 image loop ran with AB_HOST_TILES=sse2");
+  unsetenv("AB_HOST_TILES");
+  ab__env_reload();
+  before = ab__host_ran_count(AB_RAN_PLANES_RGB_SSSE3);
+  normalise_image(6, 40, 3, false, false, false);
+  cr_assert_eq(ab__host_ran_count(AB_RAN_PLANES_RGB_SSSE3) > before, ab__host_tiles_level() >= AB_TILES_SSSE3,
+               "the SSSE3 image loop ran (%d) where the kernels' level is %d", ab__host_ran_count(AB_RAN_PLANES_RGB_SSSE3) > before,
+               ab__host_tiles_level());
+  ab__host_count_choices(false);
+}
+
 Test(cast, channel_axis_names_a_source_axis_not_a_result_axis) {
   int16_t x[4 * 3];
   for (int i = 0; i < 12; i++) x[i] = (int16_t)(i * 37 - 200);

@@ -13,7 +13,8 @@
 #                                  the demo. Not the Criterion suites:
 #                                  Debian builds no Criterion for armhf.
 #
-# Why: every x86 kernel in converters/host/ sits behind __x86_64__, and what
+# Why: every x86 kernel in converters/host/ sits behind __x86_64__ (but
+# F16C's float16 conversions, which 32-bit x86 runs too), and what
 # other CPUs run instead (the portable tiles, cast loops and the rules that
 # choose them) is compiled and run nowhere else; the 32-bit targets add
 # what 32 bits change: 4-byte size_t and pointers (every size check on the

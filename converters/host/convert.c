@@ -236,10 +236,17 @@ static double load_odd(enum kind k, const char *p) {
 #error "32-bit x86 needs float arithmetic in SSE2 (-msse2 -mfpmath=sse, which CMakeLists.txt adds): the x87's wider registers change float32 and float64 results"
 #endif
 
+/* The AVX2 and AVX-512 cast loops and the SSSE3 image loop: x86-64 only,
+ * as the tiles of gather.c (whose level, which picks them, is SSE2's
+ * elsewhere). */
+#ifdef __x86_64__
+#define HAVE_X86_64 1
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
-#define HAVE_X86 1
+#define HAVE_X86 1 /* F16C's float16 loops, on 32-bit x86 too */
 
 /* float32 -> float16, eight at a time with F16C's VCVTPS2PH: round to
  * nearest even, tiny results to subnormals ("MXCSR.FTZ is ignored"),
@@ -473,7 +480,7 @@ static inline uint16_t fast_to_bf16(float f) {
  * (EPYC VM, float32 -> uint8 with a map, 64 MiB, a harness); the widest
  * that the CPU and AB_HOST_TILES allow runs. */
 DEFINE_FAST_SET(, base)
-#ifdef HAVE_X86
+#ifdef HAVE_X86_64
 DEFINE_FAST_SET(__attribute__((target("avx2"))), avx2)
 DEFINE_FAST_SET(__attribute__((target("avx512f,avx512bw,avx512vl"))), avx512)
 
@@ -656,7 +663,7 @@ static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
                                           [K_I32] = 4,   [K_U32] = -1,  [K_F32] = 5,   [K_F64] = 6,  [K_I64] = -1,
                                           [K_U64] = -1,  [K_F16] = -1,  [K_BF16] = 7,  [K_C64] = -1, [K_C128] = -1};
   if (from >= K_NONE || to >= K_NONE || src[from] < 0 || dst[to] < 0) return NULL;
-#ifdef HAVE_X86
+#ifdef HAVE_X86_64
   const int level = ab__host_tiles_level();
   if (level >= AB_TILES_AVX512 && __builtin_cpu_supports("avx512vl")) {
     const fast_row_fn f2i = f2i_avx512[src[from]][dst[to]];
@@ -978,7 +985,7 @@ static void convert_row(const struct row_ctx *c, char *d, const char *s, int64_t
   }
 }
 
-#ifdef HAVE_X86
+#ifdef HAVE_X86_64
 /* 16 RGB pixels (48 bytes at p) into three planes at o0/o1/o2 + x:
  * pshufb deinterleave, widen to float, multiply, then add (the same two
  * IEEE operations as the scalar loop, so the results are identical). */
@@ -1054,8 +1061,9 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
       b[c] = (float)op->offset;
     }
   }
-#ifdef HAVE_X86
-  const bool simd = C == 3 && __builtin_cpu_supports("ssse3");
+#ifdef HAVE_X86_64
+  const bool simd = C == 3 && ab__host_tiles_level() >= AB_TILES_SSSE3;
+  if (simd) ab__host_ran(AB_RAN_PLANES_RGB_SSSE3);
   /* Streaming stores only where they write whole lines: rows of whole
    * 16-pixel steps (no scalar tail sharing a line with the next row's
    * streamed head) in planes that start on lines; else ordinary ones. */
@@ -1072,7 +1080,7 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
       float *o1 = o0 + plane, *o2 = o1 + plane;
       const float a0 = a[0], a1 = a[1], a2 = a[2], b0 = b[0], b1 = b[1], b2 = b[2];
       int64_t x = 0;
-#ifdef HAVE_X86
+#ifdef HAVE_X86_64
       if (simd) x = rgb_row_to_planes(row, o0, o1, o2, W, a, b, nt);
 #endif
       for (; x < W; x++) {

@@ -230,6 +230,7 @@ typedef enum {
   AB_RAN_CAST_BASE,      /* the fast cast loops' baseline build (convert.c, fast_plain_row) */
   AB_RAN_CAST_AVX2,      /* their AVX2 build */
   AB_RAN_CAST_AVX512,    /* their AVX-512 build */
+  AB_RAN_PLANES_RGB_SSSE3, /* the SSSE3 image loop, uint8 RGB to float32 planes (convert.c, u8_planes_f32) */
   AB_RAN_CAST_F16C,      /* float16 on a side through F16C (convert.c, fast_row) */
   AB_RAN_CAST_F16_BITS,  /* float16 on a side through the float32 loops without F16C (convert.c, fast_row) */
   AB_RAN_KINDS
