@@ -941,22 +941,13 @@ static void tile_any(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na
 #undef TILE_MICRO
 #undef TILE_WIDE
 
-/* Few rows (a small channel count, as in HWC -> CHW) from pixels that
- * are not packed (3 channels of RGBA, say; packed ones have the pixel
- * loops below): deinterleave each source pixel into `na` destination
- * planes, a block of pixels at a time. */
-#define DEFINE_PLANES(N)                                                              \
-  static void planes_##N(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, \
-                         int64_t nb) {                                                \
-    for (int64_t a = 0; a < na; a++) {                                                \
-      char *dp = d + a * dsa;                                                         \
-      const char *sp = s + a * (N);                                                   \
-      for (int64_t b = 0; b < nb; b++) memcpy(dp + b * (N), sp + b * sb, (N));        \
-    }                                                                                 \
-  }
-DEFINE_PLANES(1)
-DEFINE_PLANES(2)
-DEFINE_PLANES(4)
+/* Few rows (a small channel count, as in HWC -> CHW: FEW_ROWS or fewer)
+ * from pixels that are not packed (3 channels of RGBA, say; packed ones
+ * have the pixel loops below) go by blocks of PIXEL_BLOCK source pixels,
+ * each deinterleaved into the rows by tile_N (so that the few output
+ * streams and the input stay cached), never by the transposes' tiles. */
+#define FEW_ROWS 4
+#define PIXEL_BLOCK 4096
 
 
 /* Pixels and planes: 2, 3 or 4 channels of 1, 2, 4 or 8 bytes, packed
@@ -1960,15 +1951,14 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #endif
-  if (na <= 4 && (es == 1 || es == 2 || es == 4)) {
-    /* Blocks of pixels so the na output streams and the input stay cached. */
-    for (int64_t b0 = 0; b0 < nb; b0 += 4096) {
-      int64_t m = nb - b0 < 4096 ? nb - b0 : 4096;
+  if (na <= FEW_ROWS && (es == 1 || es == 2 || es == 4)) {
+    for (int64_t b0 = 0; b0 < nb; b0 += PIXEL_BLOCK) {
+      int64_t m = nb - b0 < PIXEL_BLOCK ? nb - b0 : PIXEL_BLOCK;
       char *dd = d + b0 * (int64_t)es;
       const char *ss = s + b0 * sb;
-      if (es == 1) planes_1(dd, dsa, ss, sb, na, m);
-      else if (es == 2) planes_2(dd, dsa, ss, sb, na, m);
-      else planes_4(dd, dsa, ss, sb, na, m);
+      if (es == 1) tile_1(dd, dsa, ss, sb, na, m);
+      else if (es == 2) tile_2(dd, dsa, ss, sb, na, m);
+      else tile_4(dd, dsa, ss, sb, na, m);
     }
     return;
   }
@@ -2977,7 +2967,7 @@ void ab__host_gather_into(void *dst, const int64_t *dst_strides, const void *src
      * two threads ran no faster than one (EPYC, 16 uint8 planes of 1000^2,
      * bands of 1 MB: 15-16 GB/s; with the whole's variant, 34-36). */
     if (whole == 0) whole = 2 * (size_t)total;
-    if (whole / 2 >= STREAM_MIN && SEG % es == 0 && c.nb * es >= SEG && c.na > 4) {
+    if (whole / 2 >= STREAM_MIN && SEG % es == 0 && c.nb * es >= SEG && c.na > FEW_ROWS) {
       bool rows_on_lines = (uintptr_t)dst % LINE == 0;
       for (int i = 0; i < last; i++) rows_on_lines = rows_on_lines && dst_st[i] % LINE == 0;
       const size_t plane = (size_t)(c.na * c.nb) * elsize;
