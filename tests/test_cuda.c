@@ -1090,6 +1090,9 @@ static int runtime_sweep(const struct sim_case *c, cudaError_t error) {
       cr_assert_eq((uintptr_t)out, 0x7, "%s, call %d (%s): *out written", c->name, n, call);
       cr_assert_not_null(strstr(ab_last_error(), cudaGetErrorName(error)), "%s, call %d (%s): %s", c->name, n,
                          call, ab_last_error());
+      /* the runtime failed, not the caller: never the caller's tensor */
+      cr_assert_neq(st, AB_ERR_INVALID_ARGUMENT, "%s, call %d (%s): blamed on the caller: %s", c->name, n, call,
+                    ab_last_error());
       failed_runs++;
     }
     for (int k = 0; k < 5; k++)

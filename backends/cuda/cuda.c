@@ -787,6 +787,13 @@ static bool cuda_host_is_staged(const void *p) {
   return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeManaged;
 }
 
+/* cudaPointerGetAttributes's answer for memory the runtime does not know
+ * ("if pointer was not allocated in, mapped by or registered with context
+ * supporting unified addressing cudaErrorInvalidValue is returned"; from
+ * CUDA 11 it answers cudaMemoryTypeUnregistered instead). Any other error
+ * is the runtime's failure, not the tensor's. */
+static bool not_cuda_memory(cudaError_t e) { return e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer; }
+
 /* The runtime cannot tell an allocation's size, but it can tell whose
  * memory the first and last addressed bytes are: a host pointer or another
  * device's memory labelled cuda:<id> is caught here, before any copy. */
@@ -799,7 +806,7 @@ static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin
     struct cudaPointerAttributes a;
     const char *p = (const char *)handle + at[k];
     cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess && is_sticky(e)) return fail_cuda(e, id, "cudaPointerGetAttributes"); /* not the tensor's fault */
+    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, "cudaPointerGetAttributes"); /* not the tensor's fault */
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)%s", id,
@@ -829,7 +836,7 @@ static ab_status space_check_range(const char *label, int32_t id, const void *ha
   for (int k = 0; k < 2; k++) {
     struct cudaPointerAttributes a;
     cudaError_t e = cudaPointerGetAttributes(&a, (const char *)handle + at[k]);
-    if (e != cudaSuccess && is_sticky(e)) return fail_cuda(e, id, "cudaPointerGetAttributes");
+    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, "cudaPointerGetAttributes");
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       continue; /* memory the runtime does not know: host memory */
