@@ -182,6 +182,12 @@ Test(opencl, a_tensor_reaching_outside_its_buffer_is_invalid) {
   cr_assert_eq(ab_convert_memory(&t, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
   cr_assert_eq(r, SENTINEL_OUT);
   cr_assert_not_null(strstr(ab_last_error(), "buffer"), "%s", ab_last_error());
+  cr_assert_eq(strncmp(ab_last_error(), "src: ", 5), 0, "the argument is not named: %s", ab_last_error());
+  /* the same past the end as ab_convert_into's destination */
+  static uint8_t many[300];
+  DLTensor big = {many, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  cr_assert_eq(ab_convert_into(&big, &t, NULL), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(strncmp(ab_last_error(), "dst: ", 5), 0, "the argument is not named: %s", ab_last_error());
   /* negative strides reaching before byte 0 */
   int64_t s2[1] = {4}, st2[1] = {-1};
   DLTensor u = {dev->dl_tensor.data, CL(0), 1, dt(kDLUInt, 8, 1), s2, st2, 2};
