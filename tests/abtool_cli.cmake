@@ -41,7 +41,19 @@ expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float64 --scale 1e-3
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,0,1 --out "${WORK}/x.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,1 --out "${WORK}/x.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,1,3 --out "${WORK}/x.npy")
+# An order is read whole too: empty entries, blanks and signs (strtok and
+# strtol skip them) and a list cut short by abtool's buffer were taken.
+expect(2 "has an empty entry" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 1,,0,2 --out "${WORK}/x.npy")
+expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute "1, 0,2" --out "${WORK}/x.npy")
+expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 1,+0,2 --out "${WORK}/x.npy")
+string(REPEAT "0" 300 zeros)
+expect(2 "is longer than 255 characters" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute "1,2,${zeros}3"
+       --out "${WORK}/x.npy")
+# An option given last without its value is named so.
+expect(2 "--out needs a value" convert "${DATA}/u8_2x3x4.npy" --to cpu --out)
+expect(2 "--sizes needs a value" bandwidth --devices cpu --sizes)
 expect(2 "--reps must be 1..1000" bandwidth --reps 5x --sizes 4K --devices cpu)
+expect(2 "--reps must be 1..1000" bandwidth --reps " 5" --sizes 4K --devices cpu)
 expect(2 "bad size" bandwidth --sizes -4K --devices cpu)
 expect(3 "cannot create" convert "${DATA}/u8_2x3x4.npy" --to cpu --out "${WORK}/no-such-dir/x.npy")
 expect(1 "does not exist" convert "${DATA}/u8_2x3x4.npy" --to cpu:5 --out "${WORK}/x.npy")

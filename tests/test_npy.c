@@ -91,7 +91,8 @@ Test(npy, malformed_files_are_refused_with_the_reason) {
   free(b);
   b = slurp("u8_2x3x4.npy", &len);
   parse_bad(b, len - 1, "need 24 data bytes", "one byte short");
-  parse_bad(b, 9, "not a .npy", "cut in the preamble");
+  parse_bad(b, 9, "truncated .npy header", "cut in the preamble, after the magic");
+  parse_bad(b, 5, "not a .npy", "cut in the magic");
   parse_bad(b, 40, "header claims", "cut in the header");
   uint8_t *c = malloc(len + 1);
   memcpy(c, b, len);

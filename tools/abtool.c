@@ -9,6 +9,7 @@
  * Exit codes: 0 success; 1 the library failed (its message is printed);
  * 2 bad command line; 3 a bad input file, or an output file that cannot
  * be written. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -186,6 +187,8 @@ static int parse_double(const char *s, double *out) {
 /* The whole of `s` as a decimal integer in [lo, hi]; -1 otherwise. */
 static int parse_long(const char *s, long lo, long hi, long *out) {
   char *end;
+  const char *digits = s[0] == '-' && lo < 0 ? s + 1 : s; /* no blanks or '+', which strtol would take */
+  if (!isdigit((unsigned char)digits[0])) return -1;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi) return -1;
@@ -193,19 +196,30 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
+/* Says so where `arg`, an argument no option took, is one of the options
+ * in `valued` given last, without its value. */
+static bool missing_value(const char *cmd, const char *arg, const char *const *valued) {
+  for (; *valued != NULL; valued++)
+    if (strcmp(arg, *valued) == 0) {
+      fprintf(stderr, "abtool %s: %s needs a value\n", cmd, arg);
+      return true;
+    }
+  return false;
+}
+
 /* A comma-separated option value copied into buf for strtok, read as
  * AB_MEMORY_LIMIT is: a comma at either end is ignored, an empty entry
  * between two is a mistake (strtok would skip it), and so is a list too
  * long for buf (it would be cut). false after saying why. */
-static bool list_ok(const char *opt, const char *list, char *buf, size_t len) {
+static bool list_ok(const char *cmd, const char *opt, const char *list, char *buf, size_t len) {
   const size_t n = strlen(list);
   if (n >= len) {
-    fprintf(stderr, "abtool bandwidth: %s is longer than %zu characters\n", opt, len - 1);
+    fprintf(stderr, "abtool %s: %s is longer than %zu characters\n", cmd, opt, len - 1);
     return false;
   }
   for (size_t k = 0; k + 1 < n; k++)
     if (list[k] == ',' && list[k + 1] == ',') {
-      fprintf(stderr, "abtool bandwidth: %s \"%s\" has an empty entry\n", opt, list);
+      fprintf(stderr, "abtool %s: %s \"%s\" has an empty entry\n", cmd, opt, list);
       return false;
     }
   memcpy(buf, list, n + 1);
@@ -234,12 +248,13 @@ static int cmd_bandwidth(int argc, char **argv) {
              "median of N copies each (default 5), beside memcpy of the same size.\n");
       return 0;
     } else {
-      fprintf(stderr, "abtool bandwidth: unknown option %s\n", argv[i]);
+      static const char *const valued[] = {"--sizes", "--devices", "--reps", NULL};
+      if (!missing_value("bandwidth", argv[i], valued)) fprintf(stderr, "abtool bandwidth: unknown option %s\n", argv[i]);
       return EXIT_USAGE;
     }
   }
   char buf[1024];
-  if (!list_ok("--sizes", size_list, buf, sizeof buf)) return EXIT_USAGE;
+  if (!list_ok("bandwidth", "--sizes", size_list, buf, sizeof buf)) return EXIT_USAGE;
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
     if (nsizes == 16) {
       fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
@@ -263,7 +278,7 @@ static int cmd_bandwidth(int argc, char **argv) {
     return EXIT_USAGE;
   }
   if (dev_list) {
-    if (!list_ok("--devices", dev_list, buf, sizeof buf)) return EXIT_USAGE;
+    if (!list_ok("bandwidth", "--devices", dev_list, buf, sizeof buf)) return EXIT_USAGE;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
       if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
         fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
@@ -417,7 +432,9 @@ static int cmd_convert(int argc, char **argv) {
     } else if (strcmp(argv[i], "--explain") == 0) explain = 1;
     else if (argv[i][0] != '-' && in == NULL) in = argv[i];
     else {
-      fprintf(stderr, "abtool convert: unexpected argument %s (see abtool convert --help)\n", argv[i]);
+      static const char *const valued[] = {"--to", "--out", "--dtype", "--permute", "--scale", "--offset", NULL};
+      if (!missing_value("convert", argv[i], valued))
+        fprintf(stderr, "abtool convert: unexpected argument %s (see abtool convert --help)\n", argv[i]);
       return EXIT_USAGE;
     }
   }
@@ -457,7 +474,10 @@ static int cmd_convert(int argc, char **argv) {
   if (perm_s) {
     int n = 0;
     char tmp[256];
-    snprintf(tmp, sizeof tmp, "%s", perm_s);
+    if (!list_ok("convert", "--permute", perm_s, tmp, sizeof tmp)) {
+      free(buf);
+      return EXIT_USAGE;
+    }
     bool seen[NPY_MAX_NDIM] = {false}, ok = true;
     for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
       long v;

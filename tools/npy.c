@@ -100,7 +100,8 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
   static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   npy_array a;
   memset(&a, 0, sizeof a);
-  if (len < 10 || memcmp(buf, magic, 6) != 0) return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
+  if (len < 6 || memcmp(buf, magic, 6) != 0) return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
+  if (len < 10) return fail(err, errlen, "truncated .npy header");
   const unsigned major = buf[6], minor = buf[7];
   size_t hlen, hstart;
   if (major == 1) {
