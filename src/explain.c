@@ -129,6 +129,15 @@ ab_status ab_explain_convert(const DLTensor *src, DLDevice target, const ab_conv
   put_dev(&t, p.sdev);
   put(&t, " -> ");
   put_dev(&t, p.tdev);
+  /* A copy of no elements runs none of its steps (ab__run_copy). */
+  const bool view = p.plan.nsteps == 1 && p.plan.steps[0].kind == AB_STEP_VIEW;
+  if (p.lay.numel == 0 && !view) {
+    put(&t, ": no elements, %s source, 0 steps\n  nothing moves; the result is an empty tensor on ",
+        p.lay.compact ? "compact" : "strided");
+    put_dev(&t, p.tdev);
+    put(&t, "\n");
+    return AB_OK;
+  }
   put(&t, ": %" PRIu64 " bytes, %s source, %d step%s\n", p.q.nbytes, p.lay.compact ? "compact" : "strided",
       p.plan.nsteps, p.plan.nsteps == 1 ? "" : "s");
   ab__resolve_steps(&p, ab__staging_for(&p), io);

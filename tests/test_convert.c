@@ -598,6 +598,24 @@ Test(convert, a_permutation_of_size_one_dims_still_permutes_the_shape) {
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_ERR_COPY_REQUIRED);
 }
 
+/* A copy of no elements moves nothing (ab__run_copy runs no step), and
+ * ab_explain_convert says so rather than listing a copy of 0 bytes; a view
+ * of no elements is still a view. */
+Test(convert, the_explanation_of_an_empty_copy_lists_no_step) {
+  int64_t shape[2] = {0, 8};
+  DLTensor t = {NULL, CPU0, 2, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  char plan[512];
+  cr_assert_eq(ab_explain_convert(&t, CPU0, &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
+  cr_assert_not_null(strstr(plan, "0 steps"), "%s", plan);
+  cr_assert_not_null(strstr(plan, "nothing moves; the result is an empty tensor on cpu:0"), "%s", plan);
+  cr_assert_null(strstr(plan, "1."), "a step is listed: %s", plan);
+  o.copy = AB_COPY_IF_NEEDED;
+  cr_assert_eq(ab_explain_convert(&t, CPU0, &o, plan, sizeof plan), AB_OK, "%s", ab_last_error());
+  cr_assert_not_null(strstr(plan, "1. view"), "%s", plan);
+}
+
 /* ab_convert_memory decides a view from its checks (ab__route_view, fed
  * the conversion's `active`) before it plans; ab__prepare, what
  * ab_explain runs, plans the whole route. The two must agree on every

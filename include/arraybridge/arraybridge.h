@@ -514,8 +514,9 @@ AB_API ab_status ab_peer_access(DLDevice from, DLDevice to, int *can);
 /** Writes into buf a description of the plan ab_convert_memory(src, target,
  * NULL, ...) would run: the devices, the byte count, and each step (views,
  * backend copies, host packs, uploads and downloads, with the memory they
- * stage in), one per line. Nothing is allocated on any device and no byte
- * of src is read. For users who want to know why a transfer is slow.
+ * stage in), one per line (a copy of no elements has no step: nothing
+ * moves). Nothing is allocated on any device and no byte of src is read.
+ * For users who want to know why a transfer is slow.
  *
  * buf/len: as snprintf: at most len bytes including the terminating NUL;
  * a longer text is cut. buf may be NULL only when len is 0: the call then
