@@ -614,14 +614,20 @@ Test(streaming, forced_blocked_gives_the_reference_bytes) {
   transposes_match();
   unaligned_destination_matches();
   memory_regime_matches();
-  for (size_t es = 1; es <= 16; es *= 2) cr_assert_eq(ab__host_transpose_mode(es), 2, "%zu-byte elements", es);
+#ifdef __x86_64__
+  const int blocked = 2;
+#else
+  const int blocked = 0; /* the plain tiles are all there is: the picks say so, as abtool info prints them */
+#endif
+  for (size_t es = 1; es <= 16; es *= 2)
+    cr_assert_eq(ab__host_transpose_mode(es), blocked, "%zu-byte elements", es);
   cr_assert_eq(ab__host_transpose_mode(12), 0, "12-byte elements have no streamed variant");
   /* forced: every kind of rows, from the cache or from memory */
   for (size_t es = 1; es <= 16; es *= 2)
     for (int kind = 0; kind < 4; kind++)
       for (size_t whole = 1 << 20; whole != 0 && whole <= TEST_HUGE_SIZE; whole <<= 11)
         for (size_t plane = whole >> 4; plane != 0 && plane <= whole; plane <<= 2)
-          cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), 2,
+          cr_assert_eq(ab__host_transpose_pick(es, kind & 1, kind & 2, whole, plane), blocked,
                        "%zu-byte elements, kind %d, %zu bytes in planes of %zu", es, kind, whole, plane);
   cr_assert_eq(ab__host_transpose_pick(12, true, true, (size_t)1 << 30, (size_t)1 << 30), 0);
 }

@@ -2375,7 +2375,11 @@ static void decide(int k, size_t es, int kind) {
   pthread_mutex_lock(&trial_lock); /* one thread measures; the others wait for its answer */
   if (!atomic_load_explicit(&tr_ready[k][kind], memory_order_relaxed)) {
     int pick[TR_PICKS];
+#ifdef HAVE_X86_KERNELS
     const int m = forced_mode();
+#else
+    const int m = TR_PLAIN; /* no streamed or blocked variant here, whatever AB_HOST_STREAMING says */
+#endif
     if (m >= 0) pick_all(pick, m);
     else probe_kind(es, kind, pick);
     for (int r = 0; r < TR_PICKS; r++) tr_pick[k][r][kind] = pick[r];
