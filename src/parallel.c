@@ -614,7 +614,7 @@ int64_t ab__parallel_band(const ab__host_job *w, int cut, int64_t t) {
    * casts). Up to a whole line, unless that leaves fewer bands than
    * threads where there were that many; down then. */
   const size_t os = out_size(w);
-  const int64_t per_line = os != 0 && 64 % os == 0 ? (int64_t)(64 / os) : 0;
+  const int64_t per_line = os != 0 && AB_CACHE_LINE % os == 0 ? (int64_t)(AB_CACHE_LINE / os) : 0;
   if (cut == w->ndim - 1 && per_line > 16 && band >= per_line) {
     const int64_t up = (band + per_line - 1) / per_line * per_line, had = (n + band - 1) / band;
     const int64_t floor_bands = had < t ? had : t;

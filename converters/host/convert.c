@@ -895,7 +895,6 @@ static void fast_run(const struct row_ctx *c, char *d, const char *s, int64_t n,
  * float32 -> float16 7.8-8.3 -> 8.5-9.4, float64 -> float32 the same
  * (bench/results/2026-11-27-cast-streaming.md). Which casts:
  * ab__host_cast_streams. */
-#define STREAM_LINE 64
 #define STREAM_ROW 256
 #define STREAM_BUF 8192
 
@@ -908,7 +907,7 @@ uint64_t ab__host_cast_streamed_calls(void) { return atomic_load_explicit(&strea
 
 static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
   const size_t os = c->out_size, is = c->in_size;
-  const size_t head = (size_t)(-(uintptr_t)d & (STREAM_LINE - 1)); /* bytes up to d's next line */
+  const size_t head = (size_t)(-(uintptr_t)d & (AB_CACHE_LINE - 1)); /* bytes up to d's next line */
   if (head % os != 0) { /* elements across lines (a result off its element alignment): ordinary stores */
     fast_run(c, d, s, n, a, b);
     return;
@@ -921,7 +920,7 @@ static void fast_streamed(const struct row_ctx *c, char *d, const char *s, int64
   while (k < n) {
     const int64_t m = n - k < per ? n - k : per;
     char *to = d + (size_t)k * os;
-    const size_t bytes = (size_t)m * os, lines = bytes & ~(size_t)(STREAM_LINE - 1);
+    const size_t bytes = (size_t)m * os, lines = bytes & ~(size_t)(AB_CACHE_LINE - 1);
     fast_run(c, buf, s + (size_t)k * is, m, a, b);
     ab__host_stream_lines(to, buf, lines);
     memcpy(to + lines, buf + lines, bytes - lines);
@@ -1067,7 +1066,7 @@ static bool u8_planes_f32(float *dst, int64_t dst0, const uint8_t *src, int32_t 
   /* Streaming stores only where they write whole lines: rows of whole
    * 16-pixel steps (no scalar tail sharing a line with the next row's
    * streamed head) in planes that start on lines; else ordinary ones. */
-  nt = nt && simd && W % 16 == 0 && (uintptr_t)dst % STREAM_LINE == 0 && plane % 16 == 0;
+  nt = nt && simd && W % 16 == 0 && (uintptr_t)dst % AB_CACHE_LINE == 0 && plane % 16 == 0;
   if (nt) *streamed = true;
 #else
   (void)nt;
@@ -1447,10 +1446,11 @@ static bool transposed_in_one_pass(const struct row_ctx *c, char *dst, int64_t d
   const int64_t tile = widen ? 64 : 32, is = (int64_t)c->in_size, os = (int64_t)c->out_size;
   const int32_t r = ndim - 2; /* the plane's dims: r (contiguous in the source), r + 1 */
   const int64_t na = shape[r], nb = shape[r + 1], sb = bst[r + 1];
-  if (bst[r] != is || na < tile || nb < tile || (dst0 != 0 && dst0 % 64 != 0) || (uintptr_t)dst % 64 != 0)
+  if (bst[r] != is || na < tile || nb < tile || (dst0 != 0 && dst0 % AB_CACHE_LINE != 0) ||
+      (uintptr_t)dst % AB_CACHE_LINE != 0)
     return false;
   const int64_t pitch = r == 0 && dst0 != 0 ? dst0 : nb * os, plane = na * nb * os;
-  if (pitch % 64 != 0) return false;
+  if (pitch % AB_CACHE_LINE != 0) return false;
   int64_t outer = 1, m1 = 1; /* planes; and indices of dims 1..r-1 */
   for (int32_t i = 0; i < r; i++) outer *= shape[i];
   for (int32_t i = 1; i < r; i++) m1 *= shape[i];

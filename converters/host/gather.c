@@ -132,8 +132,8 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
 #define TILE_A 64
 #define TILE_B 128
 
-/* A cache line's bytes. */
-#define LINE 64
+/* A cache line's bytes (gather.h), by the short name the kernels use. */
+#define LINE AB_CACHE_LINE
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>

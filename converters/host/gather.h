@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A cache line's bytes, as the kernels write them (whole lines, lines'
+ * alignment), on every CPU they run on. */
+#define AB_CACHE_LINE 64
+
 /* Copies the ndim-dimensional array at `src` into `dst` in row-major order.
  * shape[i] >= 0; byte_strides[i] is the distance in bytes between
  * neighbours along dim i (any sign, 0 for broadcast); elsize is the bytes
