@@ -135,7 +135,7 @@ static void visit_scatter(void *ctx, char *d, const char *s) {
 /* A cache line's bytes (gather.h), by the short name the kernels use. */
 #define LINE AB_CACHE_LINE
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef __x86_64__ /* the file is GNU C throughout (attributes, builtins) */
 #include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86_KERNELS 1
@@ -2211,7 +2211,7 @@ int ab__host_pick_variant(const double best[3], bool blocks, bool large) {
   return best[fast] * 1.1 <= best[TR_PLAIN] ? fast : TR_PLAIN;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef HAVE_X86_KERNELS
 /* Out of every cache: with clflushopt where the CPU has it, else clflush
  * (SSE2: every x86-64 CPU has it). clflush waits for each line before the
  * next: 16 MiB took 30 ms on the Intel Xeon (Cascade Lake) VM, which made
