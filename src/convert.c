@@ -105,20 +105,6 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
 /* A tensor in memory host code cannot address (an OpenCL buffer) must keep
  * its addressed bytes inside its buffer, which only the backend can see. */
 static ab_status check_range_in(const DLTensor *src, const char *what, const ab__layout *lay,
-                                const struct ab_backend *be, DLDevice dev);
-
-/* The backend's range check (its message says which bytes, not which
- * argument), its refusals prefixed with the argument it refused. */
-static ab_status check_handle_range(const DLTensor *src, const char *what, const ab__layout *lay,
-                                    const struct ab_backend *be, DLDevice dev) {
-  const ab_status st = check_range_in(src, what, lay, be, dev);
-  if (st != AB_ERR_INVALID_ARGUMENT || strncmp(ab_last_error(), what, strlen(what)) == 0) return st;
-  char saved[AB_ERRBUF_SIZE];
-  ab__save_error(saved);
-  return AB_FAIL(st, "%s: %s", what, saved);
-}
-
-static ab_status check_range_in(const DLTensor *src, const char *what, const ab__layout *lay,
                                 const struct ab_backend *be, DLDevice dev) {
   int64_t begin;
   if (lay->numel == 0) return AB_OK;
@@ -137,6 +123,17 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
                    what, src->byte_offset, lay->min_off);
   uint64_t end = src->byte_offset + (uint64_t)lay->max_off + lay->elsize;
   return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, end);
+}
+
+/* The backend's range check (its message says which bytes, not which
+ * argument), its refusals prefixed with the argument it refused. */
+static ab_status check_handle_range(const DLTensor *src, const char *what, const ab__layout *lay,
+                                    const struct ab_backend *be, DLDevice dev) {
+  const ab_status st = check_range_in(src, what, lay, be, dev);
+  if (st != AB_ERR_INVALID_ARGUMENT || strncmp(ab_last_error(), what, strlen(what)) == 0) return st;
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
+  return AB_FAIL(st, "%s: %s", what, saved);
 }
 
 /* The conversion opts ask for, checked against the source. */

@@ -14,6 +14,7 @@
  * the reference gives a NaN, any NaN is accepted. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <fenv.h>
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
@@ -2070,10 +2071,35 @@ Test(cast, opencl_strided_view_of_a_device_tensor_converts_on_the_way_to_the_hos
  * ab__half_to_double). AB_HOST_F16C=0 forces the portable loop; on a CPU
  * without F16C both runs are the portable loop. */
 
+/* float32 bits around every float16 value, from bits[n] on: each float16
+ * as float32 (rebiased), with random bits below its last one, and its
+ * halfway point to the next; and the halfway points between float16's
+ * subnormals (odd multiples of 2^-25) and their neighbours. Returns the
+ * new count (n + 3 * 65536 + 3 * 1024). */
+static int64_t f16_neighbourhoods(uint32_t *bits, int64_t n, test_rng *g) {
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    const uint32_t f = (h & 0x8000u) << 16 | (((h & 0x7fffu) << 13) + (112u << 23));
+    bits[n++] = f;
+    bits[n++] = f | 0x1000u;
+    bits[n++] = f | (uint32_t)(rng_next(g) & 0x1fffu);
+  }
+  for (int j = 0; j < 1024; j++) {
+    const float mid = (float)(2 * j + 1) * 0x1p-25f;
+    uint32_t b;
+    memcpy(&b, &mid, sizeof b);
+    bits[n++] = b;
+    bits[n++] = b + 1;
+    bits[n++] = b - 1;
+  }
+  return n;
+}
+
+/* One thread: the caller's rounding mode (the test below) is its own. */
 static void f32_bits_to_f16(const uint32_t *bits, int64_t n, uint16_t *out) {
   int64_t shape[1] = {n};
   DLTensor t = {(void *)bits, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 1;
   o.dtype = dt(kDLFloat, 16, 1);
   DLManagedTensorVersioned *r;
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
@@ -2090,7 +2116,7 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   /* every exponent with random mantissas and both signs, then any bits */
   for (uint32_t e = 0; e < 256; e++)
     for (int k = 0; k < 64; k++) bits[n++] = (uint32_t)(rng_next(&g) & 0x807fffffu) | e << 23;
-  for (uint32_t h = 0; h < 0x10000; h++) bits[n++] = h << 13 | (uint32_t)(rng_next(&g) & 0x1fffu); /* around every float16 */
+  n = f16_neighbourhoods(bits, n, &g);
   while (n < N) bits[n++] = (uint32_t)rng_next(&g);
   setenv("AB_HOST_F16C", "1", 1);
   ab__env_reload();
@@ -2133,6 +2159,40 @@ Test(cast, float16_from_float32_is_the_same_with_and_without_f16c) {
   free(bits);
   free(a);
   free(b);
+}
+
+/* The roundings to float16 are the library's (nearest, ties to even),
+ * whatever rounding mode the caller's thread is in: the portable loop
+ * rounds float16's subnormals through a float addition, which followed
+ * the mode at first (FE_UPWARD: float32 0x00000001 became 0x0001). */
+Test(cast, float16_results_ignore_the_callers_rounding_mode) {
+  enum { N = 3 * 65536 + 3 * 1024 + 4096 };
+  uint32_t *bits = malloc(N * sizeof *bits);
+  uint16_t *got = malloc(N * 2);
+  test_rng g = {0xfe};
+  int64_t n = f16_neighbourhoods(bits, 0, &g);
+  while (n < N) bits[n++] = (uint32_t)rng_next(&g) >> (rng_next(&g) & 7); /* small ones more often */
+  static const int modes[3] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+  for (int v = 0; v < 2; v++) {
+    setenv("AB_HOST_F16C", v ? "1" : "0", 1);
+    ab__env_reload();
+    for (int m = 0; m < 3; m++) {
+      cr_assert_eq(fesetround(modes[m]), 0);
+      f32_bits_to_f16(bits, n, got);
+      fesetround(FE_TONEAREST);
+      for (int64_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, &bits[i], sizeof f);
+        const uint16_t want = ab__half_from_float(f);
+        cr_assert_eq(got[i], want, "F16C %d, rounding mode %d: float32 0x%08x -> 0x%04x, want 0x%04x", v, m, bits[i],
+                     got[i], want);
+      }
+    }
+  }
+  unsetenv("AB_HOST_F16C");
+  ab__env_reload();
+  free(bits);
+  free(got);
 }
 
 /* Every float16 into float32 (widened alone) and into uint8 (x * 255 + 0.5,

@@ -218,7 +218,9 @@ struct row_ctx {
   size_t in_size;
   fast_row_fn fast; /* contiguous rows of this pair, or NULL */
   bool f16;         /* float16 on a side: fast is the float32 loop, run through fast_f16_row */
-  bool f16c;        /* ... which widens and narrows float16 through F16C (else fast_f16_row's bits) */
+  bool f16c;        /* ... which widens and narrows float16 through F16C (else the bits: f16_to_f32_bits), */
+  void (*widen16)(char *d, const char *s, int64_t n);  /* ... by these: n float16 at s as float32 at d */
+  void (*narrow16)(char *d, const char *s, int64_t n); /* and n float32 at s as float16 at d */
   bool stream;      /* the fast loops' rows go out with streaming stores (ab__host_cast_streams) */
   bool prefetch;    /* long rows run in prefetched pieces (fast_run; not into float16) */
   bool *streamed;   /* set where a row went out streamed (for ab__host_cast_streamed_calls) */
@@ -709,7 +711,8 @@ static inline float half_to_float(uint16_t h) {
 
 /* A float32 as float16 in one rounding to nearest even, NaNs quiet with
  * the top of their payload: ab__half_from_float's bits for all 2^32
- * inputs (checked exhaustively), without its branches. */
+ * inputs in every rounding mode, denormals flushed or not (checked
+ * exhaustively), without its branches. */
 static inline uint16_t float_to_half(float f) {
   uint32_t x;
   memcpy(&x, &f, sizeof x);
@@ -721,15 +724,19 @@ static inline uint16_t float_to_half(float f) {
    * are cut to infinity. (Below, it is not taken.) */
   int32_t normal = (int32_t)((uint32_t)a - (112u << 23) + 0xfffu + (uint32_t)(a >> 13 & 1)) >> 13;
   normal = normal < 0x7c00 ? normal : 0x7c00;
-  /* Below 2^-14: adding 0.5 rounds |f| to the 2^-24 steps of float16's
-   * subnormals in the FPU (ties to even), the sum's last bits the step
-   * count; a float32 subnormal (0 where denormals are flushed) gives 0. */
+  /* Below 2^-14: adding 0.5 rounds |f| to a neighbouring 2^-24 step of
+   * float16's subnormals, the sum's last bits the step count k, in
+   * whatever rounding mode the thread is in; exact comparisons with the
+   * midpoints to k's neighbours (r - 0.5 and r +- 2^-25 are exact in
+   * every mode) then make it nearest, ties to even, as the element loop
+   * rounds. A float32 subnormal gives 0, flushed to zero or not. */
   float af;
   memcpy(&af, &a, sizeof af);
-  const float t = af + 0.5f;
+  const float t = af + 0.5f, r = t - 0.5f, hi = r + 0x1p-25f, lo = r - 0x1p-25f;
   int32_t tb;
   memcpy(&tb, &t, sizeof tb);
-  const int32_t sub = tb - 0x3f000000;
+  const int32_t k = tb - 0x3f000000, odd = k & 1;
+  const int32_t sub = k + (int32_t)(af > hi || (af == hi && odd)) - (int32_t)(af < lo || (af == lo && odd));
   return (uint16_t)(sign | (a > 0x7f800000 ? nan : a < 0x38800000 ? sub : normal));
 }
 
@@ -777,36 +784,15 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_all(char *d, const ch
 }
 #endif
 
-static void f16_to_f32_block(char *d, const char *s, int64_t n, bool f16c) {
-#ifdef HAVE_X86
-  if (f16c) {
-    f16_to_f32_f16c(d, s, n);
-    return;
-  }
-#endif
-  (void)f16c;
-  f16_to_f32_bits(d, s, n);
-}
-static void f32_to_f16_block(char *d, const char *s, int64_t n, bool f16c) {
-#ifdef HAVE_X86
-  if (f16c) {
-    f32_to_f16_all(d, s, n);
-    return;
-  }
-#endif
-  (void)f16c;
-  f32_to_f16_bits(d, s, n);
-}
-
 /* n elements through c->fast, the loop with float32 in float16's place. */
 static void fast_f16_row(const struct row_ctx *c, char *d, const char *s, int64_t n, double a, double b) {
   const bool from_f16 = c->from == K_F16, to_f16 = c->to == K_F16;
   if (to_f16 && c->from == K_F32 && !c->affine) { /* float32 itself */
-    f32_to_f16_block(d, s, n, c->f16c);
+    c->narrow16(d, s, n);
     return;
   }
   if (from_f16 && c->to == K_F32 && !c->affine) { /* into float32 itself: the loop would only copy */
-    f16_to_f32_block(d, s, n, c->f16c);
+    c->widen16(d, s, n);
     return;
   }
   _Alignas(64) float in[F16_BLOCK], out[F16_BLOCK];
@@ -814,11 +800,11 @@ static void fast_f16_row(const struct row_ctx *c, char *d, const char *s, int64_
     const int64_t m = n - i < F16_BLOCK ? n - i : F16_BLOCK;
     const char *x = s + (size_t)i * c->in_size;
     if (from_f16) {
-      f16_to_f32_block((char *)in, x, m, c->f16c);
+      c->widen16((char *)in, x, m);
       x = (const char *)in;
     }
     c->fast(to_f16 ? (char *)out : d + (size_t)i * c->out_size, x, m, c->path, c->affine, a, b);
-    if (to_f16) f32_to_f16_block(d + (size_t)i * 2, (const char *)out, m, c->f16c);
+    if (to_f16) c->narrow16(d + (size_t)i * 2, (const char *)out, m);
   }
 }
 
@@ -1548,6 +1534,14 @@ static void convert_impl(void *dst, int64_t dst0, const void *src, int32_t ndim,
   c.in_size = ab__elsize(op->from);
   c.f16 = c.from == K_F16 || c.to == K_F16;
   c.f16c = c.f16 && ab__host_f16c();
+  c.widen16 = f16_to_f32_bits;
+  c.narrow16 = f32_to_f16_bits;
+#ifdef HAVE_X86
+  if (c.f16c) {
+    c.widen16 = f16_to_f32_f16c;
+    c.narrow16 = f32_to_f16_all;
+  }
+#endif
   c.fast = fast_row(c.from, c.to, c.f16c);
   c.stream = stream;
   c.prefetch = c.to != K_F16 && cast_prefetch();
