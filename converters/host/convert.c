@@ -700,13 +700,8 @@ static inline float half_to_float(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h & 0x7c00u, m = h & 0x3ffu;
   const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23); /* exponent rebiased 15 -> 127 */
   const uint32_t special = m != 0 ? 0x7fc00000u : 0x7f800000u;
-  const float sub = (float)(int32_t)m * 0x1p-24f; /* a subnormal (or zero): exact, and normal in float32 */
-  uint32_t subnormal;
-  memcpy(&subnormal, &sub, sizeof subnormal);
-  const uint32_t b = sign | (e == 0x7c00u ? special : e == 0 ? subnormal : normal);
-  float f;
-  memcpy(&f, &b, sizeof f);
-  return f;
+  const uint32_t subnormal = fast_bits((float)(int32_t)m * 0x1p-24f); /* (or zero): exact, and normal in float32 */
+  return fast_float(sign | (e == 0x7c00u ? special : e == 0 ? subnormal : normal));
 }
 
 /* A float32 as float16 in one rounding to nearest even, NaNs quiet with
@@ -714,8 +709,7 @@ static inline float half_to_float(uint16_t h) {
  * inputs in every rounding mode, denormals flushed or not (checked
  * exhaustively), without its branches. */
 static inline uint16_t float_to_half(float f) {
-  uint32_t x;
-  memcpy(&x, &f, sizeof x);
+  const uint32_t x = fast_bits(f);
   /* Signed from here (|f|'s bits fit): SSE2 compares no unsigned lanes. */
   const int32_t sign = (int32_t)(x >> 16 & 0x8000u), a = (int32_t)(x & 0x7fffffffu);
   const int32_t nan = 0x7e00 | (a >> 13 & 0x3ff);
@@ -730,12 +724,8 @@ static inline uint16_t float_to_half(float f) {
    * midpoints to k's neighbours (r - 0.5 and r +- 2^-25 are exact in
    * every mode) then make it nearest, ties to even, as the element loop
    * rounds. A float32 subnormal gives 0, flushed to zero or not. */
-  float af;
-  memcpy(&af, &a, sizeof af);
-  const float t = af + 0.5f, r = t - 0.5f, hi = r + 0x1p-25f, lo = r - 0x1p-25f;
-  int32_t tb;
-  memcpy(&tb, &t, sizeof tb);
-  const int32_t k = tb - 0x3f000000, odd = k & 1;
+  const float af = fast_float((uint32_t)a), t = af + 0.5f, r = t - 0.5f, hi = r + 0x1p-25f, lo = r - 0x1p-25f;
+  const int32_t k = (int32_t)fast_bits(t) - 0x3f000000, odd = k & 1;
   const int32_t sub = k + (int32_t)(af > hi || (af == hi && odd)) - (int32_t)(af < lo || (af == lo && odd));
   return (uint16_t)(sign | (a > 0x7f800000 ? nan : a < 0x38800000 ? sub : normal));
 }
