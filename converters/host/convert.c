@@ -718,15 +718,15 @@ static inline uint16_t float_to_half(float f) {
    * are cut to infinity. (Below, it is not taken.) */
   int32_t normal = (int32_t)((uint32_t)a - (112u << 23) + 0xfffu + (uint32_t)(a >> 13 & 1)) >> 13;
   normal = normal < 0x7c00 ? normal : 0x7c00;
-  /* Below 2^-14: adding 0.5 rounds |f| to a neighbouring 2^-24 step of
-   * float16's subnormals, the sum's last bits the step count k, in
-   * whatever rounding mode the thread is in; exact comparisons with the
-   * midpoints to k's neighbours (r - 0.5 and r +- 2^-25 are exact in
-   * every mode) then make it nearest, ties to even, as the element loop
-   * rounds. A float32 subnormal gives 0, flushed to zero or not. */
-  const float af = fast_float((uint32_t)a), t = af + 0.5f, r = t - 0.5f, hi = r + 0x1p-25f, lo = r - 0x1p-25f;
-  const int32_t k = (int32_t)fast_bits(t) - 0x3f000000, odd = k & 1;
-  const int32_t sub = k + (int32_t)(af > hi || (af == hi && odd)) - (int32_t)(af < lo || (af == lo && odd));
+  /* Below 2^-14: |f| in float16's subnormal steps of 2^-24, x = |f| * 2^24
+   * (exact), cut to its whole steps q (C's conversion truncates whatever
+   * the rounding mode) and rounded by the rest (exact too) to nearest,
+   * ties to even, as the element loop rounds, in every rounding mode. A
+   * float32 subnormal gives 0, flushed to zero or not. */
+  const float x24 = fast_float((uint32_t)a) * 0x1p24f;
+  const int32_t q = (int32_t)(x24 < 2048.0f ? x24 : 0.0f); /* (larger ones are not taken: no overflow) */
+  const float rest = x24 - (float)q;
+  const int32_t sub = q + (int32_t)(rest > 0.5f || (rest == 0.5f && (q & 1)));
   return (uint16_t)(sign | (a > 0x7f800000 ? nan : a < 0x38800000 ? sub : normal));
 }
 
