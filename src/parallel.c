@@ -316,9 +316,6 @@ static struct job *open_job(void) {
 
 static void *worker_main(void *unused) {
   (void)unused;
-#ifdef __GLIBC__
-  pthread_setname_np(pthread_self(), "arraybridge"); /* as top, gdb and /proc name it */
-#endif
   pthread_mutex_lock(&lock);
   for (;;) {
     struct job *j = NULL;
@@ -394,7 +391,14 @@ static void start_workers(int want) {
     else pthread_attr_destroy(&attr);
   }
 #endif
-  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, NULL) == 0) nworkers++;
+  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, NULL) == 0) {
+#ifdef __GLIBC__
+    /* as top, gdb and /proc name it; by its creator, so that it has its name
+     * when the call that started it returns (it may not have run yet) */
+    pthread_setname_np(workers[nworkers], "arraybridge");
+#endif
+    nworkers++;
+  }
   if (ap != NULL) pthread_attr_destroy(ap);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
