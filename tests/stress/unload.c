@@ -16,6 +16,8 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,10 +149,18 @@ int main(int argc, char **argv) {
   set_stage(2);
   pthread_join(th, NULL);
   check(1, "the thread exited after dlclose");
+  /* A joined thread may still be listed for a moment: pthread_join returns
+   * when the kernel clears its id, before the task is gone from /proc (seen
+   * under qemu-user on armhf). Up to 2 s for them to go. */
   long now[MAX_TIDS];
-  const int nnow = threads(now);
   int left = 0;
-  for (int i = 0; i < nstarted; i++) left += has(now, nnow, started[i]);
+  for (int tries = 0; tries < 200; tries++) {
+    const int nnow = threads(now);
+    left = 0;
+    for (int i = 0; i < nstarted; i++) left += has(now, nnow, started[i]);
+    if (left == 0) break;
+    nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+  }
   if (left > 0) fprintf(stderr, "unload: %d of the %d threads the transpose started outlived dlclose\n", left, nstarted);
   check(left == 0, "the library's worker threads outlived dlclose");
   printf("%d passed, %d failed\n", passes, failures);
