@@ -104,8 +104,13 @@ class BuildWithLibrary(build_ext):
             shutil.rmtree(os.path.join(build, "CMakeFiles"), ignore_errors=True)
         cfg = ["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DAB_BUILD_TESTS=OFF",
                "-DAB_BUILD_BENCH=OFF", "-DAB_BUILD_EXAMPLES=OFF", "-DAB_BUILD_TOOLS=OFF"]
+        # The DLPack header: $AB_DLPACK_INCLUDE_DIR's where it is set (the
+        # messages above and CMake's name it), else an sdist's own; else
+        # CMake looks in $AB_DEPS_DIR (or .deps) and the system.
         bundled = os.path.join(source, "third_party")
-        if source == CSRC and os.path.exists(os.path.join(bundled, "dlpack", "dlpack.h")):
+        if os.environ.get("AB_DLPACK_INCLUDE_DIR"):
+            cfg += ["-DAB_DLPACK_INCLUDE_DIR=" + os.environ["AB_DLPACK_INCLUDE_DIR"]]
+        elif source == CSRC and os.path.exists(os.path.join(bundled, "dlpack", "dlpack.h")):
             cfg += ["-DAB_DLPACK_INCLUDE_DIR=" + bundled]
         sim = os.environ.get("AB_PY_SIMCUDA") == "1"
         if sim:

@@ -51,3 +51,26 @@ def test_a_wheel_built_from_the_sdist_alone_converts(tmp_path):
     )
     r = run([sys.executable, "-c", check], env=dict(os.environ, PYTHONPATH=str(target)), cwd=str(tmp_path))
     assert r.stdout.strip() == "ok"
+
+
+def test_a_build_from_the_repository_hands_cmake_the_header_ab_dlpack_include_dir_names(tmp_path):
+    """setup.py's messages say to set AB_DLPACK_INCLUDE_DIR, but a build
+    from the repository never passed it on (only an sdist's own header),
+    so CMake failed where .deps/ and the system had none. A stand-in cmake
+    on PATH records what it is asked to configure with."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    argv_file = tmp_path / "cmake-args"
+    fake = bin_dir / "cmake"
+    fake.write_text('#!/bin/sh\nprintf "%%s\\n" "$@" > %s\nexit 3\n' % argv_file)
+    fake.chmod(0o755)
+    include = tmp_path / "my include"
+    env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]), AB_DLPACK_INCLUDE_DIR=str(include),
+               AB_PY_BUILD_DIR=str(tmp_path / "cbuild"))
+    env.pop("AB_PY_SIMCUDA", None)
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-b", str(tmp_path / "out"), "-t", str(tmp_path / "tmp")], cwd=PYTHON_DIR,
+                       env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "building the C library with CMake failed" in r.stderr, r.stderr[-2000:]
+    args = argv_file.read_text().splitlines()
+    assert args[:2] == ["-S", os.path.dirname(PYTHON_DIR)], args
+    assert "-DAB_DLPACK_INCLUDE_DIR=%s" % include in args, args
