@@ -100,12 +100,14 @@ static int device_from_object(PyObject *o, DLDevice *out) {
     if (refuse_bool(PyTuple_GET_ITEM(o, 0), "a device tuple's type must be an int") < 0 ||
         refuse_bool(PyTuple_GET_ITEM(o, 1), "a device tuple's id must be an int") < 0)
       return -1;
-    long type = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
+    int type_over, id_over; /* beyond a long: out of range, as any value past int32 */
+    long type = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(o, 0), &type_over);
     if (type == -1 && PyErr_Occurred()) return -1;
-    long id = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+    long id = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(o, 1), &id_over);
     if (id == -1 && PyErr_Occurred()) return -1;
-    if (type < 0 || type > INT32_MAX || id < INT32_MIN || id > INT32_MAX) {
-      PyErr_Format(PyExc_ValueError, "device (%ld, %ld) is out of range", type, id);
+    if (type_over || id_over || type < 0 || type > INT32_MAX || id < INT32_MIN || id > INT32_MAX) {
+      PyErr_Format(PyExc_ValueError, "device (%S, %S) is out of range", PyTuple_GET_ITEM(o, 0),
+                   PyTuple_GET_ITEM(o, 1));
       return -1;
     }
     out->device_type = (DLDeviceType)type;
@@ -193,8 +195,8 @@ static PyObject *raise_and_release(ab_status st, DLManagedTensorVersioned *m) {
 static PyObject *tensor_new_owning(DLManagedTensorVersioned *mt, DLManagedTensorVersioned *base) {
   TensorObject *t = PyObject_New(TensorObject, &TensorType);
   if (t == NULL) {
-    release(mt);
-    release(base);
+    release_keeping_error(mt);
+    release_keeping_error(base);
     return NULL;
   }
   t->mt = mt;
@@ -364,7 +366,15 @@ static PyObject *tensor_cai(TensorObject *self, void *closure) {
       return NULL;
     }
     const int64_t es = (int64_t)(t->dtype.bits / 8u);
-    for (int32_t i = 0; i < t->ndim; i++) PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t->strides[i] * es));
+    for (int32_t i = 0; i < t->ndim; i++) {
+      PyObject *v = PyLong_FromLongLong(t->strides[i] * es);
+      if (v == NULL) {
+        Py_DECREF(strides);
+        Py_DECREF(shape);
+        return NULL;
+      }
+      PyTuple_SET_ITEM(strides, i, v);
+    }
   }
   const int readonly = (self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
   return Py_BuildValue("{s:N,s:s,s:(KO),s:i,s:N,s:O}", "shape", shape, "typestr", ts, "data",
@@ -2346,6 +2356,10 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   }
   /* CUDA Array Interface v3: "0 is disallowed due to its ambiguity" (the
    * legacy or the per-thread default stream); 1 and 2 name them. */
+  if (stream != NULL && stream != Py_None && (!PyLong_Check(stream) || PyBool_Check(stream))) {
+    PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ stream must be None or an integer");
+    goto done;
+  }
   if (stream != NULL && PyLong_Check(stream)) {
     int overflow;
     const long long sv = PyLong_AsLongLongAndOverflow(stream, &overflow);

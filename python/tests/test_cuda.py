@@ -279,6 +279,10 @@ def test_cuda_tensors_describe_themselves_with_the_cuda_array_interface():
         ab._arraybridge._from_cuda_array_interface(Producer(0), n_cuda() - 1)
     v = ab._arraybridge._from_cuda_array_interface(Producer(1), n_cuda() - 1)
     np.testing.assert_array_equal(host(v), a)
+    # a stream is an integer or None, as __dlpack__'s: True is not stream 1
+    for junk in (True, "1", 1.0):
+        with pytest.raises(TypeError, match="stream must be None or an integer"):
+            ab._arraybridge._from_cuda_array_interface(Producer(junk), n_cuda() - 1)
 
 
 def test_dask_cuda_family_sends_the_device_memory_itself():

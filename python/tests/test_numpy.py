@@ -1378,6 +1378,31 @@ def test_bools_are_no_axes_dimensions_or_device_numbers():
     assert ab.to_device(a, (KDLCPU, 0), permute=(np.int64(1), 0)).shape == (3, 2)  # integers still are
 
 
+def test_device_tuples_beyond_a_long_are_out_of_range_like_any_other():
+    """(1, 2**70) raised OverflowError ("too large to convert to C long")
+    where (1, 2**40) raised ValueError."""
+    a = np.zeros(3, np.float32)
+    t = ab.to_device(a, "cpu")
+
+    class Device:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def __dlpack_device__(self):
+            return self.dev
+
+        def __dlpack__(self, **kw):
+            return a.__dlpack__(**kw)
+
+    for dev in ((KDLCPU, 2**70), (KDLCPU, -(2**70)), (2**70, 0), (KDLCPU, 2**40)):
+        with pytest.raises(ValueError, match=r"device \(%d, %d\) is out of range" % dev):
+            ab.to_device(a, dev)
+        with pytest.raises(ValueError, match="out of range"):
+            t.__dlpack__(dl_device=dev)
+    with pytest.raises(ValueError, match="out of range"):
+        ab.from_dlpack(Device((2**70, 0)))
+
+
 def test_an_error_raised_while_a_sequence_is_read_keeps_its_words():
     """A TypeError from a sequence's own item access was replaced by
     'permute must be a sequence', which it is."""
