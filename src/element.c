@@ -69,10 +69,12 @@ ab_status ab_parse_dtype(const char *name, DLDataType *out) {
       return AB_OK;
     }
   }
+  char q[48]; /* printable ASCII only: the text may be cut anywhere, and Python decodes it */
+  ab__quote(name, q, sizeof q);
   return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                 "unknown dtype \"%.40s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128, "
+                 "unknown dtype \"%s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128, "
                  "float8_e4m3fn and DLPack's other float8/6/4 formats)",
-                 name);
+                 q);
 }
 
 int ab__merge_dims(int32_t ndim, const int64_t *shape, const int64_t *strides, int64_t *out_shape,

@@ -236,3 +236,19 @@ Test(dtypes, names_round_trip_and_unknown_ones_are_refused_with_the_list) {
   cr_assert_eq(ab_parse_dtype(NULL, &keep), AB_ERR_INVALID_ARGUMENT);
   cr_assert_eq(ab_parse_dtype("int8", NULL), AB_ERR_INVALID_ARGUMENT);
 }
+
+/* The name went into the message as "%.40s": cut inside a UTF-8
+ * character (39 bytes, then a two-byte one) and with control characters
+ * as they came, which Python's strict decoding of the message turned
+ * into a UnicodeDecodeError instead of the ValueError. */
+Test(dtypes, an_unknown_name_is_quoted_in_printable_ascii) {
+  const char *names[] = {"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\xc3\xa9", "int8\n\x1b[31m", "\xff\xfe"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    DLDataType d;
+    cr_assert_eq(ab_parse_dtype(names[i], &d), AB_ERR_INVALID_ARGUMENT);
+    const char *msg = ab_last_error();
+    cr_assert(strncmp(msg, "unknown dtype \"", 15) == 0, "%s", msg);
+    for (const char *c = msg; *c != '\0'; c++)
+      cr_assert(*c >= 0x20 && *c < 0x7f, "name %zu: byte 0x%02x at %td of the message", i, (unsigned char)*c, c - msg);
+  }
+}

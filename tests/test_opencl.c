@@ -44,6 +44,31 @@ Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
   cr_assert_not_null(strstr(ab_last_error(), "OpenCL platform"), "message: %s", ab_last_error());
 }
 
+/* AB_OPENCL_DEVICE_TYPE went into the message raw and whole: a newline and
+ * 500 two-byte characters there left the message cut inside a character
+ * and short of what it explains. Needs no device: the value is refused
+ * before any driver is asked. */
+Test(opencl, a_bad_device_type_is_named_short_and_printable) {
+  static char v[1200] = "gpux\n";
+  for (int i = 0; i < 500; i++) strcat(v, "\xc3\xa9");
+  setenv("AB_OPENCL_DEVICE_TYPE", v, 1);
+  ab_shutdown(); /* read again at the next start */
+  cr_assert_eq(ab_device_count(kDLOpenCL), 0);
+  float f[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {f, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CL(0), NULL, &r), AB_ERR_NO_DEVICE);
+  cr_assert_eq(r, SENTINEL_OUT);
+  const char *msg = ab_last_error();
+  cr_assert_not_null(strstr(msg, "AB_OPENCL_DEVICE_TYPE=\"gpux?"), "%s", msg);
+  cr_assert_not_null(strstr(msg, "is not one of all, gpu, cpu, accelerator"), "%s", msg);
+  for (const char *c = msg; *c != '\0'; c++)
+    cr_assert(*c >= 0x20 && *c < 0x7f, "byte 0x%02x at %td of: %s", (unsigned char)*c, c - msg, msg);
+  unsetenv("AB_OPENCL_DEVICE_TYPE");
+  ab_shutdown();
+}
+
 /* Python's multiprocessing forks by default on Linux. A child forked after
  * OpenCL started has none of the driver's threads (PoCL's workers), and
  * the first OpenCL call there waited for them for ever: OpenCL is refused
