@@ -408,7 +408,7 @@ DLDevice ab_best_device(void) {
   if (env != NULL) {
     /* a device tensors may live on: not the library's own staging memory */
     if (ab_parse_device(env, &want) == AB_OK &&
-        ab__check_tensor_device(want, "AB_DEFAULT_DEVICE", true, &want, NULL) == AB_OK) {
+        ab__check_tensor_device(want, "device", true, &want, NULL) == AB_OK) {
       ab__restore_error(saved);
       return want;
     }

@@ -154,7 +154,7 @@ static int dtype_from_object(PyObject *o, DLDataType *out) {
     return -1;
   }
   const ab_status st = ab_parse_dtype(name, out);
-  if (st != AB_OK) PyErr_SetString(PyExc_ValueError, ab_last_error());
+  if (st != AB_OK) PyErr_Format(PyExc_ValueError, "%s", ab_last_error()); /* %s: undecodable bytes replaced */
   Py_DECREF(s);
   return st == AB_OK ? 0 : -1;
 }
@@ -1941,7 +1941,7 @@ static int gpu_id_arg(PyObject *gpu_id, DLDevice *target) {
     id = LONG_MAX; /* out of range: the message below */
   }
   if (id < AB_DEVICE_AUTO || id > INT32_MAX) {
-    PyErr_Format(PyExc_ValueError, "gpu_id %S is out of range (>= 0, or -1 for the device with most free memory)",
+    PyErr_Format(PyExc_ValueError, "gpu_id %S is out of range (0 to 2147483647, or -1 for the device with most free memory)",
                  gpu_id);
     return -1;
   }
