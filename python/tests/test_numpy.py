@@ -759,6 +759,18 @@ def test_gpu_id_must_be_an_int_in_range():
     assert ab.to_device(np.arange(3), "cpu", gpu_id=np.int64(0)).device == "cpu:0"
 
 
+def test_an_unknown_dtype_name_cut_inside_a_character_is_still_a_value_error():
+    # The library's message cut the name at 40 bytes, inside the 'é':
+    # Python's strict decoding raised UnicodeDecodeError instead.
+    for name in ("x" * 39 + "\u00e9", "\u00e9" * 30, "int8\n\x1b[31m"):
+        with pytest.raises(ValueError, match="unknown dtype"):
+            ab.empty((2,), name, "cpu")
+        with pytest.raises(ValueError, match="unknown dtype"):
+            ab.to_device(np.arange(3), "cpu", dtype=name)
+    with pytest.raises(ValueError, match=r"gpu_id 2147483648 is out of range \(0 to 2147483647, or -1"):
+        ab.to_device(np.arange(3), "cpu", gpu_id=2**31)
+
+
 def test_text_with_a_nul_character_is_refused_not_cut_short():
     # The C parsers would stop at the NUL: "cpu\0:7" read as "cpu".
     for bad in ("cpu\0:7", "opencl:1\0garbage", "opencl\0:1"):
