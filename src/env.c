@@ -1,8 +1,13 @@
 /* The AB_* environment variables, read the same way everywhere: unset and
  * empty are alike, sizes take the suffixes of ab__parse_size, and a
  * malformed value is logged once per read in one form ("NAME=\"value\"
- * ignored: want ...; using ...") and replaced by the default, never a
- * failure. Users cache what they read against ab__env_generation(), so
+ * ignored: want ...; using ...", the value cut at 40 characters and made
+ * printable by ab__quote) and replaced by the default, never a failure.
+ * Exceptions, each documented where the variable is: a malformed
+ * AB_MEMORY_LIMIT fails every allocation (pools.md), a malformed
+ * AB_OPENCL_DEVICE_TYPE leaves no OpenCL device (guide.md), AB_LOG_LEVEL
+ * is read by log.c (its message has its own words), and the Python
+ * module reads AB_UNPICKLE_MISSING_DEVICE itself. Users cache what they read against ab__env_generation(), so
  * that one call, ab__env_reload() (the tests'), makes every one of them
  * read its variables again on next use. */
 #include <stdatomic.h>
@@ -35,7 +40,9 @@ int ab__env_choice(const char *name, const struct ab__env_choice *choices, int d
       dname = c->name;
       break;
     }
-  AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %s; using %s", name, v, want, dname);
+  char q[48];
+  ab__quote(v, q, sizeof q);
+  AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %s; using %s", name, q, want, dname);
   return dflt;
 }
 
@@ -44,11 +51,13 @@ uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi,
   uint64_t x;
   if (v == NULL) return dflt;
   if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
+    char q[48];
+    ab__quote(v, q, sizeof q);
     if (dflt < lo) /* a default outside the range: the caller's own choice */
       AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using the default",
-             name, v, (unsigned long long)lo, (unsigned long long)hi, example);
+             name, q, (unsigned long long)lo, (unsigned long long)hi, example);
     else
-      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, v,
+      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, q,
              (unsigned long long)lo, (unsigned long long)hi, example, (unsigned long long)dflt);
     return dflt;
   }
@@ -64,7 +73,9 @@ long ab__env_int(const char *name, long dflt, long lo, long hi) {
   const bool digits = (v[0] >= '0' && v[0] <= '9') || (lo < 0 && v[0] == '-' && v[1] >= '0' && v[1] <= '9');
   long x = strtol(v, &end, 10);
   if (!digits || *end != '\0' || x < lo || x > hi) {
-    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, v, lo, hi, dflt);
+    char q[48];
+    ab__quote(v, q, sizeof q);
+    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, q, lo, hi, dflt);
     return dflt;
   }
   return x;

@@ -81,6 +81,25 @@ Test(env, a_malformed_value_gives_the_default_and_one_line_a_generation, .init =
   cr_assert_stderr_eq_str("arraybridge error: " NAME "=\"bogus\" ignored: want a test word; using auto\n");
 }
 
+/* The value went into the line raw: a newline or a terminal's escape
+ * codes in it were written to the caller's stderr as they were. */
+Test(env, a_malformed_value_is_logged_cut_and_printable, .init = cr_redirect_stderr) {
+  static ab__env_cache c;
+  cr_assert_eq(setenv(NAME, "bo\ngus\x1b[2J 0123456789012345678901234567890123456789", 1), 0);
+  ab__env_reload();
+  cr_assert_eq(read_choice(&c), -1);
+  cr_assert_eq(setenv(NAME, "\t7", 1), 0);
+  ab__env_reload();
+  cr_assert_eq(ab__env_int(NAME, 3, 0, 9), 3);
+  cr_assert_eq(ab__env_size(NAME, 8, 1, 64, "8KiB"), 8);
+  fflush(stderr);
+  cr_assert_stderr_eq_str("arraybridge error: " NAME "=\"bo?gus?[2J 01234567890123456789012345678...\" ignored: want a "
+                          "test word; using auto\n"
+                          "arraybridge error: " NAME "=\"?7\" ignored: want 0..9; using 3\n"
+                          "arraybridge error: " NAME "=\"?7\" ignored: want a size from 1 to 64 bytes (e.g. 8KiB); "
+                          "using 8\n");
+}
+
 Test(env, a_switch_reads_on_off_and_its_default) {
   static ab__env_cache c;
   const struct {
