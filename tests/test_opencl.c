@@ -1432,6 +1432,42 @@ static bool converted_by_one_kernel(DLDataType from, DLDataType to) {
   return strstr(plan, "1. convert on opencl:0:") != NULL && strstr(plan, "2. ") == NULL;
 }
 
+/* Launches go in pieces of at most 2^30 work items, each at its global
+ * offset (some drivers fail or misnumber past 2^31 and 2^32 items). Test
+ * builds cut them at AB_TEST_OPENCL_MAX_ITEMS: 8 items a launch, so 35
+ * elements take five, the last of 3, and a piece that ignored its offset
+ * would leave elements 8.. wrong. */
+Test(opencl, launches_cut_into_pieces_give_the_same_bytes) {
+  setenv("AB_TEST_OPENCL_MAX_ITEMS", "8", 1);
+  need_devices(1);
+  const DLDataType pairs[][2] = {
+      {{kDLUInt, 8, 1}, {kDLFloat, 32, 1}},  /* the float32 kernels */
+      {{kDLInt, 32, 1}, {kDLInt, 64, 1}},    /* ab_convert_int */
+      {{kDLInt, 64, 1}, {kDLFloat, 32, 1}},  /* ab_convert_wide */
+      {{kDLFloat, 32, 1}, {kDLUInt, 8, 1}},  /* narrowing (where the device has doubles) */
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+    if (i < 3 || device_has_fp64(0))
+      cr_assert(converted_by_one_kernel(pairs[i][0], pairs[i][1]), "pair %zu went elsewhere", i);
+  /* a strided gather within the device */
+  float v[12 * 10];
+  for (int i = 0; i < 120; i++) v[i] = (float)i * 0.5f;
+  int64_t flat[1] = {120}, shape[2] = {10, 6}, strides[2] = {1, 20};
+  DLTensor whole = {v, CPU0, 1, dt(kDLFloat, 32, 1), flat, NULL, 0};
+  DLManagedTensorVersioned *dev = convert_ok(&whole, CL(0), AB_COPY_ALWAYS, NULL);
+  DLTensor t = {dev->dl_tensor.data, CL(0), 2, dt(kDLFloat, 32, 1), shape, strides, 4};
+  DLManagedTensorVersioned *g = convert_ok(&t, CL(0), AB_COPY_ALWAYS, NULL);
+  DLManagedTensorVersioned *back = convert_ok(&g->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  for (int a = 0; a < 10; a++)
+    for (int b = 0; b < 6; b++)
+      cr_assert_eq(((float *)back->dl_tensor.data)[a * 6 + b], v[1 + a + 20 * b], "element (%d, %d)", a, b);
+  back->deleter(back);
+  g->deleter(g);
+  dev->deleter(dev);
+  unsetenv("AB_TEST_OPENCL_MAX_ITEMS");
+  assert_pool_clean(CL(0));
+}
+
 Test(opencl, a_compiler_refusing_the_generic_kernels_keeps_the_per_pair_ones) {
   /* convert.cl built as by a compiler that fails on ab_convert_int and
    * ab_convert_wide: built again without them, the per-pair kernels run

@@ -167,6 +167,28 @@ static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem 
  * another device's queue would not be ordered after it. If the start
  * fails the work is waited for all the same: the caller is about to give
  * the buffers back. */
+/* One work item per element, in launches of at most MAX_ITEMS items:
+ * past 2^31 and 2^32 items some drivers refuse a launch (AMD's:
+ * CL_INVALID_GLOBAL_WORK_SIZE) or are reported to repeat or skip ids
+ * (NVIDIA's), and PoCL, the only driver these kernels have run on, shows
+ * neither. Each piece starts at its global offset: the kernels take
+ * get_global_id (the offset included) as the element and stop at n. */
+#define MAX_ITEMS ((cl_ulong)1 << 30)
+static cl_int enqueue_items(cl_command_queue q, cl_kernel k, cl_ulong n) {
+  cl_ulong most = MAX_ITEMS;
+#ifdef AB_FAULT_INJECTION
+  /* test_opencl cuts small launches into pieces: test builds only */
+  const char *test_most = ab__env_str("AB_TEST_OPENCL_MAX_ITEMS");
+  if (test_most != NULL && strtoull(test_most, NULL, 10) > 0) most = strtoull(test_most, NULL, 10);
+#endif
+  cl_int e = CL_SUCCESS;
+  for (cl_ulong at = 0; at < n && e == CL_SUCCESS; at += most) {
+    const size_t offset = (size_t)at, global = (size_t)(n - at < most ? n - at : most);
+    e = clEnqueueNDRangeKernel(q, k, 1, &offset, &global, NULL, 0, NULL, NULL);
+  }
+  return e;
+}
+
 static cl_int done_or_started(cl_command_queue q, void *stream, bool async) {
   if (!async || stream == NULL || q != (cl_command_queue)stream) return clFinish(q);
   cl_int e = clFlush(q);
@@ -183,7 +205,6 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
   cl_ulong src_off = kl.offset, dst_off = to->byte_offset / w, n = kl.count;
   cl_int ndim = kl.n;
   cl_mem src = (cl_mem)from->data, dst = (cl_mem)to->data;
-  size_t global = (size_t)n; /* the driver picks the work-group size */
   cl_int e;
   /* Arguments are captured at enqueue: the lock keeps two threads from
    * interleaving their clSetKernelArg calls on the shared kernel. */
@@ -194,7 +215,7 @@ static ab_status gather(int32_t id, const DLTensor *from, DLTensor *to, cl_comma
   }
   cl_kernel k = p->kernel[kl.k];
   e = set_layout_args(k, src, src_off, dst, dst_off, ndim, &kl.shape, &kl.stride, n);
-  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+  if (e == CL_SUCCESS) e = enqueue_items(q, k, n);
   pthread_mutex_unlock(&ab__cl_lock);
   if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
   return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, id, "the gather kernel");
@@ -442,7 +463,6 @@ ab_status ab__cl_convert(int32_t id, const void *src, uint64_t src_offset, void 
   if (n == 0) return AB_OK;
   cl_mem s = (cl_mem)src, d = (cl_mem)dst;
   cl_int ndim = kc.n, mode = kc.mode, chan = kc.chan;
-  size_t global = (size_t)n;
   struct platform *p = &ab__cl_platforms[ab__cl_devices[id].platform];
   cl_int e;
   /* As for the gathers: the lock keeps two threads' arguments apart. */
@@ -465,7 +485,7 @@ ab_status ab__cl_convert(int32_t id, const void *src, uint64_t src_offset, void 
     if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof kc.from, &kc.from);
     if (e == CL_SUCCESS) e = clSetKernelArg(k, next++, sizeof kc.to, &kc.to);
   }
-  if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL);
+  if (e == CL_SUCCESS) e = enqueue_items(q, k, n);
   pthread_mutex_unlock(&ab__cl_lock);
   if (e == CL_SUCCESS) e = done_or_started(q, stream, async);
   return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, id, "the conversion kernel");
