@@ -4,6 +4,7 @@
  * OCL_ICD_VENDORS directory checks that absence is handled. */
 #define _GNU_SOURCE /* RTLD_NEXT */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1480,6 +1481,25 @@ Test(opencl, a_compiler_refusing_the_generic_kernels_keeps_the_per_pair_ones) {
   cr_assert(!converted_by_one_kernel(dt(kDLInt, 64, 1), dt(kDLFloat, 32, 1)), "ab_convert_wide still ran");
   cr_assert(!converted_by_one_kernel(dt(kDLInt, 32, 1), dt(kDLInt, 64, 1)), "ab_convert_int still ran");
   unsetenv("AB_TEST_OPENCL_CONVERT_OPTIONS");
+  assert_pool_clean(CL(0));
+}
+
+/* A program that did not build was logged as "unknown OpenCL error, -11"
+ * with nothing of what the compiler said: the warning now names the
+ * error and quotes the start of the build log. */
+Test(opencl, a_compiler_refusing_convert_cl_is_named_with_its_log, .init = cr_redirect_stderr) {
+  setenv("AB_TEST_OPENCL_CONVERT_OPTIONS", "-DAB_TEST_REFUSE_ALL", 1);
+  need_devices(1);
+  cr_assert(!converted_by_one_kernel(dt(kDLUInt, 8, 1), dt(kDLFloat, 32, 1)), "a kernel ran");
+  unsetenv("AB_TEST_OPENCL_CONVERT_OPTIONS");
+  fflush(stderr);
+  char text[4096];
+  size_t n = fread(text, 1, sizeof text - 1, cr_get_redirected_stderr());
+  text[n] = '\0';
+  cr_assert_not_null(strstr(text, "OpenCL conversion kernels unavailable (CL_BUILD_PROGRAM_FAILURE, -11)"), "%s", text);
+  cr_assert_not_null(strstr(text, "; the compiler said: "), "%s", text);
+  cr_assert_not_null(strstr(text, "this compiler refuses convert.cl (a test)"), "%s", text);
+  cr_assert_null(strchr(strstr(text, "the compiler said"), '\t'), "%s", text);
   assert_pool_clean(CL(0));
 }
 

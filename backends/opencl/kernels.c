@@ -55,6 +55,34 @@ static bool kernel_layout(const DLTensor *t, uint64_t dst_offset, struct klayout
   return true;
 }
 
+/* For a failed build, "; the compiler said: ..." with the start of the
+ * build log of dev (blanks for its line breaks and other control bytes),
+ * else "": some drivers print nothing of their own, and the log is the
+ * only clue to what their compiler refused. */
+static void build_log(cl_program prog, cl_int e, cl_device_id dev, char *out, size_t len) {
+  out[0] = '\0';
+  if (prog == NULL || (e != CL_BUILD_PROGRAM_FAILURE && e != CL_INVALID_BUILD_OPTIONS)) return;
+  size_t n = 0;
+  if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) != CL_SUCCESS || n == 0) return;
+  char *all = malloc(n);
+  if (all == NULL) return;
+  if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, all, NULL) != CL_SUCCESS) {
+    free(all);
+    return;
+  }
+  all[n - 1] = '\0';
+  char text[300];
+  size_t k = 0;
+  const char *c = all;
+  for (; *c != '\0' && k + 1 < sizeof text; c++) /* printable bytes; each run of others one blank */
+    if ((unsigned char)*c > ' ' && (unsigned char)*c < 0x7f) text[k++] = *c;
+    else if (k > 0 && text[k - 1] != ' ') text[k++] = ' ';
+  const bool cut = *c != '\0';
+  free(all);
+  while (k > 0 && text[k - 1] == ' ') k--;
+  text[k] = '\0';
+  if (k > 0) snprintf(out, len, "; the compiler said: %s%s", text, cut ? " ..." : "");
+}
 /* The platform's programs, each built on first use: 0 is gather.cl
  * (kernels [0, NGATHER)), 1 is convert.cl (the rest), apart so that a
  * driver that cannot build one keeps the other. False when the program
@@ -112,9 +140,11 @@ static bool program_ready(struct platform *p, int which) {
     if (ke != CL_SUCCESS) p->kernel[k] = NULL;
   }
   if (e != CL_SUCCESS) {
-    AB_LOG(AB_LOG_WARN, "OpenCL %s kernels unavailable (%s, %d): %s go through the host",
+    char log[400];
+    build_log(prog, e, ab__cl_devices[p->first].id, log, sizeof log);
+    AB_LOG(AB_LOG_WARN, "OpenCL %s kernels unavailable (%s, %d): %s go through the host%s",
            which == 0 ? "gather" : "conversion", ab__cl_err_name(e), (int)e,
-           which == 0 ? "strided copies" : "conversions");
+           which == 0 ? "strided copies" : "conversions", log);
     for (int k = first; k < last; k++)
       if (p->kernel[k]) clReleaseKernel(p->kernel[k]), p->kernel[k] = NULL;
     if (prog) clReleaseProgram(prog);

@@ -27,7 +27,11 @@
 #pragma OPENCL FP_CONTRACT OFF
 
 /* Test builds only (AB_TEST_OPENCL_CONVERT_OPTIONS): a compiler without
- * doubles, and one that refuses the generic kernels below. */
+ * doubles, one that refuses the generic kernels below, and one that
+ * refuses the whole file. */
+#ifdef AB_TEST_REFUSE_ALL
+#error "this compiler refuses convert.cl (a test)"
+#endif
 #ifdef AB_TEST_NO_FP64
 #undef cl_khr_fp64
 #endif
