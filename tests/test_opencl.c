@@ -1433,6 +1433,34 @@ static bool converted_by_one_kernel(DLDataType from, DLDataType to) {
   return strstr(plan, "1. convert on opencl:0:") != NULL && strstr(plan, "2. ") == NULL;
 }
 
+/* The guide: a float16 or bfloat16 NaN widened by the OpenCL kernels
+ * keeps its payload, quieted. bfloat16 was a bare shift, so a signalling
+ * NaN stayed signalling (0x7f81 -> 0x7f810000), where float16's
+ * (vload_half) came out quiet. */
+Test(opencl, bfloat16_nans_widen_quiet_with_their_payload) {
+  need_devices(1);
+  static const uint16_t bits[] = {0x7f81, 0xff81, 0x7fc1, 0x7fff, 0xffc0, 0x7f80, 0xff80, 0x0001, 0x8000, 0x3f80};
+  const int n = (int)(sizeof bits / sizeof bits[0]);
+  int64_t shape[1] = {n};
+  DLTensor h = {(void *)bits, CPU0, 1, dt(kDLBfloat, 16, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED, NULL);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 32, 1);
+  convert_place("device");
+  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
+  convert_place("auto");
+  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  for (int i = 0; i < n; i++) {
+    uint32_t want = (uint32_t)bits[i] << 16, u;
+    if ((want & 0x7fffffffu) > 0x7f800000u) want |= 0x00400000u;
+    memcpy(&u, (char *)got->dl_tensor.data + 4 * i, 4);
+    cr_assert_eq(u, want, "bfloat16 0x%04x -> 0x%08x, want 0x%08x", bits[i], u, want);
+  }
+  got->deleter(got);
+  dev->deleter(dev);
+  src->deleter(src);
+}
+
 /* Launches go in pieces of at most 2^30 work items, each at its global
  * offset (some drivers fail or misnumber past 2^31 and 2^32 items). Test
  * builds cut them at AB_TEST_OPENCL_MAX_ITEMS: 8 items a launch, so 35

@@ -45,8 +45,17 @@
 #define AB_LOAD_I16(p, i) ((float)(p)[i])
 #define AB_LOAD_BOOL(p, i) ((p)[i] != 0 ? 1.0f : 0.0f)
 #define AB_LOAD_F16(p, i) vload_half((size_t)(i), (__global const half *)(p))
-#define AB_LOAD_BF16(p, i) as_float((uint)(p)[i] << 16)
+#define AB_LOAD_BF16(p, i) ab_bf16_widen((p)[i])
 #define AB_LOAD_F32(p, i) ((p)[i])
+
+/* bfloat16 is float32's top half; a signalling NaN comes out quiet, its
+ * payload kept, as vload_half gives float16's (docs/guide.md: "OpenCL
+ * kernels keep it, quieted"). */
+float ab_bf16_widen(ushort h) {
+  uint u = (uint)h << 16;
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
+  return as_float(u);
+}
 
 /* The source element of result element gid: its row-major index over
  * `shape`, dotted with `stride` (elements); *c gets its index along the
