@@ -292,7 +292,7 @@ static int cl_kind(DLDataType d) {
 static bool is_float_kind(int k) { return k == CK_F16 || k == CK_BF16 || k == CK_F32; }
 
 /* The float32-arithmetic kernel for a source dtype (its index among those
- * of one result type: AB_FOR_EACH_SOURCE's order in convert.cl), -1 when
+ * of one result type: AB_CL_SOURCES's order in kernels.def), -1 when
  * convert.cl has none. */
 static int convert_kernel(DLDataType d) {
   static const int kinds[NSOURCES] = {

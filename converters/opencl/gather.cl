@@ -5,7 +5,8 @@
  * item per element; the element type only sets the width of the move, so
  * the copy is bit-exact for every dtype of that size.
  *
- * Embedded into the library at build time (converters/opencl/CMake) and
+ * Embedded into the library at build time (converters/opencl/embed.cmake,
+ * from backends/opencl/backend.cmake) and
  * compiled once per context. */
 
 #define AB_DEFINE_GATHER(NAME, T)                                                       \
