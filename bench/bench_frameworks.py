@@ -88,7 +88,7 @@ def main():
         if jax:
             j = jnp.asarray(a)
             row("numpy->jax (jnp.asarray)", label, lambda: jnp.asarray(a).block_until_ready(),
-                lambda: cv(a, "numpy", "jax"), number)
+                lambda: cv(a, "numpy", "jax").block_until_ready(), number)  # both wait alike
             row("jax->numpy (np.asarray)", label, lambda: np.asarray(j), lambda: cv(j, "jax", "numpy"), number)
         if tf:
             row("numpy->tf (tf.convert_to_tensor)", label, lambda: tf.convert_to_tensor(a),

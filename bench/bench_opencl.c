@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
     size_t n = (size_t)(H * W) * 4, cn = (size_t)(h * w) * 4;
     float *img = malloc(n), *crop = malloc(cn);
     memset(img, 1, n);
+    memset(crop, 1, cn); /* written: the raw upload would read the zero page */
     cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, cn, NULL, &e);
     int64_t shape[2] = {h, w}, strides[2] = {W, 1};
     DLTensor t = {img + W * 500 + 900, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, strides, 0};

@@ -114,8 +114,9 @@ int main(int argc, char **argv) {
          "tensor", "malloc", "raw backend", "vs malloc", "vs raw");
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
     size_t size = sizes[s];
-    /* Big blocks: malloc and the raw backend map and fault fresh pages
-     * every time, so fewer iterations. */
+    /* Big blocks: the raw backend (and malloc above glibc's mmap
+     * threshold, which grows up to 32 MiB: 256 MiB here) maps and faults
+     * fresh pages every time, so fewer iterations. */
     long iters = size >= ((size_t)4 << 20) ? (quick ? 20 : 100) : (quick ? 20000 : 200000);
     for (int threads = 1; threads <= 2; threads++) {
       double pool = measure(POOL, size, iters * 10 > 2000000 ? 2000000 : iters * 10, threads, reps);
