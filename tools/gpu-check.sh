@@ -33,8 +33,8 @@
 # the end of its output, and a summary. Exit status: 0 when every step
 # passed, 1 when one failed, 2 when nothing could run.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+root=$(cd "$(dirname "$0")/.." && pwd) || exit 2
+cd "$root" || exit 2
 
 simulate=0
 case "${1:-}" in
