@@ -1354,6 +1354,42 @@ static void check_emulation(const void *v, DLDataType from, int32_t ndim, int64_
 }
 #endif
 
+/* The guide: a float16 or bfloat16 NaN widened by the device kernels
+ * keeps its payload, quieted. The kernel code kept a signalling one
+ * signalling (float16 0x7c01 -> 0x7f802000, bfloat16 0x7f81 ->
+ * 0x7f810000); the device runs the same bit operations as this. */
+Test(cuda, float16_and_bfloat16_nans_widen_quiet_in_the_kernel_code) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  static const uint16_t f16[] = {0x7c01, 0xfd23, 0x7e00, 0x7fff, 0x7c00, 0xfc00, 0x3c00, 0x0001};
+  static const uint16_t bf16[] = {0x7f81, 0xff81, 0x7fc1, 0x7fff, 0x7f80, 0xff80, 0x3f80, 0x0001};
+  static const float f16_finite[] = {0, 0, 0, 0, __builtin_inff(), -__builtin_inff(), 1.0f, 0x1p-24f};
+  for (int kind = 0; kind < 2; kind++) {
+    const uint16_t *bits = kind == 0 ? f16 : bf16;
+    int64_t shape[1] = {8};
+    const int32_t perm[1] = {0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = dt(kDLFloat, 32, 1);
+    ab__convert_args a;
+    compact_args(1, shape, perm, kind == 0 ? dt(kDLFloat, 16, 1) : dt(kDLBfloat, 16, 1), &o, &a);
+    cr_assert(ab__cuda_convert_supported(&a));
+    uint32_t got[8];
+    ab__cuda_convert_emulate(got, bits, &a);
+    for (int i = 0; i < 8; i++) {
+      uint32_t want;
+      if (kind == 1) want = (uint32_t)bits[i] << 16;
+      else if ((bits[i] & 0x7c00u) == 0x7c00u && (bits[i] & 0x3ffu) != 0)
+        want = ((uint32_t)(bits[i] & 0x8000u) << 16) | 0x7f800000u | ((uint32_t)(bits[i] & 0x3ffu) << 13);
+      else memcpy(&want, &f16_finite[i], 4);
+      if ((want & 0x7fffffffu) > 0x7f800000u) want |= 0x00400000u; /* quiet, the payload kept */
+      cr_assert_eq(got[i], want, "%s 0x%04x -> 0x%08x, want 0x%08x", kind == 0 ? "float16" : "bfloat16", bits[i],
+                   got[i], want);
+    }
+  }
+#endif
+}
+
 Test(cuda, conversion_kernel_matches_the_host_converter) {
 #ifndef AB_HAVE_CUDA_KERNELS
   cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");

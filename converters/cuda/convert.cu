@@ -50,10 +50,12 @@ __host__ __device__ inline float from_bits(uint32_t u) {
   return f;
 }
 
-/* IEEE half to float: exact (every half is a float); NaN keeps its payload. */
+/* IEEE half to float: exact (every half is a float); a NaN keeps its
+ * payload and comes out quiet (docs/guide.md: the device kernels keep a
+ * NaN's payload, quieted; a signalling one stayed signalling). */
 __host__ __device__ inline float half_to_float(uint16_t h) {
   uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1f) return from_bits(s | 0x7f800000u | (m << 13));
+  if (e == 0x1f) return from_bits(s | 0x7f800000u | (m << 13) | (m != 0 ? 0x00400000u : 0u));
   if (e != 0) return from_bits(s | ((e + 112u) << 23) | (m << 13));
   if (m == 0) return from_bits(s);
   uint32_t sh = 0; /* a subnormal half m * 2^-24 is a normal float */
@@ -62,6 +64,13 @@ __host__ __device__ inline float half_to_float(uint16_t h) {
     sh++;
   }
   return from_bits(s | ((113u - sh) << 23) | ((m & 0x3ffu) << 13));
+}
+
+/* bfloat16 to float: its top half; a NaN comes out quiet, as above. */
+__host__ __device__ inline float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
+  return from_bits(u);
 }
 
 /* A source element of a float32-arithmetic kind (8- and 16-bit integers,
@@ -74,7 +83,7 @@ __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
   case K_I16: return (float)static_cast<const int16_t *>(src)[i];
   case K_BOOL: return static_cast<const uint8_t *>(src)[i] != 0 ? 1.0f : 0.0f;
   case K_F16: return half_to_float(static_cast<const uint16_t *>(src)[i]);
-  case K_BF16: return from_bits((uint32_t)static_cast<const uint16_t *>(src)[i] << 16);
+  case K_BF16: return bf16_to_float(static_cast<const uint16_t *>(src)[i]);
   default: return static_cast<const float *>(src)[i];
   }
 }
