@@ -418,6 +418,9 @@ static void tc_lock(tc_lock_t *l) {
 }
 static void tc_unlock(tc_lock_t *l) { atomic_flag_clear_explicit(l, memory_order_release); }
 
+/* Two cache lines: CPUs fetch them in pairs (the adjacent-line prefetch). */
+#define TC_ALIGN 128
+
 struct tcache {
   tc_lock_t lock;
   struct ab__pool *pool;      /* NULL once detached */
@@ -623,9 +626,15 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
   }
   pthread_setspecific(tc_key, my_caches); /* the list's head for tc_thread_exit */
   /* Not ab__calloc: a cache is the thread's, not a tracked library block,
-   * and a failure here only means the shared path. */
-  tc = calloc(1, sizeof *tc);
-  if (tc == NULL) return NULL;
+   * and a failure here only means the shared path. On lines of its own
+   * (TC_ALIGN): its lock and counts are written at every hit, and two
+   * threads' caches side by side in malloc's memory made each hit wait for
+   * the other core's line (bench_pool, AMD EPYC (Zen 5) VM, 256 B, two
+   * threads: 41-56 ns a pair per thread against 20-29 on one; on lines of
+   * their own 22-23, as on one; bench/results/2026-12-03-zen5-recheck.md). */
+  void *mem = NULL;
+  if (posix_memalign(&mem, TC_ALIGN, (sizeof *tc + TC_ALIGN - 1) / TC_ALIGN * TC_ALIGN) != 0) return NULL;
+  tc = memset(mem, 0, sizeof *tc);
   atomic_flag_clear(&tc->lock);
   tc->gen = p->gen;
   tc->pool = p;
