@@ -122,6 +122,10 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
             except Exception as e:
                 if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
                     raise
+            # Out of the except block: the error's traceback, which holds the
+            # failed attempt's frames and the arrays they made, is gone, so
+            # the caches get those arrays' memory back too.
+            cleanup_all_gpu_frameworks(device_id)
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
@@ -134,6 +138,7 @@ async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retrie
             except Exception as e:
                 if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
                     raise
+            cleanup_all_gpu_frameworks(device_id)  # out of the except block, as above
 
 
 @contextlib.contextmanager
@@ -156,9 +161,10 @@ def _nesting():
 
 
 def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
-    """After attempt (0-based) raised e: True when the caches were freed for
-    another try; False when e is to be raised (not out of memory, given up
-    on already, or the last try: then noted and marked)."""
+    """After attempt (0-based) raised e: True when the caches are to be
+    freed (by the caller, once out of its except block) for another try;
+    False when e is to be raised (not out of memory, given up on already, or
+    the last try: then noted and marked)."""
     if not _is_oom(e, adapters) or _retried(e, handling):
         return False
     if attempt == max_retries:
@@ -170,5 +176,4 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
         except AttributeError:  # an exception type without a __dict__: unmarked
             pass
         return False
-    cleanup_all_gpu_frameworks(device_id)
     return True

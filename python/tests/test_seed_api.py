@@ -715,6 +715,41 @@ def test_oom_recovery_frees_caches_retries_and_reports():
         assert any("memory report" in n and "cpu:0" in n for n in e.value.__notes__)
 
 
+def test_oom_recovery_frees_what_the_failed_attempt_held(monkeypatch):
+    """The caches were freed inside the except block, while the error's
+    traceback still held the failed attempt's frames and the arrays they
+    made: those stayed in use, and their memory out of every cache."""
+    import arraybridge._cleanup as cleanup
+
+    real, in_use = cleanup.cleanup_all_gpu_frameworks, []
+
+    def spy(device_id=None):
+        real(device_id)
+        in_use.append(ab.memory_stats("cpu")["in_use_bytes"]["current"])
+
+    monkeypatch.setattr(cleanup, "cleanup_all_gpu_frameworks", spy)
+    before = ab.memory_stats("cpu")["in_use_bytes"]["current"]
+    calls = []
+
+    def attempt(x):
+        scratch = ab.empty((64 << 20,), "uint8", "cpu")  # noqa: F841 (held by the frame)
+        calls.append(1)
+        if len(calls) < 3:
+            raise MemoryError("out of memory (test)")
+        return x
+
+    np.testing.assert_array_equal(ab.numpy(oom_recovery=True)(attempt)(np.ones(2)), np.ones(2))
+
+    async def attempt_async(x):
+        return attempt(x)
+
+    import asyncio
+
+    calls.clear()
+    np.testing.assert_array_equal(asyncio.run(ab.numpy(oom_recovery=True)(attempt_async)(np.ones(2))), np.ones(2))
+    assert in_use == [before] * 4, in_use
+
+
 def test_nested_decorators_retry_once_not_once_per_level():
     # One decorated function calling another: the inner one's recovery
     # gave up after its two retries; the outer one raises that as it is.
