@@ -441,6 +441,27 @@ class Jax(Adapter):
         tracer = getattr(getattr(jax, "core", None), "Tracer", None)
         return tracer is not None and isinstance(obj, tracer)
 
+    def traced_cast(self, obj, dtype):
+        # By the C core's rules, as an eager call casts: into integers, floats
+        # rounded half to even, NaN 0, and everything saturated (astype
+        # truncates and wraps, so jit(f) and f gave other integers).
+        jnp = importlib.import_module("jax.numpy")
+        dt = jnp.dtype(dtype)
+        if not jnp.issubdtype(dt, jnp.integer) or jnp.issubdtype(obj.dtype, jnp.bool_):
+            return obj.astype(dt)
+        info, x = jnp.iinfo(dt), obj
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            # Compared as floats: a bound may round outwards there (int32's
+            # top is 2^31 as a float32), so what reaches it is the bound.
+            x = jnp.where(jnp.isnan(x), 0, jnp.round(x))
+            return jnp.where(x >= info.max, info.max, jnp.where(x <= info.min, info.min, x).astype(dt)).astype(dt)
+        src = jnp.iinfo(x.dtype)  # clipped by the bounds the source's type can hold
+        if info.max < src.max:
+            x = jnp.minimum(x, info.max)
+        if info.min > src.min:
+            x = jnp.maximum(x, info.min)
+        return x.astype(dt)
+
     def _gpus(self, mod):
         try:
             return mod.devices("gpu")
@@ -508,7 +529,21 @@ class TensorFlow(Adapter):
             return False
 
     def traced_cast(self, obj, dtype):
-        return self.module().cast(obj, dtype)
+        # By the C core's rules, as for JAX above (tf.cast truncates and wraps).
+        tf = self.module()
+        dt = tf.as_dtype(dtype)
+        if not dt.is_integer or obj.dtype == tf.bool:
+            return tf.cast(obj, dt)
+        x = obj
+        if not x.dtype.is_floating:
+            return tf.saturate_cast(x, dt)
+        x = tf.where(tf.math.is_nan(x), tf.zeros_like(x), tf.round(x))
+        # saturate_cast clamps at the bounds as floats, where int32's top
+        # rounds up to 2^31, which then wraps: what reaches a bound is it.
+        hi, lo = tf.constant(dt.max, dt), tf.constant(dt.min, dt)
+        y = tf.saturate_cast(x, dt)
+        y = tf.where(x >= tf.cast(hi, x.dtype), tf.fill(tf.shape(y), hi), y)
+        return tf.where(x <= tf.cast(lo, x.dtype), tf.fill(tf.shape(y), lo), y)
 
     def from_tensor(self, t, mod, gpu_id):
         # TensorFlow takes legacy capsules only, and a legacy capsule cannot

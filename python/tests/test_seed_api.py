@@ -1168,6 +1168,36 @@ def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
         np.testing.assert_array_equal(np.asarray(r), [0, 0, 1])
 
 
+def test_traced_results_are_cast_back_by_the_c_cores_rules():
+    """A result cast back to the input's integer dtype inside jax.jit or
+    tf.function went through astype / tf.cast, which truncate and wrap,
+    while the same call run eagerly rounds half to even and saturates
+    (the C core): f(x) and jit(f)(x) gave other integers."""
+    jax, tf = need("jax"), need("tensorflow")
+    import jax.numpy as jnp
+
+    cases = [("int32", [1, 3, 5, -1, -3, 7, 2**30, -2**30], [0.5, 2.0, 2.5, float("nan"), float("inf")]),
+             ("uint8", [0, 1, 3, 5, 200, 255], [0.5, 1.5, 2.0, -1.0, float("nan")]),
+             ("int8", [1, 3, -3, 100, -100, 127], [0.5, 1.5, 3.0, -2.0]),
+             ("uint16", [1, 3, 40000, 65535], [0.5, 2.0, -0.5])]
+    for dt, xs, ks in cases:
+        for k in ks:
+            fj = ab.jax(lambda v, k=k: v * k)
+            xj = jnp.array(xs, dtype=dt)
+            np.testing.assert_array_equal(np.asarray(jax.jit(fj)(xj)), np.asarray(fj(xj)), err_msg="jax %s %r" % (dt, k))
+            ft = ab.tensorflow(lambda v, k=k: tf.cast(v, tf.float32) * k)
+            xt = tf.constant(np.array(xs, dtype=dt))
+            np.testing.assert_array_equal(tf.function(ft)(xt).numpy(), ft(xt).numpy(), err_msg="tf %s %r" % (dt, k))
+    assert list(np.asarray(jax.jit(ab.jax(lambda v: v * 0.5))(jnp.array([1, 3, 5], jnp.int32)))) == [0, 2, 2]
+    for src, dst, xs in [("uint8", "int8", [0, 1, 127, 200, 255]), ("int8", "uint16", [-128, -1, 0, 100, 127])]:
+        g = ab.jax(lambda v, d=dst: v.astype(d))  # cast back from dst to src
+        x = jnp.array(np.array(xs, dtype=src))
+        np.testing.assert_array_equal(np.asarray(jax.jit(g)(x)), np.asarray(g(x)), err_msg="jax %s->%s" % (src, dst))
+        gt = ab.tensorflow(lambda v, d=dst: tf.cast(v, d))
+        x = tf.constant(np.array(xs, dtype=src))
+        np.testing.assert_array_equal(tf.function(gt)(x).numpy(), gt(x).numpy(), err_msg="tf %s->%s" % (src, dst))
+
+
 def test_bfloat16_and_float8_reach_numpy_as_ml_dtypes_arrays():
     """NumPy has no bfloat16 or float8 of its own; ml_dtypes (which JAX and
     TensorFlow install) adds them, and np.asarray of a JAX array gives
