@@ -13,6 +13,7 @@ import importlib
 import operator
 import sys
 import threading
+import weakref
 
 from . import _arraybridge as _ab
 from ._types import MemoryConversionError, MemoryType
@@ -108,7 +109,9 @@ def gpu_id_arg(gpu_id, source, target):
     raise MemoryConversionError(source, target, "gpu_id", "gpu_id must be an int or None, not %r" % (gpu_id,))
 
 
-_OWNER = {}  # type -> the MemoryType of its framework (None: no framework's)
+# type -> the MemoryType of its framework (None: no framework's); weak, so
+# that classes made per call (records, namedtuples) are not kept alive.
+_OWNER = weakref.WeakKeyDictionary()
 
 
 def _keras_owner():
@@ -176,10 +179,13 @@ class Adapter:
             return mod
         try:
             return importlib.import_module(self.import_name)
-        except ImportError as e:
+        except Exception as e:  # a broken install raises OSError (a missing libcudart), AttributeError, ...
             mt = self.memory_type
+            missing = isinstance(e, ModuleNotFoundError) and e.name == self.import_name
             raise MemoryConversionError(source or mt, target or mt, "import %s" % self.import_name,
-                                        "%s is not installed (%s)" % (mt.display_name, e)) from e
+                                        "%s %s (%s: %s)" % (mt.display_name,
+                                                            "is not installed" if missing else "could not be imported",
+                                                            type(e).__name__, e)) from e
 
     def loaded(self):
         """The framework if the process already imported it, else None."""

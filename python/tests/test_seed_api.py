@@ -750,6 +750,49 @@ def test_oom_recovery_frees_what_the_failed_attempt_held(monkeypatch):
     assert in_use == [before] * 4, in_use
 
 
+def test_a_framework_that_fails_to_import_is_a_memory_conversion_error(tmp_path):
+    """Only ImportError was caught: a torch whose CUDA libraries are
+    missing raises OSError, which escaped convert_memory and the
+    decorators as it was."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise OSError("libcudart.so.12: cannot open shared object file")\n')
+    code = textwrap.dedent('''
+        import numpy as np, arraybridge as ab
+        for call in (lambda: ab.convert_memory(np.ones(2), "numpy", "torch"), lambda: ab.torch(lambda x: x)(np.ones(2))):
+            try:
+                call()
+            except ab.MemoryConversionError as e:
+                assert "PyTorch could not be imported (OSError: libcudart.so.12" in str(e), str(e)
+            else:
+                raise AssertionError("no error")
+        print("ok")
+    ''')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_types_seen_by_the_decorators_are_not_kept_alive():
+    """The per-type cache of which framework owns a type held every type
+    it saw: classes made per call (records, namedtuples) never went."""
+    import gc
+    import weakref
+
+    @ab.numpy
+    def same(x):
+        return x
+
+    refs = []
+    for i in range(50):
+        cls = type("Record%d" % i, (), {})
+        same(cls())
+        refs.append(weakref.ref(cls))
+    del cls
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+
+
 def test_nested_decorators_retry_once_not_once_per_level():
     # One decorated function calling another: the inner one's recovery
     # gave up after its two retries; the outer one raises that as it is.
