@@ -493,8 +493,11 @@ class Jax(Adapter):
         return jax.dlpack.from_dlpack(t, device=dev)
 
     def empty_cache(self, mod, device_id=None):
+        # Compiled functions and what their executables hold: only where JAX
+        # has GPUs, whose memory that may be (on the CPU alone, every OOM
+        # retry made each jitted function compile again, for nothing).
         clear = getattr(mod, "clear_caches", None)
-        if clear is not None:
+        if clear is not None and self._gpus(mod):
             clear()
 
     def is_oom(self, exc, mod):

@@ -34,8 +34,12 @@ def stack_slices(slices, memory_type, gpu_id=None):
     # float8 slices stack as they are (the C core casts none to or from float8)
     dtype = element_name(slices[0]) or float8_name(slices[0])
     adapter = ADAPTERS[mt]
-    mod = adapter.module(detect_memory_type(slices[0]), mt)
-    device = adapter.target_device(gpu_id, mod, detect_memory_type(slices[0]), mt)
+    try:
+        first = detect_memory_type(slices[0])
+    except ValueError as e:  # as any other slice's: an arraybridge.Tensor, say
+        raise MemoryConversionError("stack", mt, "detect_memory_type", "slice 0: %s" % e) from e
+    mod = adapter.module(first, mt)
+    device = adapter.target_device(gpu_id, mod, first, mt)
     full = (len(slices),) + shape
     try:
         if dtype is None:

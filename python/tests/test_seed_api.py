@@ -793,6 +793,50 @@ def test_types_seen_by_the_decorators_are_not_kept_alive():
     assert sum(r() is not None for r in refs) == 0
 
 
+def test_an_oom_retry_on_the_cpu_keeps_jaxs_compiled_functions():
+    """Every cleanup ran jax.clear_caches once JAX was imported, even with
+    no GPU: an OOM retry of any decorated function, a NumPy one too, made
+    every jitted function trace and compile again."""
+    jax = need("jax")
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("JAX has a GPU here: its caches are cleared, as documented")
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(1)
+        return x * 2
+
+    a = jax.numpy.ones(3)
+    f(a)
+    f(a)
+    calls = []
+
+    @ab.numpy(oom_recovery=True)
+    def flaky(x):
+        calls.append(1)
+        if len(calls) < 2:
+            raise MemoryError("out of memory (test)")
+        return x
+
+    flaky(np.ones(2))
+    f(a)
+    assert len(calls) == 2 and len(traces) == 1
+
+
+def test_a_slice_of_no_framework_is_the_same_error_first_or_later():
+    """stack_slices raised a bare ValueError for slice 0 of no known
+    framework, and MemoryConversionError for any later one."""
+
+    class Plane:
+        shape = (2, 2)
+
+    good = np.zeros((2, 2), np.float32)
+    for slices in ([Plane(), good], [good, Plane()]):
+        with pytest.raises(ab.MemoryConversionError):
+            ab.stack_slices(slices, "numpy")
+
+
 def test_nested_decorators_retry_once_not_once_per_level():
     # One decorated function calling another: the inner one's recovery
     # gave up after its two retries; the outer one raises that as it is.
