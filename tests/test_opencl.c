@@ -1500,6 +1500,44 @@ Test(opencl, launches_cut_into_pieces_give_the_same_bytes) {
   assert_pool_clean(CL(0));
 }
 
+/* A piece that fails to start, after others did: the call fails naming
+ * the kernel, nothing leaks or stays in use, and the next call (no fault)
+ * gives the right bytes. (The pieces already started are waited for
+ * before the buffers go back; an LD_PRELOAD shim counting clFinish showed
+ * none before.) */
+Test(opencl, a_launch_failing_after_some_pieces_started_fails_cleanly) {
+  setenv("AB_TEST_OPENCL_MAX_ITEMS", "8", 1);
+  need_devices(1);
+  uint8_t v[35];
+  for (int i = 0; i < 35; i++) v[i] = (uint8_t)(i * 7);
+  int64_t shape[1] = {35};
+  DLTensor h = {v, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED, NULL);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 32, 1);
+  convert_place("device");
+  for (int piece = 1; piece <= 5; piece++) {
+    char p[8];
+    snprintf(p, sizeof p, "%d", piece);
+    setenv("AB_TEST_OPENCL_FAIL_PIECE", p, 1);
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    const ab_status st = ab_convert_memory(&src->dl_tensor, CL(0), &o, &r);
+    cr_assert_neq(st, AB_OK, "piece %d: the failed launch was not reported", piece);
+    cr_assert_eq(r, SENTINEL_OUT);
+    cr_assert_not_null(strstr(ab_last_error(), "the conversion kernel"), "piece %d: %s", piece, ab_last_error());
+  }
+  unsetenv("AB_TEST_OPENCL_FAIL_PIECE");
+  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
+  convert_place("auto");
+  DLManagedTensorVersioned *back = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  for (int i = 0; i < 35; i++) cr_assert_eq(((float *)back->dl_tensor.data)[i], (float)v[i], "element %d", i);
+  back->deleter(back);
+  dev->deleter(dev);
+  src->deleter(src);
+  unsetenv("AB_TEST_OPENCL_MAX_ITEMS");
+  assert_pool_clean(CL(0));
+}
+
 Test(opencl, a_compiler_refusing_the_generic_kernels_keeps_the_per_pair_ones) {
   /* convert.cl built as by a compiler that fails on ab_convert_int and
    * ab_convert_wide: built again without them, the per-pair kernels run

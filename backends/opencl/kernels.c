@@ -191,12 +191,6 @@ static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem 
   return e;
 }
 
-/* Completes work just queued on `q`, or with an early return (see
- * ab_backend) only starts it, when `q` is the caller's own queue. Not on
- * the library's queue when the caller gave none: the next call's work on
- * another device's queue would not be ordered after it. If the start
- * fails the work is waited for all the same: the caller is about to give
- * the buffers back. */
 /* One work item per element, in launches of at most MAX_ITEMS items:
  * past 2^31 and 2^32 items some drivers refuse a launch (AMD's:
  * CL_INVALID_GLOBAL_WORK_SIZE) or are reported to repeat or skip ids
@@ -212,13 +206,31 @@ static cl_int enqueue_items(cl_command_queue q, cl_kernel k, cl_ulong n) {
   if (test_most != NULL && strtoull(test_most, NULL, 10) > 0) most = strtoull(test_most, NULL, 10);
 #endif
   cl_int e = CL_SUCCESS;
-  for (cl_ulong at = 0; at < n && e == CL_SUCCESS; at += most) {
+  cl_ulong at = 0; /* items whose pieces started */
+  for (int piece = 1; at < n; piece++) {
     const size_t offset = (size_t)at, global = (size_t)(n - at < most ? n - at : most);
-    e = clEnqueueNDRangeKernel(q, k, 1, &offset, &global, NULL, 0, NULL, NULL);
+#ifdef AB_FAULT_INJECTION
+    /* test_opencl fails the launch of one piece (1 the first): test builds only */
+    const char *fail = ab__env_str("AB_TEST_OPENCL_FAIL_PIECE");
+    e = fail != NULL && atoi(fail) == piece ? CL_OUT_OF_RESOURCES : CL_SUCCESS;
+#endif
+    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, &offset, &global, NULL, 0, NULL, NULL);
+    if (e != CL_SUCCESS) break;
+    at += global;
   }
+  /* A piece that did not start leaves those before it running on buffers
+   * the caller is about to give back: wait for them (done_or_started is
+   * not called after a failure). */
+  if (e != CL_SUCCESS && at > 0) clFinish(q);
   return e;
 }
 
+/* Completes work just queued on `q`, or with an early return (see
+ * ab_backend) only starts it, when `q` is the caller's own queue. Not on
+ * the library's queue when the caller gave none: the next call's work on
+ * another device's queue would not be ordered after it. If the start
+ * fails the work is waited for all the same: the caller is about to give
+ * the buffers back. */
 static cl_int done_or_started(cl_command_queue q, void *stream, bool async) {
   if (!async || stream == NULL || q != (cl_command_queue)stream) return clFinish(q);
   cl_int e = clFlush(q);
