@@ -630,8 +630,9 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
    * (TC_ALIGN): its lock and counts are written at every hit, and two
    * threads' caches side by side in malloc's memory made each hit wait for
    * the other core's line (bench_pool, AMD EPYC (Zen 5) VM, 256 B, two
-   * threads: 41-56 ns a pair per thread against 20-29 on one; on lines of
-   * their own 22-23, as on one; bench/results/2026-12-03-zen5-recheck.md). */
+   * threads: 47.7-48.9 ns a pair per thread against 21.5-25.5 on one; on
+   * lines of their own 20.5-20.7 against 19.9-20.9;
+   * bench/results/2026-12-03-zen5-recheck.md). */
   void *mem = NULL;
   if (posix_memalign(&mem, TC_ALIGN, (sizeof *tc + TC_ALIGN - 1) / TC_ALIGN * TC_ALIGN) != 0) return NULL;
   tc = memset(mem, 0, sizeof *tc);

@@ -286,7 +286,7 @@ double ab_load_double(__global const uchar *s, long i, int k, int odd) {
   case AB_U32: return (double)((__global const uint *)s)[i];
   case AB_U64: return convert_double_rte(((__global const ulong *)s)[i]);
   case AB_F16: return (double)vload_half((size_t)i, (__global const half *)s);
-  case AB_BF16: return (double)as_float((uint)((__global const ushort *)s)[i] << 16);
+  case AB_BF16: return (double)ab_bf16_widen(((__global const ushort *)s)[i]);
   case AB_F32: return (double)((__global const float *)s)[i];
   default: return ((__global const double *)s)[i];
   }

@@ -728,9 +728,10 @@ AB_API ab_status ab_unregister_oom_callback(ab_oom_callback fn, void *user);
  * has been deleted and no other thread is inside the library. (A tensor
  * still alive is tolerated: its memory is released when it is deleted.) Limits set
  * with ab_set_memory_limit are forgotten; OOM callbacks stay registered.
- * The library re-initialises on next use, reading AB_MEMORY_LIMIT and the
- * AB_OPENCL_* variables again; the others keep the values first read
- * (docs/guide.md, "Environment variables"). */
+ * The library re-initialises on next use, reading AB_MEMORY_LIMIT,
+ * AB_OPENCL_PLATFORM, AB_OPENCL_DEVICE_TYPE and AB_OPENCL_PINNED again;
+ * most others keep the values first read (docs/guide.md, "Environment
+ * variables", says which). */
 AB_API void ab_shutdown(void);
 
 #ifdef __cplusplus

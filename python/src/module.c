@@ -2354,12 +2354,12 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
     PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ lacks data (ptr, readonly), shape or typestr");
     goto done;
   }
-  /* CUDA Array Interface v3: "0 is disallowed due to its ambiguity" (the
-   * legacy or the per-thread default stream); 1 and 2 name them. */
   if (stream != NULL && stream != Py_None && (!PyLong_Check(stream) || PyBool_Check(stream))) {
     PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ stream must be None or an integer");
     goto done;
   }
+  /* CUDA Array Interface v3: "0 is disallowed due to its ambiguity" (the
+   * legacy or the per-thread default stream); 1 and 2 name them. */
   if (stream != NULL && PyLong_Check(stream)) {
     int overflow;
     const long long sv = PyLong_AsLongLongAndOverflow(stream, &overflow);
