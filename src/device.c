@@ -335,7 +335,7 @@ ab_status ab_device_info(DLDevice dev, struct ab_device_info *out) {
 /* ---- device strings and the best device ---------------------------------- */
 
 ab_status ab_parse_device(const char *text, DLDevice *out) {
-  char q[48];
+  char q[AB__QUOTED];
   if (text == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "device string is NULL");
   if (out == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "out is NULL");
   ab__quote(text, q, sizeof q);

@@ -69,7 +69,7 @@ ab_status ab_parse_dtype(const char *name, DLDataType *out) {
       return AB_OK;
     }
   }
-  char q[48]; /* printable ASCII only: the text may be cut anywhere, and Python decodes it */
+  char q[AB__QUOTED]; /* printable ASCII only: the text may be cut anywhere, and Python decodes it */
   ab__quote(name, q, sizeof q);
   return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                  "unknown dtype \"%s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128, "

@@ -41,7 +41,7 @@ int ab__env_choice(const char *name, const struct ab__env_choice *choices, int d
       dname = c->name;
       break;
     }
-  char q[48];
+  char q[AB__QUOTED];
   ab__quote(v, q, sizeof q);
   AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %s; using %s", name, q, want, dname);
   return dflt;
@@ -52,7 +52,7 @@ uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi,
   uint64_t x;
   if (v == NULL) return dflt;
   if (!ab__parse_size(v, strlen(v), &x) || x < lo || x > hi) {
-    char q[48];
+    char q[AB__QUOTED];
     ab__quote(v, q, sizeof q);
     if (dflt < lo) /* a default outside the range: the caller's own choice */
       AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using the default",
@@ -74,7 +74,7 @@ long ab__env_int(const char *name, long dflt, long lo, long hi) {
   const bool digits = (v[0] >= '0' && v[0] <= '9') || (lo < 0 && v[0] == '-' && v[1] >= '0' && v[1] <= '9');
   long x = strtol(v, &end, 10);
   if (!digits || *end != '\0' || x < lo || x > hi) {
-    char q[48];
+    char q[AB__QUOTED];
     ab__quote(v, q, sizeof q);
     AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, q, lo, hi, dflt);
     return dflt;

@@ -15,7 +15,7 @@ static int parse_level(const char *s) {
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (strcmp(s, names[i]) == 0) return i;
   if (s[0] >= '0' && s[0] <= '4' && s[1] == '\0') return s[0] - '0';
-  char q[48];
+  char q[AB__QUOTED];
   ab__quote(s, q, sizeof q);
   fprintf(stderr, "arraybridge: AB_LOG_LEVEL=\"%s\" is not one of off, error, warn, info, debug (0-4); using warn\n", q);
   return AB_LOG_WARN;

@@ -156,7 +156,7 @@ bool ab__parse_size(const char *s, size_t n, uint64_t *out) {
 }
 
 ab_status ab_parse_size(const char *text, uint64_t *bytes) {
-  char q[48];
+  char q[AB__QUOTED];
   uint64_t v;
   if (text == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "size text is NULL");
   if (bytes == NULL) return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "bytes is NULL");

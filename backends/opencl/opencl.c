@@ -101,7 +101,7 @@ static ab_status device_type_filter(cl_device_type *out) {
   else if (strcmp(v, "cpu") == 0) *out = CL_DEVICE_TYPE_CPU;
   else if (strcmp(v, "accelerator") == 0) *out = CL_DEVICE_TYPE_ACCELERATOR;
   else {
-    char q[48]; /* the caller's text, cut and made printable */
+    char q[AB__QUOTED]; /* the caller's text, cut and made printable */
     ab__quote(v, q, sizeof q);
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "AB_OPENCL_DEVICE_TYPE=\"%s\" is not one of all, gpu, cpu, accelerator", q);
   }
@@ -155,7 +155,7 @@ static ab_status cl_init(void) {
   }
   if (ab__cl_ndevices == 0) {
     const char *type_env = ab__env_str("AB_OPENCL_DEVICE_TYPE");
-    char qp[48], qt[48];
+    char qp[AB__QUOTED], qt[AB__QUOTED];
     ab__quote(want ? want : "(unset)", qp, sizeof qp);
     ab__quote(type_env ? type_env : "(unset)", qt, sizeof qt);
     return AB_FAIL(AB_ERR_NO_DEVICE, "%u OpenCL platform%s but no device matched (AB_OPENCL_PLATFORM=%s, AB_OPENCL_DEVICE_TYPE=%s)",
