@@ -8,9 +8,10 @@
  * AB_OPENCL_DEVICE_TYPE leaves no OpenCL device (guide.md), a refused
  * AB_DEFAULT_DEVICE is logged with the device's reason (device.c),
  * AB_LOG_LEVEL is read by log.c (its message has its own words), and the
- * Python module reads AB_UNPICKLE_MISSING_DEVICE itself. Users cache what they read against ab__env_generation(), so
- * that one call, ab__env_reload() (the tests'), makes every one of them
- * read its variables again on next use. */
+ * Python module reads AB_UNPICKLE_MISSING_DEVICE itself. Users cache what
+ * they read against ab__env_generation(), so that one call,
+ * ab__env_reload() (the tests'), makes every one of them read its
+ * variables again on next use. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>

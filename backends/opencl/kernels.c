@@ -200,21 +200,21 @@ static cl_int set_layout_args(cl_kernel k, cl_mem src, cl_ulong src_off, cl_mem 
 #define MAX_ITEMS ((cl_ulong)1 << 30)
 static cl_int enqueue_items(cl_command_queue q, cl_kernel k, cl_ulong n) {
   cl_ulong most = MAX_ITEMS;
+  int fail_piece = 0; /* none */
 #ifdef AB_FAULT_INJECTION
-  /* test_opencl cuts small launches into pieces: test builds only */
-  const char *test_most = ab__env_str("AB_TEST_OPENCL_MAX_ITEMS");
-  if (test_most != NULL && strtoull(test_most, NULL, 10) > 0) most = strtoull(test_most, NULL, 10);
+  /* test_opencl cuts small launches into pieces, and fails the launch of
+   * one of them (1 the first): test builds only */
+  const char *test_most = ab__env_str("AB_TEST_OPENCL_MAX_ITEMS"), *fail = ab__env_str("AB_TEST_OPENCL_FAIL_PIECE");
+  const cl_ulong m = test_most != NULL ? strtoull(test_most, NULL, 10) : 0;
+  if (m > 0) most = m;
+  if (fail != NULL) fail_piece = atoi(fail);
 #endif
   cl_int e = CL_SUCCESS;
   cl_ulong at = 0; /* items whose pieces started */
   for (int piece = 1; at < n; piece++) {
     const size_t offset = (size_t)at, global = (size_t)(n - at < most ? n - at : most);
-#ifdef AB_FAULT_INJECTION
-    /* test_opencl fails the launch of one piece (1 the first): test builds only */
-    const char *fail = ab__env_str("AB_TEST_OPENCL_FAIL_PIECE");
-    e = fail != NULL && atoi(fail) == piece ? CL_OUT_OF_RESOURCES : CL_SUCCESS;
-#endif
-    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(q, k, 1, &offset, &global, NULL, 0, NULL, NULL);
+    e = piece == fail_piece ? CL_OUT_OF_RESOURCES
+                            : clEnqueueNDRangeKernel(q, k, 1, &offset, &global, NULL, 0, NULL, NULL);
     if (e != CL_SUCCESS) break;
     at += global;
   }

@@ -460,7 +460,8 @@ class Jax(Adapter):
             # Compared as floats: a bound may round outwards there (int32's
             # top is 2^31 as a float32), so what reaches it is the bound.
             x = jnp.where(jnp.isnan(x), 0, jnp.round(x))
-            return jnp.where(x >= info.max, info.max, jnp.where(x <= info.min, info.min, x).astype(dt)).astype(dt)
+            y = jnp.where(x <= info.min, info.min, x).astype(dt)
+            return jnp.where(x >= info.max, info.max, y).astype(dt)
         src = jnp.iinfo(x.dtype)  # clipped by the bounds the source's type can hold
         if info.max < src.max:
             x = jnp.minimum(x, info.max)
@@ -543,10 +544,9 @@ class TensorFlow(Adapter):
         dt = tf.as_dtype(dtype)
         if not dt.is_integer or obj.dtype == tf.bool:
             return tf.cast(obj, dt)
-        x = obj
-        if not x.dtype.is_floating:
-            return tf.saturate_cast(x, dt)
-        x = tf.where(tf.math.is_nan(x), tf.zeros_like(x), tf.round(x))
+        if not obj.dtype.is_floating:
+            return tf.saturate_cast(obj, dt)
+        x = tf.where(tf.math.is_nan(obj), tf.zeros_like(obj), tf.round(obj))
         # saturate_cast clamps at the bounds as floats, where int32's top
         # rounds up to 2^31, which then wraps: what reaches a bound is it.
         hi, lo = tf.constant(dt.max, dt), tf.constant(dt.min, dt)
