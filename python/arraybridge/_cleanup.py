@@ -8,6 +8,7 @@ import sys
 
 from . import _arraybridge as _ab
 from ._frameworks import ADAPTERS
+from ._types import id_of_device
 
 
 def cleanup_all_gpu_frameworks(device_id=None):
@@ -30,7 +31,7 @@ def cleanup_all_gpu_frameworks(device_id=None):
         _ab.empty_cache()
     else:
         for dev in _ab.devices():
-            if dev.split(":")[1] == str(device_id) and not dev.startswith("cpu"):
+            if not dev.startswith("cpu") and id_of_device(dev) == device_id:
                 _ab.empty_cache(dev)
     for adapter in ADAPTERS.values():
         mod = adapter.loaded()

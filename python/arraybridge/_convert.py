@@ -4,7 +4,7 @@ import operator
 import types
 
 from ._frameworks import ADAPTERS, dtype_arg, owner_of
-from ._types import MemoryConversionError, MemoryType, memory_type
+from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
 
@@ -118,7 +118,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
     if gpu_id is not None:
-        gpu_id = int(device.split(":")[1]) if device != "cpu:0" else gpu_id
+        gpu_id = id_of_device(device) if device != "cpu:0" else gpu_id
     try:
         if dtype is not None:
             opts["dtype"] = dtype_arg(dtype)  # a ValueError for a dtype of the other byte order
@@ -127,7 +127,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         if source is target and not opts and sa.device_of(data) == device:
             return data  # already there, as asked
         if gpu_id is None and not ta.has_host:
-            gpu_id = int(device.split(":")[1])
+            gpu_id = id_of_device(device)
         out = ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
         if sa.immutable and target is MemoryType.NUMPY and not opts:
             # A NumPy array of a JAX or TensorFlow array is read-only, as

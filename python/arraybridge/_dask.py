@@ -33,6 +33,7 @@ import threading
 import warnings
 
 from . import _arraybridge as _ab
+from ._types import id_of_device
 
 _PROTOCOL = "distributed.protocol"
 _lock = threading.Lock()
@@ -108,7 +109,7 @@ def cuda_deserialize(header, frames):
     against the device it is labelled with) is the tensor's device."""
     (frame,) = frames
     n = sum(1 for d in _ab.devices() if d.startswith("cuda:"))
-    first = int(header["device"].split(":")[1])
+    first = id_of_device(header["device"])
     dtype = _header_dtype(header)
     error = None
     for gpu in [first] + [i for i in range(n) if i != first]:

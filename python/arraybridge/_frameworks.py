@@ -16,7 +16,7 @@ import threading
 import weakref
 
 from . import _arraybridge as _ab
-from ._types import MemoryConversionError, MemoryType
+from ._types import MemoryConversionError, MemoryType, id_of_device
 
 
 # The dtype names the C core converts between (all one-lane DLPack types
@@ -415,7 +415,7 @@ class CuPy(Adapter):
             return 0
 
     def from_tensor(self, t, mod, gpu_id):
-        with mod.cuda.Device(int(t.device.split(":")[1])):
+        with mod.cuda.Device(id_of_device(t.device)):
             return mod.from_dlpack(t)
 
     def empty_cache(self, mod, device_id=None):

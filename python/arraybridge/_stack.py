@@ -2,7 +2,7 @@
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
 from ._frameworks import ADAPTERS, element_name, float8_name
-from ._types import MemoryConversionError, MemoryType, memory_type as _memory_type
+from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type as _memory_type
 
 
 def stack_slices(slices, memory_type, gpu_id=None):
@@ -48,7 +48,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
             # The result lives in pyclesperanto's own OpenCL context: allocate it
             # there and write the planes into its buffer.
             adapter.check(full, dtype)
-            out = adapter.create(mod, full, dtype, int(device.split(":")[1]))
+            out = adapter.create(mod, full, dtype, id_of_device(device))
         else:
             out = _ab.empty(full, dtype, device)
         for i, s in enumerate(slices):
@@ -58,7 +58,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
     if mt is MemoryType.PYCLESPERANTO:
         return out
     if gpu_id is None and not adapter.has_host:
-        gpu_id = int(device.split(":")[1])
+        gpu_id = id_of_device(device)
     try:
         return adapter.from_tensor(out, mod, gpu_id)
     except Exception as e:  # the framework's own refusal (NumPy has no bfloat16, say)

@@ -59,6 +59,12 @@ def memory_type(value, what="memory type"):
         raise ValueError("Invalid %s %r. Available types: %s" % (what, value, sorted(VALID_MEMORY_TYPES))) from None
 
 
+def id_of_device(device):
+    """The id in an arraybridge device name: 1 for 'cuda:1' (every name the
+    C core gives is 'family:id')."""
+    return int(device.rpartition(":")[2])
+
+
 class MemoryConversionError(Exception):
     """A conversion between two memory types failed.
 
