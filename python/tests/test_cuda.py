@@ -285,6 +285,25 @@ def test_cuda_tensors_describe_themselves_with_the_cuda_array_interface():
             ab._arraybridge._from_cuda_array_interface(Producer(junk), n_cuda() - 1)
 
 
+def test_strided_cuda_tensors_give_their_strides_in_bytes():
+    """The interface's strides are in bytes, DLPack's in elements."""
+    a = sample("float32", (6, 5))
+    dev = n_cuda() - 1
+    t = ab.to_device(a, "cuda:%d" % dev)
+
+    class View:
+        def __init__(self, shape, strides):
+            self.__cuda_array_interface__ = dict(t.__cuda_array_interface__, shape=shape, strides=strides)
+
+    for shape, strides, want in (((3, 5), (40, 4), a[::2]), ((5, 6), (4, 20), a.T)):
+        u = ab._arraybridge._from_cuda_array_interface(View(shape, strides), dev)
+        assert u.strides == tuple(s // 4 for s in strides) and u.data_ptr == t.data_ptr
+        assert u.__cuda_array_interface__["strides"] == strides
+        np.testing.assert_array_equal(host(u), want)
+        # and back in through its own interface: the same elements
+        np.testing.assert_array_equal(host(ab._arraybridge._from_cuda_array_interface(u, dev)), want)
+
+
 def test_dask_cuda_family_sends_the_device_memory_itself():
     try:
         import distributed.protocol as dp

@@ -220,6 +220,9 @@ def test_dask_counts_a_tensors_bytes(client):
     # a broadcast (strides of 0) holds one row, not its elements
     b = ab.to_device(np.broadcast_to(np.zeros(250), (1000, 250)), "cpu")
     assert b.strides == (0, 1) and b.nbytes == 2_000_000 and sizeof(b) == 2000
+    # ... and one reversed (a negative stride spans as many bytes)
+    r = ab.to_device(np.broadcast_to(np.arange(5.0)[::-1], (3, 5)), "cpu")
+    assert r.strides == (0, -1) and sizeof(r) == 40
     # ... and a worker's count of a task's result
     x = client.submit(lambda: ab.to_device(np.zeros(500_000), "cpu"), pure=False)
     x.result(timeout=120)

@@ -720,6 +720,15 @@ def test_stream_must_be_none_for_host_memory():
         t.__dlpack__(max_version=3)
 
 
+def test_stream_of_a_device_tensor_takes_no_number_below_minus_one():
+    opencl(1)
+    t = ab.to_device(np.arange(3), "opencl:0")
+    for bad in (-2, -(1 << 40)):
+        with pytest.raises(ValueError, match="stream must be -1"):
+            t.__dlpack__(stream=bad)
+    assert t.__dlpack__(stream=-1) is not None and t.__dlpack__(stream=None) is not None
+
+
 def test_non_producers_are_type_errors():
     with pytest.raises(TypeError, match="DLPack"):
         ab.from_dlpack([1, 2, 3])

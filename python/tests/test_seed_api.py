@@ -140,6 +140,33 @@ def test_a_gpu_that_does_not_exist_is_named_with_the_ids_that_do(fw):
         ab.convert_memory(np.zeros(3), "numpy", fw, gpu_id=7)
 
 
+def test_bool_and_negative_gpu_ids_are_refused_not_taken_as_devices():
+    """True and False are ints to Python: taken, they would send data to
+    device 1 or 0 without a word; -1 is the C core's "device with most free
+    memory", not a device the seed API names."""
+    opencl(2)
+    need("pyclesperanto")
+    a = np.arange(6, dtype=np.float32)
+    for target, display in (("pyclesperanto", "pyclesperanto"), ("torch", "PyTorch")):
+        need(target)
+        for bad in (True, False):
+            with pytest.raises(ab.MemoryConversionError, match="gpu_id must be an int or None, not %s" % bad):
+                ab.convert_memory(a, "numpy", target, gpu_id=bad)
+        with pytest.raises(ab.MemoryConversionError, match="%s device -1 is unavailable" % display):
+            ab.convert_memory(a, "numpy", target, gpu_id=-1)
+
+
+def test_unhashable_memory_type_names_are_value_errors_naming_the_valid_ones():
+    a = np.zeros(3)
+    for bad in ([], {}):
+        with pytest.raises(ValueError, match=r"Invalid source_type .*Available types: \['cupy'"):
+            ab.convert_memory(a, bad, "numpy")
+        with pytest.raises(ValueError, match=r"Invalid target_type .*Available types"):
+            ab.convert_memory(a, "numpy", bad)
+        with pytest.raises(ValueError, match=r"Invalid memory_type .*Available types"):
+            ab.stack_slices([a], bad)
+
+
 def test_numpy_ignores_gpu_id_and_returns_the_same_array():
     a = np.arange(4.0)
     assert ab.convert_memory(a, "numpy", "numpy", gpu_id=3) is a
@@ -215,6 +242,18 @@ def test_zero_d_empty_strided_and_reversed_numpy_sources(dst):
         got = values(dst, y)
         assert got.shape == a.shape and got.dtype == a.dtype
         np.testing.assert_array_equal(got, a)
+
+
+def test_a_writable_broadcast_reaches_torch_as_a_view_with_its_zero_stride():
+    """Strides of 0 are not negative: PyTorch takes them, so the array is
+    shared, not copied (a read-only one PyTorch copies anyway)."""
+    torch = need("torch")
+    base = np.arange(3, dtype=np.float32)
+    b = np.lib.stride_tricks.as_strided(base, (4, 3), (0, 4), writeable=True)
+    y = ab.convert_memory(b, "numpy", "torch")
+    assert y.stride() == (0, 1) and y.data_ptr() == base.ctypes.data
+    np.testing.assert_array_equal(y.numpy(), b)
+    assert isinstance(y, torch.Tensor)
 
 
 def test_conversion_keywords_apply_in_the_same_move():
@@ -420,6 +459,7 @@ def test_pyclesperanto_targets_check_permute_as_the_other_targets_do():
                         ((0, 0, 5), "permute axis 5 is out of range"),
                         # repeats told by the axis counted from the end
                         ((0, -3, 1), r"permute\[1\] is 0; want"),
+                        ((0, 1, -4), "permute axis -4 is out of range for a 3-dimensional tensor"),
                         ((0, 1, 2**70), "permute axis is out of range for a 3-dimensional tensor"),
                         ((0, 1, -2**63), "permute axis is out of range for a 3-dimensional tensor")):
         said = []
@@ -603,6 +643,11 @@ def test_pyclesperanto_between_its_devices_and_with_a_cast():
     g1 = ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=1, dtype="float32", scale=0.5)
     assert g1.__dlpack_device__() == (4, 1) and g1.dtype == np.float32
     np.testing.assert_array_equal(cle.pull(g1), a.astype(np.float32) * 0.5)
+    # no options: a move, not the same array back (it is on device 0)
+    m = ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=1)
+    assert m is not g0 and m.__dlpack_device__() == (4, 1)
+    np.testing.assert_array_equal(cle.pull(m), a)
+    assert ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=0) is g0
     before = cle.get_device().index
     ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=1 - before)
     assert cle.get_device().index == before, "convert_memory changed pyclesperanto's current device"
@@ -1108,6 +1153,21 @@ def test_cleanup_all_gpu_frameworks_checks_its_device_id():
     assert ab.cleanup_all_gpu_frameworks(99) is None  # no such device: nothing of ours to free
 
 
+def test_cleanup_all_gpu_frameworks_of_one_device_trims_that_device_only():
+    opencl(2)
+    ab.empty_cache()
+    for dev in ("opencl:0", "opencl:1"):
+        del_me = ab.to_device(np.zeros(1 << 19), dev)  # 4 MiB, back to the pool at once
+        del del_me
+    held = {d: ab.memory_stats(d)["reserved_bytes"]["current"] for d in ("opencl:0", "opencl:1")}
+    assert min(held.values()) > 0
+    ab.cleanup_all_gpu_frameworks(0)
+    assert ab.memory_stats("opencl:0")["reserved_bytes"]["current"] == 0
+    assert ab.memory_stats("opencl:1")["reserved_bytes"]["current"] == held["opencl:1"]
+    ab.cleanup_all_gpu_frameworks(1)
+    assert ab.memory_stats("opencl:1")["reserved_bytes"]["current"] == 0
+
+
 def test_decorators_convert_the_first_array_argument_and_pass_the_rest():
     # A method's self (the reference page's MultiGPUModel decorates methods),
     # a classmethod's cls, data given by keyword, a call without arrays.
@@ -1545,8 +1605,10 @@ def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
         ab.stack_slices([np.zeros((2, 2)), np.zeros(2)], "numpy")
     with pytest.raises(ValueError, match="index 1 has shape"):
         ab.stack_slices([np.zeros((2, 2)), np.zeros((2, 3))], "numpy")
-    with pytest.raises(ValueError, match="must be 3D"):
-        ab.unstack_slices(np.zeros((2, 2)), "numpy")
+    for shape in ((2, 2), (2, 2, 2, 2)):
+        for validate in (True, False):  # validate_slices checks the slices, not the array
+            with pytest.raises(ValueError, match="must be 3D"):
+                ab.unstack_slices(np.zeros(shape), "numpy", validate_slices=validate)
 
 
 def test_stack_slices_of_complex_and_a_dtype_the_target_lacks():
