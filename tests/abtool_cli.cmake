@@ -23,6 +23,7 @@ expect(0 "cpu: 1 device" info)
 # the host kernels and threads it runs with (the kernel choice, explained)
 expect(0 "threads; stores 1-16B: " info)
 expect(0 "\"type\": \"cpu\", \"count\": 1" info --json)
+expect(0 "\"cuda_peer_access\": [" info --json)
 expect(0 "from row to column" bandwidth --sizes 4K --reps 1 --devices cpu)
 expect(0 "usage: abtool convert" convert --help)
 expect(0 "1. convert on the host: uint8 -> float32, scaled" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32
@@ -37,6 +38,12 @@ expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu
 expect(2 "--offset needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --offset 1junk --out "${WORK}/x.npy")
 expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale inf --out "${WORK}/x.npy")
 expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale 1e999 --out "${WORK}/x.npy")
+# ... and written as --permute's numbers are: no blanks, '+' or hex
+foreach(bad " 2" "+2" "0x10" "-" ".")
+  expect(2 "--scale needs a finite number" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale "${bad}" --out "${WORK}/x.npy")
+endforeach()
+expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --scale -.5 --offset 1e3 --out "${WORK}/x.npy")
+expect(2 "the array is 0-d" convert "${DATA}/f64_scalar.npy" --to cpu --permute 0 --out "${WORK}/x.npy")
 expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float64 --scale 1e-310 --out "${WORK}/tiny.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,0,1 --out "${WORK}/x.npy")
 expect(2 "is not an order of the 3 axes" convert "${DATA}/u8_2x3x4.npy" --to cpu --permute 0,1 --out "${WORK}/x.npy")
@@ -55,7 +62,10 @@ expect(2 "--sizes needs a value" bandwidth --devices cpu --sizes)
 expect(2 "--reps must be 1..1000" bandwidth --reps 5x --sizes 4K --devices cpu)
 expect(2 "--reps must be 1..1000" bandwidth --reps " 5" --sizes 4K --devices cpu)
 expect(2 "bad size" bandwidth --sizes -4K --devices cpu)
-expect(3 "cannot create" convert "${DATA}/u8_2x3x4.npy" --to cpu --out "${WORK}/no-such-dir/x.npy")
+# ... with the reason (strerror: abtool sets no locale)
+expect(3 "cannot create ${WORK}/no-such-dir/x.npy: No such file or directory" convert "${DATA}/u8_2x3x4.npy"
+       --to cpu --out "${WORK}/no-such-dir/x.npy")
+expect(3 "cannot create ${WORK}: Is a directory" convert "${DATA}/u8_2x3x4.npy" --to cpu --out "${WORK}")
 expect(1 "does not exist" convert "${DATA}/u8_2x3x4.npy" --to cpu:5 --out "${WORK}/x.npy")
 
 # The conversion NumPy did for us: (a.transpose(2,0,1).astype(float32) * 0.5 + 1)
@@ -63,8 +73,48 @@ expect(0 "" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32 --permute 2,
        --out "${WORK}/got.npy")
 # the data: the last 96 bytes (24 floats)
 same_data("${WORK}/got.npy" "${DATA}/expect_u8_permuted_scaled.npy" 96 "abtool convert differs from NumPy")
-# A Fortran-order file comes back C-ordered with the same values.
+# A Fortran-order file comes back C-ordered with the same values:
+# np.linspace(0, 11/3, 12, dtype=float32).reshape(3, 4), in C order.
 expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy")
+file(READ "${WORK}/f.npy" f_hex HEX)
+string(LENGTH "${f_hex}" f_len)
+math(EXPR f_at "${f_len} - 96")
+string(SUBSTRING "${f_hex}" ${f_at} 96 f_data)
+if(NOT f_data STREQUAL "00000000abaaaa3eabaa2a3f0000803fabaaaa3f5555d53f0000004055551540abaa2a400000404055555540abaa6a40")
+  message(FATAL_ERROR "abtool convert of a Fortran-order file: data ${f_data}")
+endif()
+# OUT may be IN: replaced once the new file is whole, nothing left beside it
+file(COPY_FILE "${DATA}/u8_2x3x4.npy" "${WORK}/inplace.npy")
+expect(0 "" convert "${WORK}/inplace.npy" --to cpu --dtype float32 --permute 2,0,1 --scale 0.5 --offset 1
+       --out "${WORK}/inplace.npy")
+same_data("${WORK}/inplace.npy" "${DATA}/expect_u8_permuted_scaled.npy" 96 "abtool convert IN --out IN")
+file(GLOB leftovers "${WORK}/inplace.npy?*")
+if(leftovers)
+  message(FATAL_ERROR "abtool convert left ${leftovers}")
+endif()
+# A write that fails (here a file size limit of 0) leaves an existing OUT,
+# the input itself, as it was (it was truncated, then cut short), and
+# leaves no new file behind.
+file(COPY_FILE "${DATA}/u8_2x3x4.npy" "${WORK}/keep.npy")
+foreach(out keep.npy fresh.npy)
+  execute_process(COMMAND sh -c "ulimit -f 0; trap '' XFSZ; exec \"$0\" \"$@\"" "${ABTOOL}" convert
+                          "${WORK}/keep.npy" --to cpu --dtype float64 --out "${WORK}/${out}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out_text ERROR_VARIABLE err_text)
+  if(NOT rc EQUAL 3 OR NOT err_text MATCHES "writing .*${out} failed: ")
+    message(FATAL_ERROR "abtool convert under a file size limit of 0: exit ${rc}\n${out_text}${err_text}")
+  endif()
+endforeach()
+file(READ "${WORK}/keep.npy" kept HEX)
+file(READ "${DATA}/u8_2x3x4.npy" orig HEX)
+file(GLOB leftovers "${WORK}/keep.npy?*" "${WORK}/fresh.npy*")
+if(NOT kept STREQUAL orig OR leftovers)
+  message(FATAL_ERROR "a failed write changed keep.npy or left ${leftovers}")
+endif()
+# A stream that is no .npy file is refused at its first bytes, not read
+# to the end (/dev/zero has none)
+if(EXISTS /dev/zero)
+  expect(3 "not a .npy file" convert /dev/zero --to cpu --out "${WORK}/x.npy")
+endif()
 # To the host with nothing to change: the result is a view of the file's
 # bytes, which must still be there when it is written (the ASan tier
 # reported a use-after-free here; elsewhere the bytes could be another

@@ -17,13 +17,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "arraybridge/arraybridge.h"
 #include "npy.h"
 
-enum { EXIT_LIB = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
+enum { EXIT_LIB = 1, EXIT_USAGE = 2, EXIT_FILE = 3 };
 
 /* The device types of this build (ab_device_types), filled by main. */
 static DLDeviceType all_types[32];
@@ -135,28 +136,31 @@ static int cmd_info(int argc, char **argv) {
     }
     if (json) printf("]}");
   }
-  if (json) {
-    printf("]}\n");
-    return 0;
-  }
   /* The peer matrix, like nvidia-smi topo -m: can the column GPU read the
-   * row GPU's memory directly? */
+   * row GPU's memory directly? In JSON, one entry per ordered pair. */
   const int32_t ngpu = ab_device_count(kDLCUDA);
-  if (ngpu > 1) {
+  int pairs = 0;
+  if (json) printf("], \"cuda_peer_access\": [");
+  else if (ngpu > 1) {
     printf("\nCUDA peer access (row -> column; P2P = direct, - = through the host):\n%8s", "");
     for (int32_t j = 0; j < ngpu; j++) printf(" cuda:%-3d", (int)j);
     printf("\n");
-    for (int32_t i = 0; i < ngpu; i++) {
-      printf(" cuda:%-2d", (int)i);
-      for (int32_t j = 0; j < ngpu; j++) {
-        int can = 0;
-        if (ab_peer_access((DLDevice){kDLCUDA, i}, (DLDevice){kDLCUDA, j}, &can) != AB_OK) return lib_fail("peer");
-        printf(" %-8s", i == j ? "X" : can ? "P2P" : "-");
-      }
-      printf("\n");
-    }
-    printf("Peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
   }
+  for (int32_t i = 0; i < ngpu && ngpu > 1; i++) {
+    if (!json) printf(" cuda:%-2d", (int)i);
+    for (int32_t j = 0; j < ngpu; j++) {
+      int can = 0;
+      if (i != j && ab_peer_access((DLDevice){kDLCUDA, i}, (DLDevice){kDLCUDA, j}, &can) != AB_OK)
+        return lib_fail("peer");
+      if (!json) printf(" %-8s", i == j ? "X" : can ? "P2P" : "-");
+      else if (i != j)
+        printf("%s{\"from\": \"cuda:%d\", \"to\": \"cuda:%d\", \"p2p\": %s}", pairs++ ? ", " : "", (int)i,
+               (int)j, can ? "true" : "false");
+    }
+    if (!json) printf("\n");
+  }
+  if (json) printf("]}\n");
+  else if (ngpu > 1) printf("Peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
   return 0;
 }
 
@@ -173,11 +177,15 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The whole of `s` as a finite number; -1 when it is not one (atof would
- * take "abc" as 0 and "2x" as 2). Past double's range is infinite, so
- * refused; a subnormal (strtod's ERANGE too) is taken. */
+/* The whole of `s` as a finite decimal number (a '-' in front, no blanks,
+ * '+' or hex, as parse_long); -1 when it is not one (atof would take "abc"
+ * as 0 and "2x" as 2). Past double's range is infinite, so refused; a
+ * subnormal (strtod's ERANGE too) is taken. */
 static int parse_double(const char *s, double *out) {
   char *end;
+  const char *digits = s[0] == '-' ? s + 1 : s;
+  if (!isdigit((unsigned char)digits[0]) && !(digits[0] == '.' && isdigit((unsigned char)digits[1]))) return -1;
+  if (digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) return -1;
   double v = strtod(s, &end);
   if (end == s || *end != '\0' || !isfinite(v)) return -1;
   *out = v;
@@ -226,6 +234,11 @@ static bool list_ok(const char *cmd, const char *opt, const char *list, char *bu
   return true;
 }
 
+/* "opencl:1": the name of dev as --devices takes it. */
+static void dev_name(char *buf, size_t len, DLDevice dev) {
+  snprintf(buf, len, "%s:%d", ab_device_type_name(dev.device_type), (int)dev.device_id);
+}
+
 static int cmd_bandwidth(int argc, char **argv) {
   size_t sizes[16];
   int nsizes = 0, reps = 5;
@@ -244,8 +257,9 @@ static int cmd_bandwidth(int argc, char **argv) {
       reps = (int)v;
     } else if (strcmp(argv[i], "--help") == 0) {
       printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
-             "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there),\n"
-             "median of N copies each (default 5), beside memcpy of the same size.\n");
+             "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there;\n"
+             "cuda_managed only when named), median of N copies each (default 5), beside memcpy of the\n"
+             "same size on one thread.\n");
       return 0;
     } else {
       static const char *const valued[] = {"--sizes", "--devices", "--reps", NULL};
@@ -328,24 +342,32 @@ static int cmd_bandwidth(int argc, char **argv) {
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     const double memcpy_s = t[reps / 2];
-    free(a);
     free(b);
+    int64_t shape[1] = {(int64_t)n};
+    DLTensor host = {a, {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, shape, NULL, 0};
     printf("\n%zu bytes: GB/s (latency us) from row to column; memcpy %.2f GB/s (%.1f us)\n", n,
            (double)n / memcpy_s / 1e9, memcpy_s * 1e6);
     printf("%14s", "");
     for (int j = 0; j < ndevs; j++) {
       char name[32];
-      snprintf(name, sizeof name, "%s:%d", ab_device_type_name(devs[j].device_type), (int)devs[j].device_id);
+      dev_name(name, sizeof name, devs[j]);
       printf(" %18s", name);
     }
     printf("\n");
     for (int i = 0; i < ndevs; i++) {
       char name[32];
-      snprintf(name, sizeof name, "%s:%d", ab_device_type_name(devs[i].device_type), (int)devs[i].device_id);
+      dev_name(name, sizeof name, devs[i]);
       printf("%14s", name);
-      int64_t shape[1] = {(int64_t)n};
+      /* The row's source holds a's bytes: memory never written would be
+       * read from the kernel's zero page on the host, from the cache,
+       * faster than the memcpy above reads its own. */
+      ab_convert_opts fill = AB_CONVERT_OPTS_INIT;
+      fill.copy = AB_COPY_ALWAYS;
       DLManagedTensorVersioned *src;
-      if (ab_tensor_alloc(devs[i], 1, shape, (DLDataType){kDLUInt, 8, 1}, &src) != AB_OK) return lib_fail(name);
+      if (ab_convert_memory(&host, devs[i], &fill, &src) != AB_OK) {
+        free(a);
+        return lib_fail(name);
+      }
       for (int j = 0; j < ndevs; j++) {
         if (progress) fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
         ab_convert_opts o = AB_CONVERT_OPTS_INIT;
@@ -357,6 +379,7 @@ static int cmd_bandwidth(int argc, char **argv) {
           double dt = now() - t0;
           if (st != AB_OK) {
             src->deleter(src);
+            free(a);
             return lib_fail("convert");
           }
           dst->deleter(dst);
@@ -370,35 +393,41 @@ static int cmd_bandwidth(int argc, char **argv) {
       printf("\n");
       src->deleter(src);
     }
+    free(a);
   }
   return 0;
 }
 
 /* ---- convert ------------------------------------------------------------------ */
 
-static int parse_dtype(const char *s, DLDataType *out) { return ab_parse_dtype(s, out) == AB_OK ? 0 : -1; }
-
+/* The whole of a file, or NULL with errno set. A regular file is read
+ * into a buffer of its size; anything else (a pipe, /dev/zero) in growing
+ * pieces, and only while it starts as a .npy file does. */
 static uint8_t *read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (f == NULL) return NULL;
-  size_t cap = 1 << 16, n = 0;
+  struct stat st;
+  const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+  size_t cap = regular && (uintmax_t)st.st_size < SIZE_MAX ? (size_t)st.st_size + 1 : (size_t)1 << 16, n = 0;
   uint8_t *buf = malloc(cap);
   while (buf) {
     n += fread(buf + n, 1, cap - n, f);
-    if (n < cap) break;
+    if (n < cap || (n >= 6 && memcmp(buf, "\x93NUMPY", 6) != 0)) break; /* the parser says why not */
     uint8_t *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
     if (bigger == NULL) {
       free(buf);
       buf = NULL;
+      errno = ENOMEM;
       break;
     }
     buf = bigger;
     cap *= 2;
   }
-  int bad = ferror(f);
+  const int e = ferror(f) ? errno : 0;
   fclose(f);
-  if (bad) {
+  if (buf != NULL && e != 0) {
     free(buf);
+    errno = e;
     return NULL;
   }
   *len = n;
@@ -448,7 +477,7 @@ static int cmd_convert(int argc, char **argv) {
     return EXIT_USAGE;
   }
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  if (dtype_s && parse_dtype(dtype_s, &o.dtype) != 0) {
+  if (dtype_s && ab_parse_dtype(dtype_s, &o.dtype) != AB_OK) {
     fprintf(stderr, "abtool convert: unknown --dtype %s\n", dtype_s);
     return EXIT_USAGE;
   }
@@ -461,14 +490,14 @@ static int cmd_convert(int argc, char **argv) {
   uint8_t *buf = read_file(in, &len);
   if (buf == NULL) {
     fprintf(stderr, "abtool convert: cannot read %s: %s\n", in, strerror(errno));
-    return EXIT_INPUT;
+    return EXIT_FILE;
   }
   npy_array a;
   char err[256];
   if (npy_parse(buf, len, &a, err, sizeof err) != 0) {
     fprintf(stderr, "abtool convert: %s: %s\n", in, err);
     free(buf);
-    return EXIT_INPUT;
+    return EXIT_FILE;
   }
   int32_t perm[NPY_MAX_NDIM];
   if (perm_s) {
@@ -489,8 +518,11 @@ static int cmd_convert(int argc, char **argv) {
       perm[n++] = (int32_t)v;
     }
     if (!ok || n != a.ndim) {
-      fprintf(stderr, "abtool convert: --permute \"%s\" is not an order of the %d axes (each of 0..%d once)\n",
-              perm_s, (int)a.ndim, (int)a.ndim - 1);
+      if (a.ndim == 0)
+        fprintf(stderr, "abtool convert: --permute \"%s\": the array is 0-d, it has no axes to order\n", perm_s);
+      else
+        fprintf(stderr, "abtool convert: --permute \"%s\" is not an order of the %d axes (each of 0..%d once)\n",
+                perm_s, (int)a.ndim, (int)a.ndim - 1);
       free(buf);
       return EXIT_USAGE;
     }
@@ -531,7 +563,7 @@ static int cmd_convert(int argc, char **argv) {
   free(buf);
   if (rc != 0) {
     fprintf(stderr, "abtool convert: %s\n", err);
-    return EXIT_INPUT;
+    return EXIT_FILE;
   }
   return 0;
 }

@@ -33,7 +33,9 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
 const char *npy_descr(DLDataType dtype);
 
 /* Writes a compact host tensor as a version 1.0 .npy file; 0 or -1 with
- * the reason in err. */
+ * the reason in err. An existing regular file at path is replaced only
+ * when the new one is complete (a failed write leaves it as it was); a
+ * new file is removed on failure. */
 int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen);
 
 #endif
