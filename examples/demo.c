@@ -2,6 +2,7 @@
  * can reach, then converts tensors between every available device, checks
  * every result against the source and says what happened. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,11 @@ static void demo_host(void) {
 static void demo_round_trips(void) {
   enum { N = 1000 };
   float *v = malloc(N * sizeof *v);
+  if (v == NULL) {
+    printf("  error: out of host memory\n");
+    failures++;
+    return;
+  }
   for (int i = 0; i < N; i++) v[i] = (float)i * 0.5f;
   int64_t shape[1] = {N};
   DLTensor src = {v, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, NULL, 0};
@@ -115,14 +121,16 @@ static void demo_round_trips(void) {
   DLManagedTensorVersioned *cur = NULL;
   char path[256] = "cpu:0";
   int hops = 0;
-  for (size_t k = 0; k < nkinds; k++) {
-    for (int32_t i = 0; i < ab_device_count(kinds[k]); i++) {
+  bool broken = false; /* a hop failed: the chain stops there */
+  for (size_t k = 0; k < nkinds && !broken; k++) {
+    for (int32_t i = 0; i < ab_device_count(kinds[k]) && !broken; i++) {
       DLManagedTensorVersioned *next = NULL;
       const DLTensor *from = cur ? &cur->dl_tensor : &src;
       if (ab_convert_memory(from, (DLDevice){kinds[k], i}, &always, &next) != AB_OK) {
-        printf("  error: %s\n", ab_last_error());
+        printf("  %s -> %s:%" PRId32 " error: %s\n", path, ab_device_type_name(kinds[k]), i, ab_last_error());
         failures++;
-        break;
+        broken = true;
+        continue;
       }
       if (cur) cur->deleter(cur);
       cur = next;
@@ -131,7 +139,7 @@ static void demo_round_trips(void) {
       snprintf(path + len, sizeof path - len, " -> %s:%" PRId32, ab_device_type_name(kinds[k]), i);
     }
   }
-  if (cur != NULL && hops > 1) {
+  if (cur != NULL && hops > 1 && !broken) {
     DLManagedTensorVersioned *back = NULL;
     if (ab_convert_memory(&cur->dl_tensor, (DLDevice){kDLCPU, 0}, &always, &back) == AB_OK) {
       size_t len = strlen(path);
@@ -157,7 +165,11 @@ static void demo_pool(void) {
   ab_convert_opts always = AB_CONVERT_OPTS_INIT;
   always.copy = AB_COPY_ALWAYS;
   struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
-  ab_pool_stats((DLDevice){kDLCPU, 0}, &before);
+  if (ab_pool_stats((DLDevice){kDLCPU, 0}, &before) != AB_OK) {
+    printf("  error: %s\n", ab_last_error());
+    failures++;
+    return;
+  }
   for (int i = 0; i < 100; i++) {
     DLManagedTensorVersioned *t;
     if (ab_convert_memory(&src, (DLDevice){kDLCPU, 0}, &always, &t) != AB_OK) {
@@ -167,7 +179,11 @@ static void demo_pool(void) {
     }
     t->deleter(t);
   }
-  ab_pool_stats((DLDevice){kDLCPU, 0}, &after);
+  if (ab_pool_stats((DLDevice){kDLCPU, 0}, &after) != AB_OK) {
+    printf("  error: %s\n", ab_last_error());
+    failures++;
+    return;
+  }
   printf("\nThe host pool, after 100 copies of a 64 KiB frame:\n");
   check(after.backend_allocs - before.backend_allocs <= 1 && after.cache_hits - before.cache_hits >= 99,
         "at most one driver allocation, every other copy a cache hit");

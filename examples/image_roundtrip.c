@@ -10,6 +10,9 @@
  *   5. check every pixel is 255 - the original, and write the PNG.
  *
  * Usage: ab_image [--device cuda:0|opencl:1|cpu|all] [IN.png] OUT.png
+ * Exit status: 0 when every round trip came back exact and was written,
+ * 2 for a bad command line (a --device name that does not parse too),
+ * 1 otherwise (a device that is not there, a library or PNG failure).
  * Without IN.png a test pattern is drawn, written next to OUT.png as
  * *-input.png and read back through libpng. Without --device the best
  * device is used (ab_best_device: a GPU when there is one); "all" runs
@@ -134,7 +137,7 @@ static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *
   size_t n = (size_t)w * h * 3, off = 0;
   for (size_t i = 0; i < n; i++) off += res[i] != 255 - px[i];
   int rc = write_png(out, res, w, h);
-  printf("%zu values inverted, %zu differ from 255 - x; wrote %s\n", n, off, out);
+  printf("%zu values inverted, %zu differ from 255 - x; %s %s\n", n, off, rc == 0 ? "wrote" : "could not write", out);
   back->deleter(back);
   return rc != 0 || off != 0;
 }
@@ -158,7 +161,14 @@ int main(int argc, char **argv) {
   const size_t len = strlen(out);
   const int stem = (int)(len > 4 && strcmp(out + len - 4, ".png") == 0 ? len - 4 : len);
   DLDevice dev = ab_best_device();
-  if (device != NULL && strcmp(device, "all") != 0 && ab_parse_device(device, &dev) != AB_OK) return fail("--device");
+  if (device != NULL && strcmp(device, "all") != 0) {
+    struct ab_device_info info;
+    if (ab_parse_device(device, &dev) != AB_OK) { /* a name that does not parse: a usage error */
+      fail("--device");
+      return 2;
+    }
+    if (ab_device_info(dev, &info) != AB_OK) return fail(device); /* absent: said before any work */
+  }
 
   int w, h;
   uint8_t *px;

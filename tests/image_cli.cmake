@@ -4,7 +4,7 @@ include("${CMAKE_CURRENT_LIST_DIR}/cli_expect.cmake")
 
 # OUT alone: a test card is drawn beside it and round-tripped
 expect(0 "drew a test card into ${WORK}/a-input.png" --device cpu "${WORK}/a.png")
-expect(0 "0 differ" --device cpu "${WORK}/a.png")
+expect(0 ", 0 differ" --device cpu "${WORK}/a.png")
 # IN OUT, with the option between them: IN is read, no card drawn (IN
 # used to be taken only as the next-to-last argument, and was ignored)
 expect(0 "wrote ${WORK}/b.png" "${WORK}/a-input.png" --device cpu "${WORK}/b.png")
@@ -19,4 +19,12 @@ expect(2 "usage" "${WORK}/a-input.png" "${WORK}/b.png" "${WORK}/c.png")
 expect(2 "usage" --bogus "${WORK}/b.png")
 expect(2 "usage")
 expect(2 "usage" "")
+# a device that does not parse is a usage error; one not there is refused
+# before the card is drawn; a PNG that cannot be written is not "wrote"
+expect(2 "--device" --device gpu "${WORK}/d.png")
+expect(1 "opencl:7" --device opencl:7 "${WORK}/d.png")
+if(EXISTS "${WORK}/d-input.png")
+  message(FATAL_ERROR "ab_image drew a card for a device that is not there")
+endif()
+expect(1 "could not write ${WORK}/no-such-dir/e.png" "${WORK}/a-input.png" --device cpu "${WORK}/no-such-dir/e.png")
 message(STATUS "image_cli: all checks passed")
