@@ -239,6 +239,127 @@ static void dev_name(char *buf, size_t len, DLDevice dev) {
   snprintf(buf, len, "%s:%d", ab_device_type_name(dev.device_type), (int)dev.device_id);
 }
 
+/* --sizes into sizes[16]: *n of them, or -1 after saying why. */
+static int parse_sizes(const char *list, size_t *sizes, int *n) {
+  char buf[1024];
+  *n = 0;
+  if (!list_ok("bandwidth", "--sizes", list, buf, sizeof buf)) return -1;
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (*n == 16) {
+      fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
+      return -1;
+    }
+    /* read as the library reads AB_MEMORY_LIMIT's sizes */
+    uint64_t v = 0;
+    const bool parsed = ab_parse_size(tok, &v) == AB_OK;
+    if (!parsed || v == 0 || v > SIZE_MAX) {
+      if (parsed && v > SIZE_MAX)
+        fprintf(stderr, "abtool bandwidth: size \"%s\" is larger than this build's memory can hold\n", tok);
+      else
+        fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n",
+                tok);
+      return -1;
+    }
+    sizes[(*n)++] = (size_t)v;
+  }
+  if (*n == 0) { /* "," or "": nothing to measure is a mistake, not a run */
+    fprintf(stderr, "abtool bandwidth: --sizes \"%s\" names no size\n", list);
+    return -1;
+  }
+  return 0;
+}
+
+/* --devices into devs[64], each checked present and able to hold a tensor
+ * (not staging memory, say) before the table starts; without a list,
+ * every device present but managed memory. 0, or an exit code after
+ * saying why. */
+static int parse_devices(const char *list, DLDevice *devs, int *n) {
+  *n = 0;
+  if (list == NULL) {
+    for (size_t k = 0; k < ntypes; k++)
+      for (int32_t i = 0; i < ab_device_count(all_types[k]) && *n < 64; i++)
+        if (all_types[k] != kDLCUDAManaged) devs[(*n)++] = (DLDevice){all_types[k], i};
+    return 0;
+  }
+  char buf[1024];
+  if (!list_ok("bandwidth", "--devices", list, buf, sizeof buf)) return EXIT_USAGE;
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (*n == 64 || ab_parse_device(tok, &devs[*n]) != AB_OK) {
+      fprintf(stderr, "abtool bandwidth: %s\n", *n == 64 ? "too many devices" : ab_last_error());
+      return EXIT_USAGE;
+    }
+    if (devs[*n].device_id == AB_DEVICE_AUTO) { /* a table needs the device each row is */
+      fprintf(stderr, "abtool bandwidth: --devices %s: name a device id (%s:0, ...), not auto\n", tok,
+              ab_device_type_name(devs[*n].device_type));
+      return EXIT_USAGE;
+    }
+    DLManagedTensorVersioned *probe;
+    if (ab_tensor_alloc(devs[*n], 1, (int64_t[]){1}, (DLDataType){kDLUInt, 8, 1}, &probe) != AB_OK)
+      return lib_fail(tok);
+    probe->deleter(probe);
+    (*n)++;
+  }
+  if (*n == 0) { /* "," or "": as for --sizes */
+    fprintf(stderr, "abtool bandwidth: --devices \"%s\" names no device\n", list);
+    return EXIT_USAGE;
+  }
+  return 0;
+}
+
+/* The median seconds of reps memcpy calls from a to b (n bytes), after
+ * one warm-up, as for the conversions. */
+static double memcpy_median(char *b, const char *a, size_t n, int reps) {
+  double t[1000];
+  memcpy(b, a, n);
+  for (int r = 0; r < reps; r++) {
+    double t0 = now();
+    memcpy(b, a, n);
+    t[r] = now() - t0;
+  }
+  qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+  return t[reps / 2];
+}
+
+/* One row of the table: host's bytes, put on `from`, copied to every
+ * device (median of reps after a warm-up). 0, or lib_fail's code. */
+static int bandwidth_row(const DLTensor *host, DLDevice from, const DLDevice *devs, int ndevs, int reps,
+                         bool progress) {
+  char name[32];
+  dev_name(name, sizeof name, from);
+  printf("%14s", name);
+  /* The source holds data: memory never written would be read from the
+   * kernel's zero page on the host, from the cache, faster than the
+   * memcpy baseline reads its own. */
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  DLManagedTensorVersioned *src;
+  if (ab_convert_memory(host, from, &o, &src) != AB_OK) return lib_fail(name);
+  for (int j = 0; j < ndevs; j++) {
+    if (progress) fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
+    double t[1000];
+    for (int r = 0; r <= reps; r++) {
+      DLManagedTensorVersioned *dst;
+      double t0 = now();
+      ab_status st = ab_convert_memory(&src->dl_tensor, devs[j], &o, &dst);
+      double dt = now() - t0;
+      if (st != AB_OK) {
+        src->deleter(src);
+        return lib_fail("convert");
+      }
+      dst->deleter(dst);
+      if (r > 0) t[r - 1] = dt; /* the first is a warm-up */
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    const size_t n = (size_t)host->shape[0];
+    printf(" %9.2f (%6.1f)", (double)n / t[reps / 2] / 1e9, t[reps / 2] * 1e6);
+    fflush(stdout);
+  }
+  if (progress) fprintf(stderr, "\r%*s\r", 40, "");
+  printf("\n");
+  src->deleter(src);
+  return 0;
+}
+
 static int cmd_bandwidth(int argc, char **argv) {
   size_t sizes[16];
   int nsizes = 0, reps = 5;
@@ -267,62 +388,12 @@ static int cmd_bandwidth(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  char buf[1024];
-  if (!list_ok("bandwidth", "--sizes", size_list, buf, sizeof buf)) return EXIT_USAGE;
-  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    if (nsizes == 16) {
-      fprintf(stderr, "abtool bandwidth: --sizes has more than 16 sizes\n");
-      return EXIT_USAGE;
-    }
-    /* read as the library reads AB_MEMORY_LIMIT's sizes */
-    uint64_t v = 0;
-    const bool parsed = ab_parse_size(tok, &v) == AB_OK;
-    if (!parsed || v == 0 || v > SIZE_MAX) {
-      if (parsed && v > SIZE_MAX)
-        fprintf(stderr, "abtool bandwidth: size \"%s\" is larger than this build's memory can hold\n", tok);
-      else
-        fprintf(stderr, "abtool bandwidth: bad size \"%s\" (like 4K, 1MiB, 64M, 2GB: AB_MEMORY_LIMIT's units)\n",
-                tok);
-      return EXIT_USAGE;
-    }
-    sizes[nsizes++] = (size_t)v;
-  }
-  if (nsizes == 0) { /* "," or "": nothing to measure is a mistake, not a run */
-    fprintf(stderr, "abtool bandwidth: --sizes \"%s\" names no size\n", size_list);
-    return EXIT_USAGE;
-  }
-  if (dev_list) {
-    if (!list_ok("bandwidth", "--devices", dev_list, buf, sizeof buf)) return EXIT_USAGE;
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-      if (ndevs == 64 || ab_parse_device(tok, &devs[ndevs]) != AB_OK) {
-        fprintf(stderr, "abtool bandwidth: %s\n", ndevs == 64 ? "too many devices" : ab_last_error());
-        return EXIT_USAGE;
-      }
-      if (devs[ndevs].device_id == AB_DEVICE_AUTO) { /* a table needs the device each row is */
-        fprintf(stderr, "abtool bandwidth: --devices %s: name a device id (%s:0, ...), not auto\n", tok,
-                ab_device_type_name(devs[ndevs].device_type));
-        return EXIT_USAGE;
-      }
-      /* Present and able to hold a tensor (not staging memory, say),
-       * before the table starts. */
-      DLManagedTensorVersioned *probe;
-      if (ab_tensor_alloc(devs[ndevs], 1, (int64_t[]){1}, (DLDataType){kDLUInt, 8, 1}, &probe) != AB_OK)
-        return lib_fail(tok);
-      probe->deleter(probe);
-      ndevs++;
-    }
-    if (ndevs == 0) { /* "," or "": as for --sizes */
-      fprintf(stderr, "abtool bandwidth: --devices \"%s\" names no device\n", dev_list);
-      return EXIT_USAGE;
-    }
-  } else {
-    for (size_t k = 0; k < ntypes; k++)
-      for (int32_t i = 0; i < ab_device_count(all_types[k]) && ndevs < 64; i++)
-        if (all_types[k] != kDLCUDAManaged) devs[ndevs++] = (DLDevice){all_types[k], i};
-  }
+  if (parse_sizes(size_list, sizes, &nsizes) != 0) return EXIT_USAGE;
+  int rc = parse_devices(dev_list, devs, &ndevs);
+  if (rc != 0) return rc;
   /* Progress on stderr when stdout goes to a file and stderr to a terminal. */
   const bool progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO); /* a terminal shows the rows grow */
-  for (int s = 0; s < nsizes; s++) {
+  for (int s = 0; s < nsizes && rc == 0; s++) {
     const size_t n = sizes[s];
     char *a = malloc(n), *b = malloc(n);
     if (!a || !b) {
@@ -333,18 +404,8 @@ static int cmd_bandwidth(int argc, char **argv) {
     }
     memset(a, 1, n);
     memset(b, 2, n);
-    double t[1000];
-    memcpy(b, a, n); /* warm-up, as for the conversions */
-    for (int r = 0; r < reps; r++) {
-      double t0 = now();
-      memcpy(b, a, n);
-      t[r] = now() - t0;
-    }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    const double memcpy_s = t[reps / 2];
+    const double memcpy_s = memcpy_median(b, a, n, reps);
     free(b);
-    int64_t shape[1] = {(int64_t)n};
-    DLTensor host = {a, {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, shape, NULL, 0};
     printf("\n%zu bytes: GB/s (latency us) from row to column; memcpy %.2f GB/s (%.1f us)\n", n,
            (double)n / memcpy_s / 1e9, memcpy_s * 1e6);
     printf("%14s", "");
@@ -354,48 +415,12 @@ static int cmd_bandwidth(int argc, char **argv) {
       printf(" %18s", name);
     }
     printf("\n");
-    for (int i = 0; i < ndevs; i++) {
-      char name[32];
-      dev_name(name, sizeof name, devs[i]);
-      printf("%14s", name);
-      /* The row's source holds a's bytes: memory never written would be
-       * read from the kernel's zero page on the host, from the cache,
-       * faster than the memcpy above reads its own. */
-      ab_convert_opts fill = AB_CONVERT_OPTS_INIT;
-      fill.copy = AB_COPY_ALWAYS;
-      DLManagedTensorVersioned *src;
-      if (ab_convert_memory(&host, devs[i], &fill, &src) != AB_OK) {
-        free(a);
-        return lib_fail(name);
-      }
-      for (int j = 0; j < ndevs; j++) {
-        if (progress) fprintf(stderr, "\r[%s -> %d/%d]", name, j + 1, ndevs);
-        ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-        o.copy = AB_COPY_ALWAYS;
-        for (int r = 0; r <= reps; r++) {
-          DLManagedTensorVersioned *dst;
-          double t0 = now();
-          ab_status st = ab_convert_memory(&src->dl_tensor, devs[j], &o, &dst);
-          double dt = now() - t0;
-          if (st != AB_OK) {
-            src->deleter(src);
-            free(a);
-            return lib_fail("convert");
-          }
-          dst->deleter(dst);
-          if (r > 0) t[r - 1] = dt; /* the first is a warm-up */
-        }
-        qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-        printf(" %9.2f (%6.1f)", (double)n / t[reps / 2] / 1e9, t[reps / 2] * 1e6);
-        fflush(stdout);
-      }
-      if (progress) fprintf(stderr, "\r%*s\r", 40, "");
-      printf("\n");
-      src->deleter(src);
-    }
+    int64_t shape[1] = {(int64_t)n};
+    const DLTensor host = {a, {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, shape, NULL, 0};
+    for (int i = 0; i < ndevs && rc == 0; i++) rc = bandwidth_row(&host, devs[i], devs, ndevs, reps, progress);
     free(a);
   }
-  return 0;
+  return rc;
 }
 
 /* ---- convert ------------------------------------------------------------------ */
@@ -432,6 +457,30 @@ static uint8_t *read_file(const char *path, size_t *len) {
   }
   *len = n;
   return buf;
+}
+
+/* --permute as an order of ndim axes into perm; false after saying why. */
+static bool parse_permute(const char *list, int32_t ndim, int32_t *perm) {
+  char tmp[256];
+  if (!list_ok("convert", "--permute", list, tmp, sizeof tmp)) return false;
+  bool seen[NPY_MAX_NDIM] = {false}, ok = true;
+  int n = 0;
+  for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
+    long v;
+    if (n == ndim || parse_long(tok, 0, ndim - 1, &v) != 0 || seen[v]) {
+      ok = false;
+      break;
+    }
+    seen[v] = true;
+    perm[n++] = (int32_t)v;
+  }
+  if (ok && n == ndim) return true;
+  if (ndim == 0)
+    fprintf(stderr, "abtool convert: --permute \"%s\": the array is 0-d, it has no axes to order\n", list);
+  else
+    fprintf(stderr, "abtool convert: --permute \"%s\" is not an order of the %d axes (each of 0..%d once)\n", list,
+            (int)ndim, (int)ndim - 1);
+  return false;
 }
 
 static int cmd_convert(int argc, char **argv) {
@@ -501,28 +550,7 @@ static int cmd_convert(int argc, char **argv) {
   }
   int32_t perm[NPY_MAX_NDIM];
   if (perm_s) {
-    int n = 0;
-    char tmp[256];
-    if (!list_ok("convert", "--permute", perm_s, tmp, sizeof tmp)) {
-      free(buf);
-      return EXIT_USAGE;
-    }
-    bool seen[NPY_MAX_NDIM] = {false}, ok = true;
-    for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
-      long v;
-      if (n == a.ndim || parse_long(tok, 0, a.ndim - 1, &v) != 0 || seen[v]) {
-        ok = false;
-        break;
-      }
-      seen[v] = true;
-      perm[n++] = (int32_t)v;
-    }
-    if (!ok || n != a.ndim) {
-      if (a.ndim == 0)
-        fprintf(stderr, "abtool convert: --permute \"%s\": the array is 0-d, it has no axes to order\n", perm_s);
-      else
-        fprintf(stderr, "abtool convert: --permute \"%s\" is not an order of the %d axes (each of 0..%d once)\n",
-                perm_s, (int)a.ndim, (int)a.ndim - 1);
+    if (!parse_permute(perm_s, a.ndim, perm)) {
       free(buf);
       return EXIT_USAGE;
     }
