@@ -460,6 +460,54 @@ Test(conformance, a_conversion_into_an_unaligned_destination_is_exact) {
   assert_pool_clean(DEV(0));
 }
 
+/* ab_convert_into a device destination at an aligned byte_offset inside
+ * a larger buffer, from the host: a plain copy of several staging chunks
+ * (through the ring where the variant stages), and a cast that uploads
+ * the source and converts on the device into the destination. The bytes
+ * land at the offset and nothing before or after them changes. */
+Test(conformance, host_sources_land_at_a_device_destinations_byte_offset) {
+  need_devices(1);
+  enum { N = 200000, PAD = 16 }; /* 800 KB: more than one 64 KiB chunk */
+  float *src = malloc(N * sizeof *src), *zeros = calloc(N + 2 * PAD, sizeof *zeros);
+  cr_assert(src != NULL && zeros != NULL);
+  for (int i = 0; i < N; i++) src[i] = (float)(i + 1);
+  int64_t shape[1] = {N}, bshape[1] = {N + 2 * PAD};
+  DLTensor hs = {src, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLTensor hz = {zeros, CPU0, 1, dt(kDLFloat, 32, 1), bshape, NULL, 0};
+  for (int pass = 0; pass < 2; pass++) {
+    DLManagedTensorVersioned *buf = convert_ok(&hz, DEV(0), AB_COPY_ALWAYS, NULL);
+    DLTensor d = buf->dl_tensor;
+    d.shape = shape;
+    d.byte_offset = PAD * sizeof(float);
+    uint8_t x[300];
+    int64_t xshape[1] = {300};
+    DLTensor hx = {x, CPU0, 1, dt(kDLUInt, 8, 1), xshape, NULL, 0};
+    if (pass == 0) {
+      cr_assert_eq(ab_convert_into(&hs, &d, NULL), AB_OK, "copy: %s", ab_last_error());
+    } else { /* uint8 -> float32, converted on the device where it can */
+      for (int i = 0; i < 300; i++) x[i] = (uint8_t)(i * 7 + 3);
+      d.shape = xshape;
+      convert_place("device");
+      const ab_status st = ab_convert_into(&hx, &d, NULL);
+      convert_place("auto");
+      cr_assert_eq(st, AB_OK, "cast: %s", ab_last_error());
+    }
+    DLManagedTensorVersioned *back = convert_ok(&buf->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+    const float *b = back->dl_tensor.data;
+    const int n = pass == 0 ? N : 300;
+    for (int i = 0; i < N + 2 * PAD; i++) {
+      const float want = i < PAD || i >= PAD + n ? 0.0f : pass == 0 ? src[i - PAD] : (float)x[i - PAD];
+      cr_assert_eq(b[i], want, "%s: element %d of the buffer is %g, want %g", pass == 0 ? "copy" : "cast", i,
+                   (double)b[i], (double)want);
+    }
+    back->deleter(back);
+    buf->deleter(buf);
+  }
+  free(src);
+  free(zeros);
+  assert_pool_clean(DEV(0));
+}
+
 Test(conformance, fault_sweep_transient) {
   need_devices(1);
   sweep(false);

@@ -117,8 +117,11 @@ Test(legacy, legacy_to_versioned_to_legacy_gives_back_the_original) {
   DLManagedTensorVersioned *v = NULL;
   DLManagedTensor *back = NULL;
   cr_assert_eq(ab_from_legacy(&l, &v), AB_OK, "%s", ab_last_error());
+  v->dl_tensor.byte_offset = 4; /* a consumer's view of the data from element 1 */
   cr_assert_eq(ab_to_legacy(v, &back), AB_OK, "%s", ab_last_error());
   cr_assert_eq(back, &l, "round trip gave %p, not the original %p", (void *)back, (void *)&l);
+  cr_assert_eq(back->dl_tensor.byte_offset, 4, "unwrapping lost the wrapper's DLTensor (byte_offset %llu)",
+               (unsigned long long)back->dl_tensor.byte_offset);
   cr_assert_eq(back->deleter, legacy_deleter, "the original's deleter was replaced");
   cr_assert_eq(p.deleted, 0, "unwrapping ran the deleter");
   cr_assert_eq(ab__alloc_live_settled(), live, "the unwrapped wrapper was not freed");
@@ -134,8 +137,11 @@ Test(legacy, versioned_to_legacy_to_versioned_gives_back_the_original) {
   DLManagedTensor *l = NULL;
   DLManagedTensorVersioned *back = NULL;
   cr_assert_eq(ab_to_legacy(&v, &l), AB_OK, "%s", ab_last_error());
+  l->dl_tensor.byte_offset = 4; /* a consumer's view of the data from element 1 */
   cr_assert_eq(ab_from_legacy(l, &back), AB_OK, "%s", ab_last_error());
   cr_assert_eq(back, &v, "round trip gave %p, not the original %p", (void *)back, (void *)&v);
+  cr_assert_eq(back->dl_tensor.byte_offset, 4, "unwrapping lost the wrapper's DLTensor (byte_offset %llu)",
+               (unsigned long long)back->dl_tensor.byte_offset);
   cr_assert_eq(back->deleter, versioned_deleter);
   cr_assert_eq(p.deleted, 0);
   cr_assert_eq(ab__alloc_live_settled(), live);

@@ -1437,7 +1437,7 @@ static void unpark(struct parked *p) {
 
 /* Off the main thread, where Criterion's asserts do not belong. */
 static void must_alloc_free(size_t n, int count) {
-  DLManagedTensorVersioned *t[8];
+  DLManagedTensorVersioned *t[16];
   int64_t shape[1] = {(int64_t)n};
   for (int i = 0; i < count; i++)
     if (ab_tensor_alloc(CPU0, 1, shape, dt(kDLUInt, 8, 1), &t[i]) != AB_OK) abort();
@@ -1445,6 +1445,9 @@ static void must_alloc_free(size_t n, int count) {
 }
 static void one_4k(void) { must_alloc_free(4096, 1); }
 static void four_256k(void) { must_alloc_free(256 * KiB, 4); }
+static void five_256k(void) { must_alloc_free(256 * KiB, 5); }
+static void eight_256(void) { must_alloc_free(256, 8); }
+static void nine_256(void) { must_alloc_free(256, 9); }
 static void mixed(void) {
   must_alloc_free(300, 2);
   must_alloc_free(64 * KiB, 1);
@@ -1488,6 +1491,37 @@ Test(pool, a_block_freed_on_a_thread_waits_in_its_cache_until_it_exits) {
   struct ab_pool_stats s5 = get_stats();
   cr_assert_eq(s5.reserved_bytes.current, 0);
   cr_assert_eq(s5.backend_allocs, s5.backend_frees);
+}
+
+/* A thread's cache keeps at most 8 blocks of a class and 1 MiB in all
+ * (docs/pools.md, "Threads"): a block it has no room for goes back to the
+ * shared pool, where another thread's allocation of its class finds it. */
+Test(pool, a_threads_cache_keeps_eight_blocks_of_a_class_and_a_mebibyte) {
+  static const struct {
+    void (*run)(void);
+    size_t bytes;
+    bool one_left_over; /* a block the thread's cache had no room for */
+    const char *what;
+  } cases[] = {{eight_256, 256, false, "8 x 256 B"},
+               {nine_256, 256, true, "9 x 256 B"},
+               {four_256k, 256 * KiB, false, "4 x 256 KiB"},
+               {five_256k, 256 * KiB, true, "5 x 256 KiB"}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+    struct parked t;
+    park(&t, cases[k].run, NULL);
+    struct ab_pool_stats s1 = get_stats();
+    DLManagedTensorVersioned *a = alloc_bytes(cases[k].bytes);
+    struct ab_pool_stats s2 = get_stats();
+    const bool shared = !caches_on() || cases[k].one_left_over;
+    cr_assert_eq(s2.cache_hits - s1.cache_hits, shared ? 1 : 0, "%s freed on a thread: %s", cases[k].what,
+                 shared ? "none came back to the shared pool" : "more than its cache keeps came back");
+    cr_assert_eq(s2.backend_allocs - s1.backend_allocs, shared ? 0 : 1, "%s", cases[k].what);
+    drop(a);
+    unpark(&t);
+  }
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  assert_pool_clean(CPU0);
 }
 
 Test(pool, trim_and_stats_reach_every_threads_cache) {

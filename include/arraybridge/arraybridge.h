@@ -558,14 +558,16 @@ AB_API ab_status ab_tensor_validate(const DLTensor *t);
  * calling the new tensor's deleter runs legacy->deleter exactly once (if it
  * is not NULL). The new tensor shares `legacy`'s shape and strides arrays;
  * its flags are 0, except that a tensor which ab_to_legacy made is
- * unwrapped: the original versioned tensor comes back, flags included. On
- * failure the caller still owns `legacy`. */
+ * unwrapped: the original versioned tensor comes back, flags included,
+ * with the wrapper's DLTensor as it is now (a consumer may have moved its
+ * byte_offset, say). On failure the caller still owns `legacy`. */
 AB_API ab_status ab_from_legacy(DLManagedTensor *legacy,
                                 DLManagedTensorVersioned **out);
 
 /** Wraps a DLManagedTensorVersioned as a legacy DLManagedTensor without
- * copying data, taking ownership of `versioned` on success in the same way.
- * Fails with AB_ERR_UNSUPPORTED when versioned->version.major is not 1 or
+ * copying data, taking ownership of `versioned` on success in the same way
+ * (a tensor which ab_from_legacy made is unwrapped likewise, with the
+ * wrapper's DLTensor as it is now). Fails with AB_ERR_UNSUPPORTED when versioned->version.major is not 1 or
  * when the tensor is read-only or has padded sub-byte elements (legacy
  * DLPack cannot say so); the caller then still owns `versioned`. */
 AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
