@@ -92,20 +92,22 @@ file(GLOB leftovers "${WORK}/inplace.npy?*")
 if(leftovers)
   message(FATAL_ERROR "abtool convert left ${leftovers}")
 endif()
-# A write that fails (here a file size limit of 0) leaves an existing OUT,
-# the input itself, as it was (it was truncated, then cut short), and
-# leaves no new file behind.
-file(COPY_FILE "${DATA}/u8_2x3x4.npy" "${WORK}/keep.npy")
+# A write that fails for want of room (here a file size limit of 4 blocks:
+# 2 KiB in dash's units, 4 in bash's) leaves an existing OUT, the input
+# itself (1128 bytes, its float64 result 8128), as it was: once it was
+# truncated, then cut short; written in place without reserving its room
+# first, its start would be the new header and data. No new file is left.
+file(COPY_FILE "${DATA}/u8_1000.npy" "${WORK}/keep.npy")
 foreach(out keep.npy fresh.npy)
-  execute_process(COMMAND sh -c "ulimit -f 0; trap '' XFSZ; exec \"$0\" \"$@\"" "${ABTOOL}" convert
+  execute_process(COMMAND sh -c "ulimit -f 4; trap '' XFSZ; exec \"$0\" \"$@\"" "${ABTOOL}" convert
                           "${WORK}/keep.npy" --to cpu --dtype float64 --out "${WORK}/${out}"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out_text ERROR_VARIABLE err_text)
   if(NOT rc EQUAL 3 OR NOT err_text MATCHES "writing .*${out} failed: ")
-    message(FATAL_ERROR "abtool convert under a file size limit of 0: exit ${rc}\n${out_text}${err_text}")
+    message(FATAL_ERROR "abtool convert under a file size limit: exit ${rc}\n${out_text}${err_text}")
   endif()
 endforeach()
 file(READ "${WORK}/keep.npy" kept HEX)
-file(READ "${DATA}/u8_2x3x4.npy" orig HEX)
+file(READ "${DATA}/u8_1000.npy" orig HEX)
 file(GLOB leftovers "${WORK}/keep.npy?*" "${WORK}/fresh.npy*")
 if(NOT kept STREQUAL orig OR leftovers)
   message(FATAL_ERROR "a failed write changed keep.npy or left ${leftovers}")

@@ -3,10 +3,10 @@
  * ('descr', 'fortran_order', 'shape'), each once, in any order, and
  * nothing else, so a malformed or hostile file gets a precise message
  * instead of a guess. */
-#define _XOPEN_SOURCE 700 /* realpath, beside the build's _POSIX_C_SOURCE */
 #include "npy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,77 +202,27 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
   return 0;
 }
 
-/* An output file. A regular file that exists (the input, maybe) is
- * replaced only once its successor is complete: the data goes to a
- * temporary file beside it, renamed over it at the end, so that a failed
- * write (a full disk, a size limit) leaves it as it was. A new file is
- * written in place and removed on failure; anything else (/dev/stdout, a
- * FIFO), and a file in a folder where no temporary file can be made, is
- * written in place. */
-typedef struct out_file {
-  FILE *f;
-  char *tmp;      /* the temporary file's name, or NULL when in place */
-  char *resolved; /* the path with its symlinks resolved, or NULL */
-  const char *path; /* the name the result ends under */
-  int created;    /* path named nothing before: removed on failure */
-} out_file;
-
-/* The temporary file beside o->path's file; 0, or -1 with none made. */
-static int out_open_beside(out_file *o, mode_t mode) {
-  o->resolved = realpath(o->path, NULL); /* a symlink stays one: the file it names is replaced */
-  const char *target = o->resolved != NULL ? o->resolved : o->path;
-  size_t len = strlen(target);
-  o->tmp = malloc(len + sizeof ".XXXXXX");
-  if (o->tmp != NULL) {
-    memcpy(o->tmp, target, len);
-    memcpy(o->tmp + len, ".XXXXXX", sizeof ".XXXXXX");
-    int fd = mkstemp(o->tmp);
-    if (fd >= 0) {
-      if (fchmod(fd, mode) == 0 && (o->f = fdopen(fd, "wb")) != NULL) {
-        o->path = target;
-        return 0;
-      }
-      close(fd);
-      unlink(o->tmp);
-    }
-  }
-  free(o->tmp);
-  free(o->resolved);
-  o->tmp = o->resolved = NULL;
-  return -1;
+/* Opens path for writing without truncating it (an existing file keeps
+ * its owner, mode, links and contents until written); *created says
+ * whether this call made it. The file descriptor, or -1 with errno. */
+static int out_open(const char *path, int *created) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+  *created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = open(path, O_WRONLY);
+  if (fd < 0 && errno == ENOENT) fd = open(path, O_WRONLY | O_CREAT, 0666); /* a dangling symlink's target */
+  return fd;
 }
 
-static int out_open(out_file *o, const char *path) {
-  struct stat st;
-  *o = (out_file){NULL, NULL, NULL, path, 0};
-  if (stat(path, &st) == 0) {
-    if (S_ISREG(st.st_mode) && out_open_beside(o, st.st_mode & 07777) == 0) return 0;
-  } else {
-    o->created = errno == ENOENT && lstat(path, &st) != 0; /* not a dangling symlink */
+/* Writes all of buf; 0, or -1 with errno. */
+static int write_all(int fd, const void *buf, size_t len) {
+  for (const char *p = buf; len > 0;) {
+    const ssize_t k = write(fd, p, len);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return -1;
+    p += k;
+    len -= (size_t)k;
   }
-  o->f = fopen(path, "wb");
-  return o->f == NULL ? -1 : 0;
-}
-
-/* Closes o: when ok, the file takes its name; otherwise what was written
- * goes. 0, or -1 with errno set (to the first failure's). */
-static int out_close(out_file *o, int ok) {
-  int e = errno;
-  if (fclose(o->f) != 0 && ok) {
-    ok = 0;
-    e = errno;
-  }
-  if (ok && o->tmp != NULL && rename(o->tmp, o->path) != 0) {
-    ok = 0;
-    e = errno;
-  }
-  if (!ok && o->tmp != NULL) unlink(o->tmp);
-  else if (!ok && o->created) unlink(o->path);
-  free(o->tmp);
-  free(o->resolved);
-  if (ok) return 0;
-  errno = e != 0 ? e : EIO;
-  return -1;
+  return 0;
 }
 
 int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
@@ -295,11 +245,32 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
   n += (int)pad;
   hdr[n++] = '\n';
   const uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)};
-  size_t bytes = count * (t->dtype.bits / 8u);
-  out_file o;
-  if (out_open(&o, path) != 0) return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
-  int ok = fwrite(pre, 1, sizeof pre, o.f) == sizeof pre && fwrite(hdr, 1, (size_t)n, o.f) == (size_t)n &&
-           (bytes == 0 || fwrite((const char *)t->data + t->byte_offset, 1, bytes, o.f) == bytes);
-  if (out_close(&o, ok) != 0) return fail(err, errlen, "writing %s failed: %s", path, strerror(errno));
-  return 0;
+  const size_t bytes = count * (t->dtype.bits / 8u), file_bytes = sizeof pre + (size_t)n + bytes;
+  int created, e = 0;
+  const int fd = out_open(path, &created);
+  if (fd < 0) return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
+  struct stat st;
+  const int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && (uintmax_t)file_bytes > (uintmax_t)INT64_MAX) e = EFBIG;
+  /* A regular file's space comes first: a full disk or a file-size limit
+   * then fails before a byte of an existing file (the input, maybe)
+   * changes. Where the file system cannot reserve, it is written as is. */
+  if (regular && e == 0) {
+    e = posix_fallocate(fd, 0, (off_t)file_bytes);
+    if (e == EINVAL || e == EOPNOTSUPP || e == ENODEV) e = 0;
+    if (e != 0 && !created && st.st_size < (off_t)file_bytes) {
+      /* an emulated reservation may have grown it: back to its size (the
+       * reservation's error is the one to tell) */
+      int ignored = ftruncate(fd, st.st_size);
+      (void)ignored;
+    }
+  }
+  if (e == 0 && (write_all(fd, pre, sizeof pre) != 0 || write_all(fd, hdr, (size_t)n) != 0 ||
+                 (bytes > 0 && write_all(fd, (const char *)t->data + t->byte_offset, bytes) != 0) ||
+                 (regular && ftruncate(fd, (off_t)file_bytes) != 0))) /* an old file's longer tail */
+    e = errno;
+  if (close(fd) != 0 && e == 0) e = errno;
+  if (e == 0) return 0;
+  if (created) unlink(path);
+  return fail(err, errlen, "writing %s failed: %s", path, strerror(e));
 }

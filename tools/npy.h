@@ -33,9 +33,10 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
 const char *npy_descr(DLDataType dtype);
 
 /* Writes a compact host tensor as a version 1.0 .npy file; 0 or -1 with
- * the reason in err. An existing regular file at path is replaced only
- * when the new one is complete (a failed write leaves it as it was); a
- * new file is removed on failure. */
+ * the reason in err. An existing file is written in place (owner, mode,
+ * links kept), a regular one only once the space for the whole new file
+ * is reserved: a full disk or a file-size limit fails before any byte of
+ * it changes. A new file that could not be written whole is removed. */
 int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen);
 
 #endif
