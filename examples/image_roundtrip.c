@@ -167,7 +167,8 @@ int main(int argc, char **argv) {
       fail("--device");
       return 2;
     }
-    if (ab_device_info(dev, &info) != AB_OK) return fail(device); /* absent: said before any work */
+    /* absent: said before any work ("auto" is resolved at the upload) */
+    if (dev.device_id != AB_DEVICE_AUTO && ab_device_info(dev, &info) != AB_OK) return fail(device);
   }
 
   int w, h;

@@ -23,6 +23,7 @@ expect(2 "usage" "")
 # before the card is drawn; a PNG that cannot be written is not "wrote"
 expect(2 "--device" --device gpu "${WORK}/d.png")
 expect(1 "opencl:7" --device opencl:7 "${WORK}/d.png")
+expect(0 ", 0 differ" --device cpu:auto "${WORK}/auto.png") # auto is no device id to look up
 if(EXISTS "${WORK}/d-input.png")
   message(FATAL_ERROR "ab_image drew a card for a device that is not there")
 endif()
