@@ -435,6 +435,7 @@ static uint8_t *read_file(const char *path, size_t *len) {
   const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
   size_t cap = regular && (uintmax_t)st.st_size < SIZE_MAX ? (size_t)st.st_size + 1 : (size_t)1 << 16, n = 0;
   uint8_t *buf = malloc(cap);
+  int e = buf == NULL ? ENOMEM : 0;
   while (buf) {
     n += fread(buf + n, 1, cap - n, f);
     if (n < cap || (n >= 6 && memcmp(buf, "\x93NUMPY", 6) != 0)) break; /* the parser says why not */
@@ -442,17 +443,17 @@ static uint8_t *read_file(const char *path, size_t *len) {
     if (bigger == NULL) {
       free(buf);
       buf = NULL;
-      errno = ENOMEM;
+      e = ENOMEM;
       break;
     }
     buf = bigger;
     cap *= 2;
   }
-  const int e = ferror(f) ? errno : 0;
+  if (e == 0 && ferror(f)) e = errno != 0 ? errno : EIO;
   fclose(f);
-  if (buf != NULL && e != 0) {
+  if (e != 0) {
     free(buf);
-    errno = e;
+    errno = e; /* after fclose, which may set it */
     return NULL;
   }
   *len = n;

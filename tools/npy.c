@@ -218,7 +218,10 @@ static int write_all(int fd, const void *buf, size_t len) {
   for (const char *p = buf; len > 0;) {
     const ssize_t k = write(fd, p, len);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return -1;
+    if (k <= 0) {
+      if (k == 0) errno = EIO; /* a device that takes nothing: never a success */
+      return -1;
+    }
     p += k;
     len -= (size_t)k;
   }
