@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,7 +255,9 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
   if (fd < 0) return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
   struct stat st;
   const int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (regular && (uintmax_t)file_bytes > (uintmax_t)INT64_MAX) e = EFBIG;
+#if SIZE_MAX > INT64_MAX /* off_t is 64-bit (_FILE_OFFSET_BITS=64); a 32-bit size_t always fits */
+  if (regular && file_bytes > (size_t)INT64_MAX) e = EFBIG;
+#endif
   /* A regular file's space comes first: a full disk or a file-size limit
    * then fails before a byte of an existing file (the input, maybe)
    * changes. Where the file system cannot reserve, it is written as is. */
