@@ -79,8 +79,8 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     available device IDs are (...)').
 
     The keywords convert the elements in the same move, as arraybridge's
-    to_device does: dtype (a name such as 'float16' or any framework's dtype
-    object: torch.float16, np.float32, tf.float16), permute (result axis i is data's axis
+    to_device does: dtype (a name such as 'float16' or NumPy's 'f2', or any
+    framework's dtype object: torch.float16, np.float32, tf.float16), permute (result axis i is data's axis
     permute[i]), scale/offset (y = x * scale + offset), channel_axis with
     channel_scale/channel_offset (per-channel maps).
 

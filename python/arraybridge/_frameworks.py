@@ -96,6 +96,25 @@ def dtype_arg(d):
     return _dtype_str(d)
 
 
+def numpy_dtype_name(name):
+    """The core's name for one of NumPy's spellings of a dtype ('f4',
+    '<i2', 'u1', 'half', 'double', '?'), or None: NumPy absent,
+    or the string no dtype of NumPy's. The C core asks only for a name it
+    does not know itself; a spelling of the other byte order ('>f4') is
+    dtype_arg's ValueError."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        try:
+            import numpy
+        except ImportError:
+            return None
+    try:
+        d = numpy.dtype(name)
+    except Exception:  # not a dtype (TypeError), a malformed one, a deprecated one under -W error
+        return None
+    return dtype_arg(d)
+
+
 def gpu_id_arg(gpu_id, source, target):
     """gpu_id as an int (anything with __index__: NumPy's integers too),
     or None; MemoryConversionError otherwise."""

@@ -128,7 +128,36 @@ static PyObject *dtype_string(DLDataType t) {
   return PyUnicode_FromString(ab_dtype_name(t, name, sizeof name));
 }
 
-/* A dtype from a name ("float32", as ab_parse_dtype reads them), or from
+/* A name the core does not know, read as NumPy reads dtype strings ("f4",
+ * "<i2", "half": arraybridge._frameworks.numpy_dtype_name) after
+ * ab_parse_dtype refused it. AB_OK and *out; else AB_ERR_INVALID_ARGUMENT
+ * with ValueError set: the core's message (its list of names) where NumPy
+ * has no such dtype or the core none of NumPy's, NumPy's own where it
+ * names a dtype of the other byte order. */
+static ab_status dtype_from_numpy_name(PyObject *name, DLDataType *out) {
+  const char *why = ab_last_error();
+  PyObject *refusal = PyUnicode_DecodeUTF8(why, (Py_ssize_t)strlen(why), "replace");
+  if (refusal == NULL) return AB_ERR_INVALID_ARGUMENT;
+  PyObject *fw = PyImport_ImportModule("arraybridge._frameworks");
+  PyObject *alias = fw == NULL ? NULL : PyObject_CallMethod(fw, "numpy_dtype_name", "(O)", name);
+  Py_XDECREF(fw);
+  const char *text = alias != NULL && PyUnicode_Check(alias) ? PyUnicode_AsUTF8(alias) : NULL;
+  ab_status st = AB_ERR_INVALID_ARGUMENT;
+  if (alias == NULL) {
+    /* its error stands (the other byte order, say) */
+  } else if (text != NULL && (st = ab_parse_dtype(text, out)) == AB_OK) {
+    /* NumPy's name for it, which the core knows */
+  } else {
+    PyErr_Clear(); /* None, or a name with no UTF-8 to be had: the core's refusal says it */
+    PyErr_SetObject(PyExc_ValueError, refusal);
+  }
+  Py_XDECREF(alias);
+  Py_DECREF(refusal);
+  return st;
+}
+
+/* A dtype from a name ("float32", as ab_parse_dtype reads them, or one of
+ * NumPy's spellings: dtype_from_numpy_name), or from
  * any framework's dtype object (numpy.float32, numpy.dtype("u1"),
  * torch.float16, tf.float32, jnp.bfloat16), named as convert_memory names
  * it (arraybridge._frameworks.dtype_arg, so the two read dtypes alike: the
@@ -153,8 +182,9 @@ static int dtype_from_object(PyObject *o, DLDataType *out) {
     Py_DECREF(s);
     return -1;
   }
-  const ab_status st = ab_parse_dtype(name, out);
-  if (st != AB_OK) PyErr_Format(PyExc_ValueError, "%s", ab_last_error()); /* %s: undecodable bytes replaced */
+  ab_status st = ab_parse_dtype(name, out);
+  if (st != AB_OK && PyUnicode_Check(o)) st = dtype_from_numpy_name(o, out);
+  else if (st != AB_OK) PyErr_Format(PyExc_ValueError, "%s", ab_last_error()); /* %s: undecodable bytes replaced */
   Py_DECREF(s);
   return st == AB_OK ? 0 : -1;
 }

@@ -292,6 +292,27 @@ def test_dtype_keywords_take_every_frameworks_dtype_objects_alike():
             ab.empty((2,), d, "cpu")
 
 
+def test_dtype_strings_take_numpys_spellings_too():
+    """np.dtype('f4') works, so dtype='f4' must: a string the core does not
+    know is read as NumPy reads it. What NumPy reads as a dtype the core
+    has not ('g', 'S3', a record) keeps the core's refusal and its list."""
+    a = np.arange(6, dtype=np.int32)
+    for spelling, want in (("f4", "float32"), ("<i2", "int16"), ("=u1", "uint8"), ("|u1", "uint8"), ("half", "float16"),
+                           ("double", "float64"), ("?", "bool"), ("e", "float16"), ("B", "uint8"), ("int64", "int64")):
+        t = ab.to_device(a, "cpu", dtype=spelling)
+        assert t.dtype == want, spelling
+        np.testing.assert_array_equal(np.from_dlpack(t), a.astype(want))
+        assert ab.empty((2,), spelling, "cpu").dtype == want, spelling
+        assert ab.convert_memory(a, "numpy", "numpy", dtype=spelling).dtype == np.dtype(want), spelling
+    other = ">f4" if np.little_endian else "<f4"
+    with pytest.raises(ValueError, match="other byte order"):
+        ab.to_device(a, "cpu", dtype=other)
+    for name in ("g", "S3", "i4,i4", "float24", "f3"):
+        with pytest.raises(ValueError, match="unknown dtype .*bfloat16") as e:
+            ab.empty((2,), name, "cpu")
+        assert '"%s"' % name in str(e.value), str(e.value)  # the name given, not NumPy's for it
+
+
 def test_float8_formats_are_named_as_the_frameworks_name_them():
     """DLPack's float8/6/4 formats by their names (torch.float8_e4m3fn,
     ml_dtypes' float8_e5m2, "float8_e4m3fn", or the Tensor's own dtype
