@@ -1351,7 +1351,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void strip_fill_u8(c
 
 /* uint16 blocks on Intel CPUs with AVX-512 keep theirs in strips too
  * (host_intel; elsewhere tr16x32_16 writes the layout above, as measured
- * on the EPYC, where the strips were never run). The 16 x 32 tile
+ * on the EPYC (Zen 5), where the strips ran slower: 4096^2, one thread,
+ * 0.51-0.53x of memcpy against 0.54-0.65x, 4096 x 4104 0.42-0.49x
+ * against 0.56-0.58x, bench/results/2026-12-04-amd-uint16-strips-and-
+ * line-walk.md). The 16 x 32 tile
  * writes 32 bytes into each of 32 buffer rows, so each 128-byte row (two
  * lines) was written by four strips in turn, half a line at a time, each
  * line leaving L1 in between. Timed apart on the Intel Xeon VM (4096^2,
