@@ -398,6 +398,65 @@ Test(streaming, u8_tiles_gather_lanes_by_the_rule_or_forced_and_give_the_referen
   ab__env_reload();
 }
 
+/* uint8 transposes through the plain tiles into output rows on lines a
+ * multiple of 2 KiB apart, where AVX-512 takes up to 8 whole 64 x 64
+ * pieces of a strip at once and writes each output row's lines in a row
+ * (gather.c, band_u8_grouped): whole groups, a last group of fewer pieces,
+ * columns after the last piece, rows below the last whole strip, rows
+ * 2, 4 and 6 KiB apart; against element-by-element copies, the padding
+ * and the bytes past the output left alone. The groups are taken with
+ * AVX-512 where the lanes are joined (AB_HOST_U8_LANES=0), never with
+ * narrower tiles or gathered lanes, which take these cases too. */
+Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_reference_bytes) {
+  static const struct { int64_t rows, cols, pitch; } cases[] = {
+    {200, 2048, 2048}, /* four whole groups; 8 rows below the last strip */
+    {130, 1000, 2048}, /* a group of 8, one of 7, then 40 columns */
+    {64, 4096, 4096},
+    {100, 600, 6144},  /* a group of 8 and one of 1, then 24 columns; 6 KiB is no power of two */
+    {64, 127, 2048},   /* one piece and 63 columns: a group of 1 */
+  };
+  static const struct { const char *tiles, *lanes; bool groups; } ways[] = {
+    {"auto", "0", true}, {"avx512", "0", true}, {"auto", "1", false}, {"avx2", "0", false}, {"sse2", "0", false}};
+  setenv("AB_HOST_STREAMING", "0", 1);
+  for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+    setenv("AB_HOST_TILES", ways[w].tiles, 1);
+    setenv("AB_HOST_U8_LANES", ways[w].lanes, 1);
+    ab__env_reload();
+    const bool groups = ways[w].groups && ab__host_tiles_level() >= AB_TILES_AVX512;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+      const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch;
+      const size_t bytes = (size_t)(rows * cols), out_bytes = (size_t)(rows * pitch);
+      void *src = NULL, *out = NULL;
+      cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
+      cr_assert_eq(posix_memalign(&out, 64, out_bytes + 64), 0);
+      fill_pattern(src, bytes, 90 + (uint32_t)k);
+      memset(out, 0x5a, out_bytes + 64);
+      const int64_t shape[2] = {rows, cols}, st[2] = {1, rows}, out_st[2] = {pitch, 1};
+      ab__host_count_choices(true);
+      const unsigned long before = ab__host_ran_count(AB_RAN_U8_GROUPS);
+      ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
+      cr_assert_eq(ab__host_ran_count(AB_RAN_U8_GROUPS) > before, groups && cols >= 64,
+                   "tiles %s, lanes %s, case %zu: groups", ways[w].tiles, ways[w].lanes, k);
+      for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < cols; j++)
+          cr_assert_eq(((char *)out)[i * pitch + j], ((char *)src)[j * rows + i],
+                       "tiles %s, lanes %s, case %zu: (%lld, %lld) differs", ways[w].tiles, ways[w].lanes, k,
+                       (long long)i, (long long)j);
+        for (int64_t j = cols; j < pitch; j++)
+          cr_assert_eq(((char *)out)[i * pitch + j], 0x5a, "case %zu: row %lld's padding written", k, (long long)i);
+      }
+      for (size_t i = out_bytes; i < out_bytes + 64; i++)
+        cr_assert_eq(((char *)out)[i], 0x5a, "case %zu: byte past the output", k);
+      free(src);
+      free(out);
+    }
+  }
+  unsetenv("AB_HOST_STREAMING");
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_U8_LANES");
+  ab__env_reload();
+}
+
 /* uint8 transposes into output rows off cache lines through the plain
  * tiles: with AVX-512 VBMI, planes of 128 KiB or more and two 64-byte
  * tiles wide or more go in strips of 64 rows whose lines are cut from

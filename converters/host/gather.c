@@ -463,16 +463,62 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void stri
   }
 }
 static bool u8_lanes(int64_t sb);
+/* Where uint8 destination rows start on lines a multiple of U8_GROUP_PITCH
+ * apart, U8_GROUP 64 x 64 pieces side by side go through an L1 scratch,
+ * and then each of the 64 destination rows takes its U8_GROUP lines in a
+ * row. One piece alone writes a line into each of 64 rows: rows 2 KiB or
+ * more apart put those lines in one or two of L1's sets (and few of
+ * L2's), and each line's write waited for the last's. AMD EPYC (Zen 5)
+ * VM, one thread, three alternated rounds, plain tiles forced: 2048^2
+ * 16.4-16.7 -> 27.8-30.9 GB/s, 4096^2 5.4-5.6 -> 11.9-12.4; as picked
+ * (the plain tiles, under the streaming threshold), 1024 rows of 2048:
+ * 13.1-17.6 -> 21.7-30.9. A walk of the pieces with no shuffles, 2048^2:
+ * 11.7-11.9 GB/s a line per row, 42.6-45.2 with 4 or 8 lines in a row.
+ * In groups, rows 1 KiB apart were even, and rows of other lengths lost
+ * (512^2 42.8-44.3 -> 27.9-40.5, 1536^2 32.9-35.9 -> 28.0-31.7), so they
+ * keep a piece at a time
+ * (bench/results/2026-12-04-amd-uint16-strips-and-line-walk.md). The
+ * plain tiles' strips of such rows are 64 * U8_GROUP columns wide
+ * (visit_transpose), so that a call holds whole groups. */
+#define U8_GROUP 8
+#define U8_GROUP_PITCH ((int64_t)2048)
+static inline bool u8_grouped(const char *d, int64_t dsa) { return on_lines(d, dsa) && dsa % U8_GROUP_PITCH == 0; }
+/* 64 destination rows dsa bytes apart from d (u8_grouped), their first
+ * nb / 64 * 64 columns, U8_GROUP pieces at a time; returns those columns.
+ * A function of its own so that only its callers' stacks hold the
+ * scratch. */
+__attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) static int64_t
+band_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t nb) {
+  _Alignas(64) char grp[U8_GROUP][4 * 16 * 64]; /* piece k's four 16 x 64 networks, as in tr64x64_8 */
+  int64_t b = 0;
+  while (nb - b >= 64) {
+    const int64_t g = (nb - b) / 64 < U8_GROUP ? (nb - b) / 64 : U8_GROUP;
+    for (int64_t k = 0; k < g; k++)
+      for (int j = 0; j < 4; j++) {
+        __m512i h[16];
+        net16x64_8(h, s + (b + 64 * k + 16 * j) * sb, sb);
+        for (int q = 0; q < 16; q++) _mm512_store_si512((void *)(grp[k] + j * 1024 + 64 * q), h[q]);
+      }
+    for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each network's h[r % 16] (tr64x64_8) */
+      for (int64_t k = 0; k < g; k++)
+        _mm512_store_si512((void *)(d + r * dsa + b + 64 * k),
+                           join_pieces(grp[k] + (r & 15) * 64 + (r >> 4) * 16, 1024));
+    b += 64 * g;
+  }
+  return b;
+}
 /* A uint8 tile with AVX-512: 64 x 64 pieces where the destination rows
  * start on lines (tr64x64_8_lanes where `lanes`: u8_lanes' answer for
- * sb), 64 x 16 pieces elsewhere, the ragged ones masked. */
+ * sb; else in groups where u8_grouped), 64 x 16 pieces elsewhere, the
+ * ragged ones masked. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(char *d, int64_t dsa, const char *s,
                                                                                 int64_t sb, int64_t na, int64_t nb,
                                                                                 bool lanes) {
-  const bool lines = on_lines(d, dsa);
+  const bool lines = on_lines(d, dsa), grouped = !lanes && u8_grouped(d, dsa);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
-    if (lines && na - a >= 64)
+    if (lines && na - a >= 64 && grouped) b = band_u8_grouped(d + a * dsa, dsa, s + a, sb, nb);
+    else if (lines && na - a >= 64)
       for (; nb - b >= 64; b += 64)
         (lanes ? tr64x64_8_lanes : tr64x64_8)(d + a * dsa + b, dsa, s + a + b * sb, sb);
     for (; b < nb; b += 16) {
@@ -2002,8 +2048,15 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #else
   const bool lanes = false;
 #endif
-  for (int64_t b0 = 0; b0 < nb; b0 += TILE_B) {
-    int64_t mb = nb - b0 < TILE_B ? nb - b0 : TILE_B;
+#ifdef HAVE_X86_KERNELS
+  const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa);
+  const int64_t tile_b = groups ? 64 * U8_GROUP : TILE_B;
+  if (groups && na >= 64 && nb >= 64) ab__host_ran(AB_RAN_U8_GROUPS); /* band_u8_grouped runs */
+#else
+  const int64_t tile_b = TILE_B;
+#endif
+  for (int64_t b0 = 0; b0 < nb; b0 += tile_b) {
+    int64_t mb = nb - b0 < tile_b ? nb - b0 : tile_b;
     for (int64_t a0 = 0; a0 < na; a0 += TILE_A) {
       int64_t ma = na - a0 < TILE_A ? na - a0 : TILE_A;
       char *const dt = d + a0 * dsa + b0 * (int64_t)es;
