@@ -398,32 +398,37 @@ Test(streaming, u8_tiles_gather_lanes_by_the_rule_or_forced_and_give_the_referen
   ab__env_reload();
 }
 
-/* uint8 transposes through the plain tiles into output rows on lines a
- * multiple of 2 KiB apart, where AVX-512 takes up to 8 whole 64 x 64
- * pieces of a strip at once and writes each output row's lines in a row
- * (gather.c, band_u8_grouped): whole groups, a last group of fewer pieces,
+/* uint8 transposes through the plain tiles and the L1 tiles into output
+ * rows on lines a multiple of 2 KiB apart, where AVX-512 takes up to 8
+ * whole 64 x 64 pieces of a strip at once and writes each output row's
+ * lines in a row (gather.c, band_u8_grouped; streamed_u8_grouped): whole
+ * groups, a last group of fewer pieces,
  * columns after the last piece, rows below the last whole strip, rows
  * 2, 4 and 6 KiB apart; against element-by-element copies, the padding
  * and the bytes past the output left alone. The groups are taken with
  * AVX-512 where the lanes are joined (AB_HOST_U8_LANES=0), never with
  * narrower tiles or gathered lanes, which take these cases too. */
 Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_reference_bytes) {
-  static const struct { int64_t rows, cols, pitch; } cases[] = {
-    {200, 2048, 2048}, /* four whole groups; 8 rows below the last strip */
-    {130, 1000, 2048}, /* a group of 8, one of 7, then 40 columns */
-    {64, 4096, 4096},
-    {100, 600, 6144},  /* a group of 8 and one of 1, then 24 columns; 6 KiB is no power of two */
-    {64, 127, 2048},   /* one piece and 63 columns: a group of 1 */
+  static const struct { int64_t rows, cols, pitch; bool streamed; } cases[] = {
+    {200, 2048, 2048, false}, /* four whole groups; 8 rows below the last strip */
+    {130, 1000, 2048, false}, /* a group of 8, one of 7, then 40 columns */
+    {64, 4096, 4096, false},
+    {100, 600, 6144, false},  /* a group of 8 and one of 1, then 24 columns; 6 KiB is no power of two */
+    {64, 127, 2048, false},   /* one piece and 63 columns: a group of 1 */
+    /* the L1 tiles (4 MiB and more): groups with streaming stores */
+    {2200, 2000, 2048, true}, /* three groups and one of 7, 16 columns after; 24 rows below */
+    {1100, 4096, 4096, true}, /* 12 rows below the last strip */
   };
   static const struct { const char *tiles, *lanes; bool groups; } ways[] = {
     {"auto", "0", true}, {"avx512", "0", true}, {"auto", "1", false}, {"avx2", "0", false}, {"sse2", "0", false}};
-  setenv("AB_HOST_STREAMING", "0", 1);
   for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
     setenv("AB_HOST_TILES", ways[w].tiles, 1);
     setenv("AB_HOST_U8_LANES", ways[w].lanes, 1);
-    ab__env_reload();
-    const bool groups = ways[w].groups && ab__host_tiles_level() >= AB_TILES_AVX512;
+    const bool groups_here = ways[w].groups;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+      setenv("AB_HOST_STREAMING", cases[k].streamed ? "1" : "0", 1);
+      ab__env_reload();
+      const bool groups = groups_here && ab__host_tiles_level() >= AB_TILES_AVX512;
       const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch;
       const size_t bytes = (size_t)(rows * cols), out_bytes = (size_t)(rows * pitch);
       void *src = NULL, *out = NULL;

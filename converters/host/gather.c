@@ -488,7 +488,7 @@ static inline bool u8_grouped(const char *d, int64_t dsa) { return on_lines(d, d
  * A function of its own so that only its callers' stacks hold the
  * scratch. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) static int64_t
-band_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t nb) {
+band_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t nb, bool nt) {
   _Alignas(64) char grp[U8_GROUP][4 * 16 * 64]; /* piece k's four 16 x 64 networks, as in tr64x64_8 */
   int64_t b = 0;
   while (nb - b >= 64) {
@@ -496,13 +496,17 @@ band_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t nb) {
     for (int64_t k = 0; k < g; k++)
       for (int j = 0; j < 4; j++) {
         __m512i h[16];
+        if (nt) /* the next band's lines of these source rows */
+          for (int q = 0; q < 16; q++) _mm_prefetch(s + (b + 64 * k + 16 * j + q) * sb + 64, _MM_HINT_T0);
         net16x64_8(h, s + (b + 64 * k + 16 * j) * sb, sb);
         for (int q = 0; q < 16; q++) _mm512_store_si512((void *)(grp[k] + j * 1024 + 64 * q), h[q]);
       }
     for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each network's h[r % 16] (tr64x64_8) */
-      for (int64_t k = 0; k < g; k++)
-        _mm512_store_si512((void *)(d + r * dsa + b + 64 * k),
-                           join_pieces(grp[k] + (r & 15) * 64 + (r >> 4) * 16, 1024));
+      for (int64_t k = 0; k < g; k++) {
+        const __m512i line = join_pieces(grp[k] + (r & 15) * 64 + (r >> 4) * 16, 1024);
+        if (nt) _mm512_stream_si512((void *)(d + r * dsa + b + 64 * k), line);
+        else _mm512_store_si512((void *)(d + r * dsa + b + 64 * k), line);
+      }
     b += 64 * g;
   }
   return b;
@@ -517,7 +521,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(
   const bool lines = on_lines(d, dsa), grouped = !lanes && u8_grouped(d, dsa);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
-    if (lines && na - a >= 64 && grouped) b = band_u8_grouped(d + a * dsa, dsa, s + a, sb, nb);
+    if (lines && na - a >= 64 && grouped) b = band_u8_grouped(d + a * dsa, dsa, s + a, sb, nb, false);
     else if (lines && na - a >= 64)
       for (; nb - b >= 64; b += 64)
         (lanes ? tr64x64_8_lanes : tr64x64_8)(d + a * dsa + b, dsa, s + a + b * sb, sb);
@@ -1259,6 +1263,28 @@ DEFINE_STREAM_ROW(stream_row_avx512, __attribute__((target("avx512f,avx512bw")))
                   keep_line_avx512)
 
 /* carry: LINE bytes for each of the na destination rows. */
+/* The L1 tiles of uint8 into output rows on lines a multiple of 2 KiB
+ * apart: the plain tiles' groups (band_u8_grouped) with streaming stores
+ * and the next band's source lines prefetched, in strips of
+ * 64 * U8_GROUP columns; the columns after the last whole piece and the
+ * rows below the last whole strip through the plain tiles. The L1 tiles
+ * above write 128 bytes of a row at a time. AMD EPYC (Zen 5) VM, one
+ * thread, three alternated rounds, as picked (the trial takes these over
+ * the blocks now, from the cache and from memory): 4096^2 16.0-16.8 ->
+ * 19.8-20.8 GB/s, 2048 x 4096 17.3-17.7 -> 20.7-21.8, 2048^2 19.9-20.2
+ * -> 24.1-24.8; 8192^2 (large planes: the blocks) 13.4-13.9 either way
+ * (bench/results/2026-12-04-amd-uint16-strips-and-line-walk.md). */
+static void streamed_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
+  const int64_t wa = na / 64 * 64, wb = nb / 64 * 64;
+  ab__host_ran(AB_RAN_U8_GROUPS);
+  for (int64_t b0 = 0; b0 < wb; b0 += 64 * U8_GROUP) {
+    const int64_t mb = wb - b0 < 64 * U8_GROUP ? wb - b0 : 64 * U8_GROUP;
+    for (int64_t a0 = 0; a0 < wa; a0 += 64) band_u8_grouped(d + a0 * dsa + b0, dsa, s + a0 + b0 * sb, sb, mb, true);
+  }
+  if (wb < nb) tile_any(d + wb, dsa, s + wb * sb, sb, wa, nb - wb, 1, false);
+  if (wa < na) tile_any(d + wa * dsa, dsa, s + wa, sb, na - wa, nb, 1, false);
+}
+
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                                size_t es, char *carry) {
   /* A line before the tile's rows: stream_row_avx512's masked load of a
@@ -1268,6 +1294,10 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
   char *const buf = bufs + LINE;
   const int64_t t = SEG / (int64_t)es; /* elements per tile side */
   const bool avx512 = tiles_level() >= TILES_AVX512, lanes = avx512 && es == 1 && u8_lanes(sb); /* the buffer is on lines */
+  if (avx512 && es == 1 && !lanes && u8_grouped(d, dsa) && na >= 64 && nb >= 64) {
+    streamed_u8_grouped(d, dsa, s, sb, na, nb);
+    return;
+  }
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
     const int64_t mb = nb - b0 < t ? nb - b0 : t;
     for (int64_t a0 = 0; a0 < na; a0 += t) {
