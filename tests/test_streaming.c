@@ -415,10 +415,17 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
     {64, 4096, 4096, false},
     {100, 600, 6144, false},  /* a group of 8 and one of 1, then 24 columns; 6 KiB is no power of two */
     {64, 127, 2048, false},   /* one piece and 63 columns: a group of 1 */
-    /* the L1 tiles (4 MiB and more): groups with streaming stores */
+    /* the L1 tiles: groups with streaming stores */
     {2200, 2000, 2048, true}, /* three groups and one of 7, 16 columns after; 24 rows below */
     {1100, 4096, 4096, true}, /* 12 rows below the last strip */
+    {65, 576, 6144, true},    /* one group and one of 1, 0 columns after; 1 row below */
+    {40, 600, 2048, true},    /* fewer than 64 rows: the L1 tiles' own walk */
   };
+#if defined(__x86_64__)
+  const bool x86_64 = true;
+#else
+  const bool x86_64 = false; /* the plain tiles only, whatever AB_HOST_STREAMING says */
+#endif
   static const struct { const char *tiles, *lanes; bool groups; } ways[] = {
     {"auto", "0", true}, {"avx512", "0", true}, {"auto", "1", false}, {"avx2", "0", false}, {"sse2", "0", false}};
   for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
@@ -439,9 +446,13 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
       const int64_t shape[2] = {rows, cols}, st[2] = {1, rows}, out_st[2] = {pitch, 1};
       ab__host_count_choices(true);
       const unsigned long before = ab__host_ran_count(AB_RAN_U8_GROUPS);
-      ab__host_gather_into(out, out_st, src, 2, shape, st, 1, 0);
-      cr_assert_eq(ab__host_ran_count(AB_RAN_U8_GROUPS) > before, groups && cols >= 64,
+      /* the streamed cases as part of a 64 MiB whole: over the threshold whatever their own size */
+      ab__host_gather_into(out, out_st, src, 2, shape, st, 1, cases[k].streamed ? (size_t)64 << 20 : 0);
+      cr_assert_eq(ab__host_ran_count(AB_RAN_U8_GROUPS) > before, groups && cols >= 64 && rows >= 64,
                    "tiles %s, lanes %s, case %zu: groups", ways[w].tiles, ways[w].lanes, k);
+      if (x86_64)
+        cr_assert_eq(ab__host_last_transpose_mode(), cases[k].streamed ? 1 : 0, "case %zu: the %s tiles", k,
+                     cases[k].streamed ? "L1" : "plain");
       for (int64_t i = 0; i < rows; i++) {
         for (int64_t j = 0; j < cols; j++)
           cr_assert_eq(((char *)out)[i * pitch + j], ((char *)src)[j * rows + i],

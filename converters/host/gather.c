@@ -521,7 +521,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tile_u8_avx512(
   const bool lines = on_lines(d, dsa), grouped = !lanes && u8_grouped(d, dsa);
   for (int64_t a = 0; a < na; a += 64) {
     int64_t b = 0;
-    if (lines && na - a >= 64 && grouped) b = band_u8_grouped(d + a * dsa, dsa, s + a, sb, nb, false);
+    if (grouped && na - a >= 64 && nb >= 64) b = band_u8_grouped(d + a * dsa, dsa, s + a, sb, nb, false);
     else if (lines && na - a >= 64)
       for (; nb - b >= 64; b += 64)
         (lanes ? tr64x64_8_lanes : tr64x64_8)(d + a * dsa + b, dsa, s + a + b * sb, sb);
@@ -1267,8 +1267,9 @@ DEFINE_STREAM_ROW(stream_row_avx512, __attribute__((target("avx512f,avx512bw")))
  * apart: the plain tiles' groups (band_u8_grouped) with streaming stores
  * and the next band's source lines prefetched, in strips of
  * 64 * U8_GROUP columns; the columns after the last whole piece and the
- * rows below the last whole strip through the plain tiles. The L1 tiles
- * above write 128 bytes of a row at a time. AMD EPYC (Zen 5) VM, one
+ * rows below the last whole strip through the plain tiles; taken by
+ * visit_transpose instead of transpose_streamed, which writes 128 bytes
+ * of a row at a time. AMD EPYC (Zen 5) VM, one
  * thread, three alternated rounds, as picked (the trial takes these over
  * the blocks now, from the cache and from memory): 4096^2 16.0-16.8 ->
  * 19.8-20.8 GB/s, 2048 x 4096 17.3-17.7 -> 20.7-21.8, 2048^2 19.9-20.2
@@ -1294,10 +1295,6 @@ static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, 
   char *const buf = bufs + LINE;
   const int64_t t = SEG / (int64_t)es; /* elements per tile side */
   const bool avx512 = tiles_level() >= TILES_AVX512, lanes = avx512 && es == 1 && u8_lanes(sb); /* the buffer is on lines */
-  if (avx512 && es == 1 && !lanes && u8_grouped(d, dsa) && na >= 64 && nb >= 64) {
-    streamed_u8_grouped(d, dsa, s, sb, na, nb);
-    return;
-  }
   for (int64_t b0 = 0; b0 < nb; b0 += t) {
     const int64_t mb = nb - b0 < t ? nb - b0 : t;
     for (int64_t a0 = 0; a0 < na; a0 += t) {
@@ -2043,7 +2040,12 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   }
 #ifdef HAVE_X86_KERNELS
   if (c->mode == TR_STREAMED) {
-    transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
+    /* uint8 in groups where they go (not from transpose_streamed, whose
+     * buffer would then share the stack with band_u8_grouped's scratch) */
+    if (es == 1 && na >= 64 && nb >= 64 && tiles_level() >= TILES_AVX512 && u8_grouped(d, dsa) && !u8_lanes(sb))
+      streamed_u8_grouped(d, dsa, s, sb, na, nb);
+    else
+      transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
     return;
   }
   if (c->mode == TR_BLOCKED) {
