@@ -1262,16 +1262,15 @@ __attribute__((target("avx512f"))) static inline void keep_line_avx512(char *car
 DEFINE_STREAM_ROW(stream_row_avx512, __attribute__((target("avx512f,avx512bw"))), join_line_avx512, stream_lines_avx512,
                   keep_line_avx512)
 
-/* carry: LINE bytes for each of the na destination rows. */
 /* The L1 tiles of uint8 into output rows on lines a multiple of 2 KiB
  * apart: the plain tiles' groups (band_u8_grouped) with streaming stores
  * and the next band's source lines prefetched, in strips of
  * 64 * U8_GROUP columns; the columns after the last whole piece and the
  * rows below the last whole strip through the plain tiles; taken by
  * visit_transpose instead of transpose_streamed, which writes 128 bytes
- * of a row at a time. AMD EPYC (Zen 5) VM, one
- * thread, three alternated rounds, as picked (the trial takes these over
- * the blocks now, from the cache and from memory): 4096^2 16.0-16.8 ->
+ * of a row at a time. AMD EPYC (Zen 5) VM, one thread, three alternated
+ * rounds, as picked (the trial now takes these over the blocks for such
+ * outputs): 4096^2 16.0-16.8 ->
  * 19.8-20.8 GB/s, 2048 x 4096 17.3-17.7 -> 20.7-21.8, 2048^2 19.9-20.2
  * -> 24.1-24.8; 8192^2 (large planes: the blocks) 13.4-13.9 either way
  * (bench/results/2026-12-04-amd-uint16-strips-and-line-walk.md). */
@@ -1286,6 +1285,7 @@ static void streamed_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb,
   if (wa < na) tile_any(d + wa * dsa, dsa, s + wa, sb, na - wa, nb, 1, false);
 }
 
+/* carry: LINE bytes for each of the na destination rows. */
 static void transpose_streamed(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb,
                                size_t es, char *carry) {
   /* A line before the tile's rows: stream_row_avx512's masked load of a
