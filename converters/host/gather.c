@@ -334,6 +334,24 @@ __attribute__((target("avx512f"))) static inline __m512i join_pieces(const char 
   v = _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(p + 2 * apart)), 2);
   return _mm512_inserti32x4(v, _mm_load_si128((const __m128i *)(const void *)(p + 3 * apart)), 3);
 }
+/* A 64 x 64 piece's four 16 x 64 networks into scr, whole registers
+ * (prefetch: the next 64 source columns of its rows, for the groups'
+ * streamed walk, band_u8_grouped). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void piece_u8_fill(char *scr, const char *s,
+                                                                                     int64_t sb, bool prefetch) {
+  for (int j = 0; j < 4; j++) {
+    __m512i h[16];
+    if (prefetch)
+      for (int q = 0; q < 16; q++) _mm_prefetch(s + (16 * j + q) * sb + 64, _MM_HINT_T0);
+    net16x64_8(h, s + 16 * j * sb, sb);
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(scr + j * 1024 + 64 * k), h[k]);
+  }
+}
+/* Output row r of a piece filled by piece_u8_fill: lane r / 16 of each
+ * network's h[r % 16]. */
+__attribute__((target("avx512f"))) static inline __m512i piece_u8_row(const char *scr, int r) {
+  return join_pieces(scr + (r & 15) * 64 + (r >> 4) * 16, 1024);
+}
 /* 64 x 64 bytes with AVX-512 into destination rows that start on lines:
  * four 16 x 64 tiles (source rows 16j..16j+15) kept in an L1 scratch as
  * whole registers, then each destination row joined from its four
@@ -351,13 +369,8 @@ __attribute__((target("avx512f"))) static inline __m512i join_pieces(const char 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void tr64x64_8(char *d, int64_t dsa, const char *s,
                                                                            int64_t sb) {
   _Alignas(64) char scr[4 * 16 * 64];
-  __m512i h[16];
-  for (int j = 0; j < 4; j++) {
-    net16x64_8(h, s + 16 * j * sb, sb);
-    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)(scr + j * 1024 + 64 * k), h[k]);
-  }
-  for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each tile's h[r % 16] */
-    _mm512_storeu_si512((void *)(d + r * dsa), join_pieces(scr + (r & 15) * 64 + (r >> 4) * 16, 1024));
+  piece_u8_fill(scr, s, sb, false);
+  for (int r = 0; r < 64; r++) _mm512_storeu_si512((void *)(d + r * dsa), piece_u8_row(scr, r));
 }
 /* The same 64 x 64 bytes with the lanes gathered as the source is read:
  * in four passes, one for each 16 source columns, register i holds 16
@@ -489,21 +502,14 @@ static inline bool u8_grouped(const char *d, int64_t dsa) { return on_lines(d, d
  * scratch. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), noinline)) static int64_t
 band_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t nb, bool nt) {
-  _Alignas(64) char grp[U8_GROUP][4 * 16 * 64]; /* piece k's four 16 x 64 networks, as in tr64x64_8 */
+  _Alignas(64) char grp[U8_GROUP][4 * 16 * 64]; /* piece k, as piece_u8_fill leaves it */
   int64_t b = 0;
   while (nb - b >= 64) {
     const int64_t g = (nb - b) / 64 < U8_GROUP ? (nb - b) / 64 : U8_GROUP;
-    for (int64_t k = 0; k < g; k++)
-      for (int j = 0; j < 4; j++) {
-        __m512i h[16];
-        if (nt) /* the next band's lines of these source rows */
-          for (int q = 0; q < 16; q++) _mm_prefetch(s + (b + 64 * k + 16 * j + q) * sb + 64, _MM_HINT_T0);
-        net16x64_8(h, s + (b + 64 * k + 16 * j) * sb, sb);
-        for (int q = 0; q < 16; q++) _mm512_store_si512((void *)(grp[k] + j * 1024 + 64 * q), h[q]);
-      }
-    for (int r = 0; r < 64; r++) /* row r: lane r / 16 of each network's h[r % 16] (tr64x64_8) */
+    for (int64_t k = 0; k < g; k++) piece_u8_fill(grp[k], s + (b + 64 * k) * sb, sb, nt);
+    for (int r = 0; r < 64; r++)
       for (int64_t k = 0; k < g; k++) {
-        const __m512i line = join_pieces(grp[k] + (r & 15) * 64 + (r >> 4) * 16, 1024);
+        const __m512i line = piece_u8_row(grp[k], r);
         if (nt) _mm512_stream_si512((void *)(d + r * dsa + b + 64 * k), line);
         else _mm512_store_si512((void *)(d + r * dsa + b + 64 * k), line);
       }
