@@ -306,6 +306,24 @@ static size_t sysfs_l2_bytes(void) {
   return v > 0 ? (size_t)v : 0;
 }
 
+/* out (rows of cols bytes, pitch apart) holds the transpose of src (cols
+ * rows, spitch apart): out[i][j] == src[j][i]; the bytes from each row's
+ * end to the next row, and 64 past the last row, still 0x5a. */
+static void expect_u8_transposed(const char *out, int64_t pitch, const char *src, int64_t spitch, int64_t rows,
+                                 int64_t cols, const char *what) {
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t j = 0; j < cols; j++)
+      if (out[i * pitch + j] != src[j * spitch + i])
+        cr_assert_fail("%s (%lld x %lld, rows %lld apart, source rows %lld apart): (%lld, %lld) differs", what,
+                       (long long)rows, (long long)cols, (long long)pitch, (long long)spitch, (long long)i,
+                       (long long)j);
+    const int64_t end = i + 1 < rows ? pitch : pitch + 64;
+    for (int64_t j = cols; j < end; j++)
+      cr_assert_eq(out[i * pitch + j], 0x5a, "%s: row %lld's byte %lld past its end written", what, (long long)i,
+                   (long long)j);
+  }
+}
+
 /* uint8 transposes into output rows on lines through the plain tiles
  * (outputs under 4 MiB) and the L1 tiles (AB_HOST_STREAMING=1, 4 MiB and
  * more), whose 64 x 64 tiles gather their lanes from the source or join
@@ -341,14 +359,9 @@ static void u8_lane_cases_match(void) {
     if (!cases[k].streamed) /* the plain tiles took the gathering tile where the rule or the variable says */
       cr_assert_eq(ab__host_ran_count(AB_RAN_U8_LANES) > lanes,
                    ab__host_tiles_level() >= AB_TILES_AVX512 && ab__host_u8_lanes(rows) != 0, "case %zu: lanes", k);
-    for (int64_t i = 0; i < rows; i++) {
-      for (int64_t j = 0; j < cols; j++)
-        cr_assert_eq(((char *)out)[i * pitch + j], ((char *)src)[j * rows + i], "case %zu (%s): (%lld, %lld) differs", k,
-                     ab__host_u8_lanes(rows) ? "lanes" : "joined", (long long)i, (long long)j);
-      for (int64_t j = cols; j < pitch; j++)
-        cr_assert_eq(((char *)out)[i * pitch + j], 0x5a, "case %zu: row %lld's padding written", k, (long long)i);
-    }
-    for (size_t i = out_bytes; i < out_bytes + 64; i++) cr_assert_eq(((char *)out)[i], 0x5a, "case %zu: byte past the output", k);
+    char what[64];
+    snprintf(what, sizeof what, "case %zu (%s)", k, ab__host_u8_lanes(rows) ? "lanes" : "joined");
+    expect_u8_transposed(out, pitch, src, rows, rows, cols, what);
     free(src);
     free(out);
   }
@@ -453,16 +466,9 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
       if (x86_64)
         cr_assert_eq(ab__host_last_transpose_mode(), cases[k].streamed ? 1 : 0, "case %zu: the %s tiles", k,
                      cases[k].streamed ? "L1" : "plain");
-      for (int64_t i = 0; i < rows; i++) {
-        for (int64_t j = 0; j < cols; j++)
-          cr_assert_eq(((char *)out)[i * pitch + j], ((char *)src)[j * rows + i],
-                       "tiles %s, lanes %s, case %zu: (%lld, %lld) differs", ways[w].tiles, ways[w].lanes, k,
-                       (long long)i, (long long)j);
-        for (int64_t j = cols; j < pitch; j++)
-          cr_assert_eq(((char *)out)[i * pitch + j], 0x5a, "case %zu: row %lld's padding written", k, (long long)i);
-      }
-      for (size_t i = out_bytes; i < out_bytes + 64; i++)
-        cr_assert_eq(((char *)out)[i], 0x5a, "case %zu: byte past the output", k);
+      char what[64];
+      snprintf(what, sizeof what, "tiles %s, lanes %s, case %zu", ways[w].tiles, ways[w].lanes, k);
+      expect_u8_transposed(out, pitch, src, rows, rows, cols, what);
       free(src);
       free(out);
     }
@@ -517,17 +523,9 @@ static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, siz
   }
   const unsigned long strips = ab__host_u8_shifted_strips() - before;
   for (size_t i = 0; i < at; i++) cr_assert_eq(buf[i], 0x5a, "%s: byte %zu before the output written", what, i);
-  for (int64_t i = 0; i < rows; i++) {
-    for (int64_t j = 0; j < cols; j++)
-      if (out[i * pitch + j] != src[j * spitch + i])
-        cr_assert_fail("%s (%lld x %lld, rows %lld apart, %zu into a line, source rows %lld apart): (%lld, %lld) differs",
-                       what, (long long)rows, (long long)cols, (long long)pitch, at, (long long)spitch, (long long)i,
-                       (long long)j);
-    const int64_t end = i + 1 < rows ? pitch : pitch + 64;
-    for (int64_t j = cols; j < end; j++)
-      cr_assert_eq(out[i * pitch + j], 0x5a, "%s: row %lld's byte %lld past its end written", what, (long long)i,
-                   (long long)j);
-  }
+  char label[160];
+  snprintf(label, sizeof label, "%s, %zu into a line", what, at);
+  expect_u8_transposed(out, pitch, src, spitch, rows, cols, label);
   free(src);
   free(buf);
   return strips;
