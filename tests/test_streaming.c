@@ -306,19 +306,21 @@ static size_t sysfs_l2_bytes(void) {
   return v > 0 ? (size_t)v : 0;
 }
 
-/* out (rows of cols bytes, pitch apart) holds the transpose of src (cols
- * rows, spitch apart): out[i][j] == src[j][i]; the bytes from each row's
- * end to the next row, and 64 past the last row, still 0x5a. */
-static void expect_u8_transposed(const char *out, int64_t pitch, const char *src, int64_t spitch, int64_t rows,
-                                 int64_t cols, const char *what) {
+/* out (rows of cols es-byte elements, pitch bytes apart) holds the
+ * transpose of src (cols rows, spitch bytes apart): out[i][j] ==
+ * src[j][i]; the bytes from each row's end to the next row, and 64 past
+ * the last row, still 0x5a. */
+static void expect_transposed(const char *out, int64_t pitch, const char *src, int64_t spitch, int64_t rows,
+                              int64_t cols, size_t es, const char *what) {
+  const int64_t e = (int64_t)es;
   for (int64_t i = 0; i < rows; i++) {
     for (int64_t j = 0; j < cols; j++)
-      if (out[i * pitch + j] != src[j * spitch + i])
-        cr_assert_fail("%s (%lld x %lld, rows %lld apart, source rows %lld apart): (%lld, %lld) differs", what,
+      if (memcmp(out + i * pitch + j * e, src + j * spitch + i * e, es) != 0)
+        cr_assert_fail("%s (%lld x %lld, rows %lld bytes apart, source rows %lld): (%lld, %lld) differs", what,
                        (long long)rows, (long long)cols, (long long)pitch, (long long)spitch, (long long)i,
                        (long long)j);
     const int64_t end = i + 1 < rows ? pitch : pitch + 64;
-    for (int64_t j = cols; j < end; j++)
+    for (int64_t j = cols * e; j < end; j++)
       cr_assert_eq(out[i * pitch + j], 0x5a, "%s: row %lld's byte %lld past its end written", what, (long long)i,
                    (long long)j);
   }
@@ -361,7 +363,7 @@ static void u8_lane_cases_match(void) {
                    ab__host_tiles_level() >= AB_TILES_AVX512 && ab__host_u8_lanes(rows) != 0, "case %zu: lanes", k);
     char what[64];
     snprintf(what, sizeof what, "case %zu (%s)", k, ab__host_u8_lanes(rows) ? "lanes" : "joined");
-    expect_u8_transposed(out, pitch, src, rows, rows, cols, what);
+    expect_transposed(out, pitch, src, rows, rows, cols, 1, what);
     free(src);
     free(out);
   }
@@ -468,7 +470,7 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
                      cases[k].streamed ? "L1" : "plain");
       char what[64];
       snprintf(what, sizeof what, "tiles %s, lanes %s, case %zu", ways[w].tiles, ways[w].lanes, k);
-      expect_u8_transposed(out, pitch, src, rows, rows, cols, what);
+      expect_transposed(out, pitch, src, rows, rows, cols, 1, what);
       free(src);
       free(out);
     }
@@ -476,6 +478,78 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
   unsetenv("AB_HOST_STREAMING");
   unsetenv("AB_HOST_TILES");
   unsetenv("AB_HOST_U8_LANES");
+  ab__env_reload();
+}
+
+/* uint16 transposes through the plain tiles and the L1 tiles into output
+ * rows on lines a multiple of 2 KiB apart, where AVX-512's 32 x 32 tile
+ * that writes whole lines goes (ab__host_line_tiles): up to 8 pieces of a
+ * strip at once, each output row's lines in a row (gather.c,
+ * band_u16_grouped): whole groups, a last group of fewer pieces, columns
+ * after the last piece, rows below the last band, rows 2, 4 and 6 KiB
+ * apart, sources whose rows are and are not whole lines apart; against
+ * element-by-element copies, the padding and the bytes past the output
+ * left alone. AB_HOST_LINE_TILES=0 and narrower tiles turn the groups off
+ * and take the same cases. */
+Test(streaming, u16_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_reference_bytes) {
+  static const struct { int64_t rows, cols, pitch; bool streamed; } cases[] = {
+    {256, 1024, 2048, false}, /* four whole groups a band */
+    {100, 300, 2048, false},  /* a group of 8, one of 1, then 12 columns; 4 rows below the last band */
+    {64, 2049, 8192, false},  /* a last strip of 1 column */
+    {70, 500, 6144, false},   /* a group of 7 after one of 8, then 20 columns; 6 KiB is no power of two */
+    {32, 63, 2048, false},    /* one piece and 31 columns: a group of 1 */
+    {31, 500, 2048, false},   /* fewer than 32 rows: no band */
+    /* the L1 tiles: groups with streaming stores */
+    {1100, 1000, 2048, true}, /* three groups and one of 7, 8 columns after; 12 rows below */
+    {2050, 2048, 4096, true}, /* 2 rows below */
+    {33, 288, 6144, true},    /* a group of 8 and one of 1; 1 row below */
+    {20, 600, 2048, true},    /* fewer than 32 rows: the L1 tiles' own walk */
+  };
+#if defined(__x86_64__)
+  const bool x86_64 = true;
+#else
+  const bool x86_64 = false;
+#endif
+  static const struct { const char *tiles, *lines; } ways[] = {
+    {"auto", "auto"}, {"avx512", "1"}, {"avx512", "0"}, {"avx2", "1"}, {"sse2", "auto"}};
+  for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+    setenv("AB_HOST_TILES", ways[w].tiles, 1);
+    setenv("AB_HOST_LINE_TILES", ways[w].lines, 1);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+      setenv("AB_HOST_STREAMING", cases[k].streamed ? "1" : "0", 1);
+      ab__env_reload();
+      const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch, spitch = 2 * rows;
+      /* whole-line tiles (on lines for some sources, by their trial for others) */
+      const bool groups = ab__host_line_tiles(2, spitch) != 0;
+      if (x86_64 && ab__host_tiles_level() >= AB_TILES_AVX512 && strcmp(ways[w].lines, "1") == 0)
+        cr_assert(groups, "tiles %s: AB_HOST_LINE_TILES=1 takes the whole-line tiles", ways[w].tiles);
+      if (strcmp(ways[w].lines, "0") == 0 || ab__host_tiles_level() < AB_TILES_AVX512)
+        cr_assert(!groups, "tiles %s, line tiles %s: no whole-line tiles", ways[w].tiles, ways[w].lines);
+      const size_t bytes = (size_t)(cols * spitch), out_bytes = (size_t)(rows * pitch);
+      void *src = NULL, *out = NULL;
+      cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
+      cr_assert_eq(posix_memalign(&out, 64, out_bytes + 64), 0);
+      fill_pattern(src, bytes, 120 + (uint32_t)k);
+      memset(out, 0x5a, out_bytes + 64);
+      const int64_t shape[2] = {rows, cols}, st[2] = {2, spitch}, out_st[2] = {pitch, 2};
+      ab__host_count_choices(true);
+      const unsigned long before = ab__host_ran_count(AB_RAN_U16_GROUPS);
+      ab__host_gather_into(out, out_st, src, 2, shape, st, 2, cases[k].streamed ? (size_t)64 << 20 : 0);
+      cr_assert_eq(ab__host_ran_count(AB_RAN_U16_GROUPS) > before, groups && cols >= 32 && rows >= 32,
+                   "tiles %s, line tiles %s, case %zu: groups", ways[w].tiles, ways[w].lines, k);
+      if (x86_64)
+        cr_assert_eq(ab__host_last_transpose_mode(), cases[k].streamed ? 1 : 0, "case %zu: the %s tiles", k,
+                     cases[k].streamed ? "L1" : "plain");
+      char what[64];
+      snprintf(what, sizeof what, "tiles %s, line tiles %s, case %zu", ways[w].tiles, ways[w].lines, k);
+      expect_transposed(out, pitch, src, spitch, rows, cols, 2, what);
+      free(src);
+      free(out);
+    }
+  }
+  unsetenv("AB_HOST_STREAMING");
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_LINE_TILES");
   ab__env_reload();
 }
 
@@ -525,7 +599,7 @@ static unsigned long shifted_draw(int64_t rows, int64_t cols, int64_t pitch, siz
   for (size_t i = 0; i < at; i++) cr_assert_eq(buf[i], 0x5a, "%s: byte %zu before the output written", what, i);
   char label[160];
   snprintf(label, sizeof label, "%s, %zu into a line", what, at);
-  expect_u8_transposed(out, pitch, src, spitch, rows, cols, label);
+  expect_transposed(out, pitch, src, spitch, rows, cols, 1, label);
   free(src);
   free(buf);
   return strips;

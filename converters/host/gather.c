@@ -617,6 +617,47 @@ DEFINE_TR32X32_16(tr32x32_16, __attribute__((target("avx512f,avx512bw"))), TR32_
 #undef TR32_NET
 #undef TR32_STORE
 
+/* The uint8 groups' walk (band_u8_grouped) for uint16: U16_GROUP 32 x 32
+ * pieces (tr32x32_16, each into its 2 KiB of an L1 scratch), then each of
+ * the 32 destination rows takes its U16_GROUP lines in a row, where those
+ * rows start on lines a multiple of U8_GROUP_PITCH apart (u8_grouped) and
+ * the whole-line tile goes (line_tiles; AB_HOST_LINE_TILES=0 turns both
+ * off). One tr32x32_16 alone writes a line into each of 32 such rows,
+ * which share one or two of L1's sets. AMD EPYC (Zen 5) VM, one thread,
+ * three alternated rounds, GB/s: plain tiles forced, 2048^2 8.5-11.1 ->
+ * 9.5-15.4, 4096^2 4.3-4.5 -> 5.9-6.1; as picked, 512 x 2048 (rows 4 KiB
+ * apart, the plain tiles) 10.7-14.5 -> 18.9-23.6, 1024 x 3072 17.3-19.2
+ * -> 20.4-20.9, 1024 x 4096 20.4-21.9 -> 22.1-24.4; 1024^2 (2 KiB)
+ * 15.8-22.7 -> 20.6-21.6. 16 pieces a group were no better
+ * (bench/results/2026-12-04-amd-uint16-groups.md). */
+#define U16_GROUP 8
+/* 32 destination rows dsa bytes apart from d, their first nb / 32 * 32
+ * columns, U16_GROUP pieces at a time, streamed where nt (and then the
+ * next band's source lines prefetched); returns those columns. */
+__attribute__((target("avx512f,avx512bw"), noinline)) static int64_t band_u16_grouped(char *d, int64_t dsa,
+                                                                                     const char *s, int64_t sb,
+                                                                                     int64_t nb, bool nt) {
+  _Alignas(64) char grp[U16_GROUP][32 * LINE];
+  int64_t b = 0;
+  while (nb - b >= 32) {
+    const int64_t g = (nb - b) / 32 < U16_GROUP ? (nb - b) / 32 : U16_GROUP;
+    for (int64_t k = 0; k < g; k++) {
+      const char *const sk = s + (b + 32 * k) * sb;
+      if (nt)
+        for (int q = 0; q < 32; q++) _mm_prefetch(sk + q * sb + LINE, _MM_HINT_T0);
+      tr32x32_16(grp[k], LINE, sk, sb);
+    }
+    for (int r = 0; r < 32; r++)
+      for (int64_t k = 0; k < g; k++) {
+        const __m512i line = _mm512_load_si512((const void *)(grp[k] + r * LINE));
+        if (nt) _mm512_stream_si512((void *)(d + r * dsa + 2 * b + LINE * k), line);
+        else _mm512_store_si512((void *)(d + r * dsa + 2 * b + LINE * k), line);
+      }
+    b += 32 * g;
+  }
+  return b;
+}
+
 /* 16 float32 as bfloat16, as convert.c's fast_to_bf16 makes each: the
  * top half of the bits rounded to nearest even (a carry into the exponent
  * overflows to infinity), a NaN its top half made quiet (| 0x40). */
@@ -1268,27 +1309,45 @@ __attribute__((target("avx512f"))) static inline void keep_line_avx512(char *car
 DEFINE_STREAM_ROW(stream_row_avx512, __attribute__((target("avx512f,avx512bw"))), join_line_avx512, stream_lines_avx512,
                   keep_line_avx512)
 
-/* The L1 tiles of uint8 into output rows on lines a multiple of 2 KiB
- * apart: the plain tiles' groups (band_u8_grouped) with streaming stores
- * and the next band's source lines prefetched, in strips of
- * 64 * U8_GROUP columns; the columns after the last whole piece and the
- * rows below the last whole strip through the plain tiles; taken by
- * visit_transpose instead of transpose_streamed, which writes 128 bytes
- * of a row at a time. AMD EPYC (Zen 5) VM, one thread, three alternated
- * rounds, as picked (the trial now takes these over the blocks for such
- * outputs): 4096^2 16.0-16.8 ->
- * 19.8-20.8 GB/s, 2048 x 4096 17.3-17.7 -> 20.7-21.8, 2048^2 19.9-20.2
- * -> 24.1-24.8; 8192^2 (large planes: the blocks) 13.4-13.9 either way
- * (bench/results/2026-12-04-amd-uint16-strips-and-line-walk.md). */
-static void streamed_u8_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
-  const int64_t wa = na / 64 * 64, wb = nb / 64 * 64;
-  ab__host_ran(AB_RAN_U8_GROUPS);
-  for (int64_t b0 = 0; b0 < wb; b0 += 64 * U8_GROUP) {
-    const int64_t mb = wb - b0 < 64 * U8_GROUP ? wb - b0 : 64 * U8_GROUP;
-    for (int64_t a0 = 0; a0 < wa; a0 += 64) band_u8_grouped(d + a0 * dsa + b0, dsa, s + a0 + b0 * sb, sb, mb, true);
+/* A uint16 tile of the plain tiles into rows where u8_grouped: its bands
+ * of 32 rows in groups, the columns and rows after the last whole piece
+ * through tile_any. */
+static void tile_u16_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb) {
+  const int64_t wa = na / 32 * 32;
+  int64_t wb = 0;
+  for (int64_t a = 0; a < wa; a += 32) wb = band_u16_grouped(d + a * dsa, dsa, s + 2 * a, sb, nb, false);
+  if (wb < nb) tile_any(d + 2 * wb, dsa, s + wb * sb, sb, wa, nb - wb, 2, false);
+  if (wa < na) tile_any(d + wa * dsa, dsa, s + 2 * wa, sb, na - wa, nb, 2, false);
+}
+
+/* The L1 tiles of uint8 and uint16 into output rows on lines a multiple
+ * of 2 KiB apart: the plain tiles' groups (band_u8_grouped,
+ * band_u16_grouped) with streaming stores and the next band's source
+ * lines prefetched, in strips of U8_GROUP (U16_GROUP) pieces; the
+ * columns after the last whole piece and the rows below the last whole
+ * band through the plain tiles; taken by visit_transpose instead of
+ * transpose_streamed, which writes 128 bytes of a row at a time. AMD
+ * EPYC (Zen 5) VM, one thread, three alternated rounds, as picked (the
+ * trial now takes these over the blocks for such outputs), uint8: 4096^2
+ * 16.0-16.8 -> 19.8-20.8 GB/s, 2048 x 4096 17.3-17.7 -> 20.7-21.8,
+ * 2048^2 19.9-20.2 -> 24.1-24.8; 8192^2 (large planes: the blocks)
+ * 13.4-13.9 either way
+ * (bench/results/2026-12-04-amd-uint16-strips-and-line-walk.md). uint16,
+ * the trial's 8 MiB (rows 4 KiB apart), from the cache: 5.8-6.1 ->
+ * 15.5-19.2 GB/s, from memory 6.6-6.8 -> 10.6-11.5; the blocks still win
+ * from memory (13.4-15.5) and stay picked there
+ * (bench/results/2026-12-04-amd-uint16-groups.md). */
+static void streamed_grouped(char *d, int64_t dsa, const char *s, int64_t sb, int64_t na, int64_t nb, size_t es) {
+  const int64_t p = es == 1 ? 64 : 32, w = p * (es == 1 ? U8_GROUP : U16_GROUP), e = (int64_t)es;
+  const int64_t wa = na / p * p, wb = nb / p * p;
+  ab__host_ran(es == 1 ? AB_RAN_U8_GROUPS : AB_RAN_U16_GROUPS);
+  for (int64_t b0 = 0; b0 < wb; b0 += w) {
+    const int64_t mb = wb - b0 < w ? wb - b0 : w;
+    for (int64_t a0 = 0; a0 < wa; a0 += p)
+      (es == 1 ? band_u8_grouped : band_u16_grouped)(d + a0 * dsa + b0 * e, dsa, s + a0 * e + b0 * sb, sb, mb, true);
   }
-  if (wb < nb) tile_any(d + wb, dsa, s + wb * sb, sb, wa, nb - wb, 1, false);
-  if (wa < na) tile_any(d + wa * dsa, dsa, s + wa, sb, na - wa, nb, 1, false);
+  if (wb < nb) tile_any(d + wb * e, dsa, s + wb * sb, sb, wa, nb - wb, es, false);
+  if (wa < na) tile_any(d + wa * dsa, dsa, s + wa * e, sb, na - wa, nb, es, false);
 }
 
 /* carry: LINE bytes for each of the na destination rows. */
@@ -2045,11 +2104,18 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #ifdef HAVE_X86_KERNELS
+  /* uint16 in groups where its whole-line tile goes (line_tiles), into
+   * rows u8_grouped takes */
+  const bool groups_2 = es == 2 && tiles_level() >= TILES_AVX512 && u8_grouped(d, dsa) &&
+                        (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   if (c->mode == TR_STREAMED) {
-    /* uint8 in groups where they go (not from transpose_streamed, whose
-     * buffer would then share the stack with band_u8_grouped's scratch) */
+    /* uint8 and uint16 in groups where they go (not from
+     * transpose_streamed, whose buffer would then share the stack with the
+     * groups' scratch) */
     if (es == 1 && na >= 64 && nb >= 64 && tiles_level() >= TILES_AVX512 && u8_grouped(d, dsa) && !u8_lanes(sb))
-      streamed_u8_grouped(d, dsa, s, sb, na, nb);
+      streamed_grouped(d, dsa, s, sb, na, nb, 1);
+    else if (groups_2 && na >= 32 && nb >= 32)
+      streamed_grouped(d, dsa, s, sb, na, nb, 2);
     else
       transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
     return;
@@ -2088,8 +2154,9 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
 #endif
 #ifdef HAVE_X86_KERNELS
   const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa);
-  const int64_t tile_b = groups ? 64 * U8_GROUP : TILE_B;
+  const int64_t tile_b = groups ? 64 * U8_GROUP : groups_2 ? 32 * U16_GROUP : TILE_B;
   if (groups && na >= 64 && nb >= 64) ab__host_ran(AB_RAN_U8_GROUPS); /* band_u8_grouped runs */
+  if (groups_2 && na >= 32 && nb >= 32) ab__host_ran(AB_RAN_U16_GROUPS);
 #else
   const int64_t tile_b = TILE_B;
 #endif
@@ -2100,6 +2167,10 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
       char *const dt = d + a0 * dsa + b0 * (int64_t)es;
       const char *const st = s + a0 * (int64_t)es + b0 * sb;
 #ifdef HAVE_X86_KERNELS
+      if (groups_2) {
+        tile_u16_grouped(dt, dsa, st, sb, ma, mb);
+        continue;
+      }
       if (lines_2) {
         tile_micro(dt, dsa, st, sb, ma, mb, 2, 32, 32, tr32x32_16, edges_2);
         continue;

@@ -238,6 +238,7 @@ typedef enum {
   AB_RAN_CAST_F16C,      /* float16 on a side through F16C (convert.c, fast_row) */
   AB_RAN_CAST_F16_BITS,  /* float16 on a side through the float32 loops without F16C (convert.c, fast_row) */
   AB_RAN_U8_GROUPS,      /* plain tiles of uint8 in groups of pieces (tile_u8_avx512, u8_grouped) */
+  AB_RAN_U16_GROUPS,     /* uint16 in groups of pieces (band_u16_grouped, u8_grouped) */
   AB_RAN_KINDS
 } ab__host_choice;
 void ab__host_count_choices(bool on);
