@@ -1351,8 +1351,10 @@ static void learn_setup(void) {
   learn_out = aligned_alloc(64, (size_t)LEARN_N * LEARN_N * sizeof(float));
   cr_assert(learn_src != NULL && learn_out != NULL);
   for (size_t i = 0; i < (size_t)LEARN_N * LEARN_N; i++) learn_src[i] = (float)(i * 7 % 100003);
+  ab__host_learn_settle_pct(0); /* every slot runs, whatever the times (the_trials_pick_is_kept_early sets it) */
 }
 static void learn_teardown(void) {
+  ab__host_learn_settle_pct(AB__STREAM_SETTLE_PCT);
   free(learn_src);
   free(learn_out);
 }
@@ -1448,6 +1450,39 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
   cr_assert_eq(ab__host_learned_stores(1, false, false, TEST_HUGE_SIZE, (size_t)4 << 20, (size_t)4 << 20, state), 0,
                "from memory they may be");
   learn_teardown();
+}
+
+/* Where the first band of each arm ends the measuring (a lead of 1%:
+ * whatever the times, the other took more than 1% of the pick's), the
+ * trial's pick is kept from the third band on and nothing more is
+ * handed out until the next round. */
+Test(streaming, the_trials_pick_is_kept_early_where_the_other_falls_far_behind) {
+  learn_setup();
+  ab__host_learn_settle_pct(1);
+  ab__host_transpose_preset(4, 1);
+  int state[3];
+  cr_assert_eq(learn_transpose(true), 1, "the first band: the trial's pick");
+  cr_assert_eq(learned(state), 0, "one arm timed: still measuring");
+  cr_assert_eq(learn_transpose(true), 2, "the second band: the other");
+  cr_assert_eq(learned(state), 1, "both timed once, the other far behind: the trial's pick kept");
+  cr_assert(state[0] == 2 && state[1] == 2 && state[2] == 0, "slots %d, %d, bands since %d", state[0], state[1],
+            state[2]);
+  for (int i = 0; i < 4; i++) cr_assert_eq(learn_transpose(i == 0), 1, "band %d after the pick", i + 3);
+  cr_assert_eq(learned(state), 1);
+  cr_assert(state[0] == 2 && state[2] == 4, "no slot handed out after the pick: %d; bands since %d", state[0],
+            state[2]);
+  learn_teardown();
+}
+
+Test(streaming, the_early_pick_needs_the_other_30_percent_behind) {
+  cr_assert_eq(AB__STREAM_SETTLE_PCT, 130);
+  cr_assert(ab__host_learn_settles(100, 130, AB__STREAM_SETTLE_PCT));
+  cr_assert(ab__host_learn_settles(100, 300, AB__STREAM_SETTLE_PCT));
+  cr_assert(!ab__host_learn_settles(100, 129, AB__STREAM_SETTLE_PCT), "29%% behind");
+  cr_assert(!ab__host_learn_settles(100, 50, AB__STREAM_SETTLE_PCT), "the other ahead: never early");
+  cr_assert(!ab__host_learn_settles(0, 300, AB__STREAM_SETTLE_PCT), "the pick not timed");
+  cr_assert(!ab__host_learn_settles(100, 0, AB__STREAM_SETTLE_PCT), "the other not timed");
+  cr_assert(!ab__host_learn_settles(100, 1000, 0), "turned off");
 }
 
 Test(streaming, the_learned_pick_needs_a_5_percent_lead) {

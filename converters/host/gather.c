@@ -2605,8 +2605,8 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * through a buffer, cast_then_transpose, whose `whole` counts both
  * element sizes, are always less) measure the two themselves: of the first
  * LEARN_SLOTS bands, alternately the trial's pick and the other, each
- * timed; from then on the other only where its fastest band ran
- * LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN
+ * timed (or fewer: settle_early); from then on the other only where its
+ * fastest band ran LEARN_MARGIN faster than the trial's pick's. Every AB__STREAM_RELEARN
  * bands after a pick time both again: the pick may have met a noisy
  * moment, and other tenants of a shared cache come and go (a fairer
  * trial that moved 4096 x 4104 uint16 to the L1 tiles won 20% in a quiet
@@ -2622,6 +2622,7 @@ struct stream_learner {
 };
 static struct stream_learner learners[TR_CLASSES][TR_PICKS][TR_KINDS][LEARN_SIZES][2]; /* [..][part of a job] */
 static _Thread_local int last_mode = -1;
+static _Atomic int settle_pct = AB__STREAM_SETTLE_PCT; /* settle_early's lead; tests change it */
 
 /* claimed last, released: a band that claims a slot of the new round
  * (acquiring it) sees the rest cleared */
@@ -2665,6 +2666,29 @@ static int learn_begin(struct stream_learner *L, int mode, int *arm) {
   *arm = (int)(n & 1);
   return *arm ? other : mode;
 }
+/* Where the first timed band of each arm already puts the other far
+ * behind (ab__host_learn_settles), the trial's pick is kept now: the
+ * measuring would run the other twice more at that speed. A 64 MiB
+ * float32 transpose with both kinds of rows off lines (4104^2, the
+ * blocks picked) ran its streamed bands at a third to a half of the
+ * blocks' speed, and three of its first six calls were those (AMD EPYC
+ * VM, bench/results/2026-12-04-amd-uint16-groups.md). Only the trial's
+ * pick is kept early, never the other: the first band of a size is often
+ * the first to touch its output's pages, and that is the pick's. The
+ * bands of slots already handed out still end (their times count for
+ * nothing until the next round clears them). */
+static void settle_early(struct stream_learner *L, int mode, size_t bytes) {
+  const uint64_t a = atomic_load_explicit(&L->best[0], memory_order_relaxed),
+                 b = atomic_load_explicit(&L->best[1], memory_order_relaxed);
+  int measuring = 0;
+  if (!ab__host_learn_settles((double)a, (double)b, atomic_load_explicit(&settle_pct, memory_order_relaxed)) ||
+      !atomic_compare_exchange_strong_explicit(&L->pick, &measuring, 1, memory_order_acq_rel, memory_order_relaxed))
+    return;
+  atomic_store_explicit(&L->uses, 0, memory_order_relaxed);
+  AB_LOG(AB_LOG_DEBUG, "transposes of about %zu bytes: %s %.2f GB/s, %s %.2f GB/s, one band each: %s", bytes,
+         ab__host_transpose_mode_name(mode), 1e6 / (double)a, ab__host_transpose_mode_name(other_variant(mode)),
+         1e6 / (double)b, ab__host_transpose_mode_name(mode));
+}
 /* A timed band's end (secs 0: it could not run its variant, so counts
  * without a time); the last slot's end makes the pick. */
 static void learn_end(struct stream_learner *L, int arm, int mode, double secs, size_t bytes) {
@@ -2673,7 +2697,10 @@ static void learn_end(struct stream_learner *L, int arm, int mode, double secs, 
   while (secs > 0 && (cur == 0 || v < cur) &&
          !atomic_compare_exchange_weak_explicit(&L->best[arm], &cur, v, memory_order_relaxed, memory_order_relaxed)) {
   }
-  if (atomic_fetch_add_explicit(&L->timed, 1, memory_order_acq_rel) + 1 != LEARN_SLOTS) return;
+  if (atomic_fetch_add_explicit(&L->timed, 1, memory_order_acq_rel) + 1 != LEARN_SLOTS) {
+    settle_early(L, mode, bytes);
+    return;
+  }
   const uint64_t a = atomic_load_explicit(&L->best[0], memory_order_relaxed),
                  b = atomic_load_explicit(&L->best[1], memory_order_relaxed);
   const int p = ab__host_learn_pick((double)a, (double)b);
@@ -2685,6 +2712,12 @@ static void learn_end(struct stream_learner *L, int arm, int mode, double secs, 
          ab__host_transpose_mode_name(p == 1 ? mode : other));
 }
 #endif
+bool ab__host_learn_settles(double trial_fs, double other_fs, int lead_pct) {
+  return lead_pct > 0 && trial_fs > 0 && other_fs > 0 && other_fs * 100 >= trial_fs * lead_pct;
+}
+int ab__host_learn_settle_pct(int lead_pct) {
+  return atomic_exchange_explicit(&settle_pct, lead_pct, memory_order_relaxed);
+}
 int ab__host_learn_pick(double trial_fs, double other_fs) {
   if (other_fs <= 0) return 1; /* the other never ran */
   return trial_fs <= 0 || other_fs * LEARN_MARGIN < trial_fs ? 2 : 1;

@@ -67,10 +67,21 @@ int ab__host_transpose_pick(size_t es, bool rows_on_lines, bool src_on_lines, si
  * (a band of a job cut between threads, or a piece of a cast that
  * transposes through a buffer), the first 6 bands alternate the trial's
  * pick and the other, each timed, and the faster is kept (the other only where
- * ab__host_learn_pick says); every AB__STREAM_RELEARN bands after a pick
- * time both again. AB_HOST_STREAMING=trial (or forced) keeps the trial's
- * picks. See gather.c. */
+ * ab__host_learn_pick says); the trial's pick is kept at once where the
+ * first band of each says so (ab__host_learn_settles); every
+ * AB__STREAM_RELEARN bands after a pick time both again.
+ * AB_HOST_STREAMING=trial (or forced) keeps the trial's picks. See
+ * gather.c. */
 #define AB__STREAM_RELEARN 256u
+/* Whether the first timed bands of the trial's pick and of the other
+ * (femtoseconds a byte; 0: not timed yet) end the measuring at once with
+ * the trial's pick: the other took `lead_pct` percent of the pick's time
+ * or more (AB__STREAM_SETTLE_PCT; 0: never). */
+#define AB__STREAM_SETTLE_PCT 130
+bool ab__host_learn_settles(double trial_fs, double other_fs, int lead_pct);
+/* For tests: the lead (percent) that ends the measuring early, from now
+ * on (0: never); returns the one before. */
+int ab__host_learn_settle_pct(int lead_pct);
 /* For tests: every kind of rows of es-byte elements taken as measured,
  * with `mode` picked in every regime (the streaming variants are then
  * still measured on the transposes, as after a trial). */
