@@ -486,7 +486,7 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
  * that writes whole lines goes (ab__host_line_tiles): up to 8 pieces of a
  * strip at once, each output row's lines in a row (gather.c,
  * band_u16_grouped): whole groups, a last group of fewer pieces, columns
- * after the last piece, rows below the last band, rows 2, 4 and 6 KiB
+ * after the last piece, rows below the last band, rows 2, 4, 6 and 8 KiB
  * apart, sources whose rows are and are not whole lines apart; against
  * element-by-element copies, the padding and the bytes past the output
  * left alone. AB_HOST_LINE_TILES=0 and narrower tiles turn the groups off
@@ -1452,10 +1452,11 @@ Test(streaming, the_plain_tiles_and_a_trial_only_setting_are_not_measured) {
   learn_teardown();
 }
 
-/* Where the first band of each arm ends the measuring (a lead of 1%:
- * whatever the times, the other took more than 1% of the pick's), the
- * trial's pick is kept from the third band on and nothing more is
- * handed out until the next round. */
+/* Where the first band of each arm ends the measuring (the lead set to
+ * 1 percent: the other taking 1% of the pick's time or more, which any
+ * times but a hundredfold win of the other's meet), the trial's pick is
+ * kept from the third band on and nothing more is handed out until the
+ * next round. */
 Test(streaming, the_trials_pick_is_kept_early_where_the_other_falls_far_behind) {
   learn_setup();
   ab__host_learn_settle_pct(1);

@@ -2065,6 +2065,15 @@ static void tile_u8_shifted(char *d, int64_t dsa, const char *s, int64_t sb, int
 }
 #endif
 
+#ifdef HAVE_X86_KERNELS
+/* Whether uint16 goes in groups (band_u16_grouped): where its whole-line
+ * tile goes (line_tiles), into rows u8_grouped takes. Asked only by the
+ * walks that use the answer: line_tiles may run its trial. */
+static bool u16_groups(const struct transpose_ctx *c, const char *d) {
+  return c->es == 2 && tiles_level() >= TILES_AVX512 && u8_grouped(d, c->dsa) &&
+         (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(2, c->sb));
+}
+#endif
 static void visit_transpose(void *ctx, char *d, const char *s) {
   const struct transpose_ctx *c = ctx;
   const int64_t na = c->na, nb = c->nb, dsa = c->dsa, sb = c->sb;
@@ -2104,17 +2113,13 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
     return;
   }
 #ifdef HAVE_X86_KERNELS
-  /* uint16 in groups where its whole-line tile goes (line_tiles), into
-   * rows u8_grouped takes */
-  const bool groups_2 = es == 2 && tiles_level() >= TILES_AVX512 && u8_grouped(d, dsa) &&
-                        (c->line_tiles >= 0 ? c->line_tiles != 0 : line_tiles(es, sb));
   if (c->mode == TR_STREAMED) {
     /* uint8 and uint16 in groups where they go (not from
      * transpose_streamed, whose buffer would then share the stack with the
      * groups' scratch) */
     if (es == 1 && na >= 64 && nb >= 64 && tiles_level() >= TILES_AVX512 && u8_grouped(d, dsa) && !u8_lanes(sb))
       streamed_grouped(d, dsa, s, sb, na, nb, 1);
-    else if (groups_2 && na >= 32 && nb >= 32)
+    else if (na >= 32 && nb >= 32 && u16_groups(c, d))
       streamed_grouped(d, dsa, s, sb, na, nb, 2);
     else
       transpose_streamed(d, dsa, s, sb, na, nb, es, c->carry);
@@ -2153,7 +2158,7 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const bool lanes = false;
 #endif
 #ifdef HAVE_X86_KERNELS
-  const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa);
+  const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa), groups_2 = lines_2 && u16_groups(c, d);
   const int64_t tile_b = groups ? 64 * U8_GROUP : groups_2 ? 32 * U16_GROUP : TILE_B;
   if (groups && na >= 64 && nb >= 64) ab__host_ran(AB_RAN_U8_GROUPS); /* band_u8_grouped runs */
   if (groups_2 && na >= 32 && nb >= 32) ab__host_ran(AB_RAN_U16_GROUPS);
@@ -2674,9 +2679,10 @@ static int learn_begin(struct stream_learner *L, int mode, int *arm) {
  * blocks' speed, and three of its first six calls were those (AMD EPYC
  * VM, bench/results/2026-12-04-amd-uint16-groups.md). Only the trial's
  * pick is kept early, never the other: the first band of a size is often
- * the first to touch its output's pages, and that is the pick's. The
- * bands of slots already handed out still end (their times count for
- * nothing until the next round clears them). */
+ * the first to touch its output's pages, and that is the pick's. Bands of
+ * slots handed out before it still end and record their times; where all
+ * LEARN_SLOTS were handed out (bands on several threads), the last of
+ * them makes the usual pick, which may be the other. */
 static void settle_early(struct stream_learner *L, int mode, size_t bytes) {
   const uint64_t a = atomic_load_explicit(&L->best[0], memory_order_relaxed),
                  b = atomic_load_explicit(&L->best[1], memory_order_relaxed);
