@@ -2730,15 +2730,21 @@ int ab__host_learn_pick(double trial_fs, double other_fs) {
 }
 
 /* The learner for a band, or NULL where nothing is measured: a forced or
- * trial-only AB_HOST_STREAMING, the plain tiles picked, or a variant the
- * trial could not pick (the blocks for uint8 from the cache with both
- * kinds of rows off lines). */
+ * trial-only AB_HOST_STREAMING, or the plain tiles picked. The blocks are
+ * weighed here also where the trial may not pick them (uint8 from the
+ * cache with both kinds of rows off lines, blocks_open): the trial's one
+ * transpose hides their first and last blocks' cost, which these bands
+ * pay. AMD EPYC VM, one thread, GB/s, L1 tiles (the trial's pick there)
+ * against the blocks, two rounds: 4000^2 7.4-8.1 against 13.8-14.3, 4 x
+ * 2000^2 6.8-7.0 against 12.0-13.1, 3000^2 11.7-12.3 against 14.4-14.8;
+ * 8 x 1000^2 15.7-16.9 against 13.4-13.5 and 2800^2 17.4-19.3 against
+ * 14.9-15.4 keep the L1 tiles
+ * (bench/results/2026-12-04-amd-uint16-groups.md). */
 static struct stream_learner *learner_of(size_t es, int mode, bool rows_on_lines, bool src_on_lines, size_t whole,
                                          size_t plane, size_t bytes) {
   const int k = ab__width_index(es);
   if (k < 0 || mode == TR_PLAIN || forced_mode() != -1) return NULL;
   const int regime = tr_regime(whole, plane), kind = tr_kind(rows_on_lines, src_on_lines);
-  if (!blocks_open(es, regime, kind)) return NULL;
   return &learners[k][regime][kind][learn_size(bytes)][bytes < whole / 2];
 }
 
