@@ -4,8 +4,9 @@ The library is configured and built with CMake (static, position-independent)
 from the repository root one level up (or, in an sdist, from the copy of it
 in csrc/), into $AB_PY_BUILD_DIR (default <that tree>/build-python), and
 linked into the extension with the private link flags its pkg-config file
-lists (OpenCL, the static CUDA runtime), so the extension needs no
-libarraybridge.so at run time. The DLPack header comes from the same CMake
+lists (the static CUDA runtime, -ldl: the OpenCL ICD loader is opened at
+run time, not linked), so the extension needs no libarraybridge.so at run
+time. The DLPack header comes from the same CMake
 configuration (tools/setup-deps.sh provides it; run `make deps` first on a
 fresh machine); an sdist carries the one it was made with.
 

@@ -45,6 +45,44 @@ Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
   cr_assert_not_null(strstr(ab_last_error(), "OpenCL platform"), "message: %s", ab_last_error());
 }
 
+/* No ICD loader to open (AB_OPENCL_LIBRARY naming a file that is not
+ * there, as on a machine with no OpenCL installed: the opencl_no_loader
+ * test): no OpenCL device, every call that names one refused with a
+ * status that says which loader was missing, nothing called through the
+ * pointers the loader would have filled, and the host unharmed. */
+Test(opencl, no_loader_means_zero_devices_and_says_which) {
+  const char *lib = getenv("AB_OPENCL_LIBRARY");
+  if (getenv("AB_TEST_EXPECT_NO_LOADER") == NULL || lib == NULL)
+    cr_skip_test("only meaningful with AB_OPENCL_LIBRARY naming no file (the opencl_no_loader test)");
+  cr_assert_eq(ab_device_count(kDLOpenCL), 0);
+  cr_assert_eq(ab_device_count(kDLCPU), 1);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&t, CL(0), NULL, &r), AB_ERR_NO_DEVICE);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "ICD loader"), "message: %s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "could not be opened"), "message: %s", ab_last_error());
+  /* an OpenCL tensor handed in (its data no cl_mem: nothing may look at it) */
+  DLTensor c = {(void *)(uintptr_t)0x1000, CL(0), 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_tensor_validate(&c), AB_ERR_NO_DEVICE, "%s", ab_last_error());
+  cr_assert_eq(ab_convert_memory(&c, CPU0, NULL, &r), AB_ERR_NO_DEVICE, "%s", ab_last_error());
+  cr_assert_eq(r, SENTINEL_OUT);
+  struct ab_device_info info;
+  cr_assert_eq(ab_device_info(CL(0), &info), AB_ERR_NO_DEVICE);
+  struct ab_pool_stats ps = {.size = sizeof ps};
+  cr_assert_neq(ab_pool_stats(CL(0), &ps), AB_OK);
+  cr_assert_neq(ab_synchronize(CL(0), NULL), AB_OK);
+  /* the host converts as ever */
+  DLTensor h = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.copy = AB_COPY_ALWAYS;
+  cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(memcmp(r->dl_tensor.data, v, sizeof v), 0);
+  r->deleter(r);
+}
+
 /* AB_OPENCL_DEVICE_TYPE went into the message raw and whole: a newline and
  * 500 two-byte characters there left the message cut inside a character
  * and short of what it explains. Needs no device: the value is refused

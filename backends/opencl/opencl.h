@@ -7,6 +7,8 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
+#include "backends/opencl/cl_api.h" /* after <CL/cl.h>: the calls go through ab__cl's pointers */
+
 #include <ctype.h>
 #include <inttypes.h>
 #include <pthread.h>
