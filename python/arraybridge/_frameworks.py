@@ -243,9 +243,22 @@ class Adapter:
         if gpu_id not in ids:
             raise MemoryConversionError(
                 source, target, "%s.require_device" % self.memory_type.value,
-                "%s device %d is unavailable; available device IDs are %s"
-                % (self.memory_type.display_name, gpu_id, ids))
+                "%s device %d is unavailable; available device IDs are %s%s"
+                % (self.memory_type.display_name, gpu_id, ids, self._why_not_ours(gpu_id, mod)))
         return "%s:%d" % (self.accel, gpu_id)
+
+    def _why_not_ours(self, gpu_id, mod):
+        """Where the framework has GPU gpu_id and arraybridge does not see
+        it (no OpenCL ICD loader, another driver), arraybridge's reason, to
+        follow the message above; else ''."""
+        name = "%s:%d" % (self.accel, gpu_id)
+        try:
+            if gpu_id not in self.gpu_ids(mod) or name in _ab.devices():
+                return ""
+            _ab.device_info(name)
+        except Exception as e:  # what arraybridge says of the device
+            return " (the framework has it, arraybridge does not: %s)" % e
+        return ""
 
     def default_gpu(self, mod):
         return 0

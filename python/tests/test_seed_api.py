@@ -140,6 +140,36 @@ def test_a_gpu_that_does_not_exist_is_named_with_the_ids_that_do(fw):
         ab.convert_memory(np.zeros(3), "numpy", fw, gpu_id=7)
 
 
+def test_without_an_opencl_loader_the_host_works_and_pyclesperanto_says_why(tmp_path):
+    """No OpenCL ICD loader for arraybridge (AB_OPENCL_LIBRARY naming no
+    file, as on a machine without one; pyclesperanto brings its own): the
+    module imports, converts on the host, and a pyclesperanto target is
+    refused with arraybridge's reason, not only "unavailable"."""
+    opencl(1)
+    need("pyclesperanto")
+    code = """
+        import numpy as np
+        import arraybridge as ab
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        b = ab.convert_memory(a.T, "numpy", "numpy")
+        assert b.shape == (4, 3) and (b == a.T).all()
+        assert not any(d.startswith("opencl") for d in ab.devices()), ab.devices()
+        try:
+            ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0)
+        except ab.MemoryConversionError as e:
+            print(e)
+        else:
+            raise SystemExit("converted to pyclesperanto without an OpenCL loader")
+    """
+    env = dict(os.environ, AB_OPENCL_LIBRARY=str(tmp_path / "no-such-dir" / "libOpenCL.so.1"))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pyclesperanto device 0 is unavailable" in r.stdout, r.stdout + r.stderr
+    assert "the framework has it, arraybridge does not" in r.stdout, r.stdout + r.stderr
+    assert "ICD loader" in r.stdout and "could not be opened" in r.stdout, r.stdout + r.stderr
+
+
 def test_bool_and_negative_gpu_ids_are_refused_not_taken_as_devices():
     """True and False are ints to Python: taken, they would send data to
     device 1 or 0 without a word; -1 is the C core's "device with most free
