@@ -22,13 +22,15 @@ execute_process(COMMAND "${ABTOOL}" info RESULT_VARIABLE rc OUTPUT_VARIABLE out 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "abtool info without an OpenCL loader: exit ${rc}\n${out}${err}")
 endif()
-foreach(want "cpu: 1 device" "opencl: 0 devices" "no OpenCL: the OpenCL ICD loader" "could not be opened")
+foreach(want "cpu: 1 device" "opencl: 0 devices" "no OpenCL: the ICD loader could not be opened"
+        "no-such-dir/libOpenCL.so.1: ")
   string(FIND "${out}" "${want}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "abtool info without an OpenCL loader does not say \"${want}\":\n${out}${err}")
   endif()
 endforeach()
 file(MAKE_DIRECTORY "${WORK}")
+file(REMOVE "${WORK}/no-opencl.npy")
 execute_process(COMMAND "${ABTOOL}" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32 --out "${WORK}/no-opencl.npy"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK}/no-opencl.npy")

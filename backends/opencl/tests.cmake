@@ -10,12 +10,12 @@ if(OpenCL_FOUND AND AB_WITH_OPENCL)
   # Staged through pinned memory, as on a discrete GPU, in small ring chunks.
   ab_conformance_variant(opencl pinned
     "POCL_DEVICES=pthread pthread;AB_OPENCL_PINNED=1;AB_STAGING_MIN=1;AB_STAGING_CHUNK=64KiB")
-  # The same OpenCL tests with no ICD at all: zero devices, clear errors.
   # No ICD loader at all, as on a machine with no OpenCL installed.
   add_test(NAME opencl_no_loader COMMAND test_opencl --jobs=1 --short-filename
     --filter opencl/no_loader_means_zero_devices_and_says_which)
   set_tests_properties(opencl_no_loader PROPERTIES ENVIRONMENT
     "AB_OPENCL_LIBRARY=${CMAKE_CURRENT_BINARY_DIR}/no-such-dir/libOpenCL.so.1;AB_TEST_EXPECT_NO_LOADER=1")
+  # The same OpenCL tests with no ICD at all: zero devices, clear errors.
   add_test(NAME opencl_absent COMMAND test_opencl --jobs=1 --short-filename)
   set_tests_properties(opencl_absent PROPERTIES ENVIRONMENT
     "OCL_ICD_VENDORS=${CMAKE_CURRENT_BINARY_DIR}/no-icd;AB_TEST_EXPECT_NO_OPENCL=1;AB_TEST_EXPECT_OPENCL=0")
