@@ -2358,11 +2358,14 @@ static int tr_regime(size_t whole, size_t plane) {
 static int tr_kind(bool rows_on_lines, bool src_on_lines) {
   return rows_on_lines ? (src_on_lines ? TR_ON_LINES : TR_SRC_OFF) : src_on_lines ? TR_OUT_OFF : TR_BOTH_OFF;
 }
+#ifdef HAVE_X86_KERNELS
 /* Whether the trial may pick the blocks: not uint8 from the cache with
- * both kinds of rows off lines (see ab__host_pick_variant's callers). */
+ * both kinds of rows off lines (see ab__host_pick_variant's callers; the
+ * transposes weigh them there all the same: learner_of). */
 static bool blocks_open(size_t es, int regime, int kind) {
   return es > 1 || regime != TR_CACHED || kind != TR_BOTH_OFF;
 }
+#endif
 
 /* The fastest variant: a streaming one only where it beats the plain
  * tiles by 10% or more, and the blocks only where they beat the L1 tiles
