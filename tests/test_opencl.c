@@ -31,9 +31,9 @@
 
 static void need_devices(int n) { need_devices_of(kDLOpenCL, n); }
 
-Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
-  if (getenv("AB_TEST_EXPECT_NO_OPENCL") == NULL)
-    cr_skip_test("only meaningful with OCL_ICD_VENDORS pointing at an empty directory (the opencl_absent test)");
+/* No OpenCL device: a conversion to opencl:0 is AB_ERR_NO_DEVICE, the
+ * caller's pointer untouched, and the message has both words. */
+static void no_opencl_device_says(const char *a, const char *b) {
   cr_assert_eq(ab_device_count(kDLOpenCL), 0);
   float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
@@ -41,8 +41,14 @@ Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
   DLManagedTensorVersioned *r = SENTINEL_OUT;
   cr_assert_eq(ab_convert_memory(&t, CL(0), NULL, &r), AB_ERR_NO_DEVICE);
   cr_assert_eq(r, SENTINEL_OUT);
-  cr_assert_not_null(strstr(ab_last_error(), "opencl"), "message: %s", ab_last_error());
-  cr_assert_not_null(strstr(ab_last_error(), "OpenCL platform"), "message: %s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), a), "message: %s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), b), "message: %s", ab_last_error());
+}
+
+Test(opencl, absent_platform_means_zero_devices_and_a_clear_error) {
+  if (getenv("AB_TEST_EXPECT_NO_OPENCL") == NULL)
+    cr_skip_test("only meaningful with OCL_ICD_VENDORS pointing at an empty directory (the opencl_absent test)");
+  no_opencl_device_says("opencl", "OpenCL platform");
 }
 
 /* No ICD loader to open (AB_OPENCL_LIBRARY naming a file that is not
@@ -54,16 +60,11 @@ Test(opencl, no_loader_means_zero_devices_and_says_which) {
   const char *lib = getenv("AB_OPENCL_LIBRARY");
   if (getenv("AB_TEST_EXPECT_NO_LOADER") == NULL || lib == NULL)
     cr_skip_test("only meaningful with AB_OPENCL_LIBRARY naming no file (the opencl_no_loader test)");
-  cr_assert_eq(ab_device_count(kDLOpenCL), 0);
   cr_assert_eq(ab_device_count(kDLCPU), 1);
+  no_opencl_device_says("ICD loader", "could not be opened");
   float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
-  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
   DLManagedTensorVersioned *r = SENTINEL_OUT;
-  cr_assert_eq(ab_convert_memory(&t, CL(0), NULL, &r), AB_ERR_NO_DEVICE);
-  cr_assert_eq(r, SENTINEL_OUT);
-  cr_assert_not_null(strstr(ab_last_error(), "ICD loader"), "message: %s", ab_last_error());
-  cr_assert_not_null(strstr(ab_last_error(), "could not be opened"), "message: %s", ab_last_error());
   /* an OpenCL tensor handed in (its data no cl_mem: nothing may look at it) */
   DLTensor c = {(void *)(uintptr_t)0x1000, CL(0), 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
   cr_assert_eq(ab_tensor_validate(&c), AB_ERR_NO_DEVICE, "%s", ab_last_error());

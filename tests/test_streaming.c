@@ -326,6 +326,35 @@ static void expect_transposed(const char *out, int64_t pitch, const char *src, i
   }
 }
 
+/* One case of the group tests below: a transpose of es-byte elements
+ * into rows x cols, output rows pitch bytes apart, from a compact source
+ * (cols rows of rows elements), through the L1 tiles (streamed: as part
+ * of a 64 MiB whole, over the threshold whatever its own size) or the
+ * plain tiles. Asserts that `counter` ran exactly where `groups` says and
+ * the output holds a whole piece (piece x piece) each way, the variant
+ * that ran, and the bytes (expect_transposed). */
+static void group_case(size_t es, int64_t rows, int64_t cols, int64_t pitch, bool streamed, uint32_t seed,
+                       ab__host_choice counter, bool groups, int64_t piece, const char *what) {
+  const int64_t e = (int64_t)es, spitch = e * rows;
+  const size_t bytes = (size_t)(cols * spitch), out_bytes = (size_t)(rows * pitch);
+  void *src = NULL, *out = NULL;
+  cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
+  cr_assert_eq(posix_memalign(&out, 64, out_bytes + 64), 0);
+  fill_pattern(src, bytes, seed);
+  memset(out, 0x5a, out_bytes + 64);
+  const int64_t shape[2] = {rows, cols}, st[2] = {e, spitch}, out_st[2] = {pitch, e};
+  ab__host_count_choices(true);
+  const unsigned long before = ab__host_ran_count(counter);
+  ab__host_gather_into(out, out_st, src, 2, shape, st, es, streamed ? (size_t)64 << 20 : 0);
+  cr_assert_eq(ab__host_ran_count(counter) > before, groups && cols >= piece && rows >= piece, "%s: groups", what);
+#if defined(__x86_64__)
+  cr_assert_eq(ab__host_last_transpose_mode(), streamed ? 1 : 0, "%s: the %s tiles", what, streamed ? "L1" : "plain");
+#endif /* elsewhere the plain tiles only, whatever AB_HOST_STREAMING says */
+  expect_transposed(out, pitch, src, spitch, rows, cols, es, what);
+  free(src);
+  free(out);
+}
+
 /* uint8 transposes into output rows on lines through the plain tiles
  * (outputs under 4 MiB) and the L1 tiles (AB_HOST_STREAMING=1, 4 MiB and
  * more), whose 64 x 64 tiles gather their lanes from the source or join
@@ -436,43 +465,19 @@ Test(streaming, u8_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_referen
     {65, 576, 6144, true},    /* one group and one of 1, 0 columns after; 1 row below */
     {40, 600, 2048, true},    /* fewer than 64 rows: the L1 tiles' own walk */
   };
-#if defined(__x86_64__)
-  const bool x86_64 = true;
-#else
-  const bool x86_64 = false; /* the plain tiles only, whatever AB_HOST_STREAMING says */
-#endif
   static const struct { const char *tiles, *lanes; bool groups; } ways[] = {
     {"auto", "0", true}, {"avx512", "0", true}, {"auto", "1", false}, {"avx2", "0", false}, {"sse2", "0", false}};
   for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
     setenv("AB_HOST_TILES", ways[w].tiles, 1);
     setenv("AB_HOST_U8_LANES", ways[w].lanes, 1);
-    const bool groups_here = ways[w].groups;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
       setenv("AB_HOST_STREAMING", cases[k].streamed ? "1" : "0", 1);
       ab__env_reload();
-      const bool groups = groups_here && ab__host_tiles_level() >= AB_TILES_AVX512;
-      const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch;
-      const size_t bytes = (size_t)(rows * cols), out_bytes = (size_t)(rows * pitch);
-      void *src = NULL, *out = NULL;
-      cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
-      cr_assert_eq(posix_memalign(&out, 64, out_bytes + 64), 0);
-      fill_pattern(src, bytes, 90 + (uint32_t)k);
-      memset(out, 0x5a, out_bytes + 64);
-      const int64_t shape[2] = {rows, cols}, st[2] = {1, rows}, out_st[2] = {pitch, 1};
-      ab__host_count_choices(true);
-      const unsigned long before = ab__host_ran_count(AB_RAN_U8_GROUPS);
-      /* the streamed cases as part of a 64 MiB whole: over the threshold whatever their own size */
-      ab__host_gather_into(out, out_st, src, 2, shape, st, 1, cases[k].streamed ? (size_t)64 << 20 : 0);
-      cr_assert_eq(ab__host_ran_count(AB_RAN_U8_GROUPS) > before, groups && cols >= 64 && rows >= 64,
-                   "tiles %s, lanes %s, case %zu: groups", ways[w].tiles, ways[w].lanes, k);
-      if (x86_64)
-        cr_assert_eq(ab__host_last_transpose_mode(), cases[k].streamed ? 1 : 0, "case %zu: the %s tiles", k,
-                     cases[k].streamed ? "L1" : "plain");
+      const bool groups = ways[w].groups && ab__host_tiles_level() >= AB_TILES_AVX512;
       char what[64];
       snprintf(what, sizeof what, "tiles %s, lanes %s, case %zu", ways[w].tiles, ways[w].lanes, k);
-      expect_transposed(out, pitch, src, rows, rows, cols, 1, what);
-      free(src);
-      free(out);
+      group_case(1, cases[k].rows, cases[k].cols, cases[k].pitch, cases[k].streamed, 90 + (uint32_t)k,
+                 AB_RAN_U8_GROUPS, groups, 64, what);
     }
   }
   unsetenv("AB_HOST_STREAMING");
@@ -518,33 +523,16 @@ Test(streaming, u16_tiles_into_rows_2_kib_apart_go_in_groups_and_give_the_refere
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
       setenv("AB_HOST_STREAMING", cases[k].streamed ? "1" : "0", 1);
       ab__env_reload();
-      const int64_t rows = cases[k].rows, cols = cases[k].cols, pitch = cases[k].pitch, spitch = 2 * rows;
       /* whole-line tiles (on lines for some sources, by their trial for others) */
-      const bool groups = ab__host_line_tiles(2, spitch) != 0;
+      const bool groups = ab__host_line_tiles(2, 2 * cases[k].rows) != 0;
       if (x86_64 && ab__host_tiles_level() >= AB_TILES_AVX512 && strcmp(ways[w].lines, "1") == 0)
         cr_assert(groups, "tiles %s: AB_HOST_LINE_TILES=1 takes the whole-line tiles", ways[w].tiles);
       if (strcmp(ways[w].lines, "0") == 0 || ab__host_tiles_level() < AB_TILES_AVX512)
         cr_assert(!groups, "tiles %s, line tiles %s: no whole-line tiles", ways[w].tiles, ways[w].lines);
-      const size_t bytes = (size_t)(cols * spitch), out_bytes = (size_t)(rows * pitch);
-      void *src = NULL, *out = NULL;
-      cr_assert_eq(posix_memalign(&src, 64, bytes), 0);
-      cr_assert_eq(posix_memalign(&out, 64, out_bytes + 64), 0);
-      fill_pattern(src, bytes, 120 + (uint32_t)k);
-      memset(out, 0x5a, out_bytes + 64);
-      const int64_t shape[2] = {rows, cols}, st[2] = {2, spitch}, out_st[2] = {pitch, 2};
-      ab__host_count_choices(true);
-      const unsigned long before = ab__host_ran_count(AB_RAN_U16_GROUPS);
-      ab__host_gather_into(out, out_st, src, 2, shape, st, 2, cases[k].streamed ? (size_t)64 << 20 : 0);
-      cr_assert_eq(ab__host_ran_count(AB_RAN_U16_GROUPS) > before, groups && cols >= 32 && rows >= 32,
-                   "tiles %s, line tiles %s, case %zu: groups", ways[w].tiles, ways[w].lines, k);
-      if (x86_64)
-        cr_assert_eq(ab__host_last_transpose_mode(), cases[k].streamed ? 1 : 0, "case %zu: the %s tiles", k,
-                     cases[k].streamed ? "L1" : "plain");
       char what[64];
       snprintf(what, sizeof what, "tiles %s, line tiles %s, case %zu", ways[w].tiles, ways[w].lines, k);
-      expect_transposed(out, pitch, src, spitch, rows, cols, 2, what);
-      free(src);
-      free(out);
+      group_case(2, cases[k].rows, cases[k].cols, cases[k].pitch, cases[k].streamed, 120 + (uint32_t)k,
+                 AB_RAN_U16_GROUPS, groups, 32, what);
     }
   }
   unsetenv("AB_HOST_STREAMING");
