@@ -2158,7 +2158,8 @@ static void visit_transpose(void *ctx, char *d, const char *s) {
   const bool lanes = false;
 #endif
 #ifdef HAVE_X86_KERNELS
-  const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa), groups_2 = lines_2 && u16_groups(c, d);
+  /* groups_2: u16_groups' answer, whose other parts lines_2 has asked */
+  const bool groups = avx512 && es == 1 && !lanes && u8_grouped(d, dsa), groups_2 = lines_2 && u8_grouped(d, dsa);
   const int64_t tile_b = groups ? 64 * U8_GROUP : groups_2 ? 32 * U16_GROUP : TILE_B;
   if (groups && na >= 64 && nb >= 64) ab__host_ran(AB_RAN_U8_GROUPS); /* band_u8_grouped runs */
   if (groups_2 && na >= 32 && nb >= 32) ab__host_ran(AB_RAN_U16_GROUPS);
