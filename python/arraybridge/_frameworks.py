@@ -416,11 +416,12 @@ class Torch(Adapter):
             return mod.from_dlpack(t.__dlpack__(copy=copy))
 
     def empty_cache(self, mod, device_id=None):
-        if not mod.cuda.is_available():
-            return
-        for i in self.gpu_ids(mod) if device_id is None else (device_id,):
-            with mod.cuda.device(i):
-                mod.cuda.empty_cache()
+        # Only devices torch has: torch.cuda.device(N) past the last one
+        # raises (invalid device ordinal), and such an id holds nothing.
+        for i in self.gpu_ids(mod):
+            if device_id is None or i == device_id:
+                with mod.cuda.device(i):
+                    mod.cuda.empty_cache()
 
     def is_oom(self, exc, mod):
         oom = getattr(mod.cuda, "OutOfMemoryError", None) if mod is not None else None
@@ -451,7 +452,12 @@ class CuPy(Adapter):
             return mod.from_dlpack(t)
 
     def empty_cache(self, mod, device_id=None):
-        mod.get_default_memory_pool().free_all_blocks()
+        # The device pool frees the current device's blocks alone: each
+        # device asked for in turn, never one CuPy does not have.
+        for i in self.gpu_ids(mod):
+            if device_id is None or i == device_id:
+                with mod.cuda.Device(i):
+                    mod.get_default_memory_pool().free_all_blocks()
         mod.get_default_pinned_memory_pool().free_all_blocks()
 
     def is_oom(self, exc, mod):

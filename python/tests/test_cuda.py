@@ -161,7 +161,7 @@ def test_a_cuda_capsule_reaches_numpy_only_through_a_host_copy():
 
 def test_convert_into_reads_a_cuda_capsule_in_place_and_takes_it_once_done():
     a = np.arange(12, dtype=np.float32)
-    t = ab.to_device(a, "cuda:1")
+    t = ab.to_device(a, "cuda:%d" % (n_cuda() - 1))  # cuda:1 where there are two
     cap = t.__dlpack__(max_version=(1, 0))
     out = np.zeros(12, np.float32)
     with pytest.raises(ValueError, match="shape"):

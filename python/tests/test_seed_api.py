@@ -1183,6 +1183,40 @@ def test_cleanup_all_gpu_frameworks_checks_its_device_id():
     assert ab.cleanup_all_gpu_frameworks(99) is None  # no such device: nothing of ours to free
 
 
+def test_cleanup_of_a_device_a_framework_lacks_leaves_that_framework_alone():
+    """torch.cuda.device(N) past torch's last GPU raises (invalid device
+    ordinal): cleanup_all_gpu_frameworks(1) raised so on a one-GPU machine
+    (make gpu-check on an H200 found it). CuPy's device pool frees the
+    current device's blocks alone, so each device is entered in turn.
+    Stand-ins that act as the two do with one GPU, so this runs anywhere."""
+    import contextlib
+    import types
+    from arraybridge._frameworks import ADAPTERS, MemoryType
+
+    entered, freed = [], []
+
+    def device(i):
+        if i != 0:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        entered.append(i)
+        return contextlib.nullcontext()
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1, device=device,
+                                 empty_cache=lambda: freed.append(("torch", entered[-1])))
+    fake_torch = types.SimpleNamespace(cuda=cuda)
+    pool = types.SimpleNamespace(free_all_blocks=lambda: freed.append(("cupy", entered[-1])))
+    pinned = types.SimpleNamespace(free_all_blocks=lambda: freed.append(("cupy pinned", None)))
+    fake_cupy = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1), Device=device),
+        get_default_memory_pool=lambda: pool, get_default_pinned_memory_pool=lambda: pinned)
+    for kind, mod, name in ((MemoryType.TORCH, fake_torch, "torch"), (MemoryType.CUPY, fake_cupy, "cupy")):
+        for device_id, want in ((None, [0]), (0, [0]), (1, []), (99, [])):
+            del entered[:], freed[:]
+            ADAPTERS[kind].empty_cache(mod, device_id)
+            assert entered == want, (name, device_id, entered)
+            assert [f for f in freed if f[0] == name] == [(name, 0)] * len(want), (name, device_id, freed)
+
+
 def test_cleanup_all_gpu_frameworks_of_one_device_trims_that_device_only():
     opencl(2)
     ab.empty_cache()
