@@ -300,6 +300,10 @@ def test_the_import_hook_wraps_only_distributed_protocol_and_never_breaks_its_im
                     return lambda f: self.funcs.setdefault(cls, f)
             dask_serialize, dask_deserialize = Dispatch(), Dispatch()
             """),
+        # and dask's sizeof, which the registration asks next: the real
+        # dask need not be there (distributed needs it; this stand-in not)
+        "dask/__init__.py": "",
+        "dask/sizeof.py": "from distributed.protocol import Dispatch\nsizeof = Dispatch()\n",
     }
     bad = {"distributed/__init__.py": "", "distributed/protocol/__init__.py": "Y = 2\n"}
     for name, files, want in (("good.zip", good, "True 1"), ("bad.zip", bad, "False 2")):

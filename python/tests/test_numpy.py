@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
-from ab_support import addr, opencl
+from ab_support import addr, n_devices, opencl
 
 KDLCPU, KDLOPENCL = 1, 4
 
@@ -185,8 +185,8 @@ def test_copy_modes():
         t.__dlpack__(max_version=(1, 0), dl_device=(KDLOPENCL, 0), copy=False)
     # a dl_device it cannot export to: BufferError, as the array API asks
     # (a device id past the last, a type with no devices or none built in,
-    # a type DLPack does not define)
-    for dev in ((KDLOPENCL, 7), (KDLCPU, 1), (2, 0), (7, 0), (99, 0)):
+    # a type DLPack does not define; CUDA: none here, or a GPU past the last)
+    for dev in ((KDLOPENCL, 7), (KDLCPU, 1), (2, n_devices("cuda")), (7, 0), (99, 0)):
         with pytest.raises(BufferError, match="cannot export to dl_device"):
             t.__dlpack__(max_version=(1, 0), dl_device=dev)
     # dl_device elsewhere makes a copy there, owned by the capsule
@@ -1133,7 +1133,14 @@ def test_a_views_deleter_on_a_bare_thread_waits_for_the_gil():
 IN_A_SUBINTERPRETER = CONSUMERS.split("a = np.arange")[0] + """
 import threading, time, warnings
 import _xxsubinterpreters as si
-interp = si.create()  # from here PyGILState_Check says 1 on every thread
+
+def new_interp():  # the legacy kind, 3.11's: 3.12 makes isolated ones, which refuse ctypes and NumPy
+    try:
+        return si.create(isolated=False)
+    except TypeError:
+        return si.create()
+
+interp = new_interp()  # from here PyGILState_Check says 1 on every thread
 t = ab.to_device(np.arange(16, dtype=np.float32), "cpu", copy=True)
 
 def dropped_to(refs):  # a release deferred to the main thread runs at its next check
@@ -1164,6 +1171,13 @@ print("ok")
 ON_ANOTHER_THREAD = """
 import threading
 import _xxsubinterpreters as si
+
+def new_interp():  # the legacy kind, 3.11's: 3.12 makes isolated ones, which refuse ctypes and NumPy
+    try:
+        return si.create(isolated=False)
+    except TypeError:
+        return si.create()
+
 code = '''
 import sys, time, warnings
 warnings.simplefilter("ignore")
@@ -1188,10 +1202,10 @@ def run(interp, code):
         failures.append(repr(e))
 
 def create_and_run():  # a thread with a subinterpreter of its own (NumPy loads in one only)
-    run(si.create(), code.replace("import numpy as np\\n", "").replace("np.from_dlpack(t)", "ab.from_dlpack(t)")
+    run(new_interp(), code.replace("import numpy as np\\n", "").replace("np.from_dlpack(t)", "ab.from_dlpack(t)")
                          .replace("ab.from_dlpack(np.arange(3.0))", "ab.empty((3,), 'float64')"))
 
-interp = si.create()  # on this thread, run on another
+interp = new_interp()  # on this thread, run on another
 for target, args in ((run, (interp, code)), (create_and_run, ())):
     th = threading.Thread(target=target, args=args)
     th.start()

@@ -40,16 +40,25 @@ def aligned(a):
     return out
 
 
+def jax_on_cpu():
+    """JAX's CPU device as its default, for arrays these tests take as host
+    arrays: where JAX has a GPU, jnp.asarray puts them there."""
+    jax = need("jax")
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def make(fw, a):
-    """An array of fw with a's values, made by fw's own call."""
+    """An array of fw with a's values, made by fw's own call (JAX's on its
+    CPU)."""
     if fw == "numpy":
         return a
     if fw == "torch":
         return need("torch").from_numpy(a)
     if fw == "jax":
-        need("jax")
+        cpu = jax_on_cpu()
         import jax.numpy as jnp
-        return jnp.asarray(a)
+        with cpu:
+            return jnp.asarray(a)
     if fw == "tensorflow":
         return need("tensorflow").constant(a)
     if fw == "pyclesperanto":
@@ -234,7 +243,8 @@ def make_bfloat16(fw, a32):
         return need("torch").from_numpy(a32).to(need("torch").bfloat16)
     if fw == "jax":
         import jax.numpy as jnp
-        return jnp.asarray(a32, dtype=jnp.bfloat16)
+        with jax_on_cpu():
+            return jnp.asarray(a32, dtype=jnp.bfloat16)
     tf = need("tensorflow")
     return tf.cast(tf.constant(a32), tf.bfloat16)
 
@@ -645,7 +655,8 @@ def test_strided_torch_views_reach_every_framework():
     base = torch.arange(48, dtype=torch.float32).reshape(6, 8)
     for view in (base[:, ::3], base.T, base[1:5, 2:7]):
         want = view.numpy()
-        for dst in HOST:
+        for dst in HOST:  # TensorFlow last: without it the rest have run when this skips
+            need(dst)
             got = values(dst, ab.convert_memory(view, "torch", dst))
             assert got.shape == want.shape
             np.testing.assert_array_equal(got, want)
@@ -746,6 +757,8 @@ def test_decorators_bare_and_called_convert_in_and_out():
     assert magnitudes.dtype == np.float64
     np.testing.assert_allclose(magnitudes, [5 ** 0.5, 5])
     assert ab.numpy(lambda x: x * 1j)(np.ones(2, np.float32)).dtype == np.complex64
+
+    need("tensorflow")  # last: without it the rest has run when this skips
 
     @ab.memory_types("tensorflow", "torch")
     def ident(x):
