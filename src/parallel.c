@@ -42,8 +42,10 @@ static atomic_uint env_generation; /* of the values below; 0: never read */
 static atomic_int env_threads;
 static atomic_size_t env_min;
 static atomic_bool env_auto; /* AB_PARALLEL_MIN unset or auto: measured where it matters */
+static atomic_int env_spin_us; /* AB_THREAD_SPIN_US */
 
 #define AUTO_MIN ((size_t)256 << 10)
+#define SPIN_US 100
 
 /* The cores this process may run on: its CPU affinity (taskset, a
  * container's cpuset), else the online ones. A worker for every online
@@ -104,6 +106,8 @@ static void read_env(void) {
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
     atomic_store_explicit(&env_auto, automatic, memory_order_relaxed);
     atomic_store_explicit(&env_threads, n, memory_order_relaxed);
+    atomic_store_explicit(&env_spin_us, (int)ab__env_int("AB_THREAD_SPIN_US", SPIN_US, 0, 1000000),
+                          memory_order_relaxed);
     atomic_store_explicit(&env_generation, gen, memory_order_release);
   }
   pthread_mutex_unlock(&env_lock);
@@ -117,6 +121,11 @@ static inline void env_current(void) {
 int ab__num_threads(void) {
   env_current();
   return atomic_load_explicit(&env_threads, memory_order_relaxed);
+}
+
+static int spin_us(void) {
+  env_current();
+  return atomic_load_explicit(&env_spin_us, memory_order_relaxed);
 }
 
 size_t ab__parallel_min(void) {
@@ -158,7 +167,7 @@ struct job {
   int64_t band;        /* indices of dim `cut` per band */
   int64_t nbands;
   atomic_llong next;   /* the next band to claim */
-  int active;          /* workers inside the job (under lock) */
+  atomic_int active;   /* workers inside the job (changed under lock) */
   int most;            /* workers it may have: its thread count less the caller */
   struct job *queued;  /* the queue's next job (under lock) */
 };
@@ -310,23 +319,89 @@ static void unqueue(struct job *j) {
  * holds: a call with opts.threads = 2 beside 15 idle workers keeps to 2. */
 static struct job *open_job(void) {
   for (struct job *j = queue; j != NULL; j = j->queued)
-    if (j->active < j->most) return j;
+    if (atomic_load_explicit(&j->active, memory_order_relaxed) < j->most) return j;
   return NULL;
 }
 
+/* ---- spinning before sleeping ------------------------------------------------ */
+
+/* A worker that finds no job, and a caller whose workers are still in its
+ * job, spin for AB_THREAD_SPIN_US (default SPIN_US) before they sleep on
+ * a condition: waking a sleeping thread costs a futex call and, in a VM,
+ * the wake-up of an idle virtual CPU. On the 2-core Intel VM two threads
+ * took 29.6 us for a 512 KiB copy that one thread did in 10.2 (bench_threads'
+ * threads trial): the wake-ups, not the copy. Calls back to back (a
+ * batch, a loop over frames) find the workers still spinning. 0: no
+ * spinning. */
+static atomic_uint posted;         /* jobs queued so far: what a spinning worker watches */
+static atomic_ulong spun_pickups;  /* jobs a worker took while spinning (tests) */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins until *v differs from seen (true) or us microseconds have passed
+ * (false). */
+static bool spin_uint(const atomic_uint *v, unsigned seen, int us) {
+  const double end = ab__seconds() + us * 1e-6;
+  for (;;) {
+    for (int i = 0; i < 64; i++) {
+      if (atomic_load_explicit(v, memory_order_relaxed) != seen) return true;
+      cpu_relax();
+    }
+    if (ab__seconds() >= end) return false;
+  }
+}
+
+/* Spins until *v is 0 or us microseconds have passed. */
+static void spin_zero(const atomic_int *v, int us) {
+  const double end = ab__seconds() + us * 1e-6;
+  for (;;) {
+    for (int i = 0; i < 64; i++) {
+      if (atomic_load_explicit(v, memory_order_acquire) == 0) return;
+      cpu_relax();
+    }
+    if (ab__seconds() >= end) return;
+  }
+}
+
+unsigned long ab__parallel_spun_pickups(void) { return atomic_load_explicit(&spun_pickups, memory_order_relaxed); }
+
 static void *worker_main(void *unused) {
   (void)unused;
+  int us = spin_us(); /* read outside lock: env_lock is never taken under it */
   pthread_mutex_lock(&lock);
   for (;;) {
     struct job *j = NULL;
-    while (!stopping && (j = open_job()) == NULL) pthread_cond_wait(&work_cv, &lock);
+    bool may_spin = true, spun = false;
+    while (!stopping && (j = open_job()) == NULL) {
+      const bool spin = may_spin && us > 0;
+      may_spin = false;
+      if (spin) {
+        const unsigned seen = atomic_load_explicit(&posted, memory_order_relaxed);
+        pthread_mutex_unlock(&lock);
+        spun = spin_uint(&posted, seen, us);
+        pthread_mutex_lock(&lock);
+        continue;
+      }
+      spun = false;
+      pthread_cond_wait(&work_cv, &lock);
+    }
     if (stopping) break;
-    if (++j->active > peak_in_job) peak_in_job = j->active;
+    if (spun) atomic_fetch_add_explicit(&spun_pickups, 1, memory_order_relaxed);
+    const int in = atomic_fetch_add_explicit(&j->active, 1, memory_order_relaxed) + 1;
+    if (in > peak_in_job) peak_in_job = in;
     pthread_mutex_unlock(&lock);
     work_on(j);
+    us = spin_us();
     pthread_mutex_lock(&lock);
     unqueue(j); /* every band is claimed: nobody else need come */
-    if (--j->active == 0) pthread_cond_broadcast(&done_cv);
+    /* release: the caller may see 0 spinning, without the lock */
+    if (atomic_fetch_sub_explicit(&j->active, 1, memory_order_release) == 1) pthread_cond_broadcast(&done_cv);
   }
   pthread_mutex_unlock(&lock);
   return NULL;
@@ -635,7 +710,8 @@ static void run_on(const ab__host_job *w, int64_t t) {
     run_whole(w, w->dst, w->src, w->shape, w->op);
     return;
   }
-  struct job j = {.work = w, .cut = cut, .active = 0, .most = (int)t - 1, .queued = NULL};
+  struct job j = {.work = w, .cut = cut, .most = (int)t - 1, .queued = NULL};
+  atomic_init(&j.active, 0);
   const int64_t n = w->shape[cut];
   j.band = ab__parallel_band(w, cut, t);
   j.nbands = (n + j.band - 1) / j.band;
@@ -649,13 +725,19 @@ static void run_on(const ab__host_job *w, int64_t t) {
   /* as many as may join it (a worker that finds every queued job full
    * waits again; one that finishes a job looks for another first) */
   for (int i = 0; i < j.most && i < nworkers; i++) pthread_cond_signal(&work_cv);
+  atomic_fetch_add_explicit(&posted, 1, memory_order_relaxed); /* spinning workers look */
   pthread_mutex_unlock(&lock);
 
   work_on(&j);
 
+  /* Every band is claimed; the workers still in the job finish theirs. A
+   * worker that joins after the spin, before the lock, is waited for
+   * below: the job leaves the queue only under the lock. */
+  const int us = spin_us();
+  if (us > 0) spin_zero(&j.active, us);
   pthread_mutex_lock(&lock);
   unqueue(&j);
-  while (j.active > 0) pthread_cond_wait(&done_cv, &lock);
+  while (atomic_load_explicit(&j.active, memory_order_relaxed) > 0) pthread_cond_wait(&done_cv, &lock);
   pthread_mutex_unlock(&lock);
 }
 

@@ -81,6 +81,9 @@ int ab__parallel_workers(void);
 /* The most workers that were inside one job at once since the last call
  * (for tests: a job on t threads has at most t - 1 beside its caller). */
 int ab__parallel_peak_in_job(void);
+/* Jobs a worker took while it spun (AB_THREAD_SPIN_US) rather than
+ * slept, since the library was loaded (tests). */
+unsigned long ab__parallel_spun_pickups(void);
 
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);

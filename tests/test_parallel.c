@@ -165,6 +165,42 @@ Test(parallel, concurrent_callers_share_the_workers) {
   }
 }
 
+/* Workers spin AB_THREAD_SPIN_US before they sleep, so calls back to back
+ * find them awake (a wake-up cost more than a 512 KiB copy on the 2-core
+ * VM); with 0 they sleep at once and none is taken while spinning. The
+ * calls go on until one is taken so, for at most 10 s: a worker spinning
+ * on a core another process holds gets no time to see the job before the
+ * caller has done every band itself (ctest -j2). */
+static unsigned long spun_in_calls(const DLTensor *t, int calls, bool until_one) {
+  const unsigned long before = ab__parallel_spun_pickups();
+  const double end = ab__seconds() + 10;
+  for (int i = 0; i < calls || (until_one && ab__parallel_spun_pickups() == before && ab__seconds() < end); i++) {
+    DLManagedTensorVersioned *r;
+    cr_assert_eq(ab_convert_memory(t, CPU0, NULL, &r), AB_OK, "%s", ab_last_error());
+    if (i < 4) cr_assert_eq(first_diff_vs_reference(t, r), -1, "call %d", i);
+    r->deleter(r);
+  }
+  return ab__parallel_spun_pickups() - before;
+}
+
+Test(parallel, workers_spin_before_they_sleep_unless_told_not_to) {
+  static float src[512 * 512]; /* 1 MiB, bands on 4 threads at AB_PARALLEL_MIN = 1 */
+  fill_pattern(src, sizeof src, 5);
+  int64_t shape[2] = {512, 512}, strides[2] = {1, 512};
+  DLTensor t = {src, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
+  setenv("AB_THREAD_SPIN_US", "1000000", 1); /* a second: the next call comes sooner, even under valgrind */
+  ab__env_reload();
+  (void)spun_in_calls(&t, 1, false); /* workers started */
+  cr_assert_gt(spun_in_calls(&t, 1, true), 0, "calls back to back for 10 s, and no worker took a job while spinning");
+  setenv("AB_THREAD_SPIN_US", "0", 1);
+  ab__env_reload();
+  (void)spun_in_calls(&t, 8, false); /* a worker spinning since before takes one job, then reads the setting */
+  const unsigned long spun = spun_in_calls(&t, 40, false);
+  unsetenv("AB_THREAD_SPIN_US");
+  ab__env_reload();
+  cr_assert_eq(spun, 0, "AB_THREAD_SPIN_US=0, yet %lu jobs were taken while spinning", spun);
+}
+
 Test(parallel, fork_and_shutdown_leave_working_threads) {
   cr_assert_null(caller((void *)7)); /* workers running */
   pid_t pid = fork();

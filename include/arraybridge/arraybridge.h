@@ -420,7 +420,9 @@ typedef struct ab_convert_opts {
    * made for the first value of this field that asked (calls with another
    * value take 256 KiB a thread) (docs/performance.md, "Threads"). The
    * result is the same bytes either way. A call runs on no more threads
-   * than this allows, whatever workers earlier calls started. */
+   * than this allows, whatever workers earlier calls started. Workers
+   * with no job spin AB_THREAD_SPIN_US microseconds (default 100; 0:
+   * none) before they sleep, so calls back to back skip the wake-up. */
   uint32_t threads;
 } ab_convert_opts;
 
