@@ -318,8 +318,12 @@ static void unqueue(struct job *j) {
  * NULL. A job asked for t threads runs on at most t, whatever the pool
  * holds: a call with opts.threads = 2 beside 15 idle workers keeps to 2. */
 static struct job *open_job(void) {
+  /* with bands left: a job whose caller spins for its last workers stays
+   * queued, and a worker joining it then would only make the caller wait */
   for (struct job *j = queue; j != NULL; j = j->queued)
-    if (atomic_load_explicit(&j->active, memory_order_relaxed) < j->most) return j;
+    if (atomic_load_explicit(&j->active, memory_order_relaxed) < j->most &&
+        atomic_load_explicit(&j->next, memory_order_relaxed) < j->nbands)
+      return j;
   return NULL;
 }
 
@@ -344,10 +348,9 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Spins until *v differs from seen (true) or us microseconds have passed
+/* Spins until *v differs from seen (true) or the clock reaches end
  * (false). */
-static bool spin_uint(const atomic_uint *v, unsigned seen, int us) {
-  const double end = ab__seconds() + us * 1e-6;
+static bool spin_uint(const atomic_uint *v, unsigned seen, double end) {
   for (;;) {
     for (int i = 0; i < 64; i++) {
       if (atomic_load_explicit(v, memory_order_relaxed) != seen) return true;
@@ -377,17 +380,21 @@ static void *worker_main(void *unused) {
   pthread_mutex_lock(&lock);
   for (;;) {
     struct job *j = NULL;
-    bool may_spin = true, spun = false;
+    bool spun = false;
+    double end = 0; /* when this worker's spin after its last job ends; 0: not started */
     while (!stopping && (j = open_job()) == NULL) {
-      const bool spin = may_spin && us > 0;
-      may_spin = false;
-      if (spin) {
+      /* us from its last job on, however many jobs it saw and could not
+       * join (full, or no bands left) in the meantime; never after a sleep */
+      const double now = us > 0 ? ab__seconds() : 0;
+      if (us > 0 && end == 0) end = now + us * 1e-6;
+      if (us > 0 && now < end) {
         const unsigned seen = atomic_load_explicit(&posted, memory_order_relaxed);
         pthread_mutex_unlock(&lock);
-        spun = spin_uint(&posted, seen, us);
+        spun = spin_uint(&posted, seen, end);
         pthread_mutex_lock(&lock);
         continue;
       }
+      end = -1; /* slept: no spin until the next job */
       spun = false;
       pthread_cond_wait(&work_cv, &lock);
     }
@@ -497,6 +504,7 @@ void ab__parallel_shutdown(void) {
   pthread_mutex_lock(&lock);
   stopping = true;
   pthread_cond_broadcast(&work_cv);
+  atomic_fetch_add_explicit(&posted, 1, memory_order_relaxed); /* and spinning ones look */
   const int n = nworkers;
   pthread_mutex_unlock(&lock);
   for (int i = 0; i < n; i++) pthread_join(workers[i], NULL);
