@@ -263,6 +263,11 @@ class Adapter:
     def default_gpu(self, mod):
         return 0
 
+    def ids_to_clean(self, mod, device_id):
+        """The framework's GPUs an empty_cache of device_id (None: all)
+        visits: never one it does not have (entering one raises)."""
+        return [i for i in self.gpu_ids(mod) if device_id is None or i == device_id]
+
     def device_of(self, obj):
         """The arraybridge device string where obj's data is (a Keras 3
         variable's: its array's)."""
@@ -418,10 +423,9 @@ class Torch(Adapter):
     def empty_cache(self, mod, device_id=None):
         # Only devices torch has: torch.cuda.device(N) past the last one
         # raises (invalid device ordinal), and such an id holds nothing.
-        for i in self.gpu_ids(mod):
-            if device_id is None or i == device_id:
-                with mod.cuda.device(i):
-                    mod.cuda.empty_cache()
+        for i in self.ids_to_clean(mod, device_id):
+            with mod.cuda.device(i):
+                mod.cuda.empty_cache()
 
     def is_oom(self, exc, mod):
         oom = getattr(mod.cuda, "OutOfMemoryError", None) if mod is not None else None
@@ -454,10 +458,9 @@ class CuPy(Adapter):
     def empty_cache(self, mod, device_id=None):
         # The device pool frees the current device's blocks alone: each
         # device asked for in turn, never one CuPy does not have.
-        for i in self.gpu_ids(mod):
-            if device_id is None or i == device_id:
-                with mod.cuda.Device(i):
-                    mod.get_default_memory_pool().free_all_blocks()
+        for i in self.ids_to_clean(mod, device_id):
+            with mod.cuda.Device(i):
+                mod.get_default_memory_pool().free_all_blocks()
         mod.get_default_pinned_memory_pool().free_all_blocks()
 
     def is_oom(self, exc, mod):

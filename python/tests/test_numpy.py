@@ -1130,16 +1130,20 @@ def test_a_views_deleter_on_a_bare_thread_waits_for_the_gil():
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
-IN_A_SUBINTERPRETER = CONSUMERS.split("a = np.arange")[0] + """
-import threading, time, warnings
-import _xxsubinterpreters as si
-
+# Subinterpreters as the scripts below make them (after importing
+# _xxsubinterpreters as si).
+NEW_INTERP = """
 def new_interp():  # the legacy kind, 3.11's: 3.12 makes isolated ones, which refuse ctypes and NumPy
     try:
         return si.create(isolated=False)
     except TypeError:
         return si.create()
+"""
 
+IN_A_SUBINTERPRETER = CONSUMERS.split("a = np.arange")[0] + """
+import threading, time, warnings
+import _xxsubinterpreters as si
+""" + NEW_INTERP + """
 interp = new_interp()  # from here PyGILState_Check says 1 on every thread
 t = ab.to_device(np.arange(16, dtype=np.float32), "cpu", copy=True)
 
@@ -1171,13 +1175,7 @@ print("ok")
 ON_ANOTHER_THREAD = """
 import threading
 import _xxsubinterpreters as si
-
-def new_interp():  # the legacy kind, 3.11's: 3.12 makes isolated ones, which refuse ctypes and NumPy
-    try:
-        return si.create(isolated=False)
-    except TypeError:
-        return si.create()
-
+""" + NEW_INTERP + """
 code = '''
 import sys, time, warnings
 warnings.simplefilter("ignore")
