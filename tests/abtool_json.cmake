@@ -1,6 +1,8 @@
 # abtool info --json on three simulated GPUs (AB_SIMCUDA_DEVICES=3): one
 # JSON object whose cuda_peer_access has an entry for each of the six
-# ordered pairs, each once. Argument: ABTOOL.
+# ordered pairs, each once; and, with a GPU that fails half way through
+# the list, nothing on stdout (not a document cut short), exit 1 and the
+# reason on stderr. Argument: ABTOOL.
 execute_process(COMMAND "${ABTOOL}" info --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "abtool info --json: exit ${rc}\n${out}${err}")
@@ -38,4 +40,14 @@ foreach(k RANGE 5)
   endif()
   list(APPEND seen "${from}>${to}")
 endforeach()
-message(STATUS "abtool_json_sim: three GPUs, six peer pairs")
+
+# cuda:0's memory query fails once (AB_SIMCUDA_FAIL_CALL): the cpu entry
+# was already written when it does.
+set(ENV{AB_SIMCUDA_FAIL_CALL} cudaMemGetInfo)
+execute_process(COMMAND "${ABTOOL}" info --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+unset(ENV{AB_SIMCUDA_FAIL_CALL})
+if(NOT rc EQUAL 1 OR NOT out STREQUAL "" OR NOT err MATCHES "cuda:0: cudaMemGetInfo failed")
+  message(FATAL_ERROR "abtool info --json with cuda:0 failing: exit ${rc}, want 1, an empty stdout and the reason\n"
+                      "stdout: ${out}\nstderr: ${err}")
+endif()
+message(STATUS "abtool_json_sim: three GPUs, six peer pairs; a failing GPU leaves stdout empty")

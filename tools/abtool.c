@@ -54,20 +54,22 @@ static void usage(FILE *f) {
 
 /* ---- info --------------------------------------------------------------- */
 
-static void json_string(const char *s) {
-  putchar('"');
+static void json_string(FILE *out, const char *s) {
+  fputc('"', out);
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') printf("\\%c", *s);
-    else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-    else putchar(*s);
+    if (*s == '"' || *s == '\\') fprintf(out, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20) fprintf(out, "\\u%04x", (unsigned char)*s);
+    else fputc(*s, out);
   }
-  putchar('"');
+  fputc('"', out);
 }
 
+static int info_write(FILE *out, bool json);
+
 static int cmd_info(int argc, char **argv) {
-  int json = 0;
+  bool json = false;
   for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) json = 1;
+    if (strcmp(argv[i], "--json") == 0) json = true;
     else if (strcmp(argv[i], "--help") == 0) {
       printf("usage: abtool info [--json]\n");
       return 0;
@@ -76,8 +78,36 @@ static int cmd_info(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  if (json) printf("{\"version\": \"%s\", \"device_types\": [", ab_version_string());
-  else printf("arraybridge %s\n", ab_version_string());
+  if (!json) return info_write(stdout, false);
+  /* JSON goes out whole or not at all: a failure half way through the
+   * list (a device that stops answering) leaves stdout empty, not a
+   * document cut short, and says why on stderr. */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  if (out == NULL) {
+    fprintf(stderr, "abtool: %s\n", strerror(errno));
+    return EXIT_LIB;
+  }
+  const int rc = info_write(out, true);
+  if (fclose(out) != 0) {
+    free(text);
+    fprintf(stderr, "abtool: %s\n", strerror(errno));
+    return EXIT_LIB;
+  }
+  const bool written = rc != 0 || (fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0);
+  free(text);
+  if (!written) {
+    fprintf(stderr, "abtool: writing the report: %s\n", strerror(errno));
+    return EXIT_FILE;
+  }
+  return rc;
+}
+
+/* abtool info's report, as text or JSON, to out; 0, or lib_fail's code. */
+static int info_write(FILE *out, bool json) {
+  if (json) fprintf(out, "{\"version\": \"%s\", \"device_types\": [", ab_version_string());
+  else fprintf(out, "arraybridge %s\n", ab_version_string());
   for (size_t k = 0; k < ntypes; k++) {
     const DLDeviceType type = all_types[k];
     const int32_t n = ab_device_count(type);
@@ -88,14 +118,14 @@ static int cmd_info(int argc, char **argv) {
       snprintf(why, sizeof why, "%s", ab_last_error());
     }
     if (json) {
-      printf("%s{\"type\": \"%s\", \"count\": %d", k ? ", " : "", ab_device_type_name(type), (int)n);
+      fprintf(out, "%s{\"type\": \"%s\", \"count\": %d", k ? ", " : "", ab_device_type_name(type), (int)n);
       if (n == 0) {
-        printf(", \"why_none\": ");
-        json_string(why);
+        fprintf(out, ", \"why_none\": ");
+        json_string(out, why);
       }
-      printf(", \"devices\": [");
+      fprintf(out, ", \"devices\": [");
     } else {
-      printf("\n%s: %d device%s%s%s\n", ab_device_type_name(type), (int)n, n == 1 ? "" : "s", n ? "" : " -- ",
+      fprintf(out, "\n%s: %d device%s%s%s\n", ab_device_type_name(type), (int)n, n == 1 ? "" : "s", n ? "" : " -- ",
              n ? "" : why);
     }
     for (int32_t id = 0; id < n; id++) {
@@ -105,62 +135,62 @@ static int cmd_info(int argc, char **argv) {
       struct ab_pool_stats ps = {.size = sizeof ps};
       if (ab_pool_stats(dev, &ps) != AB_OK) return lib_fail("pool_stats");
       if (json) {
-        printf("%s{\"device\": \"%s:%d\", \"name\": ", id ? ", " : "", ab_device_type_name(type), (int)id);
-        json_string(info.name);
-        printf(", \"vendor\": ");
-        json_string(info.vendor);
-        printf(", \"version\": ");
-        json_string(info.version);
-        printf(", \"total_memory\": %llu, \"free_memory\": %llu, \"max_alloc_size\": %llu, \"host_accessible\": %s, "
+        fprintf(out, "%s{\"device\": \"%s:%d\", \"name\": ", id ? ", " : "", ab_device_type_name(type), (int)id);
+        json_string(out, info.name);
+        fprintf(out, ", \"vendor\": ");
+        json_string(out, info.vendor);
+        fprintf(out, ", \"version\": ");
+        json_string(out, info.version);
+        fprintf(out, ", \"total_memory\": %llu, \"free_memory\": %llu, \"max_alloc_size\": %llu, \"host_accessible\": %s, "
                "\"unified_memory\": %s, \"compute_capability\": %d, \"pci_bus_id\": ",
                (unsigned long long)info.total_memory, (unsigned long long)info.free_memory,
                (unsigned long long)info.max_alloc_size, info.host_accessible ? "true" : "false",
                info.unified_memory ? "true" : "false", info.compute_capability);
-        json_string(info.pci_bus_id);
-        printf(", \"pool\": {\"in_use_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_bytes\": %llu}}",
+        json_string(out, info.pci_bus_id);
+        fprintf(out, ", \"pool\": {\"in_use_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_bytes\": %llu}}",
                (unsigned long long)ps.in_use_bytes.current, (unsigned long long)ps.reserved_bytes.current,
                (unsigned long long)ps.limit_bytes);
       } else {
-        printf("  %s:%d  %s", ab_device_type_name(type), (int)id, info.name);
-        if (info.vendor[0]) printf(" (%s)", info.vendor);
-        printf("\n");
-        if (info.version[0]) printf("      %s\n", info.version);
-        printf("      memory: %.2f GiB total, ", (double)info.total_memory / (1 << 30));
-        if (info.free_memory) printf("%.2f GiB free", (double)info.free_memory / (1 << 30));
-        else printf("free unknown");
-        if (info.compute_capability) printf(", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);
-        printf("%s\n", info.unified_memory ? ", the host's RAM" : "");
-        printf("      pool: %llu bytes in use, %llu reserved%s\n", (unsigned long long)ps.in_use_bytes.current,
+        fprintf(out, "  %s:%d  %s", ab_device_type_name(type), (int)id, info.name);
+        if (info.vendor[0]) fprintf(out, " (%s)", info.vendor);
+        fprintf(out, "\n");
+        if (info.version[0]) fprintf(out, "      %s\n", info.version);
+        fprintf(out, "      memory: %.2f GiB total, ", (double)info.total_memory / (1 << 30));
+        if (info.free_memory) fprintf(out, "%.2f GiB free", (double)info.free_memory / (1 << 30));
+        else fprintf(out, "free unknown");
+        if (info.compute_capability) fprintf(out, ", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);
+        fprintf(out, "%s\n", info.unified_memory ? ", the host's RAM" : "");
+        fprintf(out, "      pool: %llu bytes in use, %llu reserved%s\n", (unsigned long long)ps.in_use_bytes.current,
                (unsigned long long)ps.reserved_bytes.current, ps.limit_bytes ? " (limited)" : "");
       }
     }
-    if (json) printf("]}");
+    if (json) fprintf(out, "]}");
   }
   /* The peer matrix, like nvidia-smi topo -m: can the column GPU read the
    * row GPU's memory directly? In JSON, one entry per ordered pair. */
   const int32_t ngpu = ab_device_count(kDLCUDA);
   int pairs = 0;
-  if (json) printf("], \"cuda_peer_access\": [");
+  if (json) fprintf(out, "], \"cuda_peer_access\": [");
   else if (ngpu > 1) {
-    printf("\nCUDA peer access (row -> column; P2P = direct, - = through the host):\n%8s", "");
-    for (int32_t j = 0; j < ngpu; j++) printf(" cuda:%-3d", (int)j);
-    printf("\n");
+    fprintf(out, "\nCUDA peer access (row -> column; P2P = direct, - = through the host):\n%8s", "");
+    for (int32_t j = 0; j < ngpu; j++) fprintf(out, " cuda:%-3d", (int)j);
+    fprintf(out, "\n");
   }
   for (int32_t i = 0; i < ngpu && ngpu > 1; i++) {
-    if (!json) printf(" cuda:%-2d", (int)i);
+    if (!json) fprintf(out, " cuda:%-2d", (int)i);
     for (int32_t j = 0; j < ngpu; j++) {
       int can = 0;
       if (i != j && ab_peer_access((DLDevice){kDLCUDA, i}, (DLDevice){kDLCUDA, j}, &can) != AB_OK)
         return lib_fail("peer");
-      if (!json) printf(" %-8s", i == j ? "X" : can ? "P2P" : "-");
+      if (!json) fprintf(out, " %-8s", i == j ? "X" : can ? "P2P" : "-");
       else if (i != j)
-        printf("%s{\"from\": \"cuda:%d\", \"to\": \"cuda:%d\", \"p2p\": %s}", pairs++ ? ", " : "", (int)i,
+        fprintf(out, "%s{\"from\": \"cuda:%d\", \"to\": \"cuda:%d\", \"p2p\": %s}", pairs++ ? ", " : "", (int)i,
                (int)j, can ? "true" : "false");
     }
-    if (!json) printf("\n");
+    if (!json) fprintf(out, "\n");
   }
-  if (json) printf("]}\n");
-  else if (ngpu > 1) printf("Peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
+  if (json) fprintf(out, "]}\n");
+  else if (ngpu > 1) fprintf(out, "Peer access is enabled per pair on first use (AB_CUDA_PEER=0 keeps it off).\n");
   return 0;
 }
 

@@ -45,7 +45,10 @@
  * so; kernels do not exist (the library is built without converters/cuda).
  *
  * Failures: simcuda_fail_nth() (simcuda.h) makes the n-th runtime call from
- * then on fail, for the tests' sweeps over the backend's error paths.
+ * then on fail, for the tests' sweeps over the backend's error paths;
+ * AB_SIMCUDA_FAIL_CALL=name (a runtime function's name) makes that
+ * function's first call in the process fail with cudaErrorUnknown, for
+ * tests of whole programs (abtool).
  *
  * Devices: AB_SIMCUDA_DEVICES (unset or 0: cudaGetDeviceCount fails with
  * cudaErrorNoDevice). Peer access, AB_SIMCUDA_PEER: "all" (default),
@@ -111,6 +114,8 @@ static void configure(void) {
     abort();
   }
   concurrent_managed = env_long("AB_SIMCUDA_CONCURRENT_MANAGED", 1) != 0;
+  const char *f = getenv("AB_SIMCUDA_FAIL_CALL");
+  if (f != NULL && *f != '\0') simcuda_fail_call(f, cudaErrorUnknown);
   const char *p = getenv("AB_SIMCUDA_PEER");
   if (p != NULL && strcmp(p, "none") == 0) peer_mode = PEER_NONE;
   else if (p != NULL && strcmp(p, "pairs") == 0) peer_mode = PEER_PAIRS;
