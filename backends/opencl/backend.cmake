@@ -1,9 +1,19 @@
-# The OpenCL backend: built when an ICD loader and the headers are found
-# (AB_WITH_OPENCL=OFF leaves it out). Included by CMakeLists.txt, whose
-# variables it appends to.
+# The OpenCL backend: built where the OpenCL headers are found
+# (AB_WITH_OPENCL=OFF leaves it out); the library opens the ICD loader at
+# run time, so the loader's development files are not needed to build it
+# (the OpenCL tests and bench_opencl, which call OpenCL themselves, are).
+# Sets AB_OPENCL_BUILT. Included by CMakeLists.txt, whose variables it
+# appends to.
+set(AB_OPENCL_BUILT OFF)
 if(AB_WITH_OPENCL)
-  find_package(OpenCL QUIET)
+  find_package(OpenCL QUIET) # the loader and headers, for the tests
   if(OpenCL_FOUND)
+    set(AB_OPENCL_INCLUDE_DIR "${OpenCL_INCLUDE_DIRS}")
+  else()
+    find_path(AB_OPENCL_INCLUDE_DIR CL/cl.h)
+  endif()
+  if(AB_OPENCL_INCLUDE_DIR)
+    set(AB_OPENCL_BUILT ON)
     # The OpenCL C kernels travel inside the library as C arrays
     # (ab__opencl_<name>_cl).
     set(AB_CL_C "")
@@ -22,12 +32,15 @@ if(AB_WITH_OPENCL)
     list(APPEND AB_BACKEND_TABLES ab__backend_opencl ab__backend_opencl_host)
     list(APPEND AB_BACKENDS "opencl")
     list(APPEND AB_BACKEND_DEFINITIONS AB_HAVE_OPENCL)
-    list(APPEND AB_BACKEND_INCLUDE_DIRS ${OpenCL_INCLUDE_DIRS})
+    list(APPEND AB_BACKEND_INCLUDE_DIRS ${AB_OPENCL_INCLUDE_DIR})
     # The ICD loader is opened at run time (backends/opencl/cl_api.c), not
     # linked: the library loads where no OpenCL is installed.
     list(APPEND AB_BACKEND_LIBRARIES ${CMAKE_DL_LIBS})
     set(AB_PC_LIBS_PRIVATE "${AB_PC_LIBS_PRIVATE} -ldl")
+    if(NOT OpenCL_FOUND)
+      message(STATUS "arraybridge: OpenCL backend built from the headers alone; no ICD loader to link the OpenCL tests and bench_opencl against (apt-get install ocl-icd-opencl-dev)")
+    endif()
   else()
-    message(STATUS "arraybridge: OpenCL ICD loader or headers not found: no OpenCL backend (apt-get install ocl-icd-opencl-dev opencl-headers)")
+    message(STATUS "arraybridge: OpenCL headers not found: no OpenCL backend (apt-get install opencl-headers)")
   endif()
 endif()

@@ -3,7 +3,7 @@
 # exports AB_TEST_EXPECT_OPENCL=2, which makes a missing device a failure
 # where a plain ctest skips), and
 # tests/test_opencl.c, what is specific to OpenCL.
-if(OpenCL_FOUND AND AB_WITH_OPENCL)
+if(AB_OPENCL_BUILT AND OpenCL_FOUND) # the tests call OpenCL themselves: the loader
   target_compile_definitions(test_opencl PRIVATE AB_HAVE_OPENCL CL_TARGET_OPENCL_VERSION=120)
   target_link_libraries(test_opencl PRIVATE OpenCL::OpenCL)
   ab_conformance(opencl kDLOpenCL arraybridge_static "POCL_DEVICES=pthread pthread")
