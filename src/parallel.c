@@ -374,10 +374,32 @@ static void spin_zero(const atomic_int *v, int us) {
 
 unsigned long ab__parallel_spun_pickups(void) { return atomic_load_explicit(&spun_pickups, memory_order_relaxed); }
 
-static void *worker_main(void *unused) {
-  (void)unused;
+#ifdef HAVE_PROCESS_MASK
+static cpu_set_t workers_mask; /* the process's cores when workers last started (under lock) */
+static bool have_workers_mask;
+#endif
+
+static atomic_int started_beside_creator; /* workers whose first core was their creator's (tests) */
+
+int ab__parallel_started_beside_creator(void) {
+  return atomic_load_explicit(&started_beside_creator, memory_order_relaxed);
+}
+
+/* creator: the core its creator ran on (start_workers), or -1 */
+static void *worker_main(void *creator) {
   int us = spin_us(); /* read outside lock: env_lock is never taken under it */
+#ifdef __GLIBC__
+  if ((intptr_t)creator >= 0 && sched_getcpu() == (int)(intptr_t)creator)
+    atomic_fetch_add_explicit(&started_beside_creator, 1, memory_order_relaxed);
+#else
+  (void)creator;
+#endif
   pthread_mutex_lock(&lock);
+#ifdef HAVE_PROCESS_MASK
+  /* started away from its creator's core (start_workers): now every core
+   * of the process's is its own again (it stays where it is) */
+  if (have_workers_mask) (void)pthread_setaffinity_np(pthread_self(), sizeof workers_mask, &workers_mask);
+#endif
   for (;;) {
     struct job *j = NULL;
     bool spun = false;
@@ -465,15 +487,32 @@ static void start_workers(int want) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   pthread_attr_t *ap = NULL;
+#ifdef __GLIBC__
+  const int here = sched_getcpu();
+#else
+  const int here = -1;
+#endif
 #ifdef HAVE_PROCESS_MASK
   pthread_attr_t attr;
   cpu_set_t set;
-  if (process_mask(&set) && pthread_attr_init(&attr) == 0) {
+  have_workers_mask = process_mask(&set);
+  if (have_workers_mask) workers_mask = set;
+  if (have_workers_mask && pthread_attr_init(&attr) == 0) {
+    /* A new thread starts on a core the kernel picks, at times its
+     * creator's own, and there it cannot run while its creator works
+     * through the bands. On the 2-core Intel VM, 2 threads, 1 MiB uint8
+     * transposes: in 4-6 processes of 15 (three sets) the worker started
+     * on the caller's core and joined at most one job, and the calls ran
+     * 14-16 GB/s where the other processes' ran 36-41. So a worker starts
+     * on the other cores (then none of 35 processes ran slow), and widens
+     * its mask to all of the process's once it runs (worker_main;
+     * bench/results/2026-12-04-worker-start-core.md). */
+    if (CPU_COUNT(&set) > 1 && here >= 0 && here < CPU_SETSIZE && CPU_ISSET(here, &set)) CPU_CLR(here, &set);
     if (pthread_attr_setaffinity_np(&attr, sizeof set, &set) == 0) ap = &attr;
     else pthread_attr_destroy(&attr);
   }
 #endif
-  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, NULL) == 0) {
+  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here) == 0) {
 #ifdef __GLIBC__
     /* as top, gdb and /proc name it; by its creator, so that it has its name
      * when the call that started it returns (it may not have run yet) */

@@ -84,6 +84,10 @@ int ab__parallel_peak_in_job(void);
 /* Jobs a worker took while it spun (AB_THREAD_SPIN_US) rather than
  * slept, since the library was loaded (tests). */
 unsigned long ab__parallel_spun_pickups(void);
+/* Workers that first ran on the core their creator was on, since the
+ * library was loaded (tests: where the process has two cores or more,
+ * start_workers keeps them off it). */
+int ab__parallel_started_beside_creator(void);
 
 /* Stops and joins the workers (ab_shutdown); they start again on demand. */
 void ab__parallel_shutdown(void);
