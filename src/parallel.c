@@ -18,6 +18,7 @@
 #include "parallel.h"
 #include "element.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -495,9 +496,12 @@ static void start_workers(int want) {
 #ifdef HAVE_PROCESS_MASK
   pthread_attr_t attr;
   cpu_set_t set;
-  have_workers_mask = process_mask(&set);
-  if (have_workers_mask) workers_mask = set;
-  if (have_workers_mask && pthread_attr_init(&attr) == 0) {
+  const bool masked = process_mask(&set);
+  if (masked) { /* never unset: a worker started before still widens to the last mask known */
+    workers_mask = set;
+    have_workers_mask = true;
+  }
+  if (masked && pthread_attr_init(&attr) == 0) {
     /* A new thread starts on a core the kernel picks, at times its
      * creator's own, and there it cannot run while its creator works
      * through the bands. On the 2-core Intel VM, 2 threads, 1 MiB uint8
@@ -512,7 +516,15 @@ static void start_workers(int want) {
     else pthread_attr_destroy(&attr);
   }
 #endif
-  while (nworkers < want && pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here) == 0) {
+  while (nworkers < want) {
+    int rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
+#ifdef HAVE_PROCESS_MASK
+    /* the cores left may all be closed to this thread (a cpuset of its
+     * own that holds only its core): then the whole mask */
+    if (rc == EINVAL && ap != NULL && pthread_attr_setaffinity_np(ap, sizeof workers_mask, &workers_mask) == 0)
+      rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
+#endif
+    if (rc != 0) break;
 #ifdef __GLIBC__
     /* as top, gdb and /proc name it; by its creator, so that it has its name
      * when the call that started it returns (it may not have run yet) */
