@@ -7,8 +7,8 @@
  *                  [--scale S] [--offset O] [--explain] --out OUT.npy
  *
  * Exit codes: 0 success; 1 the library failed (its message is printed);
- * 2 bad command line; 3 a bad input file, or an output file that cannot
- * be written. */
+ * 2 bad command line; 3 a bad input file, or an output file (or, for
+ * info --json, standard output) that cannot be written. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>

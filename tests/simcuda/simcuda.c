@@ -171,6 +171,7 @@ void simcuda_fail_call(const char *name, cudaError_t error) {
 
 /* Whether this call (`fn`, its name) is the one armed to fail. */
 static bool injected(const char *fn, cudaError_t *error) {
+  pthread_once(&config_once, configure); /* AB_SIMCUDA_FAIL_CALL is armed there */
   const char *name = atomic_load(&fail_name);
   if (name != NULL && strcmp(name, fn) == 0 && atomic_compare_exchange_strong(&fail_name, &name, NULL)) {
     *error = atomic_load(&fail_name_error);
