@@ -7,8 +7,8 @@
  *                  [--scale S] [--offset O] [--explain] --out OUT.npy
  *
  * Exit codes: 0 success; 1 the library failed (its message is printed);
- * 2 bad command line; 3 a bad input file, or an output file (or, for
- * info --json, standard output) that cannot be written. */
+ * 2 bad command line; 3 a bad input file, or an output file (standard
+ * output included) that cannot be written. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -95,12 +95,8 @@ static int cmd_info(int argc, char **argv) {
     fprintf(stderr, "abtool: %s\n", strerror(errno));
     return EXIT_LIB;
   }
-  const bool written = rc != 0 || (fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0);
+  if (rc == 0) fwrite(text, 1, len, stdout); /* a failed write: main's check of stdout */
   free(text);
-  if (!written) {
-    fprintf(stderr, "abtool: writing the report: %s\n", strerror(errno));
-    return EXIT_FILE;
-  }
   return rc;
 }
 
@@ -643,5 +639,11 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
   ab_shutdown();
+  /* A report that did not reach its reader (a full disk, a closed pipe's
+   * EPIPE with SIGPIPE ignored) is not a success. */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "abtool: writing to standard output: %s\n", strerror(errno));
+    if (rc == 0) rc = EXIT_FILE;
+  }
   return rc;
 }
