@@ -121,8 +121,8 @@ static int info_write(FILE *out, bool json) {
       }
       fprintf(out, ", \"devices\": [");
     } else {
-      fprintf(out, "\n%s: %d device%s%s%s\n", ab_device_type_name(type), (int)n, n == 1 ? "" : "s", n ? "" : " -- ",
-             n ? "" : why);
+      fprintf(out, "\n%s: %d device%s%s%s\n", ab_device_type_name(type), (int)n, n == 1 ? "" : "s",
+              n ? "" : " -- ", n ? "" : why);
     }
     for (int32_t id = 0; id < n; id++) {
       struct ab_device_info info;
@@ -137,15 +137,16 @@ static int info_write(FILE *out, bool json) {
         json_string(out, info.vendor);
         fprintf(out, ", \"version\": ");
         json_string(out, info.version);
-        fprintf(out, ", \"total_memory\": %llu, \"free_memory\": %llu, \"max_alloc_size\": %llu, \"host_accessible\": %s, "
-               "\"unified_memory\": %s, \"compute_capability\": %d, \"pci_bus_id\": ",
-               (unsigned long long)info.total_memory, (unsigned long long)info.free_memory,
-               (unsigned long long)info.max_alloc_size, info.host_accessible ? "true" : "false",
-               info.unified_memory ? "true" : "false", info.compute_capability);
+        fprintf(out,
+                ", \"total_memory\": %llu, \"free_memory\": %llu, \"max_alloc_size\": %llu, \"host_accessible\": %s, "
+                "\"unified_memory\": %s, \"compute_capability\": %d, \"pci_bus_id\": ",
+                (unsigned long long)info.total_memory, (unsigned long long)info.free_memory,
+                (unsigned long long)info.max_alloc_size, info.host_accessible ? "true" : "false",
+                info.unified_memory ? "true" : "false", info.compute_capability);
         json_string(out, info.pci_bus_id);
         fprintf(out, ", \"pool\": {\"in_use_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_bytes\": %llu}}",
-               (unsigned long long)ps.in_use_bytes.current, (unsigned long long)ps.reserved_bytes.current,
-               (unsigned long long)ps.limit_bytes);
+                (unsigned long long)ps.in_use_bytes.current, (unsigned long long)ps.reserved_bytes.current,
+                (unsigned long long)ps.limit_bytes);
       } else {
         fprintf(out, "  %s:%d  %s", ab_device_type_name(type), (int)id, info.name);
         if (info.vendor[0]) fprintf(out, " (%s)", info.vendor);
@@ -157,7 +158,7 @@ static int info_write(FILE *out, bool json) {
         if (info.compute_capability) fprintf(out, ", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);
         fprintf(out, "%s\n", info.unified_memory ? ", the host's RAM" : "");
         fprintf(out, "      pool: %llu bytes in use, %llu reserved%s\n", (unsigned long long)ps.in_use_bytes.current,
-               (unsigned long long)ps.reserved_bytes.current, ps.limit_bytes ? " (limited)" : "");
+                (unsigned long long)ps.reserved_bytes.current, ps.limit_bytes ? " (limited)" : "");
       }
     }
     if (json) fprintf(out, "]}");
@@ -181,7 +182,7 @@ static int info_write(FILE *out, bool json) {
       if (!json) fprintf(out, " %-8s", i == j ? "X" : can ? "P2P" : "-");
       else if (i != j)
         fprintf(out, "%s{\"from\": \"cuda:%d\", \"to\": \"cuda:%d\", \"p2p\": %s}", pairs++ ? ", " : "", (int)i,
-               (int)j, can ? "true" : "false");
+                (int)j, can ? "true" : "false");
     }
     if (!json) fprintf(out, "\n");
   }
