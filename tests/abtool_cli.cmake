@@ -30,7 +30,7 @@ expect(0 "1. convert on the host: uint8 -> float32, scaled" convert "${DATA}/u8_
        --scale 2 --explain --out "${WORK}/explained.npy")
 # A report that cannot be written (a full disk) is exit 3, not success.
 if(EXISTS /dev/full)
-  foreach(args "info" "info;--json" "bandwidth;--sizes;4K;--reps;1;--devices;cpu")
+  foreach(args "info" "info;--json" "bandwidth;--sizes;4K;--reps;1;--devices;cpu" "help")
     execute_process(COMMAND "${ABTOOL}" ${args} RESULT_VARIABLE rc OUTPUT_FILE /dev/full ERROR_VARIABLE err)
     if(NOT rc EQUAL 3 OR NOT err MATCHES "No space left on device")
       message(FATAL_ERROR "abtool ${args} > /dev/full: exit ${rc}, want 3 and the reason\n${err}")

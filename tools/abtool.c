@@ -624,12 +624,27 @@ static int cmd_convert(int argc, char **argv) {
   return 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? EXIT_USAGE : 0;
+/* rc, or EXIT_FILE where rc is a success whose output did not reach its
+ * reader (a full disk, a closed pipe's EPIPE with SIGPIPE ignored). */
+static int stdout_checked(int rc) {
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "abtool: writing to standard output: %s\n", strerror(errno));
+    if (rc == 0) rc = EXIT_FILE;
   }
-  int rc, n = ab_device_types(all_types, (int)(sizeof all_types / sizeof all_types[0]));
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(stdout);
+    return stdout_checked(0);
+  }
+  int rc;
+  const int n = ab_device_types(all_types, (int)(sizeof all_types / sizeof all_types[0]));
   ntypes = (size_t)n < sizeof all_types / sizeof all_types[0] ? (size_t)n : sizeof all_types / sizeof all_types[0];
   if (strcmp(argv[1], "info") == 0) rc = cmd_info(argc - 2, argv + 2);
   else if (strcmp(argv[1], "bandwidth") == 0) rc = cmd_bandwidth(argc - 2, argv + 2);
@@ -640,11 +655,5 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
   ab_shutdown();
-  /* A report that did not reach its reader (a full disk, a closed pipe's
-   * EPIPE with SIGPIPE ignored) is not a success. */
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    fprintf(stderr, "abtool: writing to standard output: %s\n", strerror(errno));
-    if (rc == 0) rc = EXIT_FILE;
-  }
-  return rc;
+  return stdout_checked(rc);
 }
