@@ -520,7 +520,9 @@ static void start_workers(int want) {
     int rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
 #ifdef HAVE_PROCESS_MASK
     /* the cores left may all be closed to this thread (a cpuset of its
-     * own that holds only its core): then the whole mask */
+     * own that holds only its core): then the whole mask (glibc 2.34 and
+     * later end and reap the thread a failed affinity made; older ones
+     * leave it, BZ 19511) */
     if (rc == EINVAL && ap != NULL && pthread_attr_setaffinity_np(ap, sizeof workers_mask, &workers_mask) == 0)
       rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
 #endif

@@ -627,8 +627,12 @@ static int cmd_convert(int argc, char **argv) {
 /* rc, or EXIT_FILE where rc is a success whose output did not reach its
  * reader (a full disk, a closed pipe's EPIPE with SIGPIPE ignored). */
 static int stdout_checked(int rc) {
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    fprintf(stderr, "abtool: writing to standard output: %s\n", strerror(errno));
+  /* errno is the flush's; a write that failed earlier (a large block
+   * written straight through) left only the error flag, and its errno
+   * is long gone */
+  const int e = fflush(stdout) != 0 ? errno : 0;
+  if (e != 0 || ferror(stdout)) {
+    fprintf(stderr, "abtool: writing to standard output: %s\n", e != 0 ? strerror(e) : "a write failed");
     if (rc == 0) rc = EXIT_FILE;
   }
   return rc;

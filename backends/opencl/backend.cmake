@@ -1,7 +1,7 @@
 # The OpenCL backend: built where the OpenCL headers are found
 # (AB_WITH_OPENCL=OFF leaves it out); the library opens the ICD loader at
 # run time, so the loader's development files are not needed to build it
-# (the OpenCL tests and bench_opencl, which call OpenCL themselves, are).
+# (test_opencl and bench_opencl, which call OpenCL themselves, need them).
 # Sets AB_OPENCL_BUILT. Included by CMakeLists.txt, whose variables it
 # appends to.
 set(AB_OPENCL_BUILT OFF)
