@@ -254,7 +254,7 @@ typedef enum {
 } ab__host_choice;
 void ab__host_count_choices(bool on);
 void ab__host_ran(ab__host_choice k);
-unsigned long ab__host_ran_count(ab__host_choice k);
+unsigned long ab__host_ran_count(ab__host_choice k); /* 0 for k outside the kinds above */
 /* How many strips of 64 destination rows the plain tiles have written
  * through the uint8 tiles for destination rows off cache lines (AVX-512
  * VBMI; gather.c, strip_u8_shifted) in this process while counting (see
