@@ -638,11 +638,22 @@ class Pyclesperanto(Adapter):
         _ab.devices()
         return super().module(source, target)
 
+    # pyclesperanto 0.25 that found no backend (no OpenCL driver it could
+    # load) warns and leaves its device functions out of the module: it
+    # then has no devices, and a conversion to it says so.
     def gpu_ids(self, mod):
-        return tuple(range(len(mod.list_available_devices())))
+        listing = getattr(mod, "list_available_devices", None)
+        return tuple(range(len(listing()))) if listing is not None else ()
 
     def default_gpu(self, mod):
-        return mod.get_device().index  # pyclesperanto's current device
+        current = getattr(mod, "get_device", None)
+        return current().index if current is not None else 0  # pyclesperanto's current device
+
+    def _why_not_ours(self, gpu_id, mod):
+        if getattr(mod, "list_available_devices", None) is None:
+            return (" (pyclesperanto %s has no backend: it found no OpenCL driver to load; is an ICD registered "
+                    "in /etc/OpenCL/vendors?)" % getattr(mod, "__version__", "?"))
+        return super()._why_not_ours(gpu_id, mod)
 
     @staticmethod
     def _device_by_index(mod):

@@ -179,6 +179,47 @@ def test_without_an_opencl_loader_the_host_works_and_pyclesperanto_says_why(tmp_
     assert "ICD loader" in r.stdout and "could not be opened" in r.stdout, r.stdout + r.stderr
 
 
+def test_pyclesperanto_without_a_backend_is_refused_with_the_reason(tmp_path):
+    """No OpenCL driver registered at all (OCL_ICD_VENDORS naming an empty
+    folder): pyclesperanto imports but, finding no backend, leaves its
+    device functions out of the module. A conversion to it, with or without
+    a gpu_id, and a decorated call are MemoryConversionError saying so, not
+    an AttributeError from inside arraybridge."""
+    need("pyclesperanto")
+    code = """
+        import warnings
+        warnings.simplefilter("ignore")
+        import numpy as np
+        import arraybridge as ab
+        import pyclesperanto as cle
+        assert not hasattr(cle, "list_available_devices"), "pyclesperanto found a backend: premise failed"
+        @ab.pyclesperanto()
+        def f(x):
+            return x
+        calls = [lambda: ab.convert_memory(np.zeros(3), "numpy", "pyclesperanto", gpu_id=0),
+                 lambda: ab.convert_memory(np.zeros(3), "numpy", "pyclesperanto"),
+                 lambda: f(np.zeros(3))]
+        for call in calls:
+            try:
+                call()
+            except ab.MemoryConversionError as e:
+                print(e)
+            else:
+                raise SystemExit("converted to pyclesperanto without a backend")
+        ab.cleanup_all_gpu_frameworks()
+    """
+    (tmp_path / "vendors").mkdir()
+    env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path / "vendors"))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout + r.stderr
+    for line in lines:
+        assert "pyclesperanto device 0 is unavailable; available device IDs are ()" in line, line
+        assert "has no backend" in line, line
+
+
 def test_bool_and_negative_gpu_ids_are_refused_not_taken_as_devices():
     """True and False are ints to Python: taken, they would send data to
     device 1 or 0 without a word; -1 is the C core's "device with most free
