@@ -58,10 +58,17 @@ class SdistWithLibrary(sdist):
     is refused."""
 
     def make_release_tree(self, base_dir, files):
-        super().make_release_tree(base_dir, files)
+        # Refused before anything is written: a release tree left behind
+        # would stop the next sdist (copytree does not write into csrc/).
         if not is_c_tree(REPO):
             sys.exit("arraybridge: make the sdist in the repository (python/ next to include/ and src/)")
+        header = dlpack_header()
+        if header is None:
+            sys.exit("arraybridge: no DLPack >= 1.0 header for the sdist: run tools/setup-deps.sh (make deps), "
+                     "or set AB_DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
+        super().make_release_tree(base_dir, files)
         dst = os.path.join(base_dir, "csrc")
+        shutil.rmtree(dst, ignore_errors=True)  # what an interrupted sdist left
         for name in C_TREE:
             src = os.path.join(REPO, name)
             if os.path.isdir(src):
@@ -69,10 +76,6 @@ class SdistWithLibrary(sdist):
             else:
                 os.makedirs(dst, exist_ok=True)
                 shutil.copy2(src, os.path.join(dst, name))
-        header = dlpack_header()
-        if header is None:
-            sys.exit("arraybridge: no DLPack >= 1.0 header for the sdist: run tools/setup-deps.sh (make deps), "
-                     "or set AB_DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
         os.makedirs(os.path.join(dst, "third_party", "dlpack"))
         shutil.copy2(header, os.path.join(dst, "third_party", "dlpack", "dlpack.h"))
 

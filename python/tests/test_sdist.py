@@ -74,3 +74,24 @@ def test_a_build_from_the_repository_hands_cmake_the_header_ab_dlpack_include_di
     args = argv_file.read_text().splitlines()
     assert args[:2] == ["-S", os.path.dirname(PYTHON_DIR)], args
     assert "-DAB_DLPACK_INCLUDE_DIR=%s" % include in args, args
+
+
+def test_an_sdist_refused_for_want_of_a_header_leaves_nothing_to_stop_the_next(tmp_path):
+    """Without a DLPack header the sdist is refused; it used to be refused
+    after copying the C tree into the release tree, which it left behind,
+    and every later sdist then failed on the copy (File exists) until the
+    folder was removed by hand."""
+    env = dict(os.environ, AB_DEPS_DIR=str(tmp_path / "no-deps"))
+    env.pop("AB_DLPACK_INCLUDE_DIR", None)
+    if any(os.path.exists(os.path.join(d, "dlpack", "dlpack.h")) for d in ("/usr/local/include", "/usr/include")):
+        import pytest
+        pytest.skip("a system DLPack header is installed, so setup.py cannot be made to find none")
+    before = set(os.listdir(PYTHON_DIR))
+    r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "refused")], cwd=PYTHON_DIR,
+                       env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "no DLPack >= 1.0 header for the sdist" in r.stderr, r.stderr[-2000:]
+    left = sorted(n for n in set(os.listdir(PYTHON_DIR)) - before if n.startswith("arraybridge-"))
+    assert left == [], "the refused sdist left %s in python/" % left
+    dist = tmp_path / "dist"
+    run([sys.executable, "setup.py", "-q", "sdist", "-d", str(dist)], cwd=PYTHON_DIR)
+    assert len(list(dist.glob("arraybridge-*.tar.gz"))) == 1
