@@ -66,9 +66,11 @@ class SdistWithLibrary(sdist):
         if header is None:
             sys.exit("arraybridge: no DLPack >= 1.0 header for the sdist: run tools/setup-deps.sh (make deps), "
                      "or set AB_DLPACK_INCLUDE_DIR to the folder that holds dlpack/dlpack.h")
+        # sdist's own temporary tree, removed after packing: what an
+        # interrupted sdist left there would be packed too.
+        shutil.rmtree(base_dir, ignore_errors=True)
         super().make_release_tree(base_dir, files)
         dst = os.path.join(base_dir, "csrc")
-        shutil.rmtree(dst, ignore_errors=True)  # what an interrupted sdist left
         for name in C_TREE:
             src = os.path.join(REPO, name)
             if os.path.isdir(src):

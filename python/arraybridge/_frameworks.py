@@ -11,6 +11,7 @@ are named as a target: `import arraybridge` imports none of them.
 """
 import importlib
 import operator
+import os
 import sys
 import threading
 import weakref
@@ -651,8 +652,13 @@ class Pyclesperanto(Adapter):
 
     def _why_not_ours(self, gpu_id, mod):
         if getattr(mod, "list_available_devices", None) is None:
-            return (" (pyclesperanto %s has no backend: it found no OpenCL driver to load; is an ICD registered "
-                    "in /etc/OpenCL/vendors?)" % getattr(mod, "__version__", "?"))
+            version = getattr(mod, "__version__", "?")
+            backends = getattr(mod, "list_available_backends", None)
+            if backends is not None and not backends():  # no backend package imports
+                return (" (pyclesperanto %s has no backend: none of its backend packages could be imported; "
+                        "pip install pyclesperanto[opencl])" % version)
+            return (" (pyclesperanto %s has no backend: its OpenCL backend could load no OpenCL driver; is an ICD "
+                    "registered in %s?)" % (version, os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"))
         return super()._why_not_ours(gpu_id, mod)
 
     @staticmethod

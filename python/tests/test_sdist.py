@@ -2,9 +2,13 @@
 library's tree (csrc/) and the DLPack header, a wheel is built from the
 archive alone, and the module it holds converts."""
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
+
+import pytest
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,18 +84,32 @@ def test_an_sdist_refused_for_want_of_a_header_leaves_nothing_to_stop_the_next(t
     """Without a DLPack header the sdist is refused; it used to be refused
     after copying the C tree into the release tree, which it left behind,
     and every later sdist then failed on the copy (File exists) until the
-    folder was removed by hand."""
+    folder was removed by hand. A release tree an interrupted sdist left
+    is not packed into the next."""
     env = dict(os.environ, AB_DEPS_DIR=str(tmp_path / "no-deps"))
     env.pop("AB_DLPACK_INCLUDE_DIR", None)
-    if any(os.path.exists(os.path.join(d, "dlpack", "dlpack.h")) for d in ("/usr/local/include", "/usr/include")):
-        import pytest
-        pytest.skip("a system DLPack header is installed, so setup.py cannot be made to find none")
+    for inc in ("/usr/local/include", "/usr/include"):  # where setup.py looks outside the repository
+        path = os.path.join(inc, "dlpack", "dlpack.h")
+        if os.path.exists(path) and re.search(r"#define\s+DLPACK_MAJOR_VERSION\s+[1-9]", open(path).read()):
+            pytest.skip("%s is a DLPack >= 1.0 header setup.py would find, so it cannot be made to find none" % path)
     before = set(os.listdir(PYTHON_DIR))
     r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "refused")], cwd=PYTHON_DIR,
                        env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "no DLPack >= 1.0 header for the sdist" in r.stderr, r.stderr[-2000:]
     left = sorted(n for n in set(os.listdir(PYTHON_DIR)) - before if n.startswith("arraybridge-"))
     assert left == [], "the refused sdist left %s in python/" % left
-    dist = tmp_path / "dist"
-    run([sys.executable, "setup.py", "-q", "sdist", "-d", str(dist)], cwd=PYTHON_DIR)
-    assert len(list(dist.glob("arraybridge-*.tar.gz"))) == 1
+    version = run([sys.executable, "setup.py", "--version"], cwd=PYTHON_DIR).stdout.split()[-1]
+    stale = os.path.join(PYTHON_DIR, "arraybridge-%s" % version)
+    try:
+        os.makedirs(os.path.join(stale, "csrc", "cmake"))  # as an interrupted sdist leaves it
+        with open(os.path.join(stale, "stale.txt"), "w") as f:
+            f.write("left by an interrupted sdist\n")
+        dist = tmp_path / "dist"
+        run([sys.executable, "setup.py", "-q", "sdist", "-d", str(dist)], cwd=PYTHON_DIR)
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+    (archive,) = dist.glob("arraybridge-*.tar.gz")
+    with tarfile.open(archive) as t:
+        names = t.getnames()
+    assert "arraybridge-%s/stale.txt" % version not in names, "the stale release tree was packed"
+    assert "arraybridge-%s/csrc/CMakeLists.txt" % version in names

@@ -192,7 +192,8 @@ def test_pyclesperanto_without_a_backend_is_refused_with_the_reason(tmp_path):
         import numpy as np
         import arraybridge as ab
         import pyclesperanto as cle
-        assert not hasattr(cle, "list_available_devices"), "pyclesperanto found a backend: premise failed"
+        if hasattr(cle, "list_available_devices"):
+            raise SystemExit(77)  # pyclesperanto found a backend anyway (a CUDA one, say)
         @ab.pyclesperanto()
         def f(x):
             return x
@@ -209,15 +210,18 @@ def test_pyclesperanto_without_a_backend_is_refused_with_the_reason(tmp_path):
         ab.cleanup_all_gpu_frameworks()
     """
     (tmp_path / "vendors").mkdir()
-    env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path / "vendors"))
+    env = dict(os.environ, OCL_ICD_VENDORS=str(tmp_path / "vendors"), OCL_ICD_FILENAMES="")
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                        timeout=240)
+    if r.returncode == 77:
+        pytest.skip("pyclesperanto found a backend with no OpenCL driver registered (another of its backends)")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 3, r.stdout + r.stderr
     for line in lines:
         assert "pyclesperanto device 0 is unavailable; available device IDs are ()" in line, line
-        assert "has no backend" in line, line
+        assert "has no backend: its OpenCL backend could load no OpenCL driver" in line, line
+        assert str(tmp_path / "vendors") in line, line
 
 
 def test_bool_and_negative_gpu_ids_are_refused_not_taken_as_devices():
