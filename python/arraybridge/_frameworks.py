@@ -653,10 +653,14 @@ class Pyclesperanto(Adapter):
     def _why_not_ours(self, gpu_id, mod):
         if getattr(mod, "list_available_devices", None) is None:
             version = getattr(mod, "__version__", "?")
-            backends = getattr(mod, "list_available_backends", None)
-            if backends is not None and not backends():  # no backend package imports
+            listing = getattr(mod, "list_available_backends", None)
+            backends = [str(b).lower() for b in listing()] if listing is not None else ["opencl"]
+            if not backends:  # no backend package imports
                 return (" (pyclesperanto %s has no backend: none of its backend packages could be imported; "
                         "pip install pyclesperanto[opencl])" % version)
+            if "opencl" not in backends:
+                return (" (pyclesperanto %s has no backend: its %s backend found no device, and its OpenCL one is "
+                        "not installed: pip install pyclesperanto[opencl])" % (version, ", ".join(backends)))
             return (" (pyclesperanto %s has no backend: its OpenCL backend could load no OpenCL driver; is an ICD "
                     "registered in %s?)" % (version, os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"))
         return super()._why_not_ours(gpu_id, mod)
