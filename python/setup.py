@@ -58,8 +58,8 @@ class SdistWithLibrary(sdist):
     is refused."""
 
     def make_release_tree(self, base_dir, files):
-        # Refused before anything is written: a release tree left behind
-        # would stop the next sdist (copytree does not write into csrc/).
+        # Refused before anything is written, so a refusal leaves no
+        # release tree behind.
         if not is_c_tree(REPO):
             sys.exit("arraybridge: make the sdist in the repository (python/ next to include/ and src/)")
         header = dlpack_header()

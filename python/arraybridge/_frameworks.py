@@ -639,9 +639,10 @@ class Pyclesperanto(Adapter):
         _ab.devices()
         return super().module(source, target)
 
-    # pyclesperanto 0.25 that found no backend (no OpenCL driver it could
-    # load) warns and leaves its device functions out of the module: it
-    # then has no devices, and a conversion to it says so.
+    # pyclesperanto 0.25 that found no backend (none of its backend
+    # packages imports, or none finds a device) warns and leaves its device
+    # functions out of the module: it then has no devices, and a conversion
+    # to it says why (_why_not_ours).
     def gpu_ids(self, mod):
         listing = getattr(mod, "list_available_devices", None)
         return tuple(range(len(listing()))) if listing is not None else ()
