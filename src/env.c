@@ -1,8 +1,9 @@
 /* The AB_* environment variables, read the same way everywhere: unset and
  * empty are alike, sizes take the suffixes of ab__parse_size, and a
- * malformed value is logged once per read in one form ("NAME=\"value\"
+ * malformed value is logged once a generation in one form ("NAME=\"value\"
  * ignored: want ...; using ...", the value cut at 40 characters and made
- * printable by ab__quote) and replaced by the default, never a failure.
+ * printable by ab__quote), however many threads or caches read it, and
+ * replaced by the default, never a failure.
  * Exceptions, each documented where the variable is: a malformed
  * AB_MEMORY_LIMIT fails every allocation (pools.md), a malformed
  * AB_OPENCL_DEVICE_TYPE leaves no OpenCL device (guide.md), a refused
@@ -12,13 +13,43 @@
  * they read against ab__env_generation(), so that one call,
  * ab__env_reload() (the tests'), makes every one of them read its
  * variables again on next use. */
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
 static atomic_uint generation = 1;
+
+/* The lines logged so far, each as a hash of the line and the generation
+ * it was logged in, so that threads whose first use of a setting comes at
+ * once (the workers of one host move, say), or two caches of one
+ * variable, log a malformed value once a generation. Slots are claimed
+ * with a compare-and-swap, no lock (a fork never finds one held); once
+ * all WARNED are taken, lines are logged as they come. */
+#define WARNED 64
+static _Atomic uint64_t warned[WARNED];
+
+__attribute__((format(printf, 1, 2))) static void warn_once(const char *fmt, ...) {
+  if (ab__log_level() < AB_LOG_ERROR) return;
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  uint64_t h = 0xcbf29ce484222325ull ^ ab__env_generation(); /* FNV-1a */
+  for (const char *c = line; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+  h |= 1; /* 0 marks a free slot */
+  for (int i = 0; i < WARNED; i++) {
+    uint64_t seen = 0;
+    if (atomic_compare_exchange_strong_explicit(&warned[i], &seen, h, memory_order_relaxed, memory_order_relaxed))
+      break; /* claimed: the first */
+    if (seen == h) return;
+  }
+  AB_LOG(AB_LOG_ERROR, "%s", line);
+}
 
 unsigned ab__env_generation(void) { return atomic_load_explicit(&generation, memory_order_acquire); }
 
@@ -44,7 +75,7 @@ int ab__env_choice(const char *name, const struct ab__env_choice *choices, int d
     }
   char q[AB__QUOTED];
   ab__quote(v, q, sizeof q);
-  AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %s; using %s", name, q, want, dname);
+  warn_once("%s=\"%s\" ignored: want %s; using %s", name, q, want, dname);
   return dflt;
 }
 
@@ -56,10 +87,10 @@ uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi,
     char q[AB__QUOTED];
     ab__quote(v, q, sizeof q);
     if (dflt < lo) /* a default outside the range: the caller's own choice */
-      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using the default",
+      warn_once("%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using the default",
              name, q, (unsigned long long)lo, (unsigned long long)hi, example);
     else
-      AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, q,
+      warn_once("%s=\"%s\" ignored: want a size from %llu to %llu bytes (e.g. %s); using %llu", name, q,
              (unsigned long long)lo, (unsigned long long)hi, example, (unsigned long long)dflt);
     return dflt;
   }
@@ -77,7 +108,7 @@ long ab__env_int(const char *name, long dflt, long lo, long hi) {
   if (!digits || *end != '\0' || x < lo || x > hi) {
     char q[AB__QUOTED];
     ab__quote(v, q, sizeof q);
-    AB_LOG(AB_LOG_ERROR, "%s=\"%s\" ignored: want %ld..%ld; using %ld", name, q, lo, hi, dflt);
+    warn_once("%s=\"%s\" ignored: want %ld..%ld; using %ld", name, q, lo, hi, dflt);
     return dflt;
   }
   return x;

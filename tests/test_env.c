@@ -7,6 +7,8 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -79,6 +81,58 @@ Test(env, a_malformed_value_gives_the_default_and_one_line_a_generation, .init =
   for (int k = 0; k < 3; k++) cr_assert_eq(read_choice(&c), -1, "a malformed value is the default");
   fflush(stderr);
   cr_assert_stderr_eq_str("arraybridge error: " NAME "=\"bogus\" ignored: want a test word; using auto\n");
+}
+
+/* The first read of a generation by two caches of one variable, or by
+ * threads at once (a host move's workers each reading a setting for the
+ * first time), logged the line once for each: AB_HOST_F16C=bogus printed
+ * it twice in a two-thread cast. A new generation logs it again. */
+Test(env, a_malformed_value_is_logged_once_by_two_caches_and_again_after_a_reload, .init = cr_redirect_stderr) {
+  static ab__env_cache a, b;
+  cr_assert_eq(setenv(NAME, "bogus", 1), 0);
+  ab__env_reload();
+  cr_assert_eq(read_choice(&a), -1);
+  cr_assert_eq(read_choice(&b), -1);
+  ab__env_reload();
+  cr_assert_eq(read_choice(&a), -1);
+  cr_assert_eq(read_choice(&b), -1);
+  fflush(stderr);
+  cr_assert_stderr_eq_str("arraybridge error: " NAME "=\"bogus\" ignored: want a test word; using auto\n"
+                          "arraybridge error: " NAME "=\"bogus\" ignored: want a test word; using auto\n");
+}
+
+static pthread_barrier_t at_once;
+static ab__env_cache shared_cache;
+static void *read_at_once(void *arg) {
+  (void)arg;
+  pthread_barrier_wait(&at_once);
+  return (void *)(intptr_t)read_choice(&shared_cache);
+}
+
+Test(env, a_malformed_value_read_by_eight_threads_at_once_is_logged_once, .init = cr_redirect_stderr) {
+  cr_assert_eq(setenv(NAME, "bogus", 1), 0);
+  for (int round = 0; round < 20; round++) {
+    ab__env_reload();
+    pthread_t t[8];
+    cr_assert_eq(pthread_barrier_init(&at_once, NULL, 8), 0);
+    for (int i = 0; i < 8; i++) cr_assert_eq(pthread_create(&t[i], NULL, read_at_once, NULL), 0);
+    for (int i = 0; i < 8; i++) {
+      void *v;
+      cr_assert_eq(pthread_join(t[i], &v), 0);
+      cr_assert_eq((int)(intptr_t)v, -1);
+    }
+    pthread_barrier_destroy(&at_once);
+  }
+  fflush(stderr);
+  /* one line a generation: 20 */
+  FILE *f = cr_get_redirected_stderr();
+  char line[256];
+  int lines = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    cr_assert_str_eq(line, "arraybridge error: " NAME "=\"bogus\" ignored: want a test word; using auto\n");
+    lines++;
+  }
+  cr_assert_eq(lines, 20, "%d lines for 20 generations", lines);
 }
 
 /* The value went into the line raw: a newline or a terminal's escape
