@@ -68,7 +68,7 @@ static void on_fork_child(void) {
 /* Registered as the library is loaded, before init_lock can be held: see
  * "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void register_fork_handlers(void) {
-  pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+  ab__atfork(on_fork_prepare, on_fork_parent, on_fork_child, "the device registry's start-up lock");
 }
 
 static void lock_registry(void) {

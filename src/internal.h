@@ -232,6 +232,10 @@ static inline bool ab__env_switch(ab__env_cache *c, const char *name, int dflt) 
  * to the kernel for transparent huge pages (backends/host/host.c). */
 bool ab__host_hugepages(void);
 
+/* pthread_atfork, logged where it refuses (src/lifetime.c, "fork"); `what`
+ * names the locks the handlers guard. */
+void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), const char *what);
+
 /* ---- checked arithmetic ----------------------------------------------- */
 
 static inline bool ab__mul_overflow_i64(int64_t a, int64_t b, int64_t *r) {

@@ -3,6 +3,9 @@
  * pools (which give their cached blocks back to the backends), then the
  * backends. Here rather than in any one part, so that none of them has to
  * know the others (the registry does not depend on the pools). */
+#include <errno.h>
+#include <pthread.h>
+
 #include "core.h"
 #include "parallel.h"
 #include "pool.h"
@@ -34,7 +37,20 @@
  * prepare handlers without its registration lock, so another thread can
  * register a handler and take its lock while a fork is under way; that
  * fork's child finds the lock held (test_parallel's fork test hung at
- * the first or second fork that way). */
+ * the first or second fork that way).
+ *
+ * They register through ab__atfork, which says so where pthread_atfork
+ * refuses (it can only run out of memory): the library works on, but a
+ * child forked while another thread holds that lock would hang. */
+
+void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), const char *what) {
+  const int e = pthread_atfork(prepare, parent, child);
+  if (e != 0)
+    AB_LOG(AB_LOG_ERROR,
+           "fork handlers for %s not registered (pthread_atfork: %s): a process forked while another thread holds "
+           "it may hang in the child",
+           what, e == ENOMEM ? "out of memory" : "failed");
+}
 
 void ab_shutdown(void) {
   ab__parallel_shutdown();

@@ -471,7 +471,7 @@ static void atfork_child(void) {
 /* Registered as the library is loaded, before either lock can be held:
  * see "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void register_atfork(void) {
-  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+  ab__atfork(atfork_prepare, atfork_parent, atfork_child, "the host worker threads' locks");
 }
 
 /* Under lock: at least `want` workers, as far as threads can be made (the

@@ -588,7 +588,7 @@ static void fork_child(void) {
 }
 
 /* Registered as the library is loaded: see "fork" in lifetime.c. */
-__attribute__((constructor)) static void fork_register(void) { pthread_atfork(fork_prepare, fork_done, fork_child); }
+__attribute__((constructor)) static void fork_register(void) { ab__atfork(fork_prepare, fork_done, fork_child, "the pools' locks"); }
 
 static void tc_init(void) { tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0; }
 

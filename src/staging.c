@@ -42,7 +42,7 @@ static struct ab__staging_config cfg;
 static void cfg_fork_prepare(void) { pthread_mutex_lock(&cfg_lock); }
 static void cfg_fork_done(void) { pthread_mutex_unlock(&cfg_lock); }
 __attribute__((constructor)) static void cfg_fork_register(void) {
-  pthread_atfork(cfg_fork_prepare, cfg_fork_done, cfg_fork_done);
+  ab__atfork(cfg_fork_prepare, cfg_fork_done, cfg_fork_done, "the staging settings' lock");
 }
 
 struct ab__staging_config ab__staging_config(void) {

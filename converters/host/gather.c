@@ -2540,7 +2540,7 @@ static void trial_fork_child(void) {
 /* Registered as the library is loaded, before the lock can be held: see
  * "fork" in src/lifetime.c. */
 __attribute__((constructor)) static void trial_atfork(void) {
-  pthread_atfork(trial_fork_prepare, trial_fork_done, trial_fork_child);
+  ab__atfork(trial_fork_prepare, trial_fork_done, trial_fork_child, "the transpose trials' lock");
 }
 
 /* Size class k's picks for one kind of rows: measured (or forced) at the
