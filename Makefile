@@ -21,8 +21,11 @@ FUZZ_SECONDS ?= 60
 # Each target runs FUZZ_SECONDS; FUZZ_TARGETS=convert runs one.
 FUZZ_TARGETS ?= convert device npy
 FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
+# make soak: random host conversions under random AB_HOST_* settings for
+# SOAK_SECONDS (tools/soak.sh).
+SOAK_SECONDS ?= 600
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz gpu-check test-aarch64 test-i386 test-armhf test-clang test-analyze
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz soak gpu-check test-aarch64 test-i386 test-armhf test-clang test-analyze
 
 all: build
 
@@ -194,6 +197,13 @@ fuzz: deps
 	  ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
 	    -artifact_prefix=$(FUZZ_BUILD)/$$t- $(FUZZ_BUILD)/corpus-$$t tests/fuzz/corpus/$$t; \
 	done
+
+# Random host conversions (tests/stress/soak.c) against its own reference,
+# each run of it under a random draw of every kernel switch; prints the
+# command that replays any failure.
+soak: build
+	cmake --build $(BUILD) -j $(JOBS) --target stress_soak
+	tools/soak.sh $(SOAK_SECONDS) $(BUILD)/tests/stress_soak
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(PY_BUILD) $(AARCH64_BUILD) $(I386_BUILD) $(ARMHF_BUILD) $(CLANG_BUILD) $(ANALYZE_BUILD) \

@@ -1,0 +1,554 @@
+/* Randomized host conversions against an independent reference, a plain
+ * program:
+ *
+ *   stress_soak SEED [CASES=40] [MAX_MIB=40] [ONLY_CASE]
+ *
+ * Each case draws a layout (2-D transposes of pitched sources, batched
+ * (N, H, W) transposes, HWC <-> CHW images of 1-4 channels, random
+ * permutations of up to 5 dims, plain strided copies), a size from 256
+ * bytes to MAX_MIB of result (log-uniform, so the streaming bound at
+ * 4 MiB, the thread splits and the plain tiles are all crossed), sizes
+ * that are and are not multiples of 64 and powers of two, sources off
+ * lines and on them, a thread count, and either the source's dtype or a
+ * cast with or without an affine or per-channel map. The result is
+ * compared element by element with a reference computed here from
+ * docs/guide.md's rules ("Converting on the way"), not by the library.
+ *
+ * The kernels a process takes are set by the AB_HOST_* variables, which
+ * the library reads once per process: tools/soak.sh runs this program
+ * under random settings of all of them. Case K of seed S is the same
+ * case under any settings, so a failure replays with the same variables
+ * and `stress_soak S 1 MAX_MIB K`.
+ *
+ * Prints each failure (case, layout, first differing element) and a
+ * summary; exits 1 on any failure, 2 on bad arguments or no memory. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arraybridge/arraybridge.h"
+
+typedef struct {
+  uint64_t s;
+} rng;
+
+static uint64_t next(rng *g) { /* splitmix64 */
+  uint64_t z = (g->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* uniform in [lo, hi] */
+static int64_t between(rng *g, int64_t lo, int64_t hi) { return lo + (int64_t)(next(g) % (uint64_t)(hi - lo + 1)); }
+static bool chance(rng *g, int percent) { return between(g, 0, 99) < percent; }
+
+/* ---- dtypes ---- */
+
+enum kind { U8, I8, U16, I16, I32, I64, F16, BF16, F32, F64, C64, C128, KINDS };
+static const struct {
+  const char *name;
+  DLDataType dt;
+  size_t size;
+  bool is_float, is_int, is_signed;
+} K[KINDS] = {
+    [U8] = {"uint8", {kDLUInt, 8, 1}, 1, false, true, false},
+    [I8] = {"int8", {kDLInt, 8, 1}, 1, false, true, true},
+    [U16] = {"uint16", {kDLUInt, 16, 1}, 2, false, true, false},
+    [I16] = {"int16", {kDLInt, 16, 1}, 2, false, true, true},
+    [I32] = {"int32", {kDLInt, 32, 1}, 4, false, true, true},
+    [I64] = {"int64", {kDLInt, 64, 1}, 8, false, true, true},
+    [F16] = {"float16", {kDLFloat, 16, 1}, 2, true, false, true},
+    [BF16] = {"bfloat16", {kDLBfloat, 16, 1}, 2, true, false, true},
+    [F32] = {"float32", {kDLFloat, 32, 1}, 4, true, false, true},
+    [F64] = {"float64", {kDLFloat, 64, 1}, 8, true, false, true},
+    [C64] = {"complex64", {kDLComplex, 64, 1}, 8, false, false, true},
+    [C128] = {"complex128", {kDLComplex, 128, 1}, 16, false, false, true},
+};
+
+/* The casts drawn: the one-pass transposed casts' pairs (docs/guide.md,
+ * AB_HOST_CAST_TILES) and the common image casts. */
+static const struct {
+  enum kind from, to;
+} CASTS[] = {{U8, F32}, {U8, F16}, {U8, BF16}, {I8, F32},  {I8, F16},   {U16, F32}, {I16, F32},
+             {F16, F32}, {BF16, F32}, {F32, F16}, {F32, BF16}, {F32, U8},  {F64, F32}, {U8, F64},
+             {I16, U8},  {F32, I16},  {U16, U8},  {F32, F64}, {F16, U8},  {I32, F32}};
+
+/* float16 and bfloat16 by their bits, so that no compiler support for
+ * _Float16 is needed: widening is exact, narrowing rounds to nearest even
+ * (overflow to infinity; NaNs are compared as NaNs only). */
+static float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static float half_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023;
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+  if (e == 0) return (sign ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+  return bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+/* one rounding of a double to float16 (a float32 is exactly a double) */
+static uint16_t double_to_half(double x) {
+  const uint16_t sign = signbit(x) ? 0x8000 : 0;
+  if (isnan(x)) return 0x7e00 | sign;
+  double a = fabs(x);
+  if (a >= 65520.0) return sign | 0x7c00; /* 65504 + half an ulp rounds up */
+  if (a < ldexp(1.0, -14)) {              /* subnormal: steps of 2^-24 */
+    double q = nearbyint(a * ldexp(1.0, 24));
+    return sign | (uint16_t)q; /* q == 1024 is the smallest normal's bits */
+  }
+  int e;
+  double f = frexp(a, &e);             /* a = f * 2^e, f in [0.5, 1) */
+  double q = nearbyint(ldexp(f, 11)); /* 11 significant bits */
+  if (q == 2048.0) {
+    q = 1024.0;
+    e++;
+  }
+  const int be = e - 1 + 15;
+  if (be >= 31) return sign | 0x7c00;
+  return sign | (uint16_t)(be << 10) | (uint16_t)((uint32_t)q - 1024);
+}
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if (isnan(f)) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* A source element as the arithmetic sees it. */
+typedef struct {
+  bool is_int;
+  int64_t i;
+  double f;
+} value;
+
+static value load(enum kind k, const char *p) {
+  value v = {true, 0, 0};
+  switch (k) {
+  case U8: v.i = *(const uint8_t *)p; break;
+  case I8: v.i = *(const int8_t *)p; break;
+  case U16: { uint16_t x; memcpy(&x, p, 2); v.i = x; } break;
+  case I16: { int16_t x; memcpy(&x, p, 2); v.i = x; } break;
+  case I32: { int32_t x; memcpy(&x, p, 4); v.i = x; } break;
+  case I64: { int64_t x; memcpy(&x, p, 8); v.i = x; } break;
+  case F16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.f = half_to_f32(x); } break;
+  case BF16: { uint16_t x; memcpy(&x, p, 2); v.is_int = false; v.f = bits_f32((uint32_t)x << 16); } break;
+  case F32: { float x; memcpy(&x, p, 4); v.is_int = false; v.f = x; } break;
+  case F64: { double x; memcpy(&x, p, 8); v.is_int = false; v.f = x; } break;
+  default: abort();
+  }
+  return v;
+}
+
+static int64_t saturate(double r, enum kind k) {
+  const double lo = k == U8 || k == U16 ? 0 : k == I8 ? -128 : k == I16 ? -32768 : k == I32 ? -2147483648.0 : -0x1p63;
+  const double hi = k == U8 ? 255 : k == U16 ? 65535 : k == I8 ? 127 : k == I16 ? 32767 : k == I32 ? 2147483647.0 : 0x1p63;
+  if (isnan(r)) return 0;
+  if (r <= lo) return (int64_t)lo;
+  if (r >= hi) return k == I64 ? INT64_MAX : (int64_t)hi;
+  return (int64_t)r;
+}
+
+/* Writes element `v` converted to k at p: docs/guide.md's rules. `f32`:
+ * the arithmetic (and so its result) was float32. */
+static void store(enum kind k, char *p, value v) {
+  if (K[k].is_int) {
+    int64_t r;
+    if (v.is_int) {
+      const int64_t lo = k == U8 || k == U16 ? 0 : k == I8 ? -128 : k == I16 ? -32768 : k == I32 ? INT32_MIN : INT64_MIN;
+      const int64_t hi = k == U8 ? 255 : k == U16 ? 65535 : k == I8 ? 127 : k == I16 ? 32767 : k == I32 ? INT32_MAX : INT64_MAX;
+      r = v.i < lo ? lo : v.i > hi ? hi : v.i;
+    } else {
+      r = saturate(nearbyint(v.f), k);
+    }
+    memcpy(p, &r, K[k].size); /* little-endian: the low bytes */
+    return;
+  }
+  /* float results: from an integer, one rounding from the integer itself */
+  switch (k) {
+  case F16: {
+    uint16_t h = v.is_int ? double_to_half((double)(float)v.i) : double_to_half(v.f);
+    memcpy(p, &h, 2);
+  } break;
+  case BF16: {
+    uint16_t b = f32_to_bf16(v.is_int ? (float)v.i : (float)v.f);
+    memcpy(p, &b, 2);
+  } break;
+  case F32: {
+    float f = v.is_int ? (float)v.i : (float)v.f;
+    memcpy(p, &f, 4);
+  } break;
+  case F64: {
+    double d = v.is_int ? (double)v.i : v.f;
+    memcpy(p, &d, 8);
+  } break;
+  default: abort();
+  }
+}
+
+/* y = x * s + o, a multiply then an add, in float32 or float64 by the rule:
+ * float32 where the result is float32, float16 or bfloat16 and the source
+ * is none of float64, (u)int32, (u)int64. */
+static value affine(value x, double s, double o, enum kind from, enum kind to) {
+  const bool in_f32 = (to == F32 || to == F16 || to == BF16) && from != F64 && from != I32 && from != I64;
+  value y = {false, 0, 0};
+  if (in_f32) {
+    volatile float xf = x.is_int ? (float)x.i : (float)x.f, sf = (float)s, of = (float)o;
+    volatile float t = xf * sf;
+    volatile float r = t + of;
+    y.f = r;
+  } else {
+    volatile double xd = x.is_int ? (double)x.i : x.f;
+    volatile double t = xd * s;
+    volatile double r = t + o;
+    y.f = r;
+  }
+  /* a float16 result from float32 arithmetic rounds the float32 once more,
+   * which y.f (exactly that float32) does */
+  return y;
+}
+
+/* ---- cases ---- */
+
+#define MAXD 5
+
+typedef struct {
+  enum kind from, to;
+  int ndim;
+  int64_t shape[MAXD], st[MAXD]; /* source, in elements */
+  int32_t perm[MAXD];
+  bool permute; /* opts.permute, else the strides alone reorder */
+  int map;      /* 0 none, 1 affine, 2 per channel */
+  double scale, offset;
+  int32_t axis;
+  double cs[8], co[8];
+  uint32_t threads;
+  char layout[96];
+} kase;
+
+/* Element counts log-uniform in [lo, hi]. */
+static int64_t log_between(rng *g, int64_t lo, int64_t hi) {
+  const double a = log((double)lo), b = log((double)hi);
+  const double u = (double)(next(g) >> 11) / 9007199254740992.0;
+  return (int64_t)exp(a + (b - a) * u);
+}
+/* a length near n: sometimes a multiple of 64 or a power of two, sometimes
+ * one off */
+static int64_t length_near(rng *g, int64_t n) {
+  if (n < 1) n = 1;
+  const int64_t roll = between(g, 0, 9);
+  if (roll < 2 && n >= 64) n = n / 64 * 64;
+  else if (roll < 4) {
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    n = p;
+  }
+  if (chance(g, 15)) n += between(g, -1, 1);
+  return n < 1 ? 1 : n;
+}
+
+static void draw(rng *g, kase *c, int64_t max_bytes) {
+  memset(c, 0, sizeof *c);
+  if (chance(g, 45)) {
+    const int i = (int)between(g, 0, sizeof CASTS / sizeof CASTS[0] - 1);
+    c->from = CASTS[i].from;
+    c->to = CASTS[i].to;
+  } else {
+    static const enum kind same[] = {U8, U8, U16, F16, F32, F32, F64, C64, C128, I8, BF16, I32};
+    c->from = c->to = same[between(g, 0, sizeof same / sizeof same[0] - 1)];
+  }
+  const size_t es_out = K[c->to].size, es_in = K[c->from].size;
+  const size_t es_max = es_out > es_in ? es_out : es_in;
+  /* half of the cases from 1 MiB up: the streaming bound (4 MiB) and the
+   * thread splits are crossed often */
+  const int64_t top = max_bytes / (int64_t)es_max, mib = ((int64_t)1 << 20) / (int64_t)es_max;
+  const int64_t n = log_between(g, chance(g, 50) && top > mib ? mib : 256 / (int64_t)es_max + 1, top);
+  const int shape_kind = (int)between(g, 0, 9);
+  int64_t sh[MAXD]; /* logical shape before the reorder */
+  if (shape_kind < 5) { /* 2-D transpose */
+    c->ndim = 2;
+    const double aspect = exp((double)between(g, -1386, 1386) / 1000.0); /* 1/4 .. 4 */
+    sh[0] = length_near(g, (int64_t)sqrt((double)n * aspect));
+    sh[1] = length_near(g, n / sh[0]);
+    c->perm[0] = 1;
+    c->perm[1] = 0;
+    snprintf(c->layout, sizeof c->layout, "transpose");
+  } else if (shape_kind < 7) { /* batched (N, H, W) -> (N, W, H) */
+    c->ndim = 3;
+    sh[0] = between(g, 2, 16);
+    const int64_t plane = n / sh[0];
+    sh[1] = length_near(g, (int64_t)sqrt((double)plane));
+    sh[2] = length_near(g, plane / sh[1]);
+    c->perm[0] = 0;
+    c->perm[1] = 2;
+    c->perm[2] = 1;
+    snprintf(c->layout, sizeof c->layout, "batched transpose");
+  } else if (shape_kind < 9) { /* HWC -> CHW or CHW -> HWC */
+    c->ndim = 3;
+    const int64_t ch = between(g, 1, 4);
+    const int64_t px = n / ch;
+    const int64_t h = length_near(g, (int64_t)sqrt((double)px));
+    const int64_t w = length_near(g, px / h);
+    if (chance(g, 50)) {
+      sh[0] = h, sh[1] = w, sh[2] = ch;
+      c->perm[0] = 2, c->perm[1] = 0, c->perm[2] = 1;
+      snprintf(c->layout, sizeof c->layout, "HWC->CHW");
+    } else {
+      sh[0] = ch, sh[1] = h, sh[2] = w;
+      c->perm[0] = 1, c->perm[1] = 2, c->perm[2] = 0;
+      snprintf(c->layout, sizeof c->layout, "CHW->HWC");
+    }
+  } else { /* random rank and order, or a plain copy of a pitched source */
+    c->ndim = (int)between(g, 1, MAXD);
+    int64_t left = n;
+    for (int i = 0; i < c->ndim; i++) {
+      const int rest = c->ndim - i;
+      const int64_t target = (int64_t)pow((double)left, 1.0 / rest);
+      sh[i] = i == c->ndim - 1 ? length_near(g, left) : between(g, 1, 2 * target + 1);
+      left = left / sh[i] > 0 ? left / sh[i] : 1;
+      c->perm[i] = i;
+    }
+    if (chance(g, 70))
+      for (int i = c->ndim - 1; i > 0; i--) {
+        const int j = (int)between(g, 0, i);
+        const int32_t t = c->perm[i];
+        c->perm[i] = c->perm[j];
+        c->perm[j] = t;
+      }
+    snprintf(c->layout, sizeof c->layout, "rank %d", c->ndim);
+  }
+  /* The source: compact in its own order (sh), each dim's stride padded
+   * now and then (row pitches off lines), now and then a dim reversed. */
+  int64_t acc = 1;
+  int64_t src_st[MAXD];
+  for (int i = c->ndim - 1; i >= 0; i--) {
+    src_st[i] = acc;
+    acc *= sh[i];
+    if (i == c->ndim - 1 && chance(g, 35)) acc += between(g, 1, 70); /* pitch */
+  }
+  if (c->ndim > 1 && chance(g, 8)) src_st[between(g, 0, c->ndim - 1)] *= -1;
+  /* The call: opts.permute over the source, or the source handed over
+   * already reordered (a view of it in the result's order). */
+  c->permute = chance(g, 50);
+  for (int i = 0; i < c->ndim; i++) {
+    if (c->permute) {
+      c->shape[i] = sh[i];
+      c->st[i] = src_st[i];
+    } else {
+      c->shape[i] = sh[c->perm[i]];
+      c->st[i] = src_st[c->perm[i]];
+    }
+  }
+  /* Maps: affine or per channel on casts into floats and from them. */
+  const bool mappable = c->from != C64 && c->from != C128;
+  const int roll = (int)between(g, 0, 9);
+  if (mappable && c->from != c->to && roll < 3) {
+    c->map = 1;
+    static const double scales[] = {1.0 / 255, 255, 0.5, -3.25, 1.0 / 3};
+    c->scale = scales[between(g, 0, 4)];
+    c->offset = chance(g, 50) ? 0 : (double)between(g, -40, 40) / 8;
+  } else if (mappable && roll < 5) {
+    c->map = 2;
+    /* the channel axis: a short one where there is one */
+    int a = 0;
+    for (int i = 0; i < c->ndim; i++)
+      if (c->permute ? sh[i] <= 8 : c->shape[i] <= 8) a = i;
+    c->axis = a;
+    const int64_t chn = c->permute ? sh[a] : c->shape[a];
+    if (chn > 8) c->map = 0;
+    for (int i = 0; i < 8; i++) {
+      c->cs[i] = 1.0 / (255.0 * (0.2 + 0.05 * i));
+      c->co[i] = -(0.4 + 0.01 * i) / (0.2 + 0.05 * i);
+    }
+  }
+  static const uint32_t threads[] = {0, 1, 1, 2, 3, 4, 7};
+  c->threads = threads[between(g, 0, 6)];
+}
+
+static int64_t numel(const kase *c) {
+  int64_t e = 1;
+  for (int i = 0; i < c->ndim; i++) e *= c->shape[i];
+  return e;
+}
+
+/* Source values: mostly small numbers on quarters (ties for the rounding),
+ * some random bits (NaNs, infinities, saturation), some specials. */
+static void fill(rng *g, enum kind k, char *p, size_t bytes) {
+  const size_t es = K[k].size;
+  for (size_t off = 0; off + es <= bytes; off += es) {
+    const uint64_t r = next(g);
+    if (!K[k].is_float || r % 10 < 2) {
+      memcpy(p + off, &r, es);
+      continue;
+    }
+    double v;
+    if (r % 10 < 9) v = (double)((int64_t)(r >> 16) % 2400) / 4.0;
+    else {
+      static const double sp[] = {0.0, -0.0, 65504.0, 65520.0, 1e30, -1e30, 3.4e38, 0.5, 1.5, 2.5, -2.5, 255.5, 1e-6};
+      v = sp[(r >> 8) % (sizeof sp / sizeof sp[0])];
+    }
+    if (k == F64) memcpy(p + off, &v, 8);
+    else if (k == F32) {
+      float f = (float)v;
+      memcpy(p + off, &f, 4);
+    } else if (k == F16) {
+      uint16_t h = double_to_half(v);
+      memcpy(p + off, &h, 2);
+    } else {
+      uint16_t b = f32_to_bf16((float)v);
+      memcpy(p + off, &b, 2);
+    }
+  }
+}
+
+static bool is_nan_at(enum kind k, const char *p) {
+  value v;
+  switch (k) {
+  case F16: case BF16: case F32: case F64: v = load(k, p); return isnan(v.f);
+  default: return false;
+  }
+}
+
+/* Runs case c; returns true when the result matches. */
+static bool run(rng *g, kase *c, int index, char *why, size_t why_size) {
+  const size_t es_in = K[c->from].size, es_out = K[c->to].size;
+  /* the source's extent */
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < c->ndim; i++) {
+    const int64_t span = (c->shape[i] - 1) * c->st[i];
+    if (span < 0) lo += span;
+    else hi += span;
+  }
+  const int64_t off_el = between(g, 0, 2) == 0 ? 0 : between(g, 0, 70); /* elements before the first */
+  const size_t src_bytes = (size_t)(hi - lo + 1 + off_el) * es_in;
+  char *buf = aligned_alloc(64, (src_bytes + 63) / 64 * 64);
+  if (buf == NULL) {
+    snprintf(why, why_size, "out of memory for the source");
+    return false;
+  }
+  fill(g, c->from, buf, src_bytes);
+  DLTensor t = {buf, {kDLCPU, 0}, c->ndim, K[c->from].dt, c->shape, c->st, (uint64_t)(off_el - lo) * es_in};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = c->from == c->to && c->map == 0 ? (DLDataType){0, 0, 0} : K[c->to].dt;
+  if (c->permute) o.permute = c->perm;
+  if (c->map == 1) {
+    o.flags |= AB_CONVERT_AFFINE;
+    o.scale = c->scale;
+    o.offset = c->offset;
+  } else if (c->map == 2) {
+    o.flags |= AB_CONVERT_PER_CHANNEL;
+    o.channel_axis = c->axis;
+    o.channel_scale = c->cs;
+    o.channel_offset = c->co;
+  }
+  o.threads = c->threads;
+  o.copy = AB_COPY_ALWAYS;
+  DLManagedTensorVersioned *r = NULL;
+  if (ab_convert_memory(&t, (DLDevice){kDLCPU, 0}, &o, &r) != AB_OK) {
+    snprintf(why, why_size, "ab_convert_memory: %s", ab_last_error());
+    free(buf);
+    return false;
+  }
+  /* the result: compact in the result's order */
+  int64_t rshape[MAXD], rst[MAXD]; /* result dim i: source (as passed) dim */
+  for (int i = 0; i < c->ndim; i++) {
+    const int d = c->permute ? c->perm[i] : i;
+    rshape[i] = c->shape[d];
+    rst[i] = c->st[d];
+  }
+  bool ok = r->dl_tensor.ndim == c->ndim && r->dl_tensor.dtype.code == K[c->to].dt.code &&
+            r->dl_tensor.dtype.bits == K[c->to].dt.bits;
+  for (int i = 0; ok && i < c->ndim; i++) ok = r->dl_tensor.shape[i] == rshape[i];
+  if (!ok) snprintf(why, why_size, "result shape or dtype differs");
+  const char *out = (const char *)r->dl_tensor.data + r->dl_tensor.byte_offset;
+  const char *first = buf + (off_el - lo) * (int64_t)es_in;
+  const int64_t total = numel(c);
+  int64_t idx[MAXD] = {0};
+  const int chan_src = c->map == 2 ? c->axis : -1; /* in the source as passed */
+  for (int64_t e = 0; ok && e < total; e++) {
+    int64_t so = 0, chan = 0;
+    for (int i = 0; i < c->ndim; i++) so += idx[i] * rst[i];
+    if (chan_src >= 0)
+      for (int i = 0; i < c->ndim; i++)
+        if ((c->permute ? c->perm[i] : i) == chan_src) chan = idx[i];
+    const char *sp = first + so * (int64_t)es_in;
+    char want[16];
+    const char *got = out + e * (int64_t)es_out;
+    if (c->from == c->to && c->map == 0) memcpy(want, sp, es_in);
+    else {
+      value v = load(c->from, sp);
+      if (c->map == 1) v = affine(v, c->scale, c->offset, c->from, c->to);
+      else if (c->map == 2) v = affine(v, c->cs[chan], c->co[chan], c->from, c->to);
+      store(c->to, want, v);
+    }
+    const bool nan_ok = !(c->from == c->to && c->map == 0) && is_nan_at(c->to, want) && is_nan_at(c->to, got);
+    if (!nan_ok && memcmp(want, got, es_out) != 0) {
+      int m = snprintf(why, why_size, "element %lld (at", (long long)e);
+      for (int i = 0; i < c->ndim; i++) m += snprintf(why + m, why_size - (size_t)m, " %lld", (long long)idx[i]);
+      m += snprintf(why + m, why_size - (size_t)m, "): got");
+      for (size_t b = 0; b < es_out; b++) m += snprintf(why + m, why_size - (size_t)m, " %02x", (uint8_t)got[b]);
+      m += snprintf(why + m, why_size - (size_t)m, ", want");
+      for (size_t b = 0; b < es_out; b++) m += snprintf(why + m, why_size - (size_t)m, " %02x", (uint8_t)want[b]);
+      ok = false;
+    }
+    for (int i = c->ndim - 1; i >= 0; i--) {
+      if (++idx[i] < rshape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  (void)index;
+  r->deleter(r);
+  free(buf);
+  return ok;
+}
+
+static void describe(const kase *c, char *s, size_t n) {
+  int m = snprintf(s, n, "%s %s -> %s%s, %s shape (", c->layout, K[c->from].name, K[c->to].name,
+                   c->map == 1 ? " affine" : c->map == 2 ? " per channel" : "", c->permute ? "permute" : "reordered view");
+  for (int i = 0; i < c->ndim; i++)
+    m += snprintf(s + m, n - (size_t)m, "%s%lld:%lld", i ? " " : "", (long long)c->shape[i], (long long)c->st[i]);
+  m += snprintf(s + m, n - (size_t)m, ") perm (");
+  for (int i = 0; i < c->ndim; i++) m += snprintf(s + m, n - (size_t)m, "%s%d", i ? " " : "", c->perm[i]);
+  snprintf(s + m, n - (size_t)m, ") threads %u", c->threads);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: stress_soak SEED [CASES=40] [MAX_MIB=40] [ONLY_CASE]\n");
+    return 2;
+  }
+  const uint64_t seed = strtoull(argv[1], NULL, 0);
+  const int cases = argc > 2 ? atoi(argv[2]) : 40;
+  const int64_t max_bytes = (argc > 3 ? atoll(argv[3]) : 40) << 20;
+  const int only = argc > 4 ? atoi(argv[4]) : -1;
+  if (cases < 1 || max_bytes < 4096) {
+    fprintf(stderr, "stress_soak: CASES must be >= 1 and MAX_MIB >= 1\n");
+    return 2;
+  }
+  int failed = 0, ran = 0;
+  for (int k = only >= 0 ? only : 0; k < (only >= 0 ? only + 1 : cases); k++) {
+    rng g = {seed * 0x100000001b3ull + (uint64_t)k};
+    kase c;
+    draw(&g, &c, max_bytes);
+    char why[512] = "", what[400];
+    describe(&c, what, sizeof what);
+    ran++;
+    if (!run(&g, &c, k, why, sizeof why)) {
+      failed++;
+      printf("FAIL seed %llu case %d: %s: %s\n", (unsigned long long)seed, k, what, why);
+      fflush(stdout);
+    } else if (getenv("SOAK_VERBOSE")) {
+      printf("ok   case %d: %s\n", k, what);
+    }
+  }
+  printf("stress_soak seed %llu: %d cases, %d failed\n", (unsigned long long)seed, ran, failed);
+  ab_shutdown();
+  return failed ? 1 : 0;
+}

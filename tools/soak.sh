@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# make soak: randomized host conversions (tests/stress/soak.c) under random
+# settings of every switch that picks a host kernel, for a while.
+#
+#   tools/soak.sh [SECONDS=600] [PROGRAM=build/tests/stress_soak]
+#
+# The AB_HOST_* switches, AB_NUM_THREADS, AB_PARALLEL_MIN and the pool's
+# switches are read once per process, so each run of the program gets its
+# own draw of them (unset counts as one value: the library's own choice)
+# and a seed of its own, and converts CASES random cases (SOAK_CASES,
+# default 25) of up to SOAK_MAX_MIB MiB of result (default 40). Every
+# failure is printed with the settings and the command that replays it.
+# Exits 1 where any run failed or crashed, 0 otherwise; the last line
+# counts runs, cases and failures.
+set -u
+secs=${1:-600}
+prog=${2:-build/tests/stress_soak}
+cases=${SOAK_CASES:-25}
+max_mib=${SOAK_MAX_MIB:-40}
+[ -x "$prog" ] || { echo "soak: $prog not built (make build)"; exit 2; }
+
+pick() { # pick VALUE...: one of the arguments at random; "-" means unset
+  local a=("$@")
+  echo "${a[RANDOM % ${#a[@]}]}"
+}
+
+start=$(date +%s) runs=0 bad=0 seed_base=${SOAK_SEED:-$(( (RANDOM << 15) | RANDOM ))}
+export OCL_ICD_VENDORS=${OCL_ICD_VENDORS:-/nonexistent} AB_LOG_LEVEL=${AB_LOG_LEVEL:-error}
+while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
+  env=()
+  for kv in \
+    "AB_HOST_TILES $(pick - - sse2 ssse3 avx avx2 avx512 avx512vbmi)" \
+    "AB_HOST_STREAMING $(pick - - 0 1 blocked trial)" \
+    "AB_HOST_LINE_TILES $(pick - 0 1)" \
+    "AB_HOST_U8_LANES $(pick - 0 1)" \
+    "AB_HOST_CAST_TILES $(pick - 0 1)" \
+    "AB_HOST_CAST_STREAMING $(pick - 0 1)" \
+    "AB_HOST_CAST_PREFETCH $(pick - 0 1)" \
+    "AB_HOST_PREFETCH $(pick - pages narrow off)" \
+    "AB_HOST_WIDE_BLOCKS $(pick - 0 1)" \
+    "AB_HOST_BLOCK_BUFFERS $(pick - 1 2)" \
+    "AB_HOST_VENDOR $(pick - intel other)" \
+    "AB_HOST_HUGEPAGES $(pick - 0)" \
+    "AB_HOST_F16C $(pick - 0)" \
+    "AB_NUM_THREADS $(pick - - 1 2 3 4)" \
+    "AB_PARALLEL_MIN $(pick - - 64KiB 1MiB)" \
+    "AB_POOL_THREAD_CACHE $(pick - 0)"; do
+    set -- $kv
+    [ "$2" = - ] || env+=("$1=$2")
+  done
+  seed=$(( seed_base + runs ))
+  runs=$((runs + 1))
+  out=$(env "${env[@]}" "$prog" "$seed" "$cases" "$max_mib" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    bad=$((bad + 1))
+    echo "soak: run $runs failed (exit $rc); replay: ${env[*]} $prog $seed $cases $max_mib"
+    printf '%s\n' "$out" | grep -v '^stress_soak seed' | head -20
+  fi
+done
+echo "soak: $runs runs of $cases cases (seeds $seed_base..$((seed_base + runs - 1))), $bad failed"
+[ $bad -eq 0 ]
