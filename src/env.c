@@ -32,6 +32,19 @@ static atomic_uint generation = 1;
 #define WARNED 64
 static _Atomic uint64_t warned[WARNED];
 
+bool ab__env_first_line(const char *line) {
+  uint64_t h = 0xcbf29ce484222325ull ^ ab__env_generation(); /* FNV-1a */
+  for (const char *c = line; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+  h |= 1; /* 0 marks a free slot */
+  for (int i = 0; i < WARNED; i++) {
+    uint64_t seen = 0;
+    if (atomic_compare_exchange_strong_explicit(&warned[i], &seen, h, memory_order_relaxed, memory_order_relaxed))
+      return true; /* claimed: the first */
+    if (seen == h) return false;
+  }
+  return true;
+}
+
 __attribute__((format(printf, 1, 2))) static void warn_once(const char *fmt, ...) {
   if (ab__log_level() < AB_LOG_ERROR) return;
   char line[256];
@@ -39,16 +52,7 @@ __attribute__((format(printf, 1, 2))) static void warn_once(const char *fmt, ...
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  uint64_t h = 0xcbf29ce484222325ull ^ ab__env_generation(); /* FNV-1a */
-  for (const char *c = line; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
-  h |= 1; /* 0 marks a free slot */
-  for (int i = 0; i < WARNED; i++) {
-    uint64_t seen = 0;
-    if (atomic_compare_exchange_strong_explicit(&warned[i], &seen, h, memory_order_relaxed, memory_order_relaxed))
-      break; /* claimed: the first */
-    if (seen == h) return;
-  }
-  AB_LOG(AB_LOG_ERROR, "%s", line);
+  if (ab__env_first_line(line)) AB_LOG(AB_LOG_ERROR, "%s", line);
 }
 
 unsigned ab__env_generation(void) { return atomic_load_explicit(&generation, memory_order_acquire); }

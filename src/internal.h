@@ -190,6 +190,10 @@ extern const struct ab__env_choice ab__env_on_off[];
 uint64_t ab__env_size(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi, const char *example);
 /* A decimal integer within [lo, hi]; dflt otherwise. */
 long ab__env_int(const char *name, long dflt, long lo, long hi);
+/* Whether this line about a malformed variable is the first of its
+ * generation (a set of the lines logged, src/env.c): false for a repeat,
+ * which is not logged again. */
+bool ab__env_first_line(const char *line);
 /* A small setting cached with the generation it was read at, in one word
  * (generation << 32 | value), for readers on hot paths: ab__env_cached
  * gives the value while the generation holds, ab__env_keep stores a value

@@ -15,9 +15,11 @@ static int parse_level(const char *s) {
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (strcmp(s, names[i]) == 0) return i;
   if (s[0] >= '0' && s[0] <= '4' && s[1] == '\0') return s[0] - '0';
-  char q[AB__QUOTED];
+  char q[AB__QUOTED], line[160];
   ab__quote(s, q, sizeof q);
-  fprintf(stderr, "arraybridge: AB_LOG_LEVEL=\"%s\" is not one of off, error, warn, info, debug (0-4); using warn\n", q);
+  snprintf(line, sizeof line,
+           "arraybridge: AB_LOG_LEVEL=\"%s\" is not one of off, error, warn, info, debug (0-4); using warn\n", q);
+  if (ab__env_first_line(line)) fputs(line, stderr); /* once a generation, as src/env.c's lines */
   return AB_LOG_WARN;
 }
 
