@@ -68,7 +68,7 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DAB_SANITIZE=thread -DAB_BUILD_TESTS=ON \
 	  -DAB_BUILD_BENCH=OFF -DAB_BUILD_EXAMPLES=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target stress_programs
-	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_(threads(_sim|_parallel)?|trials)$$'
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure --no-tests=error -R '^stress_(threads(_sim|_parallel)?|trials|soak_default)$$'
 
 # Valgrind memcheck where the sanitizers see least: the OpenCL routes
 # through PoCL (test_opencl and the conformance suite on OpenCL, and a

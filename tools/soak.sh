@@ -8,15 +8,19 @@
 # switches are read once per process, so each run of the program gets its
 # own draw of them (unset counts as one value: the library's own choice)
 # and a seed of its own, and converts CASES random cases (SOAK_CASES,
-# default 25) of up to SOAK_MAX_MIB MiB of result (default 40). Every
-# failure is printed with the settings and the command that replays it.
-# Exits 1 where any run failed or crashed, 0 otherwise; the last line
-# counts runs, cases and failures.
+# default 25) of up to SOAK_MAX_MIB MiB of result (default 40). A run
+# fails where a case differs, the program crashes, it runs past
+# SOAK_RUN_SECONDS (default 600: a hang), or the library says a drawn
+# setting was ignored (a value this script misspelt would otherwise test
+# the default under another name). Every failure is printed with the
+# settings and the command that replays it. Exits 1 where any run failed,
+# 0 otherwise; the last line counts runs and failures.
 set -u
 secs=${1:-600}
 prog=${2:-build/tests/stress_soak}
 cases=${SOAK_CASES:-25}
 max_mib=${SOAK_MAX_MIB:-40}
+run_secs=${SOAK_RUN_SECONDS:-600}
 [ -x "$prog" ] || { echo "soak: $prog not built (make build)"; exit 2; }
 
 pick() { # pick VALUE...: one of the arguments at random; "-" means unset
@@ -25,7 +29,9 @@ pick() { # pick VALUE...: one of the arguments at random; "-" means unset
 }
 
 start=$(date +%s) runs=0 bad=0 seed_base=${SOAK_SEED:-$(( (RANDOM << 15) | RANDOM ))}
-export OCL_ICD_VENDORS=${OCL_ICD_VENDORS:-/nonexistent} AB_LOG_LEVEL=${AB_LOG_LEVEL:-error}
+summary() { echo "soak: $runs runs of $cases cases (seeds $seed_base..$((seed_base + runs - 1))), $bad failed"; }
+trap 'echo "soak: stopped"; summary; exit 130' INT TERM
+export OCL_ICD_VENDORS=${OCL_ICD_VENDORS:-/nonexistent} AB_LOG_LEVEL=error # the "ignored" lines
 while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
   env=()
   for kv in \
@@ -50,13 +56,16 @@ while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
   done
   seed=$(( seed_base + runs ))
   runs=$((runs + 1))
-  out=$(env "${env[@]}" "$prog" "$seed" "$cases" "$max_mib" 2>&1)
+  out=$(timeout -k 10 "$run_secs" env "${env[@]}" "$prog" "$seed" "$cases" "$max_mib" 2>&1)
   rc=$?
+  why="exit $rc"
+  [ $rc -eq 124 ] && why="still running after ${run_secs}s"
+  if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q 'ignored:'; then rc=1 why="a setting was ignored"; fi
   if [ $rc -ne 0 ]; then
     bad=$((bad + 1))
-    echo "soak: run $runs failed (exit $rc); replay: ${env[*]} $prog $seed $cases $max_mib"
+    echo "soak: run $runs failed ($why); replay: ${env[*]} $prog $seed $cases $max_mib"
     printf '%s\n' "$out" | grep -v '^stress_soak seed' | head -20
   fi
 done
-echo "soak: $runs runs of $cases cases (seeds $seed_base..$((seed_base + runs - 1))), $bad failed"
+summary
 [ $bad -eq 0 ]
