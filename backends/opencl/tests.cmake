@@ -17,6 +17,15 @@ if(AB_OPENCL_BUILT)
       "POCL_DEVICES=pthread pthread;AB_OPENCL_PINNED=1;AB_STAGING_MIN=1;AB_STAGING_CHUNK=64KiB")
   endif()
 endif()
+# The randomized soak (tests/stress/soak.c) through the second PoCL device,
+# with every conversion the route allows run by the device's kernels
+# (AB_CONVERT_PLACE=device): fails where the device is missing. Not in the
+# sanitizer tier, which has no OpenCL ICD (see above).
+if(AB_OPENCL_BUILT AND NOT AB_SANITIZE)
+  add_test(NAME stress_soak_opencl COMMAND stress_soak 2 60 6)
+  set_tests_properties(stress_soak_opencl PROPERTIES ENVIRONMENT
+    "POCL_DEVICES=pthread pthread;SOAK_DEVICE=opencl:1;AB_CONVERT_PLACE=device")
+endif()
 # test_opencl calls OpenCL itself: it needs the ICD loader to link
 # (tests/CMakeLists.txt leaves it out where the backend was built from the
 # headers alone).

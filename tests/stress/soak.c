@@ -19,6 +19,11 @@
  * or off by any byte count, and check that no byte around the result
  * changed.
  *
+ * With SOAK_DEVICE set (opencl:0, cuda:1, ...), every case goes through
+ * that device instead: converted on the way there and copied back, or
+ * copied there and converted on the way back, so that the device's
+ * kernels (or whichever side the route picks) give the bytes compared.
+ *
  * The kernels a process takes are set by the AB_HOST_* variables, which
  * the library reads once per process: tools/soak.sh runs this program
  * under random settings of all of them. Case K of seed S is the same
@@ -259,6 +264,7 @@ typedef struct {
   double cs[8], co[8];
   uint32_t threads;
   bool into;       /* ab_convert_into a buffer of the harness's, else ab_convert_memory */
+  bool back;       /* SOAK_DEVICE: converted on the way back to the host, else on the way there */
   int64_t dst_off; /* into: the result's first byte, this far into a 64-byte-aligned buffer */
   char layout[96];
 } kase;
@@ -405,6 +411,7 @@ static void draw(rng *g, kase *c, int64_t max_bytes) {
   c->threads = threads[between(g, 0, 9)];
   /* into a caller's buffer: on a line, or off lines by whole elements, or
    * by any byte count (elements off their natural alignment) */
+  c->back = chance(g, 40);
   c->into = chance(g, 35);
   if (c->into) {
     const int64_t r = between(g, 0, 2);
@@ -492,6 +499,23 @@ static uint64_t checksum(const char *p, size_t n) {
   return h;
 }
 
+/* SOAK_DEVICE's device, or cpu:0 */
+static DLDevice target = {kDLCPU, 0};
+
+/* Through `target`: the source converted there and brought back as it is,
+ * or (c->back) taken there as it is and converted on the way back. */
+static ab_status through_device(const DLTensor *t, const kase *c, const ab_convert_opts *o,
+                                DLManagedTensorVersioned **r) {
+  ab_convert_opts plain = AB_CONVERT_OPTS_INIT;
+  plain.copy = AB_COPY_ALWAYS;
+  DLManagedTensorVersioned *there = NULL;
+  ab_status st = ab_convert_memory(t, target, c->back ? &plain : o, &there);
+  if (st != AB_OK) return st;
+  st = ab_convert_memory(&there->dl_tensor, (DLDevice){kDLCPU, 0}, c->back ? o : &plain, r);
+  there->deleter(there);
+  return st;
+}
+
 static bool run(rng *g, kase *c, char *why, size_t why_size) {
   const size_t es_in = K[c->from].size, es_out = K[c->to].size;
   /* the source's extent */
@@ -540,7 +564,14 @@ static bool run(rng *g, kase *c, char *why, size_t why_size) {
   char *dbuf = NULL;
   const size_t AFTER = 128, dbuf_bytes = c->into ? (size_t)c->dst_off + out_bytes + AFTER : 0;
   const char *out;
-  if (c->into) {
+  if (target.device_type != kDLCPU) {
+    if (through_device(&t, c, &o, &r) != AB_OK) {
+      snprintf(why, why_size, "through %s: %s", getenv("SOAK_DEVICE"), ab_last_error());
+      free(buf);
+      return false;
+    }
+    out = (const char *)r->dl_tensor.data + r->dl_tensor.byte_offset;
+  } else if (c->into) {
     dbuf = aligned_alloc(64, (dbuf_bytes + 63) / 64 * 64);
     if (dbuf == NULL) {
       snprintf(why, why_size, "out of memory for the result");
@@ -601,11 +632,13 @@ static bool run(rng *g, kase *c, char *why, size_t why_size) {
       else if (c->map == 2) v = affine(v, c->cs[chan], c->co[chan], c->from, c->to);
       store(c->to, want, v);
     }
-    /* NaNs: unmapped, the one the rules name (expected_nan rewrites
-     * want); under a map, or for a pair they leave open, any NaN */
+    /* NaNs: unmapped, the one the rules name for the host (expected_nan
+     * rewrites want); under a map, for a pair they leave open, or through
+     * a device (whose kernels keep a widened NaN's payload, and whose
+     * narrowing the guide leaves open), any NaN */
     bool any_nan = false;
     if (!(c->from == c->to && c->map == 0) && is_nan_at(c->to, want)) {
-      const bool named = c->map == 0 && expected_nan(c->from, c->to, sp, want);
+      const bool named = c->map == 0 && target.device_type == kDLCPU && expected_nan(c->from, c->to, sp, want);
       any_nan = !named && is_nan_at(c->to, got);
     }
     if (!any_nan && memcmp(want, got, es_out) != 0) {
@@ -640,7 +673,10 @@ static void describe(const kase *c, char *s, size_t n) {
   m += snprintf(s + m, n - (size_t)m, ") perm (");
   for (int i = 0; i < c->ndim; i++) m += snprintf(s + m, n - (size_t)m, "%s%d", i ? " " : "", c->perm[i]);
   m += snprintf(s + m, n - (size_t)m, ") threads %u", c->threads);
-  if (c->into) snprintf(s + m, n - (size_t)m, ", into a buffer at +%lld", (long long)(c->dst_off - 64));
+  if (target.device_type != kDLCPU)
+    snprintf(s + m, n - (size_t)m, ", converted on the way %s", c->back ? "back" : "there");
+  else if (c->into)
+    snprintf(s + m, n - (size_t)m, ", into a buffer at +%lld", (long long)(c->dst_off - 64));
 }
 
 int main(int argc, char **argv) {
@@ -653,6 +689,11 @@ int main(int argc, char **argv) {
   const long long max_mib = argc > 3 ? atoll(argv[3]) : 40;
   const int64_t max_bytes = max_mib >= 1 && max_mib <= 4096 ? (int64_t)max_mib << 20 : 0;
   const int only = argc > 4 ? atoi(argv[4]) : -1;
+  const char *dev = getenv("SOAK_DEVICE");
+  if (dev != NULL && ab_parse_device(dev, &target) != AB_OK) {
+    fprintf(stderr, "stress_soak: SOAK_DEVICE=%s: %s\n", dev, ab_last_error());
+    return 2;
+  }
   if (cases < 1 || max_bytes < 4096) {
     fprintf(stderr, "stress_soak: CASES must be >= 1 and MAX_MIB 1..4096\n");
     return 2;
