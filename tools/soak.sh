@@ -14,7 +14,8 @@
 # setting was ignored (a value this script misspelt would otherwise test
 # the default under another name). Every failure is printed with the
 # settings and the command that replays it. Exits 1 where any run failed,
-# 0 otherwise; the last line counts runs and failures.
+# 0 otherwise; the last line counts runs and failures. SOAK_DEVICE
+# (opencl:0, say) sends every case through that device (soak.c).
 set -u
 secs=${1:-600}
 prog=${2:-build/tests/stress_soak}
