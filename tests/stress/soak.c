@@ -431,8 +431,11 @@ static void fill(rng *g, enum kind k, char *p, size_t bytes) {
   const size_t es = K[k].size;
   for (size_t off = 0; off + es <= bytes; off += es) {
     const uint64_t r = next(g);
-    if (!K[k].is_float || r % 10 < 2) {
-      memcpy(p + off, &r, es);
+    if (!K[k].is_float || r % 10 < 2) { /* random bits, 8 at a time */
+      for (size_t b = 0; b < es; b += 8) {
+        const uint64_t bits = b ? next(g) : r;
+        memcpy(p + off + b, &bits, es - b < 8 ? es - b : 8);
+      }
       continue;
     }
     double v;
