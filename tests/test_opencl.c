@@ -1503,6 +1503,44 @@ Test(opencl, bfloat16_nans_widen_quiet_with_their_payload) {
   src->deleter(src);
 }
 
+/* And narrowed: a float32 NaN into float16 by the OpenCL kernels is the
+ * host's (quiet, with its payload's top bits, its sign kept). vstore_half
+ * leaves it to the implementation, and PoCL stored 0x7fff or 0xffff for
+ * every NaN (found by tests/stress/soak.c through a device). */
+Test(opencl, float32_nans_narrow_to_float16_as_on_the_host) {
+  need_devices(1);
+  static const uint32_t bits[] = {0x7fc00000, 0xffc00000, 0x7f800001, 0x7fa00000, 0xff812345,
+                                  0x7fffffff, 0x7f800000, 0x3f800000, 0x80000000};
+  const int n = (int)(sizeof bits / sizeof bits[0]);
+  int64_t shape[1] = {n};
+  DLTensor h = {(void *)bits, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED, NULL);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = dt(kDLFloat, 16, 1);
+  convert_place("device");
+  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
+  convert_place("auto");
+  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  /* and the host's own, for the same bits */
+  DLManagedTensorVersioned *host = convert_ok_with(&h, CPU0, &o);
+  for (int i = 0; i < n; i++) {
+    const uint32_t u = bits[i];
+    uint16_t want = 0, g, hv;
+    if ((u & 0x7fffffffu) > 0x7f800000u) want = (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
+    else if (u == 0x7f800000u) want = 0x7c00;
+    else if (u == 0x3f800000u) want = 0x3c00;
+    else want = 0x8000;
+    memcpy(&g, (char *)got->dl_tensor.data + 2 * i, 2);
+    memcpy(&hv, (char *)host->dl_tensor.data + host->dl_tensor.byte_offset + 2 * i, 2);
+    cr_assert_eq(g, want, "float32 0x%08x -> float16 0x%04x on opencl:0, want 0x%04x", u, g, want);
+    cr_assert_eq(hv, want, "float32 0x%08x -> float16 0x%04x on the host, want 0x%04x", u, hv, want);
+  }
+  host->deleter(host);
+  got->deleter(got);
+  dev->deleter(dev);
+  src->deleter(src);
+}
+
 /* Launches go in pieces of at most 2^30 work items, each at its global
  * offset (some drivers fail or misnumber past 2^31 and 2^32 items). Test
  * builds cut them at AB_TEST_OPENCL_MAX_ITEMS: 8 items a launch, so 35

@@ -21,7 +21,9 @@
  * forbids contraction into an fma). The backend uses the float kernels
  * only on devices with round-to-nearest and denormals in
  * CL_DEVICE_SINGLE_FP_CONFIG (and DOUBLE_FP_CONFIG for the float64 ones).
- * NaN payloads may differ between devices.
+ * Which NaN: a float16 or bfloat16 NaN widened here keeps its payload,
+ * quieted (the host drops it); a NaN narrowed into float16 or bfloat16 is
+ * the host's (quiet, its payload's top bits kept).
  *
  * Built once per context, as a program of its own (gather.cl is another). */
 #pragma OPENCL FP_CONTRACT OFF
@@ -78,10 +80,19 @@ long ab_source_offset(size_t gid, int ndim, long8 shape8, long8 stride8, int cha
 /* Float32 into the result types of float32 arithmetic: float32 as it is;
  * float16 and bfloat16 rounded once, to nearest even (overflow to
  * infinity, NaN stays NaN): vstore_half_rte, and for bfloat16 the same
- * rounding on the top 16 bits. */
+ * rounding on the top 16 bits. A NaN into float16 is the host's (and the
+ * CUDA kernels') too: quiet, with its payload's top bits. vstore_half
+ * leaves which NaN to the implementation; PoCL stored 0x7fff or 0xffff
+ * for every one (a randomized soak through it, tests/stress/soak.c). */
 #define AB_STORE_F32(p, i, y) ((p)[i] = (y))
-#define AB_STORE_F16(p, i, y) vstore_half_rte((y), (size_t)(i), (__global half *)(p))
+#define AB_STORE_F16(p, i, y) ab_store_f16((p), (size_t)(i), (y))
 #define AB_STORE_BF16(p, i, y) ((p)[i] = ab_bf16_rne(y))
+
+void ab_store_f16(__global ushort *p, size_t i, float y) {
+  const uint u = as_uint(y);
+  if ((u & 0x7fffffffu) > 0x7f800000u) p[i] = (ushort)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
+  else vstore_half_rte(y, i, (__global half *)p);
+}
 
 ushort ab_bf16_rne(float y) {
   uint u = as_uint(y);
