@@ -1390,6 +1390,42 @@ Test(cuda, float16_and_bfloat16_nans_widen_quiet_in_the_kernel_code) {
 #endif
 }
 
+/* And narrowed: a float32 NaN into float16 or bfloat16 is the host's,
+ * quiet with its sign and its payload's top bits. The kernel code went
+ * through a conversion to double, which on the host keeps a NaN's payload
+ * (so the old code passed this too) but on a GPU was never checked; it
+ * now takes the NaN's own bits. This checks those bits in the kernel's
+ * code compiled for the host; what a GPU gives has not been run. */
+Test(cuda, float32_nans_narrow_as_on_the_host_in_the_kernel_code) {
+#ifndef AB_HAVE_CUDA_KERNELS
+  cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
+#else
+  static const uint32_t f32[] = {0x7fc00000, 0xffc00000, 0x7f800001, 0x7fa00000,
+                                 0xff812345, 0x7fffffff, 0x7f800000, 0x3f800000};
+  for (int kind = 0; kind < 2; kind++) {
+    int64_t shape[1] = {8};
+    const int32_t perm[1] = {0};
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = kind == 0 ? dt(kDLFloat, 16, 1) : dt(kDLBfloat, 16, 1);
+    ab__convert_args a;
+    compact_args(1, shape, perm, dt(kDLFloat, 32, 1), &o, &a);
+    cr_assert(ab__cuda_convert_supported(&a));
+    uint16_t got[8];
+    ab__cuda_convert_emulate(got, f32, &a);
+    static const uint16_t finite[2][2] = {{0x7c00, 0x3c00}, {0x7f80, 0x3f80}}; /* infinity, 1 */
+    for (int i = 0; i < 8; i++) {
+      const uint32_t u = f32[i];
+      uint16_t want;
+      if (i >= 6) want = finite[kind][i - 6];
+      else if (kind == 0) want = (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
+      else want = (uint16_t)((u >> 16) | 0x40u);
+      cr_assert_eq(got[i], want, "float32 0x%08x -> %s 0x%04x, want 0x%04x", u, kind == 0 ? "float16" : "bfloat16",
+                   got[i], want);
+    }
+  }
+#endif
+}
+
 Test(cuda, conversion_kernel_matches_the_host_converter) {
 #ifndef AB_HAVE_CUDA_KERNELS
   cr_skip_test("this build has no CUDA kernels (nvcc not found at configure time)");
