@@ -1518,6 +1518,9 @@ Test(opencl, float32_nans_narrow_to_float16_as_on_the_host) {
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = dt(kDLFloat, 16, 1);
   convert_place("device");
+  char plan[1024];
+  cr_assert_eq(ab_explain_convert(&src->dl_tensor, CL(0), &o, plan, sizeof plan), AB_OK);
+  cr_assert(strstr(plan, "convert on opencl:0:") != NULL, "not converted on the device:\n%s", plan);
   DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
   convert_place("auto");
   DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
@@ -1530,7 +1533,7 @@ Test(opencl, float32_nans_narrow_to_float16_as_on_the_host) {
     else if (u == 0x7f800000u) want = 0x7c00;
     else if (u == 0x3f800000u) want = 0x3c00;
     else want = 0x8000;
-    memcpy(&g, (char *)got->dl_tensor.data + 2 * i, 2);
+    memcpy(&g, (char *)got->dl_tensor.data + got->dl_tensor.byte_offset + 2 * i, 2);
     memcpy(&hv, (char *)host->dl_tensor.data + host->dl_tensor.byte_offset + 2 * i, 2);
     cr_assert_eq(g, want, "float32 0x%08x -> float16 0x%04x on opencl:0, want 0x%04x", u, g, want);
     cr_assert_eq(hv, want, "float32 0x%08x -> float16 0x%04x on the host, want 0x%04x", u, hv, want);

@@ -22,7 +22,11 @@
  * With SOAK_DEVICE set (opencl:0, cuda:1, ...), every case goes through
  * that device instead: converted on the way there and copied back, or
  * copied there and converted on the way back, so that the device's
- * kernels (or whichever side the route picks) give the bytes compared.
+ * kernels (or whichever side the route picks: ab_explain_convert says,
+ * and the summary counts the cases the device converted) give the bytes
+ * compared. SOAK_EXPECT_ON_DEVICE=1 fails a run where it converted none.
+ * A device that does not exist skips the program (exit 77), or fails it
+ * where AB_TEST_EXPECT_OPENCL or AB_TEST_EXPECT_CUDA says it should.
  *
  * The kernels a process takes are set by the AB_HOST_* variables, which
  * the library reads once per process: tools/soak.sh runs this program
@@ -32,7 +36,7 @@
  *
  * Prints each failure (case, layout, first differing element) and a
  * summary; exits 1 on any failure (the harness running out of memory
- * counts as one), 2 on bad arguments. */
+ * counts as one), 2 on bad arguments, 77 on a skip (below). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -490,9 +494,13 @@ static bool expected_nan(enum kind from, enum kind to, const char *sp, char *wan
     else if (to == BF16) out = src >> 16 | 0x40;
     else if (to == F64) out = sign << 63 | 0x7ff8000000000000ull | m << 29;
     else return false;
-  } else if (from == F64 && to == F32) {
+  } else if (from == F64) {
     sign = src >> 63;
-    out = sign << 31 | 0x7fc00000u | (src & 0xfffffffffffffull) >> 29;
+    const uint64_t m = src & 0xfffffffffffffull;
+    if (to == F32) out = sign << 31 | 0x7fc00000u | m >> 29;
+    else if (to == F16) out = sign << 15 | 0x7e00 | m >> 42;
+    else if (to == BF16) out = sign << 15 | 0x7fc0 | m >> 45;
+    else return false;
   } else {
     return false;
   }
@@ -516,8 +524,13 @@ static uint64_t checksum(const char *p, size_t n) {
   return h;
 }
 
-/* SOAK_DEVICE's device, or cpu:0 */
+/* SOAK_DEVICE's device, or cpu:0; what its plans say where it converts
+ * ("convert on opencl:1"); whether this case's conversion ran there (its
+ * plan, ab_explain_convert), and how many cases' did. */
 static DLDevice target = {kDLCPU, 0};
+static char convert_there[64];
+static bool device_converted;
+static int on_device;
 
 /* Through `target`: the source converted there and brought back as it is,
  * or (c->back) taken there as it is and converted on the way back. */
@@ -526,10 +539,17 @@ static ab_status through_device(const DLTensor *t, const kase *c, const ab_conve
   ab_convert_opts plain = AB_CONVERT_OPTS_INIT;
   plain.copy = AB_COPY_ALWAYS;
   DLManagedTensorVersioned *there = NULL;
+  char plan[2048];
+  device_converted = false;
+  if (!c->back && ab_explain_convert(t, target, o, plan, sizeof plan) == AB_OK)
+    device_converted = strstr(plan, convert_there) != NULL;
   ab_status st = ab_convert_memory(t, target, c->back ? &plain : o, &there);
   if (st != AB_OK) return st;
+  if (c->back && ab_explain_convert(&there->dl_tensor, (DLDevice){kDLCPU, 0}, o, plan, sizeof plan) == AB_OK)
+    device_converted = strstr(plan, convert_there) != NULL;
   st = ab_convert_memory(&there->dl_tensor, (DLDevice){kDLCPU, 0}, c->back ? o : &plain, r);
   there->deleter(there);
+  on_device += st == AB_OK && device_converted && !(c->from == c->to && c->map == 0);
   return st;
 }
 
@@ -650,15 +670,17 @@ static bool run(rng *g, kase *c, char *why, size_t why_size) {
       store(c->to, want, v);
     }
     /* NaNs: unmapped, the one the rules name (expected_nan rewrites
-     * want; through a device, whose kernels keep a widened NaN's payload
-     * where the host drops it, either); under a map, or for a pair they
-     * leave open, any NaN */
+     * want; where a device's kernels converted, the payload kept on
+     * widening, and any NaN between float32 and float64, which the guide
+     * leaves to the device); under a map, or for a pair the rules leave
+     * open, any NaN */
     bool any_nan = false;
     if (!(c->from == c->to && c->map == 0) && is_nan_at(c->to, want)) {
       char kept[16];
       const bool named = c->map == 0 && expected_nan(c->from, c->to, sp, want, kept);
-      any_nan = !named && is_nan_at(c->to, got);
-      if (named && target.device_type != kDLCPU && memcmp(kept, got, es_out) == 0) memcpy(want, kept, es_out);
+      const bool open_there = device_converted && (c->from == F64 || c->to == F64) && (c->from == F32 || c->to == F32);
+      any_nan = (!named || open_there) && is_nan_at(c->to, got);
+      if (named && device_converted) memcpy(want, kept, es_out);
     }
     if (!any_nan && memcmp(want, got, es_out) != 0) {
       int m = snprintf(why, why_size, "element %lld (at", (long long)e);
@@ -713,6 +735,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "stress_soak: SOAK_DEVICE=%s: %s\n", dev, ab_last_error());
     return 2;
   }
+  snprintf(convert_there, sizeof convert_there, "convert on %s:%d", ab_device_type_name(target.device_type),
+           (int)target.device_id);
+  /* A missing device: a skip (77) in a plain ctest, a failure where the
+   * tests were told the devices (make test exports AB_TEST_EXPECT_*). */
+  if (target.device_type != kDLCPU && ab_device_count(target.device_type) <= target.device_id) {
+    const char *expect = getenv(target.device_type == kDLOpenCL ? "AB_TEST_EXPECT_OPENCL" : "AB_TEST_EXPECT_CUDA");
+    const bool told = expect != NULL && atoi(expect) > 0;
+    printf("stress_soak: %s: no such device (%d %s devices)%s\n", dev, (int)ab_device_count(target.device_type),
+           ab_device_type_name(target.device_type), told ? ", but the tests were told it exists" : ": SKIP");
+    return told ? 1 : 77;
+  }
   if (cases < 1 || max_bytes < 4096) {
     fprintf(stderr, "stress_soak: CASES must be >= 1 and MAX_MIB 1..4096\n");
     return 2;
@@ -730,10 +763,19 @@ int main(int argc, char **argv) {
       printf("FAIL seed %llu case %d: %s: %s\n", (unsigned long long)seed, k, what, why);
       fflush(stdout);
     } else if (getenv("SOAK_VERBOSE")) {
-      printf("ok   case %d: %s\n", k, what);
+      printf("ok   case %d: %s%s\n", k, what, device_converted ? " (converted on the device)" : "");
     }
   }
-  printf("stress_soak seed %llu: %d cases, %d failed\n", (unsigned long long)seed, ran, failed);
+  printf("stress_soak seed %llu: %d cases, %d failed", (unsigned long long)seed, ran, failed);
+  if (target.device_type != kDLCPU) printf(", %d converted on %s", on_device, dev);
+  printf("\n");
+  /* SOAK_EXPECT_ON_DEVICE=1: a run where the device converted nothing
+   * checked its transfers only, and fails */
+  const char *expect_on = getenv("SOAK_EXPECT_ON_DEVICE");
+  if (expect_on != NULL && atoi(expect_on) > 0 && on_device == 0) {
+    printf("stress_soak: no case was converted on %s\n", dev ? dev : "the host");
+    failed++;
+  }
   ab_shutdown();
   return failed ? 1 : 0;
 }
