@@ -32,7 +32,9 @@ pick() { # pick VALUE...: one of the arguments at random; "-" means unset
 start=$(date +%s) runs=0 bad=0 seed_base=${SOAK_SEED:-$(( (RANDOM << 15) | RANDOM ))}
 summary() { echo "soak: $runs runs of $cases cases (seeds $seed_base..$((seed_base + runs - 1))), $bad failed"; }
 trap 'echo "soak: stopped"; summary; exit 130' INT TERM
-export OCL_ICD_VENDORS=${OCL_ICD_VENDORS:-/nonexistent} AB_LOG_LEVEL=error # the "ignored" lines
+export AB_LOG_LEVEL=error # the "ignored" lines
+# no OpenCL drivers loaded unless the soak goes through an OpenCL device
+case "${SOAK_DEVICE:-}" in opencl*) ;; *) export OCL_ICD_VENDORS=${OCL_ICD_VENDORS:-/nonexistent} ;; esac
 while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
   env=()
   for kv in \
@@ -51,7 +53,8 @@ while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
     "AB_HOST_F16C $(pick - 0)" \
     "AB_NUM_THREADS $(pick - - 1 2 3 4)" \
     "AB_PARALLEL_MIN $(pick - - 64KiB 1MiB)" \
-    "AB_POOL_THREAD_CACHE $(pick - 0)"; do
+    "AB_POOL_THREAD_CACHE $(pick - 0)" \
+    "AB_CONVERT_PLACE $(pick - host device)"; do
     set -- $kv
     [ "$2" = - ] || env+=("$1=$2")
   done
@@ -59,6 +62,11 @@ while [ $(( $(date +%s) - start )) -lt "$secs" ]; do
   runs=$((runs + 1))
   out=$(timeout -k 10 "$run_secs" env "${env[@]}" "$prog" "$seed" "$cases" "$max_mib" 2>&1)
   rc=$?
+  if [ $rc -eq 77 ]; then # SOAK_DEVICE does not exist: every run would skip
+    printf '%s\n' "$out" | head -3
+    echo "soak: $SOAK_DEVICE is missing; stopped"
+    exit 2
+  fi
   why="exit $rc"
   [ $rc -eq 124 ] && why="still running after ${run_secs}s"
   if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q 'ignored:'; then rc=1 why="a setting was ignored"; fi
