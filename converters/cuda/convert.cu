@@ -207,20 +207,6 @@ __host__ __device__ inline int64_t source_offset(const desc &d, int64_t e, int64
   return off;
 }
 
-/* A float32 into float16 (10, 15, 31) or bfloat16 (7, 127, 255): one
- * rounding to nearest even by the host's own function (every float is
- * exact as a double); a NaN from its own bits, quiet with its sign and its
- * payload's top bits, as the host gives it, rather than depending on
- * what the GPU's float -> double conversion does with a NaN (unverified
- * here: no GPU). */
-__host__ __device__ inline uint16_t narrow_f32(float y, int mbits, int bias, uint32_t emax) {
-  uint32_t u;
-  memcpy(&u, &y, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return (uint16_t)(((u >> 16) & 0x8000u) | (emax << mbits) | (1u << (mbits - 1)) | ((u & 0x7fffffu) >> (23 - mbits)));
-  return ab__narrow_from_double((double)y, mbits, bias, emax);
-}
-
 /* Result element e, in the family's arithmetic. */
 template <int F> __host__ __device__ inline void element(void *dst, const void *src, const desc &d, int64_t e) {
   int64_t c;
@@ -228,8 +214,9 @@ template <int F> __host__ __device__ inline void element(void *dst, const void *
   if (F == FAM_FLOAT32) {
     float y = load(d.kind, src, at);
     if (d.affine) y = affine(y, d.a[c], d.b[c]);
-    if (d.out == K_F16) put<uint16_t>(dst, e, narrow_f32(y, 10, 15, 31));
-    else if (d.out == K_BF16) put<uint16_t>(dst, e, narrow_f32(y, 7, 127, 255));
+    /* one rounding to nearest even, by the host's own function */
+    if (d.out == K_F16) put<uint16_t>(dst, e, ab__narrow_from_float(y, 10, 15, 31));
+    else if (d.out == K_BF16) put<uint16_t>(dst, e, ab__narrow_from_float(y, 7, 127, 255));
     else put<float>(dst, e, y);
   } else if (F == FAM_INT) {
     if (d.kind == K_BOOL && d.out == K_BOOL) /* a permutation: the byte as it is, like the host's gather */

@@ -32,10 +32,10 @@ static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
 }
 
 uint16_t ab__half_from_double(double x) { return ab__narrow_from_double(x, 10, 15, 31); }
-uint16_t ab__half_from_float(float x) { return ab__narrow_from_double((double)x, 10, 15, 31); }
+uint16_t ab__half_from_float(float x) { return ab__narrow_from_float(x, 10, 15, 31); }
 double ab__half_to_double(uint16_t h) { return narrow_to_double(h, 10, 15, 31); }
 uint16_t ab__bf16_from_double(double x) { return ab__narrow_from_double(x, 7, 127, 255); }
-uint16_t ab__bf16_from_float(float x) { return ab__narrow_from_double((double)x, 7, 127, 255); }
+uint16_t ab__bf16_from_float(float x) { return ab__narrow_from_float(x, 7, 127, 255); }
 double ab__bf16_to_double(uint16_t h) { return narrow_to_double(h, 7, 127, 255); }
 
 /* ---- element access ------------------------------------------------------------- */

@@ -50,6 +50,19 @@ static inline AB_HD uint16_t ab__narrow_from_double(double x, int mbits, int bia
   return (uint16_t)(sign | ab__rne_shift(man | (1ull << 52), shift));
 }
 
+/* The same from a float32 (exact as a double), a NaN taken from its own
+ * bits rather than through the conversion to double, whose NaN the
+ * platform decides (x86 and Arm keep the payload; a GPU's was never
+ * checked): the host's element loop and the CUDA kernels both narrow
+ * float32 through this. */
+static inline AB_HD uint16_t ab__narrow_from_float(float x, int mbits, int bias, unsigned emax) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)(((u >> 16) & 0x8000u) | (emax << mbits) | (1u << (mbits - 1)) | ((u & 0x7fffffu) >> (23 - mbits)));
+  return ab__narrow_from_double((double)x, mbits, bias, emax);
+}
+
 /* A 64-bit integer as a double rounded to odd: exact below 2^53; above,
  * cut to 53 significant bits with the last one set when anything was cut.
  * Rounding that once more, to nearest even at 24 bits or fewer (float32,
