@@ -1475,6 +1475,25 @@ static bool converted_by_one_kernel(DLDataType from, DLDataType to) {
   return strstr(plan, "1. convert on opencl:0:") != NULL && strstr(plan, "2. ") == NULL;
 }
 
+/* h (host memory) uploaded to opencl:0 as it is, converted there to `to`
+ * by the device's kernel (its plan must say so), and brought back: the
+ * result in host memory. */
+static DLManagedTensorVersioned *converted_by_the_device(const DLTensor *h, DLDataType to) {
+  DLManagedTensorVersioned *src = convert_ok(h, CL(0), AB_COPY_IF_NEEDED, NULL);
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.dtype = to;
+  convert_place("device");
+  char plan[1024];
+  cr_assert_eq(ab_explain_convert(&src->dl_tensor, CL(0), &o, plan, sizeof plan), AB_OK);
+  cr_assert(strstr(plan, "convert on opencl:0:") != NULL, "not converted on the device:\n%s", plan);
+  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
+  convert_place("auto");
+  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  dev->deleter(dev);
+  src->deleter(src);
+  return got;
+}
+
 /* The guide: a float16 or bfloat16 NaN widened by the OpenCL kernels
  * keeps its payload, quieted. bfloat16 was a bare shift, so a signalling
  * NaN stayed signalling (0x7f81 -> 0x7f810000), where float16's
@@ -1485,22 +1504,14 @@ Test(opencl, bfloat16_nans_widen_quiet_with_their_payload) {
   const int n = (int)(sizeof bits / sizeof bits[0]);
   int64_t shape[1] = {n};
   DLTensor h = {(void *)bits, CPU0, 1, dt(kDLBfloat, 16, 1), shape, NULL, 0};
-  DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED, NULL);
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.dtype = dt(kDLFloat, 32, 1);
-  convert_place("device");
-  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
-  convert_place("auto");
-  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *got = converted_by_the_device(&h, dt(kDLFloat, 32, 1));
   for (int i = 0; i < n; i++) {
     uint32_t want = (uint32_t)bits[i] << 16, u;
     if ((want & 0x7fffffffu) > 0x7f800000u) want |= 0x00400000u;
-    memcpy(&u, (char *)got->dl_tensor.data + 4 * i, 4);
+    memcpy(&u, (char *)got->dl_tensor.data + got->dl_tensor.byte_offset + 4 * i, 4);
     cr_assert_eq(u, want, "bfloat16 0x%04x -> 0x%08x, want 0x%08x", bits[i], u, want);
   }
   got->deleter(got);
-  dev->deleter(dev);
-  src->deleter(src);
 }
 
 /* And narrowed: a float32 NaN into float16 by the OpenCL kernels is the
@@ -1514,17 +1525,10 @@ Test(opencl, float32_nans_narrow_to_float16_as_on_the_host) {
   const int n = (int)(sizeof bits / sizeof bits[0]);
   int64_t shape[1] = {n};
   DLTensor h = {(void *)bits, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
-  DLManagedTensorVersioned *src = convert_ok(&h, CL(0), AB_COPY_IF_NEEDED, NULL);
+  DLManagedTensorVersioned *got = converted_by_the_device(&h, dt(kDLFloat, 16, 1));
+  /* and the host's own, for the same bits */
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.dtype = dt(kDLFloat, 16, 1);
-  convert_place("device");
-  char plan[1024];
-  cr_assert_eq(ab_explain_convert(&src->dl_tensor, CL(0), &o, plan, sizeof plan), AB_OK);
-  cr_assert(strstr(plan, "convert on opencl:0:") != NULL, "not converted on the device:\n%s", plan);
-  DLManagedTensorVersioned *dev = convert_ok_with(&src->dl_tensor, CL(0), &o);
-  convert_place("auto");
-  DLManagedTensorVersioned *got = convert_ok(&dev->dl_tensor, CPU0, AB_COPY_IF_NEEDED, NULL);
-  /* and the host's own, for the same bits */
   DLManagedTensorVersioned *host = convert_ok_with(&h, CPU0, &o);
   for (int i = 0; i < n; i++) {
     const uint32_t u = bits[i];
@@ -1540,8 +1544,6 @@ Test(opencl, float32_nans_narrow_to_float16_as_on_the_host) {
   }
   host->deleter(host);
   got->deleter(got);
-  dev->deleter(dev);
-  src->deleter(src);
 }
 
 /* Launches go in pieces of at most 2^30 work items, each at its global
