@@ -67,20 +67,20 @@ static const struct {
   const char *name;
   DLDataType dt;
   size_t size;
-  bool is_float, is_int, is_signed;
+  bool is_float, is_int;
 } K[KINDS] = {
-    [U8] = {"uint8", {kDLUInt, 8, 1}, 1, false, true, false},
-    [I8] = {"int8", {kDLInt, 8, 1}, 1, false, true, true},
-    [U16] = {"uint16", {kDLUInt, 16, 1}, 2, false, true, false},
-    [I16] = {"int16", {kDLInt, 16, 1}, 2, false, true, true},
-    [I32] = {"int32", {kDLInt, 32, 1}, 4, false, true, true},
-    [I64] = {"int64", {kDLInt, 64, 1}, 8, false, true, true},
-    [F16] = {"float16", {kDLFloat, 16, 1}, 2, true, false, true},
-    [BF16] = {"bfloat16", {kDLBfloat, 16, 1}, 2, true, false, true},
-    [F32] = {"float32", {kDLFloat, 32, 1}, 4, true, false, true},
-    [F64] = {"float64", {kDLFloat, 64, 1}, 8, true, false, true},
-    [C64] = {"complex64", {kDLComplex, 64, 1}, 8, false, false, true},
-    [C128] = {"complex128", {kDLComplex, 128, 1}, 16, false, false, true},
+    [U8] = {"uint8", {kDLUInt, 8, 1}, 1, false, true},
+    [I8] = {"int8", {kDLInt, 8, 1}, 1, false, true},
+    [U16] = {"uint16", {kDLUInt, 16, 1}, 2, false, true},
+    [I16] = {"int16", {kDLInt, 16, 1}, 2, false, true},
+    [I32] = {"int32", {kDLInt, 32, 1}, 4, false, true},
+    [I64] = {"int64", {kDLInt, 64, 1}, 8, false, true},
+    [F16] = {"float16", {kDLFloat, 16, 1}, 2, true, false},
+    [BF16] = {"bfloat16", {kDLBfloat, 16, 1}, 2, true, false},
+    [F32] = {"float32", {kDLFloat, 32, 1}, 4, true, false},
+    [F64] = {"float64", {kDLFloat, 64, 1}, 8, true, false},
+    [C64] = {"complex64", {kDLComplex, 64, 1}, 8, false, false},
+    [C128] = {"complex128", {kDLComplex, 128, 1}, 16, false, false},
 };
 
 /* The casts drawn: the one-pass transposed casts' pairs (docs/guide.md,
@@ -184,23 +184,30 @@ static value load(enum kind k, const char *p) {
   return v;
 }
 
+/* An integer kind's range. */
+static void int_range(enum kind k, int64_t *lo, int64_t *hi) {
+  *lo = k == U8 || k == U16 ? 0 : k == I8 ? -128 : k == I16 ? -32768 : k == I32 ? INT32_MIN : INT64_MIN;
+  *hi = k == U8 ? 255 : k == U16 ? 65535 : k == I8 ? 127 : k == I16 ? 32767 : k == I32 ? INT32_MAX : INT64_MAX;
+}
+
+/* An integral double saturated to k's range, NaN -> 0 (INT64_MAX as a
+ * double is 2^63, which is past it). */
 static int64_t saturate(double r, enum kind k) {
-  const double lo = k == U8 || k == U16 ? 0 : k == I8 ? -128 : k == I16 ? -32768 : k == I32 ? -2147483648.0 : -0x1p63;
-  const double hi = k == U8 ? 255 : k == U16 ? 65535 : k == I8 ? 127 : k == I16 ? 32767 : k == I32 ? 2147483647.0 : 0x1p63;
+  int64_t lo, hi;
+  int_range(k, &lo, &hi);
   if (isnan(r)) return 0;
-  if (r <= lo) return (int64_t)lo;
-  if (r >= hi) return k == I64 ? INT64_MAX : (int64_t)hi;
+  if (r <= (double)lo) return lo;
+  if (r >= (double)hi) return hi;
   return (int64_t)r;
 }
 
-/* Writes element `v` converted to k at p: docs/guide.md's rules. `f32`:
- * the arithmetic (and so its result) was float32. */
+/* Writes element `v` converted to k at p: docs/guide.md's rules. */
 static void store(enum kind k, char *p, value v) {
   if (K[k].is_int) {
     int64_t r;
     if (v.is_int) {
-      const int64_t lo = k == U8 || k == U16 ? 0 : k == I8 ? -128 : k == I16 ? -32768 : k == I32 ? INT32_MIN : INT64_MIN;
-      const int64_t hi = k == U8 ? 255 : k == U16 ? 65535 : k == I8 ? 127 : k == I16 ? 32767 : k == I32 ? INT32_MAX : INT64_MAX;
+      int64_t lo, hi;
+      int_range(k, &lo, &hi);
       r = v.i < lo ? lo : v.i > hi ? hi : v.i;
     } else {
       r = saturate(nearbyint(v.f), k);
