@@ -1486,32 +1486,61 @@ Test(cast, ragged_rows_in_avx2_loops_match_the_reference) {
   ragged_rows_match();
 }
 
-/* A float16 or bfloat16 NaN becomes the default NaN of its sign, whatever
- * its payload, signalling or not, and whether the row is contiguous (the
- * vector loops) or strided (the element loop): the same bits either way. */
-Test(cast, half_nans_become_the_default_nan_of_their_sign_on_every_path) {
+/* A float16 or bfloat16 NaN widens quiet with its sign and payload
+ * (IEEE 754's rule, as VCVTPH2PS and the OpenCL and CUDA kernels widen
+ * it), signalling or not, into float32 and float64, whether the row is
+ * contiguous (the vector loops, with F16C and without, at every tile
+ * level) or strided (the element loop): the same bits on every path.
+ * Float16 0x7d01 (signalling, payload 0x101) is float32 0x7fa02000 made
+ * quiet, 0x7fe02000. */
+Test(cast, half_nans_widen_quiet_with_their_sign_and_payload_on_every_path) {
   static const uint16_t f16[] = {0x7d01, 0xfd01, 0x7e00, 0xfe00, 0x7fff, 0x3c00, 0x7c00, 0xfc00, 0x7c01};
-  static const uint16_t bf16[] = {0x7f81, 0xff81, 0x7fc0, 0xffc0, 0x7fff, 0x3f80, 0x7f80, 0xff80, 0x7f80 | 1};
-  static const uint32_t want[] = {0x7fc00000u, 0xffc00000u, 0x7fc00000u, 0xffc00000u, 0x7fc00000u,
-                                  0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fc00000u};
-  for (int half = 0; half < 2; half++)
-    for (int stride = 1; stride <= 2; stride++) {
-      uint16_t src[2 * 9 * 2]; /* 9 values, repeated so vector loops take them: 18 */
-      for (int i = 0; i < 18; i++) src[i * stride] = (half ? bf16 : f16)[i % 9];
-      int64_t shape[1] = {18}, st[1] = {stride};
-      DLTensor t = {src, CPU0, 1, {half ? kDLBfloat : kDLFloat, 16, 1}, shape, st, 0};
-      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-      o.dtype = (DLDataType){kDLFloat, 32, 1};
-      DLManagedTensorVersioned *r;
-      cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
-      for (int i = 0; i < 18; i++) {
-        uint32_t got;
-        memcpy(&got, (const char *)r->dl_tensor.data + 4 * i, 4);
-        cr_assert_eq(got, want[i % 9], "%s, stride %d, element %d: %08x, want %08x", half ? "bfloat16" : "float16",
-                     stride, i, got, want[i % 9]);
-      }
-      r->deleter(r);
-    }
+  static const uint16_t bf16[] = {0x7f81, 0xff81, 0x7fc0, 0xffc0, 0x7fff, 0x3f80, 0x7f80, 0xff80, 0x7fa5};
+  static const uint32_t want_f16[] = {0x7fe02000u, 0xffe02000u, 0x7fc00000u, 0xffc00000u, 0x7fffe000u,
+                                      0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fc02000u};
+  static const uint32_t want_bf16[] = {0x7fc10000u, 0xffc10000u, 0x7fc00000u, 0xffc00000u, 0x7fff0000u,
+                                       0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fe50000u};
+  static const char *const tiles[] = {"sse2", "auto"}, *const f16c[] = {"0", "1"};
+  for (int setting = 0; setting < 4; setting++) {
+    setenv("AB_HOST_TILES", tiles[setting / 2], 1);
+    setenv("AB_HOST_F16C", f16c[setting % 2], 1);
+    ab__env_reload();
+    for (int half = 0; half < 2; half++)
+      for (int wide = 0; wide < 2; wide++) /* into float32, into float64 */
+        for (int stride = 1; stride <= 2; stride++) {
+          uint16_t src[2 * 36]; /* 9 values, repeated so vector loops take them: 36 */
+          for (int i = 0; i < 36; i++) src[i * stride] = (half ? bf16 : f16)[i % 9];
+          int64_t shape[1] = {36}, st[1] = {stride};
+          DLTensor t = {src, CPU0, 1, {half ? kDLBfloat : kDLFloat, 16, 1}, shape, st, 0};
+          ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+          o.dtype = (DLDataType){kDLFloat, wide ? 64 : 32, 1};
+          DLManagedTensorVersioned *r;
+          cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+          for (int i = 0; i < 36; i++) {
+            const uint32_t w32 = (half ? want_bf16 : want_f16)[i % 9];
+            float f;
+            memcpy(&f, &w32, 4);
+            /* float64: float32's bits widened (a NaN's payload 29 bits further up) */
+            const uint64_t w64 = f != f ? (uint64_t)(w32 >> 31) << 63 | 0x7ff8000000000000ull |
+                                              (uint64_t)(w32 & 0x3fffffu) << 29
+                                        : 0;
+            uint64_t got = 0, want = wide ? w64 : w32;
+            memcpy(&got, (const char *)r->dl_tensor.data + (wide ? 8 : 4) * i, wide ? 8 : 4);
+            if (wide && f == f) { /* the finite and infinite ones as a double */
+              const double d = (double)f;
+              memcpy(&want, &d, 8);
+            }
+            cr_assert_eq(got, want,
+                         "%s -> float%d, AB_HOST_TILES=%s AB_HOST_F16C=%s, stride %d, element %d: %llx, want %llx",
+                         half ? "bfloat16" : "float16", wide ? 64 : 32, tiles[setting / 2], f16c[setting % 2],
+                         stride, i, (unsigned long long)got, (unsigned long long)want);
+          }
+          r->deleter(r);
+        }
+  }
+  unsetenv("AB_HOST_TILES");
+  unsetenv("AB_HOST_F16C");
+  ab__env_reload();
 }
 /* The contiguous loops are compiled for the baseline, AVX2 and AVX-512;
  * AB_HOST_TILES caps which runs (the tests above run the widest). */

@@ -1249,8 +1249,9 @@ Test(cuda, gather_kernel_mapping_matches_the_reference) {
 
 /* ---- conversions on the device (converters/cuda/convert.cu) -------------- */
 
-/* Equal bits, or both NaN (payloads may differ: the host makes NaNs from
- * float16 and bfloat16 quiet without their payload). */
+/* Equal bits, or both NaN: with a map, the payload of a NaN is what a
+ * GPU's multiply and add make of it (CUDA's arithmetic returns its
+ * canonical NaN), which need not be the host's. */
 static bool same_f32(float a, float b) {
   uint32_t x, y;
   memcpy(&x, &a, 4);

@@ -51,8 +51,8 @@ __host__ __device__ inline float from_bits(uint32_t u) {
 }
 
 /* IEEE half to float: exact (every half is a float); a NaN keeps its
- * payload and comes out quiet (docs/guide.md: the device kernels keep a
- * NaN's payload, quieted; a signalling one stayed signalling). */
+ * sign and payload and comes out quiet, as the host widens it
+ * (docs/guide.md). */
 __host__ __device__ inline float half_to_float(uint16_t h) {
   uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0x1f) return from_bits(s | 0x7f800000u | (m << 13) | (m != 0 ? 0x00400000u : 0u));

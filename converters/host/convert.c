@@ -13,12 +13,20 @@
 /* ---- float16 and bfloat16 ------------------------------------------------ */
 
 /* Exact: the double is built from the narrow value's fields (a loop of
- * halvings instead ran the element loop of float16 sources at 0.5 GB/s). */
+ * halvings instead ran the element loop of float16 sources at 0.5 GB/s).
+ * A NaN keeps its sign and payload and comes out quiet, as IEEE 754's
+ * widening conversions (and x86's VCVTPH2PS, the OpenCL and CUDA kernels)
+ * make it: float16 0x7c01 is 0x7ff8040000000000. */
 static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
   const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
   double v;
+  if (e == emax && m != 0) {
+    const uint64_t b = (uint64_t)(h >> 15) << 63 | 0x7ff8000000000000ull | (uint64_t)m << (52 - mbits);
+    memcpy(&v, &b, sizeof v);
+    return v;
+  }
   if (e == emax) {
-    v = m ? __builtin_nan("") : __builtin_inf();
+    v = __builtin_inf();
   } else if (e != 0) { /* (2^mbits + m) * 2^(e - bias - mbits) */
     const uint64_t b = (uint64_t)((int)e - bias + 1023) << 52 | (uint64_t)m << (52 - mbits);
     memcpy(&v, &b, sizeof v);
@@ -302,8 +310,7 @@ bool ab__host_f16c(void) {
  * Only where the source is contiguous and the map the same along the
  * row; the tests hold every pair to the element loop's reference on edge
  * values (NaN included: a float16 or bfloat16 NaN source gives the
- * default NaN of its sign, as the element loop does, whatever its
- * payload). */
+ * element loop's NaN, quiet with its sign and payload). */
 
 /* bfloat16 as its bits, for the loops' type names. */
 typedef uint16_t bf16_bits;
@@ -332,8 +339,8 @@ static inline float fast_float(uint32_t b) {
  * going down (carries into the exponent overflow to infinity, as they
  * should), a NaN quiet with its top payload bits (ab__narrow_from_double). */
 static inline float fast_from_bf16(uint16_t h) {
-  const uint32_t nan = ((uint32_t)(h & 0x8000) << 16) | 0x7fc00000u; /* the element loop's NaN, of h's sign */
-  return fast_float((h & 0x7fff) > 0x7f80 ? nan : (uint32_t)h << 16);
+  const uint32_t b = (uint32_t)h << 16; /* a NaN quiet, sign and payload kept: the element loop's */
+  return fast_float((h & 0x7fff) > 0x7f80 ? b | 0x00400000u : b);
 }
 static inline uint16_t fast_to_bf16(float f) {
   const uint32_t b = fast_bits(f);
@@ -693,13 +700,13 @@ static fast_row_fn fast_plain_row(enum kind from, enum kind to) {
  * memcpy. */
 #define F16_BLOCK 512
 
-/* A float16 as float32; a NaN as the element loop's, the default NaN of
- * its sign. Every case is computed and one picked, so that compilers
+/* A float16 as float32; a NaN as the element loop's, quiet with its sign
+ * and payload. Every case is computed and one picked, so that compilers
  * vectorize the loop below. */
 static inline float half_to_float(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h & 0x7c00u, m = h & 0x3ffu;
   const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23); /* exponent rebiased 15 -> 127 */
-  const uint32_t special = m != 0 ? 0x7fc00000u : 0x7f800000u;
+  const uint32_t special = m != 0 ? 0x7fc00000u | m << 13 : 0x7f800000u;
   const uint32_t subnormal = fast_bits((float)(int32_t)m * 0x1p-24f); /* (or zero): exact, and normal in float32 */
   return fast_float(sign | (e == 0x7c00u ? special : e == 0 ? subnormal : normal));
 }
@@ -739,24 +746,19 @@ static void f32_to_f16_bits(char *d, const char *s, int64_t n) {
 }
 
 #ifdef HAVE_X86
-/* Eight float16 as float32, NaNs as half_to_float's: the float16 bits of
- * a NaN are made float16's default NaN first (VCVTPH2PS would keep the
- * payload). */
-__attribute__((target("avx,f16c"))) static inline __m256 f16x8_to_f32(__m128i h) {
-  const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
-  const __m128i dflt = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
-  return _mm256_cvtph_ps(_mm_or_si128(_mm_andnot_si128(nan, h), _mm_and_si128(nan, dflt)));
-}
-
+/* VCVTPH2PS gives half_to_float's bits, NaNs included (quiet, sign and
+ * payload kept). */
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(char *d, const char *s, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps((float *)(void *)(d + 4 * i), f16x8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)(s + 2 * i))));
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(s + 2 * i));
+    _mm256_storeu_ps((float *)(void *)(d + 4 * i), _mm256_cvtph_ps(h));
+  }
   if (i < n) { /* the last 1-7 through a zero-padded register */
     _Alignas(16) uint16_t tail[8] = {0};
     memcpy(tail, s + 2 * i, (size_t)(n - i) * 2);
     _Alignas(32) float out[8];
-    _mm256_store_ps(out, f16x8_to_f32(_mm_load_si128((const __m128i *)(const void *)tail)));
+    _mm256_store_ps(out, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)tail)));
     memcpy(d + 4 * i, out, (size_t)(n - i) * sizeof(float));
   }
 }

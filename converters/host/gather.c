@@ -749,28 +749,19 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_tiles_f32_16(void
     }
 }
 /* 16 elements of 16 bits (in h) as float32, as convert.c's loops make
- * them: uint16 and int16 exactly; float16 by VCVTPH2PS, a NaN first made
- * float16's default NaN of its sign (f16x8_to_f32: the instruction would
- * keep the payload); bfloat16 as the top half of the bits, a NaN made
- * float32's default NaN of its sign (fast_from_bf16). */
+ * them: uint16 and int16 exactly; float16 by VCVTPH2PS (a NaN quiet, its
+ * sign and payload kept); bfloat16 as the top half of the bits, a NaN
+ * made quiet (fast_from_bf16). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 float_of_16(__m256i h,
                                                                                        ab__widen16_from from) {
   switch (from) {
   case AB_WIDEN16_I16: return _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
-  case AB_WIDEN16_F16: {
-    const __mmask16 nan = _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                                  _mm256_set1_epi16(0x7c00));
-    const __m256i dflt = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)),
-                                         _mm256_set1_epi16(0x7e00));
-    return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, dflt));
-  }
+  case AB_WIDEN16_F16: return _mm512_cvtph_ps(h);
   case AB_WIDEN16_BF16: {
     const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
                                                   _mm512_set1_epi32(0x7f800000));
-    const __m512i dflt = _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi32((int)0x80000000u)),
-                                         _mm512_set1_epi32(0x7fc00000));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, bits, dflt));
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, nan, bits, _mm512_set1_epi32(0x00400000)));
   }
   default: return _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(h));
   }

@@ -207,7 +207,7 @@ typedef enum { AB_WIDEN16_U16, AB_WIDEN16_I16, AB_WIDEN16_F16, AB_WIDEN16_BF16 }
 /* The same for a plane of 16-bit elements (`from`: uint16, int16,
  * float16 or bfloat16) widened to float32: result element (i, j), at dst
  * + i * pitch + 4 * j, is the element at src + 2 * i + j * sb, as float
- * (a float16 or bfloat16 NaN as the default NaN of its sign, as
+ * (a float16 or bfloat16 NaN quiet with its sign and payload, as
  * convert.c's loops make it), times a plus b where affine. Does the whole
  * 32 x 32 tiles, rows [0, na - na % 32) by columns [0, nb - nb % 32);
  * false, having written nothing, on the same terms with 32 for 64. */

@@ -21,9 +21,11 @@
  * forbids contraction into an fma). The backend uses the float kernels
  * only on devices with round-to-nearest and denormals in
  * CL_DEVICE_SINGLE_FP_CONFIG (and DOUBLE_FP_CONFIG for the float64 ones).
- * Which NaN: a float16 or bfloat16 NaN widened here keeps its payload,
- * quieted (the host drops it); a NaN narrowed into float16 or bfloat16 is
- * the host's (quiet, its payload's top bits kept).
+ * Which NaN: the host's, for the loads and stores themselves: a float16
+ * or bfloat16 NaN widened here keeps its sign and payload, quieted; a NaN
+ * narrowed into float16 or bfloat16 keeps its sign and its payload's top
+ * bits, quieted. (What the multiply and add of a map make of a NaN is the
+ * device's arithmetic.)
  *
  * Built once per context, as a program of its own (gather.cl is another). */
 #pragma OPENCL FP_CONTRACT OFF
@@ -46,13 +48,21 @@
 #define AB_LOAD_U16(p, i) ((float)(p)[i])
 #define AB_LOAD_I16(p, i) ((float)(p)[i])
 #define AB_LOAD_BOOL(p, i) ((p)[i] != 0 ? 1.0f : 0.0f)
-#define AB_LOAD_F16(p, i) vload_half((size_t)(i), (__global const half *)(p))
+#define AB_LOAD_F16(p, i) ab_f16_widen((p), (size_t)(i))
 #define AB_LOAD_BF16(p, i) ab_bf16_widen((p)[i])
 #define AB_LOAD_F32(p, i) ((p)[i])
 
+/* float16 through vload_half, but a NaN from its own bits: quiet, its
+ * sign and payload kept, as the host widens it. vload_half leaves which
+ * NaN to the implementation (as vstore_half does, below). */
+float ab_f16_widen(__global const ushort *p, size_t i) {
+  const uint h = p[i];
+  if ((h & 0x7fffu) > 0x7c00u) return as_float(((h & 0x8000u) << 16) | 0x7fc00000u | ((h & 0x3ffu) << 13));
+  return vload_half(i, (__global const half *)p);
+}
+
 /* bfloat16 is float32's top half; a signalling NaN comes out quiet, its
- * payload kept, as vload_half gives float16's (docs/guide.md: "OpenCL
- * kernels keep it, quieted"). */
+ * payload kept, as the host widens it. */
 float ab_bf16_widen(ushort h) {
   uint u = (uint)h << 16;
   if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
@@ -296,7 +306,7 @@ double ab_load_double(__global const uchar *s, long i, int k, int odd) {
   case AB_U16: return (double)((__global const ushort *)s)[i];
   case AB_U32: return (double)((__global const uint *)s)[i];
   case AB_U64: return convert_double_rte(((__global const ulong *)s)[i]);
-  case AB_F16: return (double)vload_half((size_t)i, (__global const half *)s);
+  case AB_F16: return (double)ab_f16_widen((__global const ushort *)s, (size_t)i);
   case AB_BF16: return (double)ab_bf16_widen(((__global const ushort *)s)[i]);
   case AB_F32: return (double)((__global const float *)s)[i];
   default: return ((__global const double *)s)[i];
