@@ -1500,8 +1500,8 @@ Test(cast, half_nans_widen_quiet_with_their_sign_and_payload_on_every_path) {
                                       0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fc02000u};
   static const uint32_t want_bf16[] = {0x7fc10000u, 0xffc10000u, 0x7fc00000u, 0xffc00000u, 0x7fff0000u,
                                        0x3f800000u, 0x7f800000u, 0xff800000u, 0x7fe50000u};
-  static const char *const tiles[] = {"sse2", "auto"}, *const f16c[] = {"0", "1"};
-  for (int setting = 0; setting < 4; setting++) {
+  static const char *const tiles[] = {"sse2", "avx2", "auto"}, *const f16c[] = {"0", "1"};
+  for (int setting = 0; setting < 6; setting++) {
     setenv("AB_HOST_TILES", tiles[setting / 2], 1);
     setenv("AB_HOST_F16C", f16c[setting % 2], 1);
     ab__env_reload();

@@ -1498,40 +1498,45 @@ static DLManagedTensorVersioned *converted_by_the_device(const DLTensor *h, DLDa
 }
 
 /* The guide: a float16 or bfloat16 NaN widened by the OpenCL kernels
- * keeps its sign and payload, quieted, as the host widens it. bfloat16
- * was a bare shift, so a signalling NaN stayed signalling (0x7f81 ->
- * 0x7f810000); float16 went through vload_half, which leaves the NaN to
- * the implementation. Both are checked against the rule and against the
- * host's own bits. */
+ * keeps its sign and payload, quieted, as the host widens it, into
+ * float32 and float64. bfloat16 was a bare shift, so a signalling NaN
+ * stayed signalling (0x7f81 -> 0x7f810000); float16 went through
+ * vload_half, which leaves the NaN to the implementation, and into
+ * float64 both went through the device's float -> double. Each is
+ * checked against the rule and against the host's own bits. */
 Test(opencl, float16_and_bfloat16_nans_widen_as_on_the_host) {
   need_devices(1);
   static const uint16_t bits[2][10] = {
       {0x7c01, 0xfd23, 0x7e00, 0x7fff, 0xfe00, 0x7c00, 0xfc00, 0x0001, 0x8000, 0x3c00},
       {0x7f81, 0xff81, 0x7fc1, 0x7fff, 0xffc0, 0x7f80, 0xff80, 0x0001, 0x8000, 0x3f80}};
   const int n = 10;
-  for (int kind = 0; kind < 2; kind++) {
-    int64_t shape[1] = {n};
-    DLTensor h = {(void *)bits[kind], CPU0, 1, dt(kind ? kDLBfloat : kDLFloat, 16, 1), shape, NULL, 0};
-    DLManagedTensorVersioned *got = converted_by_the_device(&h, dt(kDLFloat, 32, 1));
-    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-    o.dtype = dt(kDLFloat, 32, 1);
-    DLManagedTensorVersioned *host = convert_ok_with(&h, CPU0, &o);
-    for (int i = 0; i < n; i++) {
-      const uint32_t b = bits[kind][i];
-      uint32_t u, hv;
-      memcpy(&u, (char *)got->dl_tensor.data + got->dl_tensor.byte_offset + 4 * i, 4);
-      memcpy(&hv, (char *)host->dl_tensor.data + host->dl_tensor.byte_offset + 4 * i, 4);
-      if (kind == 1 || (b & 0x7fffu) > 0x7c00u) {
-        const uint32_t want = kind == 1 ? b << 16 | ((b & 0x7fffu) > 0x7f80u ? 0x00400000u : 0u)
-                                        : (b & 0x8000u) << 16 | 0x7fc00000u | (b & 0x3ffu) << 13;
-        cr_assert_eq(u, want, "%s 0x%04x -> 0x%08x, want 0x%08x", kind ? "bfloat16" : "float16", b, u, want);
+  for (int kind = 0; kind < 2; kind++)
+    for (int wide = 0; wide < 2; wide++) { /* into float32, into float64 */
+      const int mbits = kind ? 7 : 10, es = wide ? 8 : 4;
+      int64_t shape[1] = {n};
+      DLTensor h = {(void *)bits[kind], CPU0, 1, dt(kind ? kDLBfloat : kDLFloat, 16, 1), shape, NULL, 0};
+      DLManagedTensorVersioned *got = converted_by_the_device(&h, dt(kDLFloat, wide ? 64 : 32, 1));
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = dt(kDLFloat, wide ? 64 : 32, 1);
+      DLManagedTensorVersioned *host = convert_ok_with(&h, CPU0, &o);
+      for (int i = 0; i < n; i++) {
+        const uint64_t b = bits[kind][i], m = b & ((1u << mbits) - 1);
+        uint64_t u = 0, hv = 0;
+        memcpy(&u, (char *)got->dl_tensor.data + got->dl_tensor.byte_offset + es * i, (size_t)es);
+        memcpy(&hv, (char *)host->dl_tensor.data + host->dl_tensor.byte_offset + es * i, (size_t)es);
+        if ((b & 0x7fffu) > (kind ? 0x7f80u : 0x7c00u)) { /* a NaN: quiet, its sign and payload */
+          const uint64_t want = wide ? (b >> 15) << 63 | 0x7ff8000000000000ull | m << (52 - mbits)
+                                     : (b >> 15) << 31 | 0x7fc00000u | m << (23 - mbits);
+          cr_assert_eq(u, want, "%s 0x%04llx -> float%d 0x%llx, want 0x%llx", kind ? "bfloat16" : "float16",
+                       (unsigned long long)b, wide ? 64 : 32, (unsigned long long)u, (unsigned long long)want);
+        }
+        cr_assert_eq(u, hv, "%s 0x%04llx -> float%d 0x%llx on the device, 0x%llx on the host",
+                     kind ? "bfloat16" : "float16", (unsigned long long)b, wide ? 64 : 32, (unsigned long long)u,
+                     (unsigned long long)hv);
       }
-      cr_assert_eq(u, hv, "%s 0x%04x -> 0x%08x on the device, 0x%08x on the host", kind ? "bfloat16" : "float16",
-                   b, u, hv);
+      host->deleter(host);
+      got->deleter(got);
     }
-    host->deleter(host);
-    got->deleter(got);
-  }
 }
 
 /* And narrowed: a float32 NaN into float16 by the OpenCL kernels is the

@@ -88,7 +88,8 @@ __host__ __device__ inline float load(int kind, const void *src, int64_t i) {
   }
 }
 
-/* Any source element as a double: exact, but for 64-bit integers past
+/* Any source element as a double: exact (float16 and bfloat16 NaNs as
+ * the host widens them), but for 64-bit integers past
  * 2^53 rounded, to nearest even as the host's cast is, or with `odd` to
  * odd (rounding.h), so that one later rounding into a narrower float is
  * the only one. */
@@ -105,6 +106,9 @@ __host__ __device__ inline double load_double(int kind, const void *src, int64_t
     return odd ? ab__u64_to_double_odd(v) : (double)v;
   }
   case K_F64: return static_cast<const double *>(src)[i];
+  /* from the bits, as the host: a GPU's float -> double may not keep a NaN's payload */
+  case K_F16: return ab__widen_to_double(static_cast<const uint16_t *>(src)[i], 10, 15, 31);
+  case K_BF16: return ab__widen_to_double(static_cast<const uint16_t *>(src)[i], 7, 127, 255);
   default: return (double)load(kind, src, i);
   }
 }

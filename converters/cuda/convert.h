@@ -12,7 +12,8 @@
  *    roundings (converters/host/rounding.h: half to even, saturation,
  *    NaN -> 0 for integers; one rounding for float16 and bfloat16).
  * Multiply then add, never fused (tests/ptx_check.cmake checks the PTX):
- * bit-exact with the host, NaN payloads aside. A float16 or bfloat16
+ * bit-exact with the host; which NaN as docs/guide.md says (the host's
+ * without a map, but between float32 and float64). A float16 or bfloat16
  * permutation without a map is left to the host's gather (it would quiet
  * signalling NaNs); a bool permutation copies the bytes, as the gather
  * does. The OpenCL kernels (converters/opencl/convert.cl) cover the same

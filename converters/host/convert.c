@@ -12,39 +12,12 @@
 
 /* ---- float16 and bfloat16 ------------------------------------------------ */
 
-/* Exact: the double is built from the narrow value's fields (a loop of
- * halvings instead ran the element loop of float16 sources at 0.5 GB/s).
- * A NaN keeps its sign and payload and comes out quiet, as IEEE 754's
- * widening conversions (and x86's VCVTPH2PS, the OpenCL and CUDA kernels)
- * make it: float16 0x7c01 is 0x7ff8040000000000. */
-static double narrow_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
-  const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
-  double v;
-  if (e == emax && m != 0) {
-    const uint64_t b = (uint64_t)(h >> 15) << 63 | 0x7ff8000000000000ull | (uint64_t)m << (52 - mbits);
-    memcpy(&v, &b, sizeof v);
-    return v;
-  }
-  if (e == emax) {
-    v = __builtin_inf();
-  } else if (e != 0) { /* (2^mbits + m) * 2^(e - bias - mbits) */
-    const uint64_t b = (uint64_t)((int)e - bias + 1023) << 52 | (uint64_t)m << (52 - mbits);
-    memcpy(&v, &b, sizeof v);
-  } else { /* m * 2^(1 - bias - mbits), a power of two that a double holds */
-    const uint64_t b = (uint64_t)(1 - bias - mbits + 1023) << 52;
-    double unit;
-    memcpy(&unit, &b, sizeof unit);
-    v = (double)m * unit;
-  }
-  return (h >> 15) ? -v : v;
-}
-
 uint16_t ab__half_from_double(double x) { return ab__narrow_from_double(x, 10, 15, 31); }
 uint16_t ab__half_from_float(float x) { return ab__narrow_from_float(x, 10, 15, 31); }
-double ab__half_to_double(uint16_t h) { return narrow_to_double(h, 10, 15, 31); }
+double ab__half_to_double(uint16_t h) { return ab__widen_to_double(h, 10, 15, 31); }
 uint16_t ab__bf16_from_double(double x) { return ab__narrow_from_double(x, 7, 127, 255); }
 uint16_t ab__bf16_from_float(float x) { return ab__narrow_from_float(x, 7, 127, 255); }
-double ab__bf16_to_double(uint16_t h) { return narrow_to_double(h, 7, 127, 255); }
+double ab__bf16_to_double(uint16_t h) { return ab__widen_to_double(h, 7, 127, 255); }
 
 /* ---- element access ------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 /* The roundings of converters/host/convert.h written once, as inline
  * functions that the host converter and the CUDA kernels (converters/cuda,
  * compiled for the host and for the device) both call: a double to
- * float16 or bfloat16, a double to an integer (round half to even,
- * saturate, NaN -> 0), and a 64-bit integer to a double that rounds
+ * float16 or bfloat16 and back, a double to an integer (round half to
+ * even, saturate, NaN -> 0), and a 64-bit integer to a double that rounds
  * correctly once more. The OpenCL kernels spell the same steps in OpenCL C
  * (converters/opencl/convert.cl); the tests hold all three to the host's
  * bits. */
@@ -61,6 +61,35 @@ static inline AB_HD uint16_t ab__narrow_from_float(float x, int mbits, int bias,
   if ((u & 0x7fffffffu) > 0x7f800000u)
     return (uint16_t)(((u >> 16) & 0x8000u) | (emax << mbits) | (1u << (mbits - 1)) | ((u & 0x7fffffu) >> (23 - mbits)));
   return ab__narrow_from_double((double)x, mbits, bias, emax);
+}
+
+/* A float16 or bfloat16 ((mbits, bias, emax) as above) as a double,
+ * exactly, built from its fields (a loop of halvings instead ran the
+ * element loop of float16 sources at 0.5 GB/s). A NaN comes out quiet
+ * with its sign and payload, as IEEE 754's widening conversions (and
+ * x86's VCVTPH2PS) make it, float16 0x7c01 as 0x7ff8040000000000: from
+ * its bits, not through a conversion of float to double, whose NaN the
+ * processor decides. The host's element loop and the CUDA kernels both
+ * widen to float64 through this. */
+static inline AB_HD double ab__widen_to_double(uint16_t h, int mbits, int bias, unsigned emax) {
+  const unsigned e = (h >> mbits) & emax, m = h & ((1u << mbits) - 1);
+  const uint64_t sign = (uint64_t)(h >> 15) << 63;
+  uint64_t b;
+  if (e == emax) /* infinity, or a NaN made quiet */
+    b = sign | 0x7ff0000000000000ull | (m != 0 ? 1ull << 51 : 0) | (uint64_t)m << (52 - mbits);
+  else if (e != 0) /* (2^mbits + m) * 2^(e - bias - mbits) */
+    b = sign | (uint64_t)((int)e - bias + 1023) << 52 | (uint64_t)m << (52 - mbits);
+  else if (m == 0)
+    b = sign;
+  else { /* m * 2^(1 - bias - mbits), m's top bit p: a normal double, built
+          * from bits too (tests/ptx_check.cmake refuses a bare multiply) */
+    int p = mbits - 1;
+    while (!((m >> p) & 1u)) p--;
+    b = sign | (uint64_t)(p + 1 - bias - mbits + 1023) << 52 | (uint64_t)(m & ((1u << p) - 1)) << (52 - p);
+  }
+  double v;
+  memcpy(&v, &b, sizeof v);
+  return v;
 }
 
 /* A 64-bit integer as a double rounded to odd: exact below 2^53; above,

@@ -290,7 +290,16 @@ double ab_i64_odd(long x) {
   return x < 0 ? -d : d;
 }
 
-/* Source element i of any kind as a double: exact, but for 64-bit
+/* A float16 or bfloat16 NaN (h, its payload below bit `mbits`) as a
+ * double, quiet with its sign and payload, built from its bits as the
+ * host builds it (converters/host/rounding.h): through a float the
+ * device's conversion to double would decide which NaN. */
+double ab_nan16_double(ulong h, int mbits) {
+  return as_double((h & 0x8000UL) << 48 | 0x7ff8000000000000UL | (h & ((1UL << mbits) - 1)) << (52 - mbits));
+}
+
+/* Source element i of any kind as a double: exact (float16 and bfloat16
+ * NaNs as the host widens them), but for 64-bit
  * integers past 2^53: rounded to nearest even, as the host's cast, or with
  * `odd` rounded to odd (a cast into float32, float16 or bfloat16, no map). */
 double ab_load_double(__global const uchar *s, long i, int k, int odd) {
@@ -306,8 +315,14 @@ double ab_load_double(__global const uchar *s, long i, int k, int odd) {
   case AB_U16: return (double)((__global const ushort *)s)[i];
   case AB_U32: return (double)((__global const uint *)s)[i];
   case AB_U64: return convert_double_rte(((__global const ulong *)s)[i]);
-  case AB_F16: return (double)ab_f16_widen((__global const ushort *)s, (size_t)i);
-  case AB_BF16: return (double)ab_bf16_widen(((__global const ushort *)s)[i]);
+  case AB_F16: {
+    const ushort h = ((__global const ushort *)s)[i];
+    return (h & 0x7fffu) > 0x7c00u ? ab_nan16_double(h, 10) : (double)vload_half((size_t)i, (__global const half *)s);
+  }
+  case AB_BF16: {
+    const ushort h = ((__global const ushort *)s)[i];
+    return (h & 0x7fffu) > 0x7f80u ? ab_nan16_double(h, 7) : (double)as_float((uint)h << 16);
+  }
   case AB_F32: return (double)((__global const float *)s)[i];
   default: return ((__global const double *)s)[i];
   }

@@ -93,7 +93,7 @@ static const struct {
 } CASTS[] = {{U8, F32}, {U8, F16}, {U8, BF16}, {I8, F32},  {I8, F16},   {U16, F32}, {I16, F32},
              {F16, F32}, {BF16, F32}, {F32, F16}, {F32, BF16}, {F32, U8},  {F64, F32}, {U8, F64},
              {I16, U8},  {F32, I16},  {U16, U8},  {F32, F64}, {F16, U8},  {I32, F32},
-             {I8, BF16}, {I32, BF16}, {I64, F32}, {I64, F64}, {F64, BF16}};
+             {I8, BF16}, {I32, BF16}, {I64, F32}, {I64, F64}, {F64, BF16}, {F16, F64}, {BF16, F64}};
 
 /* float16 and bfloat16 by their bits, so that no compiler support for
  * _Float16 is needed: widening is exact, narrowing rounds once to nearest
@@ -362,8 +362,8 @@ static void draw(rng *g, kase *c, int64_t max_bytes) {
     int64_t left = n;
     for (int i = 0; i < c->ndim; i++) {
       const int rest = c->ndim - i;
-      const int64_t target = (int64_t)pow((double)left, 1.0 / rest);
-      sh[i] = i == c->ndim - 1 ? length_near(g, left) : between(g, 1, 2 * target + 1);
+      const int64_t share = (int64_t)pow((double)left, 1.0 / rest);
+      sh[i] = i == c->ndim - 1 ? length_near(g, left) : between(g, 1, 2 * share + 1);
       left = left / sh[i] > 0 ? left / sh[i] : 1;
       c->perm[i] = i;
     }
