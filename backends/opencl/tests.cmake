@@ -19,14 +19,15 @@ if(AB_OPENCL_BUILT)
 endif()
 # The randomized soak (tests/stress/soak.c) through the second PoCL device,
 # with every conversion the route allows run by the device's kernels
-# (AB_CONVERT_PLACE=device; seed 4 has 20 of its 60 cases converted there,
-# 5 of them float32 into float16 or bfloat16, and fails on the kernel that
-# stored NaNs through vstore_half). A missing device skips it in a plain
+# (AB_CONVERT_PLACE=device; seed 3 has 26 of its 60 cases converted there,
+# 4 of them float32 into float16 or bfloat16, and fails two of them on the
+# kernel that stored NaNs through vstore_half: the seed must be chosen
+# again whenever the soak's draws change). A missing device skips it in a plain
 # ctest and fails it under make test (AB_TEST_EXPECT_OPENCL), as does a
 # run in which the device converted nothing. Not in the sanitizer tier,
 # which has no OpenCL ICD (see above).
 if(AB_OPENCL_BUILT AND NOT AB_SANITIZE)
-  add_test(NAME stress_soak_opencl COMMAND stress_soak 4 60 6)
+  add_test(NAME stress_soak_opencl COMMAND stress_soak 3 60 6)
   set_tests_properties(stress_soak_opencl PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT
     "POCL_DEVICES=pthread pthread;SOAK_DEVICE=opencl:1;AB_CONVERT_PLACE=device;SOAK_EXPECT_ON_DEVICE=1")
 endif()
