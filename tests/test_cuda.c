@@ -1668,6 +1668,50 @@ Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
   assert_pool_clean(CUDA(0));
 }
 
+/* float16 and bfloat16 NaNs (signalling, quiet, payloads, both signs)
+ * and edge values widened on the GPU into float32 and float64: the
+ * host's bits, NaNs included (docs/guide.md: quiet, sign and payload
+ * kept). Into float64 the kernels build the double from the bits, since
+ * a GPU's float -> double may return its own NaN. */
+Test(cuda, float16_and_bfloat16_nans_widen_on_the_gpu_as_on_the_host) {
+  need_kernels();
+  setenv("AB_CONVERT_PLACE", "device", 1);
+  ab__env_reload();
+  static const uint16_t bits[2][12] = {
+      {0x7c01, 0xfd23, 0x7e00, 0x7fff, 0xfe00, 0x7c00, 0xfc00, 0x0001, 0x8000, 0x3c00, 0x83ff, 0x7bff},
+      {0x7f81, 0xff81, 0x7fc1, 0x7fff, 0xffc0, 0x7f80, 0xff80, 0x0001, 0x8000, 0x3f80, 0x807f, 0x7f7f}};
+  int64_t shape[1] = {12};
+  for (int kind = 0; kind < 2; kind++)
+    for (int wide = 0; wide < 2; wide++) {
+      DLTensor h = {(void *)bits[kind], CPU0, 1, dt(kind ? kDLBfloat : kDLFloat, 16, 1), shape, NULL, 0};
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.dtype = dt(kDLFloat, wide ? 64 : 32, 1);
+      DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
+      cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
+      struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+      ab_pool_stats(CUDA(0), &before);
+      cr_assert_eq(ab_convert_memory(&h, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
+      ab_pool_stats(CUDA(0), &after);
+      cr_assert_eq(after.allocations - before.allocations, 2, "%s -> float%d: not converted on the GPU",
+                   kind ? "bfloat16" : "float16", wide ? 64 : 32);
+      cr_assert_eq(ab_convert_memory(&dev->dl_tensor, CPU0, NULL, &got), AB_OK, "%s", ab_last_error());
+      const size_t es = wide ? 8 : 4;
+      for (int i = 0; i < 12; i++) {
+        uint64_t a = 0, b = 0;
+        memcpy(&a, (const char *)want->dl_tensor.data + es * (size_t)i, es);
+        memcpy(&b, (const char *)got->dl_tensor.data + es * (size_t)i, es);
+        cr_assert_eq(a, b, "%s 0x%04x -> float%d: host 0x%llx, GPU 0x%llx", kind ? "bfloat16" : "float16",
+                     bits[kind][i], wide ? 64 : 32, (unsigned long long)a, (unsigned long long)b);
+      }
+      got->deleter(got);
+      dev->deleter(dev);
+      want->deleter(want);
+    }
+  unsetenv("AB_CONVERT_PLACE");
+  ab__env_reload();
+  assert_pool_clean(CUDA(0));
+}
+
 Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
   need_kernels();
   setenv("AB_CONVERT_PLACE", "device", 1);

@@ -1524,9 +1524,18 @@ Test(opencl, float16_and_bfloat16_nans_widen_as_on_the_host) {
         uint64_t u = 0, hv = 0;
         memcpy(&u, (char *)got->dl_tensor.data + got->dl_tensor.byte_offset + es * i, (size_t)es);
         memcpy(&hv, (char *)host->dl_tensor.data + host->dl_tensor.byte_offset + es * i, (size_t)es);
-        if ((b & 0x7fffu) > (kind ? 0x7f80u : 0x7c00u)) { /* a NaN: quiet, its sign and payload */
-          const uint64_t want = wide ? (b >> 15) << 63 | 0x7ff8000000000000ull | m << (52 - mbits)
-                                     : (b >> 15) << 31 | 0x7fc00000u | m << (23 - mbits);
+        const bool nan = (b & 0x7fffu) > (kind ? 0x7f80u : 0x7c00u);
+        if (nan || kind == 1) { /* a NaN: quiet, its sign and payload; a bfloat16 number: float32's top half */
+          uint64_t want = wide ? (b >> 15) << 63 | 0x7ff8000000000000ull | m << (52 - mbits)
+                               : (b >> 15) << 31 | 0x7fc00000u | m << (23 - mbits);
+          if (!nan) {
+            const uint32_t top = (uint32_t)b << 16;
+            float f;
+            memcpy(&f, &top, 4);
+            const double d = f;
+            if (wide) memcpy(&want, &d, 8);
+            else want = top;
+          }
           cr_assert_eq(u, want, "%s 0x%04llx -> float%d 0x%llx, want 0x%llx", kind ? "bfloat16" : "float16",
                        (unsigned long long)b, wide ? 64 : 32, (unsigned long long)u, (unsigned long long)want);
         }
