@@ -132,6 +132,13 @@ int same_16(uint16_t a, uint16_t b, uint16_t inf) {
   return a == b || ((a & 0x7fffu) > inf && (b & 0x7fffu) > inf);
 }
 
+int same_f32(float a, float b, int mapped) {
+  uint32_t x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  return x == y || (mapped && a != a && b != b);
+}
+
 int same_element(DLDataType t, const void *a, const void *b) {
   const size_t n = t.bits / 8u;
   if (memcmp(a, b, n) == 0) return 1;

@@ -64,6 +64,13 @@ void fill_half_probes(float *v, int64_t n, test_rng *rng);
  * all ones at `inf` (float16 0x7c00, bfloat16 0x7f80). */
 int same_16(uint16_t a, uint16_t b, uint16_t inf);
 
+/* Equal float32 bits; where `mapped` (a device's conversion with an
+ * affine or per-channel map), both NaN will do too: the payload of a NaN
+ * is then what the device's multiply and add make of it (a GPU returns
+ * its canonical NaN), which need not be the host's. Without a map the
+ * device kernels' loads and stores keep the host's NaNs (docs/guide.md). */
+int same_f32(float a, float b, int mapped);
+
 /* Equal elements of dtype t (one lane): equal bits, or for float16,
  * bfloat16, float32 and float64 both NaN (payloads may differ between
  * devices). */

@@ -1249,17 +1249,6 @@ Test(cuda, gather_kernel_mapping_matches_the_reference) {
 
 /* ---- conversions on the device (converters/cuda/convert.cu) -------------- */
 
-/* Equal bits; with a map, both NaN will do too: the payload of a NaN is
- * then what a GPU's multiply and add make of it (CUDA's arithmetic
- * returns its canonical NaN), which need not be the host's. Without one
- * the kernels' loads keep the host's NaNs (docs/guide.md). */
-static bool same_f32(float a, float b, bool mapped) {
-  uint32_t x, y;
-  memcpy(&x, &a, 4);
-  memcpy(&y, &b, 4);
-  return x == y || (mapped && a != a && b != b);
-}
-
 static const DLDataType conv_from[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1},   {kDLUInt, 16, 1},  {kDLInt, 16, 1},
                                        {kDLBool, 8, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}};
 static const double conv_scale[4] = {1 / 58.395, 1 / 57.12, 1 / 57.375, 3.0}, conv_off[4] = {-2.1, -2.03, -1.8, 0.5};
@@ -1668,6 +1657,22 @@ Test(cuda, narrowing_runs_on_the_gpu_before_the_download) {
   assert_pool_clean(CUDA(0));
 }
 
+/* h (host memory) converted as o says on cuda:0 (the source uploaded as
+ * it is and converted there by the kernels: two blocks of its pool, or
+ * `what` was not converted on the GPU) and brought back as it is: the
+ * result in host memory. */
+static DLManagedTensorVersioned *converted_on_the_gpu(const DLTensor *h, const ab_convert_opts *o, const char *what) {
+  DLManagedTensorVersioned *dev = NULL, *got = NULL;
+  struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+  ab_pool_stats(CUDA(0), &before);
+  cr_assert_eq(ab_convert_memory(h, CUDA(0), o, &dev), AB_OK, "%s: %s", what, ab_last_error());
+  ab_pool_stats(CUDA(0), &after);
+  cr_assert_eq(after.allocations - before.allocations, 2, "%s: not converted on the GPU", what);
+  cr_assert_eq(ab_convert_memory(&dev->dl_tensor, CPU0, NULL, &got), AB_OK, "%s: %s", what, ab_last_error());
+  dev->deleter(dev);
+  return got;
+}
+
 /* float16 and bfloat16 NaNs (signalling, quiet, payloads, both signs)
  * and edge values widened on the GPU into float32 and float64: the
  * host's bits, NaNs included (docs/guide.md: quiet, sign and payload
@@ -1686,15 +1691,11 @@ Test(cuda, float16_and_bfloat16_nans_widen_on_the_gpu_as_on_the_host) {
       DLTensor h = {(void *)bits[kind], CPU0, 1, dt(kind ? kDLBfloat : kDLFloat, 16, 1), shape, NULL, 0};
       ab_convert_opts o = AB_CONVERT_OPTS_INIT;
       o.dtype = dt(kDLFloat, wide ? 64 : 32, 1);
-      DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
+      DLManagedTensorVersioned *want = NULL;
       cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-      struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
-      ab_pool_stats(CUDA(0), &before);
-      cr_assert_eq(ab_convert_memory(&h, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
-      ab_pool_stats(CUDA(0), &after);
-      cr_assert_eq(after.allocations - before.allocations, 2, "%s -> float%d: not converted on the GPU",
-                   kind ? "bfloat16" : "float16", wide ? 64 : 32);
-      cr_assert_eq(ab_convert_memory(&dev->dl_tensor, CPU0, NULL, &got), AB_OK, "%s", ab_last_error());
+      char what[32];
+      snprintf(what, sizeof what, "%s -> float%d", kind ? "bfloat16" : "float16", wide ? 64 : 32);
+      DLManagedTensorVersioned *got = converted_on_the_gpu(&h, &o, what);
       const size_t es = wide ? 8 : 4;
       for (int i = 0; i < 12; i++) {
         uint64_t a = 0, b = 0;
@@ -1704,7 +1705,6 @@ Test(cuda, float16_and_bfloat16_nans_widen_on_the_gpu_as_on_the_host) {
                      bits[kind][i], wide ? 64 : 32, (unsigned long long)a, (unsigned long long)b);
       }
       got->deleter(got);
-      dev->deleter(dev);
       want->deleter(want);
     }
   unsetenv("AB_CONVERT_PLACE");
@@ -1727,21 +1727,17 @@ Test(cuda, conversions_to_float32_run_on_the_gpu_bit_exact_with_the_host) {
       void *v = malloc((size_t)n * 4 + 4);
       conv_fill(v, n, conv_from[f], &rng);
       DLTensor h = {v, CPU0, ndim, conv_from[f], shape, NULL, 0};
-      DLManagedTensorVersioned *want = NULL, *dev = NULL, *got = NULL;
+      DLManagedTensorVersioned *want = NULL;
       cr_assert_eq(ab_convert_memory(&h, CPU0, &o, &want), AB_OK, "%s", ab_last_error());
-      struct ab_pool_stats before = {.size = sizeof before}, after = {.size = sizeof after};
-      ab_pool_stats(CUDA(0), &before);
-      cr_assert_eq(ab_convert_memory(&h, CUDA(0), &o, &dev), AB_OK, "%s", ab_last_error());
-      ab_pool_stats(CUDA(0), &after);
-      cr_assert_eq(after.allocations - before.allocations, 2, "dtype %zu trial %d: not converted on the GPU", f, trial);
-      cr_assert_eq(ab_convert_memory(&dev->dl_tensor, CPU0, NULL, &got), AB_OK, "%s", ab_last_error());
+      char what[32];
+      snprintf(what, sizeof what, "dtype %zu trial %d", f, trial);
+      DLManagedTensorVersioned *got = converted_on_the_gpu(&h, &o, what);
       const float *a = want->dl_tensor.data, *b = got->dl_tensor.data;
       for (int64_t i = 0; i < n; i++)
         cr_assert(same_f32(a[i], b[i], (o.flags & (AB_CONVERT_AFFINE | AB_CONVERT_PER_CHANNEL)) != 0),
                   "dtype %zu trial %d element %lld: host %a, GPU %a", f, trial, (long long)i, (double)a[i],
                   (double)b[i]);
       got->deleter(got);
-      dev->deleter(dev);
       want->deleter(want);
       free(v);
     }

@@ -1039,17 +1039,6 @@ static void edge_fill(void *p, size_t n, DLDataType d, test_rng *rng) {
   }
 }
 
-/* Equal bits; with a map, both NaN will do too: the payload of a NaN is
- * then what the device's multiply and add make of it, which need not be
- * the host's. Without one the device's loads keep the host's NaNs
- * (docs/guide.md). */
-static bool same_f32(float a, float b, bool mapped) {
-  uint32_t x, y;
-  memcpy(&x, &a, 4);
-  memcpy(&y, &b, 4);
-  return x == y || (mapped && a != a && b != b);
-}
-
 Test(opencl, conversions_to_float32_run_on_the_device_bit_exact_with_the_host) {
   need_devices(1);
   static const DLDataType from[] = {{kDLUInt, 8, 1}, {kDLInt, 8, 1},   {kDLUInt, 16, 1},  {kDLInt, 16, 1},
