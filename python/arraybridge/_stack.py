@@ -68,7 +68,9 @@ def stack_slices(slices, memory_type, gpu_id=None):
 def unstack_slices(array, memory_type, gpu_id=None, validate_slices=True):
     """The 2-D slices (along axis 0) of a 3-D array, as a list of
     memory_type arrays on gpu_id: the array is converted once (zero-copy when
-    it already is there) and the slices are views of it. ValueError when
+    it already is there) and the slices are the target framework's own
+    indexing of it (views in NumPy, torch and CuPy; JAX's indexing copies,
+    and TensorFlow and pyclesperanto promise neither). ValueError when
     array is not 3-D; with validate_slices, also when a slice is not 2-D."""
     mt = _memory_type(memory_type, "memory_type")
     src = detect_memory_type(array)
