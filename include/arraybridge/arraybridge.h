@@ -177,8 +177,8 @@ AB_API const char *ab_last_error(void);
 
 /** The name of a dtype as NumPy and the frameworks spell it: "bool",
  * "int8" .. "int64", "uint8" .. "uint64", "float16", "float32", "float64",
- * "bfloat16", "complex64", "complex128", with "x<lanes>" appended for more
- * than one lane ("float32x4"); any other bits of a DLPack code by the
+ * "bfloat16", "complex64", "complex128", with "x<lanes>" appended for any
+ * lane count but one ("float32x4", and "x0" for an invalid 0); any other bits of a DLPack code by the
  * code's name: the bits appended for the int, uint, float, bfloat, complex
  * and bool codes ("int4"; "float8" is the float code with 8 bits, none of
  * the float8 formats, which have codes of their own), beside the others
