@@ -1254,6 +1254,9 @@ Test(pool, summary_names_everything) {
     for (size_t i = len; i < sizeof small; i++) cr_assert_eq(small[i], 'X', "len %zu: byte %zu written", len, i);
   }
   cr_assert_eq(ab_pool_summary(CPU0, NULL, 100), AB_ERR_INVALID_ARGUMENT);
+  small[0] = 'X';
+  cr_assert_eq(ab_pool_summary(CPU0, small, 0), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(small[0], 'X', "len 0: a byte written");
   drop(a);
 }
 
@@ -1268,6 +1271,7 @@ Test(pool, every_pool_function_rejects_a_missing_device) {
     cr_assert_eq(s.size, sizeof s);
     cr_assert_eq(ab_pool_reset_peak(d), AB_ERR_NO_DEVICE);
     cr_assert_eq(ab_pool_summary(d, buf, sizeof buf), AB_ERR_NO_DEVICE);
+    cr_assert_str_eq(buf, "untouched");
     cr_assert_eq(ab_pool_trim(d), AB_ERR_NO_DEVICE);
     cr_assert_eq(ab_set_memory_limit(d, MiB), AB_ERR_NO_DEVICE);
     cr_assert_not_null(strstr(ab_last_error(), ab_device_type_name(d.device_type)), "\"%s\"", ab_last_error());

@@ -681,7 +681,10 @@ AB_IMPL_SAME_NAME_END
 AB_API ab_status ab_pool_reset_peak(DLDevice dev);
 
 /** Writes a human-readable table of the pool's statistics (like PyTorch's
- * memory_summary) into buf, NUL-terminated and truncated to len bytes. */
+ * memory_summary) into buf, NUL-terminated and truncated to len bytes.
+ * AB_ERR_INVALID_ARGUMENT for a NULL buf or a len of 0 (unlike
+ * ab_explain_route, there is no length to ask for: any len works);
+ * AB_ERR_NO_DEVICE for a device that does not exist, buf then untouched. */
 AB_API ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len);
 
 /** Returns every cached, unused block of `dev`'s pool to the driver (what
