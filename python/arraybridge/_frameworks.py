@@ -531,7 +531,14 @@ class Jax(Adapter):
             # astype does. (Integers are left to JAX, which wraps them as
             # jnp.asarray does.)
             t = _ab.to_device(t, t.device, dtype=narrow)
-        elif t.readonly:  # JAX takes legacy capsules, which cannot say read-only
+        elif t.readonly or (gpu_id is None and t.data_ptr % 64 != 0):
+            # JAX takes legacy capsules, which cannot say read-only. And it
+            # uses host memory in place only where it is 64-byte aligned
+            # (NumPy's large arrays are 16 bytes past a line): others it
+            # copies on one thread, where the C core's copy into the pool
+            # (aligned) is faster, and JAX then shares that. 64 MiB float32
+            # from NumPy, 2 cores: 34 ms by JAX's copy, 5-6 ms by ours
+            # (bench/results/2026-12-05-numpy-to-jax-unaligned.md).
             t = _ab.to_device(t, t.device, copy=True)
         return jax.dlpack.from_dlpack(t, device=dev)
 

@@ -4,12 +4,14 @@ JAX, TensorFlow and pyclesperanto (on PoCL), all on the CPU.
 
 make test-python installs all five and sets AB_TEST_EXPECT_FRAMEWORKS=1, so
 a missing one fails there instead of skipping. CuPy needs a GPU."""
+import gc
 import importlib.util
 import itertools
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -438,6 +440,27 @@ def test_unaligned_numpy_data_reaches_every_host_framework(dst):
         assert ptr(y) % 64 == 0
         assert float(tf.reduce_sum(y * 2.0)) == float(a.sum() * 2)
     np.testing.assert_array_equal(values(dst, y), a)
+
+
+def test_unaligned_numpy_data_reaches_jax_through_a_copy_of_ours():
+    # JAX copies host memory that is not 64-byte aligned on its own, on one
+    # thread; the C core's copy is faster, and JAX then shares it: the
+    # result lies in the pool's memory, which stays in use while it lives.
+    need("jax")
+    a = unaligned(np.arange(1 << 16, dtype=np.float32))
+    before = ab.memory_stats("cpu")["in_use_bytes"]["current"]
+    y = ab.convert_memory(a, "numpy", "jax")
+    y.block_until_ready()
+    assert ab.memory_stats("cpu")["in_use_bytes"]["current"] >= before + a.nbytes
+    assert ptr(y) % 64 == 0 and ptr(y) != a.ctypes.data
+    np.testing.assert_array_equal(np.asarray(y), a)
+    del y
+    gc.collect()
+    # JAX may free the buffer on a thread of its own, a moment later
+    deadline = time.monotonic() + 10
+    while ab.memory_stats("cpu")["in_use_bytes"]["current"] != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == before
 
 
 def test_read_only_numpy_data_stays_unwritten_through_torch_and_jax():
