@@ -472,6 +472,8 @@ class CuPy(Adapter):
 
 # What JAX makes of 64-bit floats with its 64-bit types off.
 _JAX_NARROW = {"float64": "float32", "complex128": "complex64"}
+# The 64-bit integers JAX narrows itself with its 64-bit types off.
+_JAX_NARROW_INT = frozenset(("int64", "uint64"))
 
 
 class Jax(Adapter):
@@ -534,13 +536,24 @@ class Jax(Adapter):
         elif t.readonly or (gpu_id is None and t.data_ptr % 64 != 0):
             # JAX takes legacy capsules, which cannot say read-only. And it
             # uses host memory in place only where it is 64-byte aligned
-            # (NumPy's large arrays are 16 bytes past a line): others it
-            # copies on one thread, where the C core's copy into the pool
-            # (aligned) is faster, and JAX then shares that. 64 MiB float32
-            # from NumPy, 2 cores: 34 ms by JAX's copy, 5-6 ms by ours
+            # (malloc aligns NumPy's arrays to 16 bytes): others it copies,
+            # on one thread and after from_dlpack returns, so the caller's
+            # writes to the source just after this call reached that copy.
+            # The C core's copy into the pool (aligned), which JAX then
+            # shares, is done when this returns, and faster: 64 MiB float32
+            # from NumPy, 2 cores, 34 ms by JAX's copy, 3-6 ms by ours
             # (bench/results/2026-12-05-numpy-to-jax-unaligned.md).
             t = _ab.to_device(t, t.device, copy=True)
-        return jax.dlpack.from_dlpack(t, device=dev)
+        out = jax.dlpack.from_dlpack(t, device=dev)
+        if t.dtype in _JAX_NARROW_INT and not mod.config.jax_enable_x64:
+            # JAX narrows them in a copy of its own, made after
+            # from_dlpack returns: waited for here, so that the caller's
+            # writes to the source after this call cannot reach the result
+            # (they did, in most of a 64 MiB array). block_until_ready lets
+            # go of the GIL, which the source's deleter, run on a thread of
+            # JAX's, takes.
+            out.block_until_ready()
+        return out
 
     def empty_cache(self, mod, device_id=None):
         # Compiled functions and what their executables hold: only where JAX

@@ -442,25 +442,55 @@ def test_unaligned_numpy_data_reaches_every_host_framework(dst):
     np.testing.assert_array_equal(values(dst, y), a)
 
 
+def cpu_in_use_settled(expect=None):
+    """The host pool's bytes in use once garbage is collected and JAX's
+    threads, which may free imported buffers a moment later, are done:
+    waits (up to 10 s) for expect where given, else for two equal reads."""
+    deadline, last = time.monotonic() + 10, None
+    while True:
+        gc.collect()
+        now = ab.memory_stats("cpu")["in_use_bytes"]["current"]
+        if (now == expect if expect is not None else now == last) or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.02)
+
+
 def test_unaligned_numpy_data_reaches_jax_through_a_copy_of_ours():
     # JAX copies host memory that is not 64-byte aligned on its own, on one
     # thread; the C core's copy is faster, and JAX then shares it: the
     # result lies in the pool's memory, which stays in use while it lives.
     need("jax")
     a = unaligned(np.arange(1 << 16, dtype=np.float32))
-    before = ab.memory_stats("cpu")["in_use_bytes"]["current"]
+    before = cpu_in_use_settled()
     y = ab.convert_memory(a, "numpy", "jax")
     y.block_until_ready()
     assert ab.memory_stats("cpu")["in_use_bytes"]["current"] >= before + a.nbytes
     assert ptr(y) % 64 == 0 and ptr(y) != a.ctypes.data
     np.testing.assert_array_equal(np.asarray(y), a)
     del y
-    gc.collect()
-    # JAX may free the buffer on a thread of its own, a moment later
-    deadline = time.monotonic() + 10
-    while ab.memory_stats("cpu")["in_use_bytes"]["current"] != before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == before
+    assert cpu_in_use_settled(before) == before
+
+
+@pytest.mark.parametrize("case", ["unaligned float32", "aligned int64 narrowed"])
+def test_writes_to_the_source_after_a_copy_to_jax_do_not_reach_it(case):
+    # JAX makes its own copies (of unaligned data; of 64-bit integers it
+    # narrows, its 64-bit types off) after its import returns: a copy
+    # convert_memory returns must be whole by then. 64 MiB, which JAX took
+    # 30 ms or more to copy, so the writes below came first.
+    jax = need("jax")
+    if case == "unaligned float32":
+        src = unaligned(np.arange(1 << 24, dtype=np.float32))
+    elif jax.config.jax_enable_x64:
+        pytest.skip("JAX's 64-bit types are on: it keeps int64 as it is")
+    else:
+        src = aligned(np.arange(1 << 23, dtype=np.int64))
+    want = np.arange(src.size).astype(np.int32 if src.dtype == np.int64 else src.dtype)
+    y = ab.convert_memory(src, "numpy", "jax")
+    src[:] = -1
+    got = np.asarray(y)
+    assert got.dtype == want.dtype
+    assert int((got != want).sum()) == 0
 
 
 def test_read_only_numpy_data_stays_unwritten_through_torch_and_jax():
