@@ -79,6 +79,8 @@ case "$target" in
   *) echo "usage: tools/check-cross.sh aarch64|i386|armhf" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tools/retry.sh
+. "$root/tools/retry.sh"
 build=${AB_CROSS_BUILD:-$root/build-$target}
 case "$build" in /*) ;; *) build=$root/$build ;; esac
 sysroot=$build/sysroot
@@ -103,8 +105,8 @@ missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
-  $sudo apt-get update -q
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  retry $sudo apt-get update -q
+  retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 # The DLPack header, copied where nothing else is: -I/usr/include would put
 # the build machine's C headers before the cross compiler's.
@@ -125,14 +127,14 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
   apt_opts=(-q -o "APT::Architecture=$debarch" -o "APT::Architectures::=$debarch"
             -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$work/status" -o "Dir::Cache=$work/cache"
             -o "APT::Sandbox::User=$(id -un)")
-  apt-get "${apt_opts[@]}" update >/dev/null
+  retry apt-get "${apt_opts[@]}" update >/dev/null
   # Lines at column 0 are packages (virtual ones and alternatives are
   # indented or in angle brackets).
   # shellcheck disable=SC2086
   debs=$(apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
            --no-replaces --no-enhances $want | grep -E "^[a-z0-9][a-z0-9.+-]*(:$debarch)?\$" | sed "s/:$debarch\$//" | sort -u)
   # shellcheck disable=SC2086
-  (cd "$work/debs" && apt-get "${apt_opts[@]}" download $debs >/dev/null)
+  (cd "$work/debs" && retry apt-get "${apt_opts[@]}" download $debs >/dev/null)
   rm -rf "$sysroot"
   mkdir -p "$sysroot"
   for d in "$work"/debs/*.deb; do

@@ -12,6 +12,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tools/retry.sh
+. "$root/tools/retry.sh"
 deps=${AB_DEPS_DIR:-$root/.deps}
 suite=${AB_DLPACK_SUITE:-trixie}
 packages=(build-essential cmake pkg-config libcriterion-dev
@@ -36,8 +38,8 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup-deps: installing ${missing[*]}"
-  $sudo apt-get update -q
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  retry $sudo apt-get update -q
+  retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
 # A CUDA toolkit, for the CUDA backend and its tests against the simulated
@@ -92,8 +94,8 @@ echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.
 apt_opts=(-q -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
           -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
           -o "APT::Sandbox::User=$(id -un)")
-apt-get "${apt_opts[@]}" update >/dev/null
-(cd "$work" && apt-get "${apt_opts[@]}" download libdlpack-dev >/dev/null)
+retry apt-get "${apt_opts[@]}" update >/dev/null
+(cd "$work" && retry apt-get "${apt_opts[@]}" download libdlpack-dev >/dev/null)
 mkdir -p "$deps/dlpack.tmp"
 dpkg-deb -x "$work"/libdlpack-dev_*.deb "$deps/dlpack.tmp"
 major=$(dlpack_major "$deps/dlpack.tmp/usr/include/dlpack/dlpack.h")
