@@ -105,7 +105,7 @@ missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
-  retry $sudo apt-get update -q
+  retry_update $sudo apt-get update -q
   retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 # The DLPack header, copied where nothing else is: -I/usr/include would put
@@ -127,7 +127,7 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
   apt_opts=(-q -o "APT::Architecture=$debarch" -o "APT::Architectures::=$debarch"
             -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$work/status" -o "Dir::Cache=$work/cache"
             -o "APT::Sandbox::User=$(id -un)")
-  retry apt-get "${apt_opts[@]}" update >/dev/null
+  retry_update apt-get "${apt_opts[@]}" update >/dev/null
   # Lines at column 0 are packages (virtual ones and alternatives are
   # indented or in angle brackets).
   # shellcheck disable=SC2086

@@ -38,7 +38,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup-deps: installing ${missing[*]}"
-  retry $sudo apt-get update -q
+  retry_update $sudo apt-get update -q
   retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
@@ -94,7 +94,7 @@ echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.
 apt_opts=(-q -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
           -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
           -o "APT::Sandbox::User=$(id -un)")
-retry apt-get "${apt_opts[@]}" update >/dev/null
+retry_update apt-get "${apt_opts[@]}" update >/dev/null
 (cd "$work" && retry apt-get "${apt_opts[@]}" download libdlpack-dev >/dev/null)
 mkdir -p "$deps/dlpack.tmp"
 dpkg-deb -x "$work"/libdlpack-dev_*.deb "$deps/dlpack.tmp"
