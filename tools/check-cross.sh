@@ -128,6 +128,11 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
             -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$work/status" -o "Dir::Cache=$work/cache"
             -o "APT::Sandbox::User=$(id -un)")
   retry_update apt-get "${apt_opts[@]}" update >/dev/null
+  # What it asks for must resolve whole from the indexes fetched (apt-cache
+  # depends below leaves out a name it cannot find and says nothing).
+  # shellcheck disable=SC2086
+  apt-get "${apt_opts[@]}" -s install $want >/dev/null ||
+    { say "cannot resolve $want for $debarch from the package indexes fetched" >&2; exit 1; }
   # Lines at column 0 are packages (virtual ones and alternatives are
   # indented or in angle brackets).
   # shellcheck disable=SC2086
@@ -146,7 +151,9 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
     if [ -z "$qemu_name" ]; then case "$(basename "$d")" in libc6_*) continue ;; esac; fi
     dpkg-deb -x "$d" "$sysroot"
   done
-  echo "$debarch: $want" > "$sysroot/.packages"
+  # Marked done only from complete indexes: after a partial update, the
+  # next run fetches again.
+  [ "$retry_update_partial" = 1 ] || echo "$debarch: $want" > "$sysroot/.packages"
   rm -rf "$work"
   trap - EXIT
 fi

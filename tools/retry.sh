@@ -1,4 +1,5 @@
-# Sourced by tools/setup-deps.sh and tools/check-cross.sh (bash).
+# shellcheck shell=bash
+# Sourced by tools/setup-deps.sh and tools/check-cross.sh.
 #
 # retry CMD...: runs CMD, and where it fails, again after 20 and 40
 # seconds (three tries in all), for apt's fetches: a Debian mirror in the
@@ -18,15 +19,20 @@ retry() {
   return "$status"
 }
 
-# retry_update CMD...: an `apt-get ... update` through retry, whose last
-# failure is a warning, not the script's end: apt keeps every index it did
-# fetch, and the install or download after it fails by itself where what
-# it needs is in none of them. On 2026-12-05 the mirror served
-# bookworm-security's i386 index at the wrong size for hours (a clean-clone
-# CI run failed at the i386 sysroot fetch, every test before it passed),
-# while the main suite's, which holds every package asked for, was right.
+# retry_update CMD...: an `apt-get ... update` of several sources through
+# retry, whose last failure is a warning, not the script's end: apt keeps
+# every index it did fetch, and sets retry_update_partial=1 for the caller,
+# which must then check that what it needs resolves from them (an install
+# fails by itself; `apt-cache depends` does not). On 2026-12-05 the mirror
+# served bookworm-security's i386 index at the wrong size for hours (a
+# clean-clone CI run failed at the i386 sysroot fetch, every test before it
+# passed), while the main suite's, which holds every package asked for,
+# was right.
+retry_update_partial=0
 retry_update() {
   retry "$@" && return 0
+  # shellcheck disable=SC2034 # read by the caller
+  retry_update_partial=1
   echo "retry: '$*' failed on every try; going on with the indexes apt did fetch" >&2
   return 0
 }

@@ -94,7 +94,7 @@ echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.
 apt_opts=(-q -o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
           -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
           -o "APT::Sandbox::User=$(id -un)")
-retry_update apt-get "${apt_opts[@]}" update >/dev/null
+retry apt-get "${apt_opts[@]}" update >/dev/null # one source: nothing to go on with
 (cd "$work" && retry apt-get "${apt_opts[@]}" download libdlpack-dev >/dev/null)
 mkdir -p "$deps/dlpack.tmp"
 dpkg-deb -x "$work"/libdlpack-dev_*.deb "$deps/dlpack.tmp"
