@@ -542,7 +542,10 @@ class Jax(Adapter):
             # The C core's copy into the pool (aligned), which JAX then
             # shares, is done when this returns, and faster: 64 MiB float32
             # from NumPy, 2 cores, 34 ms by JAX's copy, 3-6 ms by ours
-            # (bench/results/2026-12-05-numpy-to-jax-unaligned.md).
+            # (bench/results/2026-12-05-numpy-to-jax-unaligned.md). Also
+            # before JAX narrows int64 (below), which it does faster from
+            # aligned memory: 64 MiB unaligned, 11-15 ms with our copy
+            # first, 35-41 ms without.
             t = _ab.to_device(t, t.device, copy=True)
         out = jax.dlpack.from_dlpack(t, device=dev)
         if t.dtype in _JAX_NARROW_INT and not mod.config.jax_enable_x64:

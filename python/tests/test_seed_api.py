@@ -472,7 +472,8 @@ def test_unaligned_numpy_data_reaches_jax_through_a_copy_of_ours():
     assert cpu_in_use_settled(before) == before
 
 
-@pytest.mark.parametrize("case", ["unaligned float32", "aligned int64 narrowed"])
+@pytest.mark.parametrize("case", ["unaligned float32", "aligned int64 narrowed", "unaligned int64 narrowed",
+                                  "read-only int64 narrowed"])
 def test_writes_to_the_source_after_a_copy_to_jax_do_not_reach_it(case):
     # JAX makes its own copies (of unaligned data; of 64-bit integers it
     # narrows, its 64-bit types off) after its import returns: a copy
@@ -484,9 +485,13 @@ def test_writes_to_the_source_after_a_copy_to_jax_do_not_reach_it(case):
     elif jax.config.jax_enable_x64:
         pytest.skip("JAX's 64-bit types are on: it keeps int64 as it is")
     else:
-        src = aligned(np.arange(1 << 23, dtype=np.int64))
+        place = unaligned if case.startswith("unaligned") else aligned
+        src = place(np.arange(1 << 23, dtype=np.int64))
     want = np.arange(src.size).astype(np.int32 if src.dtype == np.int64 else src.dtype)
+    if case.startswith("read-only"):
+        src.flags.writeable = False
     y = ab.convert_memory(src, "numpy", "jax")
+    src.flags.writeable = True  # a read-only view's owner may still write
     src[:] = -1
     got = np.asarray(y)
     assert got.dtype == want.dtype
