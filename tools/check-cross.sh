@@ -127,6 +127,7 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
   apt_opts=(-q -o "APT::Architecture=$debarch" -o "APT::Architectures::=$debarch"
             -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$work/status" -o "Dir::Cache=$work/cache"
             -o "APT::Sandbox::User=$(id -un)")
+  retry_update_partial=0 # this update's, not the system's above
   retry_update apt-get "${apt_opts[@]}" update >/dev/null
   # What it asks for must resolve whole from the indexes fetched (apt-cache
   # depends below leaves out a name it cannot find and says nothing).
