@@ -105,7 +105,7 @@ missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
-  retry_update $sudo apt-get update -q
+  retry_update $sudo apt-get update -q || true # the install below fails by itself
   retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 # The DLPack header, copied where nothing else is: -I/usr/include would put
@@ -127,8 +127,8 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
   apt_opts=(-q -o "APT::Architecture=$debarch" -o "APT::Architectures::=$debarch"
             -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$work/status" -o "Dir::Cache=$work/cache"
             -o "APT::Sandbox::User=$(id -un)")
-  retry_update_partial=0 # this update's, not the system's above
-  retry_update apt-get "${apt_opts[@]}" update >/dev/null
+  indexes=complete
+  retry_update apt-get "${apt_opts[@]}" update >/dev/null || indexes=partial
   # What it asks for must resolve whole from the indexes fetched (apt-cache
   # depends below leaves out a name it cannot find and says nothing).
   # shellcheck disable=SC2086
@@ -154,7 +154,7 @@ if [ "$criterion" = 1 ] && { [ ! -f "$sysroot/.packages" ] || [ "$(cat "$sysroot
   done
   # Marked done only from complete indexes: after a partial update, the
   # next run fetches again.
-  [ "$retry_update_partial" = 1 ] || echo "$debarch: $want" > "$sysroot/.packages"
+  [ "$indexes" = partial ] || echo "$debarch: $want" > "$sysroot/.packages"
   rm -rf "$work"
   trap - EXIT
 fi

@@ -20,19 +20,16 @@ retry() {
 }
 
 # retry_update CMD...: an `apt-get ... update` of several sources through
-# retry, whose last failure is a warning, not the script's end: apt keeps
-# every index it did fetch, and sets retry_update_partial=1 for the caller,
-# which must then check that what it needs resolves from them (an install
-# fails by itself; `apt-cache depends` does not). On 2026-12-05 the mirror
+# retry, whose last failure is a warning and status 1, which the caller
+# may let pass: apt keeps every index it did fetch, and an install after
+# it fails by itself where what it needs is in none of them (`apt-cache
+# depends` does not, so a caller of that checks). On 2026-12-05 the mirror
 # served bookworm-security's i386 index at the wrong size for hours (a
 # clean-clone CI run failed at the i386 sysroot fetch, every test before it
 # passed), while the main suite's, which holds every package asked for,
 # was right.
-retry_update_partial=0
 retry_update() {
   retry "$@" && return 0
-  # shellcheck disable=SC2034 # read by the caller
-  retry_update_partial=1
   echo "retry: '$*' failed on every try; going on with the indexes apt did fetch" >&2
-  return 0
+  return 1
 }

@@ -38,7 +38,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup-deps: installing ${missing[*]}"
-  retry_update $sudo apt-get update -q
+  retry_update $sudo apt-get update -q || true # the install below fails by itself
   retry $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
