@@ -379,6 +379,26 @@ def test_legacy_producers_and_consumers():
     a = np.arange(9, dtype=np.float64).reshape(3, 3)
     t = ab.from_dlpack(LegacyProducer(a))
     assert t.data_ptr == addr(a)
+    # copy=False: asked with max_version and copy, then without copy, then
+    # the legacy way, each after the producer's TypeError
+    assert ab.from_dlpack(LegacyProducer(a), copy=False).data_ptr == addr(a)
+    asked = []
+
+    class Refuses:  # a TypeError of its own, whatever it is asked
+        def __dlpack_device__(self):
+            return (KDLCPU, 0)
+
+        def __dlpack__(self, **kwargs):
+            asked.append(sorted(kwargs))
+            raise TypeError("refused %d" % len(asked))
+
+    with pytest.raises(TypeError, match="refused 3"):
+        ab.from_dlpack(Refuses(), copy=False)
+    assert asked == [["copy", "max_version"], ["max_version"], []]
+    asked.clear()
+    with pytest.raises(TypeError, match="refused 2"):
+        ab.from_dlpack(Refuses())
+    assert asked == [["max_version"], []]
     cap = t.__dlpack__()
     assert capsule_name(cap) == "dltensor"
     assert capsule_name(t.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
