@@ -1483,15 +1483,6 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
   return -1;
 }
 
-/* Calls x.__dlpack__: first asking for a versioned capsule, then, for
- * producers that do not know max_version (TypeError), the legacy way.
- * no_copy: also pass copy=False, so that a producer that cannot export
- * without copying refuses (BufferError) as the array API standard asks;
- * a producer that does not know the keyword (TypeError) is asked again
- * without it, and the consumer checks its IS_COPIED flag instead.
- * (copy=True is not passed on: a producer that copies and answers with a
- * legacy capsule, as JAX does, could not say so, and the data would be
- * copied twice.) */
 /* Names and values call_dlpack and producer_device pass on every import,
  * made once (intern_names, at the module's first import) and kept for
  * the process's life: made per call, they were a dict, a tuple and three
