@@ -1135,15 +1135,75 @@ static PyObject *tensor_reduce_ex(TensorObject *self, PyObject *proto_o) {
                        readonly, tensor_device(self, NULL));
 }
 
-static PyObject *tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kwargs) {
-  /* max_version and copy first: consumers pass them most, and CPython
-   * stops looking names up once every keyword given is found (see
-   * move_args_parse). */
-  static char *kwlist[] = {"max_version", "copy", "stream", "dl_device", NULL};
+/* to_device's and explain_route's arguments, in this order (move_names
+ * holds them interned): x and target by position or name, gpu_id too,
+ * the rest by name only. */
+enum { MOVE_X, MOVE_TARGET, MOVE_GPU_ID, MOVE_DTYPE, MOVE_COPY, MOVE_PERMUTE, MOVE_SCALE, MOVE_OFFSET,
+       MOVE_CHANNEL_AXIS, MOVE_CHANNEL_SCALE, MOVE_CHANNEL_OFFSET, MOVE_LAYOUT, MOVE_ARGS };
+static const char *const move_arg_names[MOVE_ARGS] = {"x",      "target",       "gpu_id",        "dtype",
+                                                        "copy",   "permute",      "scale",         "offset",
+                                                        "channel_axis", "channel_scale", "channel_offset", "layout"};
+static PyObject *move_names[MOVE_ARGS];
+
+/* Names and values the DLPack calls use on every import and export, made
+ * once (intern_names, at the module's first import) and kept for the
+ * process's life. call_dlpack and producer_device made them per call: a
+ * dict, a tuple and three strings made and hashed each time
+ * (to_device(a, "cpu:0") of a 4 KiB NumPy array: 0.70 -> 0.40-0.43 us on
+ * the development VM). */
+static PyObject *str_dlpack, *str_dlpack_device, *str_max_version, *str_stream, *str_copy, *str_dl_device,
+    *our_max_version, *int_one;
+
+static int intern_names(void) {
+  if (our_max_version != NULL) return 0;
+  str_dlpack = PyUnicode_InternFromString("__dlpack__");
+  str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+  str_max_version = PyUnicode_InternFromString("max_version");
+  str_stream = PyUnicode_InternFromString("stream");
+  str_copy = PyUnicode_InternFromString("copy");
+  str_dl_device = PyUnicode_InternFromString("dl_device");
+  for (int i = 0; i < MOVE_ARGS; i++)
+    if ((move_names[i] = PyUnicode_InternFromString(move_arg_names[i])) == NULL) return -1;
+  int_one = PyLong_FromLong(1);
+  PyObject *v = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+  if (!str_dlpack || !str_dlpack_device || !str_max_version || !str_stream || !str_copy || !str_dl_device ||
+      !int_one || !v) {
+    Py_XDECREF(v);
+    return -1;
+  }
+  our_max_version = v; /* last: the others are complete once it is set */
+  return 0;
+}
+
+/* Whether keyword k is `name` (interned): the same object, as a keyword
+ * written in the call is, or an equal string (one from a ** dict). */
+static int keyword_is(PyObject *k, PyObject *name) {
+  return k == name || (PyUnicode_Check(k) && PyUnicode_Compare(k, name) == 0);
+}
+
+/* Every consumer calls it, with up to four keywords, so its arguments are
+ * read from the vectorcall's own array and names (METH_FASTCALL):
+ * PyArg_ParseTupleAndKeywords made and hashed a str for each name it
+ * looked up (with max_version and copy, 0.32 -> 0.16 us a call on the
+ * development VM). */
+static PyObject *tensor_dlpack(TensorObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &max_version, &copy, &stream,
-                                   &dl_device))
+  if (nargs != 0) {
+    PyErr_SetString(PyExc_TypeError, "__dlpack__() takes no positional arguments");
     return NULL;
+  }
+  const Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nk; i++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[i];
+    if (keyword_is(k, str_max_version)) max_version = v;
+    else if (keyword_is(k, str_copy)) copy = v;
+    else if (keyword_is(k, str_stream)) stream = v;
+    else if (keyword_is(k, str_dl_device)) dl_device = v;
+    else {
+      PyErr_Format(PyExc_TypeError, "'%S' is an invalid keyword argument for __dlpack__()", k);
+      return NULL;
+    }
+  }
   const DLTensor *t = dl(self);
   DLDevice target = t->device;
   if (dl_device != Py_None) {
@@ -1290,7 +1350,7 @@ static PyObject *tensor_array(TensorObject *self, PyObject *args, PyObject *kwar
 }
 
 static PyMethodDef tensor_methods[] = {
-  {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+  {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_FASTCALL | METH_KEYWORDS,
    "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
    "Exports the tensor as a DLPack capsule: versioned (\"dltensor_versioned\") when max_version allows 1.x,\n"
    "legacy (\"dltensor\") otherwise. A view unless dl_device names another device or copy=True."},
@@ -1481,30 +1541,6 @@ static int take_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
     PyErr_Format(PyExc_TypeError, "__dlpack__ returned %.100s, not a capsule", Py_TYPE(cap)->tp_name);
   }
   return -1;
-}
-
-/* Names and values call_dlpack and producer_device pass on every import,
- * made once (intern_names, at the module's first import) and kept for
- * the process's life: made per call, they were a dict, a tuple and three
- * strings made and hashed each time (to_device(a, "cpu:0") of a 4 KiB
- * NumPy array: 0.70 -> 0.40-0.43 us on the development VM). */
-static PyObject *str_dlpack, *str_dlpack_device, *str_max_version, *str_stream, *str_copy, *our_max_version, *int_one;
-
-static int intern_names(void) {
-  if (our_max_version != NULL) return 0;
-  str_dlpack = PyUnicode_InternFromString("__dlpack__");
-  str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
-  str_max_version = PyUnicode_InternFromString("max_version");
-  str_stream = PyUnicode_InternFromString("stream");
-  str_copy = PyUnicode_InternFromString("copy");
-  int_one = PyLong_FromLong(1);
-  PyObject *v = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
-  if (!str_dlpack || !str_dlpack_device || !str_max_version || !str_stream || !str_copy || !int_one || !v) {
-    Py_XDECREF(v);
-    return -1;
-  }
-  our_max_version = v; /* last: the others are complete once it is set */
-  return 0;
 }
 
 /* Calls x.__dlpack__: first asking for a versioned capsule, then, for
@@ -2003,8 +2039,8 @@ static int gpu_id_arg(PyObject *gpu_id, DLDevice *target) {
 
 /* to_device's arguments, which explain_route takes alike: x, the target
  * (with gpu_id's id), dtype (NULL when not given), copy (-1, 0, 1), the
- * element maps and layout. format: PyArg's, ending in the function's name.
- * -1 with an exception. */
+ * element maps and layout. move_args_parse fills it (fname: the function's
+ * name, for its messages); -1 with an exception. */
 struct move_args {
   PyObject *x;
   DLDevice target;
@@ -2015,32 +2051,68 @@ struct move_args {
   enum layout layout;
 };
 
-static int move_args_parse(PyObject *args, PyObject *kwargs, const char *format, struct move_args *a) {
-  /* The keyword-only names in the order the Python layer passes them
-   * most (layout on every call, then copy and dtype): CPython looks the
-   * names up one by one, making a str of each, and stops once every
-   * keyword given is found, so layout alone is one look-up, not nine
-   * (to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy array:
-   * 1.21 -> 0.85 us on the development VM). */
-  static char *kwlist[] = {"x",       "target", "gpu_id",       "layout",        "copy",           "dtype", "permute",
-                           "scale",   "offset", "channel_axis", "channel_scale", "channel_offset", NULL};
-  PyObject *target_o, *gpu_id = Py_None, *dtype_o = Py_None, *copy = Py_None, *layout_o = Py_None;
-  a->m = (struct map_args){Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &a->x, &target_o, &gpu_id, &layout_o, &copy,
-                                   &dtype_o, &a->m.permute, &a->m.scale, &a->m.offset, &a->m.channel_axis,
-                                   &a->m.channel_scale, &a->m.channel_offset))
+/* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n)
+ * (borrowed; those not given are left as they are): argument i is named
+ * names[i] (interned), the first npos may come by position, the first
+ * nreq must be given. -1 with TypeError, in CPython's words, for what
+ * PyArg_ParseTupleAndKeywords would refuse. (That parser made and hashed
+ * a str for each name it looked up, one by one, until every keyword given
+ * was found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
+ * array took 1.21 us with layout listed last, 0.85 with it first, 0.39
+ * this way, on the development VM.) */
+static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     PyObject *const *names, int n, int npos, int nreq, PyObject **out) {
+  if (nargs > npos) {
+    PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname, npos, nargs);
     return -1;
-  if (device_from_object(target_o, &a->target) < 0 || gpu_id_arg(gpu_id, &a->target) < 0) return -1;
-  a->dtype = dtype_o == Py_None ? NULL : &a->dtype_buf;
-  if (a->dtype != NULL && dtype_from_object(dtype_o, &a->dtype_buf) < 0) return -1;
-  if ((a->copy = copy_arg(copy)) == -2) return -1;
-  return layout_arg(layout_o, &a->layout);
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+  const Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < nk; j++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, j);
+    int i = 0;
+    while (i < n && k != names[i]) i++; /* the same object: a keyword written in the call */
+    if (i == n)
+      for (i = 0; i < n && !keyword_is(k, names[i]); i++) {
+      }
+    if (i == n) {
+      PyErr_Format(PyExc_TypeError, "'%S' is an invalid keyword argument for %s()", k, fname);
+      return -1;
+    }
+    if (i < nargs) {
+      PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%S') and position (%d)", fname, k, i + 1);
+      return -1;
+    }
+    out[i] = args[nargs + j];
+  }
+  for (int i = 0; i < nreq; i++)
+    if (out[i] == NULL) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S' (pos %d)", fname, names[i], i + 1);
+      return -1;
+    }
+  return 0;
 }
 
-static PyObject *py_to_device(PyObject *mod, PyObject *args, PyObject *kwargs) {
+static int move_args_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                           struct move_args *a) {
+  PyObject *v[MOVE_ARGS] = {NULL};
+  if (fast_args(fname, args, nargs, kwnames, move_names, MOVE_ARGS, 3, 2, v) < 0) return -1;
+  for (int i = MOVE_GPU_ID; i < MOVE_ARGS; i++)
+    if (v[i] == NULL) v[i] = Py_None;
+  a->x = v[MOVE_X];
+  a->m = (struct map_args){v[MOVE_PERMUTE],      v[MOVE_SCALE],         v[MOVE_OFFSET],
+                           v[MOVE_CHANNEL_AXIS], v[MOVE_CHANNEL_SCALE], v[MOVE_CHANNEL_OFFSET]};
+  if (device_from_object(v[MOVE_TARGET], &a->target) < 0 || gpu_id_arg(v[MOVE_GPU_ID], &a->target) < 0) return -1;
+  a->dtype = v[MOVE_DTYPE] == Py_None ? NULL : &a->dtype_buf;
+  if (a->dtype != NULL && dtype_from_object(v[MOVE_DTYPE], &a->dtype_buf) < 0) return -1;
+  if ((a->copy = copy_arg(v[MOVE_COPY])) == -2) return -1;
+  return layout_arg(v[MOVE_LAYOUT], &a->layout);
+}
+
+static PyObject *py_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   struct move_args a;
   (void)mod;
-  if (move_args_parse(args, kwargs, "OO|O$OOOOOOOOO:to_device", &a) < 0) return NULL;
+  if (move_args_parse("to_device", args, nargs, kwnames, &a) < 0) return NULL;
   return import_and_convert(a.x, &a.target, a.copy, a.dtype, &a.m, a.layout);
 }
 
@@ -2752,10 +2824,10 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
   return device_string(ab_best_device());
 }
 
-static PyObject *py_explain_route(PyObject *mod, PyObject *args, PyObject *kwargs) {
+static PyObject *py_explain_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   struct move_args a;
   (void)mod;
-  if (move_args_parse(args, kwargs, "OO|O$OOOOOOOOO:explain_route", &a) < 0) return NULL;
+  if (move_args_parse("explain_route", args, nargs, kwnames, &a) < 0) return NULL;
   PyObject *x = a.x;
   struct map_buf mb;
   if (map_parse(&a.m, &mb) < 0) return NULL; /* before the import: it may run Python */
@@ -2806,7 +2878,7 @@ static PyMethodDef module_methods[] = {
    "copy: None (copy only if needed), True (always), False (never: BufferError when a copy is needed).\n"
    "readonly: mark the Tensor read-only whatever the producer said (JAX and TensorFlow arrays are immutable,\n"
    "but their DLPack exports do not say so)."},
-  {"to_device", (PyCFunction)(void (*)(void))py_to_device, METH_VARARGS | METH_KEYWORDS,
+  {"to_device", (PyCFunction)(void (*)(void))py_to_device, METH_FASTCALL | METH_KEYWORDS,
    "to_device(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
    "          channel_axis=None, channel_scale=None, channel_offset=None, layout='any')\n--\n\n"
    "Moves x (any DLPack producer) to target ('cpu', 'cuda', 'opencl:1', ...); gpu_id sets the device id\n"
@@ -2850,7 +2922,7 @@ static PyMethodDef module_methods[] = {
   {"best_device", py_best_device, METH_NOARGS,
    "best_device()\n--\n\nThe best device for work: a CUDA GPU, else an OpenCL GPU, else 'cpu:0' "
    "(AB_DEFAULT_DEVICE overrides)."},
-  {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_VARARGS | METH_KEYWORDS,
+  {"explain_route", (PyCFunction)(void (*)(void))py_explain_route, METH_FASTCALL | METH_KEYWORDS,
    "explain_route(x, target, gpu_id=None, *, dtype=None, copy=None, permute=None, scale=None, offset=None,\n"
    "              channel_axis=None, channel_scale=None, channel_offset=None, layout='any')\n--\n\n"
    "How to_device(x, target, ...) with the "

@@ -409,6 +409,49 @@ def test_legacy_producers_and_consumers():
     assert t.__dlpack_device__() == (KDLCPU, 0)
 
 
+def test_arguments_are_read_by_position_and_by_name_as_python_reads_them():
+    a = np.arange(6, dtype=np.float32)
+    # to_device and explain_route: x, target, gpu_id by position or name, the rest by name
+    for f in (ab.to_device, ab.explain_route):
+        name = f.__name__
+        with pytest.raises(TypeError, match=r"%s\(\) missing required argument 'target' \(pos 2\)" % name):
+            f(a)
+        with pytest.raises(TypeError, match=r"%s\(\) missing required argument 'x' \(pos 1\)" % name):
+            f(target="cpu")
+        with pytest.raises(TypeError, match=r"%s\(\) takes at most 3 positional arguments \(4 given\)" % name):
+            f(a, "cpu", None, True)
+        with pytest.raises(TypeError, match=r"argument for %s\(\) given by name \('target'\) and position \(2\)"
+                           % name):
+            f(a, "cpu", target="cpu")
+        with pytest.raises(TypeError, match="'layouts' is an invalid keyword argument for %s" % name):
+            f(a, "cpu", layouts="any")
+    # every name, also from a ** dict (strings made at run time, not the interned ones)
+    keys = {"".join(k): v for k, v in ((("x",), a), (("tar", "get"), "cpu"), (("gpu", "_id"), 0),
+                                         (("dt", "ype"), "float64"), (("co", "py"), True), (("perm", "ute"), (0,)),
+                                         (("sca", "le"), 2.0), (("off", "set"), 1.0), (("lay", "out"), "compact"))}
+    t = ab.to_device(**keys)
+    assert t.dtype == "float64" and t.data_ptr != addr(a)
+    np.testing.assert_array_equal(np.from_dlpack(t), a * 2.0 + 1.0)
+    assert "->" in ab.explain_route(**keys)
+    t = ab.to_device(a, "cpu", channel_axis=0, channel_scale=[2.0] * 6, channel_offset=[1.0] * 6, dtype="float64")
+    np.testing.assert_array_equal(np.from_dlpack(t), a * 2.0 + 1.0)
+    # Tensor.__dlpack__: keywords only
+    t = ab.to_device(a, "cpu")
+    with pytest.raises(TypeError, match=r"__dlpack__\(\) takes no positional arguments"):
+        t.__dlpack__(None)
+    with pytest.raises(TypeError, match="'streams' is an invalid keyword argument for __dlpack__"):
+        t.__dlpack__(streams=None)
+    kw = {"max" + "_version": (1, 0), "co" + "py": None, "str" + "eam": None, "dl" + "_device": (KDLCPU, 0)}
+    assert capsule_name(t.__dlpack__(**kw)) == "dltensor_versioned"
+    assert capsule_name(t.__dlpack__(**{"max" + "_version": (0, 8)})) == "dltensor"
+    with pytest.raises(TypeError, match="max_version must be None or a"):
+        t.__dlpack__(**{"max" + "_version": "1.0"})
+    with pytest.raises(ValueError, match="stream must be None for data in host memory"):
+        t.__dlpack__(**{"str" + "eam": 5})
+    with pytest.raises(BufferError, match="a copy is needed: the target is another device"):
+        ab.to_device(a[::2], "cpu", layout="compact").__dlpack__(**{"co" + "py": False, "dl" + "_device": (4, 0)})
+
+
 def capsule_data(cap):
     """The data pointer of an unconsumed versioned capsule's tensor."""
     import ctypes
