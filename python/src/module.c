@@ -1175,35 +1175,63 @@ static int intern_names(void) {
   return 0;
 }
 
-/* Whether keyword k is `name` (interned): the same object, as a keyword
- * written in the call is, or an equal string (one from a ** dict). */
-static int keyword_is(PyObject *k, PyObject *name) {
-  return k == name || (PyUnicode_Check(k) && PyUnicode_Compare(k, name) == 0);
+/* Whether keyword k is `name`: an equal string (one from a ** dict, not
+ * the interned name itself). */
+static int keyword_is(PyObject *k, PyObject *name) { return PyUnicode_Check(k) && PyUnicode_Compare(k, name) == 0; }
+
+/* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n)
+ * (borrowed; those not given are left as they are): argument i is named
+ * names[i] (interned), the first npos may come by position, the first
+ * nreq must be given. -1 with TypeError, in CPython's words, for what
+ * PyArg_ParseTupleAndKeywords would refuse (which named a missing
+ * argument before an unknown keyword). That parser made and hashed a str
+ * for each name it looked up, one by one, until every keyword given was
+ * found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
+ * array took 1.21 us through it, 0.39 through this, on the development
+ * VM. */
+static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                     PyObject *const *names, int n, int npos, int nreq, PyObject **out) {
+  if (nargs > npos) {
+    if (npos == 0) PyErr_Format(PyExc_TypeError, "%s() takes no positional arguments", fname);
+    else PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname, npos, nargs);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+  const Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < nk; j++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, j);
+    int i = 0;
+    while (i < n && k != names[i]) i++; /* the same object: a keyword written in the call */
+    if (i == n)
+      for (i = 0; i < n && !keyword_is(k, names[i]); i++) {
+      }
+    if (i == n) {
+      PyErr_Format(PyExc_TypeError, "'%S' is an invalid keyword argument for %s()", k, fname);
+      return -1;
+    }
+    if (i < nargs) {
+      PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%S') and position (%d)", fname, k, i + 1);
+      return -1;
+    }
+    out[i] = args[nargs + j];
+  }
+  for (int i = 0; i < nreq; i++)
+    if (out[i] == NULL) {
+      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S' (pos %d)", fname, names[i], i + 1);
+      return -1;
+    }
+  return 0;
 }
 
 /* Every consumer calls it, with up to four keywords, so its arguments are
- * read from the vectorcall's own array and names (METH_FASTCALL):
- * PyArg_ParseTupleAndKeywords made and hashed a str for each name it
- * looked up (with max_version and copy, 0.32 -> 0.16 us a call on the
- * development VM). */
+ * read by fast_args (with max_version and copy: 0.41 us a call through
+ * PyArg_ParseTupleAndKeywords, 0.16 this way, on the development VM). */
 static PyObject *tensor_dlpack(TensorObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-  PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-  if (nargs != 0) {
-    PyErr_SetString(PyExc_TypeError, "__dlpack__() takes no positional arguments");
-    return NULL;
-  }
-  const Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  for (Py_ssize_t i = 0; i < nk; i++) {
-    PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[i];
-    if (keyword_is(k, str_max_version)) max_version = v;
-    else if (keyword_is(k, str_copy)) copy = v;
-    else if (keyword_is(k, str_stream)) stream = v;
-    else if (keyword_is(k, str_dl_device)) dl_device = v;
-    else {
-      PyErr_Format(PyExc_TypeError, "'%S' is an invalid keyword argument for __dlpack__()", k);
-      return NULL;
-    }
-  }
+  PyObject *const names[] = {str_stream, str_max_version, str_dl_device, str_copy};
+  PyObject *v[4] = {NULL};
+  if (fast_args("__dlpack__", args, nargs, kwnames, names, 4, 0, 0, v) < 0) return NULL;
+  PyObject *stream = v[0] ? v[0] : Py_None, *max_version = v[1] ? v[1] : Py_None, *dl_device = v[2] ? v[2] : Py_None,
+           *copy = v[3] ? v[3] : Py_None;
   const DLTensor *t = dl(self);
   DLDevice target = t->device;
   if (dl_device != Py_None) {
@@ -2050,48 +2078,6 @@ struct move_args {
   struct map_args m;
   enum layout layout;
 };
-
-/* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n)
- * (borrowed; those not given are left as they are): argument i is named
- * names[i] (interned), the first npos may come by position, the first
- * nreq must be given. -1 with TypeError, in CPython's words, for what
- * PyArg_ParseTupleAndKeywords would refuse. (That parser made and hashed
- * a str for each name it looked up, one by one, until every keyword given
- * was found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
- * array took 1.21 us with layout listed last, 0.85 with it first, 0.39
- * this way, on the development VM.) */
-static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                     PyObject *const *names, int n, int npos, int nreq, PyObject **out) {
-  if (nargs > npos) {
-    PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname, npos, nargs);
-    return -1;
-  }
-  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
-  const Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  for (Py_ssize_t j = 0; j < nk; j++) {
-    PyObject *k = PyTuple_GET_ITEM(kwnames, j);
-    int i = 0;
-    while (i < n && k != names[i]) i++; /* the same object: a keyword written in the call */
-    if (i == n)
-      for (i = 0; i < n && !keyword_is(k, names[i]); i++) {
-      }
-    if (i == n) {
-      PyErr_Format(PyExc_TypeError, "'%S' is an invalid keyword argument for %s()", k, fname);
-      return -1;
-    }
-    if (i < nargs) {
-      PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%S') and position (%d)", fname, k, i + 1);
-      return -1;
-    }
-    out[i] = args[nargs + j];
-  }
-  for (int i = 0; i < nreq; i++)
-    if (out[i] == NULL) {
-      PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S' (pos %d)", fname, names[i], i + 1);
-      return -1;
-    }
-  return 0;
-}
 
 static int move_args_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                            struct move_args *a) {

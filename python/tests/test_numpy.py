@@ -385,8 +385,10 @@ def test_legacy_producers_and_consumers():
     asked = []
 
     class Refuses:  # a TypeError of its own, whatever it is asked
+        device = (KDLCPU, 0)
+
         def __dlpack_device__(self):
-            return (KDLCPU, 0)
+            return self.device
 
         def __dlpack__(self, **kwargs):
             asked.append(sorted(kwargs))
@@ -399,6 +401,14 @@ def test_legacy_producers_and_consumers():
     with pytest.raises(TypeError, match="refused 2"):
         ab.from_dlpack(Refuses())
     assert asked == [["max_version"], []]
+    # a CUDA producer is asked for the legacy default stream every time
+    # (refused before anything needs a GPU)
+    asked.clear()
+    cuda = Refuses()
+    cuda.device = (2, 0)
+    with pytest.raises(TypeError, match="refused 3"):
+        ab.from_dlpack(cuda, copy=False)
+    assert asked == [["copy", "max_version", "stream"], ["max_version", "stream"], ["stream"]]
     cap = t.__dlpack__()
     assert capsule_name(cap) == "dltensor"
     assert capsule_name(t.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
