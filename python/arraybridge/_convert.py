@@ -55,6 +55,25 @@ def _items(name, v):
         raise TypeError("%s must be a sequence" % name) from None
 
 
+# (source_type, target_type) as given -> (source, target, their adapters),
+# one look-up a call (a member as a dict key costs Enum's hash, which is
+# Python). Only names and members that are valid are kept: at most 12 x 12.
+_PAIRS = {}
+
+
+def _pair(source_type, target_type):
+    try:
+        return _PAIRS[source_type, target_type]
+    except (KeyError, TypeError):  # TypeError: an unhashable name, refused below
+        pass
+    source = memory_type(source_type, "source_type")
+    target = memory_type(target_type, "target_type")
+    pair = (source, target, ADAPTERS[source], ADAPTERS[target])
+    if type(source_type) in (str, MemoryType) and type(target_type) in (str, MemoryType):
+        _PAIRS[source_type, target_type] = pair
+    return pair
+
+
 def detect_memory_type(data):
     """The name of the framework data belongs to ('numpy', 'torch', ...),
     from the module of its type (no framework is imported); ValueError
@@ -91,9 +110,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     immutable) is read-only unless a keyword made it a copy. Any failure
     is a MemoryConversionError whose __cause__ is the exception behind it
     (MemoryError: out of memory)."""
-    source = memory_type(source_type, "source_type")
-    target = memory_type(target_type, "target_type")
-    sa, ta = ADAPTERS[source], ADAPTERS[target]
+    source, target, sa, ta = _pair(source_type, target_type)
     if not sa.owns(data):
         try:
             actual = detect_memory_type(data)

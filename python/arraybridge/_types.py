@@ -17,11 +17,6 @@ class MemoryType(Enum):
     JAX = "jax"
     PYCLESPERANTO = "pyclesperanto"
 
-    # By identity, as members compare: Enum's own hash is Python code,
-    # paid by each dict look-up keyed by a member (convert_memory makes
-    # several a call).
-    __hash__ = object.__hash__
-
     @property
     def display_name(self):
         """The framework's own spelling, as messages use it ('PyTorch')."""
