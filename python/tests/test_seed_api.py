@@ -242,6 +242,38 @@ def test_bool_and_negative_gpu_ids_are_refused_not_taken_as_devices():
             ab.convert_memory(a, "numpy", target, gpu_id=-1)
 
 
+def test_device_lists_are_read_once_per_process_and_again_in_a_forked_child():
+    """convert_memory checks a gpu_id against arraybridge's devices and
+    pyclesperanto's, listed once per process (they do not change while it
+    runs); a child forked after OpenCL started has no OpenCL devices, and
+    must not see its parent's list."""
+    opencl(1)
+    code = """
+import os, numpy as np, arraybridge as ab
+from arraybridge import _frameworks as F
+ab.to_device(np.ones(2, np.float32), "opencl:0")  # OpenCL started here
+first = F.our_devices()
+assert first == frozenset(ab.devices()) and "opencl:0" in first, first
+assert F.our_devices() is first
+pid = os.fork()
+if pid == 0:
+    names = F.our_devices()
+    os._exit(0 if names == frozenset(ab.devices()) and "opencl:0" not in names else 3)
+assert os.waitpid(pid, 0)[1] == 0
+try:
+    import pyclesperanto as cle
+except ImportError:
+    cle = None
+if cle is not None:
+    P = F.ADAPTERS[ab.MemoryType.PYCLESPERANTO]
+    ids = P.gpu_ids(cle)
+    assert ids == tuple(range(len(cle.list_available_devices()))) and P.gpu_ids(cle) is ids
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout, p.stderr[-2000:])
+
+
 def test_unhashable_memory_type_names_are_value_errors_naming_the_valid_ones():
     a = np.zeros(3)
     for bad in ([], {}):
