@@ -1179,8 +1179,12 @@ static int intern_names(void) {
  * the interned name itself). */
 static int keyword_is(PyObject *k, PyObject *name) { return PyUnicode_Check(k) && PyUnicode_Compare(k, name) == 0; }
 
-/* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n)
- * (borrowed; those not given are left as they are): argument i is named
+/* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n),
+ * each a new reference (those not given left NULL; args_release drops
+ * them). Held for the whole call: the vectorcall's array is the caller's,
+ * and functools.partial's holds no references of its own, so Python code
+ * run during the call (a producer's __dlpack__, an __index__) could free
+ * an argument it borrowed. Argument i is named
  * names[i] (interned), the first npos may come by position, the first
  * nreq must be given. -1 with TypeError, in CPython's words, for what
  * PyArg_ParseTupleAndKeywords would refuse (which named a missing
@@ -1189,8 +1193,13 @@ static int keyword_is(PyObject *k, PyObject *name) { return PyUnicode_Check(k) &
  * found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
  * array took 1.21 us through it, 0.39 through this, on the development
  * VM. */
+static void args_release(PyObject **v, int n) {
+  for (int i = 0; i < n; i++) Py_CLEAR(v[i]);
+}
+
 static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                      PyObject *const *names, int n, int npos, int nreq, PyObject **out) {
+  for (int i = 0; i < n; i++) out[i] = NULL;
   if (nargs > npos) {
     if (npos == 0) PyErr_Format(PyExc_TypeError, "%s() takes no positional arguments", fname);
     else PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)", fname, npos, nargs);
@@ -1220,18 +1229,29 @@ static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
       PyErr_Format(PyExc_TypeError, "%s() missing required argument '%S' (pos %d)", fname, names[i], i + 1);
       return -1;
     }
+  for (int i = 0; i < n; i++) Py_XINCREF(out[i]);
   return 0;
 }
 
 /* Every consumer calls it, with up to four keywords, so its arguments are
  * read by fast_args (with max_version and copy: 0.41 us a call through
  * PyArg_ParseTupleAndKeywords, 0.16 this way, on the development VM). */
+static PyObject *dlpack_export(TensorObject *self, PyObject *stream, PyObject *max_version, PyObject *dl_device,
+                               PyObject *copy);
+
 static PyObject *tensor_dlpack(TensorObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   PyObject *const names[] = {str_stream, str_max_version, str_dl_device, str_copy};
-  PyObject *v[4] = {NULL};
+  PyObject *v[4];
   if (fast_args("__dlpack__", args, nargs, kwnames, names, 4, 0, 0, v) < 0) return NULL;
-  PyObject *stream = v[0] ? v[0] : Py_None, *max_version = v[1] ? v[1] : Py_None, *dl_device = v[2] ? v[2] : Py_None,
-           *copy = v[3] ? v[3] : Py_None;
+  PyObject *r = dlpack_export(self, v[0] ? v[0] : Py_None, v[1] ? v[1] : Py_None, v[2] ? v[2] : Py_None,
+                              v[3] ? v[3] : Py_None);
+  args_release(v, 4);
+  return r;
+}
+
+/* __dlpack__ with its keywords read (None where not given). */
+static PyObject *dlpack_export(TensorObject *self, PyObject *stream, PyObject *max_version, PyObject *dl_device,
+                               PyObject *copy) {
   const DLTensor *t = dl(self);
   DLDevice target = t->device;
   if (dl_device != Py_None) {
@@ -2070,6 +2090,7 @@ static int gpu_id_arg(PyObject *gpu_id, DLDevice *target) {
  * element maps and layout. move_args_parse fills it (fname: the function's
  * name, for its messages); -1 with an exception. */
 struct move_args {
+  PyObject *held[MOVE_ARGS]; /* the arguments as given, owned (NULL: not given); move_args_release */
   PyObject *x;
   DLDevice target;
   DLDataType dtype_buf;
@@ -2079,12 +2100,11 @@ struct move_args {
   enum layout layout;
 };
 
-static int move_args_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                           struct move_args *a) {
-  PyObject *v[MOVE_ARGS] = {NULL};
-  if (fast_args(fname, args, nargs, kwnames, move_names, MOVE_ARGS, 3, 2, v) < 0) return -1;
-  for (int i = MOVE_GPU_ID; i < MOVE_ARGS; i++)
-    if (v[i] == NULL) v[i] = Py_None;
+static void move_args_release(struct move_args *a) { args_release(a->held, MOVE_ARGS); }
+
+static int move_args_read(struct move_args *a) {
+  PyObject *v[MOVE_ARGS];
+  for (int i = 0; i < MOVE_ARGS; i++) v[i] = a->held[i] != NULL ? a->held[i] : Py_None;
   a->x = v[MOVE_X];
   a->m = (struct map_args){v[MOVE_PERMUTE],      v[MOVE_SCALE],         v[MOVE_OFFSET],
                            v[MOVE_CHANNEL_AXIS], v[MOVE_CHANNEL_SCALE], v[MOVE_CHANNEL_OFFSET]};
@@ -2095,11 +2115,25 @@ static int move_args_parse(const char *fname, PyObject *const *args, Py_ssize_t 
   return layout_arg(v[MOVE_LAYOUT], &a->layout);
 }
 
+/* 0 with a's arguments held until move_args_release; -1 with an exception
+ * and nothing held. */
+static int move_args_parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                           struct move_args *a) {
+  if (fast_args(fname, args, nargs, kwnames, move_names, MOVE_ARGS, 3, 2, a->held) < 0) return -1;
+  if (move_args_read(a) < 0) {
+    move_args_release(a);
+    return -1;
+  }
+  return 0;
+}
+
 static PyObject *py_to_device(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   struct move_args a;
   (void)mod;
   if (move_args_parse("to_device", args, nargs, kwnames, &a) < 0) return NULL;
-  return import_and_convert(a.x, &a.target, a.copy, a.dtype, &a.m, a.layout);
+  PyObject *r = import_and_convert(a.x, &a.target, a.copy, a.dtype, &a.m, a.layout);
+  move_args_release(&a);
+  return r;
 }
 
 /* Whether o is an array of a framework whose arrays are immutable (JAX,
@@ -2810,10 +2844,20 @@ static PyObject *py_best_device(PyObject *mod, PyObject *unused) {
   return device_string(ab_best_device());
 }
 
+static PyObject *explain_route_of(const struct move_args *a);
+
 static PyObject *py_explain_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   struct move_args a;
   (void)mod;
   if (move_args_parse("explain_route", args, nargs, kwnames, &a) < 0) return NULL;
+  PyObject *r = explain_route_of(&a);
+  move_args_release(&a);
+  return r;
+}
+
+/* explain_route with its arguments read. */
+static PyObject *explain_route_of(const struct move_args *ap) {
+  const struct move_args a = *ap;
   PyObject *x = a.x;
   struct map_buf mb;
   if (map_parse(&a.m, &mb) < 0) return NULL; /* before the import: it may run Python */

@@ -462,6 +462,52 @@ def test_arguments_are_read_by_position_and_by_name_as_python_reads_them():
         ab.to_device(a[::2], "cpu", layout="compact").__dlpack__(**{"co" + "py": False, "dl" + "_device": (4, 0)})
 
 
+def test_arguments_outlive_python_code_run_by_the_call():
+    """functools.partial hands its stored arguments to a METH_FASTCALL
+    function without references of its own: a producer's __dlpack_device__
+    that resets the partial must not free x under the call (it spun or
+    crashed), nor an __index__ that drops __dlpack__'s max_version. In a
+    process of its own, so that a regression fails here, not the suite."""
+    code = """
+import functools, gc
+import numpy as np
+import arraybridge as ab
+src = ab.to_device(np.arange(3, dtype=np.float32), "cpu")
+freed = []
+class Resets:
+    def __del__(self):
+        freed.append(True)
+    def __dlpack_device__(self):
+        convert.__setstate__((ab.to_device, ("other",), None, None))
+        gc.collect()
+        assert not freed  # still held by the call
+        return (1, 0)
+    def __dlpack__(self, **kwargs):
+        return src.__dlpack__(**kwargs)
+convert = functools.partial(ab.to_device, Resets())
+assert np.from_dlpack(convert("cpu")).tolist() == [0, 1, 2]
+gc.collect()
+assert freed == [True]
+t = ab.to_device(np.arange(3, dtype=np.float32), "cpu")
+class Major:
+    def __index__(self):
+        export.__setstate__((t.__dlpack__, (), {}, None))
+        gc.collect()
+        return 1
+export = functools.partial(t.__dlpack__, max_version=(Major(), 0))
+assert np.from_dlpack(t).tolist() == [0, 1, 2] and export() is not None
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a call whose argument was freed under it did not return")
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout, p.stderr[-2000:])
+
+
 def capsule_data(cap):
     """The data pointer of an unconsumed versioned capsule's tensor."""
     import ctypes
