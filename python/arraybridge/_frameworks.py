@@ -698,7 +698,8 @@ class Pyclesperanto(Adapter):
             return ids
         listing = getattr(mod, "list_available_devices", None)
         ids = tuple(range(len(listing()))) if listing is not None else ()
-        Pyclesperanto._ids = (os.getpid(), mod, ids)
+        if ids:  # none is not kept: the module may be half imported (another thread's import)
+            Pyclesperanto._ids = (os.getpid(), mod, ids)
         return ids
 
     def default_gpu(self, mod):
@@ -810,3 +811,15 @@ class Pyclesperanto(Adapter):
 
 
 ADAPTERS = {a.memory_type: a for a in (NumPy(), CuPy(), Torch(), TensorFlow(), Jax(), Pyclesperanto())}
+
+
+def _forget_devices():
+    """In a forked child: the device lists are its own to make (the process
+    id check alone would trust a list whose maker's id the child reuses)."""
+    global _OUR_DEVICES
+    _OUR_DEVICES = (None, frozenset())
+    Pyclesperanto._ids = (None, None, ())
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_devices)

@@ -246,7 +246,7 @@ def test_device_lists_are_read_once_per_process_and_again_in_a_forked_child():
     """convert_memory checks a gpu_id against arraybridge's devices and
     pyclesperanto's, listed once per process (they do not change while it
     runs); a child forked after OpenCL started has no OpenCL devices, and
-    must not see its parent's list."""
+    must not see its parent's list. An empty list is not kept."""
     opencl(1)
     code = """
 import os, numpy as np, arraybridge as ab
@@ -264,10 +264,17 @@ try:
     import pyclesperanto as cle
 except ImportError:
     cle = None
+P = F.ADAPTERS[ab.MemoryType.PYCLESPERANTO]
 if cle is not None:
-    P = F.ADAPTERS[ab.MemoryType.PYCLESPERANTO]
     ids = P.gpu_ids(cle)
     assert ids == tuple(range(len(cle.list_available_devices()))) and P.gpu_ids(cle) is ids
+# a module without devices yet (another thread still importing it) is
+# asked again next time, not remembered as having none
+import types
+half = types.ModuleType("half")
+assert P.gpu_ids(half) == ()
+half.list_available_devices = lambda: ["a", "b"]
+assert P.gpu_ids(half) == (0, 1)
 print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
