@@ -1179,6 +1179,11 @@ static int intern_names(void) {
  * the interned name itself). */
 static int keyword_is(PyObject *k, PyObject *name) { return PyUnicode_Check(k) && PyUnicode_Compare(k, name) == 0; }
 
+/* Drops fast_args' references (and leaves v's slots NULL). */
+static void args_release(PyObject **v, int n) {
+  for (int i = 0; i < n; i++) Py_CLEAR(v[i]);
+}
+
 /* A METH_FASTCALL | METH_KEYWORDS function's arguments into out[0..n),
  * each a new reference (those not given left NULL; args_release drops
  * them). Held for the whole call: the vectorcall's array is the caller's,
@@ -1189,15 +1194,11 @@ static int keyword_is(PyObject *k, PyObject *name) { return PyUnicode_Check(k) &
  * nreq must be given. -1 with TypeError, in CPython 3.10-3.12's words
  * (3.13 adds "Did you mean ...?"), for what PyArg_ParseTupleAndKeywords
  * would refuse (which named a missing argument before an unknown
- * keyword, where this names the keyword, as a Python function does). That parser made and hashed a str
- * for each name it looked up, one by one, until every keyword given was
- * found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
+ * keyword, where this names the keyword, as a Python function does).
+ * That parser made and hashed a str for each name it looked up, one by
+ * one, until every keyword given was found: to_device(a, "cpu:0", layout="nonnegative") of a 4 KiB NumPy
  * array took 1.21 us through it, 0.39 through this, on the development
  * VM. */
-static void args_release(PyObject **v, int n) {
-  for (int i = 0; i < n; i++) Py_CLEAR(v[i]);
-}
-
 static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                      PyObject *const *names, int n, int npos, int nreq, PyObject **out) {
   for (int i = 0; i < n; i++) out[i] = NULL;
@@ -1234,12 +1235,12 @@ static int fast_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
   return 0;
 }
 
-/* Every consumer calls it, with up to four keywords, so its arguments are
- * read by fast_args (with max_version and copy: 0.41 us a call through
- * PyArg_ParseTupleAndKeywords, 0.16 this way, on the development VM). */
 static PyObject *dlpack_export(TensorObject *self, PyObject *stream, PyObject *max_version, PyObject *dl_device,
                                PyObject *copy);
 
+/* Every consumer calls it, with up to four keywords, so its arguments are
+ * read by fast_args (with max_version and copy: 0.41 us a call through
+ * PyArg_ParseTupleAndKeywords, 0.16 this way, on the development VM). */
 static PyObject *tensor_dlpack(TensorObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   PyObject *const names[] = {str_stream, str_max_version, str_dl_device, str_copy};
   PyObject *v[4];
@@ -2857,11 +2858,10 @@ static PyObject *py_explain_route(PyObject *mod, PyObject *const *args, Py_ssize
 }
 
 /* explain_route with its arguments read. */
-static PyObject *explain_route_of(const struct move_args *ap) {
-  const struct move_args a = *ap;
-  PyObject *x = a.x;
+static PyObject *explain_route_of(const struct move_args *a) {
+  PyObject *x = a->x;
   struct map_buf mb;
-  if (map_parse(&a.m, &mb) < 0) return NULL; /* before the import: it may run Python */
+  if (map_parse(&a->m, &mb) < 0) return NULL; /* before the import: it may run Python */
   /* A capsule is read in place and left unconsumed (explaining a move
    * does not make it); anything else is imported zero-copy. */
   const DLTensor *src = capsule_peek(x);
@@ -2883,7 +2883,7 @@ static PyObject *explain_route_of(const struct move_args *ap) {
   /* the options to_device would give the core (its own when it returns x
    * as it is: a view, strided as x is) */
   ab_convert_opts o;
-  const int r = convert_opts(src, &a.target, a.copy, a.dtype, &mb, a.layout, &o);
+  const int r = convert_opts(src, &a->target, a->copy, a->dtype, &mb, a->layout, &o);
   if (r < 0) {
     map_free(&mb);
     Py_XDECREF(t);
@@ -2893,7 +2893,7 @@ static PyObject *explain_route_of(const struct move_args *ap) {
     o = (ab_convert_opts)AB_CONVERT_OPTS_INIT;
     o.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
   }
-  const int rc = explain_unlocked(t == NULL ? x : NULL, src, a.target, &o, buf, sizeof buf, &st);
+  const int rc = explain_unlocked(t == NULL ? x : NULL, src, a->target, &o, buf, sizeof buf, &st);
   map_free(&mb);
   Py_XDECREF(t);
   if (rc < 0) return NULL;
