@@ -680,10 +680,8 @@ class Pyclesperanto(Adapter):
         # Once pyclesperanto is imported that is settled, either way: not
         # asked again on every call (after a conversion, with the caches
         # cold, the device list took about 5 us).
-        mod = sys.modules.get(self.import_name)
-        if mod is not None:
-            return mod
-        _ab.devices()
+        if self.loaded() is None:
+            _ab.devices()
         return super().module(source, target)
 
     # pyclesperanto 0.25 that found no backend (none of its backend
