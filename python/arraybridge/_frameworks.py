@@ -198,6 +198,12 @@ def our_devices():
     return names
 
 
+def _initializing(mod):
+    """Whether mod's import has begun and not yet finished (importlib marks
+    its spec so, for this very purpose, until the module's code has run)."""
+    return getattr(getattr(mod, "__spec__", None), "_initializing", False) is True
+
+
 class Adapter:
     """The default behaviour; subclasses override what differs."""
 
@@ -211,8 +217,11 @@ class Adapter:
 
     # ---- the framework itself -------------------------------------------------
     def module(self, source=None, target=None):
-        """The framework, imported; MemoryConversionError when it is missing."""
-        mod = sys.modules.get(self.import_name)
+        """The framework, imported; MemoryConversionError when it is missing.
+        While another thread is still importing it, this waits for that
+        import to finish (import_module takes the module's import lock), as
+        an import statement would."""
+        mod = self.loaded()
         if mod is not None:
             return mod
         try:
@@ -226,8 +235,13 @@ class Adapter:
                                                             type(e).__name__, e)) from e
 
     def loaded(self):
-        """The framework if the process already imported it, else None."""
-        return sys.modules.get(self.import_name)
+        """The framework if the process has imported it, else None. A module
+        that another thread is still importing is None: it is in sys.modules
+        from the start of its import, without the names it has yet to define
+        (torch's import takes seconds; a pool of threads converting at once
+        met an AttributeError there)."""
+        mod = sys.modules.get(self.import_name)
+        return None if mod is None or _initializing(mod) else mod
 
     def owns(self, obj):
         return owner_of(obj) is self.memory_type
@@ -696,7 +710,7 @@ class Pyclesperanto(Adapter):
             return ids
         listing = getattr(mod, "list_available_devices", None)
         ids = tuple(range(len(listing()))) if listing is not None else ()
-        if ids:  # none is not kept: the module may be half imported (another thread's import)
+        if ids:  # none is not kept: the importing thread itself may ask before the module lists any
             Pyclesperanto._ids = (os.getpid(), mod, ids)
         return ids
 

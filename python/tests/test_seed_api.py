@@ -268,8 +268,8 @@ P = F.ADAPTERS[ab.MemoryType.PYCLESPERANTO]
 if cle is not None:
     ids = P.gpu_ids(cle)
     assert ids == tuple(range(len(cle.list_available_devices()))) and P.gpu_ids(cle) is ids
-# a module without devices yet (another thread still importing it) is
-# asked again next time, not remembered as having none
+# a module without devices yet (its importing thread asking mid-import)
+# is asked again next time, not remembered as having none
 import types
 half = types.ModuleType("half")
 assert P.gpu_ids(half) == ()
@@ -279,6 +279,69 @@ print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("target", ["torch", "pyclesperanto"])
+def test_a_conversion_waits_for_another_threads_import_of_its_framework(target):
+    """The seed's pattern is a pool of threads converting at once: the first
+    to name a framework imports it, and a module is in sys.modules from the
+    start of its import. Another thread's conversion must wait for that
+    import, not take the half-made module (AttributeError, or pyclesperanto
+    "without devices"). An audit hook holds the importing thread inside its
+    import until the other thread has started its conversion."""
+    need(target)
+    if target == "pyclesperanto":
+        opencl(1)
+    code = """
+import sys, threading, time
+import numpy as np
+import arraybridge as ab
+NAME = sys.argv[1]
+assert NAME not in sys.modules
+a = np.arange(12, dtype=np.float32).reshape(3, 4)
+held, asking, results = [], threading.Event(), {}
+
+def hook(event, args):
+    # the importing thread, inside NAME's import (a submodule being found):
+    # hold it there until the other thread converts, and some more
+    if (event == "import" and not held and threading.current_thread().name == "first"
+            and str(args[0]).startswith(NAME + ".")):
+        held.append(str(args[0]))
+        asking.wait(60)
+        time.sleep(0.5)
+
+sys.addaudithook(hook)
+
+def convert(who):
+    try:
+        out = ab.convert_memory(a, "numpy", NAME)
+        results[who] = np.asarray(out.cpu() if NAME == "torch" else out.get())
+    except BaseException as e:
+        results[who] = e
+
+first = threading.Thread(target=convert, args=("first",), name="first")
+first.start()
+deadline = time.monotonic() + 120
+while not held and first.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.005)
+assert held, "the first thread's import was never held: %r" % (results,)
+mod = sys.modules[NAME]
+assert mod.__spec__._initializing, "held, but the import is not in progress"
+second = threading.Thread(target=convert, args=("second",), name="second")
+second.start()
+time.sleep(0.05)
+asking.set()
+second.join(180)
+first.join(180)
+for who in ("first", "second"):
+    r = results.get(who)
+    assert isinstance(r, np.ndarray) and np.array_equal(r, a), (who, r)
+print("ok", held[0])
+"""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), target], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stdout, r.stderr[-3000:])
 
 
 def test_unhashable_memory_type_names_are_value_errors_naming_the_valid_ones():
