@@ -283,6 +283,14 @@ bool ab__device_shortcut_ready(void) { return shortcut() != NULL; }
 
 ab_status ab__check_tensor_device(DLDevice dev, const char *what, bool is_target, DLDevice *resolved,
                                   const struct ab_backend **be) {
+  /* Host memory is one device, cpu:0. DLPack says a CPU tensor's
+   * device_id is 0, but JAX's CPU client with several devices
+   * (XLA_FLAGS=--xla_force_host_platform_device_count=N) exports its
+   * device's index there, and NumPy, torch and TensorFlow import such
+   * tensors as host memory. So does the library, for a tensor's own memory
+   * (a source, ab_convert_into's destination, ab_tensor_validate); a
+   * target names cpu:0 alone. */
+  if (!is_target && dev.device_type == kDLCPU && dev.device_id > 0) dev.device_id = 0;
   /* cpu:0, the commonest device, without the search (issue 18: the two
    * device checks were a sixth of a zero-copy call). */
   if (dev.device_type == kDLCPU && dev.device_id == 0) {

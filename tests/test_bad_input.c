@@ -277,11 +277,14 @@ Test(bad_input, unknown_source_device_type_is_invalid) {
   }
 }
 
-Test(bad_input, source_cpu_1_does_not_exist) {
+/* A CPU tensor's memory is host memory whatever its device_id says (JAX
+ * exports its CPU devices' indices there: test_convert), but an id below 0
+ * is no device at all. */
+Test(bad_input, source_cpu_with_a_negative_id_is_refused) {
   DLTensor t = good_tensor();
-  t.device = CPU1;
-  expect_tensor_rejected(&t, AB_ERR_NO_DEVICE, "cpu:1", "src cpu:1");
-  assert_message("src cpu:1", "device");
+  t.device = (DLDevice){kDLCPU, -1};
+  expect_tensor_rejected(&t, AB_ERR_INVALID_ARGUMENT, "negative", "src cpu:-1");
+  assert_message("src cpu:-1", "device id -1");
 }
 
 /* cpu:0 skips the device search once the backends are up
@@ -300,7 +303,10 @@ Test(bad_input, the_cpu_0_shortcut_agrees_with_the_search_across_shutdown) {
               r.device_id);
     cr_assert_eq(be, ab__backend_for(kDLCPU), "round %d: another backend", round);
     cr_assert(ab__device_shortcut_ready(), "round %d: no shortcut once the backends are up", round);
-    cr_assert_eq(ab__check_tensor_device(CPU1, "src device", false, &r, &be), AB_ERR_NO_DEVICE, "round %d", round);
+    cr_assert_eq(ab__check_tensor_device(CPU1, "target device", true, &r, &be), AB_ERR_NO_DEVICE, "round %d", round);
+    cr_assert_eq(ab__check_tensor_device(CPU1, "src device", false, &r, &be), AB_OK, "round %d", round);
+    cr_assert(r.device_type == kDLCPU && r.device_id == 0, "round %d: cpu:1 memory resolved to %d:%d", round,
+              r.device_type, r.device_id);
     cr_assert_eq(ab__check_tensor_device((DLDevice){kDLCPU, -3}, "src device", false, &r, &be),
                  AB_ERR_INVALID_ARGUMENT, "round %d", round);
     /* the staging type is still refused by its own check */

@@ -389,6 +389,44 @@ Test(convert, target_auto_on_cpu_resolves_to_cpu_0) {
   }
 }
 
+/* DLPack says a CPU tensor's device_id is 0; JAX's CPU client with several
+ * devices exports its device's index there. Such memory is host memory: a
+ * view (on cpu:0), a copy with a cast, a strided gather, a destination of
+ * ab_convert_into and ab_tensor_validate all take it, and nothing leaks. */
+Test(convert, a_cpu_tensor_with_another_device_id_is_host_memory) {
+  long live = ab__alloc_live_settled();
+  for (int32_t id = 1; id <= 3; id += 2) {
+    struct fixture f;
+    fixture_init(&f);
+    f.t.device = (DLDevice){kDLCPU, id};
+    cr_assert_eq(ab_tensor_validate(&f.t), AB_OK, "cpu:%d: %s", id, ab_last_error());
+    DLManagedTensorVersioned *r = NULL;
+    cr_assert_eq(ab_convert_memory(&f.t, CPU0, NULL, &r), AB_OK, "cpu:%d: %s", id, ab_last_error());
+    cr_assert_eq(r->dl_tensor.data, (void *)f.buf, "cpu:%d: not a view", id);
+    cr_assert(r->dl_tensor.device.device_type == kDLCPU && r->dl_tensor.device.device_id == 0,
+              "cpu:%d: the view is on %d:%d", id, r->dl_tensor.device.device_type, r->dl_tensor.device.device_id);
+    r->deleter(r);
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = dt(kDLFloat, 64, 1);
+    o.permute = (const int32_t[]){1, 0};
+    cr_assert_eq(ab_convert_memory(&f.t, CPU0, &o, &r), AB_OK, "cpu:%d: %s", id, ab_last_error());
+    cr_assert(r->dl_tensor.device.device_type == kDLCPU && r->dl_tensor.device.device_id == 0);
+    const double *d = r->dl_tensor.data;
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 6; j++)
+        cr_assert_eq(d[j * 4 + i], (double)f.buf[2 + i * 6 + j], "cpu:%d: [%d][%d]", id, j, i);
+    r->deleter(r);
+    float into[24] = {0};
+    DLTensor dst = {into, {kDLCPU, id + 1}, 2, dt(kDLFloat, 32, 1), f.shape, NULL, 0};
+    f.t.device = CPU0;
+    cr_assert_eq(ab_convert_into(&f.t, &dst, NULL), AB_OK, "into cpu:%d: %s", id + 1, ab_last_error());
+    cr_assert_eq(memcmp(into, f.buf + 2, sizeof into), 0, "into cpu:%d", id + 1);
+    /* a target is a device the library makes memory on: cpu:0 alone */
+    cr_assert_eq(ab_convert_memory(&f.t, (DLDevice){kDLCPU, id}, NULL, &r), AB_ERR_NO_DEVICE);
+  }
+  cr_assert_eq(ab__alloc_live_settled(), live);
+}
+
 /* ---- ab_tensor_alloc ----------------------------------------------------- */
 
 Test(convert, tensor_alloc_gives_a_writable_compact_aligned_tensor) {

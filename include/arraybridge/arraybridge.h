@@ -433,7 +433,9 @@ typedef struct ab_convert_opts {
 /** Returns a tensor with the contents of `src` on `target`.
  *
  * src:    a DLTensor on any device the library knows; validated before any
- *         byte of it is read (see docs/guide.md for what is accepted).
+ *         byte of it is read (see docs/guide.md for what is accepted). A
+ *         kDLCPU tensor is host memory whatever its device_id >= 0 (JAX
+ *         exports its CPU devices' indices there); a view of it is cpu:0.
  *         Never modified, not retained after the call returns except as
  *         described for views below.
  * target: the device; device_id AB_DEVICE_AUTO picks one (see above).

@@ -615,6 +615,43 @@ def test_read_only_numpy_data_stays_unwritten_through_torch_and_jax():
     assert isinstance(torch.zeros(1), torch.Tensor)
 
 
+def test_arrays_on_jaxs_other_cpu_devices_convert_as_host_memory():
+    """JAX with several CPU devices (XLA_FLAGS=--xla_force_host_platform_
+    device_count=N, how sharding is tried without accelerators) exports an
+    array of CPU device 1 with device_id 1, where DLPack says 0; NumPy,
+    torch and TensorFlow take it as host memory, and so must we (the C core
+    refused it: "cpu:1 does not exist"). A new process: JAX reads the flag
+    once."""
+    need("jax")
+    targets = ["numpy", "torch", "tensorflow"] + (["pyclesperanto"] if n_devices("opencl") else [])
+    for t in targets[1:]:
+        need(t)
+    code = """
+import sys, numpy as np, jax, jax.numpy as jnp, arraybridge as ab
+cpu1 = jax.devices("cpu")[1]
+x = jax.device_put(jnp.arange(12, dtype=jnp.float32).reshape(3, 4), cpu1)
+want = np.arange(12, dtype=np.float32).reshape(3, 4)
+assert x.__dlpack__().__class__.__name__ == "PyCapsule"
+t = ab.to_device(x, "cpu")
+assert t.device == "cpu:0" and np.asarray(t).ctypes.data == x.unsafe_buffer_pointer(), t  # a view
+n = ab.convert_memory(x, "jax", "numpy")
+assert n.ctypes.data == x.unsafe_buffer_pointer() and np.array_equal(n, want)
+np.testing.assert_array_equal(ab.convert_memory(x, "jax", "numpy", dtype="float64"), want)
+np.testing.assert_array_equal(ab.convert_memory(x.T, "jax", "numpy"), want.T)
+for target in sys.argv[1:]:
+    r = ab.convert_memory(x, "jax", target)
+    back = ab.convert_memory(r, target, "numpy")
+    np.testing.assert_array_equal(back, want, err_msg=target)
+y = ab.convert_memory(x, "jax", "jax")
+assert y is x
+print("ok")
+"""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", code] + targets[1:], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout, r.stderr[-3000:])
+
+
 def test_torch_conjugate_and_negative_views_give_their_values():
     torch = need("torch")
     z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
