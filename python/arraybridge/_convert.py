@@ -134,6 +134,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
                                     "has no data to convert; convert before tracing" % source.display_name)
     tmod = ta.module(source, target)
     device = ta.target_device(gpu_id, tmod, source, target)
+    asked = gpu_id
     if gpu_id is not None:
         gpu_id = id_of_device(device) if device != "cpu:0" else gpu_id
     try:
@@ -156,8 +157,22 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     except MemoryConversionError:
         raise
     except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's
+        # Asked only now, so that a conversion that works pays nothing for
+        # them: an array whose memory is in pieces (JAX's, over several
+        # devices) converts as its whole value, in one piece; an array with
+        # no memory to move (sparse, ragged, nested, meta) gets a reason
+        # that says what to convert instead of the framework's words.
+        try:
+            whole = sa.whole(data)
+        except Exception as e2:  # gathering the pieces failed (out of memory, say): that is the reason
+            raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
+                                        "%s: %s" % (type(e2).__name__, e2)) from e2
+        if whole is not None:
+            return convert_memory(whole, source, target, asked, dtype=dtype, permute=permute, scale=scale,
+                                  offset=offset, channel_axis=channel_axis, channel_scale=channel_scale,
+                                  channel_offset=channel_offset)
         raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
-                                    "%s: %s" % (type(e).__name__, e)) from e
+                                    sa.why_not(data) or "%s: %s" % (type(e).__name__, e)) from e
 
 
 __all__ = ["convert_memory", "detect_memory_type"]

@@ -316,6 +316,20 @@ class Adapter:
         """An array of the framework with t's data (zero-copy where it can)."""
         raise NotImplementedError
 
+    # Asked only after a conversion of obj failed (convert_memory): never
+    # on the way of one that works. Neither raises.
+    def whole(self, obj):
+        """obj's value as an array of the framework whose memory is one
+        piece, where obj's is in several (a JAX array over several devices);
+        else None."""
+        return None
+
+    def why_not(self, obj):
+        """Why obj has no memory to convert, and what to convert instead,
+        where the framework's own words do not say (a sparse tensor, say);
+        else None."""
+        return None
+
     def convert(self, producer, device, gpu_id, mod, opts):
         """producer's data as an array of the framework on device (gpu_id),
         converted as opts (to_device's keywords) say."""
@@ -426,6 +440,21 @@ class Torch(Adapter):
     def gpu_ids(self, mod):
         return tuple(range(mod.cuda.device_count())) if mod.cuda.is_available() else ()
 
+    def why_not(self, obj):
+        try:
+            obj = _keras_value(obj)
+            layout = str(obj.layout).replace("torch.", "")
+            if obj.is_nested:
+                return ("a torch nested tensor (layout %s) holds tensors of different shapes, not one array; convert "
+                        "tensor.to_padded_tensor(0), or its parts (tensor.unbind())" % layout)
+            if layout != "strided":
+                return "a torch %s tensor has no dense memory; convert tensor.to_dense()" % layout
+            if obj.is_meta:
+                return "a torch tensor on the meta device has a shape and a dtype but no data"
+        except Exception:  # not a tensor as this torch makes them: its own words stand
+            pass
+        return None
+
     def producer(self, obj):
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
         if obj.requires_grad:
@@ -517,6 +546,42 @@ class Jax(Adapter):
 
     def producer(self, obj):
         return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array
+
+    def whole(self, obj):
+        # An array over several devices has no DLPack export (JAX: "only
+        # supported for unsharded arrays"). A replicated one has its whole
+        # value on each device: its first device's copy, shared. Any other
+        # is gathered by JAX onto the first of its devices (a copy; GPU
+        # shards stay on GPUs; JAX's error, out of memory say, is raised).
+        # One spread over several processes has no whole value here:
+        # why_not says so.
+        try:
+            obj = _keras_value(obj)
+            devices = obj.sharding.device_set
+            if len(devices) < 2 or not obj.is_fully_addressable:
+                return None
+            if obj.sharding.is_fully_replicated:
+                return obj.addressable_data(0)
+            jax = sys.modules["jax"]
+            first = jax.sharding.SingleDeviceSharding(min(devices, key=lambda d: (d.platform, d.id)))
+        except Exception:  # not an array as this JAX makes them: the first error stands
+            return None
+        return jax.device_put(obj, first)
+
+    def why_not(self, obj):
+        try:
+            obj = _keras_value(obj)
+            if not obj.is_fully_addressable:
+                return ("a JAX array sharded over several processes has no whole value in this one; gather it first "
+                        "(jax.experimental.multihost_utils.process_allgather), or convert its local shards "
+                        "(array.addressable_shards)")
+            dtype = getattr(obj, "dtype", None)
+            if type(dtype).__name__ == "PRNGKeyType" or "key<" in str(dtype):
+                return ("a JAX array of typed PRNG keys has no DLPack form; convert its key data "
+                        "(jax.random.key_data(keys))")
+        except Exception:  # not an array as this JAX makes them: its own words stand
+            pass
+        return None
 
     def traced(self, obj):
         jax = sys.modules.get("jax")
@@ -615,6 +680,15 @@ class TensorFlow(Adapter):
     def producer(self, obj):
         # Variables and other tensor-likes: their value as a tf.Tensor.
         return obj if hasattr(obj, "__dlpack__") else self.module().convert_to_tensor(obj)
+
+    def why_not(self, obj):
+        kind = type(obj).__name__
+        if kind == "RaggedTensor":
+            return ("a tf.RaggedTensor has rows of different lengths, not one array; convert ragged.to_tensor() "
+                    "(padded) or ragged.flat_values")
+        if kind == "SparseTensor":
+            return "a tf.SparseTensor has no dense memory; convert tf.sparse.to_dense(sparse)"
+        return None
 
     def device_of(self, obj):
         return super().device_of(self.producer(obj))

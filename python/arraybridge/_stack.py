@@ -52,7 +52,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
         else:
             out = _ab.empty(full, dtype, device)
         for i, s in enumerate(slices):
-            _ab.convert_into(ADAPTERS[MemoryType(detect_memory_type(s))].producer(s), out, index=i)
+            _into(out, s, i)
     except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
         raise MemoryConversionError("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e)) from e
     if mt is MemoryType.PYCLESPERANTO:
@@ -63,6 +63,23 @@ def stack_slices(slices, memory_type, gpu_id=None):
         return adapter.from_tensor(out, mod, gpu_id)
     except Exception as e:  # the framework's own refusal (NumPy has no bfloat16, say)
         raise MemoryConversionError("stack", mt, "%s from_dlpack" % mt.value, "%s: %s" % (type(e).__name__, e)) from e
+
+
+def _into(out, s, i):
+    """Slice s into out[i]: where s's memory is in pieces (a JAX array over
+    several devices) its whole value; a slice with no memory to move is a
+    ValueError with its adapter's reason (convert_memory's rules)."""
+    adapter = ADAPTERS[MemoryType(detect_memory_type(s))]
+    try:
+        _ab.convert_into(adapter.producer(s), out, index=i)
+    except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
+        whole = adapter.whole(s)
+        if whole is None:
+            why = adapter.why_not(s)
+            if why is None:
+                raise
+            raise ValueError("slice %d: %s" % (i, why)) from e
+        _ab.convert_into(adapter.producer(whole), out, index=i)
 
 
 def unstack_slices(array, memory_type, gpu_id=None, validate_slices=True):

@@ -615,13 +615,14 @@ def test_read_only_numpy_data_stays_unwritten_through_torch_and_jax():
     assert isinstance(torch.zeros(1), torch.Tensor)
 
 
-def test_arrays_on_jaxs_other_cpu_devices_convert_as_host_memory():
+def test_jax_arrays_on_other_cpu_devices_and_over_several_convert():
     """JAX with several CPU devices (XLA_FLAGS=--xla_force_host_platform_
     device_count=N, how sharding is tried without accelerators) exports an
     array of CPU device 1 with device_id 1, where DLPack says 0; NumPy,
     torch and TensorFlow take it as host memory, and so must we (the C core
-    refused it: "cpu:1 does not exist"). A new process: JAX reads the flag
-    once."""
+    refused it: "cpu:1 does not exist"). An array over both devices has no
+    DLPack export at all: it converts as its whole value (np.asarray gives
+    that too). A new process: JAX reads the flag once."""
     need("jax")
     targets = ["numpy", "torch", "tensorflow"] + (["pyclesperanto"] if n_devices("opencl") else [])
     for t in targets[1:]:
@@ -644,12 +645,66 @@ for target in sys.argv[1:]:
     np.testing.assert_array_equal(back, want, err_msg=target)
 y = ab.convert_memory(x, "jax", "jax")
 assert y is x
+
+# Over both devices: JAX exports no DLPack ("only supported for unsharded
+# arrays"); the whole value converts, a replicated array's from its copy
+# on one device (shared), a split one gathered by JAX first.
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+want4 = np.arange(16, dtype=np.float32).reshape(4, 4)
+mesh = Mesh(np.array(jax.devices("cpu")), ("x",))
+split = jax.device_put(jnp.asarray(want4), NamedSharding(mesh, P("x")))
+copies = jax.device_put(jnp.asarray(want4), NamedSharding(mesh, P()))
+for a in (split, copies):
+    try:
+        a.__dlpack__()
+        raise AssertionError("JAX exported an array over two devices")
+    except BufferError:
+        pass
+    for target in ["numpy"] + sys.argv[1:]:
+        r = ab.convert_memory(a, "jax", target)
+        np.testing.assert_array_equal(ab.convert_memory(r, target, "numpy"), want4, err_msg=target)
+    r = ab.convert_memory(a, "jax", "jax")
+    assert len(r.devices()) == 1 and np.array_equal(np.asarray(r), want4)
+    h = ab.convert_memory(a, "jax", "numpy", dtype="float64", permute=(1, 0))
+    assert h.dtype == np.float64 and np.array_equal(h, want4.T)
+    st = ab.stack_slices([a, a + 1], "numpy")
+    np.testing.assert_array_equal(st, np.stack([want4, want4 + 1]))
+n = ab.convert_memory(copies, "jax", "numpy")
+assert n.ctypes.data in [s.data.unsafe_buffer_pointer() for s in copies.addressable_shards]  # shared, not gathered
+assert not n.flags.writeable
 print("ok")
 """
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", code] + targets[1:], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout, r.stderr[-3000:])
+
+
+def test_arrays_without_memory_to_move_say_what_to_convert_instead():
+    """Sparse, nested, meta, ragged tensors and typed PRNG keys have no
+    dense memory (DLPack has no form for them): the reason names what to
+    convert instead, and the framework's own error is the cause."""
+    torch, tf, jax = need("torch"), need("tensorflow"), need("jax")
+    cases = [
+        ("torch", torch.eye(3).to_sparse(), "sparse_coo tensor has no dense memory; convert tensor.to_dense()"),
+        ("torch", torch.eye(3).to_sparse_csr(), "sparse_csr tensor has no dense memory"),
+        ("torch", torch.empty(2, device="meta"), "meta device has a shape and a dtype but no data"),
+        ("torch", torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "to_padded_tensor"),
+        ("tensorflow", tf.ragged.constant([[1], [2, 3]]), "RaggedTensor has rows of different lengths"),
+        ("tensorflow", tf.sparse.from_dense(tf.eye(2)), "tf.sparse.to_dense"),
+        ("jax", jax.random.key(0), r"jax.random.key_data\(keys\)"),
+    ]
+    for source, data, words in cases:
+        for target in ("numpy", "torch" if source != "torch" else "jax"):
+            with pytest.raises(ab.MemoryConversionError, match=words) as info:
+                ab.convert_memory(data, source, target)
+            assert info.value.__cause__ is not None, (source, target)
+    for source, data, words in cases[:2] + cases[5:6]:  # the 2-D ones, as slices
+        with pytest.raises(ab.MemoryConversionError, match=words):
+            ab.stack_slices([data, data], "numpy")
+    # a tensor that does convert is not asked
+    t = torch.eye(2)
+    np.testing.assert_array_equal(ab.convert_memory(t, "torch", "numpy"), np.eye(2))
 
 
 def test_torch_conjugate_and_negative_views_give_their_values():
