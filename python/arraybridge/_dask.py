@@ -33,6 +33,7 @@ import threading
 import warnings
 
 from . import _arraybridge as _ab
+from ._frameworks import imported
 from ._types import id_of_device
 
 _PROTOCOL = "distributed.protocol"
@@ -187,6 +188,8 @@ class _WhenImported(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path, target=None):
         if name != _PROTOCOL:
+            if _late and not _registered:
+                _register_late()
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -211,12 +214,32 @@ def _uninstall():
         pass
 
 
+# Whether install() found distributed.protocol half-imported by another
+# thread: its loader was found before the hook went in, so the hook never
+# sees it; it registers at the first import anywhere after it has run
+# (distributed's own __init__ imports more after it).
+_late = False
+
+
+def _register_late():
+    protocol = imported(_PROTOCOL)
+    if protocol is None:
+        return
+    _uninstall()
+    try:
+        _register(protocol)
+    except Exception as e:  # a distributed whose API moved: the import under way must still work
+        warnings.warn("arraybridge: Tensor's Dask serializers not registered: %r" % (e,), RuntimeWarning)
+
+
 def install():
     """Registers now if distributed.protocol is imported, else when it is."""
+    global _late
     protocol = sys.modules.get(_PROTOCOL)
-    if protocol is not None and hasattr(protocol, "dask_serialize"):
+    if protocol is not None and imported(_PROTOCOL) is not None and hasattr(protocol, "dask_serialize"):
         _register(protocol)
     elif _hook not in sys.meta_path:
+        _late = protocol is not None
         sys.meta_path.insert(0, _hook)
 
 

@@ -70,7 +70,7 @@ def is_array(obj):
     reduction gives."""
     if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):
         return False
-    numpy = sys.modules.get("numpy")
+    numpy = imported("numpy")
     return numpy is None or not isinstance(obj, numpy.generic)
 
 
@@ -103,7 +103,7 @@ def numpy_dtype_name(name):
     or the string no dtype of NumPy's. The C core asks only for a name it
     does not know itself; a spelling of the other byte order ('>f4') is
     dtype_arg's ValueError."""
-    numpy = sys.modules.get("numpy")
+    numpy = imported("numpy")
     if numpy is None:
         try:
             import numpy
@@ -204,6 +204,14 @@ def _initializing(mod):
     return getattr(getattr(mod, "__spec__", None), "_initializing", False) is True
 
 
+def imported(name):
+    """The module if its import has finished, else None (not imported, or
+    another thread still importing it: in sys.modules from the start,
+    without the names it has yet to define)."""
+    mod = sys.modules.get(name)
+    return None if mod is None or _initializing(mod) else mod
+
+
 class Adapter:
     """The default behaviour; subclasses override what differs."""
 
@@ -219,14 +227,18 @@ class Adapter:
     def module(self, source=None, target=None):
         """The framework, imported; MemoryConversionError when it is missing.
         While another thread is still importing it, this waits for that
-        import to finish (import_module takes the module's import lock), as
-        an import statement would."""
+        import to finish (import_module takes the module's import lock).
+        Where that thread in turn waits for this one's import (a cycle of
+        imports across threads), the half-made module, as an import
+        statement gives."""
         mod = self.loaded()
         if mod is not None:
             return mod
         try:
             return importlib.import_module(self.import_name)
         except Exception as e:  # a broken install raises OSError (a missing libcudart), AttributeError, ...
+            if type(e).__name__ == "_DeadlockError" and sys.modules.get(self.import_name) is not None:
+                return sys.modules[self.import_name]
             mt = self.memory_type
             missing = isinstance(e, ModuleNotFoundError) and e.name == self.import_name
             raise MemoryConversionError(source or mt, target or mt, "import %s" % self.import_name,
@@ -240,8 +252,7 @@ class Adapter:
         from the start of its import, without the names it has yet to define
         (torch's import takes seconds; a pool of threads converting at once
         met an AttributeError there)."""
-        mod = sys.modules.get(self.import_name)
-        return None if mod is None or _initializing(mod) else mod
+        return imported(self.import_name)
 
     def owns(self, obj):
         return owner_of(obj) is self.memory_type
@@ -546,6 +557,19 @@ class Jax(Adapter):
 
     def producer(self, obj):
         return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array
+
+    def device_of(self, obj):
+        try:
+            return super().device_of(obj)
+        except BufferError:  # over several devices: no DLPack, so no __dlpack_device__
+            try:
+                devices = _keras_value(obj).sharding.device_set
+            except Exception:  # not an array as this JAX makes them
+                raise BufferError("%s has no DLPack device" % type(obj).__name__) from None
+            # All of them host memory, cpu:0 to the C core (JAX's CPU device
+            # N exports id N): a jax -> jax call for the host leaves it as it
+            # is, shards and all.
+            return "cpu:0" if all(d.platform == "cpu" for d in devices) else None
 
     def whole(self, obj):
         # An array over several devices has no DLPack export (JAX: "only

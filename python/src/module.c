@@ -1941,6 +1941,12 @@ static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLMan
     raise_and_release(st, mt);
     return -1;
   }
+  /* Host memory is cpu:0 from here on: JAX exports its CPU devices' index
+   * as a CPU tensor's device_id (DLPack says 0), which the C core takes as
+   * host memory, but which would make a Tensor say cpu:1, and so ask for
+   * cpu:1 (no device) where it is its own target. The tensor is ours now;
+   * deleters read no device. */
+  if (mt->dl_tensor.device.device_type == kDLCPU) mt->dl_tensor.device.device_id = 0;
   /* A device producer's data must be complete before anything reads it
    * from another stream or the host: the producer ordered it before the
    * default stream (stream=1, see call_dlpack); wait for that stream. */

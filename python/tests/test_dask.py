@@ -65,6 +65,40 @@ def test_importing_arraybridge_does_not_import_distributed_and_either_order_regi
     assert out.split() == ["True", "dask"]
 
 
+def test_arraybridge_imported_during_another_threads_import_of_distributed_registers():
+    """distributed.protocol is in sys.modules from the start of its import,
+    without dask_serialize; arraybridge imported meanwhile (in another
+    thread) cannot wrap a loader already found. It registers once that
+    import has finished, at the next import, and takes its hook out. An
+    audit hook holds the importing thread inside distributed.protocol."""
+    need_distributed()
+    out = run_py("""
+        import sys, threading, time
+        held, go = [], threading.Event()
+
+        def hook(event, args):
+            if (event == "import" and not held and threading.current_thread().name == "dist"
+                    and str(args[0]).startswith("distributed.protocol.")):
+                held.append(str(args[0]))
+                go.wait(60)
+
+        sys.addaudithook(hook)
+        t = threading.Thread(target=lambda: __import__("distributed.protocol"), name="dist")
+        t.start()
+        while not held and t.is_alive():
+            time.sleep(0.005)
+        assert held and not hasattr(sys.modules["distributed.protocol"], "dask_serialize"), held
+        import arraybridge
+        print(arraybridge._dask.registered())
+        go.set()
+        t.join(120)
+        import distributed.protocol as dp
+        print(arraybridge._dask.registered(), arraybridge._dask._hook in sys.meta_path,
+              dp.serialize(arraybridge.empty((2,), "uint8"))[0]["serializer"])
+        """)
+    assert out.split() == ["False", "True", "False", "dask"], out
+
+
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64", "complex64", "complex128"]
 

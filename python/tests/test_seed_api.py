@@ -645,6 +645,11 @@ for target in sys.argv[1:]:
     np.testing.assert_array_equal(back, want, err_msg=target)
 y = ab.convert_memory(x, "jax", "jax")
 assert y is x
+# imported as a Tensor, it is host memory (cpu:0), which is also its own target
+t = ab.from_dlpack(x)
+assert t.device == "cpu:0" and t.__dlpack_device__() == (1, 0), t
+for c in (ab.from_dlpack(x, copy=True), ab.to_device(t, t.device, copy=True), np.from_dlpack(t, copy=True)):
+    np.testing.assert_array_equal(np.asarray(c), want)
 
 # Over both devices: JAX exports no DLPack ("only supported for unsharded
 # arrays"); the whole value converts, a replicated array's from its copy
@@ -663,12 +668,25 @@ for a in (split, copies):
     for target in ["numpy"] + sys.argv[1:]:
         r = ab.convert_memory(a, "jax", target)
         np.testing.assert_array_equal(ab.convert_memory(r, target, "numpy"), want4, err_msg=target)
-    r = ab.convert_memory(a, "jax", "jax")
+    # to JAX's host memory: it is there (both devices are the host's), shards and all
+    assert ab.convert_memory(a, "jax", "jax") is a
+    r = ab.convert_memory(a, "jax", "jax", dtype="float64")
     assert len(r.devices()) == 1 and np.array_equal(np.asarray(r), want4)
     h = ab.convert_memory(a, "jax", "numpy", dtype="float64", permute=(1, 0))
     assert h.dtype == np.float64 and np.array_equal(h, want4.T)
     st = ab.stack_slices([a, a + 1], "numpy")
     np.testing.assert_array_equal(st, np.stack([want4, want4 + 1]))
+# a failure that is not about the pieces gathers nothing first
+from arraybridge import _frameworks as F
+J = F.ADAPTERS[ab.MemoryType.JAX]
+asked = []
+J.whole = lambda obj, _w=J.whole: asked.append(obj) or _w(obj)
+try:
+    ab.convert_memory(split, "jax", "numpy", dtype="nonsense")
+    raise AssertionError("a bad dtype converted")
+except ab.MemoryConversionError as e:
+    assert "nonsense" in str(e) and not asked, (e, len(asked))
+del J.whole
 n = ab.convert_memory(copies, "jax", "numpy")
 assert n.ctypes.data in [s.data.unsafe_buffer_pointer() for s in copies.addressable_shards]  # shared, not gathered
 assert not n.flags.writeable
