@@ -2009,7 +2009,11 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
     }
     if (r == 1) {
       /* named as it was again after, for take_capsule below or the caller */
-      if (explain_unlocked(x, peek, target ? *target : peek->device, &o, NULL, 0, &st) < 0 || st != AB_OK) {
+      /* no target: its own device, where a CPU tensor's is cpu:0 whatever
+       * id it names (as import_tensor sets it) */
+      DLDevice own = peek->device;
+      if (own.device_type == kDLCPU) own.device_id = 0;
+      if (explain_unlocked(x, peek, target ? *target : own, &o, NULL, 0, &st) < 0 || st != AB_OK) {
         map_free(&mb);
         return PyErr_Occurred() ? NULL : raise_status(st);
       }

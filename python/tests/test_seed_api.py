@@ -648,7 +648,8 @@ assert y is x
 # imported as a Tensor, it is host memory (cpu:0), which is also its own target
 t = ab.from_dlpack(x)
 assert t.device == "cpu:0" and t.__dlpack_device__() == (1, 0), t
-for c in (ab.from_dlpack(x, copy=True), ab.to_device(t, t.device, copy=True), np.from_dlpack(t, copy=True)):
+for c in (ab.from_dlpack(x, copy=True), ab.to_device(t, t.device, copy=True), np.from_dlpack(t, copy=True),
+          ab.from_dlpack(x.__dlpack__(), copy=True), ab.to_device(x.__dlpack__(), "cpu", dtype="float64")):
     np.testing.assert_array_equal(np.asarray(c), want)
 
 # Over both devices: JAX exports no DLPack ("only supported for unsharded
