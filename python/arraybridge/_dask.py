@@ -235,11 +235,11 @@ def _register_late():
 def install():
     """Registers now if distributed.protocol is imported, else when it is."""
     global _late
-    protocol = sys.modules.get(_PROTOCOL)
-    if protocol is not None and imported(_PROTOCOL) is not None and hasattr(protocol, "dask_serialize"):
+    protocol = imported(_PROTOCOL)
+    if protocol is not None and hasattr(protocol, "dask_serialize"):
         _register(protocol)
     elif _hook not in sys.meta_path:
-        _late = protocol is not None
+        _late = _PROTOCOL in sys.modules  # half-imported
         sys.meta_path.insert(0, _hook)
 
 

@@ -327,18 +327,18 @@ class Adapter:
         """An array of the framework with t's data (zero-copy where it can)."""
         raise NotImplementedError
 
-    # Asked only after a conversion of obj failed (convert_memory): never
-    # on the way of one that works. Neither raises.
+    # Asked only after a conversion of obj failed (convert_memory,
+    # stack_slices): never on the way of one that works.
     def whole(self, obj):
         """obj's value as an array of the framework whose memory is one
         piece, where obj's is in several (a JAX array over several devices);
-        else None."""
+        else None. Raises only the framework's own error in making it."""
         return None
 
     def why_not(self, obj):
         """Why obj has no memory to convert, and what to convert instead,
         where the framework's own words do not say (a sparse tensor, say);
-        else None."""
+        else None. Never raises."""
         return None
 
     def convert(self, producer, device, gpu_id, mod, opts):
@@ -558,14 +558,23 @@ class Jax(Adapter):
     def producer(self, obj):
         return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array
 
+    @staticmethod
+    def _devices(obj):
+        """The devices obj's array is on, where there are several; else None
+        (one device, or not an array as this JAX makes them)."""
+        try:
+            devices = _keras_value(obj).sharding.device_set
+            return devices if len(devices) > 1 else None
+        except Exception:
+            return None
+
     def device_of(self, obj):
         try:
             return super().device_of(obj)
         except BufferError:  # over several devices: no DLPack, so no __dlpack_device__
-            try:
-                devices = _keras_value(obj).sharding.device_set
-            except Exception:  # not an array as this JAX makes them
-                raise BufferError("%s has no DLPack device" % type(obj).__name__) from None
+            devices = self._devices(obj)
+            if devices is None:
+                raise
             # All of them host memory, cpu:0 to the C core (JAX's CPU device
             # N exports id N): a jax -> jax call for the host leaves it as it
             # is, shards and all.
@@ -574,15 +583,17 @@ class Jax(Adapter):
     def whole(self, obj):
         # An array over several devices has no DLPack export (JAX: "only
         # supported for unsharded arrays"). A replicated one has its whole
-        # value on each device: its first device's copy, shared. Any other
-        # is gathered by JAX onto the first of its devices (a copy; GPU
-        # shards stay on GPUs; JAX's error, out of memory say, is raised).
-        # One spread over several processes has no whole value here:
-        # why_not says so.
+        # value on each device: the copy of the first in JAX's order of its
+        # shards, shared. Any other is gathered by JAX onto the device of
+        # lowest id (a copy; GPU shards stay on GPUs; JAX's error, out of
+        # memory say, is raised). One spread over several processes has no
+        # whole value here: why_not says so.
+        devices = self._devices(obj)
+        if devices is None:
+            return None
+        obj = _keras_value(obj)
         try:
-            obj = _keras_value(obj)
-            devices = obj.sharding.device_set
-            if len(devices) < 2 or not obj.is_fully_addressable:
+            if not obj.is_fully_addressable:
                 return None
             if obj.sharding.is_fully_replicated:
                 return obj.addressable_data(0)

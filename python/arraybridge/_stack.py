@@ -73,7 +73,7 @@ def _into(out, s, i):
     try:
         _ab.convert_into(adapter.producer(s), out, index=i)
     except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
-        whole = adapter.whole(s)
+        whole = adapter.whole(s) if isinstance(e, BufferError) else None  # as convert_memory asks it
         if whole is None:
             why = adapter.why_not(s)
             if why is None:
