@@ -473,7 +473,8 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
  * ab_convert_memory (opts as there; NULL = defaults).
  *
  * dst must be a valid, compact row-major tensor on a concrete device (not
- * AB_DEVICE_AUTO), writable, not sharing bytes with src, with the result's
+ * AB_DEVICE_AUTO; a kDLCPU one is host memory whatever its id, as src's
+ * is), writable, not sharing bytes with src, with the result's
  * shape (src's, permuted by opts->permute) and dtype (opts->dtype may name
  * dst's dtype or be left unset; the result takes dst's). A view of part of
  * a larger buffer (a plane of a stack, by byte_offset) is fine. dst may be
