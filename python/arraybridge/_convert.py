@@ -3,7 +3,7 @@ call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
 import types
 
-from ._frameworks import ADAPTERS, dtype_arg, owner_of
+from ._frameworks import ADAPTERS, dtype_arg, no_export, owner_of
 from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
@@ -163,10 +163,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         # no memory to move (sparse, ragged, nested, meta) gets a reason
         # that says what to convert instead of the framework's words.
         try:
-            # BufferError: no DLPack export, as JAX says of such an array
-            # (and not a bad keyword's ValueError, which a gather of a large
-            # array onto one device would only delay)
-            whole = sa.whole(data) if isinstance(e, BufferError) else None
+            whole = sa.whole(data) if no_export(e) else None
         except Exception as e2:  # gathering the pieces failed (out of memory, say): that is the reason
             raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
                                         "%s: %s" % (type(e2).__name__, e2)) from e2

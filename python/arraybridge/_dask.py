@@ -208,10 +208,13 @@ _hook = _WhenImported()
 
 
 def _uninstall():
-    try:
-        sys.meta_path.remove(_hook)
-    except ValueError:
-        pass
+    # A new list, not the list changed in place: this runs inside the
+    # hook's own find_spec (_register_late) or an import's exec_module,
+    # while importlib (in this thread or another) may be walking the list,
+    # and removing an entry there skips the finder after it for that walk
+    # (a built-in module then failed to import).
+    if _hook in sys.meta_path:
+        sys.meta_path = [f for f in sys.meta_path if f is not _hook]
 
 
 # Whether install() found distributed.protocol half-imported by another
@@ -228,8 +231,11 @@ def _register_late():
     _uninstall()
     try:
         _register(protocol)
-    except Exception as e:  # a distributed whose API moved: the import under way must still work
-        warnings.warn("arraybridge: Tensor's Dask serializers not registered: %r" % (e,), RuntimeWarning)
+    except Exception as e:  # a distributed whose API moved: the import under way is not its own
+        try:  # and must work even where warnings are errors (-W error)
+            warnings.warn("arraybridge: Tensor's Dask serializers not registered: %r" % (e,), RuntimeWarning)
+        except Exception:
+            pass
 
 
 def install():
@@ -239,7 +245,7 @@ def install():
     if protocol is not None and hasattr(protocol, "dask_serialize"):
         _register(protocol)
     elif _hook not in sys.meta_path:
-        _late = _PROTOCOL in sys.modules  # half-imported
+        _late = protocol is None and _PROTOCOL in sys.modules  # half-imported (not: imported without the API)
         sys.meta_path.insert(0, _hook)
 
 

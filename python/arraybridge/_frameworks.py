@@ -204,6 +204,15 @@ def _initializing(mod):
     return getattr(getattr(mod, "__spec__", None), "_initializing", False) is True
 
 
+def no_export(exc):
+    """Whether exc is a producer's refusal to export its array through
+    DLPack at all: BufferError, as the array API says, or older JAX's
+    ValueError for an array over several devices. Not a bad keyword's
+    ValueError (convert_memory then asks for the whole value: a gather of a
+    large array onto one device that would only delay the error)."""
+    return isinstance(exc, BufferError) or (isinstance(exc, ValueError) and "unsharded" in str(exc))
+
+
 def imported(name):
     """The module if its import has finished, else None (not imported, or
     another thread still importing it: in sys.modules from the start,
@@ -316,6 +325,8 @@ class Adapter:
         """The arraybridge device string where obj's data is (a Keras 3
         variable's: its array's)."""
         t, i = _keras_value(obj).__dlpack_device__()
+        if int(t) == 1:
+            return "cpu:0"  # host memory, whatever id the producer gives it (the C core's rule)
         return "%s:%d" % (_DEVICE_NAMES.get(int(t), "?"), int(i))
 
     # ---- DLPack ---------------------------------------------------------------
@@ -571,7 +582,7 @@ class Jax(Adapter):
     def device_of(self, obj):
         try:
             return super().device_of(obj)
-        except BufferError:  # over several devices: no DLPack, so no __dlpack_device__
+        except (BufferError, ValueError):  # over several devices: no __dlpack_device__ (older JAX: ValueError)
             devices = self._devices(obj)
             if devices is None:
                 raise

@@ -1659,6 +1659,7 @@ static int producer_device(PyObject *x, DLDevice *out) {
   if (r == NULL) return -1;
   int rc = device_from_object(r, out);
   Py_DECREF(r);
+  if (rc == 0 && out->device_type == kDLCPU) out->device_id = 0; /* host memory is cpu:0 (import_tensor) */
   return rc;
 }
 

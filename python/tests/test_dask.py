@@ -80,7 +80,7 @@ def test_arraybridge_imported_during_another_threads_import_of_distributed_regis
             if (event == "import" and not held and threading.current_thread().name == "dist"
                     and str(args[0]).startswith("distributed.protocol.")):
                 held.append(str(args[0]))
-                go.wait(60)
+                go.wait(30)
 
         sys.addaudithook(hook)
         t = threading.Thread(target=lambda: __import__("distributed.protocol"), name="dist")
@@ -91,12 +91,42 @@ def test_arraybridge_imported_during_another_threads_import_of_distributed_regis
         import arraybridge
         print(arraybridge._dask.registered())
         go.set()
-        t.join(120)
+        t.join(60)
         import distributed.protocol as dp
         print(arraybridge._dask.registered(), arraybridge._dask._hook in sys.meta_path,
               dp.serialize(arraybridge.empty((2,), "uint8"))[0]["serializer"])
         """)
     assert out.split() == ["False", "True", "False", "dask"], out
+
+
+def test_the_late_registration_leaves_every_finder_to_the_import_that_triggers_it():
+    """The late registration runs inside the hook's find_spec, for whatever
+    import comes next: taking the hook out of sys.meta_path there must not
+    make importlib skip the finder after it for that import (removed in
+    place, it did: with setuptools' distutils finder absent, the built-in
+    importer came next and a built-in module failed to import). A fake,
+    half-imported distributed.protocol, finished before the import."""
+    out = run_py("""
+        import sys, types
+        fake = types.ModuleType("distributed.protocol")
+        fake.__spec__ = types.SimpleNamespace(_initializing=True)
+        sys.modules["distributed.protocol"] = fake
+        import arraybridge
+        from arraybridge import _dask
+        assert _dask._late and _dask._hook in sys.meta_path
+        class Funcs:
+            def register(self, cls):
+                return lambda f: f
+        fake.dask_serialize = fake.dask_deserialize = Funcs()
+        fake.__spec__._initializing = False
+        sys.meta_path.remove(_dask._hook)
+        sys.meta_path.insert(sys.meta_path.index(__import__("importlib").machinery.BuiltinImporter), _dask._hook)
+        # a built-in module not imported yet: BuiltinImporter, right after the hook, must be asked
+        name = next(n for n in sorted(sys.builtin_module_names) if n not in sys.modules and n != "__main__")
+        mod = __import__(name)
+        print(_dask.registered(), _dask._hook in sys.meta_path, mod.__name__ == name)
+        """)
+    assert out.split() == ["True", "False", "True"], out
 
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
