@@ -84,6 +84,15 @@ static int refuse_bool(PyObject *o, const char *rule) {
   return -1;
 }
 
+/* Where a tensor's memory is, as the module names it: host memory is
+ * cpu:0 whatever id a producer gives it (JAX exports its CPU device N's
+ * index as the id, where DLPack says 0; the C core takes any such tensor
+ * as host memory, but a target cpu:N does not exist). */
+static inline DLDevice memory_device(DLDevice d) {
+  if (d.device_type == kDLCPU) d.device_id = 0;
+  return d;
+}
+
 /* A device from a string ("cuda:1") or a (type, id) tuple. */
 static int device_from_object(PyObject *o, DLDevice *out) {
   if (PyUnicode_Check(o)) {
@@ -1659,7 +1668,7 @@ static int producer_device(PyObject *x, DLDevice *out) {
   if (r == NULL) return -1;
   int rc = device_from_object(r, out);
   Py_DECREF(r);
-  if (rc == 0 && out->device_type == kDLCPU) out->device_id = 0; /* host memory is cpu:0 (import_tensor) */
+  *out = memory_device(*out);
   return rc;
 }
 
@@ -1942,12 +1951,10 @@ static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLMan
     raise_and_release(st, mt);
     return -1;
   }
-  /* Host memory is cpu:0 from here on: JAX exports its CPU devices' index
-   * as a CPU tensor's device_id (DLPack says 0), which the C core takes as
-   * host memory, but which would make a Tensor say cpu:1, and so ask for
-   * cpu:1 (no device) where it is its own target. The tensor is ours now;
-   * deleters read no device. */
-  if (mt->dl_tensor.device.device_type == kDLCPU) mt->dl_tensor.device.device_id = 0;
+  /* Host memory is cpu:0 from here on, or a Tensor would say cpu:1 and
+   * ask for cpu:1 (no device) where it is its own target. The tensor is
+   * ours now; deleters read no device. */
+  mt->dl_tensor.device = memory_device(mt->dl_tensor.device);
   /* A device producer's data must be complete before anything reads it
    * from another stream or the host: the producer ordered it before the
    * default stream (stream=1, see call_dlpack); wait for that stream. */
@@ -2010,11 +2017,9 @@ static PyObject *import_and_convert(PyObject *x, const DLDevice *target, int cop
     }
     if (r == 1) {
       /* named as it was again after, for take_capsule below or the caller */
-      /* no target: its own device, where a CPU tensor's is cpu:0 whatever
-       * id it names (as import_tensor sets it) */
-      DLDevice own = peek->device;
-      if (own.device_type == kDLCPU) own.device_id = 0;
-      if (explain_unlocked(x, peek, target ? *target : own, &o, NULL, 0, &st) < 0 || st != AB_OK) {
+      /* no target: its own device, as import_tensor will set it */
+      if (explain_unlocked(x, peek, target ? *target : memory_device(peek->device), &o, NULL, 0, &st) < 0 ||
+          st != AB_OK) {
         map_free(&mb);
         return PyErr_Occurred() ? NULL : raise_status(st);
       }
