@@ -198,12 +198,6 @@ def our_devices():
     return names
 
 
-def _initializing(mod):
-    """Whether mod's import has begun and not yet finished (importlib marks
-    its spec so, for this very purpose, until the module's code has run)."""
-    return getattr(getattr(mod, "__spec__", None), "_initializing", False) is True
-
-
 def no_export(exc):
     """Whether exc is a producer's refusal to export its array through
     DLPack at all: BufferError, as the array API says, or older JAX's
@@ -213,12 +207,16 @@ def no_export(exc):
     return isinstance(exc, BufferError) or (isinstance(exc, ValueError) and "unsharded" in str(exc))
 
 
-def imported(name):
+def imported(name, _get=sys.modules.get):
     """The module if its import has finished, else None (not imported, or
     another thread still importing it: in sys.modules from the start,
-    without the names it has yet to define)."""
-    mod = sys.modules.get(name)
-    return None if mod is None or _initializing(mod) else mod
+    without the names it has yet to define; importlib marks its spec
+    _initializing, for this very purpose, until the module's code has
+    run). On every conversion's way (Adapter.module): one function."""
+    mod = _get(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False) is True:
+        return None
+    return mod
 
 
 class Adapter:
@@ -240,14 +238,15 @@ class Adapter:
         Where that thread in turn waits for this one's import (a cycle of
         imports across threads), the half-made module, as an import
         statement gives."""
-        mod = self.loaded()
+        mod = imported(self.import_name)
         if mod is not None:
             return mod
         try:
             return importlib.import_module(self.import_name)
         except Exception as e:  # a broken install raises OSError (a missing libcudart), AttributeError, ...
-            if type(e).__name__ == "_DeadlockError" and sys.modules.get(self.import_name) is not None:
-                return sys.modules[self.import_name]
+            half = sys.modules.get(self.import_name)
+            if type(e).__name__ == "_DeadlockError" and half is not None:
+                return half
             mt = self.memory_type
             missing = isinstance(e, ModuleNotFoundError) and e.name == self.import_name
             raise MemoryConversionError(source or mt, target or mt, "import %s" % self.import_name,
