@@ -106,6 +106,13 @@ static int device_from_object(PyObject *o, DLDevice *out) {
     return 0;
   }
   if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) == 2) {
+    if (PyUnicode_Check(PyTuple_GET_ITEM(o, 0))) { /* ("opencl", 1): the name belongs in a string */
+      PyErr_Format(PyExc_TypeError,
+                   "a device tuple's type must be DLPack's device type number, as __dlpack_device__ gives it "
+                   "((4, 1) for OpenCL device 1); a device by name is one string: \"%U:%S\"",
+                   PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(o, 1));
+      return -1;
+    }
     if (refuse_bool(PyTuple_GET_ITEM(o, 0), "a device tuple's type must be an int") < 0 ||
         refuse_bool(PyTuple_GET_ITEM(o, 1), "a device tuple's id must be an int") < 0)
       return -1;

@@ -1546,6 +1546,8 @@ def test_bools_are_no_axes_dimensions_or_device_numbers():
         ab.to_device(a, (KDLCPU, False))
     with pytest.raises(TypeError, match="device tuple's type must be an int, not bool"):
         ab.to_device(a, (True, 0))
+    with pytest.raises(TypeError, match=r'device type number.*one string: "opencl:1"'):
+        ab.to_device(a, ("opencl", 1))  # was "'str' object cannot be interpreted as an integer"
     with pytest.raises(TypeError, match="a shape's dimension must be an int, not bool"):
         ab.empty((True, 2), "float32", "cpu")
     assert ab.to_device(a, (KDLCPU, 0), permute=(np.int64(1), 0)).shape == (3, 2)  # integers still are
