@@ -45,6 +45,7 @@ from ._types import (  # noqa: F401
     SUPPORTED_MEMORY_TYPES,
     MemoryConversionError,
     MemoryType,
+    OutOfMemoryError,
 )
 from ._convert import convert_memory, detect_memory_type  # noqa: F401
 from ._cleanup import cleanup_all_gpu_frameworks  # noqa: F401
@@ -54,11 +55,15 @@ from . import _dask
 
 _dask.install()  # Tensor's Dask serializers, once distributed is imported (not imported here)
 
+# Not the decorators numpy, cupy, torch, tensorflow, jax and pyclesperanto:
+# `from arraybridge import *` would put them in place of the caller's own
+# `import torch` (and its torch.zeros would be gone). They are imported by
+# name, as the page does: `from arraybridge import torch as torch_decorator`.
 __all__ = [
     # the seed API
     "convert_memory", "detect_memory_type", "MemoryType", "CPU_MEMORY_TYPES", "GPU_MEMORY_TYPES",
-    "SUPPORTED_MEMORY_TYPES", "MemoryConversionError", "memory_types", "numpy", "cupy", "torch", "tensorflow",
-    "jax", "pyclesperanto", "stack_slices", "unstack_slices", "cleanup_all_gpu_frameworks",
+    "SUPPORTED_MEMORY_TYPES", "MemoryConversionError", "memory_types", "stack_slices", "unstack_slices",
+    "cleanup_all_gpu_frameworks", "OutOfMemoryError",
     # the device level
     "DEVICE_AUTO", "Tensor", "to_device", "byte_view", "convert_into", "empty", "from_dlpack", "best_device", "device_info", "devices", "empty_cache",
     "explain_route", "memory_stats", "pool_summary", "set_memory_limit",

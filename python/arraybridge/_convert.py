@@ -3,7 +3,7 @@ call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
 import types
 
-from ._frameworks import ADAPTERS, dtype_arg, no_export, owner_of
+from ._frameworks import ADAPTERS, dtype_arg, failure, no_export, owner_of
 from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
@@ -106,10 +106,11 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
     Zero-copy (the result shares data's memory) when the data already sits
     where the target needs it and no keyword asks for a change; otherwise a
     compact copy made by the C library (peer copies, pinned staging,
-    pooled memory). A NumPy array of a JAX or TensorFlow array (both
-    immutable) is read-only unless a keyword made it a copy. Any failure
-    is a MemoryConversionError whose __cause__ is the exception behind it
-    (MemoryError: out of memory)."""
+    pooled memory). A NumPy array that shares a JAX or TensorFlow array's
+    memory (both immutable) is read-only; a copy is writable. Any failure
+    is a MemoryConversionError whose __cause__ is the exception behind it;
+    for lack of memory its subclass OutOfMemoryError (also a MemoryError
+    and a RuntimeError)."""
     source, target, sa, ta = _pair(source_type, target_type)
     if not sa.owns(data):
         try:
@@ -142,18 +143,17 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
             opts["dtype"] = dtype_arg(dtype)  # a ValueError for a dtype of the other byte order
         if len(opts) > ("dtype" in opts):
             opts = _plain(opts)
-        if source is target and not opts and sa.device_of(data) == device:
-            return data  # already there, as asked
+        if source is target:
+            if not opts and sa.device_of(data) == device:
+                return data  # already there, as asked
+            kept = sa.within(data, device, opts)
+            if kept is not None:
+                return kept
         if gpu_id is None and not ta.has_host:
             gpu_id = id_of_device(device)
-        out = ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
-        if sa.immutable and target is MemoryType.NUMPY and not opts:
-            # A NumPy array of a JAX or TensorFlow array is read-only, as
-            # np.asarray makes it: a view, written, would change an
-            # immutable array. (Set here, not through DLPack's read-only
-            # flag, which a NumPy before 2.1 cannot take.)
-            out.flags.writeable = False
-        return out
+        if sa.immutable and target is MemoryType.NUMPY:
+            return ta.convert_immutable(sa.producer(data), tmod, opts)
+        return ta.convert(sa.producer(data), device, gpu_id, tmod, opts)
     except MemoryConversionError:
         raise
     except Exception as e:  # ours (ValueError, BufferError, MemoryError, ...) or the framework's
@@ -165,14 +165,14 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         try:
             whole = sa.whole(data) if no_export(e) else None
         except Exception as e2:  # gathering the pieces failed (out of memory, say): that is the reason
-            raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
-                                        "%s: %s" % (type(e2).__name__, e2)) from e2
+            raise failure(source, target, "arraybridge -> %s" % target.value, "%s: %s" % (type(e2).__name__, e2), e2,
+                          (sa, ta)) from e2
         if whole is not None:
             return convert_memory(whole, source, target, asked, dtype=dtype, permute=permute, scale=scale,
                                   offset=offset, channel_axis=channel_axis, channel_scale=channel_scale,
                                   channel_offset=channel_offset)
-        raise MemoryConversionError(source, target, "arraybridge -> %s" % target.value,
-                                    sa.why_not(data) or "%s: %s" % (type(e).__name__, e)) from e
+        raise failure(source, target, "arraybridge -> %s" % target.value,
+                      sa.why_not(data) or "%s: %s" % (type(e).__name__, e), e, (sa, ta)) from e
 
 
 __all__ = ["convert_memory", "detect_memory_type"]

@@ -17,13 +17,15 @@ import threading
 import weakref
 
 from . import _arraybridge as _ab
-from ._types import MemoryConversionError, MemoryType, id_of_device
+from ._types import MemoryConversionError, MemoryType, OutOfMemoryError, id_of_device
 
 
 # The dtype names the C core converts between (all one-lane DLPack types
 # but complex, which frameworks name alike).
 _DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                      "bfloat16", "float32", "float64"))
+# the casts a torch tensor in autograd's graph keeps its place there through (Torch.within)
+_GRAD_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64", "complex64", "complex128"))
 
 
 def _dtype_str(d):
@@ -67,11 +69,29 @@ def is_array(obj):
     """Whether obj is an array of a framework the seed API names: an object
     of its modules with a shape and a dtype (not torch.Size, a dtype, an
     nn.Module, a random Generator), and not a NumPy scalar, such as a
-    reduction gives."""
-    if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):
+    reduction gives, nor a class (torch.Tensor itself) or a description of
+    an array (jax.eval_shape's ShapeDtypeStruct, tf.TensorSpec)."""
+    if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):  # owner_of: None for a class
         return False
     numpy = imported("numpy")
-    return numpy is None or not isinstance(obj, numpy.generic)
+    return not _describes(type(obj)) and (numpy is None or not isinstance(obj, numpy.generic))
+
+
+_DESCRIBES = {}  # type -> whether it describes arrays without being one
+
+
+def _describes(cls):
+    """Whether cls is a framework's type of array descriptions: a shape and
+    a dtype, no data. Cached per type; its framework is imported, since
+    one of its objects exists."""
+    try:
+        return _DESCRIBES[cls]
+    except KeyError:
+        pass
+    kinds = tuple(k for k in (getattr(imported("jax"), "ShapeDtypeStruct", None),
+                              getattr(imported("tensorflow"), "TypeSpec", None)) if isinstance(k, type))
+    found = _DESCRIBES[cls] = issubclass(cls, kinds)
+    return found
 
 
 def dtype_name(obj):
@@ -158,14 +178,14 @@ def owner_of(obj):
     dtype: a user's subclass of np.ndarray, torch.Tensor or tf.Variable,
     or ml_dtypes' scalars, are that framework's; a subclass of a NumPy
     mixin or of torch.nn.Module is not); nothing is imported. None for no
-    framework's. Cached per type."""
+    framework's, and for a class. Cached per type."""
     cls = type(obj)
     try:
         return _OWNER[cls]
     except KeyError:
         pass
     found = None
-    for c in cls.__mro__:
+    for c in () if issubclass(cls, type) else cls.__mro__:  # a class (torch.Tensor itself) is no array
         if c is not cls and not (hasattr(c, "__dlpack__") or hasattr(c, "dtype")):
             continue
         module = getattr(c, "__module__", None)
@@ -205,6 +225,14 @@ def no_export(exc):
     ValueError (convert_memory then asks for the whole value: a gather of a
     large array onto one device that would only delay the error)."""
     return isinstance(exc, BufferError) or (isinstance(exc, ValueError) and "unsharded" in str(exc))
+
+
+def failure(source, target, method, reason, cause, adapters):
+    """The MemoryConversionError to raise from cause: an OutOfMemoryError
+    where cause is a lack of memory (a MemoryError, or an adapter's
+    framework's own out-of-memory error)."""
+    oom = isinstance(cause, MemoryError) or any(a.is_oom(cause, a.loaded()) for a in adapters)
+    return (OutOfMemoryError if oom else MemoryConversionError)(source, target, method, reason)
 
 
 def imported(name, _get=sys.modules.get):
@@ -345,6 +373,13 @@ class Adapter:
         else None. Raises only the framework's own error in making it."""
         return None
 
+    def within(self, obj, device, opts):
+        """obj converted to device by its own framework, where that keeps
+        what a DLPack exchange would lose (torch's autograd graph); else
+        None. Asked only for a conversion within one framework that is
+        not the no-op."""
+        return None
+
     def why_not(self, obj):
         """Why obj has no memory to convert, and what to convert instead,
         where the framework's own words do not say (a sparse tensor, say);
@@ -425,6 +460,20 @@ class NumPy(Adapter):
                                        "cpu")
         return obj
 
+    def convert_immutable(self, producer, mod, opts):
+        """convert() of an immutable array's producer (JAX's, TensorFlow's):
+        read-only where the result shares its memory, as np.asarray makes
+        it (a view, written, would change an immutable array); writable
+        where it is a copy. Whether it is one is the result's own flag, not
+        the keywords: dtype=float32 of a float32 array changes nothing and
+        copies nothing. (Set here, not through DLPack's read-only flag,
+        which a NumPy before 2.1 cannot take.)"""
+        t = _ab.to_device(producer, "cpu:0", layout=self.layout, **opts)
+        out = self.from_tensor(t, mod, None)
+        if not t.copied:
+            out.flags.writeable = False
+        return out
+
     def from_tensor(self, t, mod, gpu_id):
         try:
             return mod.from_dlpack(t)
@@ -475,6 +524,28 @@ class Torch(Adapter):
         except Exception:  # not a tensor as this torch makes them: its own words stand
             pass
         return None
+
+    def within(self, obj, device, opts):
+        # A tensor in autograd's graph, moved or cast by torch's own .to():
+        # the result stays in the graph (a DLPack exchange detaches it, so
+        # a decorated layer whose result preserve_dtype casts back would
+        # break backward()). Only where .to() does what the C core would:
+        # a device, and a cast within floating or within complex types
+        # (rounded to nearest even in both); other keywords, and casts
+        # into integers (whose rules differ, and which have no gradient),
+        # go through the C core and give a tensor outside the graph.
+        obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
+        if not getattr(obj, "requires_grad", False) or len(opts) > ("dtype" in opts):
+            return None
+        mod = self.module()
+        dt = None
+        if "dtype" in opts:
+            name = opts["dtype"]
+            name = name if name in _GRAD_DTYPES else numpy_dtype_name(name)
+            dt = getattr(mod, name) if name in _GRAD_DTYPES else None
+            if dt is None or dt.is_complex != obj.dtype.is_complex:
+                return None
+        return obj.to(device="cpu" if device == "cpu:0" else device, dtype=dt)
 
     def producer(self, obj):
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
@@ -930,7 +1001,10 @@ class Pyclesperanto(Adapter):
         if perm is not None:
             shape = tuple(shape[p + len(shape) if p < 0 else p] for p in perm)
         dtype = opts.get("dtype")
-        dtype = src.dtype if dtype is None else dtype
+        if dtype is None:
+            dtype = src.dtype
+        elif dtype not in _DTYPES:  # one of NumPy's spellings ('f4', 'single', 'u1'), as the C core takes it
+            dtype = numpy_dtype_name(dtype) or dtype
         self.check(shape, dtype)
         out = self.create(mod, shape, dtype, gpu_id)
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})

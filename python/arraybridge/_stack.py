@@ -1,7 +1,7 @@
 """stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, element_name, float8_name, no_export
+from ._frameworks import ADAPTERS, element_name, failure, float8_name, no_export
 from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type as _memory_type
 
 
@@ -54,7 +54,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
         for i, s in enumerate(slices):
             _into(out, s, i)
     except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
-        raise MemoryConversionError("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e)) from e
+        raise failure("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e), e, (adapter,)) from e
     if mt is MemoryType.PYCLESPERANTO:
         return out
     if gpu_id is None and not adapter.has_host:
@@ -62,7 +62,7 @@ def stack_slices(slices, memory_type, gpu_id=None):
     try:
         return adapter.from_tensor(out, mod, gpu_id)
     except Exception as e:  # the framework's own refusal (NumPy has no bfloat16, say)
-        raise MemoryConversionError("stack", mt, "%s from_dlpack" % mt.value, "%s: %s" % (type(e).__name__, e)) from e
+        raise failure("stack", mt, "%s from_dlpack" % mt.value, "%s: %s" % (type(e).__name__, e), e, (adapter,)) from e
 
 
 def _into(out, s, i):

@@ -83,3 +83,18 @@ class MemoryConversionError(Exception):
 
     def __reduce__(self):
         return (type(self), (self.source_type, self.target_type, self.method, self.reason))
+
+
+class OutOfMemoryError(MemoryConversionError, MemoryError, RuntimeError):
+    """A MemoryConversionError for lack of memory: its __cause__ is the
+    MemoryError behind it (arraybridge's pools, or the host), or the
+    framework's own out-of-memory error. Also a MemoryError, and, as
+    torch.cuda.OutOfMemoryError is, a RuntimeError whose message says "out
+    of memory": `except MemoryError` catches it, and so does the page's
+    idiom for torch's (`except RuntimeError as e: if "out of memory" in
+    str(e)`)."""
+
+    def __init__(self, source_type, target_type, method, reason):
+        super().__init__(source_type, target_type, method, reason)
+        if "out of memory" not in str(reason).lower():
+            self.args = (self.args[0] + " (out of memory)",)

@@ -333,6 +333,11 @@ static PyObject *tensor_readonly(TensorObject *self, void *closure) {
   return PyBool_FromLong((self->mt->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
 }
 
+static PyObject *tensor_copied(TensorObject *self, void *closure) {
+  (void)closure;
+  return PyBool_FromLong((self->mt->flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0);
+}
+
 static PyObject *tensor_data_ptr(TensorObject *self, void *closure) {
   (void)closure;
   const DLTensor *t = dl(self);
@@ -1440,6 +1445,10 @@ static PyGetSetDef tensor_getset[] = {
   {"device", (getter)tensor_device, NULL, "device string, e.g. 'cuda:0'", NULL},
   {"nbytes", (getter)tensor_nbytes, NULL, "bytes of the elements", NULL},
   {"readonly", (getter)tensor_readonly, NULL, "whether the producer marked the data read-only", NULL},
+  {"copied", (getter)tensor_copied, NULL,
+   "whether the data was copied for this tensor (DLPack's IS_COPIED flag: by arraybridge, or by the producer it "
+   "was imported from); False for a view of its source's memory",
+   NULL},
   {"data_ptr", (getter)tensor_data_ptr, NULL, "address of the first element (data + byte_offset)", NULL},
   {"__cuda_array_interface__", (getter)tensor_cai, NULL,
    "the CUDA array interface (version 3) of a tensor in CUDA memory; AttributeError otherwise", NULL},

@@ -8,6 +8,7 @@ import gc
 import importlib.util
 import itertools
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -852,10 +853,39 @@ def test_pyclesperanto_arrays_too_large_for_the_device_are_memory_errors():
         ab.convert_memory(huge, "numpy", "pyclesperanto", gpu_id=0)
     assert isinstance(e.value.__cause__, MemoryError)
     assert isinstance(e.value.__cause__.__cause__, RuntimeError)
+    assert isinstance(e.value, ab.OutOfMemoryError) and "out of memory" in str(e.value)
     # stack_slices allocates its pyclesperanto result the same way
     with pytest.raises(ab.MemoryConversionError, match="could not allocate") as e:
         ab.stack_slices([huge[:1 << 15, :1 << 15]] * 64, "pyclesperanto", gpu_id=0)  # 256 GiB
-    assert isinstance(e.value.__cause__, MemoryError)
+    assert isinstance(e.value.__cause__, MemoryError) and isinstance(e.value, ab.OutOfMemoryError)
+
+
+def test_out_of_memory_is_caught_as_the_pages_idiom_and_memory_error_catch_it():
+    """The page's troubleshooting idiom for torch's CUDA out-of-memory
+    error (a RuntimeError saying "out of memory") catches a conversion's,
+    and so does `except MemoryError`; other failures are neither."""
+    need("torch")
+    big = np.ones((1024, 1024), np.float32)
+    ab.set_memory_limit("cpu", 1 << 20)
+    ab.empty_cache()  # what earlier tests left cached would serve these under the limit
+    try:
+        for what, call in (("convert", lambda: ab.convert_memory(big, "numpy", "torch", dtype="float64")),
+                           ("stack", lambda: ab.stack_slices([big, big], "torch")),
+                           ("decorator", lambda: ab.torch(lambda x: x.float())(np.ones((1024, 1024))))):  # cast back
+            caught = None
+            try:
+                call()
+            except RuntimeError as e:
+                if "out of memory" in str(e):
+                    caught = e
+            assert isinstance(caught, ab.OutOfMemoryError) and isinstance(caught, ab.MemoryConversionError), what
+            assert isinstance(caught, MemoryError) and isinstance(caught.__cause__, MemoryError)
+            assert pickle.loads(pickle.dumps(caught)).args == caught.args
+    finally:
+        ab.set_memory_limit("cpu", 0)
+    with pytest.raises(ab.MemoryConversionError) as e:
+        ab.convert_memory(np.ones(2, np.complex64), "numpy", "torch", dtype="float32")
+    assert not isinstance(e.value, (MemoryError, RuntimeError))
 
 
 def test_tensorflow_variables_are_taken_as_their_value():
@@ -915,8 +945,15 @@ def test_numpy_views_of_immutable_arrays_are_read_only(fw):
     np.testing.assert_array_equal(values(fw, x), a)  # unchanged
     # A copy is the caller's to write; so is a view of a mutable array.
     c = ab.convert_memory(x, fw, "numpy", dtype="float64")
-    assert c.flags.writeable
+    assert c.flags.writeable and ptr(c) != ptr(x)
     assert ab.convert_memory(np.zeros(2), "numpy", "numpy").flags.writeable
+    # A keyword that changes nothing copies nothing: still a view, so
+    # still read-only (it was writable, and writing it changed x).
+    for kw in ({"dtype": "float32"}, {"dtype": np.float32}, {"permute": (0,)}):
+        v = ab.convert_memory(x, fw, "numpy", **kw)
+        assert ptr(v) == ptr(x), kw
+        assert not v.flags.writeable, kw
+    assert not ab.to_device(x, "cpu:0").copied and ab.to_device(x, "cpu:0", dtype="float64").copied
     # from_dlpack takes the producer's word, unless told: readonly=True
     for v in ab.unstack_slices(make(fw, aligned(np.zeros((2, 2, 2), np.float32))), "numpy"):
         assert not v.flags.writeable
@@ -1000,6 +1037,12 @@ def test_pyclesperanto_between_its_devices_and_with_a_cast():
     g1 = ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=1, dtype="float32", scale=0.5)
     assert g1.__dlpack_device__() == (4, 1) and g1.dtype == np.float32
     np.testing.assert_array_equal(cle.pull(g1), a.astype(np.float32) * 0.5)
+    # NumPy's spellings of a dtype, as every other target takes them
+    for spelling, want in (("f4", np.float32), ("single", np.float32), ("u1", np.uint8), ("i4", np.int32),
+                           (np.dtype("<i2"), np.int16)):
+        g = ab.convert_memory(a, "numpy", "pyclesperanto", gpu_id=0, dtype=spelling)
+        assert g.dtype == want, spelling
+        np.testing.assert_array_equal(cle.pull(g), a.astype(want))
     # no options: a move, not the same array back (it is on device 0)
     m = ab.convert_memory(g0, "pyclesperanto", "pyclesperanto", gpu_id=1)
     assert m is not g0 and m.__dlpack_device__() == (4, 1)
@@ -1676,6 +1719,78 @@ def test_decorated_functions_return_numpy_scalars_as_they_are():
     assert isinstance(t, np.float32) and t == 6
     m = mean_of_ints(np.arange(4, dtype=np.int32))
     assert isinstance(m, np.float64) and m == 1.5
+
+
+def test_a_star_import_leaves_the_callers_frameworks_in_place():
+    torch = need("torch")
+    space = {}
+    exec("import numpy\nimport torch\nfrom arraybridge import *", space)
+    assert space["numpy"] is np and space["torch"] is torch
+    assert space["convert_memory"] is ab.convert_memory and space["OutOfMemoryError"] is ab.OutOfMemoryError
+    assert all(hasattr(ab, name) for name in ab.__all__)
+    from arraybridge import torch as torch_decorator  # by name, as the page does
+    assert torch_decorator is ab.torch
+
+
+def test_decorated_functions_return_classes_and_array_descriptions_as_they_are():
+    # They have a shape and a dtype (as attributes of the class, or as
+    # the description's), but no data: not arrays.
+    jax = need("jax")
+    tf = need("tensorflow")
+    torch = need("torch")
+
+    @ab.jax
+    def shape_of(x):
+        return jax.eval_shape(lambda y: y * 2, x)
+
+    s = shape_of(jax.numpy.ones(3))
+    assert isinstance(s, jax.ShapeDtypeStruct) and s.shape == (3,)
+
+    @ab.tensorflow
+    def spec_of(x):
+        return tf.TensorSpec.from_tensor(x)
+
+    assert isinstance(spec_of(np.ones(2, np.float32)), tf.TensorSpec)
+
+    @ab.torch
+    def kind_of(x):
+        return type(x)
+
+    assert kind_of(np.ones(2)) is torch.Tensor
+    assert ab.torch(lambda x: jax.Array)(np.ones(2)) is jax.Array
+    with pytest.raises(ValueError, match="Unknown memory type"):
+        ab.detect_memory_type(torch.Tensor)
+
+
+def test_torch_tensors_in_autograds_graph_stay_there_through_casts_and_decorators():
+    torch = need("torch")
+    x = torch.tensor([1.0, -2.5, 3.25], dtype=torch.float64, requires_grad=True)
+
+    @ab.torch
+    def layer(v):
+        return v.float() * 2  # float32 result, cast back to float64 by preserve_dtype
+
+    y = layer(x)
+    assert y.dtype == torch.float64 and y.requires_grad
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0, dtype=torch.float64))
+    # convert_memory within torch, a cast within floating types: torch's own
+    for spelling in ("float32", "f4", np.float32, torch.float32, "float16", "bfloat16"):
+        r = ab.convert_memory(x, "torch", "torch", dtype=spelling)
+        assert r.requires_grad and r.grad_fn is not None, spelling
+        torch.testing.assert_close(r, x.detach().to(r.dtype))
+    c = torch.tensor([1 + 2j], dtype=torch.complex64, requires_grad=True)
+    assert ab.convert_memory(c, "torch", "torch", dtype="complex128").requires_grad
+    # Elsewhere the C core's rules and a tensor outside the graph: into
+    # integers (saturated and rounded half to even, not torch's wrap and
+    # truncation), other keywords, across the real/complex line
+    i = ab.convert_memory(torch.tensor([300.0, 2.5], requires_grad=True), "torch", "torch", dtype="uint8")
+    assert i.tolist() == [255, 2] and not i.requires_grad
+    s = ab.convert_memory(x, "torch", "torch", scale=2.0)
+    assert not s.requires_grad and s.tolist() == [2.0, -5.0, 6.5]
+    with pytest.raises(ab.MemoryConversionError, match="float64 to complex64"):  # not torch's: the C core's refusal
+        ab.convert_memory(x, "torch", "torch", dtype="complex64")
+    assert ab.convert_memory(x, "torch", "torch") is x
 
 
 def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
