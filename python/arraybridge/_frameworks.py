@@ -70,14 +70,15 @@ def is_array(obj):
     of its modules with a shape and a dtype (not torch.Size, a dtype, an
     nn.Module, a random Generator), and not a NumPy scalar, such as a
     reduction gives, nor a class (torch.Tensor itself) or a description of
-    an array (jax.eval_shape's ShapeDtypeStruct, tf.TensorSpec)."""
+    an array (jax.eval_shape's ShapeDtypeStruct, jax.typeof's ShapedArray,
+    tf.TensorSpec, a symbolic keras.KerasTensor)."""
     if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):  # owner_of: None for a class
         return False
     numpy = imported("numpy")
     return not _describes(type(obj)) and (numpy is None or not isinstance(obj, numpy.generic))
 
 
-_DESCRIBES = {}  # type -> whether it describes arrays without being one
+_DESCRIBES = weakref.WeakKeyDictionary()  # type -> whether it describes arrays without being one (as _OWNER)
 
 
 def _describes(cls):
@@ -88,8 +89,11 @@ def _describes(cls):
         return _DESCRIBES[cls]
     except KeyError:
         pass
-    kinds = tuple(k for k in (getattr(imported("jax"), "ShapeDtypeStruct", None),
-                              getattr(imported("tensorflow"), "TypeSpec", None)) if isinstance(k, type))
+    jax = imported("jax")
+    kinds = tuple(k for k in (getattr(jax, "ShapeDtypeStruct", None),
+                              getattr(getattr(jax, "core", None), "AbstractValue", None),  # jax.typeof's ShapedArray
+                              getattr(imported("tensorflow"), "TypeSpec", None),
+                              getattr(imported("keras"), "KerasTensor", None)) if isinstance(k, type))
     found = _DESCRIBES[cls] = issubclass(cls, kinds)
     return found
 
@@ -373,11 +377,11 @@ class Adapter:
         else None. Raises only the framework's own error in making it."""
         return None
 
-    def within(self, obj, device, opts):
-        """obj converted to device by its own framework, where that keeps
-        what a DLPack exchange would lose (torch's autograd graph); else
-        None. Asked only for a conversion within one framework that is
-        not the no-op."""
+    def within(self, obj, convert, opts):
+        """convert(obj) (the C core's conversion, as opts say) kept where the
+        framework's own bookkeeping needs it (torch's autograd graph), where
+        a DLPack exchange alone would lose that; else None. Asked only for
+        a conversion within one framework that is not the no-op."""
         return None
 
     def why_not(self, obj):
@@ -525,27 +529,34 @@ class Torch(Adapter):
             pass
         return None
 
-    def within(self, obj, device, opts):
-        # A tensor in autograd's graph, moved or cast by torch's own .to():
-        # the result stays in the graph (a DLPack exchange detaches it, so
-        # a decorated layer whose result preserve_dtype casts back would
-        # break backward()). Only where .to() does what the C core would:
-        # a device, and a cast within floating or within complex types
-        # (rounded to nearest even in both); other keywords, and casts
-        # into integers (whose rules differ, and which have no gradient),
-        # go through the C core and give a tensor outside the graph.
+    _graph = (None, None)  # (torch, its autograd Function for within)
+
+    def within(self, obj, convert, opts):
+        # A tensor in autograd's graph: converted by the C core as any other
+        # (its rounding, pools, limits and out-of-memory handling), inside
+        # an autograd Function whose backward casts the gradient back to
+        # the source's dtype and device, so the result stays in the graph
+        # (a DLPack exchange alone detaches it, and a decorated layer whose
+        # result preserve_dtype casts back broke backward()). Only a move
+        # and a cast within floating or within complex types, whose
+        # gradient is the gradient cast back; other keywords, and casts
+        # into integers (which have no gradient), give a tensor outside
+        # the graph. Forward-mode dual tensors (requires_grad False) are
+        # not carried.
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
         if not getattr(obj, "requires_grad", False) or len(opts) > ("dtype" in opts):
             return None
-        mod = self.module()
-        dt = None
         if "dtype" in opts:
             name = opts["dtype"]
             name = name if name in _GRAD_DTYPES else numpy_dtype_name(name)
-            dt = getattr(mod, name) if name in _GRAD_DTYPES else None
-            if dt is None or dt.is_complex != obj.dtype.is_complex:
+            if name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex:
                 return None
-        return obj.to(device="cpu" if device == "cpu:0" else device, dtype=dt)
+        mod = self.module()
+        known, fn = Torch._graph
+        if known is not mod:
+            fn = _converted_in_graph(mod)
+            Torch._graph = (mod, fn)
+        return fn.apply(obj, convert)
 
     def producer(self, obj):
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
@@ -585,6 +596,25 @@ class Torch(Adapter):
         oom = getattr(mod.cuda, "OutOfMemoryError", None) if mod is not None else None
         return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError) or (
             isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _converted_in_graph(torch):
+    """An autograd Function for Torch.within: forward is the C core's
+    conversion, backward the gradient cast back to the source's dtype on
+    the source's device."""
+
+    class ConvertedInGraph(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, convert):
+            ctx.source = (x.dtype, x.device)
+            return convert(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            dtype, device = ctx.source
+            return grad.to(device=device, dtype=dtype), None
+
+    return ConvertedInGraph
 
 
 class CuPy(Adapter):

@@ -54,7 +54,8 @@ def stack_slices(slices, memory_type, gpu_id=None):
         for i, s in enumerate(slices):
             _into(out, s, i)
     except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
-        raise failure("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e), e, (adapter,)) from e
+        raise failure("stack", mt, "arraybridge.convert_into", "%s: %s" % (type(e).__name__, e), e,
+                      ADAPTERS.values()) from e  # a slice's framework's own out-of-memory error too
     if mt is MemoryType.PYCLESPERANTO:
         return out
     if gpu_id is None and not adapter.has_host:

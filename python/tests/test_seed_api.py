@@ -888,6 +888,23 @@ def test_out_of_memory_is_caught_as_the_pages_idiom_and_memory_error_catch_it():
     assert not isinstance(e.value, (MemoryError, RuntimeError))
 
 
+
+def test_a_slices_own_framework_running_out_of_memory_is_an_out_of_memory_error(monkeypatch):
+    """stack_slices asks every framework whether an error is its lack of
+    memory, not only the target's: a torch slice's CUDA OOM stacking into
+    NumPy (made here by a producer that raises torch's error)."""
+    torch = need("torch")
+    from arraybridge._frameworks import ADAPTERS
+
+    def out_of_memory(obj):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(ADAPTERS[ab.MemoryType.TORCH], "producer", out_of_memory)
+    with pytest.raises(ab.OutOfMemoryError) as e:
+        ab.stack_slices([torch.ones(2, 2), torch.ones(2, 2)], "numpy")
+    assert isinstance(e.value.__cause__, torch.cuda.OutOfMemoryError)
+
+
 def test_tensorflow_variables_are_taken_as_their_value():
     tf = need("tensorflow")
     v = tf.Variable([1.0, 2.0, 3.0])
@@ -1745,6 +1762,8 @@ def test_decorated_functions_return_classes_and_array_descriptions_as_they_are()
 
     s = shape_of(jax.numpy.ones(3))
     assert isinstance(s, jax.ShapeDtypeStruct) and s.shape == (3,)
+    if hasattr(jax, "typeof"):
+        assert ab.jax(lambda x: jax.typeof(x))(jax.numpy.ones(2)).shape == (2,)  # a ShapedArray
 
     @ab.tensorflow
     def spec_of(x):
@@ -1774,13 +1793,34 @@ def test_torch_tensors_in_autograds_graph_stay_there_through_casts_and_decorator
     assert y.dtype == torch.float64 and y.requires_grad
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0, dtype=torch.float64))
-    # convert_memory within torch, a cast within floating types: torch's own
+    # convert_memory within torch, a cast within floating types: the C
+    # core's values (torch's .to() rounds float64 -> bfloat16 twice), a new
+    # tensor in the graph, the gradient back in the source's dtype
+    x.grad = None
+    w = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40], dtype=torch.float64)
     for spelling in ("float32", "f4", np.float32, torch.float32, "float16", "bfloat16"):
         r = ab.convert_memory(x, "torch", "torch", dtype=spelling)
-        assert r.requires_grad and r.grad_fn is not None, spelling
-        torch.testing.assert_close(r, x.detach().to(r.dtype))
+        assert r.requires_grad and r.grad_fn is not None and r is not x, spelling
+        assert torch.equal(r, ab.convert_memory(x.detach(), "torch", "torch", dtype=spelling)), spelling
+        g = ab.convert_memory(w.clone().requires_grad_(), "torch", "torch", dtype=spelling)
+        assert torch.equal(g.detach(), ab.convert_memory(w, "torch", "torch", dtype=spelling)), spelling
+    assert ab.convert_memory(w.requires_grad_(), "torch", "torch", dtype="bfloat16")[0].item() == 1.0078125
+    (ab.convert_memory(x, "torch", "torch", dtype="float16") * 3).sum().backward()
+    assert x.grad.dtype == torch.float64 and x.grad.tolist() == [3.0, 3.0, 3.0]
     c = torch.tensor([1 + 2j], dtype=torch.complex64, requires_grad=True)
     assert ab.convert_memory(c, "torch", "torch", dtype="complex128").requires_grad
+    # The C core's pools and limits hold for it, and its refusals
+    big = torch.ones((1024, 1024), requires_grad=True)
+    ab.set_memory_limit("cpu", 1 << 20)
+    ab.empty_cache()
+    try:
+        with pytest.raises(ab.OutOfMemoryError):
+            ab.convert_memory(big, "torch", "torch", dtype="float64")
+    finally:
+        ab.set_memory_limit("cpu", 0)
+    sparse = torch.eye(3).to_sparse().requires_grad_()
+    with pytest.raises(ab.MemoryConversionError, match="to_dense"):
+        ab.convert_memory(sparse, "torch", "torch", dtype="float64")
     # Elsewhere the C core's rules and a tensor outside the graph: into
     # integers (saturated and rounded half to even, not torch's wrap and
     # truncation), other keywords, across the real/complex line
