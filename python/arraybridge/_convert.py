@@ -146,7 +146,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         if source is target:
             if not opts and sa.device_of(data) == device:
                 return data  # already there, as asked
-            kept = sa.within(data, lambda x: ta.convert(sa.producer(x), device, gpu_id, tmod, opts), opts)
+            kept = sa.within(data, device, lambda x: ta.convert(sa.producer(x), device, gpu_id, tmod, opts), opts)
             if kept is not None:
                 return kept
         if gpu_id is None and not ta.has_host:

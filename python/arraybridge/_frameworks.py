@@ -377,8 +377,8 @@ class Adapter:
         else None. Raises only the framework's own error in making it."""
         return None
 
-    def within(self, obj, convert, opts):
-        """convert(obj) (the C core's conversion, as opts say) kept where the
+    def within(self, obj, device, convert, opts):
+        """convert(obj) (the C core's conversion to device, as opts say) kept where the
         framework's own bookkeeping needs it (torch's autograd graph), where
         a DLPack exchange alone would lose that; else None. Asked only for
         a conversion within one framework that is not the no-op."""
@@ -531,7 +531,7 @@ class Torch(Adapter):
 
     _graph = (None, None)  # (torch, its autograd Function for within)
 
-    def within(self, obj, convert, opts):
+    def within(self, obj, device, convert, opts):
         # A tensor in autograd's graph: converted by the C core as any other
         # (its rounding, pools, limits and out-of-memory handling), inside
         # an autograd Function whose backward casts the gradient back to
@@ -541,17 +541,22 @@ class Torch(Adapter):
         # and a cast within floating or within complex types, whose
         # gradient is the gradient cast back; other keywords, and casts
         # into integers (which have no gradient), give a tensor outside
-        # the graph. Forward-mode dual tensors (requires_grad False) are
-        # not carried.
+        # the graph. A forward-mode dual tensor keeps its tangent where it
+        # also requires grad (jvp), else not.
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
         if not getattr(obj, "requires_grad", False) or len(opts) > ("dtype" in opts):
             return None
+        mod = self.module()
         if "dtype" in opts:
             name = opts["dtype"]
             name = name if name in _GRAD_DTYPES else numpy_dtype_name(name)
             if name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex:
                 return None
-        mod = self.module()
+            if getattr(mod, name) == obj.dtype and self.device_of(obj) == device:
+                # Nothing to convert: the C core would hand back an alias
+                # autograd does not know (an in-place op on it would change
+                # obj behind the graph). A view it tracks instead.
+                return obj.view_as(obj)
         known, fn = Torch._graph
         if known is not mod:
             fn = _converted_in_graph(mod)
@@ -606,13 +611,19 @@ def _converted_in_graph(torch):
     class ConvertedInGraph(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, convert):
-            ctx.source = (x.dtype, x.device)
-            return convert(x)
+            out = convert(x)
+            ctx.source, ctx.target = (x.dtype, x.device), (out.dtype, out.device)
+            return out
 
         @staticmethod
         def backward(ctx, grad):
             dtype, device = ctx.source
             return grad.to(device=device, dtype=dtype), None
+
+        @staticmethod
+        def jvp(ctx, tangent, _):  # forward mode: a dual tensor that also requires grad
+            dtype, device = ctx.target
+            return tangent.to(device=device, dtype=dtype)
 
     return ConvertedInGraph
 

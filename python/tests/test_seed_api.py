@@ -1809,6 +1809,22 @@ def test_torch_tensors_in_autograds_graph_stay_there_through_casts_and_decorator
     assert x.grad.dtype == torch.float64 and x.grad.tolist() == [3.0, 3.0, 3.0]
     c = torch.tensor([1 + 2j], dtype=torch.complex64, requires_grad=True)
     assert ab.convert_memory(c, "torch", "torch", dtype="complex128").requires_grad
+    assert torch.autograd.gradcheck(lambda v: ab.convert_memory(v, "torch", "torch", dtype="complex128"),
+                                    (c.detach().to(torch.complex128).requires_grad_(),))
+    # A cast to its own dtype: a view autograd knows of, so that an in-place
+    # op on it is refused, as torch refuses one on x.view_as(x), not a
+    # silent change of x under a graph that saved it
+    x.grad = None
+    same = ab.convert_memory(x, "torch", "torch", dtype="float64")
+    assert same is not x and same.data_ptr() == x.data_ptr() and same._base is x
+    with pytest.raises(RuntimeError, match="leaf"):
+        same.mul_(0)
+    # forward mode: a dual tensor that also requires grad keeps its tangent
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level():
+        d = fwad.make_dual(x.detach().clone().requires_grad_(), torch.ones(3, dtype=torch.float64))
+        out = ab.convert_memory(d, "torch", "torch", dtype="float32")
+        assert fwad.unpack_dual(out).tangent.tolist() == [1.0, 1.0, 1.0]
     # The C core's pools and limits hold for it, and its refusals
     big = torch.ones((1024, 1024), requires_grad=True)
     ab.set_memory_limit("cpu", 1 << 20)
