@@ -386,8 +386,9 @@ Test(bad_input, unknown_flag_bits_are_invalid) {
 Test(bad_input, invalid_opts_dtype_is_invalid) {
   DLTensor t = good_tensor();
   ab_convert_opts o = {.dtype = dt(99, 8, 1)};
-  expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "opts->dtype", g_buf, sizeof g_buf,
+  expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "opts->dtype code 99 is not", g_buf, sizeof g_buf,
                        "opts dtype code 99");
+  cr_expect(strstr(ab_last_error(), "dtype dtype") == NULL, "a word repeated: %s", ab_last_error());
   o.dtype = dt(kDLFloat, 32, 0);
   expect_convert_fails(&t, CPU0, &o, AB_ERR_INVALID_ARGUMENT, "lanes", g_buf, sizeof g_buf, "opts dtype lanes 0");
 }
