@@ -961,10 +961,10 @@ static uint64_t run_callbacks(DLDevice dev, size_t requested, int *called) {
 /* ---- allocation ----------------------------------------------------------- */
 
 static void fmt_bytes(char *buf, size_t len, uint64_t b) {
-  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}; /* UINT64_MAX is 16 EiB */
   double v = (double)b;
   int i = 0;
-  while (v >= 1024.0 && i < 5) {
+  while (v >= 1024.0 && i < 6) {
     v /= 1024.0;
     i++;
   }

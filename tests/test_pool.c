@@ -470,6 +470,20 @@ Test(pool, trim_returns_exactly_the_cached_blocks) {
 
 /* ---- 5. limits ------------------------------------------------------------- */
 
+Test(pool, an_exbibyte_request_is_named_in_exbibytes) {
+#if SIZE_MAX > 0xFFFFFFFFu
+  cr_assert_eq(ab_set_memory_limit(CPU0, MiB), AB_OK);
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(try_alloc((size_t)1 << 61, &r), AB_ERR_OUT_OF_MEMORY);
+  cr_assert_eq(r, SENTINEL_OUT);
+  const char *msg = ab_last_error();
+  cr_assert_not_null(strstr(msg, "(2.0 EiB, block 2.0 EiB)"), "\"%s\" (it said 2048.0 PiB)", msg);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+#else
+  cr_skip_test("a 32-bit size_t cannot ask for 2 EiB");
+#endif
+}
+
 Test(pool, an_allocation_past_the_limit_fails_with_the_numbers) {
   cr_assert_eq(ab_set_memory_limit(CPU0, MiB), AB_OK);
   long live = ab__alloc_live_settled();
