@@ -42,9 +42,7 @@ int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id) {
  * nothing to such a backend. No path reaches them there today (its
  * device count is 0, so no tensor of it is made or taken); this makes
  * the rule hold by construction. */
-static bool left_behind(const struct ab_backend *be) {
-  return be->device_type != kDLCPU && ab__drivers_left_behind();
-}
+static bool left_behind(const struct ab_backend *be) { return ab__backend_left_behind(be); }
 
 /* ---- devices ----------------------------------------------------------------- */
 

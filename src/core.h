@@ -30,6 +30,9 @@ void ab__registry_shutdown(void);
  * backend but the host's has no devices in it, for good, and nothing is
  * handed back to those drivers (see device.c, "fork"). */
 bool ab__drivers_left_behind(void);
+/* Whether backend be's driver is one a fork left behind: the above, or a
+ * driver another library had started (ab_note_driver_started). */
+bool ab__backend_left_behind(const struct ab_backend *be);
 /* How many frees of such memory were not handed to their driver (tests). */
 uint64_t ab__dev_frees_left_behind(void);
 

@@ -61,8 +61,21 @@ static void on_fork_prepare(void) {
 static void on_fork_parent(void) {
   if (fork_took_init) pthread_mutex_unlock(&init_lock);
 }
+/* A driver another library started in this process or an ancestor
+ * (ab_note_driver_started: pyclesperanto starts OpenCL at its import)
+ * leaves the same state behind in a child, arraybridge started or not:
+ * that family's backends have no devices there. By backend; the pid of
+ * the process that noted it, for the message. */
+static atomic_bool started_elsewhere[NBACKENDS];
+static atomic_long elsewhere_in[NBACKENDS];
+static atomic_bool elsewhere_left[NBACKENDS], any_elsewhere_left;
 static void on_fork_child(void) {
   if (ever_started) atomic_store_explicit(&left_behind, true, memory_order_relaxed);
+  for (size_t i = 0; i < NBACKENDS; i++)
+    if (atomic_load_explicit(&started_elsewhere[i], memory_order_relaxed)) {
+      atomic_store_explicit(&elsewhere_left[i], true, memory_order_relaxed);
+      atomic_store_explicit(&any_elsewhere_left, true, memory_order_relaxed);
+    }
   if (fork_took_init) pthread_mutex_unlock(&init_lock);
 }
 /* Registered as the library is loaded, before init_lock can be held: see
@@ -84,7 +97,36 @@ static void unlock_registry(void) {
 bool ab__drivers_left_behind(void) { return atomic_load_explicit(&left_behind, memory_order_relaxed); }
 
 /* Whether backend i is one a fork left behind. */
-static bool left_behind_at(int i) { return backends[i]->device_type != kDLCPU && ab__drivers_left_behind(); }
+static bool left_behind_at(int i) {
+  return backends[i]->device_type != kDLCPU &&
+         (ab__drivers_left_behind() || atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed));
+}
+
+bool ab__backend_left_behind(const struct ab_backend *be) {
+  if (be->device_type == kDLCPU) return false;
+  if (ab__drivers_left_behind()) return true;
+  if (!atomic_load_explicit(&any_elsewhere_left, memory_order_relaxed)) return false;
+  for (size_t i = 0; i < NBACKENDS; i++)
+    if (backends[i] == be) return atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed);
+  return false;
+}
+
+ab_status ab_note_driver_started(DLDeviceType type) {
+  const struct ab_backend *be = ab__backend_for(type);
+  if (type == kDLCPU)
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "ab_note_driver_started: host memory (cpu) has no driver to note");
+  if (be == NULL)
+    return AB_FAIL(AB_ERR_NO_DEVICE, "ab_note_driver_started: device type %d (%s) has no backend in this build",
+                   (int)type, ab_device_type_name(type));
+  const struct ab_backend *family = be->family != NULL ? be->family : be;
+  for (size_t i = 0; i < NBACKENDS; i++)
+    if (backends[i] == family || backends[i]->family == family) {
+      long none = 0;
+      atomic_compare_exchange_strong(&elsewhere_in[i], &none, (long)getpid());
+      atomic_store_explicit(&started_elsewhere[i], true, memory_order_relaxed);
+    }
+  return AB_OK;
+}
 
 /* Why backend i has no devices, into buf. */
 static void why_none(int i, char *buf, size_t len) {
@@ -94,6 +136,12 @@ static void why_none(int i, char *buf, size_t len) {
              "since; a driver does not survive fork: start child processes with 'spawn' or 'forkserver', or fork "
              "before the first arraybridge call",
              backends[i]->name, (long)started_in);
+  else if (atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed))
+    snprintf(buf, len,
+             "the %s driver was started in process %ld by another library there (ab_note_driver_started), and "
+             "this process was forked from it (or from a child of it) since; a driver does not survive fork: "
+             "start child processes with 'spawn' or 'forkserver'",
+             backends[i]->name, atomic_load_explicit(&elsewhere_in[i], memory_order_relaxed));
   else
     snprintf(buf, len, "%s", backend_why[i][0] ? backend_why[i] : "none found");
 }

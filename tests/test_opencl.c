@@ -167,6 +167,61 @@ Test(opencl, a_child_forked_after_opencl_started_refuses_it_and_still_moves_host
   assert_pool_clean(CL(0));
 }
 
+/* The same for a driver another library started (pyclesperanto at its
+ * import) while arraybridge had not: noted, a child forked after it has
+ * no OpenCL devices, says why, and does not hang; host moves work; the
+ * note changes nothing in the process that made it. Run in a child of
+ * its own, so that the note does not reach the other tests' forks. */
+Test(opencl, a_child_forked_after_another_library_started_opencl_refuses_it) {
+  /* No arraybridge call before these forks (need_devices would start the
+   * backends, and any fork after that is refused anyway): the noting
+   * child checks that it has OpenCL itself. */
+  fflush(NULL);
+  pid_t noter = fork();
+  cr_assert_neq(noter, -1);
+  if (noter == 0) {
+    alarm(120);
+    int bad = 0;
+    if (ab_note_driver_started(kDLOpenCL) != AB_OK) bad |= 1;
+    if (ab_note_driver_started(kDLCPU) != AB_ERR_INVALID_ARGUMENT) bad |= 1;
+    float v[4] = {1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+    DLManagedTensorVersioned *r = SENTINEL_OUT;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      int cbad = 0;
+      if (ab_device_count(kDLOpenCL) != 0 || ab_device_count(AB_DEVICE_OPENCL_HOST) != 0) cbad |= 1;
+      if (ab_convert_memory(&t, CL(0), NULL, &r) != AB_ERR_NO_DEVICE || r != SENTINEL_OUT) cbad |= 2;
+      if (strstr(ab_last_error(), "by another library") == NULL || strstr(ab_last_error(), "spawn") == NULL)
+        cbad |= 4;
+      ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+      o.copy = AB_COPY_ALWAYS;
+      if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK || memcmp(r->dl_tensor.data, v, sizeof v) != 0) cbad |= 8;
+      else r->deleter(r);
+      _exit(cbad);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) bad |= 16;
+    else bad |= WEXITSTATUS(status) << 5;
+    /* here, where the note was made: OpenCL works */
+    if (ab_device_count(kDLOpenCL) < 1) _exit(100); /* none on this machine: need_devices below says so */
+    if (ab_convert_memory(&t, CL(0), NULL, &r) != AB_OK) bad |= 4;
+    else r->deleter(r);
+    _exit(bad);
+  }
+  int status;
+  cr_assert_eq(waitpid(noter, &status, 0), noter);
+  cr_assert(WIFEXITED(status), "the noting child did not exit: signal %d (SIGALRM: a hang)",
+            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (WEXITSTATUS(status) == 100) need_devices(1); /* fails where the machine should have one, else skips */
+  cr_assert_eq(WEXITSTATUS(status), 0,
+               "failed checks: %d (bits 5 up: the grandchild's, 1: devices listed, 2: converted, 4: message; "
+               "4 alone: no OpenCL where the note was made)",
+               WEXITSTATUS(status));
+}
+
 Test(opencl, device_info_describes_each_device) {
   need_devices(1);
   for (int32_t i = 0; i < ab_device_count(kDLOpenCL); i++) {

@@ -300,6 +300,21 @@ AB_API DLDevice ab_best_device(void);
  * AB_OPENCL_DEEPBIND is 0 (or off, false, no). */
 AB_API void ab_preload_drivers(void);
 
+/* Notes that another library in this process has started the driver
+ * behind `type` (kDLOpenCL, kDLCUDA, or any type of the same driver):
+ * pyclesperanto, say, starts OpenCL at its import, before or without any
+ * arraybridge call. A driver does not survive fork: its threads (PoCL's
+ * workers) stay in the parent, and a forked child's first call into it
+ * waits for them for ever. arraybridge's own start counts by itself; after
+ * this note, a process forked from this one (or from a child of it) also
+ * has no devices of that driver's backends (AB_ERR_NO_DEVICE, whose
+ * message says so and names 'spawn'), arraybridge started or not; host
+ * moves work there as before. Nothing changes in this process. Call it
+ * before forking (the Python module does, at each fork, while
+ * pyclesperanto is imported). AB_ERR_INVALID_ARGUMENT for kDLCPU;
+ * AB_ERR_NO_DEVICE for a type with no backend in this build. */
+AB_API ab_status ab_note_driver_started(DLDeviceType type);
+
 /* ---- conversion ------------------------------------------------------- */
 
 /** Copy semantics of ab_convert_memory, as the array API's
