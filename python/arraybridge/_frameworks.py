@@ -1067,5 +1067,15 @@ def _forget_devices():
     Pyclesperanto._ids = (None, None, ())
 
 
+def _note_drivers():
+    """Before a fork: pyclesperanto starts the OpenCL driver at its import,
+    which the C core does not see. A child forked after that would wait
+    for ever in its first OpenCL call (the driver's threads stay in the
+    parent), arraybridge started or not: noted, the child has no OpenCL
+    devices and says why."""
+    if imported("pyclesperanto") is not None:
+        _ab._note_driver_started("opencl:0")
+
+
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_forget_devices)
+    os.register_at_fork(before=_note_drivers, after_in_child=_forget_devices)

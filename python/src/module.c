@@ -2933,6 +2933,18 @@ static PyObject *explain_route_of(const struct move_args *a) {
   return PyUnicode_FromString(buf);
 }
 
+/* _note_driver_started(device): ab_note_driver_started of device's type
+ * (the Python layer calls it before a fork while pyclesperanto, which
+ * starts OpenCL at its import, is imported). */
+static PyObject *py_note_driver_started(PyObject *mod, PyObject *arg) {
+  (void)mod;
+  DLDevice d;
+  if (device_from_object(arg, &d) < 0) return NULL;
+  ab_status st = ab_note_driver_started(d.device_type);
+  if (st != AB_OK) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
   {"from_dlpack", (PyCFunction)(void (*)(void))py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
    "from_dlpack(x, /, *, device=None, copy=None, readonly=False)\n--\n\n"
@@ -2964,6 +2976,9 @@ static PyMethodDef module_methods[] = {
    "empty(shape, dtype, device='cpu')\n--\n\nA new compact Tensor of that shape and dtype on device, from the "
    "device's pool; its elements are not set."},
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
+  {"_note_driver_started", py_note_driver_started, METH_O,
+   "_note_driver_started(device)\n--\n\nab_note_driver_started of device's type ('opencl:0'): another library "
+   "started that driver here, so a process forked from this one has none of its devices."},
   {"device_info", py_device_info, METH_O, "device_info(device)\n--\n\nA dict describing the device."},
   {"memory_stats", py_memory_stats, METH_O, "memory_stats(device)\n--\n\nThe device pool's statistics as a dict."},
   {"_from_cuda_array_interface", (PyCFunction)(void (*)(void))py_from_cai, METH_VARARGS | METH_KEYWORDS,

@@ -233,6 +233,42 @@ def test_a_forged_pickle_is_refused_before_anything_is_allocated():
     assert ok.shape == (0, 5)
 
 
+def test_a_child_forked_after_pyclesperanto_started_opencl_refuses_it_instead_of_hanging():
+    """pyclesperanto starts the OpenCL driver at its import, with no
+    arraybridge call in the parent at all; a forked child's first OpenCL
+    transfer waited for ever on the driver's threads, left in the parent.
+    Now the child has no OpenCL devices and says why; host moves work."""
+    opencl(1)
+    pytest.importorskip("pyclesperanto")
+    code = """
+import multiprocessing as mp, numpy as np, arraybridge as ab
+import pyclesperanto
+def work(_):
+    try:
+        ab.to_device(np.ones(2, np.float32), "opencl:0")
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return refused, float(np.asarray(ab.to_device(np.arange(4.0), "cpu", dtype="float32")).sum())
+if __name__ == "__main__":
+    with mp.get_context("fork").Pool(1) as pool:
+        refused, total = pool.apply(work, (0,))
+    assert "by another library" in refused and "spawn" in refused, refused
+    assert total == 6.0
+    assert float(np.asarray(ab.to_device(ab.to_device(np.arange(4.0), "opencl:0"), "cpu")).sum()) == 6.0
+    print("ok")
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.communicate()
+        pytest.fail("a child forked after pyclesperanto's import hung on OpenCL")
+    assert p.returncode == 0 and out.strip() == "ok", (p.returncode, out, err[-2000:])
+
+
 def test_a_forked_pool_gets_opencl_tensors_in_host_memory_instead_of_hanging():
     """multiprocessing forks by default on Linux. A child forked after
     OpenCL started has no driver threads, and its first OpenCL call waited
