@@ -51,8 +51,17 @@ def memory_report():
 
 
 # How many recoveries enclose this point of the thread's (or task's) call
-# stack.
+# stack, and the outermost one's token: the mark a recovery leaves on an
+# error it gave up on names it, so that only recoveries within the same
+# outermost one (the same thread, or tasks it started) take the error as
+# given up on. One exception object can reach several threads at once (a
+# Future's result); a mark that said only "given up" made another
+# thread's recovery give up at its first try, and its outermost level
+# took the mark off while the first thread's enclosing recovery was still
+# to see it.
 _depth = contextvars.ContextVar("arraybridge_oom_recovery_depth", default=0)
+_root = contextvars.ContextVar("arraybridge_oom_recovery_root", default=None)
+_NOTE = "arraybridge: still out of memory after "
 
 
 def _behind(exc, handling=None):
@@ -69,11 +78,13 @@ def _behind(exc, handling=None):
     return exc.__context__
 
 
-def _unmark(exc):
+def _unmark(exc, root):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        getattr(exc, "__dict__", {}).pop("_arraybridge_retried", None)
+        marks = getattr(exc, "__dict__", {}).get("_arraybridge_retried")
+        if isinstance(marks, set):
+            marks.discard(root)
         exc = _behind(exc)
 
 
@@ -85,7 +96,8 @@ def _retried(exc, handling=None):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if getattr(exc, "_arraybridge_retried", False) is True:
+        marks = getattr(exc, "__dict__", {}).get("_arraybridge_retried")
+        if isinstance(marks, set) and _root.get() in marks:
             return True
         exc = _behind(exc, handling)
     return False
@@ -150,15 +162,20 @@ def _nesting():
     abandoned task collected later) leaves in another context, where a
     token would be refused."""
     depth = _depth.get()
+    root = _root.get()
+    if depth == 0:
+        _root.set(object())
     _depth.set(depth + 1)
     try:
         yield
     except Exception as e:
         if depth == 0:
-            _unmark(e)
+            _unmark(e, _root.get())
         raise
     finally:
         _depth.set(depth)
+        if depth == 0:
+            _root.set(root)
 
 
 def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
@@ -170,10 +187,16 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
         return False
     if attempt == max_retries:
         if hasattr(e, "add_note"):
-            e.add_note("arraybridge: still out of memory after %d retries (caches freed before each); "
-                       "memory report:\n%s" % (max_retries, memory_report()))
+            # One note of ours: an exception raised again and again (a
+            # cached one, a Future's) would gather one per give-up.
+            notes = getattr(e, "__notes__", None)
+            if isinstance(notes, list) and any(isinstance(n, str) and n.startswith(_NOTE) for n in notes):
+                notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(_NOTE))]
+            e.add_note(_NOTE + "%d retries (caches freed before each); memory report:\n%s"
+                       % (max_retries, memory_report()))
         try:
-            e._arraybridge_retried = True
+            marks = e.__dict__.setdefault("_arraybridge_retried", set())
+            marks.add(_root.get())
         except AttributeError:  # an exception type without a __dict__: unmarked
             pass
         return False

@@ -815,10 +815,23 @@ class Jax(Adapter):
     def empty_cache(self, mod, device_id=None):
         # Compiled functions and what their executables hold: only where JAX
         # has GPUs, whose memory that may be (on the CPU alone, every OOM
-        # retry made each jitted function compile again, for nothing).
+        # retry made each jitted function compile again, for nothing). And
+        # only once JAX's backends have started: asking for its devices
+        # starts them (an XLA client, a dozen threads, on a GPU build its
+        # memory preallocated), in a process that only imported JAX.
         clear = getattr(mod, "clear_caches", None)
-        if clear is not None and self._gpus(mod):
+        if clear is not None and self._started() and self._gpus(mod):
             clear()
+
+    @staticmethod
+    def _started():
+        """Whether JAX's backends have started (none has, no array of JAX's
+        exists); True where this JAX does not say (as before)."""
+        try:
+            from jax._src import xla_bridge
+            return bool(xla_bridge.backends_are_initialized())
+        except Exception:  # a private module: another layout says nothing
+            return True
 
     def is_oom(self, exc, mod):
         return isinstance(exc, MemoryError) or "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower()

@@ -1390,9 +1390,89 @@ def test_nested_decorators_retry_once_not_once_per_level():
         return fut.result()
 
     for call in (1, 2):
-        with pytest.raises(MemoryError):
+        with pytest.raises(MemoryError) as e:
             from_future(np.ones(2))
         assert len(runs) == 3 * call
+        # one note of ours on it, however often it was given up on
+        assert sum("still out of memory" in n for n in e.value.__notes__) == 1
+
+
+def test_a_shared_out_of_memory_error_is_retried_by_each_thread_on_its_own():
+    """One exception object can reach two threads at once (a Future's
+    result). Thread B's nested recovery gives up on it and, while B's
+    outer function still handles it, the main thread's recovery of the
+    same object must retry it in full (it gave up at once), and must not
+    take B's mark off (B's outer level then retried what its inner one had
+    given up on: 6 and 2 calls, not 3 and 1)."""
+    import concurrent.futures
+    import threading
+    fut = concurrent.futures.Future()
+    fut.set_exception(MemoryError("out of memory (test)"))
+    counts = {"inner": 0, "outer": 0, "g": 0}
+    handling = threading.Event()
+    g_done = threading.Event()
+
+    @ab.numpy
+    def inner(x):
+        counts["inner"] += 1
+        return fut.result()
+
+    @ab.numpy
+    def outer(x):
+        counts["outer"] += 1
+        try:
+            return inner(x)
+        except MemoryError:
+            handling.set()
+            g_done.wait(30)  # the main thread's recovery runs its course meanwhile
+            raise
+
+    @ab.numpy
+    def g(x):
+        counts["g"] += 1
+        return fut.result()
+
+    failures = []
+
+    def b():
+        try:
+            outer(np.ones(2))
+        except MemoryError as e:
+            failures.append(e)
+
+    t = threading.Thread(target=b)
+    t.start()
+    assert handling.wait(30)
+    with pytest.raises(MemoryError):
+        g(np.ones(2))
+    g_done.set()
+    t.join(30)
+    assert failures and failures[0] is fut.exception()
+    assert counts == {"inner": 3, "outer": 1, "g": 3}, counts
+
+
+def test_an_oom_retry_leaves_a_jax_that_has_not_started_unstarted():
+    """cleanup_all_gpu_frameworks asked JAX for its GPUs, which starts its
+    backends (an XLA client and its threads; on a GPU build, its memory)
+    in a process that had only imported JAX."""
+    code = textwrap.dedent("""
+        import numpy as np, arraybridge as ab
+        import jax
+        from jax._src import xla_bridge
+        ab.cleanup_all_gpu_frameworks()
+        ab.set_memory_limit("cpu", 1 << 20)
+        @ab.numpy
+        def f(x):
+            return np.asarray(ab.to_device(x, "cpu", dtype="float64"))
+        try:
+            f(np.ones((1024, 1024), np.float32))
+        except MemoryError:
+            pass
+        print(xla_bridge.backends_are_initialized())
+    """)
+    need("jax")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 def test_decorated_coroutines_and_generators_convert_what_they_give():
