@@ -50,17 +50,17 @@ def memory_report():
     return "\n".join(parts)
 
 
-# How many recoveries enclose this point of the thread's (or task's) call
-# stack, and the outermost one's token: the mark a recovery leaves on an
-# error it gave up on names it, so that only recoveries within the same
-# outermost one (the same thread, or tasks it started) take the error as
-# given up on. One exception object can reach several threads at once (a
-# Future's result); a mark that said only "given up" made another
-# thread's recovery give up at its first try, and its outermost level
-# took the mark off while the first thread's enclosing recovery was still
-# to see it.
-_depth = contextvars.ContextVar("arraybridge_oom_recovery_depth", default=0)
-_root = contextvars.ContextVar("arraybridge_oom_recovery_root", default=None)
+# The recoveries that enclose this point of the thread's (or task's) call
+# stack, outermost first: a token each. A recovery that gives up on an
+# error marks it with that path, and a recovery takes an error as given up
+# on only where its own token is on the mark's path: one it encloses gave
+# up (in this thread, or in a task or thread that copied this context:
+# asyncio.to_thread, run_in_executor). One exception object can reach
+# several threads at once (a Future's result): a mark that said only
+# "given up" made a sibling's recovery give up at its first try, and the
+# sibling's outermost level took the mark off while the first thread's
+# enclosing recovery was still to see it.
+_path = contextvars.ContextVar("arraybridge_oom_recovery_path", default=())
 _NOTE = "arraybridge: still out of memory after "
 
 
@@ -79,12 +79,14 @@ def _behind(exc, handling=None):
 
 
 def _unmark(exc, root):
+    """The marks made within the outermost recovery `root`, taken off exc
+    and what it was raised from."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         marks = getattr(exc, "__dict__", {}).get("_arraybridge_retried")
         if isinstance(marks, set):
-            marks.discard(root)
+            marks.difference_update([p for p in list(marks) if p[0] is root])
         exc = _behind(exc)
 
 
@@ -93,11 +95,13 @@ def _retried(exc, handling=None):
     (`raise MemoryError("again")` in an except block) within this recovery
     (not before it began: `handling`), is one a recovery gave up on
     (run_with_oom_recovery)."""
+    path = _path.get()
+    me = path[-1] if path else None
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         marks = getattr(exc, "__dict__", {}).get("_arraybridge_retried")
-        if isinstance(marks, set) and _root.get() in marks:
+        if isinstance(marks, set) and any(me in p for p in list(marks)):
             return True
         exc = _behind(exc, handling)
     return False
@@ -156,26 +160,22 @@ async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retrie
 
 @contextlib.contextmanager
 def _nesting():
-    """One recovery's place among those that enclose it (_depth); the
-    outermost takes the marks off the error it raises. The depth is set
-    back by value, not by token: a coroutine closed outside its task (an
-    abandoned task collected later) leaves in another context, where a
-    token would be refused."""
-    depth = _depth.get()
-    root = _root.get()
-    if depth == 0:
-        _root.set(object())
-    _depth.set(depth + 1)
+    """One recovery's token on the path of those that enclose it (_path);
+    the outermost takes the marks made within it off the error it raises.
+    The path is set back by value, not by token: a coroutine closed
+    outside its task (an abandoned task collected later) leaves in another
+    context, where a token would be refused."""
+    outer = _path.get()
+    path = outer + (object(),)
+    _path.set(path)
     try:
         yield
     except Exception as e:
-        if depth == 0:
-            _unmark(e, _root.get())
+        if not outer:
+            _unmark(e, path[0])
         raise
     finally:
-        _depth.set(depth)
-        if depth == 0:
-            _root.set(root)
+        _path.set(outer)
 
 
 def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
@@ -196,7 +196,7 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
                        % (max_retries, memory_report()))
         try:
             marks = e.__dict__.setdefault("_arraybridge_retried", set())
-            marks.add(_root.get())
+            marks.add(_path.get())
         except AttributeError:  # an exception type without a __dict__: unmarked
             pass
         return False

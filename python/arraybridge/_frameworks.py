@@ -1087,7 +1087,10 @@ def _note_drivers():
     parent), arraybridge started or not: noted, the child has no OpenCL
     devices and says why."""
     if imported("pyclesperanto") is not None:
-        _ab._note_driver_started("opencl:0")
+        try:
+            _ab._note_driver_started("opencl:0")
+        except ValueError:  # a build without the OpenCL backend: nothing of ours to leave behind
+            pass
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

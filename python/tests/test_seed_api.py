@@ -1449,6 +1449,40 @@ def test_a_shared_out_of_memory_error_is_retried_by_each_thread_on_its_own():
     t.join(30)
     assert failures and failures[0] is fut.exception()
     assert counts == {"inner": 3, "outer": 1, "g": 3}, counts
+    # Threads that copied a recovery's context (asyncio.to_thread) are
+    # siblings too: each retries in full, and the enclosing recovery takes
+    # their give-up as its own (one retry in all).
+    import asyncio
+    calls = {1: 0, 2: 0}
+    first_gave_up = threading.Event()
+
+    @ab.numpy
+    def job(x, k):
+        calls[k] += 1
+        if k == 2 and calls[2] == 1:
+            first_gave_up.wait(30)
+        return fut.result()
+
+    def run(k):
+        try:
+            job(np.ones(2), k)
+        finally:
+            if k == 1:
+                first_gave_up.set()
+
+    outers = []
+
+    @ab.numpy
+    async def gathering(x):
+        outers.append(1)
+        # both to the end (thread 2's first try after thread 1 gave up),
+        # then thread 1's error
+        done = await asyncio.gather(asyncio.to_thread(run, 1), asyncio.to_thread(run, 2), return_exceptions=True)
+        raise done[0]
+
+    with pytest.raises(MemoryError):
+        asyncio.run(gathering(np.ones(2)))
+    assert calls == {1: 3, 2: 3} and len(outers) == 1, (calls, outers)
 
 
 def test_an_oom_retry_leaves_a_jax_that_has_not_started_unstarted():
