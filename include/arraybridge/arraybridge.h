@@ -300,7 +300,7 @@ AB_API DLDevice ab_best_device(void);
  * AB_OPENCL_DEEPBIND is 0 (or off, false, no). */
 AB_API void ab_preload_drivers(void);
 
-/* Notes that another library in this process has started the driver
+/** Notes that another library in this process has started the driver
  * behind `type` (kDLOpenCL, kDLCUDA, or any type of the same driver):
  * pyclesperanto, say, starts OpenCL at its import, before or without any
  * arraybridge call. A driver does not survive fork: its threads (PoCL's
