@@ -37,12 +37,11 @@ int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id) {
 }
 
 /* In a child forked after the drivers started, their memory, events and
- * streams are the parent's and their threads are gone: the wrappers that
- * cannot fail (frees, fence frees, stream waits, memory gauges) hand
- * nothing to such a backend. No path reaches them there today (its
- * device count is 0, so no tensor of it is made or taken); this makes
- * the rule hold by construction. */
-static bool left_behind(const struct ab_backend *be) { return ab__backend_left_behind(be); }
+ * streams are the parent's and their threads are gone: the wrappers below
+ * that cannot fail (frees, fence frees, stream waits, memory gauges) hand
+ * nothing to such a backend (ab__backend_left_behind). No path reaches
+ * them there today (its device count is 0, so no tensor of it is made or
+ * taken); this makes the rule hold by construction. */
 
 /* ---- devices ----------------------------------------------------------------- */
 
@@ -70,7 +69,7 @@ void ab__dev_meminfo(const struct ab_backend *be, int32_t id, uint64_t *free_b, 
   struct ab_device_info info = {0}; /* written only on success; zeroed to quiet -Wmaybe-uninitialized */
   char saved[AB_ERRBUF_SIZE];
   ab__save_error(saved);
-  if (!left_behind(be) && ab__dev_info(be, id, &info) == AB_OK) {
+  if (!ab__backend_left_behind(be) && ab__dev_info(be, id, &info) == AB_OK) {
     *free_b = info.free_memory;
     *total_b = info.total_memory;
   } else {
@@ -97,7 +96,7 @@ uint64_t ab__dev_frees_left_behind(void) { return atomic_load_explicit(&frees_le
 void ab__dev_free(const struct ab_backend *be, int32_t id, void *ptr, size_t bytes) {
   /* In a child forked after the drivers started, their memory is the
    * parent's and their threads are gone: nothing goes back to them. */
-  if (left_behind(be)) {
+  if (ab__backend_left_behind(be)) {
     atomic_fetch_add_explicit(&frees_left_behind, 1, memory_order_relaxed);
     return;
   }
@@ -243,9 +242,9 @@ ab_status ab__dev_fence_wait(const struct ab_backend *be, void *fence) {
 }
 
 void ab__dev_fence_free(const struct ab_backend *be, void *fence) {
-  if (be->fence_free != NULL && !left_behind(be)) be->fence_free(fence);
+  if (be->fence_free != NULL && !ab__backend_left_behind(be)) be->fence_free(fence);
 }
 
 void ab__dev_stream_sync(const struct ab_backend *be, int32_t id, void *stream) {
-  if (be->stream_sync != NULL && !left_behind(be)) be->stream_sync(id, stream);
+  if (be->stream_sync != NULL && !ab__backend_left_behind(be)) be->stream_sync(id, stream);
 }

@@ -26,12 +26,10 @@ void ab__ensure_init(void);
  * initialises them again. */
 void ab__registry_shutdown(void);
 
-/* Whether this process was forked after the backends started: then every
- * backend but the host's has no devices in it, for good, and nothing is
- * handed back to those drivers (see device.c, "fork"). */
-bool ab__drivers_left_behind(void);
-/* Whether backend be's driver is one a fork left behind: the above, or a
- * driver another library had started (ab_note_driver_started). */
+/* Whether backend be's driver is one a fork left behind: this process was
+ * forked after the backends started, or after another library started
+ * be's driver (ab_note_driver_started). Then be has no devices in it, for
+ * good, and nothing is handed back to that driver (see device.c, "fork"). */
 bool ab__backend_left_behind(const struct ab_backend *be);
 /* How many frees of such memory were not handed to their driver (tests). */
 uint64_t ab__dev_frees_left_behind(void);

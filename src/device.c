@@ -68,14 +68,12 @@ static void on_fork_parent(void) {
  * the process that noted it, for the message. */
 static atomic_bool started_elsewhere[NBACKENDS];
 static atomic_long elsewhere_in[NBACKENDS];
-static atomic_bool elsewhere_left[NBACKENDS], any_elsewhere_left;
+static atomic_bool elsewhere_left[NBACKENDS];
 static void on_fork_child(void) {
   if (ever_started) atomic_store_explicit(&left_behind, true, memory_order_relaxed);
   for (size_t i = 0; i < NBACKENDS; i++)
-    if (atomic_load_explicit(&started_elsewhere[i], memory_order_relaxed)) {
+    if (atomic_load_explicit(&started_elsewhere[i], memory_order_relaxed))
       atomic_store_explicit(&elsewhere_left[i], true, memory_order_relaxed);
-      atomic_store_explicit(&any_elsewhere_left, true, memory_order_relaxed);
-    }
   if (fork_took_init) pthread_mutex_unlock(&init_lock);
 }
 /* Registered as the library is loaded, before init_lock can be held: see
@@ -94,20 +92,16 @@ static void unlock_registry(void) {
   pthread_mutex_unlock(&init_lock);
 }
 
-bool ab__drivers_left_behind(void) { return atomic_load_explicit(&left_behind, memory_order_relaxed); }
-
-/* Whether backend i is one a fork left behind. */
+/* Whether backend i is one a fork left behind: its own start, or its
+ * driver's start by another library, before the fork. */
 static bool left_behind_at(int i) {
-  return backends[i]->device_type != kDLCPU &&
-         (ab__drivers_left_behind() || atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed));
+  return backends[i]->device_type != kDLCPU && (atomic_load_explicit(&left_behind, memory_order_relaxed) ||
+                                                atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed));
 }
 
 bool ab__backend_left_behind(const struct ab_backend *be) {
-  if (be->device_type == kDLCPU) return false;
-  if (ab__drivers_left_behind()) return true;
-  if (!atomic_load_explicit(&any_elsewhere_left, memory_order_relaxed)) return false;
   for (size_t i = 0; i < NBACKENDS; i++)
-    if (backends[i] == be) return atomic_load_explicit(&elsewhere_left[i], memory_order_relaxed);
+    if (backends[i] == be) return left_behind_at((int)i);
   return false;
 }
 
