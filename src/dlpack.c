@@ -24,34 +24,39 @@ static bool bits_valid(uint8_t code, unsigned bits) {
   }
 }
 
+/* The word after `what` in ab__check_dtype's messages: "src dtype int4
+ * ...", but "opts->dtype int4 ...", not "opts->dtype dtype". Asked only
+ * on the way to an error (every conversion checks its dtypes). */
+static const char *dtype_word(const char *what) {
+  const size_t wl = strlen(what);
+  return wl >= 5 && strcmp(what + wl - 5, "dtype") == 0 ? "" : " dtype";
+}
+
 ab_status ab__check_dtype(DLDataType dt, const char *what, size_t *elsize) {
   char name[48];
-  /* "src dtype int4 ...", but "opts->dtype int4 ...", not "opts->dtype dtype" */
-  const size_t wl = strlen(what);
-  const char *dtype = wl >= 5 && strcmp(what + wl - 5, "dtype") == 0 ? "" : " dtype";
   if (dt.code >= AB__CODE_COUNT)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s%s code %u is not a DLPack type code (known: 0..%d)",
-                   what, dtype, (unsigned)dt.code, AB__CODE_COUNT - 1);
+                   what, dtype_word(what), (unsigned)dt.code, AB__CODE_COUNT - 1);
   if (dt.bits == 0)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s%s %s has bits == 0", what, dtype,
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s%s %s has bits == 0", what, dtype_word(what),
                    ab__dtype_code_name(dt.code));
   if (dt.lanes == 0)
-    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s%s %s has lanes == 0", what, dtype,
+    return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s%s %s has lanes == 0", what, dtype_word(what),
                    ab_dtype_name(dt, name, sizeof name));
   if (dt.code == AB__CODE_OPAQUE)
     return AB_FAIL(AB_ERR_UNSUPPORTED,
-                   "%s%s is an opaque handle, which has no meaning across memory spaces", what, dtype);
+                   "%s%s is an opaque handle, which has no meaning across memory spaces", what, dtype_word(what));
   if (dt.code == AB__CODE_BOOL && dt.bits != 8)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                   "%s%s bool has bits == %u; DLPack bool is 8 bits", what, dtype, (unsigned)dt.bits);
+                   "%s%s bool has bits == %u; DLPack bool is 8 bits", what, dtype_word(what), (unsigned)dt.bits);
   if (!bits_valid(dt.code, dt.bits))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "%s%s %s does not exist (bad bits for code %s)",
-                   what, dtype, ab_dtype_name(dt, name, sizeof name), ab__dtype_code_name(dt.code));
+                   what, dtype_word(what), ab_dtype_name(dt, name, sizeof name), ab__dtype_code_name(dt.code));
   /* Sub-byte elements (int4, float4_e2m1fn, float6) are real DLPack types
    * that this version cannot address element by element. */
   if (dt.bits % 8 != 0)
-    return AB_FAIL(AB_ERR_UNSUPPORTED, "%s%s %s is a sub-byte type, not supported", what, dtype,
+    return AB_FAIL(AB_ERR_UNSUPPORTED, "%s%s %s is a sub-byte type, not supported", what, dtype_word(what),
                    ab_dtype_name(dt, name, sizeof name));
   *elsize = ab__elsize(dt);
   return AB_OK;
