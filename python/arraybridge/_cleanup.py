@@ -7,7 +7,7 @@ import operator
 import sys
 
 from . import _arraybridge as _ab
-from ._frameworks import ADAPTERS
+from ._frameworks import ADAPTERS, is_oom
 from ._types import id_of_device
 
 
@@ -111,11 +111,8 @@ def _is_oom(exc, adapters):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, MemoryError):
+        if is_oom(exc, adapters):
             return True
-        for a in adapters:
-            if a.is_oom(exc, a.loaded()):
-                return True
         exc = exc.__cause__
     return False
 
@@ -190,7 +187,7 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
             # One note of ours: an exception raised again and again (a
             # cached one, a Future's) would gather one per give-up.
             notes = getattr(e, "__notes__", None)
-            if isinstance(notes, list) and any(isinstance(n, str) and n.startswith(_NOTE) for n in notes):
+            if isinstance(notes, list):
                 notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(_NOTE))]
             e.add_note(_NOTE + "%d retries (caches freed before each); memory report:\n%s"
                        % (max_retries, memory_report()))

@@ -24,6 +24,7 @@ from ._types import MemoryConversionError, MemoryType, OutOfMemoryError, id_of_d
 # but complex, which frameworks name alike).
 _DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                      "bfloat16", "float32", "float64"))
+_COMPLEX = frozenset(("complex64", "complex128"))
 # the casts a torch tensor in autograd's graph keeps its place there through (Torch.within)
 _GRAD_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64", "complex64", "complex128"))
 
@@ -119,6 +120,13 @@ def dtype_arg(d):
         raise ValueError("dtype %s is of the other byte order; arraybridge makes tensors in the machine's own (%s)"
                          % (d, d.newbyteorder("=")))
     return _dtype_str(d)
+
+
+def core_dtype_name(name):
+    """A dtype keyword's name as the C core knows it: its own names as they
+    are, one of NumPy's spellings ('f4', 'single', 'u1') as NumPy reads it
+    (numpy_dtype_name), else None."""
+    return name if name in _DTYPES or name in _COMPLEX else numpy_dtype_name(name)
 
 
 def numpy_dtype_name(name):
@@ -231,12 +239,16 @@ def no_export(exc):
     return isinstance(exc, BufferError) or (isinstance(exc, ValueError) and "unsharded" in str(exc))
 
 
+def is_oom(exc, adapters):
+    """Whether exc itself is a lack of memory: a MemoryError, or one of the
+    adapters' frameworks' own out-of-memory errors."""
+    return isinstance(exc, MemoryError) or any(a.is_oom(exc, a.loaded()) for a in adapters)
+
+
 def failure(source, target, method, reason, cause, adapters):
     """The MemoryConversionError to raise from cause: an OutOfMemoryError
-    where cause is a lack of memory (a MemoryError, or an adapter's
-    framework's own out-of-memory error)."""
-    oom = isinstance(cause, MemoryError) or any(a.is_oom(cause, a.loaded()) for a in adapters)
-    return (OutOfMemoryError if oom else MemoryConversionError)(source, target, method, reason)
+    where cause is a lack of memory (is_oom)."""
+    return (OutOfMemoryError if is_oom(cause, adapters) else MemoryConversionError)(source, target, method, reason)
 
 
 def imported(name, _get=sys.modules.get):
@@ -548,8 +560,7 @@ class Torch(Adapter):
             return None
         mod = self.module()
         if "dtype" in opts:
-            name = opts["dtype"]
-            name = name if name in _GRAD_DTYPES else numpy_dtype_name(name)
+            name = core_dtype_name(opts["dtype"])
             if name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex:
                 return None
             if getattr(mod, name) == obj.dtype and self.device_of(obj) == device:
@@ -1057,8 +1068,8 @@ class Pyclesperanto(Adapter):
         dtype = opts.get("dtype")
         if dtype is None:
             dtype = src.dtype
-        elif dtype not in _DTYPES:  # one of NumPy's spellings ('f4', 'single', 'u1'), as the C core takes it
-            dtype = numpy_dtype_name(dtype) or dtype
+        else:  # one of NumPy's spellings ('f4', 'single', 'u1') too, as the C core takes it
+            dtype = core_dtype_name(dtype) or dtype
         self.check(shape, dtype)
         out = self.create(mod, shape, dtype, gpu_id)
         _ab.convert_into(src, out, **{k: v for k, v in opts.items() if k != "dtype"})
