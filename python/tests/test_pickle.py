@@ -233,6 +233,21 @@ def test_a_forged_pickle_is_refused_before_anything_is_allocated():
     assert ok.shape == (0, 5)
 
 
+def run_ok_or_fail_on_hang(code, hung):
+    """Runs code in a new Python process and session (on a hang, a pool's
+    children are killed with it); it must print "ok" and exit 0. A run past
+    240 s fails the test with `hung`."""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.communicate()
+        pytest.fail(hung)
+    assert p.returncode == 0 and out.strip() == "ok", (p.returncode, out, err[-2000:])
+
+
 def test_a_child_forked_after_pyclesperanto_started_opencl_refuses_it_instead_of_hanging():
     """pyclesperanto starts the OpenCL driver at its import, with no
     arraybridge call in the parent at all; a forked child's first OpenCL
@@ -258,15 +273,7 @@ if __name__ == "__main__":
     assert float(np.asarray(ab.to_device(ab.to_device(np.arange(4.0), "opencl:0"), "cpu")).sum()) == 6.0
     print("ok")
 """
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
-        pytest.fail("a child forked after pyclesperanto's import hung on OpenCL")
-    assert p.returncode == 0 and out.strip() == "ok", (p.returncode, out, err[-2000:])
+    run_ok_or_fail_on_hang(code, "a child forked after pyclesperanto's import hung on OpenCL")
 
 
 def test_a_forked_pool_gets_opencl_tensors_in_host_memory_instead_of_hanging():
@@ -304,13 +311,4 @@ if __name__ == "__main__":
             raise AssertionError("the fail mode loaded the tensor")
     print("ok")
 """
-    # A session of its own: on a hang, the pool's children are killed with it.
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
-        pytest.fail("a forked child hung on OpenCL")
-    assert p.returncode == 0 and out.strip() == "ok", (p.returncode, out, err[-2000:])
+    run_ok_or_fail_on_hang(code, "a forked child hung on OpenCL")
