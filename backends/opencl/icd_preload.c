@@ -16,13 +16,21 @@
  * as they would through the ICD loader. AB_OPENCL_DEEPBIND=0 (or off,
  * false, no) turns this off. Sanitizer runtimes refuse RTLD_DEEPBIND (they
  * abort the process), so sanitized builds skip it, and so does a process
- * where a sanitizer runtime was loaded some other way (LD_PRELOAD). */
+ * where a sanitizer runtime was loaded some other way (LD_PRELOAD), or where
+ * malloc is not libc's (see allocator_replaced) unless AB_OPENCL_DEEPBIND
+ * is set to 1. In that last case, a driver not yet loaded when another
+ * LLVM is in the global scope can be opened neither way without a crash:
+ * ab__opencl_preload_check refuses the backend's start instead. */
 #define _GNU_SOURCE 1
 #include "backends/opencl/icd_preload.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
+#ifdef __GLIBC__
+#include <gnu/lib-names.h> /* LIBC_SO */
+#endif
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,9 +48,10 @@
 
 #if defined(RTLD_DEEPBIND) && !defined(AB_NO_DEEPBIND)
 
-static int preloaded; /* drivers loaded here, for the log */
+static atomic_int preloaded; /* drivers loaded here */
 
-static void preload(const char *lib) {
+static void preload(const char *lib, void *arg) {
+  (void)arg;
   void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
   if (h == NULL) {
     /* Not ours to judge: the ICD loader will try and report it itself. */
@@ -50,12 +59,12 @@ static void preload(const char *lib) {
     AB_LOG(AB_LOG_DEBUG, "OpenCL driver %s not preloaded: %s", lib, why ? why : "dlopen failed");
     return;
   }
-  preloaded++;
+  atomic_fetch_add(&preloaded, 1);
   AB_LOG(AB_LOG_DEBUG, "OpenCL driver %s preloaded with RTLD_DEEPBIND", lib);
 }
 
 /* An .icd file holds the driver library's name (or path) on its first line. */
-static void preload_icd_file(const char *path) {
+static void each_icd(const char *path, void (*fn)(const char *lib, void *arg), void *arg) {
   char line[4096];
   FILE *f = fopen(path, "r");
   if (f == NULL) return;
@@ -63,7 +72,7 @@ static void preload_icd_file(const char *path) {
     size_t n = strcspn(line, "\r\n");
     while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\t')) n--;
     line[n] = '\0';
-    if (n > 0) preload(line);
+    if (n > 0) fn(line, arg);
   }
   fclose(f);
 }
@@ -73,7 +82,7 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static void preload_icd_dir(const char *dir) {
+static void each_icd_in(const char *dir, void (*fn)(const char *lib, void *arg), void *arg) {
   DIR *d = opendir(dir);
   if (d == NULL) return;
   struct dirent *e;
@@ -81,15 +90,16 @@ static void preload_icd_dir(const char *dir) {
     char path[4096];
     if (!ends_with(e->d_name, ".icd")) continue;
     if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-    preload_icd_file(path);
+    each_icd(path, fn, arg);
   }
   closedir(d);
 }
 
-static bool deepbind_off(void) {
+/* AB_OPENCL_DEEPBIND: 1 or 0 when set, -1 (the library decides) when not. */
+static int deepbind_setting(void) {
   static const struct ab__env_choice modes[] = {{"1", 1},     {"on", 1},  {"true", 1}, {"yes", 1}, {"0", 0},
                                                 {"off", 0},   {"false", 0}, {"no", 0},  {NULL, 0}};
-  return !ab__env_choice("AB_OPENCL_DEEPBIND", modes, 1, "1 (on) or 0 (off, false, no)");
+  return ab__env_choice("AB_OPENCL_DEEPBIND", modes, -1, "1 (on) or 0 (off, false, no)");
 }
 
 /* A sanitizer runtime in the process (a sanitized program, or one
@@ -101,23 +111,40 @@ static bool sanitizer_present(void) {
   return false;
 }
 
+/* A malloc other than libc's serves the process: jemalloc, tcmalloc or
+ * mimalloc linked into the program or LD_PRELOADed, as is common under ML
+ * frameworks. A driver opened with RTLD_DEEPBIND binds its dependencies'
+ * malloc and free to libc's own, which then frees blocks the replacement
+ * handed out: PoCL's initialisers abort the process ("munmap_chunk():
+ * invalid pointer"). So where any of the four is not libc's, the drivers
+ * are left to the ICD loader. Where libc cannot be asked, the same. */
+static bool allocator_replaced(void) {
+#ifdef LIBC_SO
+  static const char *const names[] = {"malloc", "free", "calloc", "realloc"};
+  void *libc = dlopen(LIBC_SO, RTLD_LAZY | RTLD_NOLOAD);
+  if (libc == NULL) return true;
+  bool replaced = false;
+  for (size_t k = 0; k < sizeof names / sizeof *names && !replaced; k++)
+    replaced = dlsym(RTLD_DEFAULT, names[k]) != dlsym(libc, names[k]);
+  dlclose(libc);
+  return replaced;
+#else
+  return true;
+#endif
+}
+
 /* The drivers the ICD loaders (ocl-icd and Khronos') would load, as
  * ocl-icd's libOpenCL(7) describes: the libraries of OCL_ICD_FILENAMES
  * (':'-separated), and besides them OCL_ICD_VENDORS when set (a directory
  * of .icd files; an .icd file, a bare name looked up in the vendors
  * directory first; else a library), else the .icd files of the vendors
  * directory ($OPENCL_VENDOR_PATH, else /etc/OpenCL/vendors). */
-static void preload_all(void) {
-  if (deepbind_off()) return;
-  if (sanitizer_present()) {
-    AB_LOG(AB_LOG_DEBUG, "a sanitizer runtime is loaded: OpenCL drivers are not preloaded with RTLD_DEEPBIND");
-    return;
-  }
+static void each_driver(void (*fn)(const char *lib, void *arg), void *arg) {
   const char *files = getenv("OCL_ICD_FILENAMES");
   if (files != NULL && *files != '\0') {
     char *copy = strdup(files), *save = NULL;
     if (copy != NULL)
-      for (char *lib = strtok_r(copy, ":", &save); lib != NULL; lib = strtok_r(NULL, ":", &save)) preload(lib);
+      for (char *lib = strtok_r(copy, ":", &save); lib != NULL; lib = strtok_r(NULL, ":", &save)) fn(lib, arg);
     free(copy);
   }
   const char *dir = getenv("OPENCL_VENDOR_PATH");
@@ -125,17 +152,55 @@ static void preload_all(void) {
   const char *vendors = getenv("OCL_ICD_VENDORS");
   struct stat sb;
   char path[4096];
-  if (vendors == NULL || *vendors == '\0') preload_icd_dir(dir);
-  else if (stat(vendors, &sb) == 0 && S_ISDIR(sb.st_mode)) preload_icd_dir(vendors);
+  if (vendors == NULL || *vendors == '\0') each_icd_in(dir, fn, arg);
+  else if (stat(vendors, &sb) == 0 && S_ISDIR(sb.st_mode)) each_icd_in(vendors, fn, arg);
   else if (ends_with(vendors, ".icd")) {
     if (strchr(vendors, '/') == NULL && snprintf(path, sizeof path, "%s/%s", dir, vendors) < (int)sizeof path &&
         stat(path, &sb) == 0)
-      preload_icd_file(path);
+      each_icd(path, fn, arg);
     else
-      preload_icd_file(vendors);
+      each_icd(vendors, fn, arg);
   } else
-    preload(vendors);
-  AB_LOG(AB_LOG_DEBUG, "%d OpenCL driver(s) preloaded with RTLD_DEEPBIND", preloaded);
+    fn(vendors, arg);
+}
+
+static void preload_all(void) {
+  int setting = deepbind_setting();
+  if (setting == 0) return;
+  if (sanitizer_present()) {
+    AB_LOG(AB_LOG_DEBUG, "a sanitizer runtime is loaded: OpenCL drivers are not preloaded with RTLD_DEEPBIND");
+    return;
+  }
+  if (setting < 0 && allocator_replaced()) {
+    AB_LOG(AB_LOG_DEBUG, "malloc is not libc's (a replacement allocator is linked or preloaded): OpenCL drivers "
+                         "are not preloaded with RTLD_DEEPBIND");
+    return;
+  }
+  each_driver(preload, NULL);
+  AB_LOG(AB_LOG_DEBUG, "%d OpenCL driver(s) preloaded with RTLD_DEEPBIND", atomic_load(&preloaded));
+}
+
+static void count_unloaded(const char *lib, void *arg) {
+  void *h = dlopen(lib, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  if (h != NULL) dlclose(h);
+  else ++*(int *)arg;
+}
+
+/* A symbol every LLVM defines, which PoCL's clang binds to at load. */
+#define LLVM_OPTION_SYMBOL "_ZN4llvm2cl6Option11addArgumentEv"
+
+ab_status ab__opencl_preload_check(void) {
+  if (atomic_load(&preloaded) > 0 || deepbind_setting() >= 0 || sanitizer_present() || !allocator_replaced() ||
+      dlsym(RTLD_DEFAULT, LLVM_OPTION_SYMBOL) == NULL)
+    return AB_OK;
+  int unloaded = 0;
+  each_driver(count_unloaded, &unloaded);
+  if (unloaded == 0) return AB_OK;
+  /* Short: backend_why keeps 255 bytes. */
+  return AB_FAIL(AB_ERR_NO_DEVICE,
+                 "OpenCL drivers not opened: malloc is not libc's (jemalloc, tcmalloc...) and another LLVM "
+                 "(TensorFlow's?) is loaded: opening PoCL now would crash. Use OpenCL or import pyclesperanto "
+                 "first; AB_OPENCL_DEEPBIND=0 opens them");
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -145,5 +210,6 @@ void ab__opencl_preload_icds(void) { pthread_once(&once, preload_all); }
 #else
 
 void ab__opencl_preload_icds(void) {}
+ab_status ab__opencl_preload_check(void) { return AB_OK; }
 
 #endif

@@ -124,6 +124,7 @@ static ab_status cl_init(void) {
   ab__cl_pinned_mode = read_pinned_mode();
   AB_FORWARD(device_type_filter(&type));
   ab__opencl_preload_icds(); /* before the ICD loader opens any driver */
+  AB_FORWARD(ab__opencl_preload_check());
   AB_FORWARD(ab__cl_load());
   cl_int e = clGetPlatformIDs(MAX_PLATFORMS, ids, &n);
   if (e != CL_SUCCESS || n == 0)

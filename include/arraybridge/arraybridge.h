@@ -296,8 +296,16 @@ AB_API DLDevice ab_best_device(void);
  * loaded after one that holds LLVM: the Python module calls it at import.
  * Once per process; further calls do nothing. Never fails. Skipped in
  * builds with AddressSanitizer or ThreadSanitizer and in a process where a
- * sanitizer runtime is loaded (they refuse RTLD_DEEPBIND), and when
- * AB_OPENCL_DEEPBIND is 0 (or off, false, no). */
+ * sanitizer runtime is loaded (they refuse RTLD_DEEPBIND), in a process
+ * whose malloc is not libc's (jemalloc, tcmalloc, mimalloc, linked or
+ * preloaded: a driver opened with RTLD_DEEPBIND frees their blocks with
+ * libc's free, and aborts), and when AB_OPENCL_DEEPBIND is 0 (or off,
+ * false, no). Where it is skipped, the ICD loader opens the drivers as it
+ * would without this library; but where malloc is not libc's and another
+ * LLVM is in the global scope at the first OpenCL call, the OpenCL backend
+ * has no devices instead (AB_ERR_NO_DEVICE, saying why), since opening PoCL
+ * then would crash. AB_OPENCL_DEEPBIND=1 preloads even under a replacement
+ * malloc. */
 AB_API void ab_preload_drivers(void);
 
 /** Notes that another library in this process has started the driver
