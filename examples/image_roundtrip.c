@@ -17,11 +17,15 @@
  * *-input.png and read back through libpng. Without --device the best
  * device is used (ab_best_device: a GPU when there is one); "all" runs
  * the round trip on every device present (make demo does). */
+#define _POSIX_C_SOURCE 200809L /* access, stat */
+#include <errno.h>
 #include <png.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "arraybridge/arraybridge.h"
 
@@ -54,6 +58,10 @@ static uint8_t *read_png(const char *path, int *w, int *h) {
   return px;
 }
 
+/* Writes through a stream of its own, not png_image_write_to_file: that
+ * one removes the path whenever the write fails, whatever it names (a
+ * device such as /dev/full, a symbolic link, a file that was there
+ * before). Here only a file this call created is removed. */
 static int write_png(const char *path, const uint8_t *px, int w, int h) {
   png_image img;
   memset(&img, 0, sizeof img);
@@ -61,8 +69,27 @@ static int write_png(const char *path, const uint8_t *px, int w, int h) {
   img.width = (png_uint_32)w;
   img.height = (png_uint_32)h;
   img.format = PNG_FORMAT_RGB;
-  if (!png_image_write_to_file(&img, path, 0, px, 0, NULL)) {
-    fprintf(stderr, "ab_image: writing %s: %s\n", path, img.message);
+  bool existed = access(path, F_OK) == 0;
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) {
+    fprintf(stderr, "ab_image: writing %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  int ok = png_image_write_to_stdio(&img, f, 0, px, 0, NULL);
+  const char *why = ok ? NULL : img.message;
+  errno = 0;
+  if (fflush(f) != 0 || ferror(f)) {
+    if (ok) why = errno ? strerror(errno) : "write error";
+    ok = 0;
+  }
+  if (fclose(f) != 0 && ok) {
+    why = strerror(errno);
+    ok = 0;
+  }
+  if (!ok) {
+    fprintf(stderr, "ab_image: writing %s: %s\n", path, why);
+    struct stat st;
+    if (!existed && stat(path, &st) == 0 && S_ISREG(st.st_mode)) remove(path); /* ours, and partial */
     return 1;
   }
   return 0;
@@ -83,9 +110,19 @@ static uint8_t *pattern(int w, int h) {
   return px;
 }
 
+/* A step that failed: ends the device's line on stdout, then says why. */
+static int step_failed(const char *what) {
+  printf("%s failed\n", what);
+  fflush(stdout);
+  return fail(what);
+}
+
 /* Steps 2 to 5 on one device; 0 when every pixel came back inverted. */
 static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *out) {
-  printf("ab_image: %dx%d RGB on %s:%d: ", w, h, ab_device_type_name(dev.device_type), (int)dev.device_id);
+  if (dev.device_id == AB_DEVICE_AUTO)
+    printf("ab_image: %dx%d RGB on %s:auto: ", w, h, ab_device_type_name(dev.device_type));
+  else
+    printf("ab_image: %dx%d RGB on %s:%d: ", w, h, ab_device_type_name(dev.device_type), (int)dev.device_id);
   fflush(stdout);
   int64_t hwc[3] = {h, w, 3};
   DLTensor image = {(void *)px, {kDLCPU, 0}, 3, {kDLUInt, 8, 1}, hwc, NULL, 0};
@@ -108,7 +145,7 @@ static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *
   o.channel_scale = to_scale;
   o.channel_offset = to_offset;
   DLManagedTensorVersioned *chw, *inv, *back;
-  if (ab_convert_memory(&image, dev, &o, &chw) != AB_OK) return fail("upload");
+  if (ab_convert_memory(&image, dev, &o, &chw) != AB_OK) return step_failed("upload");
 
   /* 3. invert there (same device, per channel along C) */
   ab_convert_opts oi = AB_CONVERT_OPTS_INIT;
@@ -118,7 +155,7 @@ static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *
   oi.channel_offset = inv_offset;
   ab_status st = ab_convert_memory(&chw->dl_tensor, dev, &oi, &inv);
   chw->deleter(chw);
-  if (st != AB_OK) return fail("invert");
+  if (st != AB_OK) return step_failed("invert");
 
   /* 4. back to uint8 HWC on the host */
   ab_convert_opts ob = AB_CONVERT_OPTS_INIT;
@@ -130,7 +167,7 @@ static int roundtrip(DLDevice dev, const uint8_t *px, int w, int h, const char *
   ob.channel_offset = back_offset;
   st = ab_convert_memory(&inv->dl_tensor, (DLDevice){kDLCPU, 0}, &ob, &back);
   inv->deleter(inv);
-  if (st != AB_OK) return fail("download");
+  if (st != AB_OK) return step_failed("download");
 
   /* 5. check and write */
   const uint8_t *res = back->dl_tensor.data;
@@ -175,7 +212,10 @@ int main(int argc, char **argv) {
   uint8_t *px;
   if (in == NULL) {
     char path[4096];
-    snprintf(path, sizeof path, "%.*s-input.png", stem, out);
+    if (snprintf(path, sizeof path, "%.*s-input.png", stem, out) >= (int)sizeof path) {
+      fprintf(stderr, "ab_image: %s: too long a name for the test card's file beside it\n", out);
+      return 1;
+    }
     uint8_t *card = pattern(640, 360);
     if (card == NULL || write_png(path, card, 640, 360) != 0) {
       free(card);
@@ -200,7 +240,12 @@ int main(int argc, char **argv) {
         if (types[k] != kDLCPU && (ab_device_info((DLDevice){types[k], i}, &info) != AB_OK || info.host_accessible))
           continue;
         char path[4096];
-        snprintf(path, sizeof path, "%.*s-%s%d.png", stem, out, ab_device_type_name(types[k]), (int)i);
+        if (snprintf(path, sizeof path, "%.*s-%s%d.png", stem, out, ab_device_type_name(types[k]), (int)i) >=
+            (int)sizeof path) {
+          fprintf(stderr, "ab_image: %s: too long a name for each device's file beside it\n", out);
+          rc = 1;
+          continue;
+        }
         rc |= roundtrip((DLDevice){types[k], i}, px, w, h, path);
       }
   } else {

@@ -28,4 +28,14 @@ if(EXISTS "${WORK}/d-input.png")
   message(FATAL_ERROR "ab_image drew a card for a device that is not there")
 endif()
 expect(1 "could not write ${WORK}/no-such-dir/e.png" "${WORK}/a-input.png" --device cpu "${WORK}/no-such-dir/e.png")
+# A write that fails after the file was opened (a full device behind a
+# link) says so and leaves the path alone: libpng's write-to-file removes
+# whatever the path names, and ab_image once used it.
+if(EXISTS /dev/full)
+  file(CREATE_LINK /dev/full "${WORK}/full.png" SYMBOLIC)
+  expect(1 "could not write ${WORK}/full.png" "${WORK}/a-input.png" --device cpu "${WORK}/full.png")
+  if(NOT IS_SYMLINK "${WORK}/full.png")
+    message(FATAL_ERROR "ab_image removed ${WORK}/full.png (a link to /dev/full) when its write failed")
+  endif()
+endif()
 message(STATUS "image_cli: all checks passed")
