@@ -1924,6 +1924,49 @@ static int refuse_tf_without_dlpack(PyObject *x) {
   return bad ? -1 : 0;
 }
 
+/* Whether x is a torch tensor: its type derives from torch's C tensor
+ * base ("torch._C.TensorBase"; "torch._C._TensorBase" before torch 2.3).
+ * Asks no Python. */
+static int is_torch_tensor(PyObject *x) {
+  PyObject *mro = Py_TYPE(x)->tp_mro;
+  if (mro == NULL || !PyTuple_Check(mro)) return 0;
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(mro); k++) {
+    const char *n = ((PyTypeObject *)PyTuple_GET_ITEM(mro, k))->tp_name;
+    if (strcmp(n, "torch._C.TensorBase") == 0 || strcmp(n, "torch._C._TensorBase") == 0) return 1;
+  }
+  return 0;
+}
+
+/* Calls x.name() for a bool; -1 with an exception. */
+static int call_bool(PyObject *x, const char *name) {
+  PyObject *r = PyObject_CallMethod(x, name, NULL);
+  if (r == NULL) return -1;
+  int b = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return b;
+}
+
+/* x, or where x is a torch tensor with its conjugate or negative bit set
+ * (z.conj(), z.conj().imag: lazy views), a copy with the bits resolved:
+ * DLPack has no such bits, and torch exports a negated view's stored
+ * numbers, of the wrong sign. A new reference; *copied says which. NULL
+ * with an exception. */
+static PyObject *torch_resolved(PyObject *x, int *copied) {
+  *copied = 0;
+  if (!is_torch_tensor(x)) return Py_NewRef(x);
+  int conj = call_bool(x, "is_conj"), neg = conj < 0 ? -1 : call_bool(x, "is_neg");
+  if (conj < 0 || neg < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+    PyErr_Clear(); /* a torch without the bits */
+    return Py_NewRef(x);
+  }
+  PyObject *y = Py_NewRef(x);
+  if (conj) Py_SETREF(y, PyObject_CallMethod(y, "resolve_conj", NULL));
+  if (y != NULL && neg) Py_SETREF(y, PyObject_CallMethod(y, "resolve_neg", NULL));
+  *copied = y != NULL && (conj || neg);
+  return y;
+}
+
 /* x's data as a managed tensor for the caller to release: a view export
  * of a Tensor, else the producer's capsule taken. Validated; a device
  * producer's data is complete when this returns. -1 with an exception. */
@@ -1939,12 +1982,22 @@ static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLMan
     if (take_capsule(x, &mt) < 0) return -1;
   } else {
     DLDevice pdev;
+    int resolved;
     if (refuse_tf_without_dlpack(x) < 0 || producer_device(x, &pdev) < 0) return -1;
     /* copy=False is the producer's to honour where its export is to be the
      * result: no target, or the producer's own device. */
     no_copy = no_copy && (target == NULL || (target->device_type == pdev.device_type &&
                                              target->device_id == pdev.device_id));
-    PyObject *cap = call_dlpack(x, pdev, no_copy);
+    PyObject *y = torch_resolved(x, &resolved);
+    if (y == NULL) return -1;
+    if (resolved && no_copy) {
+      Py_DECREF(y);
+      PyErr_SetString(PyExc_BufferError, "copy=False, but the torch tensor is a lazily conjugated or negated view: "
+                                         "its values need a copy (resolve_conj(), resolve_neg())");
+      return -1;
+    }
+    PyObject *cap = call_dlpack(y, pdev, no_copy);
+    Py_DECREF(y);
     if (cap == NULL) return -1;
     int rc = take_capsule(cap, &mt);
     if (rc < 0) { /* an unconsumed capsule's destructor deletes the tensor: */
@@ -1955,6 +2008,7 @@ static int import_tensor(PyObject *x, int no_copy, const DLDevice *target, DLMan
       return -1;
     }
     Py_DECREF(cap);
+    if (resolved) mt->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
     if (no_copy && (mt->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
       /* asked for copy=False (or did not know the keyword) and copied */
       release(mt);

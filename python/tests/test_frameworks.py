@@ -278,6 +278,32 @@ def test_torch_tensors_through_opencl_with_a_cast():
     assert same_torch(torch, back, x.half())
 
 
+def test_torch_negated_and_conjugated_views_keep_their_values_through_the_device_api():
+    # torch exports a lazily negated view's stored numbers (the wrong sign),
+    # and refuses a conjugated one: to_device, from_dlpack and convert_into
+    # resolve both first, as convert_memory does, and copy=False refuses.
+    torch = need_torch()
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex128)
+    neg, conj = z.conj().imag, z.conj()
+    assert neg.is_neg() and conj.is_conj()
+    want_neg, want_conj = np.array([-2.0, 4.0]), np.conj(z.numpy())
+    for v, want in ((neg, want_neg), (conj, want_conj)):
+        t = ab.to_device(v, "cpu")
+        assert t.copied
+        np.testing.assert_array_equal(np.from_dlpack(t), want)
+        np.testing.assert_array_equal(np.from_dlpack(ab.from_dlpack(v)), want)
+        out = np.zeros_like(want)
+        ab.convert_into(v, out)
+        np.testing.assert_array_equal(out, want)
+        with pytest.raises(BufferError, match="negated view"):
+            ab.to_device(v, "cpu", copy=False)
+        if n_devices("opencl") > 0:
+            np.testing.assert_array_equal(np.from_dlpack(ab.to_device(ab.to_device(v, "opencl:0"), "cpu")), want)
+    # the source is as it was
+    assert neg.is_neg() and conj.is_conj()
+    np.testing.assert_array_equal(neg.resolve_neg().numpy(), want_neg)
+
+
 def test_torch_cuda_tensors_exchange_zero_copy_both_ways():
     torch = need_torch_cuda()
     x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
