@@ -537,6 +537,9 @@ class Torch(Adapter):
                 return "a torch %s tensor has no dense memory; convert tensor.to_dense()" % layout
             if obj.is_meta:
                 return "a torch tensor on the meta device has a shape and a dtype but no data"
+            if _functorch_wrapped(self.module(), obj):
+                return ("a tensor inside a torch.func transform (vmap, grad, jacrev) has no memory of its own: "
+                        "there only dtype= and a move to another device convert it; convert before the transform")
         except Exception:  # not a tensor as this torch makes them: its own words stand
             pass
         return None
@@ -555,13 +558,22 @@ class Torch(Adapter):
         # into integers (which have no gradient), give a tensor outside
         # the graph. A forward-mode dual tensor keeps its tangent where it
         # also requires grad (jvp), else not.
+        #
+        # A tensor inside a torch.func transform (vmap, grad, jacrev) has
+        # no memory of its own to export: it is converted through the same
+        # Function, which the transforms unwrap (its vmap rule passes the
+        # batch dimension through), for a move and any cast; other
+        # keywords fail there, and why_not says why.
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
-        if not getattr(obj, "requires_grad", False) or len(opts) > ("dtype" in opts):
+        if len(opts) > ("dtype" in opts):
             return None
         mod = self.module()
+        wrapped = _functorch_wrapped(mod, obj)
+        if not wrapped and not getattr(obj, "requires_grad", False):
+            return None
         if "dtype" in opts:
             name = core_dtype_name(opts["dtype"])
-            if name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex:
+            if not wrapped and (name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex):
                 return None
             if getattr(mod, name) == obj.dtype and self.device_of(obj) == device:
                 # Nothing to convert: the C core would hand back an alias
@@ -614,17 +626,37 @@ class Torch(Adapter):
             isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
+def _functorch_wrapped(torch, obj):
+    """Whether obj is a tensor wrapped by a torch.func transform (vmap's
+    batched tensors, grad's tracking ones): no storage of its own."""
+    test = getattr(getattr(getattr(torch, "_C", None), "_functorch", None), "is_functorch_wrapped_tensor", None)
+    try:
+        return test is not None and bool(test(obj))
+    except Exception:  # not a tensor this torch makes
+        return False
+
+
 def _converted_in_graph(torch):
     """An autograd Function for Torch.within: forward is the C core's
     conversion, backward the gradient cast back to the source's dtype on
-    the source's device."""
+    the source's device. In torch.func's form (forward without ctx, a
+    setup_context, a vmap rule), so that its transforms can run it."""
 
     class ConvertedInGraph(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, convert):
-            out = convert(x)
-            ctx.source, ctx.target = (x.dtype, x.device), (out.dtype, out.device)
-            return out
+        def forward(x, convert):
+            return convert(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            x = inputs[0]
+            ctx.source, ctx.target = (x.dtype, x.device), (output.dtype, output.device)
+
+        @staticmethod
+        def vmap(info, in_dims, x, convert):
+            # A move or a cast, element by element: the batch dimension of
+            # x is the result's, where it was.
+            return ConvertedInGraph.apply(x, convert), in_dims[0]
 
         @staticmethod
         def backward(ctx, grad):

@@ -1963,6 +1963,35 @@ def test_torch_tensors_in_autograds_graph_stay_there_through_casts_and_decorator
     assert ab.convert_memory(x, "torch", "torch") is x
 
 
+def test_torch_func_transforms_run_decorated_layers_and_casts():
+    # torch.func's tensors (vmap's batched ones, grad's tracking ones) have
+    # no storage to export: a cast or a move of one runs through the C core
+    # inside the Function the transforms unwrap; other keywords say why not
+    torch = need("torch")
+
+    @ab.torch
+    def layer(v):
+        return v.float() * 2  # float32 result, cast back to float64 by preserve_dtype
+
+    x = torch.arange(6, dtype=torch.float64).reshape(2, 3) + 0.1
+    v = torch.func.vmap(layer)(x)
+    assert v.dtype == torch.float64 and torch.equal(v, (x.float() * 2).double())
+    g = torch.func.grad(lambda r: layer(r).sum())(x[0])
+    assert torch.equal(g, torch.full((3,), 2.0, dtype=torch.float64))
+    j = torch.func.jacrev(lambda r: ab.convert_memory(r, "torch", "torch", dtype="float32"))(x[0])
+    assert torch.equal(j, torch.eye(3))
+    h = torch.func.hessian(lambda r: (ab.convert_memory(r, "torch", "torch", dtype="float32") ** 3).sum())(x[0])
+    assert h.dtype == torch.float64  # the gradient in the source's dtype
+    torch.testing.assert_close(h, torch.diag(6 * x[0]), rtol=1e-6, atol=0)
+    # a batch dimension not first, and a cast into integers: the C core's
+    # saturation, where torch would wrap
+    y = torch.tensor([[300.0, -1.0], [2.5, 7.0]])
+    i = torch.func.vmap(lambda r: ab.convert_memory(r, "torch", "torch", dtype="uint8"), in_dims=1)(y)
+    assert i.dtype == torch.uint8 and i.tolist() == [[255, 2], [0, 7]]
+    with pytest.raises(ab.MemoryConversionError, match="torch.func transform"):
+        torch.func.vmap(lambda r: ab.convert_memory(r, "torch", "torch", scale=2.0))(x)
+
+
 def test_jax_decorated_functions_can_be_jitted_vmapped_and_differentiated():
     jax = need("jax")
     import jax.numpy as jnp
