@@ -1232,7 +1232,7 @@ ab_status ab_pool_stats(DLDevice dev, struct ab_pool_stats *out) {
 }
 
 ab_status ab_pool_reset_peak(DLDevice dev) {
-  struct ab__pool *p;
+  struct ab__pool *p = NULL; /* set when pool_of succeeds; gcc -O3 cannot tell */
   AB_FORWARD(pool_of(dev, &p));
   struct ab_pool_stats s;
   read_stats(p, &s, true);
@@ -1275,7 +1275,7 @@ ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len) {
 }
 
 ab_status ab_pool_trim(DLDevice dev) {
-  struct ab__pool *p;
+  struct ab__pool *p = NULL; /* set when pool_of succeeds; gcc -O3 cannot tell */
   AB_FORWARD(pool_of(dev, &p));
   release_cache(p, false);
   return AB_OK;
@@ -1290,7 +1290,7 @@ void ab_pool_trim_all(void) {
 }
 
 ab_status ab_set_memory_limit(DLDevice dev, size_t bytes) {
-  struct ab__pool *p;
+  struct ab__pool *p = NULL; /* set when pool_of succeeds; gcc -O3 cannot tell */
   AB_FORWARD(pool_of(dev, &p));
   pthread_mutex_lock(&p->lock);
   p->st.limit_bytes = bytes;
