@@ -334,6 +334,17 @@ def test_float8_formats_are_named_as_the_frameworks_name_them():
             ab.to_device(np.zeros(3, np.float32), "cpu", dtype=d)
     with pytest.raises(ValueError, match="unknown dtype"):
         ab.empty((2,), "float8_e4m3fn(bits 16)")
+    # Other bits of the sized codes too, as the Tensor writes them: a
+    # complex32 (torch's chalf) tensor's own dtype reads back; moved as it
+    # is, never cast
+    c = ab.empty((2,), "complex32")
+    assert c.dldtype == (5, 32, 1) and c.dtype == "complex32"
+    assert ab.to_device(c, "cpu", dtype=c.dtype).dldtype == (5, 32, 1)
+    with pytest.raises(BufferError, match="complex32"):
+        ab.to_device(np.zeros(3, np.complex64), "cpu", dtype="complex32")
+    for bare in ("float8", "float4"):  # a format meant: its name is asked for
+        with pytest.raises(ValueError, match="float8_e4m3fn"):
+            ab.empty((2,), bare)
 
 
 def test_bad_conversion_options_are_clear_errors():
