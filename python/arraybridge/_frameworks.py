@@ -796,18 +796,25 @@ class Jax(Adapter):
         dt = jnp.dtype(dtype)
         if not jnp.issubdtype(dt, jnp.integer) or jnp.issubdtype(obj.dtype, jnp.bool_):
             return obj.astype(dt)
+        # The bounds as arrays of their types: a Python int above int32's
+        # top (uint32's) is an OverflowError for JAX's weak types.
         info, x = jnp.iinfo(dt), obj
+        lo, hi = jnp.asarray(info.min, dt), jnp.asarray(info.max, dt)
         if jnp.issubdtype(x.dtype, jnp.inexact):
             # Compared as floats: a bound may round outwards there (int32's
-            # top is 2^31 as a float32), so what reaches it is the bound.
-            x = jnp.where(jnp.isnan(x), 0, jnp.round(x))
-            y = jnp.where(x <= info.min, info.min, x).astype(dt)
-            return jnp.where(x >= info.max, info.max, y).astype(dt)
+            # top is 2^31 as a float32), so what reaches it is the bound;
+            # what lies past one is cast to anything, then replaced.
+            x = jnp.where(jnp.isnan(x), jnp.zeros_like(x), jnp.round(x))
+            import numpy
+            with numpy.errstate(over="ignore"):  # uint32's top is inf as a float16: still the bound
+                lo_x, hi_x = numpy.asarray(info.min, dt).astype(x.dtype), numpy.asarray(info.max, dt).astype(x.dtype)
+            y = jnp.where(x <= lo_x, lo, x.astype(dt))
+            return jnp.where(x >= hi_x, hi, y)
         src = jnp.iinfo(x.dtype)  # clipped by the bounds the source's type can hold
         if info.max < src.max:
-            x = jnp.minimum(x, info.max)
+            x = jnp.minimum(x, hi.astype(x.dtype))
         if info.min > src.min:
-            x = jnp.maximum(x, info.min)
+            x = jnp.maximum(x, lo.astype(x.dtype))
         return x.astype(dt)
 
     def _gpus(self, mod):
@@ -929,7 +936,17 @@ class TensorFlow(Adapter):
         if not dt.is_integer or obj.dtype == tf.bool:
             return tf.cast(obj, dt)
         if not obj.dtype.is_floating:
-            return tf.saturate_cast(obj, dt)
+            # Between integers by hand: saturate_cast gives 0 for int64 ->
+            # uint64 and has no CPU kernel for uint32 and uint64. Clipped
+            # in the source's type, by the bounds it can hold.
+            x, src = obj, obj.dtype
+            if dt.max < src.max:
+                top = tf.constant(dt.max, src)
+                x = tf.where(x > top, tf.fill(tf.shape(x), top), x)
+            if dt.min > src.min:
+                bottom = tf.constant(dt.min, src)
+                x = tf.where(x < bottom, tf.fill(tf.shape(x), bottom), x)
+            return tf.cast(x, dt)
         x = tf.where(tf.math.is_nan(obj), tf.zeros_like(obj), tf.round(obj))
         # saturate_cast clamps at the bounds as floats, where int32's top
         # rounds up to 2^31, which then wraps: what reaches a bound is it.

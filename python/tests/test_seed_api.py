@@ -2050,6 +2050,22 @@ def test_traced_results_are_cast_back_by_the_c_cores_rules():
         gt = ab.tensorflow(lambda v, d=dst: tf.cast(v, d))
         x = tf.constant(np.array(xs, dtype=src))
         np.testing.assert_array_equal(tf.function(gt)(x).numpy(), gt(x).numpy(), err_msg="tf %s->%s" % (src, dst))
+    # The wide unsigned types: JAX took the bounds as Python ints, too big
+    # for its weak int32 (OverflowError); TensorFlow's saturate_cast gave 0
+    # for int64 -> uint64 and has no kernel for uint32 and uint64
+    xj = jnp.array([0, 5, 9, 4294967295], jnp.uint32)
+    for k in (0.5, 2.0, -1.0):
+        fj = ab.jax(lambda v, k=k: v * k)
+        np.testing.assert_array_equal(np.asarray(jax.jit(fj)(xj)), np.asarray(fj(xj)), err_msg="jax uint32 %r" % k)
+    ints = ["int8", "int32", "int64", "uint8", "uint32", "uint64"]
+    for src in ints:
+        info = np.iinfo(src)
+        x = tf.constant(np.array([0, 1, 100, info.max, info.min], dtype=src))
+        for dst in ints:
+            if dst != src:
+                gt = ab.tensorflow(lambda v, d=dst: tf.cast(v, d) * 3)
+                np.testing.assert_array_equal(tf.function(gt)(x).numpy(), gt(x).numpy(),
+                                              err_msg="tf %s->%s" % (src, dst))
 
 
 def test_bfloat16_and_float8_reach_numpy_as_ml_dtypes_arrays():
