@@ -784,9 +784,11 @@ class Jax(Adapter):
         return None
 
     def traced(self, obj):
+        # A Keras 3 variable is traced where its value is (model.fit's
+        # step, a StatelessScope under jax.jit).
         jax = sys.modules.get("jax")
         tracer = getattr(getattr(jax, "core", None), "Tracer", None)
-        return tracer is not None and isinstance(obj, tracer)
+        return tracer is not None and isinstance(_keras_value(obj), tracer)
 
     def traced_cast(self, obj, dtype):
         # By the C core's rules, as an eager call casts: into integers, floats

@@ -1830,8 +1830,24 @@ def test_keras_variables_belong_to_keras_backend(backend):
             return x * 2
 
         assert np.asarray(double(v)).tolist() == [0, 2, 4]
+        if %r == "jax":  # a variable whose value is traced (model.fit's step) is traced
+            import jax, jax.numpy as jnp
+
+            def step(x):
+                with keras.StatelessScope(state_mapping=[(v, x)]):
+                    try:
+                        ab.convert_memory(v, "jax", "numpy")
+                    except ab.MemoryConversionError as e:
+                        assert "traced JAX value" in str(e), e
+                    else:
+                        raise AssertionError("a traced variable converted to NumPy")
+                    same = ab.convert_memory(v, "jax", "jax")
+                    assert same is v, same
+                    return same.value * 2
+
+            assert jax.jit(step)(jnp.ones(3)).tolist() == [2, 2, 2]
         print("ok")
-    """ % (backend, backend))
+    """ % (backend, backend, backend))
     env = dict(os.environ, KERAS_BACKEND=backend)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
