@@ -470,8 +470,11 @@ class NumPy(Adapter):
                 and _ml_dtypes_name(dt.name) is not None):
             # ml_dtypes' bfloat16 and float8 arrays, which NumPy's DLPack
             # export refuses: their memory taken as a Tensor of that dtype
-            # (shared; a C-ordered copy of a strided one).
-            a = obj if obj.flags.c_contiguous else numpy.ascontiguousarray(obj).reshape(obj.shape)
+            # (shared; a C-ordered copy of a strided one). A subclass (a
+            # masked array, whose mask would not follow the byte view) as
+            # its plain data.
+            a = obj if type(obj) is numpy.ndarray else obj.view(numpy.ndarray)
+            a = a if a.flags.c_contiguous else numpy.ascontiguousarray(a).reshape(a.shape)
             return _ab._rebuild_tensor(a.reshape(-1).view(numpy.uint8), dt.name, a.shape, not a.flags.writeable,
                                        "cpu")
         return obj

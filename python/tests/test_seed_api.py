@@ -2110,6 +2110,13 @@ def test_bfloat16_and_float8_reach_numpy_as_ml_dtypes_arrays():
     assert ro[0, 0] == b[0, 0]
     assert ab.convert_memory(b[1, 2], "numpy", "torch").item() == float(a32[1, 2])
     assert ab.convert_memory(np.zeros((0, 3), ml_dtypes.bfloat16), "numpy", "torch").shape == (0, 3)
+    # a masked array, as its data (its mask did not follow the byte view:
+    # "cannot reshape array of size 6 into shape (12,)")
+    for m in (np.ma.array(b, mask=a32 > 0), np.ma.array(b[:2, :3], mask=[[0, 1, 0], [0, 0, 0]])):
+        want = np.asarray(m).astype(np.float32)
+        assert ab.convert_memory(m, "numpy", "torch").float().numpy().tolist() == want.tolist()
+        np.testing.assert_array_equal(ab.convert_memory(m, "numpy", "numpy", dtype="float32"), want)
+        assert ab.stack_slices([m, m], "torch").shape == (2,) + m.shape
     # float8 both ways (ml_dtypes gives float8_e5m2 NumPy's kind 'f', the
     # others 'V'); a cast on the way reads them too
     for name in ("float8_e4m3fn", "float8_e5m2"):
