@@ -71,9 +71,18 @@ class MemoryConversionError(Exception):
     source_type, target_type: the names ('numpy', 'torch', ...); method: what
     was attempted (e.g. 'arraybridge.to_device'); reason: why it failed. The
     message names all four. The exception that caused it, if any, is
-    __cause__ (a MemoryError there means out of memory)."""
+    __cause__ (a MemoryError there means out of memory).
 
-    def __init__(self, source_type, target_type, method, reason):
+    Made with one argument, that is the whole message, and the four
+    attributes are None: code that re-raises an exception as
+    type(e)(message) (Keras does, for an error inside a layer's call) gets
+    a MemoryConversionError with its words, not a TypeError."""
+
+    def __init__(self, source_type, target_type=None, method=None, reason=None):
+        if target_type is None and method is None and reason is None:
+            self.source_type = self.target_type = self.method = self.reason = None
+            super().__init__(source_type)
+            return
         self.source_type = getattr(source_type, "value", source_type)
         self.target_type = getattr(target_type, "value", target_type)
         self.method = method
@@ -82,6 +91,8 @@ class MemoryConversionError(Exception):
                          % (self.source_type, self.target_type, method, reason))
 
     def __reduce__(self):
+        if self.method is None and self.reason is None and self.target_type is None:
+            return (type(self), self.args)
         return (type(self), (self.source_type, self.target_type, self.method, self.reason))
 
 
@@ -94,7 +105,7 @@ class OutOfMemoryError(MemoryConversionError, MemoryError, RuntimeError):
     idiom for torch's (`except RuntimeError as e: if "out of memory" in
     str(e)`)."""
 
-    def __init__(self, source_type, target_type, method, reason):
+    def __init__(self, source_type, target_type=None, method=None, reason=None):
         super().__init__(source_type, target_type, method, reason)
-        if "out of memory" not in str(reason).lower():
-            self.args = (self.args[0] + " (out of memory)",)
+        if "out of memory" not in str(self.args[0] if self.args else "").lower():
+            self.args = (str(self.args[0] if self.args else "") + " (out of memory)",)

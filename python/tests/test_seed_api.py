@@ -129,6 +129,15 @@ def test_memory_conversion_error_names_all_four_and_pickles():
     assert str(e) == "Cannot convert from numpy to torch using m. Reason: why"
     f = pickle.loads(pickle.dumps(e))
     assert (f.source_type, f.target_type, f.method, f.reason) == ("numpy", "torch", "m", "why")
+    # re-made from its message alone, as Keras re-raises an error from a
+    # layer's call (type(e)(message)): the message, not a TypeError
+    for kind in (ab.MemoryConversionError, ab.OutOfMemoryError):
+        g = kind("in a layer: " + str(kind("numpy", "torch", "m", "out of memory")))
+        assert str(g) == "in a layer: Cannot convert from numpy to torch using m. Reason: out of memory"
+        assert g.reason is None and g.method is None
+        h = pickle.loads(pickle.dumps(g))
+        assert type(h) is kind and str(h) == str(g)
+    assert str(ab.OutOfMemoryError("no room")) == "no room (out of memory)"
 
 
 def test_detect_memory_type_knows_each_framework_and_refuses_the_rest():
