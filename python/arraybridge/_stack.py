@@ -99,6 +99,9 @@ def unstack_slices(array, memory_type, gpu_id=None, validate_slices=True):
     slices = [whole[i] for i in range(shape[0])]
     if validate_slices:
         for i, s in enumerate(slices):
-            if len(tuple(s.shape)) != 2:
-                raise ValueError("Extracted slice at index %d is not 2D. This indicates a malformed 3D array." % i)
+            # (pyclesperanto's indexing gives a plain number for a slice of
+            # one element: no shape at all)
+            if len(tuple(getattr(s, "shape", ()))) != 2:
+                raise ValueError("Extracted slice at index %d is not 2D (%s's indexing gave a %s). This indicates a "
+                                 "malformed 3D array." % (i, mt.display_name, type(s).__name__))
     return slices

@@ -2364,6 +2364,13 @@ def test_stack_slices_casts_to_the_first_slices_dtype_and_checks_shapes():
         for validate in (True, False):  # validate_slices checks the slices, not the array
             with pytest.raises(ValueError, match="must be 3D"):
                 ab.unstack_slices(np.zeros(shape), "numpy", validate_slices=validate)
+    # pyclesperanto's indexing gives a number for a one-element slice: the
+    # documented ValueError, not an AttributeError
+    if n_devices("opencl") > 0:
+        need("pyclesperanto")
+        whole = ab.stack_slices([np.ones((1, 1), np.float32)] * 3, "pyclesperanto")
+        with pytest.raises(ValueError, match="index 0 is not 2D .*gave a float"):
+            ab.unstack_slices(whole, "pyclesperanto")
 
 
 def test_stack_slices_of_complex_and_a_dtype_the_target_lacks():
