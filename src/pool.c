@@ -1144,10 +1144,14 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
   /* The driver refused the size itself (AB_ERR_UNSUPPORTED: past OpenCL's
    * largest buffer): no release or callback can make room for it, so the
    * OOM sequence does not empty the cache and ask the callbacks for
-   * nothing; a request whose size class alone is past it takes its own
-   * size at once. */
+   * nothing. A cached block that fits is taken (one of the request's own
+   * size, made before: where the driver's largest buffer is not a multiple
+   * of the class, every such request came to this path and none was
+   * reused), else a request whose size class alone is past it takes its
+   * own size at once. */
   const size_t least = own_size(bytes, size);
-  if (st == AB_ERR_UNSUPPORTED && least < size) st = grow(p, least, bytes, tc, &b, &why);
+  if (st == AB_ERR_UNSUPPORTED && (b = take_any_fit(p, least, bytes, tc)) != NULL) st = AB_OK;
+  else if (st == AB_ERR_UNSUPPORTED && least < size) st = grow(p, least, bytes, tc, &b, &why);
   if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
   if (st == AB_ERR_UNSUPPORTED) {
     pthread_mutex_lock(&p->lock);

@@ -701,6 +701,47 @@ Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
   clReleaseContext(ctx);
 }
 
+/* A device whose largest buffer is not a multiple of the pool's 2 MiB
+ * rounding above 32 MiB, as a driver's can be: while fake_max_alloc is
+ * set, this clCreateBuffer (the library's calls in this executable come
+ * here) refuses larger buffers as the driver would. */
+static size_t fake_max_alloc;
+typedef cl_mem (*create_buffer_fn)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
+CL_API_ENTRY cl_mem CL_API_CALL clCreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void *host,
+                                               cl_int *err) {
+  const create_buffer_fn real = (create_buffer_fn)dlsym(RTLD_NEXT, "clCreateBuffer");
+  if (real == NULL || (fake_max_alloc != 0 && size > fake_max_alloc)) {
+    if (err != NULL) *err = real == NULL ? CL_INVALID_OPERATION : CL_INVALID_BUFFER_SIZE;
+    return NULL;
+  }
+  return real(context, flags, size, host, err);
+}
+
+Test(opencl, blocks_of_their_own_size_below_the_largest_buffer_are_reused) {
+  need_devices(1);
+  /* 40 MiB + 50 KiB rounds to a 42 MiB class, past the largest buffer:
+   * the block takes its own size. Freed and asked again, the cached block
+   * was passed over for a new one each time (the driver's memory grew
+   * by one block a cycle). */
+  fake_max_alloc = ((size_t)40 << 20) + (100 << 10);
+  int64_t shape[1] = {((int64_t)40 << 20) + (50 << 10)};
+  struct ab_pool_stats s0 = {.size = sizeof s0}, s1 = {.size = sizeof s1};
+  for (int k = 0; k < 4; k++) {
+    DLManagedTensorVersioned *r = NULL;
+    ab_status st = ab_tensor_alloc(CL(0), 1, shape, dt(kDLUInt, 8, 1), &r);
+    cr_assert_eq(st, AB_OK, "cycle %d: %s", k, ab_last_error());
+    r->deleter(r);
+    cr_assert_eq(ab_pool_stats(CL(0), k == 0 ? &s0 : &s1), AB_OK);
+  }
+  fake_max_alloc = 0;
+  cr_assert_eq(s1.backend_allocs, s0.backend_allocs, "%llu blocks made for one size", (unsigned long long)s1.backend_allocs);
+  cr_assert_eq(s1.reserved_bytes.current, s0.reserved_bytes.current);
+  cr_assert_eq(s1.cached_blocks, 1);
+  cr_assert_eq(s1.oom_retries, 0, "the cache was released for a size no release could help");
+  ab_pool_trim(CL(0));
+  assert_pool_clean(CL(0));
+}
+
 /* A context of more devices than the library lists (64), as a caller's
  * context of sub-devices can be: while padded_devices is set, this
  * clGetContextInfo (the library's calls in this executable come here)
