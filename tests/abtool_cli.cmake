@@ -125,6 +125,26 @@ endif()
 # to the end (/dev/zero has none)
 if(EXISTS /dev/zero)
   expect(3 "not a .npy file" convert /dev/zero --to cpu --out "${WORK}/x.npy")
+  # and a .npy stream that goes on past its data is read no further than
+  # its header says it ends (it was read until memory ran out)
+  execute_process(COMMAND cat "${DATA}/u8_2x3x4.npy" /dev/zero
+    COMMAND "${ABTOOL}" convert /dev/stdin --to cpu --out "${WORK}/endless.npy"
+    RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  list(GET rcs 1 rc)
+  string(FIND "${err}" "need 24 data bytes, the file has" at)
+  if(NOT rc EQUAL 3 OR at EQUAL -1)
+    message(FATAL_ERROR "abtool convert of an endless .npy stream: exit ${rcs}\n${out}${err}")
+  endif()
+endif()
+# A write that fails through a dangling symbolic link (the same file size
+# limit) removes the file it made at the link's target, which was left
+# there, empty, and keeps the link.
+file(CREATE_LINK "${WORK}/target-made.npy" "${WORK}/dangling.npy" SYMBOLIC)
+execute_process(COMMAND sh -c "ulimit -f 4; trap '' XFSZ; exec \"$0\" \"$@\"" "${ABTOOL}" convert
+                        "${DATA}/u8_1000.npy" --to cpu --dtype float64 --out "${WORK}/dangling.npy"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 3 OR EXISTS "${WORK}/target-made.npy" OR NOT IS_SYMLINK "${WORK}/dangling.npy")
+  message(FATAL_ERROR "a failed write through a dangling link: exit ${rc}, left its target or lost the link\n${out}${err}")
 endif()
 # To the host with nothing to change: the result is a view of the file's
 # bytes, which must still be there when it is written (the ASan tier

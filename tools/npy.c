@@ -3,6 +3,9 @@
  * ('descr', 'fortran_order', 'shape'), each once, in any order, and
  * nothing else, so a malformed or hostile file gets a precise message
  * instead of a guess. */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700 /* realpath */
+#endif
 #include "npy.h"
 
 #include <errno.h>
@@ -102,7 +105,9 @@ static int integer(struct cur *c, int64_t *v) {
   return 1;
 }
 
-int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
+/* npy_parse; with total, only the header is read, and *total is the size
+ * the whole file must have. */
+static int parse(const uint8_t *buf, size_t len, npy_array *out, uint64_t *total, char *err, size_t errlen) {
   static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   npy_array a;
   memset(&a, 0, sizeof a);
@@ -185,6 +190,10 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
   uint64_t bytes;
   if (__builtin_mul_overflow(n, (uint64_t)es, &bytes)) return fail(err, errlen, "the shape's size overflows");
   const size_t data_at = hstart + hlen, have = len - data_at;
+  if (total != NULL) {
+    if (__builtin_add_overflow(bytes, (uint64_t)data_at, total)) return fail(err, errlen, "the shape's size overflows");
+    return 0;
+  }
   if (bytes != have)
     return fail(err, errlen, "the shape and dtype need %llu data bytes, the file has %zu", (unsigned long long)bytes,
                 have);
@@ -203,14 +212,32 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
   return 0;
 }
 
+int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen) {
+  return parse(buf, len, out, NULL, err, errlen);
+}
+
+int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total) {
+  npy_array a;
+  char err[8];
+  return parse(buf, len, &a, total, err, sizeof err);
+}
+
 /* Opens path for writing without truncating it (an existing file keeps
- * its owner, mode, links and contents until written); *created says
- * whether this call made it. The file descriptor, or -1 with errno. */
-static int out_open(const char *path, int *created) {
+ * its owner, mode, links and contents until written). Where this call
+ * made the file, its path goes into made (path itself, or the target of
+ * the dangling symbolic link path is, which is what a failed write must
+ * remove); else made is "". The file descriptor, or -1 with errno. */
+static int out_open(const char *path, char *made, size_t madelen) {
+  made[0] = '\0';
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
-  *created = fd >= 0;
+  if (fd >= 0) snprintf(made, madelen, "%s", path);
   if (fd < 0 && errno == EEXIST) fd = open(path, O_WRONLY);
-  if (fd < 0 && errno == ENOENT) fd = open(path, O_WRONLY | O_CREAT, 0666); /* a dangling symlink's target */
+  if (fd < 0 && errno == ENOENT) { /* a dangling symlink's target */
+    fd = open(path, O_WRONLY | O_CREAT, 0666);
+    char *target = fd >= 0 ? realpath(path, NULL) : NULL;
+    if (target != NULL && strlen(target) < madelen) snprintf(made, madelen, "%s", target);
+    free(target);
+  }
   return fd;
 }
 
@@ -250,8 +277,10 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
   hdr[n++] = '\n';
   const uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)};
   const size_t bytes = count * (t->dtype.bits / 8u), file_bytes = sizeof pre + (size_t)n + bytes;
-  int created, e = 0;
-  const int fd = out_open(path, &created);
+  char made[4096];
+  int e = 0;
+  const int fd = out_open(path, made, sizeof made);
+  const int created = made[0] != '\0';
   if (fd < 0) return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
   struct stat st;
   const int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
@@ -277,6 +306,6 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
     e = errno;
   if (close(fd) != 0 && e == 0) e = errno;
   if (e == 0) return 0;
-  if (created) unlink(path);
+  if (created) unlink(made);
   return fail(err, errlen, "writing %s failed: %s", path, strerror(e));
 }
