@@ -36,7 +36,10 @@ static void list_devices(void) {
       struct ab_device_info info;
       DLDevice d = {kinds[k], i};
       if (ab_device_info(d, &info) != AB_OK) continue;
-      printf("  %s:%" PRId32 "  %s  (%.1f GiB", name, i, info.name, (double)info.total_memory / (1u << 30));
+      if (info.total_memory) /* 0: the backend cannot say (pinned host memory) */
+        printf("  %s:%" PRId32 "  %s  (%.1f GiB", name, i, info.name, (double)info.total_memory / (1u << 30));
+      else
+        printf("  %s:%" PRId32 "  %s  (size unknown", name, i, info.name);
       if (info.free_memory) printf(", %.1f GiB free", (double)info.free_memory / (1u << 30));
       printf(")\n");
     }

@@ -231,6 +231,7 @@ Test(opencl, device_info_describes_each_device) {
     cr_assert_neq(info.name[0], '\0');
     cr_assert_neq(info.vendor[0], '\0');
     cr_assert_not_null(strstr(info.version, "OpenCL"), "version \"%s\"", info.version);
+    cr_assert_not_null(strstr(info.version, ", driver "), "no driver version in \"%s\"", info.version);
     cr_assert_gt(info.total_memory, 0);
     cr_assert_gt(info.max_alloc_size, 0);
     cr_assert_leq(info.max_alloc_size, info.total_memory);

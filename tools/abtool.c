@@ -152,7 +152,8 @@ static int info_write(FILE *out, bool json) {
         if (info.vendor[0]) fprintf(out, " (%s)", info.vendor);
         fprintf(out, "\n");
         if (info.version[0]) fprintf(out, "      %s\n", info.version);
-        fprintf(out, "      memory: %.2f GiB total, ", (double)info.total_memory / (1 << 30));
+        if (info.total_memory) fprintf(out, "      memory: %.2f GiB total, ", (double)info.total_memory / (1 << 30));
+        else fprintf(out, "      memory: total unknown, "); /* 0 is unknown, as free's is */
         if (info.free_memory) fprintf(out, "%.2f GiB free", (double)info.free_memory / (1 << 30));
         else fprintf(out, "free unknown");
         if (info.compute_capability) fprintf(out, ", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);

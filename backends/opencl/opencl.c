@@ -224,12 +224,24 @@ static void info_str(cl_device_id d, cl_device_info what, char *buf, size_t len)
 
 ab_status ab__cl_info(int32_t id, struct ab_device_info *out) {
   cl_device_id d = ab__cl_devices[id].id;
-  char name[128], vendor[64], version[64];
+  char name[128], vendor[64], version[64], driver[48];
   cl_ulong global = 0;
   cl_bool unified = CL_FALSE;
   info_str(d, CL_DEVICE_NAME, name, sizeof name);
   info_str(d, CL_DEVICE_VENDOR, vendor, sizeof vendor);
   info_str(d, CL_DEVICE_VERSION, version, sizeof version);
+  info_str(d, CL_DRIVER_VERSION, driver, sizeof driver);
+  /* "OpenCL <major.minor>" (the rest of CL_DEVICE_VERSION is the
+   * vendor's, and PoCL's runs past the field), then the driver's version:
+   * "OpenCL 3.0, driver 3.1+debian". */
+  if (strncmp(version, "OpenCL ", 7) == 0) {
+    const size_t at = 7 + strcspn(version + 7, " ");
+    char kept[16];
+    snprintf(kept, sizeof kept, "%.*s", (int)(at < sizeof kept ? at : sizeof kept - 1), version);
+    char joined[sizeof kept + sizeof driver + 16];
+    snprintf(joined, sizeof joined, "%s, driver %s", kept, driver);
+    snprintf(version, sizeof version, "%.*s", (int)sizeof version - 1, joined);
+  }
   clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
   clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);
   snprintf(out->name, sizeof out->name, "%s", name);

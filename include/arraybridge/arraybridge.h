@@ -232,8 +232,10 @@ struct ab_device_info {
                            /proc/cpuinfo's vendor_id ("GenuineIntel",
                            "AuthenticAMD"; "" where it has none) */
   char version[64];   /**< driver/platform version string, "" when unknown;
-                           for cpu:0 the host kernels, threads and
-                           streaming-store choice in use */
+                           for OpenCL "OpenCL <x.y>, driver <its
+                           CL_DRIVER_VERSION>"; for cpu:0 the host
+                           kernels, threads and streaming-store choice
+                           in use */
   uint64_t total_memory; /**< memory of the device */
   uint64_t free_memory;  /**< memory free now (0 on OpenCL, which cannot tell) */
   uint64_t max_alloc_size; /**< largest single allocation, 0 = unknown */
