@@ -320,6 +320,51 @@ static ab_status copy_to_new(const DLTensor *src, const ab__prepared *p, bool pl
   return AB_OK;
 }
 
+/* One conversion's copy, for relieved(): into a new tensor (t, out) or
+ * into the caller's dst (into). */
+struct copy_job {
+  const DLTensor *src;
+  const ab__prepared *p;
+  DLTensor *into;
+  struct ab__tensor **out;
+};
+
+static ab_status run_job(const struct copy_job *j) {
+  if (j->into != NULL) return ab__run_copy(j->src, j->p, j->into);
+  return copy_to_new(j->src, j->p, false, j->out);
+}
+
+/* The job, tried again where the device ran out of memory at a buffer's
+ * first use (pool.h: OpenCL drivers may allocate there, so the pool's OOM
+ * sequence never saw it): after the pool's cache was released, then after
+ * each round of the OOM callbacks that freed something. A failed try left
+ * nothing behind (the tensor's block went back to the pool, whose cache
+ * the next relief releases). The final failure says where the memory ran
+ * out. */
+static ab_status relieved(const struct copy_job *j) {
+  ab__forget_first_use_oom();
+  ab_status st = run_job(j);
+  if (AB_LIKELY(st != AB_ERR_OUT_OF_MEMORY)) return st;
+  struct ab__relief r = {false, 0};
+  const size_t bytes = j->p->cv.active ? j->p->cv.out_nbytes : j->p->lay.nbytes;
+  DLDevice dev;
+  bool at_first_use = false;
+  int tries = 0;
+  while (st == AB_ERR_OUT_OF_MEMORY && (at_first_use = ab__first_use_oom(&dev)) && ab__pool_relieve(dev, bytes, &r)) {
+    tries++;
+    st = run_job(j);
+  }
+  if (st != AB_ERR_OUT_OF_MEMORY || !at_first_use) return st;
+  char saved[AB_ERRBUF_SIZE];
+  ab__save_error(saved);
+  ab__pool_count_oom_failure(dev);
+  return AB_FAIL(st,
+                 "%s (%s:%" PRId32 " ran out of memory at a buffer's first use, where its driver allocates; %d "
+                 "retr%s after releasing the pool's cache and %d round%s of the OOM callbacks)",
+                 saved, ab_device_type_name(dev.device_type), dev.device_id, tries, tries == 1 ? "y" : "ies", r.rounds,
+                 r.rounds == 1 ? "" : "s");
+}
+
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
                             DLManagedTensorVersioned **out) {
   ab__prepared p;
@@ -336,7 +381,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     AB_FORWARD(copy_to_new(src, &p, true, &t));
   } else {
     AB_FORWARD(plan_request(src, NULL, &p)); /* a copy: the view was ruled out above */
-    AB_FORWARD(copy_to_new(src, &p, false, &t));
+    const struct copy_job job = {src, &p, NULL, &t};
+    AB_FORWARD(relieved(&job));
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -404,7 +450,8 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
   DLTensor out = *dst;
   out.device = ddev;
-  return ab__run_copy(src, &p, &out);
+  const struct copy_job job = {src, &p, &out, NULL};
+  return relieved(&job);
 }
 
 ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype,

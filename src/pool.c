@@ -1205,6 +1205,62 @@ void ab__pool_free(ab__block *b) {
 
 /* ---- public API ------------------------------------------------------------ */
 
+/* ---- running out at first use (pool.h) ----------------------------------- */
+
+static _Thread_local bool first_use_noted;
+static _Thread_local DLDevice first_use_dev;
+
+void ab__note_first_use_oom(DLDevice dev) {
+  first_use_noted = true;
+  first_use_dev = dev;
+}
+
+void ab__forget_first_use_oom(void) { first_use_noted = false; }
+
+bool ab__first_use_oom(DLDevice *dev) {
+  if (!first_use_noted) return false;
+  first_use_noted = false;
+  *dev = first_use_dev;
+  return true;
+}
+
+/* The device's pool where it has one (none is made here). */
+static struct ab__pool *existing_pool(DLDevice dev) {
+  const int ts = ab__type_slot((int)dev.device_type);
+  if (ts < 0 || dev.device_id < 0 || dev.device_id >= MAX_IDS) return NULL;
+  return atomic_load_explicit(&table[ts][dev.device_id], memory_order_acquire);
+}
+
+bool ab__pool_relieve(DLDevice dev, size_t bytes, struct ab__relief *r) {
+  struct ab__pool *p = existing_pool(dev);
+  if (p == NULL) return false;
+  pthread_mutex_lock(&p->lock);
+  p->st.oom_retries++;
+  pthread_mutex_unlock(&p->lock);
+  /* The cache once (thread caches flushed into it by the release): each
+   * failed try gives its block back to it, so again would be for ever. */
+  if (!r->cache_released) {
+    r->cache_released = true;
+    if (release_cache(p, false) > 0) return true;
+  }
+  if (r->rounds >= AB_OOM_MAX_CALLBACK_ROUNDS) return false;
+  int called;
+  const uint64_t freed = run_callbacks(dev, bytes, &called);
+  if (called == 0) return false;
+  r->rounds++;
+  if (freed == 0) return false;
+  release_cache(p, false); /* what they freed may sit in the cache */
+  return true;
+}
+
+void ab__pool_count_oom_failure(DLDevice dev) {
+  struct ab__pool *p = existing_pool(dev);
+  if (p == NULL) return;
+  pthread_mutex_lock(&p->lock);
+  p->st.oom_failures++;
+  pthread_mutex_unlock(&p->lock);
+}
+
 static ab_status pool_of(DLDevice dev, struct ab__pool **out) {
   const struct ab_backend *be;
   AB_FORWARD(ab__check_device(dev, "device", false, &dev, &be));

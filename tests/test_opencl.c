@@ -743,6 +743,101 @@ Test(opencl, blocks_of_their_own_size_below_the_largest_buffer_are_reused) {
   assert_pool_clean(CL(0));
 }
 
+/* A driver that allocates a buffer's memory at its first use, as PoCL's
+ * and NVIDIA's OpenCL may: while first_use_refusals is above 0, this
+ * clEnqueueWriteBuffer (the library's calls in this executable come here)
+ * refuses that many writes with CL_MEM_OBJECT_ALLOCATION_FAILURE. */
+static atomic_int first_use_refusals, first_use_refused;
+typedef cl_int (*write_buffer_fn)(cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void *, cl_uint,
+                                  const cl_event *, cl_event *);
+CL_API_ENTRY cl_int CL_API_CALL clEnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool blocking, size_t offset,
+                                                     size_t size, const void *host, cl_uint nwait,
+                                                     const cl_event *wait, cl_event *ev) {
+  const write_buffer_fn real = (write_buffer_fn)dlsym(RTLD_NEXT, "clEnqueueWriteBuffer");
+  if (real == NULL) return CL_INVALID_OPERATION;
+  if (atomic_load(&first_use_refusals) > 0) {
+    atomic_fetch_sub(&first_use_refusals, 1);
+    atomic_fetch_add(&first_use_refused, 1);
+    return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+  }
+  return real(q, m, blocking, offset, size, host, nwait, wait, ev);
+}
+
+static atomic_int relief_calls;
+static size_t relief_callback(DLDevice dev, size_t requested, void *user) {
+  (void)dev, (void)requested;
+  atomic_fetch_add(&relief_calls, 1);
+  return (size_t)(uintptr_t)user; /* what it claims to have freed */
+}
+
+Test(opencl, memory_that_runs_out_at_first_use_runs_the_oom_sequence) {
+  need_devices(1);
+  static float v[1 << 16];
+  for (size_t i = 0; i < sizeof v / sizeof *v; i++) v[i] = (float)i;
+  int64_t shape[1] = {1 << 16};
+  DLTensor t = {v, CPU0, 1, dt(kDLFloat, 32, 1), shape, NULL, 0};
+  /* A block in the cache; the next write is refused once: the cache is
+   * released and the conversion tried again, and succeeds. */
+  DLManagedTensorVersioned *r = convert_ok(&t, CL(0), AB_COPY_ALWAYS, NULL);
+  r->deleter(r);
+  struct ab_pool_stats s0 = {.size = sizeof s0}, s1 = {.size = sizeof s1};
+  cr_assert_eq(ab_pool_stats(CL(0), &s0), AB_OK);
+  cr_assert_gt(s0.cached_blocks, 0);
+  atomic_store(&first_use_refused, 0);
+  atomic_store(&first_use_refusals, 1);
+  r = convert_ok(&t, CL(0), AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(atomic_load(&first_use_refused), 1, "the stand-in write was not reached: the test proves nothing");
+  DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(memcmp(back->dl_tensor.data, v, sizeof v), 0);
+  back->deleter(back);
+  r->deleter(r);
+  cr_assert_eq(ab_pool_stats(CL(0), &s1), AB_OK);
+  cr_assert_eq(s1.oom_retries, s0.oom_retries + 1);
+  cr_assert_gt(s1.trims, s0.trims, "the cache was not released");
+  /* ab_convert_into a buffer of the caller's the same way */
+  DLManagedTensorVersioned *dst = NULL, *spare = convert_ok(&t, CL(0), AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, shape, dt(kDLFloat, 32, 1), &dst), AB_OK, "%s", ab_last_error());
+  spare->deleter(spare); /* a block in the cache to release */
+  atomic_store(&first_use_refused, 0);
+  atomic_store(&first_use_refusals, 1);
+  cr_assert_eq(ab_convert_into(&t, &dst->dl_tensor, NULL), AB_OK, "%s", ab_last_error());
+  cr_assert_eq(atomic_load(&first_use_refused), 1);
+  back = convert_ok(&dst->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(memcmp(back->dl_tensor.data, v, sizeof v), 0);
+  back->deleter(back);
+  dst->deleter(dst);
+  cr_assert_eq(ab_pool_stats(CL(0), &s1), AB_OK);
+  /* Refused for good: the callbacks are asked (one that frees nothing:
+   * one round), then the failure says where the memory ran out; nothing
+   * is left behind, src is as it was. */
+  cr_assert_eq(ab_register_oom_callback(relief_callback, NULL), AB_OK);
+  atomic_store(&relief_calls, 0);
+  atomic_store(&first_use_refusals, 1000);
+  r = SENTINEL_OUT;
+  ab_status st = ab_convert_memory(&t, CL(0), NULL, &r);
+  cr_assert_eq(st, AB_ERR_OUT_OF_MEMORY, "%s: %s", ab_status_name(st), ab_last_error());
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "CL_MEM_OBJECT_ALLOCATION_FAILURE"), "%s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "at a buffer's first use"), "%s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "1 round of the OOM callbacks"), "%s", ab_last_error());
+  cr_assert_eq(atomic_load(&relief_calls), 1);
+  /* one that claims progress every time: the rounds stop at the maximum */
+  cr_assert_eq(ab_unregister_oom_callback(relief_callback, NULL), AB_OK);
+  cr_assert_eq(ab_register_oom_callback(relief_callback, (void *)(uintptr_t)4096), AB_OK);
+  atomic_store(&relief_calls, 0);
+  st = ab_convert_memory(&t, CL(0), NULL, &r);
+  cr_assert_eq(st, AB_ERR_OUT_OF_MEMORY);
+  cr_assert_eq(atomic_load(&relief_calls), AB_OOM_MAX_CALLBACK_ROUNDS, "%d rounds", atomic_load(&relief_calls));
+  cr_assert_eq(ab_unregister_oom_callback(relief_callback, (void *)(uintptr_t)4096), AB_OK);
+  atomic_store(&first_use_refusals, 0);
+  struct ab_pool_stats s2 = {.size = sizeof s2};
+  cr_assert_eq(ab_pool_stats(CL(0), &s2), AB_OK);
+  cr_assert_eq(s2.oom_failures, s1.oom_failures + 2);
+  cr_assert_eq(v[12345], 12345.0f);
+  ab_pool_trim(CL(0));
+  assert_pool_clean(CL(0));
+}
+
 /* A context of more devices than the library lists (64), as a caller's
  * context of sub-devices can be: while padded_devices is set, this
  * clGetContextInfo (the library's calls in this executable come here)
