@@ -214,7 +214,7 @@ static void parse_env(const char *v) {
         memcpy(idbuf, colon + 1, idlen);
         idbuf[idlen] = '\0';
         id = strtol(idbuf, &e, 10);
-        if (*e != '\0' || idbuf[0] == '-' || idbuf[0] == '+') id = -1;
+        if (*e != '\0' || idbuf[0] < '0' || idbuf[0] > '9') id = -1; /* digits only: strtol skips blanks, takes signs */
       }
       if (id < 0 || id >= MAX_IDS) {
         snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": device id must be 0..%d",

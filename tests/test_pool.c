@@ -708,7 +708,8 @@ Test(pool, an_env_limit_is_enforced_and_can_be_overridden) {
 Test(pool, malformed_env_limits_fail_every_pool_operation) {
   static const char *bad[] = {"cpu", "cpu=", "cpu=12XB", "gpu=1GiB", "cpu:x=1GiB", "cpu=-5",
                               "cpu:=1GiB", "cpu:-1=1GiB", "cpu=1MiB,", ",cpu=1MiB", "cpu=1MiB,,cpu=2MiB",
-                              ",,cpu=1MiB", "cpu=1MiB,,", "cpu=1 MiB", "=1GiB", "cpu=99999999999999999999"};
+                              ",,cpu=1MiB", "cpu=1MiB,,", "cpu=1 MiB", "=1GiB", "cpu=99999999999999999999",
+                              "cpu: 0=1GiB", "cpu:\t0=1GiB", "cpu:+0=1GiB", "cpu:128=1GiB"};
   long live = ab__alloc_live();
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *v = bad[i];
