@@ -774,6 +774,8 @@ class Jax(Adapter):
     def why_not(self, obj):
         try:
             obj = _keras_value(obj)
+            if obj.is_deleted():
+                return "the JAX array has been deleted (array.delete(), or donated to a jitted function)"
             if not obj.is_fully_addressable:
                 return ("a JAX array sharded over several processes has no whole value in this one; gather it first "
                         "(jax.experimental.multihost_utils.process_allgather), or convert its local shards "

@@ -1681,7 +1681,34 @@ static int producer_device(PyObject *x, DLDevice *out) {
   }
   PyObject *r = PyObject_CallNoArgs(meth);
   Py_DECREF(meth);
-  if (r == NULL) return -1;
+  if (r == NULL) {
+    /* A deleted JAX array: its __dlpack_device__ fails on its missing
+     * buffers with words of its own ("object of type 'NoneType' has no
+     * len()"); its is_deleted() says what happened. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *gone = PyObject_CallMethod(x, "is_deleted", NULL);
+    const int deleted = gone != NULL && PyObject_IsTrue(gone) == 1;
+    Py_XDECREF(gone);
+    if (!deleted) {
+      PyErr_Clear();
+      PyErr_Restore(type, value, tb);
+      return -1;
+    }
+    PyErr_Clear();
+    PyErr_NormalizeException(&type, &value, &tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyErr_Format(PyExc_ValueError, "the %.100s has been deleted (array.delete(), or donated to a jitted function): "
+                 "it holds no data", Py_TYPE(x)->tp_name);
+    PyObject *t2, *v2, *tb2; /* the framework's own error as the cause */
+    PyErr_Fetch(&t2, &v2, &tb2);
+    PyErr_NormalizeException(&t2, &v2, &tb2);
+    if (v2 != NULL && value != NULL) PyException_SetCause(v2, value); /* steals value */
+    else Py_XDECREF(value);
+    PyErr_Restore(t2, v2, tb2);
+    return -1;
+  }
   int rc = device_from_object(r, out);
   Py_DECREF(r);
   *out = memory_device(*out);

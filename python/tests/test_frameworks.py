@@ -124,6 +124,20 @@ def test_a_jax_array_stays_alive_while_arraybridge_uses_it(jax_cpu):
     assert np.array_equal(np.from_dlpack(t), np.arange(4096, dtype=np.float32) + 1)
 
 
+def test_a_deleted_jax_array_is_said_to_be_deleted(jax_cpu):
+    # JAX's __dlpack_device__ of one failed with "object of type 'NoneType'
+    # has no len()", which is all the user saw
+    jax, jnp = jax_cpu
+    x = jnp.arange(4.0)
+    x.delete()
+    for call in (lambda: ab.to_device(x, "cpu"), lambda: ab.from_dlpack(x)):
+        with pytest.raises(ValueError, match="has been deleted") as info:
+            call()
+        assert info.value.__cause__ is not None
+    with pytest.raises(ab.MemoryConversionError, match="JAX array has been deleted"):
+        ab.convert_memory(x, "jax", "numpy")
+
+
 @pytest.mark.parametrize("name", ["uint8", "bfloat16", "float16", "int16"])
 def test_jax_arrays_through_opencl_bit_exact(name, jax_cpu):
     jax, jnp = jax_cpu
