@@ -141,6 +141,11 @@ struct ab_backend {
    * may come from another library), before anything touches it;
    * AB_ERR_INVALID_ARGUMENT otherwise. */
   ab_status (*check_range)(int32_t id, const void *handle, uint64_t begin, uint64_t end);
+  /* The buffer `handle` is part of, and where in it it starts (an OpenCL
+   * sub-buffer's parent and offset), so that two handles' bytes can be
+   * compared; *root = handle and *offset = 0 where it is its own. May be
+   * NULL: every handle is its own. */
+  void (*root)(const void *handle, const void **root, uint64_t *offset);
   /* For host-accessible memory a device may still be writing (CUDA pinned
    * and managed memory): called before host code reads a source of this
    * type; waits for `stream` (this family's, or NULL for the default

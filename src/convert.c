@@ -393,6 +393,25 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
  * addresses, or offsets into one buffer. */
 static bool overlap(uint64_t a, uint64_t n, uint64_t b, uint64_t m) { return n > 0 && m > 0 && a < b + m && b < a + n; }
 
+/* Whether bytes [a_off, a_off + n) of handle a and [b_off, b_off + m) of
+ * handle b, both of backend be, share a byte: the same buffer, or parts
+ * of one (OpenCL sub-buffers), by their offsets in it. */
+static bool handles_overlap(const struct ab_backend *be, const void *a, uint64_t a_off, uint64_t n, const void *b,
+                            uint64_t b_off, uint64_t m) {
+  if (a != b && be->root != NULL) {
+    const void *ra, *rb;
+    uint64_t oa, ob;
+    be->root(a, &ra, &oa);
+    be->root(b, &rb, &ob);
+    if (ra != rb) return false;
+    a_off += oa;
+    b_off += ob;
+  } else if (a != b) {
+    return false;
+  }
+  return overlap(a_off, n, b_off, m);
+}
+
 /* "(3, 4)" for a message, cut with "..." where buf is too short. */
 static const char *shape_text(int32_t ndim, const int64_t *shape, char *buf, size_t len) {
   size_t n = (size_t)snprintf(buf, len, "(");
@@ -446,7 +465,7 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
    * are the same buffer of one backend (a driver would refuse the copy,
    * or run it over bytes it is still reading). */
   if (host ? overlap((uintptr_t)src->data + from, span, (uintptr_t)dst->data + dst->byte_offset, dlay.nbytes)
-           : p.sbe == dbe && src->data == dst->data && overlap(from, span, dst->byte_offset, dlay.nbytes))
+           : p.sbe == dbe && handles_overlap(dbe, src->data, from, span, dst->data, dst->byte_offset, dlay.nbytes))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
   DLTensor out = *dst;
   out.device = ddev;

@@ -702,6 +702,48 @@ Test(opencl, a_device_outside_the_buffers_context_is_invalid) {
   clReleaseContext(ctx);
 }
 
+Test(opencl, convert_into_a_sub_buffer_overlapping_its_source_is_refused) {
+  need_devices(1);
+  /* A buffer and a sub-buffer of it: the handles differ, the bytes are
+   * shared. A compact copy got the driver's CL_MEM_COPY_OVERLAP, and a
+   * reversed one ran, reading bytes it had already overwritten. */
+  DLManagedTensorVersioned *a = NULL;
+  int64_t whole[1] = {4096}, half[1] = {2048}, back_stride[1] = {-1};
+  cr_assert_eq(ab_tensor_alloc(CL(0), 1, whole, dt(kDLFloat, 32, 1), &a), AB_OK, "%s", ab_last_error());
+  static float h[4096];
+  for (int i = 0; i < 4096; i++) h[i] = (float)i;
+  DLTensor host = {h, CPU0, 1, dt(kDLFloat, 32, 1), whole, NULL, 0};
+  cr_assert_eq(ab_convert_into(&host, &a->dl_tensor, NULL), AB_OK, "%s", ab_last_error());
+  cl_int e;
+  cl_buffer_region inside = {4096, 8192}, after = {8192, 8192}; /* bytes [4096, 12288) and [8192, 16384) */
+  cl_mem over = clCreateSubBuffer((cl_mem)a->dl_tensor.data, 0, CL_BUFFER_CREATE_TYPE_REGION, &inside, &e);
+  cr_assert_eq(e, CL_SUCCESS, "clCreateSubBuffer: %d", e);
+  cl_mem apart = clCreateSubBuffer((cl_mem)a->dl_tensor.data, 0, CL_BUFFER_CREATE_TYPE_REGION, &after, &e);
+  cr_assert_eq(e, CL_SUCCESS, "clCreateSubBuffer: %d", e);
+  DLTensor src = {a->dl_tensor.data, CL(0), 1, dt(kDLFloat, 32, 1), half, NULL, 0}; /* bytes [0, 8192) */
+  DLTensor reversed = src;
+  reversed.strides = back_stride;
+  reversed.byte_offset = 2047 * 4;
+  DLTensor dst = {over, CL(0), 1, dt(kDLFloat, 32, 1), half, NULL, 0};
+  for (int k = 0; k < 2; k++) {
+    ab_status st = ab_convert_into(k ? &reversed : &src, &dst, NULL);
+    cr_assert_eq(st, AB_ERR_INVALID_ARGUMENT, "%s: %s", ab_status_name(st), ab_last_error());
+    cr_assert_not_null(strstr(ab_last_error(), "share memory"), "%s", ab_last_error());
+  }
+  /* the same sub-buffer as the source, and a sub-buffer apart from it */
+  cr_assert_eq(ab_convert_into(&dst, &src, NULL), AB_ERR_INVALID_ARGUMENT);
+  dst.data = apart;
+  cr_assert_eq(ab_convert_into(&reversed, &dst, NULL), AB_OK, "%s", ab_last_error());
+  DLManagedTensorVersioned *o = convert_ok(&a->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+  const float *f = o->dl_tensor.data;
+  for (int i = 0; i < 2048; i++) cr_assert_eq(f[2048 + i], (float)(2047 - i), "element %d", 2048 + i);
+  for (int i = 0; i < 2048; i++) cr_assert_eq(f[i], (float)i, "the source changed at %d", i);
+  o->deleter(o);
+  clReleaseMemObject(over);
+  clReleaseMemObject(apart);
+  a->deleter(a);
+}
+
 /* A device whose largest buffer is not a multiple of the pool's 2 MiB
  * rounding above 32 MiB, as a driver's can be: while fake_max_alloc is
  * set, this clCreateBuffer (the library's calls in this executable come

@@ -295,6 +295,7 @@ const struct ab_backend ab__backend_opencl = {
   .read_rect = ab__cl_read_rect,
   .write_rect = ab__cl_write_rect,
   .check_range = ab__cl_check_range,
+  .root = ab__cl_root,
   .synchronize = ab__cl_synchronize,
   .can_convert = ab__cl_can_convert,
   .convert = ab__cl_convert,

@@ -103,6 +103,7 @@ ab_status ab__cl_read_rect(int32_t id, const void *handle, uint64_t offset, cons
 ab_status ab__cl_write_rect(int32_t id, void *handle, uint64_t offset, const size_t region[3], size_t row_pitch,
                             size_t slice_pitch, const void *src, void *stream);
 ab_status ab__cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end);
+void ab__cl_root(const void *handle, const void **root, uint64_t *offset);
 ab_status ab__cl_synchronize(int32_t id, void *stream);
 
 /* kernels.c: copies (the gather kernels) and conversions on the device. */

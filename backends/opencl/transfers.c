@@ -163,6 +163,20 @@ ab_status ab__cl_write_rect(int32_t id, void *handle, uint64_t offset, const siz
   return transfer(id, (cl_mem)handle, stream, &x);
 }
 
+/* A sub-buffer's parent and offset (OpenCL has no sub-buffers of
+ * sub-buffers: one level). */
+void ab__cl_root(const void *handle, const void **root, uint64_t *offset) {
+  cl_mem parent = NULL;
+  size_t at = 0;
+  *root = handle;
+  *offset = 0;
+  if (clGetMemObjectInfo((cl_mem)handle, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, NULL) == CL_SUCCESS &&
+      parent != NULL && clGetMemObjectInfo((cl_mem)handle, CL_MEM_OFFSET, sizeof at, &at, NULL) == CL_SUCCESS) {
+    *root = parent;
+    *offset = at;
+  }
+}
+
 ab_status ab__cl_check_range(int32_t id, const void *handle, uint64_t begin, uint64_t end) {
   size_t size = 0;
   cl_mem_object_type type = 0;
