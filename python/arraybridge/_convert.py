@@ -3,7 +3,7 @@ call, as one DLPack import, one ab_convert_memory and one export."""
 import operator
 import types
 
-from ._frameworks import ADAPTERS, dtype_arg, failure, no_export, owner_of
+from ._frameworks import ADAPTERS, dtype_arg, failure, no_export, owner_of, why_no_memory
 from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type
 
 _OPTIONS = ("dtype", "permute", "scale", "offset", "channel_axis", "channel_scale", "channel_offset")
@@ -172,7 +172,7 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
                                   offset=offset, channel_axis=channel_axis, channel_scale=channel_scale,
                                   channel_offset=channel_offset)
         raise failure(source, target, "arraybridge -> %s" % target.value,
-                      sa.why_not(data) or "%s: %s" % (type(e).__name__, e), e, (sa, ta)) from e
+                      why_no_memory(sa, data) or "%s: %s" % (type(e).__name__, e), e, (sa, ta)) from e
 
 
 __all__ = ["convert_memory", "detect_memory_type"]

@@ -99,6 +99,20 @@ def _describes(cls):
     return found
 
 
+def why_no_memory(adapter, obj):
+    """Why obj has no memory to convert: an array description's reason
+    (keras.Input's KerasTensor, jax.ShapeDtypeStruct: its framework's
+    export fails with words about something else), else the adapter's
+    why_not. None where neither knows. Never raises."""
+    try:
+        if _describes(type(obj)):
+            return ("a %s describes an array (a shape and a dtype) and holds no data: convert a value, not its "
+                    "description" % type(obj).__name__)
+    except Exception:  # an odd type: the adapter's words, or the framework's
+        pass
+    return adapter.why_not(obj)
+
+
 def dtype_name(obj):
     """obj's element type as the C core names it, or None."""
     d = getattr(obj, "dtype", None)

@@ -1,7 +1,7 @@
 """stack_slices and unstack_slices: 2-D slices <-> one 3-D array."""
 from . import _arraybridge as _ab
 from ._convert import convert_memory, detect_memory_type
-from ._frameworks import ADAPTERS, element_name, failure, float8_name, no_export
+from ._frameworks import ADAPTERS, element_name, failure, float8_name, no_export, why_no_memory
 from ._types import MemoryConversionError, MemoryType, id_of_device, memory_type as _memory_type
 
 
@@ -76,7 +76,7 @@ def _into(out, s, i):
     except (ValueError, TypeError, BufferError, MemoryError, RuntimeError, IndexError) as e:
         whole = adapter.whole(s) if no_export(e) else None  # as convert_memory asks it
         if whole is None:
-            why = adapter.why_not(s)
+            why = why_no_memory(adapter, s)
             if why is None:
                 raise
             raise ValueError("slice %d: %s" % (i, why)) from e

@@ -1918,6 +1918,14 @@ def test_decorated_functions_return_classes_and_array_descriptions_as_they_are()
     assert ab.torch(lambda x: jax.Array)(np.ones(2)) is jax.Array
     with pytest.raises(ValueError, match="Unknown memory type"):
         ab.detect_memory_type(torch.Tensor)
+    # converted, a description says it holds no data (the frameworks' own
+    # words named other things: torch's an attribute 'requires_grad')
+    described = jax.ShapeDtypeStruct((2, 3), np.float32)
+    for target in ("numpy", "torch"):
+        with pytest.raises(ab.MemoryConversionError, match="ShapeDtypeStruct describes an array"):
+            ab.convert_memory(described, "jax", target)
+    with pytest.raises(ab.MemoryConversionError, match="slice 0: a ShapeDtypeStruct describes an array"):
+        ab.stack_slices([described], "numpy")
 
 
 def test_torch_tensors_in_autograds_graph_stay_there_through_casts_and_decorators():
