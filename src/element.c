@@ -69,28 +69,25 @@ ab_status ab_parse_dtype(const char *name, DLDataType *out) {
       return AB_OK;
     }
   }
-  /* Other bits of the sized codes, as ab_dtype_name writes them
-   * ("complex32", torch's chalf; "int4", "float128"): 1 to 255, no leading
-   * zero. Not "float8", "float6", "float4": whoever writes one means a
-   * format, and the list says their names. */
-  const bool format_like = strcmp(name, "float8") == 0 || strcmp(name, "float6") == 0 || strcmp(name, "float4") == 0;
-  for (uint8_t c = 0; c <= AB__CODE_BOOL && !format_like; c++) {
-    const size_t n = strlen(code_names[c]);
-    if (c == AB__CODE_OPAQUE || strncmp(name, code_names[c], n) != 0 || name[n] < '1' || name[n] > '9') continue;
-    unsigned bits = 0;
-    const char *d = name + n;
-    while (*d >= '0' && *d <= '9' && bits <= 255) bits = bits * 10 + (unsigned)(*d++ - '0');
-    if (*d == '\0' && bits <= 255) {
-      *out = (DLDataType){c, (uint8_t)bits, 1};
+  /* The other DLPack types of the sized codes, as ab_dtype_name writes
+   * them: complex32 (torch's chalf, moved as it is) and the sub-byte
+   * integers (refused by conversions as sub-byte, not as unknown names). */
+  static const struct {
+    const char *name;
+    uint8_t code, bits;
+  } others[] = {{"complex32", AB__CODE_COMPLEX, 32}, {"int1", AB__CODE_INT, 1},   {"int2", AB__CODE_INT, 2},
+                {"int4", AB__CODE_INT, 4},           {"uint1", AB__CODE_UINT, 1}, {"uint2", AB__CODE_UINT, 2},
+                {"uint4", AB__CODE_UINT, 4}};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+    if (strcmp(name, others[i].name) == 0) {
+      *out = (DLDataType){others[i].code, others[i].bits, 1};
       return AB_OK;
     }
-  }
   char q[AB__QUOTED]; /* printable ASCII only: the text may be cut anywhere, and Python decodes it */
   ab__quote(name, q, sizeof q);
   return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                  "unknown dtype \"%s\" (bool, int8..int64, uint8..uint64, float16/32/64, bfloat16, complex64/128, "
-                 "other bits of those as ab_dtype_name writes them (complex32, int4), float8_e4m3fn and DLPack's "
-                 "other float8/6/4 formats)",
+                 "complex32, int1/2/4, uint1/2/4, float8_e4m3fn and DLPack's other float8/6/4 formats)",
                  q);
 }
 

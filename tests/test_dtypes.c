@@ -225,25 +225,23 @@ Test(dtypes, names_round_trip_and_unknown_ones_are_refused_with_the_list) {
     cr_assert_eq(ab_parse_dtype(ab_dtype_name(d, buf, sizeof buf), &again), AB_OK, "%s: %s", buf, ab_last_error());
     cr_assert(again.code == d.code && again.bits == d.bits && again.lanes == 1, "%s", buf);
   }
-  /* Other bits of the sized codes, as ab_dtype_name writes them: a
-   * complex32 (torch's chalf) tensor's own dtype name reads back */
+  /* DLPack's other types of the sized codes, as ab_dtype_name writes
+   * them: a complex32 (torch's chalf) tensor's own dtype name reads back */
   static const struct {
     const char *name;
     uint8_t code, bits;
-  } sized[] = {{"complex32", kDLComplex, 32}, {"int4", kDLInt, 4},      {"uint1", kDLUInt, 1},
-               {"int128", kDLInt, 128},       {"float128", kDLFloat, 128}, {"bfloat255", kDLBfloat, 255},
-               {"bool1", kDLBool, 1}};
-  for (size_t i = 0; i < sizeof sized / sizeof sized[0]; i++) {
+  } others[] = {{"complex32", kDLComplex, 32}, {"int4", kDLInt, 4}, {"uint1", kDLUInt, 1}, {"int2", kDLInt, 2}};
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
     DLDataType d = {0, 0, 0};
-    cr_assert_eq(ab_parse_dtype(sized[i].name, &d), AB_OK, "%s: %s", sized[i].name, ab_last_error());
-    cr_assert(d.code == sized[i].code && d.bits == sized[i].bits && d.lanes == 1, "%s: %u %u %u", sized[i].name,
+    cr_assert_eq(ab_parse_dtype(others[i].name, &d), AB_OK, "%s: %s", others[i].name, ab_last_error());
+    cr_assert(d.code == others[i].code && d.bits == others[i].bits && d.lanes == 1, "%s: %u %u %u", others[i].name,
               d.code, d.bits, d.lanes);
-    cr_assert_str_eq(ab_dtype_name(d, buf, sizeof buf), sized[i].name);
+    cr_assert_str_eq(ab_dtype_name(d, buf, sizeof buf), others[i].name);
   }
   DLDataType keep = dt(kDLUInt, 8, 1);
-  const char *bad[] = {"float", "Float32", "float32x4", "", "int256", "int0", "int08", "uint 8", "int8 ", "complex-32",
-                       "opaque_handle64", "float8_e4m3fn(bits 16)", "float8_e4m3fnx", "float8_e4m3(bits 8", "float8",
-                       "float6", "float4", "int99999999999999999999"};
+  const char *bad[] = {"float", "Float32", "float32x4", "", "int128", "float24", "float128", "bfloat8", "bool1",
+                       "complex16", "int3", "opaque_handle64", "float8_e4m3fn(bits 16)", "float8_e4m3fnx",
+                       "float8_e4m3(bits 8", "float8", "float6", "float4"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cr_assert_eq(ab_parse_dtype(bad[i], &keep), AB_ERR_INVALID_ARGUMENT, "\"%s\" was taken", bad[i]);
     cr_assert(strstr(ab_last_error(), "bfloat16") != NULL, "%s", ab_last_error());

@@ -193,9 +193,8 @@ AB_API const char *ab_last_error(void);
 AB_API const char *ab_dtype_name(DLDataType dt, char *buf, size_t len);
 
 /** The one-lane dtype a name gives, as ab_dtype_name writes them ("bool",
- * "int8" .. "complex128", and other bits of the sized codes, 1 to 255:
- * "complex32", "int4", "float128", but not "float8", "float6" and "float4",
- * which would be mistaken for formats), and DLPack's float8, float6 and float4 formats
+ * "int8" .. "complex128", and DLPack's other types of those codes:
+ * "complex32", "int1", "int2", "int4", "uint1", "uint2", "uint4"), and DLPack's float8, float6 and float4 formats
  * at their own width, bare as the frameworks name them ("float8_e4m3fn",
  * "float4_e2m1fn") or as ab_dtype_name writes them ("float8_e4m3fn(bits
  * 8)"); no conversion casts to or from those formats. AB_OK and *out, or
