@@ -554,9 +554,6 @@ class Torch(Adapter):
                 return "a torch %s tensor has no dense memory; convert tensor.to_dense()" % layout
             if obj.is_meta:
                 return "a torch tensor on the meta device has a shape and a dtype but no data"
-            if _functorch_wrapped(self.module(), obj):
-                return ("a tensor inside a torch.func transform (vmap, grad, jacrev) has no memory of its own: "
-                        "there only dtype= and a move to another device convert it; convert before the transform")
         except Exception:  # not a tensor as this torch makes them: its own words stand
             pass
         return None
@@ -582,17 +579,23 @@ class Torch(Adapter):
         # batch dimension through), for a move and any cast; other
         # keywords fail there, and why_not says why.
         obj = _keras_value(obj)  # a Keras 3 variable on the torch backend: its tensor
-        if len(opts) > ("dtype" in opts):
-            return None
         mod = self.module()
         wrapped = _functorch_wrapped(mod, obj)
+        if len(opts) > ("dtype" in opts):
+            if wrapped:
+                raise MemoryConversionError(
+                    self.memory_type, self.memory_type, "arraybridge -> torch",
+                    "a tensor inside a torch.func transform (vmap, grad, jacrev) has no memory of its own: there "
+                    "only dtype= and a move to another device convert it; convert before the transform")
+            return None
         if not wrapped and not getattr(obj, "requires_grad", False):
             return None
         if "dtype" in opts:
             name = core_dtype_name(opts["dtype"])
             if not wrapped and (name not in _GRAD_DTYPES or name.startswith("complex") != obj.dtype.is_complex):
                 return None
-            if getattr(mod, name) == obj.dtype and self.device_of(obj) == device:
+            # (a dtype torch lacks goes to the C core, which says why not)
+            if name is not None and getattr(mod, name, None) == obj.dtype and self.device_of(obj) == device:
                 # Nothing to convert: the C core would hand back an alias
                 # autograd does not know (an in-place op on it would change
                 # obj behind the graph). A view it tracks instead.
@@ -814,6 +817,7 @@ class Jax(Adapter):
         # rounded half to even, NaN 0, and everything saturated (astype
         # truncates and wraps, so jit(f) and f gave other integers).
         jnp = importlib.import_module("jax.numpy")
+        obj = _keras_value(obj)  # a Keras 3 variable whose value is traced: that value
         dt = jnp.dtype(dtype)
         if not jnp.issubdtype(dt, jnp.integer) or jnp.issubdtype(obj.dtype, jnp.bool_):
             return obj.astype(dt)
