@@ -1234,23 +1234,28 @@ static struct ab__pool *existing_pool(DLDevice dev) {
 bool ab__pool_relieve(DLDevice dev, size_t bytes, struct ab__relief *r) {
   struct ab__pool *p = existing_pool(dev);
   if (p == NULL) return false;
-  pthread_mutex_lock(&p->lock);
-  p->st.oom_retries++;
-  pthread_mutex_unlock(&p->lock);
   /* The cache once (thread caches flushed into it by the release): each
    * failed try gives its block back to it, so again would be for ever. */
+  bool retry = false;
   if (!r->cache_released) {
     r->cache_released = true;
-    if (release_cache(p, false) > 0) return true;
+    retry = release_cache(p, false) > 0;
   }
-  if (r->rounds >= AB_OOM_MAX_CALLBACK_ROUNDS) return false;
-  int called;
-  const uint64_t freed = run_callbacks(dev, bytes, &called);
-  if (called == 0) return false;
-  r->rounds++;
-  if (freed == 0) return false;
-  release_cache(p, false); /* what they freed may sit in the cache */
-  return true;
+  if (!retry && r->rounds < AB_OOM_MAX_CALLBACK_ROUNDS) {
+    int called;
+    const uint64_t freed = run_callbacks(dev, bytes, &called);
+    if (called > 0) r->rounds++;
+    if (called > 0 && freed > 0) {
+      release_cache(p, false); /* what they freed may sit in the cache */
+      retry = true;
+    }
+  }
+  if (retry) { /* counted as the sequence counts its retries */
+    pthread_mutex_lock(&p->lock);
+    p->st.oom_retries++;
+    pthread_mutex_unlock(&p->lock);
+  }
+  return retry;
 }
 
 void ab__pool_count_oom_failure(DLDevice dev) {

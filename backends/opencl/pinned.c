@@ -142,12 +142,14 @@ ab_status ab__cl_read_async(int32_t id, const void *handle, uint64_t offset, voi
  * before it is. */
 struct fence {
   cl_event ev; /* NULL until recorded */
+  int32_t id;  /* the device whose transfers it follows, for messages */
 };
 
 ab_status ab__cl_fence_new(int32_t id, void **out) {
   struct fence *f = ab__malloc(sizeof *f);
   if (f == NULL) return AB_FAIL(AB_ERR_OUT_OF_MEMORY, "opencl:%" PRId32 ": no host memory for a fence", id);
   f->ev = NULL;
+  f->id = id;
   *out = f;
   return AB_OK;
 }
@@ -175,7 +177,7 @@ ab_status ab__cl_fence_wait(void *fence) {
   if (e == CL_SUCCESS || e == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
     e = clGetEventInfo(f->ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
   if (e == CL_SUCCESS && status < 0) e = status; /* the transfers before the marker failed */
-  return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, -1, "waiting for a staged transfer");
+  return e == CL_SUCCESS ? AB_OK : ab__cl_fail_cl(e, f->id, "waiting for a staged transfer");
 }
 
 void ab__cl_fence_free(void *fence) {

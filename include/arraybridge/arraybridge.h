@@ -26,12 +26,13 @@
 #error "arraybridge needs DLPack >= 1.0 (dlpack/dlpack.h); Debian bookworm's libdlpack-dev is 0.6"
 #endif
 
-/* DLPack 1.0 declares the struct without a typedef, and so do some 1.1
- * headers (TensorFlow's); later ones have it. C11 and C++ take the same
- * typedef twice; C99 gets it where the version says it may lack it. */
+/* DLPack 1.0 declares the struct without a typedef; 1.1 adds one, but
+ * some 1.1 headers lack it (TensorFlow's). C11 and C++ take the same
+ * typedef twice, so they always get it; C99 cannot, and gets it for 1.0
+ * only (a C99 program with such a 1.1 header needs C11). */
 #if defined(__cplusplus) || (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L)
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
-#elif DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION < 2
+#elif DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION < 1
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 #endif
 
