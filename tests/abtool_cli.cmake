@@ -135,6 +135,15 @@ if(EXISTS /dev/zero)
   if(NOT rc EQUAL 3 OR at EQUAL -1)
     message(FATAL_ERROR "abtool convert of an endless .npy stream: exit ${rcs}\n${out}${err}")
   endif()
+  # nor after a whole header it refuses (big-endian data)
+  execute_process(COMMAND cat "${DATA}/be_f4.npy" /dev/zero
+    COMMAND "${ABTOOL}" convert /dev/stdin --to cpu --out "${WORK}/endless.npy"
+    RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  list(GET rcs 1 rc)
+  string(FIND "${err}" "big-endian" at)
+  if(NOT rc EQUAL 3 OR at EQUAL -1)
+    message(FATAL_ERROR "abtool convert of an endless big-endian .npy stream: exit ${rcs}\n${out}${err}")
+  endif()
 endif()
 # A write that fails through a dangling symbolic link (the same file size
 # limit) removes the file it made at the link's target, which was left

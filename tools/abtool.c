@@ -456,9 +456,8 @@ static int cmd_bandwidth(int argc, char **argv) {
 /* The whole of a file, or NULL with errno set. A regular file is read
  * into a buffer of its size; anything else (a pipe, /dev/zero) in growing
  * pieces, only while it starts as a .npy file does, and no further than
- * one byte past the size its header gives (the parser then says the data
- * is longer than the header says: an endless stream is not read for
- * ever). */
+ * one byte past the size its header gives, or than a header the parser
+ * refuses (which it then says: an endless stream is not read for ever). */
 static uint8_t *read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (f == NULL) return NULL;
@@ -471,7 +470,8 @@ static uint8_t *read_file(const char *path, size_t *len) {
     n += fread(buf + n, 1, cap - n, f);
     if (n < cap || (n >= 6 && memcmp(buf, "\x93NUMPY", 6) != 0)) break; /* the parser says why not */
     uint64_t total;
-    if (npy_file_size(buf, n, &total) == 0 && n > total) break; /* past its end: the parser says so */
+    const int sized = npy_file_size(buf, n, &total);
+    if (sized < 0 || (sized == 0 && n > total)) break; /* a bad header, or past its end: the parser says so */
     uint8_t *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
     if (bigger == NULL) {
       free(buf);

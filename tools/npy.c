@@ -217,9 +217,17 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
 }
 
 int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total) {
+  /* Incomplete: too short for the magic, the version and the header
+   * length, or for the header that length gives. */
+  if (len < 10 || (buf[6] != 1 && len < 12)) return 1;
+  const size_t hstart = buf[6] == 1 ? 10 : 12;
+  const size_t hlen = buf[6] == 1 ? ((size_t)buf[8] | (size_t)buf[9] << 8)
+                                  : ((size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
+                                     (size_t)buf[11] << 24);
+  if (hlen > len - hstart) return 1;
   npy_array a;
   char err[8];
-  return parse(buf, len, &a, total, err, sizeof err);
+  return parse(buf, len, &a, total, err, sizeof err) == 0 ? 0 : -1;
 }
 
 /* Opens path for writing without truncating it (an existing file keeps

@@ -29,8 +29,8 @@ typedef struct npy_array {
 int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t errlen);
 
 /* The size a whole .npy file must have, from the start of one held in
- * buf[0..len) (its header complete): 0 and *total, or -1 where the header
- * is incomplete or not one npy_parse takes. */
+ * buf[0..len): 0 and *total where its header is complete, 1 where it is
+ * not yet, -1 where it is complete but not one npy_parse takes. */
 int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total);
 
 /* The NumPy descr ("<f4", "|u1", ...) of a dtype, or NULL when .npy cannot
