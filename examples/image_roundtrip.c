@@ -17,7 +17,7 @@
  * *-input.png and read back through libpng. Without --device the best
  * device is used (ab_best_device: a GPU when there is one); "all" runs
  * the round trip on every device present (make demo does). */
-#define _POSIX_C_SOURCE 200809L /* access, stat */
+#define _XOPEN_SOURCE 700 /* access, stat, realpath */
 #include <errno.h>
 #include <png.h>
 #include <stdbool.h>
@@ -61,7 +61,8 @@ static uint8_t *read_png(const char *path, int *w, int *h) {
 /* Writes through a stream of its own, not png_image_write_to_file: that
  * one removes the path whenever the write fails, whatever it names (a
  * device such as /dev/full, a symbolic link, a file that was there
- * before). Here only a file this call created is removed. */
+ * before). Here only a file this call created is removed (through a
+ * dangling link, the file made at its target; the link stays). */
 static int write_png(const char *path, const uint8_t *px, int w, int h) {
   png_image img;
   memset(&img, 0, sizeof img);
@@ -88,8 +89,12 @@ static int write_png(const char *path, const uint8_t *px, int w, int h) {
   }
   if (!ok) {
     fprintf(stderr, "ab_image: writing %s: %s\n", path, why);
+    /* Ours, and partial: the file made (where path is a dangling link,
+     * the file at its target, not the link). */
+    char *made = existed ? NULL : realpath(path, NULL);
     struct stat st;
-    if (!existed && stat(path, &st) == 0 && S_ISREG(st.st_mode)) remove(path); /* ours, and partial */
+    if (made != NULL && stat(made, &st) == 0 && S_ISREG(st.st_mode)) remove(made);
+    free(made);
     return 1;
   }
   return 0;

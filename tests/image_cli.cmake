@@ -38,4 +38,13 @@ if(EXISTS /dev/full)
     message(FATAL_ERROR "ab_image removed ${WORK}/full.png (a link to /dev/full) when its write failed")
   endif()
 endif()
+# Through a dangling link, a write that fails (a file size limit) removes
+# the file it made at the link's target and keeps the link.
+file(CREATE_LINK "${WORK}/made.png" "${WORK}/dangling.png" SYMBOLIC)
+execute_process(COMMAND sh -c "ulimit -f 2; trap '' XFSZ; exec \"$0\" \"$@\"" "${PROGRAM}" "${WORK}/a-input.png"
+                        --device cpu "${WORK}/dangling.png"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR EXISTS "${WORK}/made.png" OR NOT IS_SYMLINK "${WORK}/dangling.png")
+  message(FATAL_ERROR "ab_image through a dangling link: exit ${rc}, left its target or lost the link\n${out}${err}")
+endif()
 message(STATUS "image_cli: all checks passed")
