@@ -180,10 +180,41 @@ static void preload_all(void) {
   AB_LOG(AB_LOG_DEBUG, "%d OpenCL driver(s) preloaded with RTLD_DEEPBIND", atomic_load(&preloaded));
 }
 
+/* Whether a driver library named by an .icd file is there to be opened:
+ * a path as it is; a bare name in LD_LIBRARY_PATH's folders, libc's
+ * folder (the distribution's library folder) and the usual ones. An entry
+ * of a driver not installed (a stale .icd file) is not: the ICD loader
+ * skips it, and it cannot crash anything. */
+static bool in_folder(const char *dir, size_t n, const char *lib) {
+  char path[4096];
+  struct stat sb;
+  return n > 0 && snprintf(path, sizeof path, "%.*s/%s", (int)n, dir, lib) < (int)sizeof path && stat(path, &sb) == 0;
+}
+
+static bool library_exists(const char *lib) {
+  struct stat sb;
+  if (strchr(lib, '/') != NULL) return stat(lib, &sb) == 0;
+  const char *paths = getenv("LD_LIBRARY_PATH");
+  for (const char *p = paths; p != NULL && *p != '\0';) {
+    const size_t n = strcspn(p, ":");
+    if (in_folder(p, n, lib)) return true;
+    p += n + (p[n] == ':');
+  }
+  Dl_info info;
+  if (dladdr((void *)&fopen, &info) != 0 && info.dli_fname != NULL) { /* where libc is: /lib/<triplet> */
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (slash != NULL && in_folder(info.dli_fname, (size_t)(slash - info.dli_fname), lib)) return true;
+  }
+  static const char *const usual[] = {"/lib", "/usr/lib", "/usr/local/lib", "/lib64", "/usr/lib64"};
+  for (size_t k = 0; k < sizeof usual / sizeof *usual; k++)
+    if (in_folder(usual[k], strlen(usual[k]), lib)) return true;
+  return false;
+}
+
 static void count_unloaded(const char *lib, void *arg) {
   void *h = dlopen(lib, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
   if (h != NULL) dlclose(h);
-  else ++*(int *)arg;
+  else if (library_exists(lib)) ++*(int *)arg;
 }
 
 /* A symbol every LLVM defines, which PoCL's clang binds to at load. */
@@ -200,7 +231,7 @@ ab_status ab__opencl_preload_check(void) {
   return AB_FAIL(AB_ERR_NO_DEVICE,
                  "OpenCL drivers not opened: malloc is not libc's (jemalloc, tcmalloc...) and another LLVM "
                  "(TensorFlow's?) is loaded: opening PoCL now would crash. Use OpenCL or import pyclesperanto "
-                 "first; AB_OPENCL_DEEPBIND=0 opens them");
+                 "first; AB_OPENCL_DEEPBIND=0 opens them at that risk");
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
