@@ -334,17 +334,14 @@ static ab_status run_job(const struct copy_job *j) {
   return copy_to_new(j->src, j->p, false, j->out);
 }
 
-/* The job, tried again where the device ran out of memory at a buffer's
- * first use (pool.h: OpenCL drivers may allocate there, so the pool's OOM
+/* The job that failed with st, tried again where the device ran out of
+ * memory at a buffer's first use (pool.h: OpenCL drivers may allocate there, so the pool's OOM
  * sequence never saw it): after the pool's cache was released, then after
  * each round of the OOM callbacks that freed something. A failed try left
  * nothing behind (the tensor's block went back to the pool, whose cache
  * the next relief releases). The final failure says where the memory ran
  * out. */
-static ab_status relieved(const struct copy_job *j) {
-  ab__forget_first_use_oom();
-  ab_status st = run_job(j);
-  if (AB_LIKELY(st != AB_ERR_OUT_OF_MEMORY)) return st;
+__attribute__((noinline, cold)) static ab_status relieved(const struct copy_job *j, ab_status st) {
   struct ab__relief r = {false, 0};
   const size_t bytes = j->p->cv.active ? j->p->cv.out_nbytes : j->p->lay.nbytes;
   DLDevice dev;
@@ -381,8 +378,12 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     AB_FORWARD(copy_to_new(src, &p, true, &t));
   } else {
     AB_FORWARD(plan_request(src, NULL, &p)); /* a copy: the view was ruled out above */
-    const struct copy_job job = {src, &p, NULL, &t};
-    AB_FORWARD(relieved(&job));
+    ab_status st = copy_to_new(src, &p, false, &t);
+    if (AB_UNLIKELY(st == AB_ERR_OUT_OF_MEMORY)) {
+      const struct copy_job job = {src, &p, NULL, &t};
+      st = relieved(&job, st);
+    }
+    AB_FORWARD(st);
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -469,8 +470,12 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
   DLTensor out = *dst;
   out.device = ddev;
-  const struct copy_job job = {src, &p, &out, NULL};
-  return relieved(&job);
+  ab_status st = ab__run_copy(src, &p, &out);
+  if (AB_UNLIKELY(st == AB_ERR_OUT_OF_MEMORY)) {
+    const struct copy_job job = {src, &p, &out, NULL};
+    st = relieved(&job, st);
+  }
+  return st;
 }
 
 ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype,

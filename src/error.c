@@ -8,6 +8,20 @@
 #include "internal.h"
 
 static _Thread_local char errbuf[AB_ERRBUF_SIZE];
+static _Thread_local bool first_use_noted; /* the message in errbuf says so (internal.h) */
+static _Thread_local DLDevice first_use_dev;
+
+void ab__note_first_use_oom(DLDevice dev) {
+  first_use_noted = true;
+  first_use_dev = dev;
+}
+
+bool ab__first_use_oom(DLDevice *dev) {
+  if (!first_use_noted) return false;
+  first_use_noted = false;
+  *dev = first_use_dev;
+  return true;
+}
 
 const char *ab_status_str(ab_status status) {
   switch (status) {
@@ -40,10 +54,14 @@ void ab__quote(const char *text, char *buf, size_t len) {
 }
 
 void ab__save_error(char saved[AB_ERRBUF_SIZE]) { memcpy(saved, errbuf, AB_ERRBUF_SIZE); }
-void ab__restore_error(const char saved[AB_ERRBUF_SIZE]) { memcpy(errbuf, saved, AB_ERRBUF_SIZE); }
+void ab__restore_error(const char saved[AB_ERRBUF_SIZE]) {
+  memcpy(errbuf, saved, AB_ERRBUF_SIZE);
+  first_use_noted = false;
+}
 
 ab_status ab__fail_at(const char *file, int line, ab_status status,
                       const char *fmt, ...) {
+  first_use_noted = false;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(errbuf, sizeof errbuf, fmt, ap);

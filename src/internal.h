@@ -106,6 +106,13 @@ void ab__trace(const char *file, int line, ab_status status);
 void ab__save_error(char saved[AB_ERRBUF_SIZE]);
 void ab__restore_error(const char saved[AB_ERRBUF_SIZE]);
 
+/* The thread's last failure was a device's memory running out at a
+ * buffer's first use (pool.h says why that matters): the backend notes
+ * it right after failing so; any later failure (or restored message)
+ * forgets it, so a note is never stale. ab__first_use_oom takes it. */
+void ab__note_first_use_oom(DLDevice dev);
+bool ab__first_use_oom(DLDevice *dev);
+
 /* ---- logging (log.c) -------------------------------------------------- */
 
 enum ab__log_level { AB_LOG_OFF = 0, AB_LOG_ERROR, AB_LOG_WARN, AB_LOG_INFO, AB_LOG_DEBUG };

@@ -1207,23 +1207,6 @@ void ab__pool_free(ab__block *b) {
 
 /* ---- running out at first use (pool.h) ----------------------------------- */
 
-static _Thread_local bool first_use_noted;
-static _Thread_local DLDevice first_use_dev;
-
-void ab__note_first_use_oom(DLDevice dev) {
-  first_use_noted = true;
-  first_use_dev = dev;
-}
-
-void ab__forget_first_use_oom(void) { first_use_noted = false; }
-
-bool ab__first_use_oom(DLDevice *dev) {
-  if (!first_use_noted) return false;
-  first_use_noted = false;
-  *dev = first_use_dev;
-  return true;
-}
-
 /* The device's pool where it has one (none is made here). */
 static struct ab__pool *existing_pool(DLDevice dev) {
   const int ts = ab__type_slot((int)dev.device_type);

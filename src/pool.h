@@ -44,9 +44,10 @@ uint64_t ab__pool_pending(DLDevice dev);
 /* A device's memory that ran out at a buffer's first use, where the
  * driver allocates (OpenCL's may: clCreateBuffer succeeds, and the first
  * transfer or kernel gets CL_MEM_OBJECT_ALLOCATION_FAILURE), so that the
- * OOM sequence never saw it at the allocation. The backend notes it
- * (per thread); the conversion asks for the note (taking it) and then has
- * the pool relieve the device as the sequence would: the first call
+ * OOM sequence never saw it at the allocation. The backend notes it with
+ * its failure (ab__note_first_use_oom, internal.h); the conversion asks
+ * for the note and then has the pool relieve the device as the sequence
+ * would: the first call
  * releases the pool's cache where it holds blocks, later ones run the OOM
  * callbacks (r->rounds counts them, up to AB_OOM_MAX_CALLBACK_ROUNDS) and
  * release what they gave back. True where something was freed and the
@@ -55,9 +56,6 @@ struct ab__relief {
   bool cache_released;
   int rounds;
 };
-void ab__note_first_use_oom(DLDevice dev);
-void ab__forget_first_use_oom(void);
-bool ab__first_use_oom(DLDevice *dev);
 bool ab__pool_relieve(DLDevice dev, size_t bytes, struct ab__relief *r);
 /* Counts a conversion that failed so in the pool's oom_failures. */
 void ab__pool_count_oom_failure(DLDevice dev);

@@ -83,11 +83,12 @@ bool ab__cl_is_oom(cl_int e) {
  * failure the pool's OOM sequence handles) ran out at a buffer's first
  * use: noted for the conversion's retry (pool.h). */
 ab_status ab__cl_fail_cl(cl_int e, int32_t id, const char *call) {
+  const ab_status st = AB_FAIL(ab__cl_is_oom(e) ? AB_ERR_OUT_OF_MEMORY : AB_ERR_BACKEND,
+                               "opencl:%" PRId32 ": %s failed: %s (%d)", id, call, ab__cl_err_name(e), (int)e);
   if ((e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_RESOURCES) && id >= 0 &&
       strcmp(call, "clCreateBuffer") != 0)
-    ab__note_first_use_oom((DLDevice){kDLOpenCL, id});
-  return AB_FAIL(ab__cl_is_oom(e) ? AB_ERR_OUT_OF_MEMORY : AB_ERR_BACKEND, "opencl:%" PRId32 ": %s failed: %s (%d)", id,
-                 call, ab__cl_err_name(e), (int)e);
+    ab__note_first_use_oom((DLDevice){kDLOpenCL, id}); /* after the failure: it forgets notes */
+  return st;
 }
 
 static bool contains_nocase(const char *hay, const char *needle) {
