@@ -125,25 +125,23 @@ endif()
 # to the end (/dev/zero has none)
 if(EXISTS /dev/zero)
   expect(3 "not a .npy file" convert /dev/zero --to cpu --out "${WORK}/x.npy")
-  # and a .npy stream that goes on past its data is read no further than
-  # its header says it ends (it was read until memory ran out)
-  execute_process(COMMAND cat "${DATA}/u8_2x3x4.npy" /dev/zero
-    COMMAND "${ABTOOL}" convert /dev/stdin --to cpu --out "${WORK}/endless.npy"
-    RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
-  list(GET rcs 1 rc)
-  string(FIND "${err}" "need 24 data bytes, the file has" at)
-  if(NOT rc EQUAL 3 OR at EQUAL -1)
-    message(FATAL_ERROR "abtool convert of an endless .npy stream: exit ${rcs}\n${out}${err}")
-  endif()
-  # nor after a whole header it refuses (big-endian data)
-  execute_process(COMMAND cat "${DATA}/be_f4.npy" /dev/zero
-    COMMAND "${ABTOOL}" convert /dev/stdin --to cpu --out "${WORK}/endless.npy"
-    RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
-  list(GET rcs 1 rc)
-  string(FIND "${err}" "big-endian" at)
-  if(NOT rc EQUAL 3 OR at EQUAL -1)
-    message(FATAL_ERROR "abtool convert of an endless big-endian .npy stream: exit ${rcs}\n${out}${err}")
-  endif()
+  # A .npy file followed by /dev/zero on stdin: refused with exit 3 and
+  # `want` in the message, not read until memory runs out.
+  function(endless_stream npy want)
+    execute_process(COMMAND cat "${npy}" /dev/zero
+      COMMAND "${ABTOOL}" convert /dev/stdin --to cpu --out "${WORK}/endless.npy"
+      RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+    list(GET rcs 1 rc)
+    string(FIND "${err}" "${want}" at)
+    if(NOT rc EQUAL 3 OR at EQUAL -1)
+      message(FATAL_ERROR "abtool convert of ${npy} then /dev/zero: exit ${rcs}\n${out}${err}")
+    endif()
+  endfunction()
+  # a stream that goes on past its data is read no further than its
+  # header says it ends (it was read until memory ran out), nor past a
+  # whole header it refuses (big-endian data)
+  endless_stream("${DATA}/u8_2x3x4.npy" "need 24 data bytes, the file has")
+  endless_stream("${DATA}/be_f4.npy" "big-endian")
 endif()
 # A write that fails through a dangling symbolic link (the same file size
 # limit) removes the file it made at the link's target, which was left
