@@ -105,28 +105,30 @@ static int integer(struct cur *c, int64_t *v) {
   return 1;
 }
 
-/* npy_parse; with total, only the header is read, and *total is the size
- * the whole file must have. */
+/* npy_parse; with total, only the header is read, *total is the size the
+ * whole file must have, and a header not yet whole in buf returns 1. */
 static int parse(const uint8_t *buf, size_t len, npy_array *out, uint64_t *total, char *err, size_t errlen) {
   static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   npy_array a;
   memset(&a, 0, sizeof a);
+  if (len < 6 && total != NULL) return 1;
   if (len < 6 || memcmp(buf, magic, 6) != 0) return fail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
-  if (len < 10) return fail(err, errlen, "truncated .npy header");
+  if (len < 10) return total != NULL ? 1 : fail(err, errlen, "truncated .npy header");
   const unsigned major = buf[6], minor = buf[7];
   size_t hlen, hstart;
   if (major == 1) {
     hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
     hstart = 10;
   } else if (major == 2 || major == 3) {
-    if (len < 12) return fail(err, errlen, "truncated .npy header");
+    if (len < 12) return total != NULL ? 1 : fail(err, errlen, "truncated .npy header");
     hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
     hstart = 12;
   } else {
     return fail(err, errlen, ".npy format version %u.%u is not supported (1.0, 2.0, 3.0)", major, minor);
   }
   if (minor != 0) return fail(err, errlen, ".npy format version %u.%u is not supported (1.0, 2.0, 3.0)", major, minor);
-  if (hlen > len - hstart) return fail(err, errlen, "the header claims %zu bytes but the file has %zu", hlen, len - hstart);
+  if (hlen > len - hstart)
+    return total != NULL ? 1 : fail(err, errlen, "the header claims %zu bytes but the file has %zu", hlen, len - hstart);
   struct cur c = {(const char *)buf + hstart, (const char *)buf + hstart + hlen};
   /* The header ends in '\n', padded with spaces before it. */
   if (hlen == 0 || c.end[-1] != '\n') return fail(err, errlen, "the header does not end with a newline");
@@ -217,17 +219,9 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
 }
 
 int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total) {
-  /* Incomplete: too short for the magic, the version and the header
-   * length, or for the header that length gives. */
-  if (len < 10 || (buf[6] != 1 && len < 12)) return 1;
-  const size_t hstart = buf[6] == 1 ? 10 : 12;
-  const size_t hlen = buf[6] == 1 ? ((size_t)buf[8] | (size_t)buf[9] << 8)
-                                  : ((size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 |
-                                     (size_t)buf[11] << 24);
-  if (hlen > len - hstart) return 1;
   npy_array a;
   char err[8];
-  return parse(buf, len, &a, total, err, sizeof err) == 0 ? 0 : -1;
+  return parse(buf, len, &a, total, err, sizeof err);
 }
 
 /* Opens path for writing without truncating it (an existing file keeps
