@@ -362,6 +362,13 @@ __attribute__((noinline, cold)) static ab_status relieved(const struct copy_job 
                  r.rounds == 1 ? "" : "s");
 }
 
+/* The job, and relieved() only where it ran out of memory: the fast path
+ * is the job alone. */
+static inline ab_status run_relieved(const struct copy_job *j) {
+  const ab_status st = run_job(j);
+  return AB_UNLIKELY(st == AB_ERR_OUT_OF_MEMORY) ? relieved(j, st) : st;
+}
+
 ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_convert_opts *opts,
                             DLManagedTensorVersioned **out) {
   ab__prepared p;
@@ -378,12 +385,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
     AB_FORWARD(copy_to_new(src, &p, true, &t));
   } else {
     AB_FORWARD(plan_request(src, NULL, &p)); /* a copy: the view was ruled out above */
-    ab_status st = copy_to_new(src, &p, false, &t);
-    if (AB_UNLIKELY(st == AB_ERR_OUT_OF_MEMORY)) {
-      const struct copy_job job = {src, &p, NULL, &t};
-      st = relieved(&job, st);
-    }
-    AB_FORWARD(st);
+    const struct copy_job job = {src, &p, NULL, &t};
+    AB_FORWARD(run_relieved(&job));
   }
   if (p.o.flags & AB_CONVERT_READ_ONLY) t->mt.flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &t->mt;
@@ -470,12 +473,8 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");
   DLTensor out = *dst;
   out.device = ddev;
-  ab_status st = ab__run_copy(src, &p, &out);
-  if (AB_UNLIKELY(st == AB_ERR_OUT_OF_MEMORY)) {
-    const struct copy_job job = {src, &p, &out, NULL};
-    st = relieved(&job, st);
-  }
-  return st;
+  const struct copy_job job = {src, &p, &out, NULL};
+  return run_relieved(&job);
 }
 
 ab_status ab_tensor_alloc(DLDevice dev, int32_t ndim, const int64_t *shape, DLDataType dtype,

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "backend.h"
-#include "pool.h" /* ab__note_first_use_oom */
 #include "converters/host/convert.h"
 #include "backends/opencl/icd_preload.h"
 #include "converters/host/gather.h"
