@@ -56,6 +56,14 @@ enum {
    * device types (AB_DEVICE_OPENCL_HOST): it has a pool, but no tensor may
    * name it. */
   AB_CAP_STAGING_ONLY = 1u << 2,
+  /* DLTensor.data is an address in the process's one address space that
+   * host code may not dereference (CUDA device memory): producers give
+   * element 0's (CuPy, the CUDA Array Interface), which negative strides
+   * may address below, and tensors at different addresses may share
+   * bytes. Without it (OpenCL) data is a buffer handle, addressed only at
+   * non-negative offsets, and two handles share bytes only through
+   * root(). */
+  AB_CAP_ADDRESSED = 1u << 3,
 };
 
 struct ab_backend {

@@ -108,6 +108,7 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
                                 const struct ab_backend *be, DLDevice dev) {
   int64_t begin;
   if (lay->numel == 0) return AB_OK;
+  const bool below = __builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0;
   if (be->caps & AB_CAP_HOST_ACCESSIBLE) {
     /* A pointer, which strides may address below (no buffer start to
      * pass): the backend checks the addressed bytes' first and last, where
@@ -117,12 +118,38 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
     const char *first = (const char *)src->data + src->byte_offset + lay->min_off;
     return ab__dev_check_range(be, dev.device_id, first, 0, (uint64_t)(lay->max_off - lay->min_off) + lay->elsize);
   }
-  if (__builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0)
+  const uint64_t extent = (uint64_t)(lay->max_off - lay->min_off) + lay->elsize;
+  if (below && (be->caps & AB_CAP_ADDRESSED)) {
+    /* An address (CuPy's reversed view: element 0's, the rest below it):
+     * the backend checks the bytes from the lowest addressed one. */
+    const uintptr_t first = (uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)lay->min_off;
+    const ab_status st = ab__dev_check_range(be, dev.device_id, (const void *)first, 0, extent);
+    if (st == AB_OK) return AB_OK;
+    char saved[AB_ERRBUF_SIZE];
+    ab__save_error(saved);
+    return AB_FAIL(st, "%s (%s's strides address from %" PRIu64 " bytes below data + byte_offset)", saved, what,
+                   (uint64_t)-lay->min_off);
+  }
+  if (below)
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
                    "%s addresses bytes before the start of its buffer (byte_offset %" PRIu64 ", extent from %" PRId64 ")",
                    what, src->byte_offset, lay->min_off);
-  uint64_t end = src->byte_offset + (uint64_t)lay->max_off + lay->elsize;
-  return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, end);
+  return ab__dev_check_range(be, dev.device_id, src->data, (uint64_t)begin, (uint64_t)begin + extent);
+}
+
+/* src as the copies take it (a buffer and non-negative offsets into it):
+ * src itself, or, where its strides address below data + byte_offset in
+ * memory that is an address (AB_CAP_ADDRESSED: CuPy's reversed views),
+ * the same elements described from the lowest addressed byte, in *tmp.
+ * After check_request. */
+static const DLTensor *from_lowest(const DLTensor *src, const ab__prepared *p, DLTensor *tmp) {
+  if (!(p->sbe->caps & AB_CAP_ADDRESSED) || p->lay.numel == 0 || p->lay.min_off == 0) return src;
+  int64_t begin;
+  if (!__builtin_add_overflow((int64_t)src->byte_offset, p->lay.min_off, &begin) && begin >= 0) return src;
+  *tmp = *src;
+  tmp->data = (void *)((uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)p->lay.min_off);
+  tmp->byte_offset = (uint64_t)-p->lay.min_off;
+  return tmp;
 }
 
 /* The backend's range check (its message says which bytes, not which
@@ -283,8 +310,9 @@ static ab_status plan_request(const DLTensor *src, const DLTensor *into, ab__pre
 /* into: the existing destination of ab_convert_into, else NULL. */
 ab_status ab__prepare(const DLTensor *src, DLDevice target, const ab_convert_opts *opts, const DLTensor *into,
                       ab__prepared *p) {
+  DLTensor tmp;
   AB_FORWARD(check_request(src, target, opts, p));
-  return plan_request(src, into, p);
+  return plan_request(from_lowest(src, p, &tmp), into, p);
 }
 
 /* The commonest copy (issue 18: a 4 KiB one cost 2.5x malloc + memcpy +
@@ -384,6 +412,8 @@ ab_status ab_convert_memory(const DLTensor *src, DLDevice target, const ab_conve
   } else if (plain_host_copy(&p)) {
     AB_FORWARD(copy_to_new(src, &p, true, &t));
   } else {
+    DLTensor tmp;
+    src = from_lowest(src, &p, &tmp);
     AB_FORWARD(plan_request(src, NULL, &p)); /* a copy: the view was ruled out above */
     const struct copy_job job = {src, &p, NULL, &t};
     AB_FORWARD(run_relieved(&job));
@@ -451,7 +481,10 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   o.size = sizeof o; /* read_opts gave the whole struct, zero past what the caller's size covered */
   o.dtype = dst->dtype;
   o.copy = AB_COPY_ALWAYS;
-  AB_FORWARD(ab__prepare(src, ddev, &o, dst, &p));
+  DLTensor tmp;
+  AB_FORWARD(check_request(src, ddev, &o, &p));
+  src = from_lowest(src, &p, &tmp);
+  AB_FORWARD(plan_request(src, dst, &p));
   const int64_t *shape = p.cv.active ? p.cv.out_shape : src->shape;
   bool same = dst->ndim == src->ndim;
   for (int32_t i = 0; same && i < dst->ndim; i++) same = dst->shape[i] == shape[i];
@@ -464,10 +497,12 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   /* The bytes src reads, from its first: validated, so no overflow. */
   const uint64_t from = src->byte_offset + (uint64_t)p.lay.min_off;
   const uint64_t span = p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0;
-  const bool host = (p.sbe->caps & AB_CAP_HOST_ACCESSIBLE) && (dbe->caps & AB_CAP_HOST_ACCESSIBLE);
-  /* Pointers by address; handles (OpenCL buffers) by offset when both
-   * are the same buffer of one backend (a driver would refuse the copy,
-   * or run it over bytes it is still reading). */
+  const uint32_t addressed = AB_CAP_HOST_ACCESSIBLE | AB_CAP_ADDRESSED;
+  const bool host = (p.sbe->caps & addressed) && (dbe->caps & addressed);
+  /* Addresses (host and CUDA memory, one address space) by address;
+   * handles (OpenCL buffers) by offset when both are the same buffer of
+   * one backend (a driver would refuse the copy, or run it over bytes it
+   * is still reading). */
   if (host ? overlap((uintptr_t)src->data + from, span, (uintptr_t)dst->data + dst->byte_offset, dlay.nbytes)
            : p.sbe == dbe && handles_overlap(dbe, src->data, from, span, dst->data, dst->byte_offset, dlay.nbytes))
     return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "src and dst share memory (ab_convert_into needs them apart)");

@@ -804,6 +804,120 @@ Test(cuda, memory_that_is_not_the_labelled_device_is_refused) {
   g->deleter(g);
 }
 
+/* The elements a view `v` of a device copy of host memory addresses, as
+ * the host sees them: want[k] is v's k-th in row-major order, read at the
+ * same offsets from first_in_x, the host copy of v's first element. */
+static void expect_from_view(const int32_t *first_in_x, const DLTensor *v, int32_t *want) {
+  int64_t n = numel_of(v->ndim, v->shape), idx[4] = {0};
+  for (int64_t k = 0; k < n; k++) {
+    int64_t off = 0;
+    for (int32_t d = 0; d < v->ndim; d++) off += idx[d] * v->strides[d];
+    want[k] = first_in_x[off];
+    for (int32_t d = v->ndim - 1; d >= 0 && ++idx[d] == v->shape[d]; d--) idx[d] = 0;
+  }
+}
+
+Test(cuda, a_view_whose_data_is_element_0_reads_below_it) {
+  /* CuPy and the CUDA Array Interface give element 0's address as data,
+   * with byte_offset 0: a reversed view (x[::-1, ::-1]) has all its other
+   * elements below data. The view is device memory all the same. */
+  need_devices(1);
+  enum { H = 6, W = 7 };
+  int32_t x[H * W], want[H * W], got[H * W];
+  fill_pattern(x, sizeof x, 11);
+  int64_t shape[2] = {H, W};
+  DLTensor h = {x, CPU0, 2, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  int32_t *base = (int32_t *)((char *)g->dl_tensor.data + g->dl_tensor.byte_offset);
+  int64_t flip[2] = {-W, -1}, col_shape[1] = {H}, col_stride[1] = {-W}, tshape[2] = {W, H}, tflip[2] = {-1, -W};
+  DLTensor views[4] = {
+    {base + H * W - 1, CUDA(0), 2, dt(kDLInt, 32, 1), shape, flip, 0},               /* x[::-1, ::-1] */
+    {base + (H - 1) * W + 2, CUDA(0), 1, dt(kDLInt, 32, 1), col_shape, col_stride, 0}, /* x[::-1, 2] */
+    {base + H * W - 1, CUDA(0), 2, dt(kDLInt, 32, 1), tshape, tflip, 0},              /* x[::-1, ::-1].T */
+    {base, CUDA(0), 2, dt(kDLInt, 32, 1), shape, flip, (H * W - 1) * 4},             /* the same by byte_offset */
+  };
+  const int32_t *first_in_x[4] = {x + H * W - 1, x + (H - 1) * W + 2, x + H * W - 1, x + H * W - 1};
+  DLDevice to[6] = {CPU0, CUDA(0), PINNED, MANAGED};
+  int nto = 4;
+  if (ab_device_count(kDLCUDA) >= 2) to[nto++] = CUDA(1);
+  if (ab_device_count(kDLOpenCL) >= 1) to[nto++] = (DLDevice){kDLOpenCL, 0};
+  for (int v = 0; v < 4; v++) {
+    const DLTensor *f = &views[v];
+    const int64_t n = numel_of(f->ndim, f->shape);
+    expect_from_view(first_in_x[v], f, want);
+    cr_assert_eq(ab_tensor_validate(f), AB_OK, "view %d: %s", v, ab_last_error());
+    char plan[512];
+    cr_assert_eq(ab_explain_convert(f, CPU0, NULL, plan, sizeof plan), AB_OK, "view %d: %s", v, ab_last_error());
+    for (int k = 0; k < nto; k++) {
+      DLManagedTensorVersioned *r = convert_ok(f, to[k], AB_COPY_ALWAYS, NULL);
+      DLManagedTensorVersioned *back = convert_ok(&r->dl_tensor, CPU0, AB_COPY_ALWAYS, NULL);
+      cr_assert(memcmp(back->dl_tensor.data, want, (size_t)n * 4) == 0, "view %d to %d:%d: wrong elements", v,
+                to[k].device_type, (int)to[k].device_id);
+      back->deleter(back);
+      r->deleter(r);
+    }
+    /* cast on the way, and into the caller's memory */
+    ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+    o.dtype = dt(kDLFloat, 64, 1);
+    DLManagedTensorVersioned *r = convert_ok_with(f, CPU0, &o);
+    for (int64_t k = 0; k < n; k++)
+      cr_assert_eq(((double *)r->dl_tensor.data)[k], (double)want[k], "view %d cast, element %lld", v, (long long)k);
+    r->deleter(r);
+    memset(got, 0, sizeof got);
+    DLTensor into = {got, CPU0, f->ndim, dt(kDLInt, 32, 1), f->shape, NULL, 0};
+    cr_assert_eq(ab_convert_into(f, &into, NULL), AB_OK, "view %d: %s", v, ab_last_error());
+    cr_assert(memcmp(got, want, (size_t)n * 4) == 0, "view %d into host memory: wrong elements", v);
+    /* a view of it on its own GPU stays the producer's view */
+    ab_convert_opts vo = AB_CONVERT_OPTS_INIT;
+    vo.flags = AB_CONVERT_ALLOW_STRIDED_VIEW;
+    DLManagedTensorVersioned *same = convert_ok_with(f, CUDA(0), &vo);
+    cr_assert_eq(same->dl_tensor.data, f->data);
+    cr_assert_eq(same->dl_tensor.byte_offset, f->byte_offset);
+    cr_assert_eq(same->dl_tensor.strides[0], f->strides[0]);
+    cr_assert_eq(same->flags & DLPACK_FLAG_BITMASK_IS_COPIED, 0);
+    same->deleter(same);
+  }
+  /* Strides that reach below the allocation are still refused, saying
+   * from where they address. */
+  int64_t two[1] = {2}, back1[1] = {-1};
+  DLTensor under = {base, CUDA(0), 1, dt(kDLInt, 32, 1), two, back1, 0};
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  cr_assert_eq(ab_convert_memory(&under, CPU0, NULL, &r), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(r, SENTINEL_OUT);
+  cr_assert_not_null(strstr(ab_last_error(), "4 bytes below data + byte_offset"), "%s", ab_last_error());
+  cr_assert_eq(ab_tensor_validate(&under), AB_ERR_INVALID_ARGUMENT);
+  g->deleter(g);
+  assert_pool_clean(CUDA(0));
+}
+
+Test(cuda, convert_into_refuses_gpu_memory_it_also_reads) {
+  /* Pointers into one allocation at different addresses (CuPy slices of
+   * one array) share bytes by address, as host memory does. */
+  need_devices(1);
+  int32_t x[64], got[64];
+  fill_pattern(x, sizeof x, 5);
+  int64_t shape[1] = {64}, half[1] = {32}, rev[1] = {-1};
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  int32_t *base = (int32_t *)((char *)g->dl_tensor.data + g->dl_tensor.byte_offset);
+  DLTensor lo = {base, CUDA(0), 1, dt(kDLInt, 32, 1), half, NULL, 0};
+  DLTensor mid = {base + 16, CUDA(0), 1, dt(kDLInt, 32, 1), half, NULL, 0};
+  DLTensor hi = {base + 32, CUDA(0), 1, dt(kDLInt, 32, 1), half, NULL, 0};
+  DLTensor lo_rev = {base + 31, CUDA(0), 1, dt(kDLInt, 32, 1), half, rev, 0};
+  const DLTensor *pairs[3][2] = {{&lo, &mid}, {&mid, &lo}, {&lo_rev, &mid}};
+  for (int k = 0; k < 3; k++) {
+    cr_assert_eq(ab_convert_into(pairs[k][0], pairs[k][1], NULL), AB_ERR_INVALID_ARGUMENT, "pair %d", k);
+    cr_assert_not_null(strstr(ab_last_error(), "share memory"), "pair %d: %s", k, ab_last_error());
+  }
+  /* apart, in one allocation: copied */
+  cr_assert_eq(ab_convert_into(&lo_rev, &hi, NULL), AB_OK, "%s", ab_last_error());
+  DLTensor back = {got, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  cr_assert_eq(ab_convert_into(&g->dl_tensor, &back, NULL), AB_OK, "%s", ab_last_error());
+  cr_assert(memcmp(got, x, 32 * 4) == 0, "the half read was changed");
+  for (int i = 0; i < 32; i++) cr_assert_eq(got[32 + i], x[31 - i], "element %d", 32 + i);
+  g->deleter(g);
+}
+
 Test(cuda, out_of_memory_is_reported_and_recovered_from) {
   need_devices(1);
   struct ab_device_info info;

@@ -858,7 +858,7 @@ static ab_status managed_check_range(int32_t id, const void *handle, uint64_t be
 const struct ab_backend ab__backend_cuda = {
   .device_type = kDLCUDA,
   .name = "cuda",
-  .caps = 0,
+  .caps = AB_CAP_ADDRESSED,
   .staging = kDLCUDAHost,
   .init = cuda_init,
   .device_count = cuda_count,

@@ -519,8 +519,9 @@ AB_API ab_status ab_convert_memory(const DLTensor *src, DLDevice target,
  *
  * Errors: those of ab_convert_memory; AB_ERR_INVALID_ARGUMENT for a dst
  * that is malformed, strided, of another shape or dtype, overlapping src
- * (checked for host-addressable memory, and for bytes of one OpenCL
- * buffer, its sub-buffers included), or opts with AB_CONVERT_READ_ONLY;
+ * (checked by address for host and CUDA memory, pointers into one
+ * allocation included, and for bytes of one OpenCL buffer, its
+ * sub-buffers included), or opts with AB_CONVERT_READ_ONLY;
  * AB_ERR_COPY_REQUIRED for AB_COPY_NEVER. On error, src is unchanged; dst
  * may have been partly written. */
 AB_API ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst,

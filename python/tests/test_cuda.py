@@ -304,6 +304,31 @@ def test_strided_cuda_tensors_give_their_strides_in_bytes():
         np.testing.assert_array_equal(host(ab._arraybridge._from_cuda_array_interface(u, dev)), want)
 
 
+def test_reversed_cuda_views_given_from_their_first_element():
+    """CuPy and the CUDA Array Interface give a view's element 0 as its
+    address: a reversed view's other elements lie below it."""
+    a = sample("int32", (6, 5))
+    dev = n_cuda() - 1
+    t = ab.to_device(a, "cuda:%d" % dev)
+
+    class View:
+        def __init__(self, at, shape, strides):
+            cai = t.__cuda_array_interface__
+            self.__cuda_array_interface__ = dict(cai, data=(cai["data"][0] + at * 4, False), shape=shape,
+                                                 strides=strides)
+
+    for at, shape, strides, want in ((29, (6, 5), (-20, -4), a[::-1, ::-1]), (27, (6,), (-20,), a[::-1, 2]),
+                                     (29, (5, 6), (-4, -20), a[::-1, ::-1].T)):
+        u = ab._arraybridge._from_cuda_array_interface(View(at, shape, strides), dev)
+        assert u.data_ptr == t.data_ptr + at * 4
+        np.testing.assert_array_equal(host(u), want)
+        for to in ["cuda:%d" % i for i in range(n_cuda())] + ["cpu"]:
+            np.testing.assert_array_equal(host(ab.to_device(u, to, copy=True)), want)
+    # one element more reaches below the allocation: refused, not read
+    with pytest.raises(ValueError, match="below data"):
+        ab._arraybridge._from_cuda_array_interface(View(0, (2,), (-4,)), dev)
+
+
 def test_dask_cuda_family_sends_the_device_memory_itself():
     try:
         import distributed.protocol as dp
