@@ -47,7 +47,7 @@ static void usage(FILE *f) {
           "  convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] [--explain]\n"
           "          --out OUT.npy\n"
           "                           moves a NumPy file through DEVICE (converting on the way) and back\n"
-          "  help                     this text; `abtool COMMAND --help` for one command\n"
+          "  help [COMMAND]           this text; with a command, that command's --help\n"
           "\n"
           "exit codes: 0 success, 1 library error, 2 bad command line, 3 bad input file or unwritable output\n");
 }
@@ -649,9 +649,24 @@ int main(int argc, char **argv) {
     usage(stderr);
     return EXIT_USAGE;
   }
+  char *one_help[4] = {argv[0], NULL, "--help", NULL};
   if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(stdout);
-    return stdout_checked(0);
+    if (argc == 2) {
+      usage(stdout);
+      return stdout_checked(0);
+    }
+    /* `abtool help convert`: that command's own --help; anything else is
+     * a mistake, said as one (not the general text and success). */
+    const bool known = strcmp(argv[2], "info") == 0 || strcmp(argv[2], "bandwidth") == 0 ||
+                       strcmp(argv[2], "convert") == 0;
+    if (!known || argc > 3) {
+      fprintf(stderr, "abtool %s: takes nothing or one command's name (info, bandwidth, convert), not \"%s\"\n",
+              argv[1], known ? argv[3] : argv[2]);
+      return EXIT_USAGE;
+    }
+    one_help[1] = argv[2];
+    argc = 3;
+    argv = one_help;
   }
   int rc;
   const int n = ab_device_types(all_types, (int)(sizeof all_types / sizeof all_types[0]));
