@@ -264,13 +264,19 @@ static void env_reread(void) {
   pthread_mutex_unlock(&env_lock);
 }
 
+/* Where dev's pool is kept, or NULL for a device no pool can cover. */
+static _Atomic(struct ab__pool *) *pool_slot(DLDevice dev) {
+  const int ts = ab__type_slot((int)dev.device_type);
+  if (ts < 0 || dev.device_id < 0 || dev.device_id >= MAX_IDS) return NULL;
+  return &table[ts][dev.device_id];
+}
+
 /* The pool of a checked device, created on first use. */
 static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__pool **out) {
-  const int ts = ab__type_slot((int)dev.device_type);
-  if (ts < 0 || dev.device_id < 0 || dev.device_id >= MAX_IDS)
+  _Atomic(struct ab__pool *) *slot = pool_slot(dev);
+  if (slot == NULL)
     return AB_FAIL(AB_ERR_UNSUPPORTED, "%s:%" PRId32 ": pools cover device ids 0..%d only",
                    ab_device_type_name(dev.device_type), dev.device_id, MAX_IDS - 1);
-  _Atomic(struct ab__pool *) *slot = &table[ts][dev.device_id];
   struct ab__pool *p = atomic_load_explicit(slot, memory_order_acquire);
   if (AB_LIKELY(p != NULL)) {
     *out = p;
@@ -1209,9 +1215,8 @@ void ab__pool_free(ab__block *b) {
 
 /* The device's pool where it has one (none is made here). */
 static struct ab__pool *existing_pool(DLDevice dev) {
-  const int ts = ab__type_slot((int)dev.device_type);
-  if (ts < 0 || dev.device_id < 0 || dev.device_id >= MAX_IDS) return NULL;
-  return atomic_load_explicit(&table[ts][dev.device_id], memory_order_acquire);
+  _Atomic(struct ab__pool *) *slot = pool_slot(dev);
+  return slot == NULL ? NULL : atomic_load_explicit(slot, memory_order_acquire);
 }
 
 bool ab__pool_relieve(DLDevice dev, size_t bytes, struct ab__relief *r) {
