@@ -124,9 +124,18 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
      * the backend checks the bytes from the lowest addressed one. */
     const uintptr_t first = (uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)lay->min_off;
     const ab_status st = ab__dev_check_range(be, dev.device_id, (const void *)first, 0, extent);
-    if (st == AB_OK) return AB_OK;
+    if (st != AB_ERR_INVALID_ARGUMENT) return st;
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
+    /* Element 0 in the device's memory, the rest not: strides that leave
+     * the allocation below it, said so (the backend's words would be about
+     * an address the caller never gave). */
+    const void *elem0 = (const void *)((uintptr_t)src->data + (uintptr_t)src->byte_offset);
+    if (ab__dev_check_range(be, dev.device_id, elem0, 0, lay->elsize) == AB_OK)
+      return AB_FAIL(st,
+                     "%s: element 0 (data + byte_offset, %p) is %s:%" PRId32 " memory, but the strides address from "
+                     "%" PRIu64 " bytes below it, outside its allocation",
+                     what, elem0, ab_device_type_name(dev.device_type), dev.device_id, (uint64_t)-lay->min_off);
     return AB_FAIL(st, "%s (%s's strides address from %" PRIu64 " bytes below data + byte_offset)", saved, what,
                    (uint64_t)-lay->min_off);
   }
