@@ -6,6 +6,7 @@
  * the kernels, and AB_TEST_SIMCUDA adds the runtime-failure sweep. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -917,6 +918,52 @@ Test(cuda, convert_into_refuses_gpu_memory_it_also_reads) {
   cr_assert(memcmp(got, x, 32 * 4) == 0, "the half read was changed");
   for (int i = 0; i < 32; i++) cr_assert_eq(got[32 + i], x[31 - i], "element %d", 32 + i);
   g->deleter(g);
+}
+
+struct fresh_thread_case {
+  const DLTensor *t;
+  ab_status st;
+  int device_after;
+  char msg[256];
+};
+
+/* Converts c->t to the host from a thread that never used CUDA. */
+static void *convert_on_a_fresh_thread(void *arg) {
+  struct fresh_thread_case *c = arg;
+  DLManagedTensorVersioned *r = NULL;
+  c->st = ab_convert_memory(c->t, CPU0, NULL, &r);
+  snprintf(c->msg, sizeof c->msg, "%s", c->st == AB_OK ? "" : ab_last_error());
+  if (r != NULL) r->deleter(r);
+  c->device_after = -1;
+  if (cudaGetDevice(&c->device_after) != cudaSuccess) c->device_after = -2;
+  return NULL;
+}
+
+Test(cuda, a_thread_whose_current_gpu_has_no_context_still_knows_device_memory) {
+  /* A process that uses only cuda:1 (torch.cuda.set_device(1) on its main
+   * thread), converting from a worker thread, whose current device is 0:
+   * without a context there the runtime's pointer query says
+   * cudaErrorInvalidValue for cuda:1's memory too (CuPy issue 3991), and
+   * the tensor was refused as "not CUDA memory". */
+  need_devices(2);
+#ifdef AB_HAVE_CUDA
+  cr_assert_eq(cudaSetDevice(1), cudaSuccess);
+  int32_t x[256];
+  int64_t shape[1] = {256};
+  fill_pattern(x, sizeof x, 9);
+  DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(1), AB_COPY_ALWAYS, NULL);
+#ifdef AB_TEST_SIMCUDA
+  cr_assert(!simcuda_context_active(0), "the test's premise: nothing made a context on cuda:0");
+#endif
+  struct fresh_thread_case c = {&g->dl_tensor, AB_ERR_BACKEND, -1, ""};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, convert_on_a_fresh_thread, &c), 0);
+  cr_assert_eq(pthread_join(th, NULL), 0);
+  cr_assert_eq(c.st, AB_OK, "%s", c.msg);
+  cr_assert_eq(c.device_after, 0, "the thread's current device was left at %d", c.device_after);
+  g->deleter(g);
+#endif
 }
 
 Test(cuda, out_of_memory_is_reported_and_recovered_from) {

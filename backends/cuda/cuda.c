@@ -776,6 +776,36 @@ static ab_status managed_host_write_sync(int32_t id) {
   return managed_idle();
 }
 
+/* cudaPointerGetAttributes's answer for memory the runtime does not know
+ * ("if pointer was not allocated in, mapped by or registered with context
+ * supporting unified addressing cudaErrorInvalidValue is returned"; from
+ * CUDA 11 it answers cudaMemoryTypeUnregistered instead). Any other error
+ * is the runtime's failure, not the tensor's. */
+static bool not_cuda_memory(cudaError_t e) { return e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer; }
+
+/* cudaPointerGetAttributes, asked where a context can answer: where the
+ * calling thread's current device has no context yet (a thread that never
+ * used CUDA, in a process that uses only another GPU), the runtime says
+ * cudaErrorInvalidValue even for device memory (CUDA 10.1 and later; CuPy
+ * issue 3991, worked around there the same way). That answer is asked
+ * again with GPU `id`, whose memory the tensor claims to be, made current
+ * by cudaSetDevice, which initialises its primary context (CUDA 12); the
+ * caller's device is restored. A pointer the first query knows costs one
+ * call. The error of a failed query is left for the caller to clear. */
+static cudaError_t pointer_attributes(int32_t id, const void *p, struct cudaPointerAttributes *a) {
+  cudaError_t e = cudaPointerGetAttributes(a, p);
+  if (!not_cuda_memory(e)) return e;
+  (void)cudaGetLastError();
+  int prev;
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return e;
+  }
+  e = cudaPointerGetAttributes(a, p);
+  if (prev != id) set_back(id, prev); /* leaves e, if any, for cudaGetLastError */
+  return e;
+}
+
 /* Page-locked (cudaHostAlloc) or registered (cudaHostRegister) memory:
  * DMA reaches it directly. */
 static bool cuda_host_is_staged(const void *p) {
@@ -786,13 +816,6 @@ static bool cuda_host_is_staged(const void *p) {
   }
   return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeManaged;
 }
-
-/* cudaPointerGetAttributes's answer for memory the runtime does not know
- * ("if pointer was not allocated in, mapped by or registered with context
- * supporting unified addressing cudaErrorInvalidValue is returned"; from
- * CUDA 11 it answers cudaMemoryTypeUnregistered instead). Any other error
- * is the runtime's failure, not the tensor's. */
-static bool not_cuda_memory(cudaError_t e) { return e == cudaErrorInvalidValue || e == cudaErrorInvalidDevicePointer; }
 
 /* The runtime cannot tell an allocation's size, but it can tell whose
  * memory the first and last addressed bytes are: a host pointer or another
@@ -805,7 +828,7 @@ static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin
     const char *past = k == 1 ? " (the first addressed byte is, so the tensor runs past its allocation)" : "";
     struct cudaPointerAttributes a;
     const char *p = (const char *)handle + at[k];
-    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    cudaError_t e = pointer_attributes(id, p, &a);
     if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, "cudaPointerGetAttributes"); /* not the tensor's fault */
     if (e != cudaSuccess) {
       (void)cudaGetLastError();

@@ -36,6 +36,10 @@
  *     (the documentation says only that it "may" synchronise). Destroying
  *     a stream or an event returns at once; its resources go when its work
  *     is done.
+ *   - cudaPointerGetAttributes answers only where the current device has a
+ *     context (cudaSetDevice makes one, as from CUDA 12; so do allocations
+ *     and cudaMemGetInfo); elsewhere it fails with cudaErrorInvalidValue,
+ *     as the runtime does for another GPU's memory (CuPy issue 3991).
  *   - Errors are remembered per thread for cudaGetLastError; cudaMalloc
  *     fails past AB_SIMCUDA_MEMORY bytes per device (default 1 GiB).
  * cudaStreamPerThread is a blocking stream per thread and device.
@@ -825,6 +829,12 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
   pthread_once(&config_once, configure);
   if (attr == NULL) return fail(cudaErrorInvalidValue);
   memset(attr, 0, sizeof *attr);
+  /* Without a context on the current device the runtime answers
+   * cudaErrorInvalidValue, device memory of another GPU included (CUDA
+   * 10.1 and later: CuPy issue 3991, "no longer working ... if the device
+   * the pointer resides and the current device do not match"; CuPy makes a
+   * context first). */
+  if (ndev > 0 && !ctx_active[current]) return fail(cudaErrorInvalidValue);
   enum space sp = PAGEABLE; /* resolve() of one byte always answers; the analyzer cannot tell */
   int dev = -1;
   char *h;
