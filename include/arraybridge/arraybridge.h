@@ -408,10 +408,11 @@ typedef struct ab_convert_opts {
   /** Backend stream (cudaStream_t, cl_command_queue) or NULL for the default
    * (CUDA: the legacy default stream; the DLPack values 1 and 2 are
    * cudaStreamLegacy and cudaStreamPerThread). It belongs to the target's
-   * backend, or to the source's when the target is cpu, and is given only
-   * to that backend's steps; ignored by the host backend. A CUDA stream
-   * must belong to that GPU (the target's, or the source's when the target
-   * is cpu). The call returns
+   * backend, or to the source's when the target is host memory (cpu,
+   * kDLCUDAHost or kDLCUDAManaged), and is given only to that backend's
+   * steps; ignored by the host backend. A CUDA stream must belong to that
+   * GPU (the target's, or the source's when the target is host memory).
+   * The call returns
    * when the data has arrived either way, unless AB_CONVERT_ASYNC says
    * otherwise; an OpenCL queue of another context than a buffer's, or an
    * out-of-order one, is finished first and not used (docs/guide.md). */
