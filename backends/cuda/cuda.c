@@ -35,6 +35,14 @@
 #include "backend.h"
 #include "converters/host/convert.h"
 #include "converters/host/gather.h"
+
+/* A NULL stream is the legacy default stream here, as the header
+ * promises; a per-thread default stream build (nvcc --default-stream
+ * per-thread) would make it the calling thread's stream instead, with
+ * other ordering (found in review). */
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+#error "arraybridge's CUDA code takes a NULL stream as the legacy default stream: build it without --default-stream per-thread or CUDA_API_PER_THREAD_DEFAULT_STREAM"
+#endif
 #ifdef AB_HAVE_CUDA_KERNELS
 #include "converters/cuda/convert.h"
 #include "converters/cuda/gather.h"

@@ -8,6 +8,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A NULL stream is the legacy default stream here, as the header
+ * promises; a per-thread default stream build (nvcc --default-stream
+ * per-thread) would make it the calling thread's stream instead, with
+ * other ordering (found in review). */
+#ifdef CUDA_API_PER_THREAD_DEFAULT_STREAM
+#error "arraybridge's CUDA code takes a NULL stream as the legacy default stream: build it without --default-stream per-thread or CUDA_API_PER_THREAD_DEFAULT_STREAM"
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
