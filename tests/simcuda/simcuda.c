@@ -543,7 +543,6 @@ enum when {
 static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                           enum cudaMemcpyKind kind, struct queue *q, enum when when, const int peer_devs[3]) {
   if (width == 0 || height == 0) return cudaSuccess;
-  if (height > 1 && (dpitch > max_pitch || spitch > max_pitch)) return cudaErrorInvalidPitchValue;
   if (width > dpitch || width > spitch || dst == NULL || src == NULL) return cudaErrorInvalidValue;
   size_t dext, sext, area;
   if (__builtin_mul_overflow(dpitch, height - 1, &dext) || __builtin_add_overflow(dext, width, &dext) ||
@@ -634,6 +633,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t s) {
   INJECT();
+  /* "returns an error if dpitch or spitch exceeds the maximum allowed",
+   * whatever the height (a one-row rectangle included) */
+  pthread_once(&config_once, configure);
+  if (width > 0 && height > 0 && (dpitch > max_pitch || spitch > max_pitch)) return fail(cudaErrorInvalidPitchValue);
   return memcpy_on(dst, dpitch, src, spitch, width, height, kind, s, ASYNC);
 }
 
