@@ -2553,6 +2553,31 @@ static DLManagedTensorVersioned *buffer_tensor(Py_buffer *view, int32_t ndim, co
 
 static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly);
 
+/* A tensor over a copy of the b->len bytes at b->buf (the elements of
+ * shape and dtype) in memory outside the library's pools: a bytearray,
+ * which the tensor holds, with the copy at an address aligned for the
+ * elements. NULL with MemoryError where the host has no room. */
+static DLManagedTensorVersioned *aligned_copy(const Py_buffer *b, int32_t ndim, const int64_t *shape,
+                                              DLDataType dtype) {
+  const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
+  PyObject *ba = PyByteArray_FromStringAndSize(NULL, b->len + (Py_ssize_t)align);
+  if (ba == NULL) return NULL;
+  Py_buffer v;
+  const int got = PyObject_GetBuffer(ba, &v, PyBUF_WRITABLE);
+  Py_DECREF(ba); /* the view holds it */
+  if (got < 0) return NULL;
+  char *at = (char *)v.buf + (align - (uintptr_t)v.buf % align) % align;
+  if (b->len > 0) memcpy(at, b->buf, (size_t)b->len);
+  v.buf = at; /* a bytearray's release reads only the object */
+  v.len = b->len;
+  DLManagedTensorVersioned *mt = buffer_tensor(&v, ndim, shape, dtype);
+  if (mt == NULL) {
+    PyBuffer_Release(&v);
+    PyErr_NoMemory();
+  }
+  return mt;
+}
+
 /* A managed tensor over memory another Python object owns (it holds a
  * reference until deleted): what _from_cuda_array_interface makes. */
 struct object_tensor {
@@ -2794,6 +2819,17 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     return place_rebuilt(mt, dev, readonly);
   }
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
+  if (st == AB_ERR_OUT_OF_MEMORY) {
+    /* The host pool's limit leaves no room (a Dask worker capped as
+     * scaling.md says): the bytes are in this process already, and a
+     * failure here is a transfer Dask cannot report (the task waits for
+     * ever). The copy goes outside the pool instead. */
+    mt = aligned_copy(&b, n, shape, dtype);
+    PyBuffer_Release(&b);
+    if (mt == NULL) return NULL;
+    if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    return place_rebuilt(mt, dev, readonly);
+  }
   if (st != AB_OK) {
     PyBuffer_Release(&b);
     return raise_status(st);

@@ -93,6 +93,33 @@ def test_a_load_copies_what_it_cannot_adopt():
     np.testing.assert_array_equal(np.from_dlpack(k), data)
 
 
+def test_a_misaligned_load_is_copied_outside_a_host_pool_with_no_room():
+    """Dask's frames arrive misaligned (TCP); where the host pool's limit
+    (a capped worker, docs/scaling.md) leaves no room for their copy, the
+    copy is made outside the pool: a MemoryError there stalls Dask's
+    transfer for ever."""
+    rebuild = ab._arraybridge._rebuild_tensor
+    data = np.arange(1 << 16, dtype=np.float32)
+    buf = bytearray(data.nbytes + 1)
+    view = memoryview(buf)[1:]
+    view[:] = data.tobytes()
+    before = ab.memory_stats("cpu")["in_use_bytes"]["current"]
+    ab.set_memory_limit("cpu", 4096)
+    try:
+        with pytest.raises(MemoryError):  # the pool itself still refuses
+            ab.to_device(data, "cpu", copy=True)
+        for readonly in (False, True):
+            m = rebuild(view, "float32", (1 << 16,), readonly, "cpu:0")
+            assert m.data_ptr % 4 == 0 and m.readonly == readonly and m.device == "cpu:0"
+            assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == before
+            np.testing.assert_array_equal(np.from_dlpack(m), data)
+            buf[1:5] = b"\0\0\0\0"  # a copy: the frame's memory can go back to Dask
+            assert np.from_dlpack(m)[0] == 0.0 and np.from_dlpack(m)[1] == 1.0
+            view[:4] = data[:1].tobytes()
+    finally:
+        ab.set_memory_limit("cpu", 0)
+
+
 def test_shapes_layouts_and_flags():
     base = sample("int32", (6, 8))
     for view in (base[::2, 1::3], base[::-1], base.T):
