@@ -91,9 +91,13 @@ class MemoryConversionError(Exception):
                          % (self.source_type, self.target_type, method, reason))
 
     def __reduce__(self):
+        # With the instance's attributes, as BaseException's own reduce
+        # keeps them: notes (the OOM memory report) and anything a caller
+        # set travel to another process too.
+        state = dict(self.__dict__) or None
         if self.method is None and self.reason is None and self.target_type is None:
-            return (type(self), self.args)
-        return (type(self), (self.source_type, self.target_type, self.method, self.reason))
+            return (type(self), self.args, state)
+        return (type(self), (self.source_type, self.target_type, self.method, self.reason), state)
 
 
 class OutOfMemoryError(MemoryConversionError, MemoryError, RuntimeError):

@@ -138,6 +138,12 @@ def test_memory_conversion_error_names_all_four_and_pickles():
         h = pickle.loads(pickle.dumps(g))
         assert type(h) is kind and str(h) == str(g)
     assert str(ab.OutOfMemoryError("no room")) == "no room (out of memory)"
+    # notes (the OOM memory report) and attributes set later travel along
+    for err in (ab.MemoryConversionError("numpy", "torch", "m", "why"), ab.OutOfMemoryError("no room")):
+        err.add_note("pool report")
+        err.step = 3
+        back = pickle.loads(pickle.dumps(err))
+        assert back.__notes__ == ["pool report"] and back.step == 3 and str(back) == str(err)
 
 
 def test_detect_memory_type_knows_each_framework_and_refuses_the_rest():
