@@ -672,6 +672,44 @@ Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
   cr_assert_eq(direct, 1, "the second copy did not try again: %ld direct, %ld staged", direct, staged);
 }
 
+/* ab_synchronize without a stream records an event on the legacy stream
+ * and waits for it; where the event cannot be made or recorded it fails,
+ * but only after waiting for the stream's own work: a caller told of the
+ * failure frees its buffers next (found by a threaded soak). */
+Test(cuda, a_failed_synchronize_still_waits_for_the_stream) {
+  need_devices(1);
+  enum { N = 64, BYTES = 4096 };
+  const char *calls[2] = {"cudaEventCreateWithFlags", "cudaEventRecord"};
+  unsigned char *want = malloc(BYTES), *got = malloc((size_t)N * BYTES);
+  cr_assert(want && got);
+  fill_pattern(want, BYTES, 17);
+  int64_t shape[1] = {BYTES};
+  DLTensor h = {want, CPU0, 1, dt(kDLUInt, 8, 1), shape, NULL, 0};
+  DLManagedTensorVersioned *g = convert_ok(&h, CUDA(0), AB_COPY_ALWAYS, NULL);
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  for (int k = 0; k < 2; k++) {
+    memset(got, 0, (size_t)N * BYTES);
+    /* copies queued on the legacy stream, into pageable memory: simcuda
+     * runs them later, one after another */
+    for (int i = 0; i < N; i++)
+      cr_assert_eq(cudaMemcpyAsync(got + (size_t)i * BYTES, g->dl_tensor.data, BYTES, cudaMemcpyDeviceToHost, NULL),
+                   cudaSuccess);
+#ifdef AB_TEST_SIMCUDA
+    simcuda_fail_call(calls[k], cudaErrorLaunchOutOfResources);
+    cr_assert_eq(ab_synchronize(CUDA(0), NULL), AB_ERR_BACKEND, "%s", calls[k]);
+    cr_assert_not_null(strstr(ab_last_error(), calls[k]), "%s", ab_last_error());
+#else
+    cr_assert_eq(ab_synchronize(CUDA(0), NULL), AB_OK, "%s", ab_last_error());
+#endif
+    for (int i = 0; i < N; i++)
+      cr_assert(memcmp(got + (size_t)i * BYTES, want, BYTES) == 0, "%s failed: copy %d had not run", calls[k], i);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess, "an error was left behind");
+  }
+  g->deleter(g);
+  free(want);
+  free(got);
+}
+
 /* A sticky error (cudaErrorIllegalAddress: "any further CUDA work will
  * return the same error ... the process must be terminated and
  * relaunched") is reported, and from then on every CUDA device refuses

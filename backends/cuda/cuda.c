@@ -705,6 +705,17 @@ static void cuda_stream_sync(int32_t id, void *stream) {
  * stream first waits for every blocking stream; of cudaStreamSynchronize
  * it says only that it waits for the stream's own operations. So for the
  * legacy stream an event is recorded there (an operation) and waited for. */
+/* A wait on the legacy stream whose event could not be made or recorded
+ * (e) still waits for the stream's own work, so that a caller told of the
+ * failure does not hand back memory a copy queued there still uses (its
+ * blocking streams are then not waited for: the failure says so). */
+static cudaError_t waited_anyway(cudaStream_t s, cudaError_t e) {
+  (void)cudaGetLastError(); /* e is returned, and reported by the caller */
+  const cudaError_t w = cudaStreamSynchronize(s);
+  if (w != cudaSuccess) drop_error(w, -1, "cudaStreamSynchronize");
+  return e;
+}
+
 static cudaError_t wait_stream(cudaStream_t s, const char **what) {
   if (s != NULL && s != cudaStreamLegacy) {
     *what = "cudaStreamSynchronize";
@@ -713,12 +724,14 @@ static cudaError_t wait_stream(cudaStream_t s, const char **what) {
   cudaEvent_t ev;
   *what = "cudaEventCreateWithFlags";
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess) return waited_anyway(s, e);
   *what = "cudaEventRecord on the legacy stream";
   e = cudaEventRecord(ev, s);
   if (e == cudaSuccess) {
     *what = "cudaEventSynchronize";
     e = cudaEventSynchronize(ev);
+  } else {
+    e = waited_anyway(s, e);
   }
   cudaError_t gone = cudaEventDestroy(ev);
   if (gone != cudaSuccess && e == cudaSuccess) drop_error(gone, -1, "cudaEventDestroy"); /* else e is reported */

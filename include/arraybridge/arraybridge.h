@@ -534,7 +534,10 @@ AB_API ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst,
  * dev; host memory: nothing to wait for). For consumers that take a
  * producer's memory zero-copy and then read it from another stream or
  * from the host. AB_ERR_NO_DEVICE / AB_ERR_INVALID_ARGUMENT for a bad
- * device, AB_ERR_BACKEND when the driver reports an error. */
+ * device, AB_ERR_BACKEND when the driver reports an error (CUDA, NULL
+ * stream: where the event the wait records cannot be made or recorded,
+ * the call still waits for the legacy stream's own work before it fails,
+ * not for other blocking streams). */
 AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
 
 /** Whether device `to` reaches the memory of device `from` directly, so
