@@ -646,7 +646,9 @@ typedef struct ab_gauge {
  *   reserved_bytes   obtained from the driver: in use plus cached
  * Counters, since the pool was created:
  *   allocations, frees      blocks handed out and given back
- *   cache_hits, cache_misses  allocations served from the cache or not
+ *   cache_hits, cache_misses  requests served from the cache or not (every
+ *                    request counts as one, so hits + misses = allocations
+ *                    + the requests that failed, out of memory or not)
  *   backend_allocs, backend_frees  raw driver allocations and releases
  *   oom_retries      retries after a failed or over-limit allocation
  *   oom_failures     allocations that failed with AB_ERR_OUT_OF_MEMORY
@@ -688,9 +690,10 @@ struct ab_pool_stats {
 /** \var ab_pool_stats::frees
  * Blocks given back. */
 /** \var ab_pool_stats::cache_hits
- * Allocations served from the cache. */
+ * Requests served from the cache. */
 /** \var ab_pool_stats::cache_misses
- * Allocations not served from the cache. */
+ * Requests not served from the cache: a driver allocation, or a failure
+ * (hits + misses = allocations + the requests that failed). */
 /** \var ab_pool_stats::backend_allocs
  * Raw driver allocations. */
 /** \var ab_pool_stats::backend_frees
