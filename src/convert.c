@@ -127,10 +127,13 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
     if (st != AB_ERR_INVALID_ARGUMENT) return st;
     char saved[AB_ERRBUF_SIZE];
     ab__save_error(saved);
-    /* Element 0 in the device's memory, the rest not: strides that leave
-     * the allocation below it, said so (the backend's words would be about
-     * an address the caller never gave). */
+    /* Element 0 in the device's memory and the lowest addressed byte not:
+     * strides that leave the allocation below it, said so (the backend's
+     * words would be about an address the caller never gave). Where the
+     * lowest byte is fine, the backend said what is wrong (the range runs
+     * past the allocation's end). */
     const void *elem0 = (const void *)((uintptr_t)src->data + (uintptr_t)src->byte_offset);
+    if (ab__dev_check_range(be, dev.device_id, (const void *)first, 0, 1) == AB_OK) return AB_FAIL(st, "%s", saved);
     if (ab__dev_check_range(be, dev.device_id, elem0, 0, lay->elsize) == AB_OK)
       return AB_FAIL(st,
                      "%s: element 0 (data + byte_offset, %p) is %s:%" PRId32 " memory, but the strides address from "

@@ -926,6 +926,17 @@ Test(cuda, a_view_whose_data_is_element_0_reads_below_it) {
   cr_assert_not_null(strstr(ab_last_error(), "is cuda:0 memory, but the strides address from 4 bytes below it"), "%s",
                      ab_last_error());
   cr_assert_eq(ab_tensor_validate(&under), AB_ERR_INVALID_ARGUMENT);
+#ifdef AB_TEST_SIMCUDA
+  /* Rows reversed (row 1 at base, inside) and 4096 elements long, past
+   * the allocation's end: the end is what is said, not "below". (simcuda
+   * only: on a GPU the bytes past a small block may be another block's,
+   * which cudart cannot tell apart.) */
+  int64_t wide[2] = {2, 4096}, mixed[2] = {-W, 1};
+  DLTensor over = {base + W, CUDA(0), 2, dt(kDLInt, 32, 1), wide, mixed, 0};
+  cr_assert_eq(ab_tensor_validate(&over), AB_ERR_INVALID_ARGUMENT);
+  cr_assert_null(strstr(ab_last_error(), "below"), "%s", ab_last_error());
+  cr_assert_not_null(strstr(ab_last_error(), "runs past its allocation"), "%s", ab_last_error());
+#endif
   g->deleter(g);
   assert_pool_clean(CUDA(0));
 }
@@ -960,16 +971,17 @@ Test(cuda, convert_into_refuses_gpu_memory_it_also_reads) {
 
 struct fresh_thread_case {
   const DLTensor *t;
+  bool validate_only; /* ab_tensor_validate, else a conversion to the host */
   ab_status st;
   int device_after;
   char msg[256];
 };
 
-/* Converts c->t to the host from a thread that never used CUDA. */
-static void *convert_on_a_fresh_thread(void *arg) {
+/* Checks or converts c->t from a thread that never used CUDA. */
+static void *on_a_fresh_thread(void *arg) {
   struct fresh_thread_case *c = arg;
   DLManagedTensorVersioned *r = NULL;
-  c->st = ab_convert_memory(c->t, CPU0, NULL, &r);
+  c->st = c->validate_only ? ab_tensor_validate(c->t) : ab_convert_memory(c->t, CPU0, NULL, &r);
   snprintf(c->msg, sizeof c->msg, "%s", c->st == AB_OK ? "" : ab_last_error());
   if (r != NULL) r->deleter(r);
   c->device_after = -1;
@@ -977,13 +989,12 @@ static void *convert_on_a_fresh_thread(void *arg) {
   return NULL;
 }
 
-Test(cuda, a_thread_whose_current_gpu_has_no_context_still_knows_device_memory) {
-  /* A process that uses only cuda:1 (torch.cuda.set_device(1) on its main
-   * thread), converting from a worker thread, whose current device is 0:
-   * without a context there the runtime's pointer query says
-   * cudaErrorInvalidValue for cuda:1's memory too (CuPy issue 3991), and
-   * the tensor was refused as "not CUDA memory". */
-  need_devices(2);
+/* A process whose CUDA work so far is all on cuda:1 (torch.cuda.set_device(1)
+ * on its main thread): its device memory as `label` says, with t's
+ * elements, run through `c` on a worker thread, whose current device is 0
+ * and has no context. Without one the runtime's pointer query says
+ * cudaErrorInvalidValue for cuda:1's memory too (CuPy issue 3991). */
+static void run_on_a_fresh_thread(DLDeviceType label, struct fresh_thread_case *c) {
 #ifdef AB_HAVE_CUDA
   cr_assert_eq(cudaSetDevice(1), cudaSuccess);
   int32_t x[256];
@@ -991,17 +1002,45 @@ Test(cuda, a_thread_whose_current_gpu_has_no_context_still_knows_device_memory) 
   fill_pattern(x, sizeof x, 9);
   DLTensor h = {x, CPU0, 1, dt(kDLInt, 32, 1), shape, NULL, 0};
   DLManagedTensorVersioned *g = convert_ok(&h, CUDA(1), AB_COPY_ALWAYS, NULL);
+  DLTensor t = g->dl_tensor;
+  t.device = (DLDevice){label, label == kDLCUDA ? 1 : 0};
 #ifdef AB_TEST_SIMCUDA
   cr_assert(!simcuda_context_active(0), "the test's premise: nothing made a context on cuda:0");
 #endif
-  struct fresh_thread_case c = {&g->dl_tensor, AB_ERR_BACKEND, -1, ""};
+  c->t = &t;
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, convert_on_a_fresh_thread, &c), 0);
+  cr_assert_eq(pthread_create(&th, NULL, on_a_fresh_thread, c), 0);
   cr_assert_eq(pthread_join(th, NULL), 0);
-  cr_assert_eq(c.st, AB_OK, "%s", c.msg);
-  cr_assert_eq(c.device_after, 0, "the thread's current device was left at %d", c.device_after);
+  cr_assert_eq(c->device_after, 0, "the thread's current device was left at %d", c->device_after);
   g->deleter(g);
+#else
+  (void)label, (void)c;
 #endif
+}
+
+Test(cuda, a_thread_whose_current_gpu_has_no_context_still_knows_device_memory) {
+  need_devices(2);
+  struct fresh_thread_case c = {NULL, false, AB_ERR_BACKEND, -1, ""};
+  run_on_a_fresh_thread(kDLCUDA, &c);
+  cr_assert_eq(c.st, AB_OK, "%s", c.msg);
+}
+
+/* Device memory labelled pinned or managed would be read by host code (a
+ * segmentation fault): refused on such a thread as on any other. */
+static void refused_on_a_fresh_thread(DLDeviceType label, bool validate_only) {
+  need_devices(2);
+  struct fresh_thread_case c = {NULL, validate_only, AB_OK, -1, ""};
+  run_on_a_fresh_thread(label, &c);
+  cr_assert_eq(c.st, AB_ERR_INVALID_ARGUMENT, "%s", ab_status_name(c.st));
+  cr_assert_not_null(strstr(c.msg, "is device memory of cuda:1"), "%s", c.msg);
+}
+
+Test(cuda, a_thread_whose_current_gpu_has_no_context_refuses_device_memory_labelled_managed) {
+  refused_on_a_fresh_thread(kDLCUDAManaged, false);
+}
+
+Test(cuda, a_thread_whose_current_gpu_has_no_context_refuses_device_memory_labelled_pinned) {
+  refused_on_a_fresh_thread(kDLCUDAHost, true);
 }
 
 Test(cuda, out_of_memory_is_reported_and_recovered_from) {

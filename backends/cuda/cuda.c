@@ -809,21 +809,27 @@ static bool not_cuda_memory(cudaError_t e) { return e == cudaErrorInvalidValue |
  * used CUDA, in a process that uses only another GPU), the runtime says
  * cudaErrorInvalidValue even for device memory (CUDA 10.1 and later; CuPy
  * issue 3991, worked around there the same way). That answer is asked
- * again with GPU `id`, whose memory the tensor claims to be, made current
- * by cudaSetDevice, which initialises its primary context (CUDA 12); the
- * caller's device is restored. A pointer the first query knows costs one
- * call. The error of a failed query is left for the caller to clear. */
-static cudaError_t pointer_attributes(int32_t id, const void *p, struct cudaPointerAttributes *a) {
+ * again with GPU `id` (the one the memory is said to be on; -1: the
+ * caller's current one, for pinned and managed memory, which belong to
+ * none) made current by cudaSetDevice, which initialises its primary
+ * context (CUDA 12); the caller's device is restored. A pointer the first
+ * query knows costs one call. *what names the call whose error is
+ * returned; that error is left for the caller to clear. */
+static cudaError_t pointer_attributes(int32_t id, const void *p, struct cudaPointerAttributes *a, const char **what) {
+  *what = "cudaPointerGetAttributes";
   cudaError_t e = cudaPointerGetAttributes(a, p);
   if (!not_cuda_memory(e)) return e;
   (void)cudaGetLastError();
   int prev;
-  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(id) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return e;
+  cudaError_t s = cudaGetDevice(&prev);
+  const int dev = id < 0 ? prev : (int)id;
+  if (s == cudaSuccess) s = cudaSetDevice(dev);
+  if (s != cudaSuccess) { /* no context to ask in: that is the answer */
+    *what = "cudaSetDevice, to ask cudaPointerGetAttributes with a context";
+    return s;
   }
   e = cudaPointerGetAttributes(a, p);
-  if (prev != id) set_back(id, prev); /* leaves e, if any, for cudaGetLastError */
+  if (prev != dev) set_back(dev, prev); /* leaves e, if any, for cudaGetLastError */
   return e;
 }
 
@@ -849,8 +855,9 @@ static ab_status cuda_check_range(int32_t id, const void *handle, uint64_t begin
     const char *past = k == 1 ? " (the first addressed byte is, so the tensor runs past its allocation)" : "";
     struct cudaPointerAttributes a;
     const char *p = (const char *)handle + at[k];
-    cudaError_t e = pointer_attributes(id, p, &a);
-    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, "cudaPointerGetAttributes"); /* not the tensor's fault */
+    const char *what;
+    cudaError_t e = pointer_attributes(id, p, &a, &what);
+    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, what); /* not the tensor's fault */
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT, "cuda:%" PRId32 ": data %p + %" PRIu64 " is not CUDA memory (%s)%s", id,
@@ -879,8 +886,9 @@ static ab_status space_check_range(const char *label, int32_t id, const void *ha
   const uint64_t at[2] = {begin, end - 1};
   for (int k = 0; k < 2; k++) {
     struct cudaPointerAttributes a;
-    cudaError_t e = cudaPointerGetAttributes(&a, (const char *)handle + at[k]);
-    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, "cudaPointerGetAttributes");
+    const char *what;
+    cudaError_t e = pointer_attributes(-1, (const char *)handle + at[k], &a, &what);
+    if (e != cudaSuccess && !not_cuda_memory(e)) return fail_cuda(e, id, what);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       continue; /* memory the runtime does not know: host memory */

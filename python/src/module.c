@@ -2553,29 +2553,47 @@ static DLManagedTensorVersioned *buffer_tensor(Py_buffer *view, int32_t ndim, co
 
 static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly);
 
+/* A host tensor in memory of its own outside the library's pools
+ * (PyMem_RawMalloc: freed by its deleter on any thread, GIL or not). */
+struct raw_tensor {
+  DLManagedTensorVersioned mt;
+  void *block;
+  int64_t shape[AB_MAX_NDIM];
+};
+
+static void raw_tensor_deleter(DLManagedTensorVersioned *self) {
+  struct raw_tensor *rt = self->manager_ctx;
+  PyMem_RawFree(rt->block);
+  PyMem_RawFree(rt);
+}
+
 /* A tensor over a copy of the b->len bytes at b->buf (the elements of
- * shape and dtype) in memory outside the library's pools: a bytearray,
- * which the tensor holds, with the copy at an address aligned for the
- * elements. NULL with MemoryError where the host has no room. */
+ * shape and dtype), at an address aligned for them, in memory outside the
+ * library's pools. NULL with MemoryError where the host has no room. */
 static DLManagedTensorVersioned *aligned_copy(const Py_buffer *b, int32_t ndim, const int64_t *shape,
                                               DLDataType dtype) {
   const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
-  PyObject *ba = PyByteArray_FromStringAndSize(NULL, b->len + (Py_ssize_t)align);
-  if (ba == NULL) return NULL;
-  Py_buffer v;
-  const int got = PyObject_GetBuffer(ba, &v, PyBUF_WRITABLE);
-  Py_DECREF(ba); /* the view holds it */
-  if (got < 0) return NULL;
-  char *at = (char *)v.buf + (align - (uintptr_t)v.buf % align) % align;
-  if (b->len > 0) memcpy(at, b->buf, (size_t)b->len);
-  v.buf = at; /* a bytearray's release reads only the object */
-  v.len = b->len;
-  DLManagedTensorVersioned *mt = buffer_tensor(&v, ndim, shape, dtype);
-  if (mt == NULL) {
-    PyBuffer_Release(&v);
-    PyErr_NoMemory();
+  char refused[512]; /* the pool's words, before anything can replace them */
+  snprintf(refused, sizeof refused, "%s", ab_last_error());
+  struct raw_tensor *rt = PyMem_RawCalloc(1, sizeof *rt);
+  void *block = (size_t)b->len <= SIZE_MAX - align ? PyMem_RawMalloc((size_t)b->len + align) : NULL;
+  if (rt == NULL || block == NULL) {
+    PyMem_RawFree(rt);
+    PyMem_RawFree(block);
+    PyErr_Format(PyExc_MemoryError, "out of host memory copying a %zd-byte buffer outside the pool, which refused it: %s",
+                 b->len, refused);
+    return NULL;
   }
-  return mt;
+  char *at = (char *)block + (align - (uintptr_t)block % align) % align;
+  if (b->len > 0) memcpy(at, b->buf, (size_t)b->len);
+  rt->block = block;
+  memcpy(rt->shape, shape, (size_t)ndim * sizeof *shape);
+  rt->mt.version.major = DLPACK_MAJOR_VERSION;
+  rt->mt.version.minor = DLPACK_MINOR_VERSION;
+  rt->mt.manager_ctx = rt;
+  rt->mt.deleter = raw_tensor_deleter;
+  rt->mt.dl_tensor = (DLTensor){at, {kDLCPU, 0}, ndim, dtype, rt->shape, NULL, 0};
+  return &rt->mt;
 }
 
 /* A managed tensor over memory another Python object owns (it holds a

@@ -6,6 +6,7 @@ import pickle
 import warnings
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -118,6 +119,29 @@ def test_a_misaligned_load_is_copied_outside_a_host_pool_with_no_room():
             view[:4] = data[:1].tobytes()
     finally:
         ab.set_memory_limit("cpu", 0)
+
+
+def test_a_misaligned_load_the_host_has_no_room_for_says_so():
+    """Outside the pool too there is no room (the address space capped):
+    a MemoryError with both refusals, and nothing else printed."""
+    code = textwrap.dedent("""
+        import os, resource, arraybridge as ab
+        n = 64 << 20
+        buf = bytearray(n + 1)
+        view = memoryview(buf)[1:]
+        ab.set_memory_limit("cpu", 4096)
+        vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20), resource.RLIM_INFINITY))
+        try:
+            ab._arraybridge._rebuild_tensor(view, "float32", (n // 4,), False, "cpu:0")
+        except MemoryError as e:
+            print("refused:", e)
+    """)
+    env = dict(os.environ, OCL_ICD_VENDORS="/nonexistent")  # no driver threads in the capped address space
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused: out of host memory copying a 67108864-byte buffer outside the pool" in r.stdout, r.stdout
+    assert "the memory limit would be exceeded" in r.stdout and r.stderr == "", r.stderr
 
 
 def test_shapes_layouts_and_flags():
