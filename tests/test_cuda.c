@@ -678,6 +678,7 @@ Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
  * failure frees its buffers next (found by a threaded soak). */
 Test(cuda, a_failed_synchronize_still_waits_for_the_stream) {
   need_devices(1);
+#ifdef AB_HAVE_CUDA
   enum { N = 64, BYTES = 4096 };
   const char *calls[2] = {"cudaEventCreateWithFlags", "cudaEventRecord"};
   unsigned char *want = malloc(BYTES), *got = malloc((size_t)N * BYTES);
@@ -708,6 +709,7 @@ Test(cuda, a_failed_synchronize_still_waits_for_the_stream) {
   g->deleter(g);
   free(want);
   free(got);
+#endif
 }
 
 /* A sticky error (cudaErrorIllegalAddress: "any further CUDA work will
@@ -969,6 +971,7 @@ Test(cuda, convert_into_refuses_gpu_memory_it_also_reads) {
   g->deleter(g);
 }
 
+#ifdef AB_HAVE_CUDA
 struct fresh_thread_case {
   const DLTensor *t;
   bool validate_only; /* ab_tensor_validate, else a conversion to the host */
@@ -995,7 +998,6 @@ static void *on_a_fresh_thread(void *arg) {
  * and has no context. Without one the runtime's pointer query says
  * cudaErrorInvalidValue for cuda:1's memory too (CuPy issue 3991). */
 static void run_on_a_fresh_thread(DLDeviceType label, struct fresh_thread_case *c) {
-#ifdef AB_HAVE_CUDA
   cr_assert_eq(cudaSetDevice(1), cudaSuccess);
   int32_t x[256];
   int64_t shape[1] = {256};
@@ -1013,26 +1015,31 @@ static void run_on_a_fresh_thread(DLDeviceType label, struct fresh_thread_case *
   cr_assert_eq(pthread_join(th, NULL), 0);
   cr_assert_eq(c->device_after, 0, "the thread's current device was left at %d", c->device_after);
   g->deleter(g);
-#else
-  (void)label, (void)c;
-#endif
 }
+
+#endif
 
 Test(cuda, a_thread_whose_current_gpu_has_no_context_still_knows_device_memory) {
   need_devices(2);
+#ifdef AB_HAVE_CUDA
   struct fresh_thread_case c = {NULL, false, AB_ERR_BACKEND, -1, ""};
   run_on_a_fresh_thread(kDLCUDA, &c);
   cr_assert_eq(c.st, AB_OK, "%s", c.msg);
+#endif
 }
 
 /* Device memory labelled pinned or managed would be read by host code (a
  * segmentation fault): refused on such a thread as on any other. */
 static void refused_on_a_fresh_thread(DLDeviceType label, bool validate_only) {
   need_devices(2);
+#ifdef AB_HAVE_CUDA
   struct fresh_thread_case c = {NULL, validate_only, AB_OK, -1, ""};
   run_on_a_fresh_thread(label, &c);
   cr_assert_eq(c.st, AB_ERR_INVALID_ARGUMENT, "%s", ab_status_name(c.st));
   cr_assert_not_null(strstr(c.msg, "is device memory of cuda:1"), "%s", c.msg);
+#else
+  (void)label, (void)validate_only;
+#endif
 }
 
 Test(cuda, a_thread_whose_current_gpu_has_no_context_refuses_device_memory_labelled_managed) {
