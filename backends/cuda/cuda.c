@@ -696,15 +696,6 @@ static void cuda_stream_sync(int32_t id, void *stream) {
   leave(id, prev);
 }
 
-/* Waits for a stream of the current device: a stream the caller names, or
- * without one (or with cudaStreamLegacy) the legacy default stream and so
- * its blocking streams, so that a kernel's writes are complete. Before
- * host code reads pinned or managed memory (space_host_sync) and for
- * ab_synchronize (cuda_synchronize). The runtime API ("Stream
- * synchronization behavior") says that an operation issued to the legacy
- * stream first waits for every blocking stream; of cudaStreamSynchronize
- * it says only that it waits for the stream's own operations. So for the
- * legacy stream an event is recorded there (an operation) and waited for. */
 /* A wait on the legacy stream whose event could not be made or recorded
  * (e) still waits for the stream's own work, so that a caller told of the
  * failure does not hand back memory a copy queued there still uses (its
@@ -716,6 +707,15 @@ static cudaError_t waited_anyway(cudaStream_t s, cudaError_t e) {
   return e;
 }
 
+/* Waits for a stream of the current device: a stream the caller names, or
+ * without one (or with cudaStreamLegacy) the legacy default stream and so
+ * its blocking streams, so that a kernel's writes are complete. Before
+ * host code reads pinned or managed memory (space_host_sync) and for
+ * ab_synchronize (cuda_synchronize). The runtime API ("Stream
+ * synchronization behavior") says that an operation issued to the legacy
+ * stream first waits for every blocking stream; of cudaStreamSynchronize
+ * it says only that it waits for the stream's own operations. So for the
+ * legacy stream an event is recorded there (an operation) and waited for. */
 static cudaError_t wait_stream(cudaStream_t s, const char **what) {
   if (s != NULL && s != cudaStreamLegacy) {
     *what = "cudaStreamSynchronize";
