@@ -2568,11 +2568,13 @@ static void raw_tensor_deleter(DLManagedTensorVersioned *self) {
 }
 
 /* A tensor over a copy of the b->len bytes at b->buf (the elements of
- * shape and dtype), at an address aligned for them, in memory outside the
- * library's pools. NULL with MemoryError where the host has no room. */
+ * shape and dtype), at a 64-byte aligned address (every element's, and
+ * what TensorFlow and JAX take without a copy of their own), in memory
+ * outside the library's pools. NULL with MemoryError where the host has
+ * no room. */
 static DLManagedTensorVersioned *aligned_copy(const Py_buffer *b, int32_t ndim, const int64_t *shape,
                                               DLDataType dtype) {
-  const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
+  const size_t align = 64;
   char refused[512]; /* the pool's words, before anything can replace them */
   snprintf(refused, sizeof refused, "%s", ab_last_error());
   struct raw_tensor *rt = PyMem_RawCalloc(1, sizeof *rt);

@@ -111,7 +111,7 @@ def test_a_misaligned_load_is_copied_outside_a_host_pool_with_no_room():
             ab.to_device(data, "cpu", copy=True)
         for readonly in (False, True):
             m = rebuild(view, "float32", (1 << 16,), readonly, "cpu:0")
-            assert m.data_ptr % 4 == 0 and m.readonly == readonly and m.device == "cpu:0"
+            assert m.data_ptr % 64 == 0 and m.readonly == readonly and m.device == "cpu:0"
             assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == before
             np.testing.assert_array_equal(np.from_dlpack(m), data)
             buf[1:5] = b"\0\0\0\0"  # a copy: the frame's memory can go back to Dask
