@@ -102,27 +102,39 @@ static ab_status export_view(const DLTensor *src, const ab__layout *lay, DLDevic
   return AB_OK;
 }
 
+/* The bytes a tensor's strides address, from the lowest to the highest
+ * (0 for no elements); validated, so no overflow. */
+static uint64_t extent_of(const ab__layout *lay) {
+  return lay->numel > 0 ? (uint64_t)(lay->max_off - lay->min_off) + lay->elsize : 0;
+}
+
+/* Whether t's strides address bytes below data (byte_offset plus the
+ * lowest offset negative); *begin is that sum where it is not. */
+static bool below_data(const DLTensor *t, const ab__layout *lay, int64_t *begin) {
+  return __builtin_add_overflow((int64_t)t->byte_offset, lay->min_off, begin) || *begin < 0;
+}
+
 /* A tensor in memory host code cannot address (an OpenCL buffer) must keep
  * its addressed bytes inside its buffer, which only the backend can see. */
 static ab_status check_range_in(const DLTensor *src, const char *what, const ab__layout *lay,
                                 const struct ab_backend *be, DLDevice dev) {
   int64_t begin;
   if (lay->numel == 0) return AB_OK;
-  const bool below = __builtin_add_overflow((int64_t)src->byte_offset, lay->min_off, &begin) || begin < 0;
+  const bool below = below_data(src, lay, &begin);
+  const uint64_t extent = extent_of(lay);
+  /* The lowest addressed byte, where data is an address. */
+  const uintptr_t first = (uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)lay->min_off;
   if (be->caps & AB_CAP_HOST_ACCESSIBLE) {
     /* A pointer, which strides may address below (no buffer start to
      * pass): the backend checks the addressed bytes' first and last, where
      * it can tell (CUDA's pinned and managed spaces: device memory
      * labelled as them would be read by host code, and fault). */
     if (be->check_range == NULL) return AB_OK;
-    const char *first = (const char *)src->data + src->byte_offset + lay->min_off;
-    return ab__dev_check_range(be, dev.device_id, first, 0, (uint64_t)(lay->max_off - lay->min_off) + lay->elsize);
+    return ab__dev_check_range(be, dev.device_id, (const void *)first, 0, extent);
   }
-  const uint64_t extent = (uint64_t)(lay->max_off - lay->min_off) + lay->elsize;
   if (below && (be->caps & AB_CAP_ADDRESSED)) {
     /* An address (CuPy's reversed view: element 0's, the rest below it):
      * the backend checks the bytes from the lowest addressed one. */
-    const uintptr_t first = (uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)lay->min_off;
     const ab_status st = ab__dev_check_range(be, dev.device_id, (const void *)first, 0, extent);
     if (st != AB_ERR_INVALID_ARGUMENT) return st;
     char saved[AB_ERRBUF_SIZE];
@@ -155,9 +167,8 @@ static ab_status check_range_in(const DLTensor *src, const char *what, const ab_
  * the same elements described from the lowest addressed byte, in *tmp.
  * After check_request. */
 static const DLTensor *from_lowest(const DLTensor *src, const ab__prepared *p, DLTensor *tmp) {
-  if (!(p->sbe->caps & AB_CAP_ADDRESSED) || p->lay.numel == 0 || p->lay.min_off == 0) return src;
   int64_t begin;
-  if (!__builtin_add_overflow((int64_t)src->byte_offset, p->lay.min_off, &begin) && begin >= 0) return src;
+  if (!(p->sbe->caps & AB_CAP_ADDRESSED) || p->lay.numel == 0 || !below_data(src, &p->lay, &begin)) return src;
   *tmp = *src;
   tmp->data = (void *)((uintptr_t)src->data + (uintptr_t)src->byte_offset + (uintptr_t)p->lay.min_off);
   tmp->byte_offset = (uint64_t)-p->lay.min_off;
@@ -273,7 +284,7 @@ static ab_status plan_request(const DLTensor *src, const DLTensor *into, ab__pre
     .copy = p->o.copy,
     .flags = p->o.flags,
     .nbytes = lay->nbytes,
-    .extent = lay->numel > 0 ? (uint64_t)lay->max_off - (uint64_t)lay->min_off + lay->elsize : 0,
+    .extent = extent_of(lay),
     .out_nbytes = p->cv.active ? p->cv.out_nbytes : lay->nbytes,
   };
   /* A view asks the backends nothing more. */
@@ -508,7 +519,7 @@ ab_status ab_convert_into(const DLTensor *src, const DLTensor *dst, const ab_con
   }
   /* The bytes src reads, from its first: validated, so no overflow. */
   const uint64_t from = src->byte_offset + (uint64_t)p.lay.min_off;
-  const uint64_t span = p.lay.numel > 0 ? (uint64_t)(p.lay.max_off - p.lay.min_off) + p.lay.elsize : 0;
+  const uint64_t span = extent_of(&p.lay);
   const uint32_t addressed = AB_CAP_HOST_ACCESSIBLE | AB_CAP_ADDRESSED;
   const bool host = (p.sbe->caps & addressed) && (dbe->caps & addressed);
   /* Addresses (host and CUDA memory, one address space) by address;
