@@ -577,6 +577,15 @@ static void decref(void *o) { Py_DECREF((PyObject *)o); }
 
 static void drop_owner(PyObject *owner) { with_gil(decref, owner); }
 
+/* The header of a managed tensor this module makes: DLPack's version, ctx
+ * and its deleter (the tensor, flags and what ctx holds: the caller's). */
+static void managed_init(DLManagedTensorVersioned *mt, void *ctx, void (*deleter)(DLManagedTensorVersioned *)) {
+  mt->version.major = DLPACK_MAJOR_VERSION;
+  mt->version.minor = DLPACK_MINOR_VERSION;
+  mt->manager_ctx = ctx;
+  mt->deleter = deleter;
+}
+
 static void view_export_deleter(DLManagedTensorVersioned *m) {
   struct view_export *v = (struct view_export *)m;
   drop_owner(v->owner);
@@ -890,10 +899,7 @@ static struct view_export *view_export_new(int32_t ndim) {
   const size_t n = ndim > 0 ? (size_t)ndim : 0;
   struct view_export *v = PyMem_RawCalloc(1, sizeof *v + 2 * n * sizeof(int64_t));
   if (v == NULL) return NULL;
-  v->mt.version.major = DLPACK_MAJOR_VERSION;
-  v->mt.version.minor = DLPACK_MINOR_VERSION;
-  v->mt.manager_ctx = v;
-  v->mt.deleter = view_export_deleter;
+  managed_init(&v->mt, v, view_export_deleter);
   return v;
 }
 
@@ -2542,10 +2548,7 @@ static DLManagedTensorVersioned *buffer_tensor(Py_buffer *view, int32_t ndim, co
   if (bt == NULL) return NULL;
   bt->view = *view;
   memcpy(bt->shape, shape, (size_t)ndim * sizeof *shape);
-  bt->mt.version.major = DLPACK_MAJOR_VERSION;
-  bt->mt.version.minor = DLPACK_MINOR_VERSION;
-  bt->mt.manager_ctx = bt;
-  bt->mt.deleter = buffer_tensor_deleter;
+  managed_init(&bt->mt, bt, buffer_tensor_deleter);
   bt->mt.flags = bt->view.readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
   bt->mt.dl_tensor = (DLTensor){bt->view.buf, {kDLCPU, 0}, ndim, dtype, bt->shape, NULL, 0};
   return &bt->mt;
@@ -2590,10 +2593,7 @@ static DLManagedTensorVersioned *aligned_copy(const Py_buffer *b, int32_t ndim, 
   if (b->len > 0) memcpy(at, b->buf, (size_t)b->len);
   rt->block = block;
   memcpy(rt->shape, shape, (size_t)ndim * sizeof *shape);
-  rt->mt.version.major = DLPACK_MAJOR_VERSION;
-  rt->mt.version.minor = DLPACK_MINOR_VERSION;
-  rt->mt.manager_ctx = rt;
-  rt->mt.deleter = raw_tensor_deleter;
+  managed_init(&rt->mt, rt, raw_tensor_deleter);
   rt->mt.dl_tensor = (DLTensor){at, {kDLCPU, 0}, ndim, dtype, rt->shape, NULL, 0};
   return &rt->mt;
 }
@@ -2737,10 +2737,7 @@ static PyObject *py_from_cai(PyObject *mod, PyObject *args, PyObject *kwargs) {
   }
   Py_INCREF(obj);
   ot->owner = obj;
-  ot->mt.version.major = DLPACK_MAJOR_VERSION;
-  ot->mt.version.minor = DLPACK_MINOR_VERSION;
-  ot->mt.manager_ctx = ot;
-  ot->mt.deleter = object_tensor_deleter;
+  managed_init(&ot->mt, ot, object_tensor_deleter);
   ot->mt.flags = readonly || force_readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
   DLManagedTensorVersioned *mt = &ot->mt;
   ot = NULL; /* owned by mt from here */
