@@ -100,7 +100,9 @@ static void read_env(void) {
     bool automatic = v == NULL || strcasecmp(v, "auto") == 0;
     /* malformed: logged, and the default (auto) */
     if (!automatic && (!ab__parse_size(v, strlen(v), &m) || m > SIZE_MAX)) {
-      AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 256KiB, or auto; using auto", v);
+      char q[AB__QUOTED];
+      ab__quote(v, q, sizeof q);
+      AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 256KiB, or auto; using auto", q);
       m = AUTO_MIN;
       automatic = true;
     }

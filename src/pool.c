@@ -180,6 +180,17 @@ static int type_from_name(const char *s, size_t n) {
   return -1;
 }
 
+/* The n bytes at p as ab__quote writes a text: at most 40 characters,
+ * unprintable ones as '?' (an entry of a variable, for a message). */
+static const char *quoted_part(const char *p, size_t n, char q[AB__QUOTED]) {
+  char part[48];
+  const size_t k = n < sizeof part - 1 ? n : sizeof part - 1;
+  memcpy(part, p, k);
+  part[k] = '\0';
+  ab__quote(part, q, AB__QUOTED);
+  return q;
+}
+
 /* Parses "type[:id]=size,..." into rules, or fills env_error. */
 static void parse_env(const char *v) {
   nrules = 0;
@@ -188,21 +199,22 @@ static void parse_env(const char *v) {
   /* one comma at either end is a separator left over from building the
    * list (",cpu=1GiB", "cpu=1GiB,"); an empty entry between two is not */
   const char *p = *v == ',' ? v + 1 : v;
+  char qe[AB__QUOTED], qp[AB__QUOTED]; /* an entry and a part of it, for a message */
   while (*p) {
     const char *end = strchr(p, ',');
     size_t n = end ? (size_t)(end - p) : strlen(p);
     const char *eq = memchr(p, '=', n), *colon = memchr(p, ':', n);
     struct limit_rule r = {0, -1, 0};
     if (eq == NULL) {
-      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\" has no '=' (want type[:id]=size, e.g. cuda:0=8GiB)",
-               (int)n, p);
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%s\" has no '=' (want type[:id]=size, e.g. cuda:0=8GiB)",
+               quoted_part(p, n, qe));
       return;
     }
     if (colon != NULL && colon > eq) colon = NULL;
     r.type = type_from_name(p, (size_t)((colon ? colon : eq) - p));
     if (r.type < 0) {
-      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": unknown device type \"%.*s\" (cpu, cuda, cuda_host, opencl, ...)",
-               (int)n, p, (int)((colon ? colon : eq) - p), p);
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%s\": unknown device type \"%s\" (cpu, cuda, cuda_host, opencl, ...)",
+               quoted_part(p, n, qe), quoted_part(p, (size_t)((colon ? colon : eq) - p), qp));
       return;
     }
     if (colon != NULL) {
@@ -217,15 +229,15 @@ static void parse_env(const char *v) {
         if (*e != '\0' || idbuf[0] < '0' || idbuf[0] > '9') id = -1; /* digits only: strtol skips blanks, takes signs */
       }
       if (id < 0 || id >= MAX_IDS) {
-        snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": device id must be 0..%d",
-                 (int)n, p, MAX_IDS - 1);
+        snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%s\": device id must be 0..%d", quoted_part(p, n, qe),
+                 MAX_IDS - 1);
         return;
       }
       r.id = (int32_t)id;
     }
     if (!ab__parse_size(eq + 1, (size_t)(p + n - eq - 1), &r.bytes)) {
-      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%.*s\": size \"%.*s\" is not a byte count like 512MiB, 8GiB or 1000000",
-               (int)n, p, (int)(p + n - eq - 1), eq + 1);
+      snprintf(env_error, sizeof env_error, "AB_MEMORY_LIMIT entry \"%s\": size \"%s\" is not a byte count like 512MiB, 8GiB or 1000000",
+               quoted_part(p, n, qe), quoted_part(eq + 1, (size_t)(p + n - eq - 1), qp));
       return;
     }
     if (nrules == MAX_RULES) {

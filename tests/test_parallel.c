@@ -291,6 +291,35 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   ab__env_reload();
 }
 
+/* A malformed AB_PARALLEL_MIN is logged quoted, as every variable's value
+ * is: a newline in it forged a second log line, an escape reached the
+ * terminal, and a long value made a line of hundreds of characters (a
+ * probe's finding). The log goes to stderr, read back here from a file. */
+Test(parallel, a_malformed_parallel_min_is_logged_quoted, .init = NULL) {
+  FILE *log = tmpfile();
+  cr_assert_not_null(log);
+  fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  cr_assert_geq(saved, 0);
+  cr_assert_geq(dup2(fileno(log), STDERR_FILENO), 0);
+  setenv("AB_PARALLEL_MIN", "1M\nFAKE: arraybridge error: injected \x1b[31m and then a long tail of words", 1);
+  ab__env_reload();
+  (void)ab__parallel_min();
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  unsetenv("AB_PARALLEL_MIN");
+  ab__env_reload();
+  char text[1024] = "";
+  rewind(log);
+  const size_t n = fread(text, 1, sizeof text - 1, log);
+  fclose(log);
+  text[n] = '\0';
+  cr_assert_not_null(strstr(text, "AB_PARALLEL_MIN=\"1M?FAKE: arraybridge error: injected ?[3..."), "%s", text);
+  cr_assert_null(strchr(text, '\x1b'), "%s", text);
+  cr_assert_eq(strchr(text, '\n'), text + n - 1, "more than one line: %s", text);
+}
+
 /* Pins the calling thread to `core` alone. */
 static bool pin_to(int core) {
   cpu_set_t one;

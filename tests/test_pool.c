@@ -6,6 +6,7 @@
  * back from the library. Criterion runs every Test in its own process, so
  * each starts with no pool, no limit and no callback. */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -752,6 +753,36 @@ Test(pool, malformed_env_limits_fail_every_pool_operation) {
   /* fixing the variable (and re-reading it) recovers */
   cr_assert_eq(limit_from_env("cpu=2MiB"), 2 * MiB);
   drop(alloc_bytes(1000));
+}
+
+/* The entry, and the part that is wrong, are quoted as every variable's
+ * value is (at most 40 characters, unprintable ones as '?'): a value with
+ * a newline or a terminal's escape could forge a log line or recolour it,
+ * and a long one filled the message before its reason (a probe's finding). */
+Test(pool, a_hostile_env_limit_is_quoted_in_the_message) {
+  static char long_entry[3000];
+  memcpy(long_entry, "cpu=", 4);
+  memset(long_entry + 4, '7', sizeof long_entry - 6);
+  long_entry[sizeof long_entry - 2] = 'X';
+  const struct {
+    const char *v, *want;
+  } cases[] = {
+      {"cpu\x1b[31m=1K", "unknown device type \"cpu?[31m\""},
+      {"cpu=1K\nFAKE: arraybridge error: injected", "size \"1K?FAKE: arraybridge error: injected\" is not"},
+      {long_entry, "...\": size \"7777"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    cr_assert_eq(setenv("AB_MEMORY_LIMIT", cases[i].v, 1), 0);
+    ab_shutdown();
+    struct ab_pool_stats s = {.size = sizeof s};
+    cr_assert_eq(ab_pool_stats(CPU0, &s), AB_ERR_INVALID_ARGUMENT);
+    const char *e = ab_last_error();
+    cr_assert_not_null(strstr(e, cases[i].want), "case %zu: %s", i, e);
+    for (const char *c = e; *c; c++) cr_assert(isprint((unsigned char)*c), "case %zu: byte %d in: %s", i, *c, e);
+    cr_assert_lt(strlen(e), 200u, "case %zu: %s", i, e);
+  }
+  cr_assert_not_null(strstr(ab_last_error(), "is not a byte count"), "the reason was cut off: %s", ab_last_error());
+  cr_assert_eq(limit_from_env("cpu=2MiB"), 2 * MiB);
 }
 
 /* ---- 7. OOM callbacks ------------------------------------------------------- */
