@@ -24,13 +24,22 @@ void ab__dev_preload(const struct ab_backend *be) {
   if (be->preload != NULL) be->preload();
 }
 
-ab_status ab__dev_init(const struct ab_backend *be) { return be->init != NULL ? be->init() : AB_OK; }
+ab_status ab__dev_init(const struct ab_backend *be) {
+  const ab_status st = be->init != NULL ? be->init() : AB_OK;
+  if (st == AB_OK && be->device_count() > AB__MAX_IDS)
+    AB_LOG(AB_LOG_WARN, "backend %s has %" PRId32 " devices; arraybridge uses ids 0..%d of them (ab_device_count says %d)",
+           be->name, be->device_count(), AB__MAX_IDS - 1, AB__MAX_IDS);
+  return st;
+}
 
 void ab__dev_shutdown(const struct ab_backend *be) {
   if (be->shutdown != NULL) be->shutdown();
 }
 
-int32_t ab__dev_count(const struct ab_backend *be) { return be->device_count(); }
+int32_t ab__dev_count(const struct ab_backend *be) {
+  const int32_t n = be->device_count();
+  return n > AB__MAX_IDS ? AB__MAX_IDS : n;
+}
 
 int32_t ab__dev_staging_id(const struct ab_backend *be, int32_t id) {
   return be->staging_id != NULL ? be->staging_id(id) : 0;

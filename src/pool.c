@@ -98,7 +98,7 @@ struct ab__pool {
 };
 
 #define MAX_TYPES AB__TYPE_SLOTS /* indexed by ab__type_slot */
-#define MAX_IDS 128
+#define MAX_IDS AB__MAX_IDS
 static _Atomic(struct ab__pool *) table[MAX_TYPES][MAX_IDS];
 static struct ab__pool *orphans; /* registry lock */
 

@@ -297,23 +297,29 @@ static int parse_sizes(const char *list, size_t *sizes, int *n) {
   return 0;
 }
 
-/* --devices into devs[64], each checked present and able to hold a tensor
- * (not staging memory, say) before the table starts; without a list,
- * every device present but managed memory. 0, or an exit code after
- * saying why. */
+/* --devices into devs[MAX_TABLE], each checked present and able to hold a
+ * tensor (not staging memory, say) before the table starts; without a
+ * list, every device present but managed memory, the first MAX_TABLE of
+ * them (saying so where there are more). 0, or an exit code after saying
+ * why. */
+#define MAX_TABLE 64
 static int parse_devices(const char *list, DLDevice *devs, int *n) {
   *n = 0;
   if (list == NULL) {
+    int present = 0;
     for (size_t k = 0; k < ntypes; k++)
-      for (int32_t i = 0; i < ab_device_count(all_types[k]) && *n < 64; i++)
-        if (all_types[k] != kDLCUDAManaged) devs[(*n)++] = (DLDevice){all_types[k], i};
+      for (int32_t i = 0; i < ab_device_count(all_types[k]); i++)
+        if (all_types[k] != kDLCUDAManaged && present++ < MAX_TABLE) devs[(*n)++] = (DLDevice){all_types[k], i};
+    if (present > MAX_TABLE)
+      fprintf(stderr, "abtool bandwidth: %d devices present; the table takes the first %d (to %s:%d): name others with --devices\n",
+              present, MAX_TABLE, ab_device_type_name(devs[MAX_TABLE - 1].device_type), (int)devs[MAX_TABLE - 1].device_id);
     return 0;
   }
   char buf[1024];
   if (!list_ok("bandwidth", "--devices", list, buf, sizeof buf)) return EXIT_USAGE;
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-    if (*n == 64 || ab_parse_device(tok, &devs[*n]) != AB_OK) {
-      fprintf(stderr, "abtool bandwidth: %s\n", *n == 64 ? "too many devices" : ab_last_error());
+    if (*n == MAX_TABLE || ab_parse_device(tok, &devs[*n]) != AB_OK) {
+      fprintf(stderr, "abtool bandwidth: %s\n", *n == MAX_TABLE ? "--devices names more than 64 devices" : ab_last_error());
       return EXIT_USAGE;
     }
     if (devs[*n].device_id == AB_DEVICE_AUTO) { /* a table needs the device each row is */
@@ -391,7 +397,7 @@ static int bandwidth_row(const DLTensor *host, DLDevice from, const DLDevice *de
 static int cmd_bandwidth(int argc, char **argv) {
   size_t sizes[16];
   int nsizes = 0, reps = 5;
-  DLDevice devs[64];
+  DLDevice devs[MAX_TABLE];
   int ndevs = 0;
   const char *size_list = "4K,1M,64M", *dev_list = NULL;
   for (int i = 0; i < argc; i++) {

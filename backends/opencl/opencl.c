@@ -153,6 +153,9 @@ static ab_status cl_init(void) {
     pl->prog[0] = pl->prog[1] = NULL;
     pl->prog_failed[0] = pl->prog_failed[1] = false;
     for (int k = 0; k < NKERNELS; k++) pl->kernel[k] = NULL;
+    if (nd > (cl_uint)(MAX_DEVICES - ab__cl_ndevices))
+      AB_LOG(AB_LOG_WARN, "OpenCL platform \"%s\" has %u devices; arraybridge takes %d of them (it uses %d in all)", name,
+             (unsigned)nd, MAX_DEVICES - ab__cl_ndevices, MAX_DEVICES);
     for (cl_uint d = 0; d < nd && ab__cl_ndevices < MAX_DEVICES; d++) {
       cl_bool unified = CL_FALSE;
       clGetDeviceInfo(devs[d], CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL);

@@ -22,7 +22,7 @@
 #include "converters/host/gather.h"
 
 #define MAX_PLATFORMS 16
-#define MAX_DEVICES 64
+#define MAX_DEVICES AB__MAX_IDS /* the ids the core uses (ab__dev_count) */
 
 /* The kernels: gathers, one per element width (1, 2, 4, 8, 16 bytes), then
  * the conversions in float32 arithmetic, one per result type (float32,
