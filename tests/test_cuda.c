@@ -644,14 +644,37 @@ Test(cuda, without_concurrent_managed_access_host_code_waits_for_idle_gpus) {
 /* simcuda counts a peer copy as direct only when the destination GPU was
  * given access to the source's memory: the backend must enable it, in the
  * right direction, from the right current device. */
+/* ab_peer_access(cuda:from -> cuda:to): 0 or 1. */
+static int peer_answer(int32_t from, int32_t to) {
+  int can = -1;
+  cr_assert_eq(ab_peer_access(CUDA(from), CUDA(to), &can), AB_OK, "%s", ab_last_error());
+  return can;
+}
+
 Test(cuda, peer_copies_are_direct_where_the_gpus_allow_it) {
   need_devices(2);
   const char *mode = getenv("AB_SIMCUDA_PEER");
   const bool can = mode == NULL || strcmp(mode, "none") != 0; /* all, or pairs (0 and 1 are one) */
+  cr_assert_eq(peer_answer(0, 1), can, "before the first copy");
   long direct, staged;
   one_peer_copy(&direct, &staged);
   cr_assert_eq(direct + staged, 1, "one peer copy, not %ld", direct + staged);
   cr_assert_eq(direct, can ? 1 : 0, "AB_SIMCUDA_PEER=%s: %ld direct, %ld staged", mode ? mode : "(all)", direct, staged);
+  cr_assert_eq(peer_answer(0, 1), can, "after it");
+}
+
+/* ab_peer_access answers whether copies go directly, so a pair whose
+ * enable was refused says 0 once the refusal is known (found by a probe
+ * with eight GPUs: abtool info showed such pairs as P2P). */
+Test(cuda, a_pair_refused_peer_access_is_not_reported_direct) {
+  need_devices(2);
+  const char *mode = getenv("AB_SIMCUDA_PEER");
+  if (mode != NULL && strcmp(mode, "none") == 0) cr_skip_test("AB_SIMCUDA_PEER=none: no peer access to refuse");
+  long direct, staged;
+  simcuda_fail_call("cudaDeviceEnablePeerAccess", cudaErrorPeerAccessUnsupported);
+  one_peer_copy(&direct, &staged);
+  cr_assert_eq(staged, 1, "the copy was not staged: %ld direct, %ld staged", direct, staged);
+  cr_assert_eq(peer_answer(0, 1), 0);
 }
 
 /* A failure to enable peer access that may pass is not kept for good: the
@@ -780,10 +803,12 @@ Test(cuda, a_contained_hardware_error_is_sticky_too) {
 Test(cuda, AB_CUDA_PEER_off_keeps_peer_copies_staged) {
   need_devices(2);
   setenv("AB_CUDA_PEER", "off", 1);
+  cr_assert_eq(peer_answer(0, 1), 0, "copies will be staged, not direct");
   long direct, staged;
   one_peer_copy(&direct, &staged);
   cr_assert_eq(direct, 0);
   cr_assert_eq(staged, 1);
+  cr_assert_eq(peer_answer(0, 1), 0);
 }
 #endif
 

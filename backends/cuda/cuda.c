@@ -56,10 +56,10 @@ static char why[256];        /* why there are none */
  * 2 unavailable or disabled by AB_CUDA_PEER=0, under a lock. A failure
  * that may pass (not a refusal) is asked again at the next copy, up to
  * PEER_TRIES times in all (peer_tries). */
-#define MAX_PEERS 64
+#define MAX_GPUS AB__MAX_IDS /* the ids the core uses (ab__dev_count) */
 #define PEER_TRIES 3
 static pthread_mutex_t peer_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned char peer[MAX_PEERS][MAX_PEERS], peer_tries[MAX_PEERS][MAX_PEERS];
+static unsigned char peer[MAX_GPUS][MAX_GPUS], peer_tries[MAX_GPUS][MAX_GPUS];
 
 static void probe(void) {
   int n = 0;
@@ -312,16 +312,16 @@ static size_t compact_bytes(const DLTensor *t, bool *compact) {
  * cudaDevAttrMaxPitch (about 2 GiB; a crop along the leading axis of a
  * huge tensor goes past it). The limit is asked once per device: rectangle
  * copies are on the small-tensor path. */
-static _Atomic int max_pitch[MAX_PEERS]; /* 0: not asked yet */
+static _Atomic int max_pitch[MAX_GPUS]; /* 0: not asked yet */
 
 static bool pitches_fit(int32_t id, size_t a, size_t b) {
-  int max = id < MAX_PEERS ? atomic_load_explicit(&max_pitch[id], memory_order_relaxed) : 0;
+  int max = id < MAX_GPUS ? atomic_load_explicit(&max_pitch[id], memory_order_relaxed) : 0;
   if (max == 0) {
     if (cudaDeviceGetAttribute(&max, cudaDevAttrMaxPitch, id) != cudaSuccess || max <= 0) {
       (void)cudaGetLastError();
       return true; /* let the copy say */
     }
-    if (id < MAX_PEERS) atomic_store_explicit(&max_pitch[id], max, memory_order_relaxed);
+    if (id < MAX_GPUS) atomic_store_explicit(&max_pitch[id], max, memory_order_relaxed);
   }
   return a <= (size_t)max && b <= (size_t)max;
 }
@@ -412,7 +412,7 @@ static cudaError_t wait_for_source(int32_t sid, int32_t did, cudaStream_t stream
  * cost the pair P2P for good).
  * AB_CUDA_PEER=0 keeps it off: on some PCIe systems staging beats P2P. */
 static void ensure_peer(int32_t to, int32_t from) {
-  if (to >= MAX_PEERS || from >= MAX_PEERS) return;
+  if (to >= MAX_GPUS || from >= MAX_GPUS) return;
   pthread_mutex_lock(&peer_lock);
   if (peer[to][from] == 0) {
     int can = 0;
@@ -499,7 +499,7 @@ static ab_status cuda_copy(const DLTensor *from, DLTensor *to, void *stream, boo
  * the binary has no code for this GPU; any other failure (a device switch
  * refused, memory short while the driver compiles PTX) says nothing about
  * the binary, so the next call asks again. */
-static unsigned char kernel_state[MAX_PEERS]; /* 0 unknown, 1 yes, 2 no */
+static unsigned char kernel_state[MAX_GPUS]; /* 0 unknown, 1 yes, 2 no */
 
 static bool no_code_for_gpu(cudaError_t e) {
   return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
@@ -508,7 +508,7 @@ static bool no_code_for_gpu(cudaError_t e) {
 }
 
 static bool kernel_runs_on(int32_t id) {
-  if (id >= MAX_PEERS) return false;
+  if (id >= MAX_GPUS) return false;
   pthread_mutex_lock(&peer_lock);
   if (kernel_state[id] == 0) {
     int prev;
@@ -660,7 +660,17 @@ static void cuda_fence_free(void *fence) {
   if (e != cudaSuccess) drop_error(e, -1, "cudaEventDestroy");
 }
 
+/* Whether copies from `from` to `to` go directly: not where AB_CUDA_PEER=0
+ * keeps peer access off or enabling it was refused (ensure_peer; the
+ * driver then stages them), else what the hardware can (enabled at the
+ * pair's first copy). */
 static bool cuda_peer_access(int32_t from, int32_t to) {
+  if (to >= MAX_GPUS || from >= MAX_GPUS) return false;
+  pthread_mutex_lock(&peer_lock);
+  const unsigned char state = peer[to][from];
+  pthread_mutex_unlock(&peer_lock);
+  if (state != 0) return state == 1;
+  if (!ab__env_choice("AB_CUDA_PEER", ab__env_on_off, 1, "1 (on) or 0 (off)")) return false;
   int can = 0;
   if (cudaDeviceCanAccessPeer(&can, to, from) != cudaSuccess) {
     (void)cudaGetLastError();

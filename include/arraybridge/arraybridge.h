@@ -542,9 +542,10 @@ AB_API ab_status ab_synchronize(DLDevice dev, void *stream);
 
 /** Whether device `to` reaches the memory of device `from` directly, so
  * that copies between them need no trip through host memory: for two CUDA
- * GPUs, cudaDeviceCanAccessPeer (peer access is then enabled on first use
- * unless AB_CUDA_PEER=0; see docs/guide.md); for one device with itself,
- * 1; otherwise 0. Two OpenCL devices give 0 even in one context, where a
+ * GPUs, cudaDeviceCanAccessPeer (peer access is then enabled on first use),
+ * but 0 where AB_CUDA_PEER=0 keeps it off or enabling it was refused (the
+ * driver stages those copies; see docs/guide.md); for one device with
+ * itself, 1; otherwise 0. Two OpenCL devices give 0 even in one context, where a
  * copy between them is one clEnqueueCopyBuffer (ab_explain_route shows
  * it): OpenCL does not say whether the driver stages it through host
  * memory. On success writes 0 or 1 to *can;
