@@ -2974,10 +2974,11 @@ static PyObject *py_pool_summary(PyObject *mod, PyObject *device) {
   return PyUnicode_FromString(buf);
 }
 
-static PyObject *py_empty_cache(PyObject *mod, PyObject *args) {
+static PyObject *py_empty_cache(PyObject *mod, PyObject *args, PyObject *kwargs) {
+  static char *kwlist[] = {"device", NULL};
   PyObject *device = Py_None;
   (void)mod;
-  if (!PyArg_ParseTuple(args, "|O:empty_cache", &device)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:empty_cache", kwlist, &device)) return NULL;
   if (device == Py_None) {
     ab_pool_trim_all();
     Py_RETURN_NONE;
@@ -3126,7 +3127,7 @@ static PyMethodDef module_methods[] = {
    "_rebuild_tensor(data, dtype, shape, readonly, device)\n--\n\nUnpickles a Tensor (see Tensor.__reduce_ex__)."},
   {"pool_summary", py_pool_summary, METH_O,
    "pool_summary(device)\n--\n\nThe device pool's statistics as a readable table (ab_pool_summary)."},
-  {"empty_cache", py_empty_cache, METH_VARARGS,
+  {"empty_cache", (PyCFunction)(void (*)(void))py_empty_cache, METH_VARARGS | METH_KEYWORDS,
    "empty_cache(device=None)\n--\n\nReturns cached, unused blocks of one device's pool (all pools when None) to "
    "the driver."},
   {"set_memory_limit", py_set_memory_limit, METH_VARARGS,

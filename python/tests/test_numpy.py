@@ -980,7 +980,7 @@ def test_memory_stats_limits_and_empty_cache():
         assert s["oom_failures"] >= 1
         del small
         assert ab.memory_stats("opencl:0")["in_use_bytes"]["current"] == 0
-        ab.empty_cache("opencl:0")
+        ab.empty_cache(device="opencl:0")  # by keyword, as documented
         assert ab.memory_stats("opencl:0")["reserved_bytes"]["current"] == 0
     finally:
         ab.set_memory_limit("opencl:0", 0)
