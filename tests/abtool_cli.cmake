@@ -24,6 +24,10 @@ expect(0 "cpu: 1 device" info)
 expect(0 "threads; stores 1-16B: " info)
 expect(0 "\"type\": \"cpu\", \"count\": 1" info --json)
 expect(0 "\"cuda_peer_access\": [" info --json)
+# a pool's limit is shown with its value
+set(ENV{AB_MEMORY_LIMIT} "cpu=1GiB")
+expect(0 "reserved (limited to 1073741824)" info)
+unset(ENV{AB_MEMORY_LIMIT})
 expect(0 "from row to column" bandwidth --sizes 4K --reps 1 --devices cpu)
 expect(0 "usage: abtool convert" convert --help)
 expect(0 "1. convert on the host: uint8 -> float32, scaled" convert "${DATA}/u8_2x3x4.npy" --to cpu --dtype float32

@@ -158,8 +158,10 @@ static int info_write(FILE *out, bool json) {
         else fprintf(out, "free unknown");
         if (info.compute_capability) fprintf(out, ", sm_%d, PCI %s", info.compute_capability, info.pci_bus_id);
         fprintf(out, "%s\n", info.unified_memory ? ", the host's RAM" : "");
-        fprintf(out, "      pool: %llu bytes in use, %llu reserved%s\n", (unsigned long long)ps.in_use_bytes.current,
-                (unsigned long long)ps.reserved_bytes.current, ps.limit_bytes ? " (limited)" : "");
+        fprintf(out, "      pool: %llu bytes in use, %llu reserved", (unsigned long long)ps.in_use_bytes.current,
+                (unsigned long long)ps.reserved_bytes.current);
+        if (ps.limit_bytes) fprintf(out, " (limited to %llu)", (unsigned long long)ps.limit_bytes);
+        fprintf(out, "\n");
       }
     }
     if (json) fprintf(out, "]}");

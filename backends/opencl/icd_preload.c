@@ -99,7 +99,7 @@ static void each_icd_in(const char *dir, void (*fn)(const char *lib, void *arg),
 static int deepbind_setting(void) {
   static const struct ab__env_choice modes[] = {{"1", 1},     {"on", 1},  {"true", 1}, {"yes", 1}, {"0", 0},
                                                 {"off", 0},   {"false", 0}, {"no", 0},  {NULL, 0}};
-  return ab__env_choice("AB_OPENCL_DEEPBIND", modes, -1, "1 (on) or 0 (off, false, no)");
+  return ab__env_choice("AB_OPENCL_DEEPBIND", modes, -1, "1 (on, true, yes) or 0 (off, false, no)");
 }
 
 /* A sanitizer runtime in the process (a sanitized program, or one
