@@ -652,7 +652,9 @@ typedef struct ab_gauge {
  *                    + the requests that failed, out of memory or not)
  *   backend_allocs, backend_frees  raw driver allocations and releases
  *   oom_retries      retries after a failed or over-limit allocation
- *   oom_failures     allocations that failed with AB_ERR_OUT_OF_MEMORY
+ *   oom_failures     allocations that failed with AB_ERR_OUT_OF_MEMORY, and
+ *                    conversions that ran out at a buffer's first use
+ *                    (OpenCL; no failed request: docs/pools.md)
  *   trims            ab_pool_trim calls and OOM cache releases */
 #define AB_POOL_GAUGE_FIELDS(F) F(in_use_bytes) F(requested_bytes) F(reserved_bytes)
 /** The counter fields of ab_pool_stats (described at AB_POOL_GAUGE_FIELDS). */
@@ -702,7 +704,8 @@ struct ab_pool_stats {
 /** \var ab_pool_stats::oom_retries
  * Retries after a failed or over-limit allocation. */
 /** \var ab_pool_stats::oom_failures
- * Allocations that failed with AB_ERR_OUT_OF_MEMORY. */
+ * Allocations that failed with AB_ERR_OUT_OF_MEMORY, and conversions that
+ * ran out of memory at a buffer's first use (which fail no request). */
 /** \var ab_pool_stats::trims
  * ab_pool_trim calls and OOM cache releases. */
 
