@@ -117,10 +117,29 @@ def _is_oom(exc, adapters):
     return False
 
 
+# Out-of-memory errors that no freed cache can cure: a request past what
+# the device allocates at once (the C core's words, and OpenCL's code as
+# pyclesperanto gives it). Raised at once, not tried again.
+_HOPELESS = ("no release or callback can make room", "INVALID_BUFFER_SIZE")
+
+
+def hopeless(exc):
+    """Whether exc, or an exception it was raised from, is a request too
+    large for the device whatever is freed (_HOPELESS)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(words in str(exc) for words in _HOPELESS):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
     of the adapters' frameworks'), frees the caches and calls again, at most
-    max_retries times. The last error is raised as it came, with
+    max_retries times (not for a request past what the device allocates at
+    once, which no freed cache cures: hopeless). The last error is raised as it came, with
     arraybridge's memory report attached as a note (Python >= 3.11). A
     recovery inside another (one decorated function calling another, on
     the same thread or task) marks the error it gives up on, and the
@@ -180,7 +199,7 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
     freed (by the caller, once out of its except block) for another try;
     False when e is to be raised (not out of memory, given up on already, or
     the last try: then noted and marked)."""
-    if not _is_oom(e, adapters) or _retried(e, handling):
+    if not _is_oom(e, adapters) or hopeless(e) or _retried(e, handling):
         return False
     if attempt == max_retries:
         if hasattr(e, "add_note"):

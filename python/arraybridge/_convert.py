@@ -175,4 +175,24 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
                       why_no_memory(sa, data) or "%s: %s" % (type(e).__name__, e), e, (sa, ta)) from e
 
 
+def tensor_as(t, target_type, gpu_id=None):
+    """An arraybridge Tensor (what to_device returns) as an array of
+    target_type on gpu_id, as convert_memory would make one from a
+    framework's array there: what a decorator does with a Tensor it is
+    given, which is no framework's array (detect_memory_type refuses it)."""
+    target = memory_type(target_type, "target_type")
+    ta = ADAPTERS[target]
+    tmod = ta.module("arraybridge", target)
+    device = ta.target_device(gpu_id, tmod, "arraybridge", target)
+    if gpu_id is not None or not ta.has_host:
+        gpu_id = id_of_device(device) if device != "cpu:0" else gpu_id
+    try:
+        return ta.convert(t, device, gpu_id, tmod, {})
+    except MemoryConversionError:
+        raise
+    except Exception as e:
+        raise failure("arraybridge", target, "arraybridge -> %s" % target.value, "%s: %s" % (type(e).__name__, e), e,
+                      (ta,)) from e
+
+
 __all__ = ["convert_memory", "detect_memory_type"]

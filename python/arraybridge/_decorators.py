@@ -4,7 +4,8 @@ import functools
 import inspect
 
 from ._cleanup import run_with_oom_recovery, run_with_oom_recovery_async
-from ._convert import convert_memory, detect_memory_type
+from ._arraybridge import Tensor as _Tensor
+from ._convert import convert_memory, detect_memory_type, tensor_as
 from ._frameworks import ADAPTERS, element_name as _dtype_name, is_array as _is_array
 from ._types import MemoryType, memory_type
 
@@ -48,6 +49,12 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
         return wrapped
     adapters = [ADAPTERS[runs_on], ADAPTERS[output]]
     pos, name = _data_parameter(func, method)
+    # gpu_id numbers the decorator's framework's GPUs (CUDA's, or
+    # pyclesperanto's OpenCL devices): a result of a framework that numbers
+    # other ones goes where gpu_id=None puts it (torch's host memory for a
+    # @pyclesperanto(gpu_id=1, output_type='torch') function), not onto an
+    # unrelated device of the same number.
+    out_gpu = gpu_id if ADAPTERS[output].accel == ADAPTERS[runs_on].accel else None
 
     def prepare(args, kwargs):
         """(args, kwargs, dtype) to call func with, the data converted; None
@@ -59,11 +66,15 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
             first = kwargs[name]
         else:
             return None  # no data argument in this call
-        if accepts is None and not _is_array(first):
+        ours = accepts is None and isinstance(first, _Tensor)  # to_device's result: no framework's array
+        if accepts is None and not ours and not _is_array(first):
             return None  # not an array (a list, a number): as it is
         dtype = _dtype_name(first) if preserve_dtype else None
-        src = accepts if accepts is not None else detect_memory_type(first)
-        data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
+        if ours:
+            data = tensor_as(first, runs_on, gpu_id)
+        else:
+            src = accepts if accepts is not None else detect_memory_type(first)
+            data = convert_memory(first, src, runs_on, gpu_id)  # input_type given: it must be one
         if positional:
             return args[:pos] + (data,) + args[pos + 1:], kwargs, dtype
         return args, {**kwargs, name: data}, dtype
@@ -79,7 +90,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
                 and dtype.startswith("complex") == got.startswith("complex") else None)
         if keep is not None and ADAPTERS[memory_type(res_type)].traced(result):
             result, keep = ADAPTERS[memory_type(res_type)].traced_cast(result, keep), None  # the framework's own
-        return convert_memory(result, res_type, output, gpu_id, dtype=keep)
+        return convert_memory(result, res_type, output, out_gpu, dtype=keep)
 
     def start(args, kwargs):
         p = prepare(args, kwargs)

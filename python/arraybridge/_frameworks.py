@@ -1087,8 +1087,21 @@ class Pyclesperanto(Adapter):
             # MemoryError, as the C core's own allocations give.
             if not any(code in str(e) for code in _CL_NO_MEMORY):
                 raise
-            raise MemoryError("pyclesperanto could not allocate an array of shape %s on its device %s: %s"
-                              % (tuple(shape), gpu_id, e)) from e
+            raise MemoryError("pyclesperanto could not allocate an array of shape %s on its device %s: %s%s"
+                              % (tuple(shape), gpu_id, e, self._past_largest(e, gpu_id))) from e
+
+    @staticmethod
+    def _past_largest(e, gpu_id):
+        """For OpenCL's CL_INVALID_BUFFER_SIZE, what the device allocates at
+        once at most (no release of memory makes room past it: a decorator's
+        oom_recovery does not try again, _cleanup.hopeless); else ''."""
+        if "INVALID_BUFFER_SIZE" not in str(e):
+            return ""
+        try:
+            most = _ab.device_info("opencl:%d" % gpu_id)["max_alloc_size"]
+        except Exception:  # a device arraybridge does not see: the words alone
+            return "; more than the device allocates at once"
+        return "; more than the device allocates at once (%d bytes)" % most
 
     def _create(self, mod, shape, dtype, gpu_id):
         import numpy  # pyclesperanto's own dependency; it names dtypes so

@@ -1194,6 +1194,77 @@ def test_oom_recovery_frees_caches_retries_and_reports():
         assert any("memory report" in n and "cpu:0" in n for n in e.value.__notes__)
 
 
+def test_oom_recovery_does_not_retry_a_request_too_large_for_the_device():
+    """A request past what the device allocates at once (the C core's
+    words; OpenCL's CL_INVALID_BUFFER_SIZE as pyclesperanto raises it) is
+    raised at once: no freed cache makes room for it (found by a probe: a
+    @pyclesperanto function ran three times before failing)."""
+    for words in ("opencl:0: out of memory allocating 300 MiB: no release or callback can make room for it, so none ran",
+                  "clCreateBuffer failed: CL_INVALID_BUFFER_SIZE"):
+        calls = []
+
+        @ab.numpy(oom_recovery=True)
+        def too_large(x):
+            calls.append(1)
+            raise MemoryError(words)
+
+        with pytest.raises(MemoryError, match=words[-20:]):
+            too_large(np.zeros(2))
+        assert len(calls) == 1, words
+
+
+def test_a_decorator_converts_an_arraybridge_tensor_it_is_given():
+    """to_device's Tensor is no framework's array; a decorated function was
+    handed it as it was (pyclesperanto's functions then refused it)."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = ab.to_device(a.T, "cpu")
+    seen = []
+
+    @ab.numpy
+    def double(x):
+        seen.append(type(x))
+        return x * 2
+
+    np.testing.assert_array_equal(double(t), a.T * 2)
+    assert seen == [np.ndarray]
+    torch = need("torch")
+
+    @ab.torch(output_type="numpy")
+    def plus_one(x):
+        assert isinstance(x, torch.Tensor)
+        return x + 1
+
+    np.testing.assert_array_equal(plus_one(t), a.T + 1)
+    if n_devices("opencl") >= 2:
+        cle = need("pyclesperanto")
+        on1 = ab.to_device(a, "opencl:1")
+
+        @ab.pyclesperanto(gpu_id=1, output_type="numpy")
+        def blur(x):
+            assert type(x).__module__.startswith("pyclesperanto"), type(x)
+            return cle.copy(x)
+
+        np.testing.assert_array_equal(blur(on1), a)
+
+
+def test_a_result_of_a_framework_numbering_other_gpus_goes_where_gpu_id_none_puts_it():
+    """gpu_id numbers the decorator's framework's devices: a @pyclesperanto
+    (OpenCL device 1) function whose result is asked as torch gave it to
+    torch's cuda:1 (here: 'PyTorch device 1 is unavailable', after the work
+    had run). It is torch's host tensor now, as gpu_id=None gives."""
+    opencl(2)
+    cle, torch = need("pyclesperanto"), need("torch")
+
+    @ab.pyclesperanto(gpu_id=1, output_type="torch")
+    def blur(x):
+        return cle.copy(x)
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = blur(a)
+    assert isinstance(out, torch.Tensor) and out.device.type == "cpu"
+    np.testing.assert_array_equal(out.numpy(), a)
+
+
 def test_oom_recovery_frees_what_the_failed_attempt_held(monkeypatch):
     """The caches were freed inside the except block, while the error's
     traceback still held the failed attempt's frames and the arrays they
