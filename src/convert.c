@@ -210,7 +210,7 @@ static ab_status read_conversion(const DLTensor *src, const ab__layout *lay, con
       int32_t p = o->permute[i];
       if (p < 0 || p >= src->ndim || seen[p])
         return AB_FAIL(AB_ERR_INVALID_ARGUMENT,
-                       "opts->permute[%" PRId32 "] is %" PRId32 "; want each of 0..%" PRId32 " exactly once", i, p,
+                       "permute[%" PRId32 "] is %" PRId32 "; want each of 0..%" PRId32 " exactly once", i, p,
                        src->ndim - 1);
       seen[p] = true;
       reorder |= p != i; /* the result has the permuted shape, even when only size-1 dims move */
