@@ -45,7 +45,7 @@ static inline double ab__seconds(void) {
 #define AB__TYPE_SLOTS (AB__DLPACK_SLOTS + AB__PRIVATE_TYPES)
 /* Device ids 0..AB__MAX_IDS-1 of each type: what the pools' table holds,
  * and so what the library uses of a backend that has more (ab__dev_count
- * counts no further; device.c says so once at start). */
+ * counts no further; ab__dev_init logs it when the backend starts). */
 #define AB__MAX_IDS 128
 static inline bool ab__is_private_type(int type) {
   return type >= AB__PRIVATE_TYPE_BASE && type < AB__PRIVATE_TYPE_BASE + AB__PRIVATE_TYPES;

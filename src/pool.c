@@ -82,6 +82,7 @@ struct ab__pool {
   ab__block *large;      /* newest first */
   uint64_t large_bytes;  /* the sizes of the blocks in `large` */
   bool host_ram;         /* its memory is the host's RAM (keep_large) */
+  uint64_t keep_peak;    /* use_peak's highest, never reset (keep_large) */
   /* Left behind by ab_shutdown while tensors still held blocks: out of the
    * table (a fresh pool serves the device after re-initialisation), its
    * blocks go back to the driver as they are freed, and the last one
@@ -364,6 +365,7 @@ static ab__block *take_cached(struct ab__pool *p, size_t size, bool any_fit) {
   b->next = NULL;
   p->st.cached_blocks--;
   if (class_index(b->size) < 0) p->large_bytes -= b->size;
+  b->reused = true;
   return b;
 }
 
@@ -376,28 +378,40 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
   if (c < 0) p->large_bytes += b->size;
 }
 
-/* Large blocks of host RAM kept cached: as many bytes as twice the most
- * the pool has had in use, and at least LARGE_KEEP. Sizes above 32 MiB
- * are reused only within 12.5%, so a stream of requests of varying sizes
- * (crops of a volume, say) makes a new block for most of them; on a
- * device the OOM sequence gives them back when memory runs short, but
- * host RAM seldom fails an allocation (the kernel's OOM killer acts
- * first), so without this bound the cache grew to 12 times the peak in use
- * (a pyclesperanto pipeline's probe: 2.3 GiB cached, 196 MiB in use at
- * most). Device memory keeps every block, as CUDA's caching allocators do. */
-#define LARGE_KEEP ((uint64_t)256 << 20)
+/* Large blocks of host RAM kept cached: four times the most the pool has
+ * ever had in use, and at least LARGE_KEEP bytes. Sizes above 32 MiB are
+ * reused only within 12.5%, so a stream of requests of ever new sizes
+ * (crops of a volume of varying depth, say) makes a new block for most of
+ * them; on a device the OOM sequence gives them back when memory runs
+ * short, but host RAM seldom fails an allocation (the kernel's OOM killer
+ * acts first), so without a bound the cache grew with every new size (a
+ * pyclesperanto pipeline's probe: 2.3 GiB cached, 196 MiB in use at most).
+ * Four times, not less: sizes taken in turn (five frame sizes of 40-100
+ * MiB, one at a time) are a working set of several times the peak, and a
+ * bound below it gives each back just before it is asked for again (a
+ * review measured 62 of 100 such requests reaching the driver with twice
+ * the peak). Past the bound, the oldest block that was never served from
+ * the cache goes first, and the oldest of all only where every block was,
+ * so that the sizes a pipeline keeps using outlast the new ones. Device memory
+ * keeps every block, as CUDA's caching allocators do. The peak is the
+ * pool's own, not the one ab_pool_reset_peak restarts for a phase. */
+#define LARGE_KEEP ((uint64_t)512 << 20)
 
-/* Unlinks the oldest large blocks of a host-RAM pool past keep_large's
- * bound into *out, counted as given back. Under the lock; the caller
- * frees them after it (free_blocks). */
+/* Unlinks large blocks of a host-RAM pool past that bound into *out,
+ * counted as given back. Under the lock; the caller gives them to the
+ * driver after it (free_blocks). */
 static void keep_large(struct ab__pool *p, ab__block **out) {
-  const uint64_t peak = atomic_load_explicit(&p->use_peak, memory_order_relaxed), keep =
-                 peak > LARGE_KEEP / 2 ? 2 * peak : LARGE_KEEP;
+  const uint64_t peak = atomic_load_explicit(&p->use_peak, memory_order_relaxed);
+  if (peak > p->keep_peak) p->keep_peak = peak;
+  const uint64_t keep = p->keep_peak > LARGE_KEEP / 4 ? 4 * p->keep_peak : LARGE_KEEP;
   while (p->host_ram && p->large_bytes > keep) {
-    ab__block **oldest = &p->large;
-    while ((*oldest)->next != NULL) oldest = &(*oldest)->next;
-    ab__block *b = *oldest;
-    *oldest = NULL;
+    ab__block **oldest = NULL, **oldest_unused = NULL; /* the list is newest first */
+    for (ab__block **l = &p->large; *l != NULL; l = &(*l)->next) {
+      oldest = l;
+      if (!(*l)->reused) oldest_unused = l;
+    }
+    ab__block **at = oldest_unused != NULL ? oldest_unused : oldest, *b = *at;
+    *at = b->next;
     p->large_bytes -= b->size;
     p->st.cached_blocks--;
     p->st.reserved_bytes.current -= b->size;
@@ -407,11 +421,12 @@ static void keep_large(struct ab__pool *p, ab__block **out) {
   }
 }
 
-/* Gives blocks unlinked from a pool back to its driver. Not under the lock. */
-static void free_blocks(struct ab__pool *p, ab__block *list) {
+/* Gives blocks unlinked from a pool of backend `be`, device `id`, back to
+ * the driver. Not under the lock (the pool's fields are read under it). */
+static void free_blocks(const struct ab_backend *be, int32_t id, ab__block *list) {
   while (list != NULL) {
     ab__block *next = list->next;
-    ab__dev_free(p->be, p->dev.device_id, list->ptr, list->size);
+    ab__dev_free(be, id, list->ptr, list->size);
     ab__free(list);
     list = next;
   }
@@ -738,6 +753,7 @@ static ab__block *tc_take(struct tcache *tc, struct ab__pool *p, size_t size, si
     }
   }
   if (b != NULL) {
+    b->reused = true;
     tc->allocations++;
     tc->hits++;
     if (bytes != b->requested) /* modular: a decrease wraps back */
@@ -769,6 +785,8 @@ static bool tc_put(ab__block *b) {
   tc_lock(&tc->lock);
   if (b->size > TC_MAX_SIZE) {
     ab__block *gone = NULL; /* past keep_large's bound, for the driver */
+    const struct ab_backend *be = p->be;
+    const int32_t id = p->dev.device_id;
     /* The slot keeps the last large block freed: a thread that moves on
      * to another size keeps the new one at hand. */
     if (tc->pool == p) {
@@ -792,7 +810,7 @@ static bool tc_put(ab__block *b) {
       kept = true;
     }
     tc_unlock(&tc->lock);
-    free_blocks(p, gone);
+    free_blocks(be, id, gone);
     return kept;
   }
   const int c = class_index(b->size);
@@ -840,6 +858,7 @@ static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_p
   s->in_use_bytes.current = relaxed(&p->use) - idle;
   s->requested_bytes.current = relaxed(&p->req) - idle_req;
   if (reset_peaks) {
+    if (relaxed(&p->use_peak) > p->keep_peak) p->keep_peak = relaxed(&p->use_peak); /* keep_large's */
     p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
     set_relaxed(&p->use_peak, s->in_use_bytes.current);
     set_relaxed(&p->req_peak, s->requested_bytes.current);
@@ -879,7 +898,7 @@ static uint64_t release_cache(struct ab__pool *p, bool detach_caches) {
   p->st.backend_frees += n;
   p->st.trims++;
   pthread_mutex_unlock(&p->lock);
-  free_blocks(p, list);
+  free_blocks(p->be, p->dev.device_id, list);
   return bytes;
 }
 
@@ -1154,6 +1173,7 @@ static ab__block *steal_big(struct ab__pool *p, size_t size, size_t bytes, struc
     tc_unlock(&tc->lock);
   }
   if (b != NULL) {
+    b->reused = true;
     pthread_mutex_lock(&p->lock);
     count_late_hit(p);
     p->st.allocations++;
@@ -1244,8 +1264,10 @@ void ab__pool_free(ab__block *b) {
     put_cached(p, b);
     ab__block *old = NULL;
     if (AB_UNLIKELY(p->large_bytes > LARGE_KEEP)) keep_large(p, &old);
+    const struct ab_backend *be = p->be;
+    const int32_t id = p->dev.device_id;
     pthread_mutex_unlock(&p->lock);
-    free_blocks(p, old);
+    free_blocks(be, id, old);
     return;
   }
   p->st.reserved_bytes.current -= b->size;

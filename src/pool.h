@@ -24,6 +24,7 @@ typedef struct ab__block {
   size_t requested; /* what the caller asked for */
   struct ab__pool *pool;
   struct ab__block *next; /* free-list link while cached */
+  bool reused;            /* served from a cache at least once (pool.c's keep_large) */
   _Alignas(max_align_t) unsigned char room[AB_BLOCK_ROOM];
 } ab__block;
 

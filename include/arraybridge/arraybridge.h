@@ -622,10 +622,11 @@ AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
  * tensor's deleter gives its block back to the pool for reuse instead of to
  * the driver. Sizes are rounded to size classes: multiples of 256 bytes up
  * to 4 KiB, then 8 classes per power of two (at most 12.5% rounding) up to
- * 32 MiB, then multiples of 2 MiB. A pool of host RAM (cpu, pinned memory,
- * unified-memory OpenCL devices) keeps at most twice its peak in use (and
- * at least 256 MiB) of cached blocks over 32 MiB, giving the oldest back
- * to the driver past that; device memory stays cached until a trim or the
+ * 32 MiB, then multiples of 2 MiB. A pool of memory the host reaches (cpu,
+ * pinned and managed CUDA memory, unified-memory devices) keeps at most
+ * four times the most it has had in use (and at least 512 MiB) of cached
+ * blocks over 32 MiB, giving the oldest unused ones back to the driver
+ * past that; a discrete device's memory stays cached until a trim or the
  * OOM sequence. See docs/pools.md.
  *
  * When an allocation fails, or would take the pool's reserved bytes past its
