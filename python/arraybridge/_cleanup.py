@@ -199,17 +199,19 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
     freed (by the caller, once out of its except block) for another try;
     False when e is to be raised (not out of memory, given up on already, or
     the last try: then noted and marked)."""
-    if not _is_oom(e, adapters) or hopeless(e) or _retried(e, handling):
+    if not _is_oom(e, adapters) or _retried(e, handling):
         return False
-    if attempt == max_retries:
+    too_large = hopeless(e)
+    if attempt == max_retries or too_large:
         if hasattr(e, "add_note"):
             # One note of ours: an exception raised again and again (a
             # cached one, a Future's) would gather one per give-up.
             notes = getattr(e, "__notes__", None)
             if isinstance(notes, list):
                 notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(_NOTE))]
-            e.add_note(_NOTE + "%d retries (caches freed before each); memory report:\n%s"
-                       % (max_retries, memory_report()))
+            tries = ("no retry (past what the device allocates at once)" if too_large
+                     else "%d retries (caches freed before each)" % max_retries)
+            e.add_note(_NOTE + "%s; memory report:\n%s" % (tries, memory_report()))
         try:
             marks = e.__dict__.setdefault("_arraybridge_retried", set())
             marks.add(_path.get())

@@ -53,8 +53,10 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
     # pyclesperanto's OpenCL devices): a result of a framework that numbers
     # other ones goes where gpu_id=None puts it (torch's host memory for a
     # @pyclesperanto(gpu_id=1, output_type='torch') function), not onto an
-    # unrelated device of the same number.
-    out_gpu = gpu_id if ADAPTERS[output].accel == ADAPTERS[runs_on].accel else None
+    # unrelated device of the same number. NumPy has no GPUs: there gpu_id
+    # can only name the result's.
+    same = runs_on is MemoryType.NUMPY or ADAPTERS[output].accel == ADAPTERS[runs_on].accel
+    out_gpu = gpu_id if same else None
 
     def prepare(args, kwargs):
         """(args, kwargs, dtype) to call func with, the data converted; None
@@ -181,9 +183,12 @@ def memory_types(input_type, output_type, *, gpu_id=None, oom_recovery=False, pr
     """A decorator: the wrapped function receives its data argument (its
     first parameter, or its second when the first is a method's self or
     cls; by position or by keyword) as an input_type array on gpu_id
-    (converted from whatever framework it comes in, by detect_memory_type),
-    and its result is returned as an output_type array on gpu_id (NumPy
-    ignores gpu_id). Other arguments pass as they are; a result that is not
+    (converted from whatever framework it comes in, by detect_memory_type,
+    or from an arraybridge Tensor), and its result is returned as an
+    output_type array on gpu_id where output_type numbers the same GPUs as
+    input_type (CUDA's, or pyclesperanto's OpenCL devices; any, for a NumPy
+    input_type), else where gpu_id=None puts it (NumPy ignores gpu_id).
+    Other arguments pass as they are; a result that is not
     an array (a NumPy scalar included) is returned as it is, and so is a
     call whose data argument is missing or not an array. Inside jax.jit,
     vmap or grad, a JAX function's traced values pass as they are.
