@@ -1208,9 +1208,11 @@ def test_oom_recovery_does_not_retry_a_request_too_large_for_the_device():
             calls.append(1)
             raise MemoryError(words)
 
-        with pytest.raises(MemoryError, match=words[-20:]):
+        with pytest.raises(MemoryError, match=words[-20:]) as e:
             too_large(np.zeros(2))
         assert len(calls) == 1, words
+        if sys.version_info >= (3, 11):
+            assert any("no retry" in n and "memory report" in n for n in e.value.__notes__)
 
 
 def test_a_decorator_converts_an_arraybridge_tensor_it_is_given():
@@ -1263,6 +1265,18 @@ def test_a_result_of_a_framework_numbering_other_gpus_goes_where_gpu_id_none_put
     out = blur(a)
     assert isinstance(out, torch.Tensor) and out.device.type == "cpu"
     np.testing.assert_array_equal(out.numpy(), a)
+    # NumPy has no GPUs: its gpu_id is the result's, whatever its framework
+    from arraybridge._frameworks import ADAPTERS
+    from arraybridge._types import MemoryType
+    cle_adapter = ADAPTERS[MemoryType.PYCLESPERANTO]
+    current = cle.get_device().index
+    cle.select_device(0)
+    try:
+        for deco in (ab.numpy(gpu_id=1, output_type="pyclesperanto"),
+                     ab.memory_types("numpy", "pyclesperanto", gpu_id=1)):
+            assert cle_adapter.device_of(deco(lambda x: x + 1)(a)) == "opencl:1"
+    finally:
+        cle.select_device(current)
 
 
 def test_oom_recovery_frees_what_the_failed_attempt_held(monkeypatch):
