@@ -679,6 +679,28 @@ __attribute__((destructor)) static void tc_unload(void) {
   tc_key_ok = false;
 }
 
+/* Frees the calling thread's caches that ab_shutdown detached (all of
+ * them, when called at its end), rather than leaving them for the
+ * thread's next allocation from a pool: after a dlclose that never comes,
+ * and each load of a plugin lost them (a probe: 0.8 KB a load for each
+ * pool the thread used). Other threads free theirs in tc_get or at exit. */
+static void tc_free_own(void) {
+  for (struct tcache **link = &my_caches; *link != NULL;) {
+    struct tcache *old = *link;
+    tc_lock(&old->lock);
+    const bool dead = old->pool == NULL;
+    tc_unlock(&old->lock);
+    if (!dead) {
+      link = &old->tnext;
+      continue;
+    }
+    *link = old->tnext;
+    if (my_last == old) my_last = NULL;
+    free(old);
+  }
+  if (tc_key_ok) pthread_setspecific(tc_key, my_caches); /* the list's head for tc_thread_exit */
+}
+
 /* The caller's cache of p: found, made (when `create`), or NULL (off, no
  * memory, no thread key). */
 static struct tcache *tc_get(struct ab__pool *p, bool create) {
@@ -689,21 +711,7 @@ static struct tcache *tc_get(struct ab__pool *p, bool create) {
   if (!create) return NULL;
   pthread_once(&tc_once, tc_init);
   if (!tc_key_ok) return NULL;
-  /* Free the caches ab_shutdown detached, while the list is walked anyway. */
-  for (struct tcache **link = &my_caches; *link != NULL;) {
-    struct tcache *old = *link;
-    tc_lock(&old->lock);
-    bool dead = old->pool == NULL;
-    tc_unlock(&old->lock);
-    if (!dead) {
-      link = &old->tnext;
-      continue;
-    }
-    *link = old->tnext;
-    if (my_last == old) my_last = NULL;
-    free(old);
-  }
-  pthread_setspecific(tc_key, my_caches); /* the list's head for tc_thread_exit */
+  tc_free_own(); /* the caches ab_shutdown detached, while the list is walked anyway */
   /* Not ab__calloc: a cache is the thread's, not a tracked library block,
    * and a failure here only means the shared path. On lines of its own
    * (TC_ALIGN): its lock and counts are written at every hit, and two
@@ -1460,6 +1468,7 @@ void ab__pool_shutdown(void) {
       pthread_mutex_destroy(&p->lock);
       ab__free(p);
     }
+  tc_free_own();
   env_reread();
 }
 
