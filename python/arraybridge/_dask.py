@@ -246,7 +246,11 @@ def install():
         _register(protocol)
     elif _hook not in sys.meta_path:
         _late = protocol is None and _PROTOCOL in sys.modules  # half-imported (not: imported without the API)
-        sys.meta_path.insert(0, _hook)
+        # A new list, as _uninstall makes one, without the hook of an earlier
+        # import of this module (its entries taken out of sys.modules and
+        # imported again): each import added one, which kept its module alive.
+        sys.meta_path = [_hook] + [f for f in sys.meta_path if type(f).__qualname__ != "_WhenImported"
+                                   or type(f).__module__ != __name__]
 
 
 def registered():

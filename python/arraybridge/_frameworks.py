@@ -1191,5 +1191,19 @@ def _note_drivers():
             pass
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(before=_note_drivers, after_in_child=_forget_devices)
+def _as_imported_now(name):
+    """A fork hook that calls this module's function `name` as the module is
+    imported now: a module imported again (its entries taken out of
+    sys.modules) keeps the device lists in use, and os.register_at_fork
+    cannot take a hook back, so the hooks are registered once a process
+    (a mark on the C module, which is not imported again)."""
+    def hook():
+        mod = sys.modules.get(__name__)
+        if mod is not None:
+            getattr(mod, name)()
+    return hook
+
+
+if hasattr(os, "register_at_fork") and not getattr(_ab, "_fork_hooks", False):  # POSIX
+    _ab._fork_hooks = True
+    os.register_at_fork(before=_as_imported_now("_note_drivers"), after_in_child=_as_imported_now("_forget_devices"))
