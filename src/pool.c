@@ -82,7 +82,8 @@ struct ab__pool {
   ab__block *large;      /* newest first */
   uint64_t large_bytes;  /* the sizes of the blocks in `large` */
   bool host_ram;         /* its memory is the host's RAM (keep_large) */
-  uint64_t keep_peak;    /* use_peak's highest, never reset (keep_large) */
+  uint64_t keep_peak;    /* use_peak's highest since a trim (keep_large) */
+  uint64_t trim_peak;    /* use_peak when trimmed: no new peak while it is the same */
   /* Left behind by ab_shutdown while tensors still held blocks: out of the
    * table (a fresh pool serves the device after re-initialisation), its
    * blocks go back to the driver as they are freed, and the last one
@@ -392,17 +393,22 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
  * review measured 62 of 100 such requests reaching the driver with twice
  * the peak). Past the bound, the oldest block that was never served from
  * the cache goes first, and the oldest of all only where every block was,
- * so that the sizes a pipeline keeps using outlast the new ones. Device memory
+ * so that the sizes a pipeline keeps using outlast the new ones (each
+ * eviction ages the oldest spared block). ab_pool_trim restarts the peak
+ * from what is in use, so that one large tensor of the past does not keep
+ * the bound high for good. Device memory
  * keeps every block, as CUDA's caching allocators do. The peak is the
  * pool's own, not the one ab_pool_reset_peak restarts for a phase. */
 #define LARGE_KEEP ((uint64_t)512 << 20)
 
 /* Unlinks large blocks of a host-RAM pool past that bound into *out,
- * counted as given back. Under the lock; the caller gives them to the
- * driver after it (free_blocks). */
-static void keep_large(struct ab__pool *p, ab__block **out) {
+ * counted as given back; in_use: the pool's use with the block just freed
+ * still counted. Under the lock; the caller gives them to the driver
+ * after it (free_blocks). */
+static void keep_large(struct ab__pool *p, ab__block **out, uint64_t in_use) {
   const uint64_t peak = atomic_load_explicit(&p->use_peak, memory_order_relaxed);
-  if (peak > p->keep_peak) p->keep_peak = peak;
+  if (peak != p->trim_peak && peak > p->keep_peak) p->keep_peak = peak;
+  if (in_use > p->keep_peak) p->keep_peak = in_use; /* use_peak may not have moved since a trim */
   const uint64_t keep = p->keep_peak > LARGE_KEEP / 4 ? 4 * p->keep_peak : LARGE_KEEP;
   while (p->host_ram && p->large_bytes > keep) {
     ab__block **oldest = NULL, **oldest_unused = NULL; /* the list is newest first */
@@ -411,6 +417,12 @@ static void keep_large(struct ab__pool *p, ab__block **out) {
       if (!(*l)->reused) oldest_unused = l;
     }
     ab__block **at = oldest_unused != NULL ? oldest_unused : oldest, *b = *at;
+    /* A second chance, not a pass for good: the oldest block, spared for
+     * having been reused, loses its mark, so that the sizes of a phase
+     * that ended go once the next phase's sizes recur (a review: phase-one
+     * blocks kept, every phase-two block given back, 44 of 100 requests
+     * to the driver). */
+    if (*oldest != b) (*oldest)->reused = false;
     *at = b->next;
     p->large_bytes -= b->size;
     p->st.cached_blocks--;
@@ -810,7 +822,7 @@ static bool tc_put(ab__block *b) {
         atomic_fetch_sub_explicit(&p->use, old->size, memory_order_relaxed);
         atomic_fetch_sub_explicit(&p->req, old->requested, memory_order_relaxed);
         put_cached(p, old);
-        if (AB_UNLIKELY(p->large_bytes > LARGE_KEEP)) keep_large(p, &gone);
+        if (AB_UNLIKELY(p->large_bytes > LARGE_KEEP)) keep_large(p, &gone, relaxed(&p->use) + old->size);
         pthread_mutex_unlock(&p->lock);
       }
       tc->big = b;
@@ -866,7 +878,9 @@ static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_p
   s->in_use_bytes.current = relaxed(&p->use) - idle;
   s->requested_bytes.current = relaxed(&p->req) - idle_req;
   if (reset_peaks) {
-    if (relaxed(&p->use_peak) > p->keep_peak) p->keep_peak = relaxed(&p->use_peak); /* keep_large's */
+    const uint64_t peak = relaxed(&p->use_peak); /* keep_large's, before it restarts */
+    if (peak != p->trim_peak && peak > p->keep_peak) p->keep_peak = peak;
+    p->trim_peak = UINT64_MAX;
     p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
     set_relaxed(&p->use_peak, s->in_use_bytes.current);
     set_relaxed(&p->req_peak, s->requested_bytes.current);
@@ -1271,7 +1285,7 @@ void ab__pool_free(ab__block *b) {
   if (AB_LIKELY(!p->orphaned)) {
     put_cached(p, b);
     ab__block *old = NULL;
-    if (AB_UNLIKELY(p->large_bytes > LARGE_KEEP)) keep_large(p, &old);
+    if (AB_UNLIKELY(p->large_bytes > LARGE_KEEP)) keep_large(p, &old, relaxed(&p->use) + b->size);
     const struct ab_backend *be = p->be;
     const int32_t id = p->dev.device_id;
     pthread_mutex_unlock(&p->lock);
@@ -1417,10 +1431,21 @@ ab_status ab_pool_summary(DLDevice dev, char *buf, size_t len) {
   return AB_OK;
 }
 
+/* ab_pool_trim's: every cached block back, and keep_large's peak from
+ * what is in use now (blocks idle in thread caches counted, as use_peak
+ * counts them). */
+static void trim(struct ab__pool *p) {
+  release_cache(p, false);
+  pthread_mutex_lock(&p->lock);
+  p->keep_peak = relaxed(&p->use);
+  p->trim_peak = relaxed(&p->use_peak);
+  pthread_mutex_unlock(&p->lock);
+}
+
 ab_status ab_pool_trim(DLDevice dev) {
   struct ab__pool *p = NULL; /* set when pool_of succeeds; gcc -O3 cannot tell */
   AB_FORWARD(pool_of(dev, &p));
-  release_cache(p, false);
+  trim(p);
   return AB_OK;
 }
 
@@ -1428,7 +1453,7 @@ void ab_pool_trim_all(void) {
   for (int t = 0; t < MAX_TYPES; t++)
     for (int i = 0; i < MAX_IDS; i++) {
       struct ab__pool *p = atomic_load_explicit(&table[t][i], memory_order_acquire);
-      if (p != NULL) release_cache(p, false);
+      if (p != NULL) trim(p);
     }
 }
 
