@@ -246,11 +246,16 @@ def install():
         _register(protocol)
     elif _hook not in sys.meta_path:
         _late = protocol is None and _PROTOCOL in sys.modules  # half-imported (not: imported without the API)
-        # A new list, as _uninstall makes one, without the hook of an earlier
-        # import of this module (its entries taken out of sys.modules and
-        # imported again): each import added one, which kept its module alive.
-        sys.meta_path = [_hook] + [f for f in sys.meta_path if type(f).__qualname__ != "_WhenImported"
-                                   or type(f).__module__ != __name__]
+        # The hook of an earlier import of this module (its entries taken
+        # out of sys.modules and imported again) is replaced, not kept
+        # beside it: each import added one, which kept its module alive.
+        # Only then a new list (as _uninstall makes one): rebuilding it
+        # every time could drop a finder another thread inserts meanwhile.
+        stale = [f for f in sys.meta_path if type(f).__qualname__ == "_WhenImported" and type(f).__module__ == __name__]
+        if stale:
+            sys.meta_path = [_hook] + [f for f in sys.meta_path if not any(f is s for s in stale)]
+        else:
+            sys.meta_path.insert(0, _hook)
 
 
 def registered():

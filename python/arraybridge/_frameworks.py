@@ -1196,14 +1196,16 @@ def _as_imported_now(name):
     imported now: a module imported again (its entries taken out of
     sys.modules) keeps the device lists in use, and os.register_at_fork
     cannot take a hook back, so the hooks are registered once a process
-    (a mark on the C module, which is not imported again)."""
+    (_claim_fork_hooks: a static of the C module, which no re-import
+    resets). Where the module is out of sys.modules, or half imported
+    again, at the fork, this copy's own function runs: the parent's note
+    that pyclesperanto started OpenCL must not be skipped (its child then
+    hangs in the driver)."""
     def hook():
-        mod = sys.modules.get(__name__)
-        if mod is not None:
-            getattr(mod, name)()
+        fn = getattr(sys.modules.get(__name__), name, None)
+        (fn if callable(fn) else globals()[name])()
     return hook
 
 
-if hasattr(os, "register_at_fork") and not getattr(_ab, "_fork_hooks", False):  # POSIX
-    _ab._fork_hooks = True
+if hasattr(os, "register_at_fork") and _ab._claim_fork_hooks():  # POSIX
     os.register_at_fork(before=_as_imported_now("_note_drivers"), after_in_child=_as_imported_now("_forget_devices"))

@@ -3071,6 +3071,20 @@ static PyObject *explain_route_of(const struct move_args *a) {
 /* _note_driver_started(device): ab_note_driver_started of device's type
  * (the Python layer calls it before a fork while pyclesperanto, which
  * starts OpenCL at its import, is imported). */
+/* _claim_fork_hooks(): True the first time a process asks, False after:
+ * os.register_at_fork cannot take a hook back, and the Python package,
+ * imported again, would register its hooks again. A static of the shared
+ * object, which stays loaded whatever Python does with its modules (the
+ * GIL orders the callers). */
+static PyObject *py_claim_fork_hooks(PyObject *mod, PyObject *noargs) {
+  static int claimed;
+  (void)mod;
+  (void)noargs;
+  const int first = !claimed;
+  claimed = 1;
+  return PyBool_FromLong(first);
+}
+
 static PyObject *py_note_driver_started(PyObject *mod, PyObject *arg) {
   (void)mod;
   DLDevice d;
@@ -3111,6 +3125,9 @@ static PyMethodDef module_methods[] = {
    "empty(shape, dtype, device='cpu')\n--\n\nA new compact Tensor of that shape and dtype on device, from the "
    "device's pool; its elements are not set."},
   {"devices", py_devices, METH_NOARGS, "devices()\n--\n\nDevice strings of every device present."},
+  {"_claim_fork_hooks", py_claim_fork_hooks, METH_NOARGS,
+   "_claim_fork_hooks()\n--\n\nTrue the first time a process asks, then False (internal: the package's fork "
+   "hooks are registered once a process)."},
   {"_note_driver_started", py_note_driver_started, METH_O,
    "_note_driver_started(device)\n--\n\nab_note_driver_started of device's type ('opencl:0'): another library "
    "started that driver here, so a process forked from this one has none of its devices."},
