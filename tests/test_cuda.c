@@ -663,16 +663,22 @@ Test(cuda, peer_copies_are_direct_where_the_gpus_allow_it) {
   cr_assert_eq(peer_answer(0, 1), can, "after it");
 }
 
+/* one_peer_copy with cudaDeviceEnablePeerAccess failing once with e
+ * (skipped where simcuda gives no pair peer access to enable). */
+static void copy_with_enable_failing(cudaError_t e, long *direct, long *staged) {
+  need_devices(2);
+  const char *mode = getenv("AB_SIMCUDA_PEER");
+  if (mode != NULL && strcmp(mode, "none") == 0) cr_skip_test("AB_SIMCUDA_PEER=none: no peer access to enable");
+  simcuda_fail_call("cudaDeviceEnablePeerAccess", e);
+  one_peer_copy(direct, staged);
+}
+
 /* ab_peer_access answers whether copies go directly, so a pair whose
  * enable was refused says 0 once the refusal is known (found by a probe
  * with eight GPUs: abtool info showed such pairs as P2P). */
 Test(cuda, a_pair_refused_peer_access_is_not_reported_direct) {
-  need_devices(2);
-  const char *mode = getenv("AB_SIMCUDA_PEER");
-  if (mode != NULL && strcmp(mode, "none") == 0) cr_skip_test("AB_SIMCUDA_PEER=none: no peer access to refuse");
   long direct, staged;
-  simcuda_fail_call("cudaDeviceEnablePeerAccess", cudaErrorPeerAccessUnsupported);
-  one_peer_copy(&direct, &staged);
+  copy_with_enable_failing(cudaErrorPeerAccessUnsupported, &direct, &staged);
   cr_assert_eq(staged, 1, "the copy was not staged: %ld direct, %ld staged", direct, staged);
   cr_assert_eq(peer_answer(0, 1), 0);
 }
@@ -683,12 +689,8 @@ Test(cuda, a_pair_refused_peer_access_is_not_reported_direct) {
  * codes from previous, asynchronous launches" (section 6.14): such an error
  * says nothing about the two GPUs. */
 Test(cuda, a_transient_peer_enable_failure_is_tried_again) {
-  need_devices(2);
-  const char *mode = getenv("AB_SIMCUDA_PEER");
-  if (mode != NULL && strcmp(mode, "none") == 0) cr_skip_test("AB_SIMCUDA_PEER=none: no peer access to enable");
   long direct, staged;
-  simcuda_fail_call("cudaDeviceEnablePeerAccess", cudaErrorLaunchOutOfResources);
-  one_peer_copy(&direct, &staged);
+  copy_with_enable_failing(cudaErrorLaunchOutOfResources, &direct, &staged);
   cr_assert_eq(simcuda_failures(), 1, "the enable was not asked");
   cr_assert_eq(staged, 1, "the first copy, without access, is staged");
   one_peer_copy(&direct, &staged);
