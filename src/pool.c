@@ -394,11 +394,11 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
  * the peak). Past the bound, the oldest block that was never served from
  * the cache goes first, and the oldest of all only where every block was,
  * so that the sizes a pipeline keeps using outlast the new ones (each
- * eviction ages the oldest spared block). ab_pool_trim restarts the peak
- * from what is in use, so that one large tensor of the past does not keep
- * the bound high for good. Device memory
- * keeps every block, as CUDA's caching allocators do. The peak is the
- * pool's own, not the one ab_pool_reset_peak restarts for a phase. */
+ * eviction ages the oldest spared block). The peak is the pool's own, not
+ * the one ab_pool_reset_peak restarts for a phase; ab_pool_trim restarts
+ * it from what is in use, so that one large tensor of the past does not
+ * keep the bound high for good. Device memory keeps every block, as CUDA's
+ * caching allocators do. */
 #define LARGE_KEEP ((uint64_t)512 << 20)
 
 /* Unlinks large blocks of a host-RAM pool past that bound into *out,
