@@ -416,6 +416,7 @@ static void keep_large(struct ab__pool *p, ab__block **out, uint64_t in_use) {
       oldest = l;
       if (!(*l)->reused) oldest_unused = l;
     }
+    if (oldest == NULL) break; /* none: large_bytes counts the list's, so never */
     ab__block **at = oldest_unused != NULL ? oldest_unused : oldest, *b = *at;
     /* A second chance, not a pass for good: the oldest block, spared for
      * having been reused, loses its mark, so that the sizes of a phase
