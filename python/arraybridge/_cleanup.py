@@ -139,8 +139,9 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
     """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
     of the adapters' frameworks'), frees the caches and calls again, at most
     max_retries times (not for a request past what the device allocates at
-    once, which no freed cache cures: hopeless). The last error is raised as it came, with
-    arraybridge's memory report attached as a note (Python >= 3.11). A
+    once, which no freed cache cures: hopeless). The last error is raised
+    as it came, with arraybridge's memory report attached as a note
+    (Python >= 3.11). A
     recovery inside another (one decorated function calling another, on
     the same thread or task) marks the error it gives up on, and the
     enclosing one raises it, or one raised from it, as it is rather than

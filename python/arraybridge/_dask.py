@@ -251,7 +251,8 @@ def install():
         # beside it: each import added one, which kept its module alive.
         # Only then a new list (as _uninstall makes one): rebuilding it
         # every time could drop a finder another thread inserts meanwhile.
-        stale = [f for f in sys.meta_path if type(f).__qualname__ == "_WhenImported" and type(f).__module__ == __name__]
+        stale = [f for f in sys.meta_path
+                 if type(f).__qualname__ == "_WhenImported" and type(f).__module__ == __name__]
         if stale:
             sys.meta_path = [_hook] + [f for f in sys.meta_path if not any(f is s for s in stale)]
         else:
