@@ -401,13 +401,19 @@ static void put_cached(struct ab__pool *p, ab__block *b) {
  * caching allocators do. */
 #define LARGE_KEEP ((uint64_t)512 << 20)
 
+/* use_peak into keep_peak where it moved since the last trim. Under the
+ * lock. */
+static void fold_peak(struct ab__pool *p) {
+  const uint64_t peak = atomic_load_explicit(&p->use_peak, memory_order_relaxed);
+  if (peak != p->trim_peak && peak > p->keep_peak) p->keep_peak = peak;
+}
+
 /* Unlinks large blocks of a host-RAM pool past that bound into *out,
  * counted as given back; in_use: the pool's use with the block just freed
  * still counted. Under the lock; the caller gives them to the driver
  * after it (free_blocks). */
 static void keep_large(struct ab__pool *p, ab__block **out, uint64_t in_use) {
-  const uint64_t peak = atomic_load_explicit(&p->use_peak, memory_order_relaxed);
-  if (peak != p->trim_peak && peak > p->keep_peak) p->keep_peak = peak;
+  fold_peak(p);
   if (in_use > p->keep_peak) p->keep_peak = in_use; /* use_peak may not have moved since a trim */
   const uint64_t keep = p->keep_peak > LARGE_KEEP / 4 ? 4 * p->keep_peak : LARGE_KEEP;
   while (p->host_ram && p->large_bytes > keep) {
@@ -879,8 +885,7 @@ static void read_stats(struct ab__pool *p, struct ab_pool_stats *s, bool reset_p
   s->in_use_bytes.current = relaxed(&p->use) - idle;
   s->requested_bytes.current = relaxed(&p->req) - idle_req;
   if (reset_peaks) {
-    const uint64_t peak = relaxed(&p->use_peak); /* keep_large's, before it restarts */
-    if (peak != p->trim_peak && peak > p->keep_peak) p->keep_peak = peak;
+    fold_peak(p); /* keep_large's, before it restarts */
     p->trim_peak = UINT64_MAX;
     p->st.reserved_bytes.peak = p->st.reserved_bytes.current;
     set_relaxed(&p->use_peak, s->in_use_bytes.current);

@@ -107,14 +107,20 @@ def _retried(exc, handling=None):
     return False
 
 
-def _is_oom(exc, adapters):
+def _in_chain(exc, test):
+    """Whether test holds for exc or an exception it was raised from
+    (its __cause__, theirs, and so on; a cycle is walked once)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if is_oom(exc, adapters):
+        if test(exc):
             return True
         exc = exc.__cause__
     return False
+
+
+def _is_oom(exc, adapters):
+    return _in_chain(exc, lambda e: is_oom(e, adapters))
 
 
 # Out-of-memory errors that no freed cache can cure: a request past what
@@ -126,13 +132,7 @@ _HOPELESS = ("no release or callback can make room", "INVALID_BUFFER_SIZE")
 def hopeless(exc):
     """Whether exc, or an exception it was raised from, is a request too
     large for the device whatever is freed (_HOPELESS)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if any(words in str(exc) for words in _HOPELESS):
-            return True
-        exc = exc.__cause__
-    return False
+    return _in_chain(exc, lambda e: any(words in str(e) for words in _HOPELESS))
 
 
 def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
