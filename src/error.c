@@ -45,7 +45,10 @@ const char *ab_last_error(void) { return errbuf; }
 
 void ab__quote(const char *text, char *buf, size_t len) {
   size_t n = 0;
-  for (; text[n] != '\0' && n + 4 < len && n < 40; n++) buf[n] = isprint((unsigned char)text[n]) ? text[n] : '?';
+  for (; text[n] != '\0' && n + 4 < len && n < 40; n++) {
+    const unsigned char c = (unsigned char)text[n];
+    buf[n] = isprint(c) && c != '"' ? (char)c : '?';
+  }
   if (text[n] != '\0') {
     memcpy(buf + n, "...", 3);
     n += 3;

@@ -75,8 +75,9 @@ ab_status ab__fail_at(const char *file, int line, ab_status status,
 #endif
 
 /* Writes `text` into buf (len >= 4) for a message: at most 40 characters,
- * "..." where it is cut, anything unprintable as '?'. AB__QUOTED holds the
- * longest (40 + 3 + the NUL), with room to spare. */
+ * "..." where it is cut, anything unprintable, and the double quote that
+ * messages put around it, as '?'. AB__QUOTED holds the longest (40 + 3 +
+ * the NUL), with room to spare. */
 void ab__quote(const char *text, char *buf, size_t len);
 #define AB__QUOTED 48
 

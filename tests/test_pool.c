@@ -861,6 +861,7 @@ Test(pool, a_hostile_env_limit_is_quoted_in_the_message) {
     const char *v, *want;
   } cases[] = {
       {"cpu\x1b[31m=1K", "unknown device type \"cpu?[31m\""},
+      {"cpu\"=1K", "unknown device type \"cpu?\""},
       {"cpu=1K\nFAKE: arraybridge error: injected", "size \"1K?FAKE: arraybridge error: injected\" is not"},
       {long_entry, "...\": size \"7777"},
   };
