@@ -2766,27 +2766,42 @@ done:
 
 
 /* Whether a payload's memory is a bytes object's, through the memoryviews
- * and PickleBuffers pickle and Dask wrap it in. Such memory is never
- * adopted, even for a read-only tensor: bytes are immutable and shared
- * (b"\x05" is one object interpreter-wide, constants are interned), and a
- * consumer that ignores DLPack's read-only flag (torch does) would rewrite
- * them for the whole process. */
-static int memory_is_bytes(PyObject *o) {
-  for (int depth = 0; o != NULL && depth < 8; depth++) {
-    if (PyBytes_Check(o)) return 1;
-    if (PyMemoryView_Check(o))
-      o = PyMemoryView_GET_BASE(o);
+ * and PickleBuffers pickle and Dask wrap it in and the arrays made over it
+ * (np.frombuffer: an exporter's `base`). Such memory is never adopted, even
+ * for a read-only tensor: bytes are immutable and shared (b"\x05" is one
+ * object interpreter-wide, constants are interned), and a consumer that
+ * ignores DLPack's read-only flag (torch does) would rewrite them for the
+ * whole process. A `base` that cannot be read (other than AttributeError),
+ * or a chain longer than the walk, counts as bytes: the payload is copied,
+ * which is always safe. */
+static int memory_is_bytes(PyObject *payload) {
+  PyObject *o = Py_NewRef(payload);
+  int found = 0;
+  for (int depth = 0; o != NULL && depth < 16 && !found; depth++) {
+    PyObject *next = NULL;
+    if (PyBytes_Check(o))
+      found = 1;
+    else if (PyMemoryView_Check(o))
+      next = Py_XNewRef(PyMemoryView_GET_BASE(o));
     else if (PyPickleBuffer_Check(o)) {
       const Py_buffer *view = PyPickleBuffer_GetBuffer(o);
-      if (view == NULL) { /* released: nothing of it to adopt */
+      if (view == NULL) /* released: nothing of it to adopt */
         PyErr_Clear();
-        return 0;
-      }
-      o = view->obj;
-    } else
-      return 0;
+      else
+        next = Py_XNewRef(view->obj);
+    } else if ((next = PyObject_GetAttrString(o, "base")) == NULL) {
+      found = !PyErr_ExceptionMatches(PyExc_AttributeError);
+      PyErr_Clear();
+    }
+    if (next == Py_None) Py_CLEAR(next);
+    Py_DECREF(o);
+    o = next;
   }
-  return 0;
+  if (o != NULL) { /* the walk stopped short */
+    Py_DECREF(o);
+    found = 1;
+  }
+  return found;
 }
 
 static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {

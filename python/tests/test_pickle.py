@@ -66,9 +66,22 @@ def test_a_load_copies_what_it_cannot_adopt():
     # the same bytes for a read-only tensor: copied too. bytes are immutable
     # and shared (b"\x05" is one object for the whole interpreter), and
     # torch writes through DLPack's read-only flag; so are bytes under the
-    # memoryviews and PickleBuffers that pickle and Dask wrap them in.
+    # memoryviews and PickleBuffers that pickle and Dask wrap them in,
+    # and arrays made over them (np.frombuffer: the array's base). An array
+    # whose base cannot be read may be over bytes: copied.
+    class Unreadable(np.ndarray):
+        @property
+        def base(self):
+            raise RuntimeError("no base")
+
+    def read_only(a):
+        a.flags.writeable = False
+        return a
+
     for payload in (raw, memoryview(raw), memoryview(memoryview(raw)[8:]), pickle.PickleBuffer(raw),
-                    memoryview(pickle.PickleBuffer(raw))):
+                    memoryview(pickle.PickleBuffer(raw)), np.frombuffer(raw, np.uint8),
+                    memoryview(np.frombuffer(memoryview(raw), np.float64)[1:]),
+                    read_only(np.frombuffer(bytearray(raw), np.uint8).view(Unreadable))):
         r = rebuild(payload, "float64", (len(memoryview(payload).cast("B")) // 8,), True, "cpu:0")
         assert r.readonly and r.data_ptr != addr(np.frombuffer(payload, np.uint8))
         np.testing.assert_array_equal(np.from_dlpack(r), np.frombuffer(payload, np.float64))
@@ -76,9 +89,9 @@ def test_a_load_copies_what_it_cannot_adopt():
     assert one.data_ptr != addr(np.frombuffer(b"\x05", np.uint8))
     # read-only memory that is not a bytes object's, for a read-only
     # tensor: adopted
-    ro = memoryview(bytearray(raw)).toreadonly()
-    r = rebuild(ro, "float64", (8,), True, "cpu:0")
-    assert r.readonly and r.data_ptr == addr(np.frombuffer(ro, np.float64))
+    for ro in (memoryview(bytearray(raw)).toreadonly(), read_only(np.frombuffer(bytearray(raw), np.float64))):
+        r = rebuild(ro, "float64", (8,), True, "cpu:0")
+        assert r.readonly and r.data_ptr == addr(np.frombuffer(ro, np.float64))
     # a misaligned buffer: copied into aligned memory
     buf = bytearray(8 * 8 + 1)
     view = memoryview(buf)[1:]
