@@ -55,8 +55,9 @@ def memory_report():
 # error marks it with that path, and a recovery takes an error as given up
 # on only where its own token is on the mark's path: one it encloses gave
 # up (in this thread, or in a task or thread that copied this context:
-# asyncio.to_thread, run_in_executor). One exception object can reach
-# several threads at once (a Future's result): a mark that said only
+# asyncio.to_thread, copy_context().run; not a plain Thread, an executor's
+# submit or run_in_executor, which start in a context of their own). One
+# exception object can reach several threads at once (a Future's result): a mark that said only
 # "given up" made a sibling's recovery give up at its first try, and the
 # sibling's outermost level took the mark off while the first thread's
 # enclosing recovery was still to see it.

@@ -1544,6 +1544,36 @@ def test_nested_decorators_retry_once_not_once_per_level():
         assert sum("still out of memory" in n for n in e.value.__notes__) == 1
 
 
+def test_nesting_reaches_threads_through_a_copied_context_only():
+    """python.md: a thread an enclosing recovery starts counts as within it
+    when it runs in a copy of its context (copy_context().run); an
+    executor's plain submit starts in a context of its own, and each level
+    retries (3 x 3 calls)."""
+    import concurrent.futures
+    import contextvars
+    calls = {"inner": 0, "outer": 0}
+
+    @ab.numpy
+    def inner(x):
+        calls["inner"] += 1
+        raise MemoryError("out of memory (test)")
+
+    def outer_with(submit):
+        @ab.numpy
+        def outer(x):
+            calls["outer"] += 1
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                return submit(ex, x).result()
+        return outer
+
+    for submit, want in ((lambda ex, x: ex.submit(contextvars.copy_context().run, inner, x), (3, 1)),
+                         (lambda ex, x: ex.submit(inner, x), (9, 3))):
+        calls.update(inner=0, outer=0)
+        with pytest.raises(MemoryError):
+            outer_with(submit)(np.ones(2))
+        assert (calls["inner"], calls["outer"]) == want, calls
+
+
 def test_a_shared_out_of_memory_error_is_retried_by_each_thread_on_its_own():
     """One exception object can reach two threads at once (a Future's
     result). Thread B's nested recovery gives up on it and, while B's
