@@ -121,7 +121,12 @@ def _in_chain(exc, test):
 
 
 def _is_oom(exc, adapters):
-    return _in_chain(exc, lambda e: is_oom(e, adapters))
+    """Whether exc, or an exception it was raised from, is a lack of memory
+    by the adapters' frameworks or any other the process has imported: a
+    @pyclesperanto stage that runs a torch model meets torch's
+    OutOfMemoryError."""
+    every = list(adapters) + [a for a in ADAPTERS.values() if a not in adapters and a.loaded() is not None]
+    return _in_chain(exc, lambda e: is_oom(e, every))
 
 
 # Out-of-memory errors that no freed cache can cure: a request past what

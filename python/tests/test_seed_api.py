@@ -1241,6 +1241,28 @@ def test_oom_recovery_frees_caches_retries_and_reports():
         assert any("memory report" in n and "cpu:0" in n for n in e.value.__notes__)
 
 
+def test_oom_recovery_retries_any_imported_frameworks_out_of_memory_error():
+    """A stage decorated for one framework that runs another's code (a
+    @pyclesperanto step calling a torch model) meets that framework's
+    out-of-memory errors: retried as the decorator's own are (python.md
+    lists every framework's)."""
+    torch = need("torch")
+    tf = need("tensorflow")
+    for error in (torch.cuda.OutOfMemoryError("CUDA out of memory (test)"),
+                  tf.errors.ResourceExhaustedError(None, None, "OOM when allocating (test)")):
+        calls = []
+
+        @ab.numpy(output_type="numpy")
+        def stage(x):
+            calls.append(1)
+            if len(calls) < 3:
+                raise error
+            return x
+
+        np.testing.assert_array_equal(stage(np.ones(2)), np.ones(2))
+        assert len(calls) == 3, (type(error), calls)
+
+
 def test_oom_recovery_does_not_retry_a_request_too_large_for_the_device():
     """A request past what the device allocates at once (the C core's
     words; OpenCL's CL_INVALID_BUFFER_SIZE as pyclesperanto raises it) is
