@@ -2554,7 +2554,7 @@ static DLManagedTensorVersioned *buffer_tensor(Py_buffer *view, int32_t ndim, co
   return &bt->mt;
 }
 
-static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly);
+static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly, int copied);
 
 /* A host tensor in memory of its own outside the library's pools
  * (PyMem_RawMalloc: freed by its deleter on any thread, GIL or not). */
@@ -2846,10 +2846,8 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
    * the elements. */
   const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
   if (!negative && (!b.readonly || (readonly && !memory_is_bytes(payload))) && (uintptr_t)b.buf % align == 0 &&
-      (mt = buffer_tensor(&b, n, shape, dtype)) != NULL) {
-    if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-    return place_rebuilt(mt, dev, readonly);
-  }
+      (mt = buffer_tensor(&b, n, shape, dtype)) != NULL)
+    return place_rebuilt(mt, dev, readonly, 0);
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
   if (st == AB_ERR_OUT_OF_MEMORY) {
     /* The host pool's limit leaves no room (a Dask worker capped as
@@ -2858,9 +2856,7 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
      * ever). The copy goes outside the pool instead. */
     mt = aligned_copy(&b, n, shape, dtype);
     PyBuffer_Release(&b);
-    if (mt == NULL) return NULL;
-    if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-    return place_rebuilt(mt, dev, readonly);
+    return mt == NULL ? NULL : place_rebuilt(mt, dev, readonly, 1);
   }
   if (st != AB_OK) {
     PyBuffer_Release(&b);
@@ -2869,13 +2865,14 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   const size_t want = byte_size(&mt->dl_tensor);
   if (want > 0) memcpy(mt->dl_tensor.data, b.buf, want);
   PyBuffer_Release(&b);
-  if (readonly) mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-  return place_rebuilt(mt, dev, readonly);
+  return place_rebuilt(mt, dev, readonly, 1);
 }
 
-/* A rebuilt host tensor onto the device it was pickled from, when this
+/* A rebuilt host tensor, flagged read-only and copied (its bytes from the
+ * payload's) as said, onto the device it was pickled from, when this
  * process has it (else it stays in host memory, and its device says so). */
-static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly) {
+static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly, int copied) {
+  mt->flags |= (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) | (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
   PyObject *t = tensor_new_owning(mt, NULL);
   if (t == NULL || dev.device_type == kDLCPU) return t;
   if (dev.device_id >= ab_device_count(dev.device_type)) {

@@ -60,7 +60,7 @@ def test_a_load_copies_what_it_cannot_adopt():
     # read-only bytes for a writable tensor: copied
     raw = data.tobytes()
     t = rebuild(raw, "float64", (8,), False, "cpu:0")
-    assert not t.readonly and np.from_dlpack(t)[3] == 3.0
+    assert not t.readonly and t.copied and np.from_dlpack(t)[3] == 3.0
     np.from_dlpack(t)[3] = 9.0
     assert np.frombuffer(raw, np.float64)[3] == 3.0
     # the same bytes for a read-only tensor: copied too. bytes are immutable
@@ -83,7 +83,7 @@ def test_a_load_copies_what_it_cannot_adopt():
                     memoryview(np.frombuffer(memoryview(raw), np.float64)[1:]),
                     read_only(np.frombuffer(bytearray(raw), np.uint8).view(Unreadable))):
         r = rebuild(payload, "float64", (len(memoryview(payload).cast("B")) // 8,), True, "cpu:0")
-        assert r.readonly and r.data_ptr != addr(np.frombuffer(payload, np.uint8))
+        assert r.readonly and r.copied and r.data_ptr != addr(np.frombuffer(payload, np.uint8))
         np.testing.assert_array_equal(np.from_dlpack(r), np.frombuffer(payload, np.float64))
     one = rebuild(b"\x05", "uint8", (1,), True, "cpu:0")
     assert one.data_ptr != addr(np.frombuffer(b"\x05", np.uint8))
@@ -91,13 +91,13 @@ def test_a_load_copies_what_it_cannot_adopt():
     # tensor: adopted
     for ro in (memoryview(bytearray(raw)).toreadonly(), read_only(np.frombuffer(bytearray(raw), np.float64))):
         r = rebuild(ro, "float64", (8,), True, "cpu:0")
-        assert r.readonly and r.data_ptr == addr(np.frombuffer(ro, np.float64))
+        assert r.readonly and not r.copied and r.data_ptr == addr(np.frombuffer(ro, np.float64))
     # a misaligned buffer: copied into aligned memory
     buf = bytearray(8 * 8 + 1)
     view = memoryview(buf)[1:]
     view[:] = data.tobytes()
     m = rebuild(view, "float64", (8,), False, "cpu:0")
-    assert m.data_ptr % 8 == 0
+    assert m.data_ptr % 8 == 0 and m.copied
     np.testing.assert_array_equal(np.from_dlpack(m), data)
     # an adopted buffer lives as long as the tensor does
     ba = bytearray(data.tobytes())
@@ -124,7 +124,7 @@ def test_a_misaligned_load_is_copied_outside_a_host_pool_with_no_room():
             ab.to_device(data, "cpu", copy=True)
         for readonly in (False, True):
             m = rebuild(view, "float32", (1 << 16,), readonly, "cpu:0")
-            assert m.data_ptr % 64 == 0 and m.readonly == readonly and m.device == "cpu:0"
+            assert m.data_ptr % 64 == 0 and m.readonly == readonly and m.copied and m.device == "cpu:0"
             assert ab.memory_stats("cpu")["in_use_bytes"]["current"] == before
             np.testing.assert_array_equal(np.from_dlpack(m), data)
             buf[1:5] = b"\0\0\0\0"  # a copy: the frame's memory can go back to Dask
