@@ -178,6 +178,15 @@ Test(bad_input, range_wrapping_below_address_zero_is_invalid) {
   DLTensor t2 = {g_buf, CPU0, 1, dt(kDLFloat, 32, 1), shape2, NULL, UINT64_MAX - 8};
   good_tensor();
   expect_tensor_rejected(&t2, AB_ERR_INVALID_ARGUMENT, "byte_offset", "byte_offset near 2^64");
+  /* and past the top of this process's address space: 2^32 in a 32-bit
+   * build, where data + byte_offset wrapped to memory before data (the
+   * 32-bit probe: read and written out of bounds) */
+  int64_t shape3[1] = {16};
+  DLTensor t3 = {g_buf, CPU0, 1, dt(kDLUInt, 8, 1), shape3, NULL, (uint64_t)UINTPTR_MAX - 7};
+  expect_tensor_rejected(&t3, AB_ERR_INVALID_ARGUMENT, "byte_offset", "byte_offset wrapping the address space");
+  t3.data = (void *)(UINTPTR_MAX - 7);
+  t3.byte_offset = 0;
+  expect_tensor_rejected(&t3, AB_ERR_INVALID_ARGUMENT, "outside", "data 8 bytes below the top of the address space");
 }
 
 Test(bad_input, extent_larger_than_any_buffer_is_invalid) {
