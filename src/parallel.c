@@ -98,13 +98,17 @@ static void read_env(void) {
     const char *v = ab__env_str("AB_PARALLEL_MIN");
     uint64_t m = AUTO_MIN;
     bool automatic = v == NULL || strcasecmp(v, "auto") == 0;
-    /* malformed: logged, and the default (auto) */
-    if (!automatic && (!ab__parse_size(v, strlen(v), &m) || m > SIZE_MAX)) {
+    /* malformed: logged, and the default (auto). A size past what this
+     * process addresses (4 GiB and up in a 32-bit build) is SIZE_MAX: no
+     * move is split, as asked. */
+    if (!automatic && !ab__parse_size(v, strlen(v), &m)) {
       char q[AB__QUOTED];
       ab__quote(v, q, sizeof q);
       AB_LOG(AB_LOG_ERROR, "AB_PARALLEL_MIN=\"%s\" ignored: want a size such as 256KiB, or auto; using auto", q);
       m = AUTO_MIN;
       automatic = true;
+    } else if (m > SIZE_MAX) {
+      m = SIZE_MAX;
     }
     atomic_store_explicit(&env_min, m == 0 ? 1 : (size_t)m, memory_order_relaxed);
     atomic_store_explicit(&env_auto, automatic, memory_order_relaxed);

@@ -276,6 +276,11 @@ Test(parallel, the_environment_is_read_and_checked, .init = NULL) {
   cr_assert_eq(sched_getaffinity(getpid(), sizeof set, &set), 0);
   cr_assert_eq(ab__num_threads(), CPU_COUNT(&set) > 64 ? 64 : CPU_COUNT(&set));
   cr_assert_eq(ab__parallel_min(), (size_t)256 << 10);
+  /* past what the process addresses (a 32-bit build): no move is split,
+   * as asked, not auto */
+  setenv("AB_PARALLEL_MIN", "8GiB", 1);
+  ab__env_reload();
+  cr_assert_eq(ab__parallel_min(), (uint64_t)8 << 30 > SIZE_MAX ? SIZE_MAX : (size_t)((uint64_t)8 << 30));
   /* digits alone: a blank or a sign on either side is refused alike (" 3"
    * was read as 3, "3 " refused) */
   const int cores = ab__num_threads(); /* the default, so the value tried is another */
