@@ -2771,27 +2771,37 @@ done:
  * for a read-only tensor: bytes are immutable and shared (b"\x05" is one
  * object interpreter-wide, constants are interned), and a consumer that
  * ignores DLPack's read-only flag (torch does) would rewrite them for the
- * whole process. A `base` that cannot be read (other than AttributeError),
- * or a chain longer than the walk, counts as bytes: the payload is copied,
- * which is always safe. */
+ * whole process. Where the walk cannot tell (a `base` or memoryview owner
+ * that cannot be read, a released PickleBuffer met on the way, a chain
+ * longer than the walk) it answers 1: the payload is copied, which is
+ * always safe. A memoryview's owner is read through its `obj` attribute,
+ * which refuses a released view, whose owner may be freed. -1 with the
+ * exception set for one that is no Exception (KeyboardInterrupt). */
+/* memory_is_bytes' answer where a read failed: 0 at the walk's end (an
+ * object with no such attribute, when `attribute`), else 1 (cannot tell:
+ * copy) for an Exception, cleared, and -1 for one that is none, kept. */
+static int walk_failed(int attribute) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  const int end = attribute && PyErr_ExceptionMatches(PyExc_AttributeError);
+  PyErr_Clear();
+  return end ? 0 : 1;
+}
+
 static int memory_is_bytes(PyObject *payload) {
   PyObject *o = Py_NewRef(payload);
   int found = 0;
   for (int depth = 0; o != NULL && depth < 16 && !found; depth++) {
     PyObject *next = NULL;
-    if (PyBytes_Check(o))
+    if (PyBytes_Check(o)) {
       found = 1;
-    else if (PyMemoryView_Check(o))
-      next = Py_XNewRef(PyMemoryView_GET_BASE(o));
-    else if (PyPickleBuffer_Check(o)) {
+    } else if (PyPickleBuffer_Check(o)) {
       const Py_buffer *view = PyPickleBuffer_GetBuffer(o);
-      if (view == NULL) /* released: nothing of it to adopt */
-        PyErr_Clear();
-      else
+      if (view != NULL)
         next = Py_XNewRef(view->obj);
-    } else if ((next = PyObject_GetAttrString(o, "base")) == NULL) {
-      found = !PyErr_ExceptionMatches(PyExc_AttributeError);
-      PyErr_Clear();
+      else
+        found = walk_failed(0); /* released */
+    } else if ((next = PyObject_GetAttrString(o, PyMemoryView_Check(o) ? "obj" : "base")) == NULL) {
+      found = walk_failed(1);
     }
     if (next == Py_None) Py_CLEAR(next);
     Py_DECREF(o);
@@ -2845,7 +2855,12 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
    * read-only, never a bytes object's (memory_is_bytes), and aligned for
    * the elements. */
   const size_t align = dtype.bits / 8u > 0 ? dtype.bits / 8u : 1;
-  if (!negative && (!b.readonly || (readonly && !memory_is_bytes(payload))) && (uintptr_t)b.buf % align == 0 &&
+  const int is_bytes = b.readonly && readonly ? memory_is_bytes(payload) : 0;
+  if (is_bytes < 0) {
+    PyBuffer_Release(&b);
+    return NULL;
+  }
+  if (!negative && (!b.readonly || (readonly && !is_bytes)) && (uintptr_t)b.buf % align == 0 &&
       (mt = buffer_tensor(&b, n, shape, dtype)) != NULL)
     return place_rebuilt(mt, dev, readonly, 0);
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);

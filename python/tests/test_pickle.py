@@ -68,11 +68,22 @@ def test_a_load_copies_what_it_cannot_adopt():
     # torch writes through DLPack's read-only flag; so are bytes under the
     # memoryviews and PickleBuffers that pickle and Dask wrap them in,
     # and arrays made over them (np.frombuffer: the array's base). An array
-    # whose base cannot be read may be over bytes: copied.
-    class Unreadable(np.ndarray):
-        @property
-        def base(self):
-            raise RuntimeError("no base")
+    # whose base cannot be read, or is a released memoryview (whose owner
+    # may be freed: reading it crashed) or PickleBuffer, may be over bytes:
+    # copied.
+    released_view = memoryview(bytes(range(200)) * 7)
+    released_view.release()
+    released_pb = pickle.PickleBuffer(bytearray(8))
+    released_pb.release()
+
+    def with_base(base):
+        class Based(np.ndarray):
+            @property
+            def base(self):
+                if isinstance(base, BaseException):
+                    raise base
+                return base
+        return read_only(np.frombuffer(bytearray(raw), np.uint8).view(Based))
 
     def read_only(a):
         a.flags.writeable = False
@@ -81,10 +92,13 @@ def test_a_load_copies_what_it_cannot_adopt():
     for payload in (raw, memoryview(raw), memoryview(memoryview(raw)[8:]), pickle.PickleBuffer(raw),
                     memoryview(pickle.PickleBuffer(raw)), np.frombuffer(raw, np.uint8),
                     memoryview(np.frombuffer(memoryview(raw), np.float64)[1:]),
-                    read_only(np.frombuffer(bytearray(raw), np.uint8).view(Unreadable))):
+                    with_base(RuntimeError("no base")), with_base(released_view), with_base(released_pb)):
         r = rebuild(payload, "float64", (len(memoryview(payload).cast("B")) // 8,), True, "cpu:0")
         assert r.readonly and r.copied and r.data_ptr != addr(np.frombuffer(payload, np.uint8))
         np.testing.assert_array_equal(np.from_dlpack(r), np.frombuffer(payload, np.float64))
+    # an interrupt while the base is read is no answer: it propagates
+    with pytest.raises(KeyboardInterrupt):
+        rebuild(with_base(KeyboardInterrupt()), "float64", (8,), True, "cpu:0")
     one = rebuild(b"\x05", "uint8", (1,), True, "cpu:0")
     assert one.data_ptr != addr(np.frombuffer(b"\x05", np.uint8))
     # read-only memory that is not a bytes object's, for a read-only
