@@ -57,10 +57,10 @@ def memory_report():
 # up (in this thread, or in a task or thread that copied this context:
 # asyncio.to_thread, copy_context().run; not a plain Thread, an executor's
 # submit or run_in_executor, which start in a context of their own). One
-# exception object can reach several threads at once (a Future's result): a mark that said only
-# "given up" made a sibling's recovery give up at its first try, and the
-# sibling's outermost level took the mark off while the first thread's
-# enclosing recovery was still to see it.
+# exception object can reach several threads at once (a Future's result):
+# a mark that said only "given up" made a sibling's recovery give up at its
+# first try, and the sibling's outermost level took the mark off while the
+# first thread's enclosing recovery was still to see it.
 _path = contextvars.ContextVar("arraybridge_oom_recovery_path", default=())
 _NOTE = "arraybridge: still out of memory after "
 
@@ -120,13 +120,23 @@ def _in_chain(exc, test):
     return False
 
 
-def _is_oom(exc, adapters):
-    """Whether exc, or an exception it was raised from, is a lack of memory
-    by the adapters' frameworks or any other the process has imported: a
-    @pyclesperanto stage that runs a torch model meets torch's
-    OutOfMemoryError."""
-    every = list(adapters) + [a for a in ADAPTERS.values() if a not in adapters and a.loaded() is not None]
-    return _in_chain(exc, lambda e: is_oom(e, every))
+OWN, OTHER = "own", "other"  # _oom_kind's answers
+
+
+def _oom_kind(exc, adapters):
+    """Whether exc, or an exception it was raised from, is a lack of memory:
+    OWN where the adapters' frameworks say so (MemoryError, their errors,
+    the words their messages use); OTHER where it is an out-of-memory error
+    of a type another imported framework defines (a @pyclesperanto stage
+    that runs a torch model meets torch's OutOfMemoryError; only such types
+    count there, not the words, which any error may carry once that
+    framework is imported); else None."""
+    if _in_chain(exc, lambda e: is_oom(e, adapters)):
+        return OWN
+    others = [a for a in ADAPTERS.values() if a not in adapters and a.loaded() is not None]
+    if others and _in_chain(exc, lambda e: any(a.raised(e) and a.is_oom(e, a.loaded()) for a in others)):
+        return OTHER
+    return None
 
 
 # Out-of-memory errors that no freed cache can cure: a request past what
@@ -142,8 +152,10 @@ def hopeless(exc):
 
 
 def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
-    """call(); on an out-of-memory error (MemoryError, arraybridge's, or one
-    of the adapters' frameworks'), frees the caches and calls again, at most
+    """call(); on an out-of-memory error (MemoryError, arraybridge's, one of
+    the adapters' frameworks', or one of a type another imported framework
+    defines: _oom_kind), frees the caches (of every GPU for another
+    framework's: device_id numbers the adapters' GPUs) and calls again, at most
     max_retries times (not for a request past what the device allocates at
     once, which no freed cache cures: hopeless). The last error is raised
     as it came, with arraybridge's memory report attached as a note
@@ -160,12 +172,13 @@ def run_with_oom_recovery(call, adapters, device_id=None, max_retries=2):
             try:
                 return call()
             except Exception as e:
-                if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
+                clean = _recovered(e, adapters, device_id, attempt, max_retries, handling)
+                if clean is _GIVE_UP:
                     raise
             # Out of the except block: the error's traceback, which holds the
             # failed attempt's frames and the arrays they made, is gone, so
             # the caches get those arrays' memory back too.
-            cleanup_all_gpu_frameworks(device_id)
+            cleanup_all_gpu_frameworks(clean)
 
 
 async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retries=2):
@@ -176,9 +189,10 @@ async def run_with_oom_recovery_async(call, adapters, device_id=None, max_retrie
             try:
                 return await call()
             except Exception as e:
-                if not _recovered(e, adapters, device_id, attempt, max_retries, handling):
+                clean = _recovered(e, adapters, device_id, attempt, max_retries, handling)
+                if clean is _GIVE_UP:
                     raise
-            cleanup_all_gpu_frameworks(device_id)  # out of the except block, as above
+            cleanup_all_gpu_frameworks(clean)  # out of the except block, as above
 
 
 @contextlib.contextmanager
@@ -201,13 +215,19 @@ def _nesting():
         _path.set(outer)
 
 
+_GIVE_UP = object()
+
+
 def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
-    """After attempt (0-based) raised e: True when the caches are to be
-    freed (by the caller, once out of its except block) for another try;
-    False when e is to be raised (not out of memory, given up on already, or
-    the last try: then noted and marked)."""
-    if not _is_oom(e, adapters) or _retried(e, handling):
-        return False
+    """After attempt (0-based) raised e: the GPU whose caches are to be freed
+    (by the caller, once out of its except block) for another try: device_id
+    for the adapters' frameworks' errors, None (every GPU) for another
+    framework's, which numbers its GPUs its own way; _GIVE_UP when e is to
+    be raised (not out of memory, given up on already, or the last try:
+    then noted and marked)."""
+    kind = _oom_kind(e, adapters)
+    if kind is None or _retried(e, handling):
+        return _GIVE_UP
     too_large = hopeless(e)
     if attempt == max_retries or too_large:
         if hasattr(e, "add_note"):
@@ -224,5 +244,5 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
             marks.add(_path.get())
         except AttributeError:  # an exception type without a __dict__: unmarked
             pass
-        return False
-    return True
+        return _GIVE_UP
+    return device_id if kind is OWN else None

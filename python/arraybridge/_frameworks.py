@@ -428,6 +428,12 @@ class Adapter:
     def is_oom(self, exc, mod):
         return isinstance(exc, MemoryError)
 
+    def raised(self, exc):
+        """Whether exc is of an exception type the framework defines (its
+        modules'): for its out-of-memory errors met where it is not the
+        decorator's, whose words in a message any error could carry."""
+        return type(exc).__module__.partition(".")[0] in self.modules
+
 
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 13: "cuda_managed"}
 

@@ -1261,6 +1261,49 @@ def test_oom_recovery_retries_any_imported_frameworks_out_of_memory_error():
 
         np.testing.assert_array_equal(stage(np.ones(2)), np.ones(2))
         assert len(calls) == 3, (type(error), calls)
+    # Their words in an error of another type are not theirs: once JAX and
+    # pyclesperanto are imported, a ValueError saying "out of memory", a
+    # gRPC quota's RESOURCE_EXHAUSTED, a KeyError naming an OpenCL code are
+    # raised at once, as before.
+    need("jax")
+    need("pyclesperanto")
+    for error in (ValueError("the whole volume would run out of memory; pass chunks="),
+                  RuntimeError("status = StatusCode.RESOURCE_EXHAUSTED: Received message larger than max"),
+                  KeyError("OUT_OF_RESOURCES")):
+        calls = []
+
+        @ab.numpy(output_type="numpy")
+        def plain(x):
+            calls.append(1)
+            raise error
+
+        with pytest.raises(type(error)):
+            plain(np.ones(2))
+        assert len(calls) == 1, (error, calls)
+
+
+def test_another_frameworks_out_of_memory_error_frees_every_gpus_caches(monkeypatch):
+    """gpu_id numbers the decorator's framework's GPUs: torch's error in a
+    @numpy(gpu_id=1) stage may be on torch's cuda:0, so the retry frees
+    every GPU's caches; the decorator's own errors free gpu_id's."""
+    torch = need("torch")
+    from arraybridge import _cleanup
+    freed = []
+    monkeypatch.setattr(_cleanup, "cleanup_all_gpu_frameworks", freed.append)
+    for error, want in ((torch.cuda.OutOfMemoryError("CUDA out of memory (test)"), [None, None]),
+                        (MemoryError("out of memory (test)"), [1, 1])):
+        freed.clear()
+        calls = []
+
+        @ab.numpy(gpu_id=1, output_type="numpy")
+        def stage(x):
+            calls.append(1)
+            if len(calls) < 3:
+                raise error
+            return x
+
+        stage(np.ones(2))
+        assert freed == want, (error, freed)
 
 
 def test_oom_recovery_does_not_retry_a_request_too_large_for_the_device():
