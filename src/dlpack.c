@@ -138,8 +138,11 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
      * PTRDIFF_MAX bytes, so the gather's pointer arithmetic is defined) and
      * must not wrap around the address space: the process's, which is
      * 2^32 bytes in a 32-bit build, where data + byte_offset is computed in
-     * pointers. The backends whose data is a handle (OpenCL cl_mem) check
-     * offsets within the buffer themselves. */
+     * pointers, and whose top byte no object holds (its one-past-the-end
+     * pointer would be 0), as 2^64's is refused below. The backends whose
+     * data is a handle (OpenCL cl_mem) check offsets within the buffer
+     * themselves; the bound applies to them too, which in a 32-bit process
+     * refuses a handle plus an offset past 4 GiB. */
     uint64_t base = (uint64_t)(uintptr_t)t->data, start, end, span;
     /* max_off >= 0 >= min_off, so the difference fits in uint64 */
     if (__builtin_add_overflow((uint64_t)max_off - (uint64_t)min_off, (uint64_t)elsize, &span) ||
@@ -147,7 +150,7 @@ ab_status ab__check_tensor(const DLTensor *t, const char *what, ab__layout *lay)
         __builtin_add_overflow(base, t->byte_offset, &start) ||
         __builtin_add_overflow(start, (uint64_t)max_off + elsize, &end) ||
 #if UINTPTR_MAX < UINT64_MAX
-        end - 1 > (uint64_t)UINTPTR_MAX ||
+        end > (uint64_t)UINTPTR_MAX ||
 #endif
         (uint64_t)0 - (uint64_t)min_off > start)
       return AB_FAIL(AB_ERR_INVALID_ARGUMENT,

@@ -187,6 +187,9 @@ Test(bad_input, range_wrapping_below_address_zero_is_invalid) {
   t3.data = (void *)(UINTPTR_MAX - 7);
   t3.byte_offset = 0;
   expect_tensor_rejected(&t3, AB_ERR_INVALID_ARGUMENT, "outside", "data 8 bytes below the top of the address space");
+  /* ending at the top exactly: its one-past-the-end pointer would be 0 */
+  shape3[0] = 8;
+  expect_tensor_rejected(&t3, AB_ERR_INVALID_ARGUMENT, "outside", "8 bytes ending at the top of the address space");
 }
 
 Test(bad_input, extent_larger_than_any_buffer_is_invalid) {
