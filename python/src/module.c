@@ -2765,6 +2765,16 @@ done:
 
 
 
+/* memory_is_bytes' answer where a read failed: 0 at the walk's end (an
+ * object with no such attribute, when `attribute`), else 1 (cannot tell:
+ * copy) for an Exception, cleared, and -1 for one that is none, kept. */
+static int walk_failed(int attribute) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  const int end = attribute && PyErr_ExceptionMatches(PyExc_AttributeError);
+  PyErr_Clear();
+  return end ? 0 : 1;
+}
+
 /* Whether a payload's memory is a bytes object's, through the memoryviews
  * and PickleBuffers pickle and Dask wrap it in and the arrays made over it
  * (np.frombuffer: an exporter's `base`). Such memory is never adopted, even
@@ -2777,16 +2787,6 @@ done:
  * always safe. A memoryview's owner is read through its `obj` attribute,
  * which refuses a released view, whose owner may be freed. -1 with the
  * exception set for one that is no Exception (KeyboardInterrupt). */
-/* memory_is_bytes' answer where a read failed: 0 at the walk's end (an
- * object with no such attribute, when `attribute`), else 1 (cannot tell:
- * copy) for an Exception, cleared, and -1 for one that is none, kept. */
-static int walk_failed(int attribute) {
-  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-  const int end = attribute && PyErr_ExceptionMatches(PyExc_AttributeError);
-  PyErr_Clear();
-  return end ? 0 : 1;
-}
-
 static int memory_is_bytes(PyObject *payload) {
   PyObject *o = Py_NewRef(payload);
   int found = 0;
