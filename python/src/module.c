@@ -2864,11 +2864,13 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
       (mt = buffer_tensor(&b, n, shape, dtype)) != NULL)
     return place_rebuilt(mt, dev, readonly, 0);
   ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
-  if (st == AB_ERR_OUT_OF_MEMORY) {
-    /* The host pool's limit leaves no room (a Dask worker capped as
-     * scaling.md says): the bytes are in this process already, and a
-     * failure here is a transfer Dask cannot report (the task waits for
-     * ever). The copy goes outside the pool instead. */
+  if (st != AB_OK && !negative) {
+    /* The host pool refuses the checked shape: its limit leaves no room
+     * (a Dask worker capped as scaling.md says), or AB_MEMORY_LIMIT is
+     * malformed, which fails every pool allocation (logged, and met again
+     * at the process's next one). The bytes are in this process already,
+     * and a failure here is a transfer Dask cannot report (the task waits
+     * for ever). The copy goes outside the pool instead. */
     mt = aligned_copy(&b, n, shape, dtype);
     PyBuffer_Release(&b);
     return mt == NULL ? NULL : place_rebuilt(mt, dev, readonly, 1);

@@ -148,6 +148,31 @@ def test_a_misaligned_load_is_copied_outside_a_host_pool_with_no_room():
         ab.set_memory_limit("cpu", 0)
 
 
+def test_a_misaligned_load_is_copied_outside_a_pool_a_malformed_limit_fails():
+    """A malformed AB_MEMORY_LIMIT fails every pool allocation (pools.md);
+    a load, which Dask cannot report failing, copies outside the pool
+    instead, and the process's next allocation still says what is wrong."""
+    code = textwrap.dedent("""
+        import numpy as np, arraybridge as ab
+        data = np.arange(1 << 12, dtype=np.float32)
+        buf = bytearray(data.nbytes + 1)
+        view = memoryview(buf)[1:]
+        view[:] = data.tobytes()
+        m = ab._arraybridge._rebuild_tensor(view, "float32", (1 << 12,), False, "cpu:0")
+        assert m.copied and m.data_ptr % 64 == 0, m
+        np.testing.assert_array_equal(np.from_dlpack(m), data)
+        try:
+            ab.to_device(data, "cpu", copy=True)
+        except Exception as e:
+            print("refused:", type(e).__name__, e)
+    """)
+    env = dict(os.environ, AB_MEMORY_LIMIT="cpu=lots")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and 'size "lots" is not a byte count' in r.stdout, r.stdout
+    assert 'size "lots" is not a byte count' in r.stderr, r.stderr  # logged
+
+
 def test_a_misaligned_load_the_host_has_no_room_for_says_so():
     """Outside the pool too there is no room (the address space capped):
     a MemoryError with both refusals, and nothing else printed."""
