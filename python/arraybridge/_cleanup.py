@@ -20,12 +20,7 @@ def cleanup_all_gpu_frameworks(device_id=None):
     so arrays no longer referenced give their memory back too. device_id:
     None or an int >= 0 (TypeError for a bool, a float, a string; an id no
     device has frees nothing of ours)."""
-    if device_id is not None:
-        if isinstance(device_id, bool) or not hasattr(type(device_id), "__index__"):
-            raise TypeError("device_id must be an int or None, not %s" % type(device_id).__name__)
-        device_id = operator.index(device_id)  # a NumPy integer too
-        if device_id < 0:
-            raise ValueError("device_id must be >= 0, got %d" % device_id)
+    device_id = _checked_id(device_id)
     gc.collect()
     if device_id is None:
         _ab.empty_cache()
@@ -37,6 +32,20 @@ def cleanup_all_gpu_frameworks(device_id=None):
         mod = adapter.loaded()
         if mod is not None:
             adapter.empty_cache(mod, device_id)
+
+
+def _checked_id(device_id):
+    """device_id as cleanup_all_gpu_frameworks takes it: None, or a plain
+    int >= 0 (from a NumPy integer too); TypeError for a bool, a float, a
+    string, ValueError for a negative id."""
+    if device_id is None:
+        return None
+    if isinstance(device_id, bool) or not hasattr(type(device_id), "__index__"):
+        raise TypeError("device_id must be an int or None, not %s" % type(device_id).__name__)
+    device_id = operator.index(device_id)
+    if device_id < 0:
+        raise ValueError("device_id must be >= 0, got %d" % device_id)
+    return device_id
 
 
 def memory_report():
@@ -221,8 +230,9 @@ _GIVE_UP = object()
 def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
     """After attempt (0-based) raised e: the GPU whose caches are to be freed
     (by the caller, once out of its except block) for another try: device_id
-    for the adapters' frameworks' errors, None (every GPU) for another
-    framework's, which numbers its GPUs its own way; _GIVE_UP when e is to
+    for the adapters' frameworks' errors (None, every GPU, where it is no
+    GPU id), None for another framework's, which numbers its GPUs its own
+    way; _GIVE_UP when e is to
     be raised (not out of memory, given up on already, or the last try:
     then noted and marked)."""
     kind = _oom_kind(e, adapters)
@@ -245,4 +255,12 @@ def _recovered(e, adapters, device_id, attempt, max_retries, handling=None):
         except AttributeError:  # an exception type without a __dict__: unmarked
             pass
         return _GIVE_UP
-    return device_id if kind is OWN else None
+    if kind is OTHER:
+        return None
+    try:
+        return _checked_id(device_id)
+    except Exception:
+        # a gpu_id no conversion has checked (NumPy ignores it; a call
+        # with no array converts nothing): every GPU's caches, and the
+        # function's own error stays the one raised
+        return None

@@ -19,13 +19,22 @@ def _plain(opts):
         if k in out:
             out[k] = _real(k, out[k])
     if "channel_axis" in out:
-        out["channel_axis"] = operator.index(out["channel_axis"])
+        out["channel_axis"] = _axis("channel_axis must be an int", out["channel_axis"])
     if "permute" in out:
-        out["permute"] = tuple(operator.index(p) for p in _items("permute", out["permute"]))
+        out["permute"] = tuple(_axis("a permute axis must be an int", p) for p in _items("permute", out["permute"]))
     for k in ("channel_scale", "channel_offset"):
         if k in out:
             out[k] = tuple(_real(k, v) for v in _items(k, out[k]))
     return out
+
+
+def _axis(rule, v):
+    """v as a plain int, as the C core takes an axis: True is an int to
+    Python (operator.index(True) is 1) but no axis, so a bool is refused
+    here, with the C core's words, before it becomes one."""
+    if isinstance(v, bool):
+        raise TypeError("%s, not bool" % rule)
+    return operator.index(v)
 
 
 def _real(name, v):

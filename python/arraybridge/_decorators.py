@@ -103,9 +103,14 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
     inner = func
     while isinstance(inner, functools.partial):  # a partial's flags are its function's
         inner = inner.func
-    old_style = inspect.isgeneratorfunction(func) and bool(
-        getattr(getattr(inner, "__code__", None), "co_flags", 0) & inspect.CO_ITERABLE_COROUTINE)
-    if inspect.isgeneratorfunction(func) and not old_style:
+    # A callable instance's kind is its __call__'s: an instance whose
+    # __call__ is an async def returns a coroutine, which Python's own
+    # checks do not see on the instance.
+    kind = func if inspect.isroutine(inner) or inspect.isclass(inner) else getattr(inner, "__call__", func)
+    old_style = inspect.isgeneratorfunction(kind) and bool(
+        getattr(getattr(inner if kind is func else kind, "__code__", None), "co_flags", 0)
+        & inspect.CO_ITERABLE_COROUTINE)
+    if inspect.isgeneratorfunction(kind) and not old_style:
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             gen, dtype = start(args, kwargs)
@@ -127,7 +132,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
             except BaseException:
                 gen.close()  # a failed conversion: gen's finally runs now, not at collection
                 raise
-    elif inspect.isasyncgenfunction(func):
+    elif inspect.isasyncgenfunction(kind):
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):
             gen, dtype = start(args, kwargs)
@@ -149,7 +154,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
             except BaseException:
                 await gen.aclose()
                 raise
-    elif inspect.iscoroutinefunction(func):
+    elif inspect.iscoroutinefunction(kind):
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):
             async def call():

@@ -562,6 +562,16 @@ def test_keywords_take_numpy_arrays_and_refuse_numbers_written_as_strings():
         assert isinstance(e.value.__cause__, TypeError)
         with pytest.raises(TypeError, match="must be a sequence"):
             ab.to_device(a, "cpu", **kw)
+    # A bool is an int to Python but no axis, here as in to_device (the
+    # keywords were made plain ints first, and True became axis 1).
+    b = np.arange(24.0).reshape(2, 3, 4)
+    for kw, words in ((dict(permute=(2, True, 0)), "a permute axis must be an int, not bool"),
+                      (dict(channel_axis=True, channel_scale=[1, 2, 3]), "channel_axis must be an int, not bool")):
+        with pytest.raises(ab.MemoryConversionError, match=words) as e:
+            ab.convert_memory(b, "numpy", "numpy", **kw)
+        assert isinstance(e.value.__cause__, TypeError)
+        with pytest.raises(TypeError, match=words):
+            ab.to_device(b, "cpu", **kw)
 
 
 def test_numpy_scalars_convert_as_their_0d_arrays():
@@ -1749,6 +1759,64 @@ def test_an_oom_retry_leaves_a_jax_that_has_not_started_unstarted():
     need("jax")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "False", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_a_callable_instance_is_wrapped_as_its_call_is():
+    """An instance whose __call__ is a coroutine or generator function is
+    wrapped as one (Python's inspect says no for the instance): its
+    result converted once awaited, each yielded array converted."""
+    import asyncio
+    import inspect
+
+    class Doubler:
+        async def __call__(self, x):
+            return x * 2
+
+    class Counter:
+        def __call__(self, x):
+            yield x + 1
+            yield x + 2
+
+    class AsyncCounter:
+        async def __call__(self, x):
+            yield x + 1
+
+    a = np.arange(4, dtype=np.int32)
+    w = ab.numpy(Doubler())
+    assert inspect.iscoroutinefunction(w)
+    r = asyncio.run(w(a))
+    assert isinstance(r, np.ndarray) and r.dtype == np.int32 and (r == a * 2).all()
+    g = ab.numpy(Counter())
+    assert inspect.isgeneratorfunction(g)
+    got = list(g(a))
+    assert [x.dtype for x in got] == [np.int32] * 2 and (got[1] == a + 2).all()
+    ag = ab.numpy(AsyncCounter())
+    assert inspect.isasyncgenfunction(ag)
+
+    async def collect():
+        return [x async for x in ag(a)]
+
+    got = asyncio.run(collect())
+    assert len(got) == 1 and got[0].dtype == np.int32 and (got[0] == a + 1).all()
+
+
+def test_oom_recovery_keeps_the_error_whatever_gpu_id_names():
+    """A gpu_id no conversion checked (NumPy ignores it; a call with no
+    array converts nothing) frees every GPU's caches on a retry: the
+    function's MemoryError is retried and raised, not replaced by one
+    about the id."""
+    for gpu_id in (-1, True, 1.5, "x"):
+        tries = []
+
+        @ab.numpy(gpu_id=gpu_id)
+        def f(x):
+            tries.append(1)
+            raise MemoryError("out of memory (test)")
+
+        with pytest.raises(MemoryError, match="out of memory") as e:
+            f(np.arange(4))
+        assert len(tries) == 3, gpu_id
+        assert any("arraybridge: still out of memory" in n for n in getattr(e.value, "__notes__", [])), gpu_id
 
 
 def test_decorated_coroutines_and_generators_convert_what_they_give():
