@@ -1189,8 +1189,9 @@ def _note_drivers():
     which the C core does not see. A child forked after that would wait
     for ever in its first OpenCL call (the driver's threads stay in the
     parent), arraybridge started or not: noted, the child has no OpenCL
-    devices and says why."""
-    if imported("pyclesperanto") is not None:
+    devices and says why. Half imported counts (another thread importing
+    it at the fork): the driver starts partway through the import."""
+    if "pyclesperanto" in sys.modules:
         try:
             _ab._note_driver_started("opencl:0")
         except ValueError:  # a build without the OpenCL backend: nothing of ours to leave behind

@@ -379,6 +379,34 @@ if __name__ == "__main__":
     run_ok_or_fail_on_hang(code, "a child forked after pyclesperanto's import hung on OpenCL")
 
 
+def test_a_child_forked_while_another_thread_imports_pyclesperanto_refuses_opencl():
+    """pyclesperanto starts the OpenCL driver partway through its import; a
+    fork while another thread was still importing it (its spec marked
+    _initializing, which this test sets after a finished import, as that
+    thread would leave it) made no note, and the child waited for ever in
+    its first OpenCL transfer."""
+    opencl(1)
+    pytest.importorskip("pyclesperanto")
+    code = """
+import os, signal, numpy as np, arraybridge as ab
+import pyclesperanto
+pyclesperanto.__spec__._initializing = True  # as another thread's import leaves it, mid-way
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    try:
+        ab.to_device(np.ones(2, np.float32), "opencl:0")
+        os._exit(3)
+    except ValueError as e:
+        os._exit(0 if "by another library" in str(e) else 4)
+pyclesperanto.__spec__._initializing = False
+_, status = os.waitpid(pid, 0)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, ("child hung or went on", status)
+print("ok")
+"""
+    run_ok_or_fail_on_hang(code, "a child forked during pyclesperanto's import hung on OpenCL")
+
+
 def test_a_forked_pool_gets_opencl_tensors_in_host_memory_instead_of_hanging():
     """multiprocessing forks by default on Linux. A child forked after
     OpenCL started has no driver threads, and its first OpenCL call waited
