@@ -138,6 +138,8 @@ def convert_memory(data, source_type, target_type, gpu_id=None, *, dtype=None, p
         opts = {k: v for k, v in zip(_OPTIONS, given) if v is not None}
     if sa.traced(data):  # inside jax.jit, vmap, grad or tf.function: no data to move
         if source is target and not opts:
+            if gpu_id is not None:  # checked as in an eager call: an id no GPU has is refused
+                ta.target_device(gpu_id, ta.module(source, target), source, target)
             return data
         raise MemoryConversionError(source, target, "convert_memory",
                                     "data is a traced %s value (inside jax.jit, vmap, grad or tf.function), which "

@@ -73,10 +73,23 @@ def is_array(obj):
     reduction gives, nor a class (torch.Tensor itself) or a description of
     an array (jax.eval_shape's ShapeDtypeStruct, jax.typeof's ShapedArray,
     tf.TensorSpec, a symbolic keras.KerasTensor)."""
-    if owner_of(obj) is None or not (hasattr(obj, "shape") and hasattr(obj, "dtype")):  # owner_of: None for a class
+    if owner_of(obj) is None or not (_has(obj, "shape") and _has(obj, "dtype")):  # owner_of: None for a class
         return False
     numpy = imported("numpy")
     return not _describes(type(obj)) and (numpy is None or not isinstance(obj, numpy.generic))
+
+
+def _has(obj, name):
+    """hasattr, where an attribute whose read fails with anything but
+    AttributeError is there, unreadable (a torch nested tensor's shape,
+    strided layout: RuntimeError), rather than the error raised."""
+    try:
+        getattr(obj, name)
+    except AttributeError:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 _DESCRIBES = weakref.WeakKeyDictionary()  # type -> whether it describes arrays without being one (as _OWNER)
@@ -493,6 +506,8 @@ class NumPy(Adapter):
             # (shared; a C-ordered copy of a strided one). A subclass (a
             # masked array, whose mask would not follow the byte view) as
             # its plain data.
+            if not dt.isnative:  # its bytes in the other order, which the byte view would not say
+                raise BufferError("DLPack only supports native byte order")
             a = obj if type(obj) is numpy.ndarray else obj.view(numpy.ndarray)
             a = a if a.flags.c_contiguous else numpy.ascontiguousarray(a).reshape(a.shape)
             return _ab._rebuild_tensor(a.reshape(-1).view(numpy.uint8), dt.name, a.shape, not a.flags.writeable,
@@ -750,20 +765,25 @@ class Jax(Adapter):
         return _keras_value(obj)  # a Keras 3 variable on the JAX backend: its array
 
     @staticmethod
-    def _devices(obj):
-        """The devices obj's array is on, where there are several; else None
-        (one device, or not an array as this JAX makes them)."""
+    def _devices(obj, one=False):
+        """The devices obj's array is on, where there are several (or, with
+        one, at least one); else None (one device, or not an array as this
+        JAX makes them)."""
         try:
             devices = _keras_value(obj).sharding.device_set
-            return devices if len(devices) > 1 else None
+            return devices if len(devices) > (0 if one else 1) else None
         except Exception:
             return None
 
     def device_of(self, obj):
         try:
             return super().device_of(obj)
-        except (BufferError, ValueError):  # over several devices: no __dlpack_device__ (older JAX: ValueError)
-            devices = self._devices(obj)
+        except (BufferError, ValueError, AttributeError) as e:
+            # Over several devices: no __dlpack_device__ (older JAX:
+            # ValueError). Typed PRNG keys have none at all
+            # (AttributeError), on one device or several: a jax -> jax
+            # call leaves host keys as they are.
+            devices = self._devices(obj, one=isinstance(e, AttributeError))
             if devices is None:
                 raise
             # All of them host memory, cpu:0 to the C core (JAX's CPU device

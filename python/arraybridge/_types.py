@@ -78,6 +78,12 @@ class MemoryConversionError(Exception):
     type(e)(message) (Keras does, for an error inside a layer's call) gets
     a MemoryConversionError with its words, not a TypeError."""
 
+    # TensorFlow's autograph (tf.function) re-raises an error from traced
+    # code as a new one of its type only where the type's __init__ is
+    # Exception's, else as its StagingError; an error with this attribute
+    # it lets through as it is.
+    ag_pass_through = True
+
     def __init__(self, source_type, target_type=None, method=None, reason=None):
         if target_type is None and method is None and reason is None:
             self.source_type = self.target_type = self.method = self.reason = None

@@ -2483,6 +2483,56 @@ def test_bfloat16_to_numpy_without_ml_dtypes_says_so(monkeypatch):
         ab.convert_memory(torch.ones(3, dtype=torch.bfloat16), "torch", "numpy")
 
 
+def test_odd_framework_arrays_are_refused_or_kept_as_documented():
+    """Five kinds the frameworks make (kinds probe): a byte-swapped
+    bfloat16 NumPy array converted with its bytes read in the machine's
+    order (1.0 became -5.8e-39); a torch nested tensor's shape raises
+    RuntimeError, which escaped the decorators; JAX typed PRNG keys,
+    which have no DLPack form, were refused by the jax -> jax no-op; a
+    MemoryConversionError inside tf.function reached the caller as
+    autograph's StagingError; and an impossible gpu_id passed unchecked
+    for traced data."""
+    ml_dtypes = need("ml_dtypes")
+    swapped = np.array([1.0, 2.0, 3.0], ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))
+    with pytest.raises(ab.MemoryConversionError, match="native byte order") as e:
+        ab.convert_memory(swapped, "numpy", "numpy", dtype="float32")
+    assert isinstance(e.value.__cause__, BufferError)
+    torch = need("torch")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # strided nested tensors are a prototype, torch says
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert ab.torch(lambda x: x)(nested) is nested
+    assert ab.torch(lambda x: nested)(torch.ones(1)) is nested
+    with pytest.raises(ab.MemoryConversionError):
+        ab.numpy(lambda x: x)(nested)
+    jax = need("jax")
+    key = jax.random.key(0)
+    assert ab.convert_memory(key, "jax", "jax") is key
+
+    @ab.jax
+    def sample(k):
+        return jax.random.normal(k, (2,))
+
+    assert sample(key).shape == (2,)
+    assert ab.jax(lambda x: key)(np.ones(1)) is key
+    with pytest.raises(ab.MemoryConversionError, match="typed PRNG keys"):
+        ab.convert_memory(key, "jax", "numpy")
+    for gpu_id in (5, "a"):
+        with pytest.raises((ab.MemoryConversionError, TypeError)) as eager:
+            ab.convert_memory(jax.numpy.ones(2), "jax", "jax", gpu_id=gpu_id)
+        with pytest.raises(type(eager.value)):
+            jax.jit(lambda y: ab.convert_memory(y, "jax", "jax", gpu_id=gpu_id))(jax.numpy.ones(2))
+    tf = need("tensorflow")
+
+    @ab.tensorflow(output_type="numpy")
+    def graph_to_numpy(x):
+        return x * 2
+
+    with pytest.raises(ab.MemoryConversionError, match="traced"):
+        tf.function(graph_to_numpy)(tf.constant([1.0]))
+
+
 def test_tensorflow_decorated_functions_run_inside_tf_function():
     """Graph tensors inside tf.function (Keras's fit runs there) pass as
     they are, as JAX's traced values do: they have no data to move. They
