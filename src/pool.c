@@ -336,23 +336,24 @@ static ab_status pool_get(const struct ab_backend *be, DLDevice dev, struct ab__
 
 /* ---- cache ---------------------------------------------------------------- */
 
-/* Takes a cached block for a rounded size, under the lock. With `any_fit`
- * any bigger block will do (the OOM path: never fail while a block that
- * fits sits in the cache); otherwise only the size's own class, or for the
- * large list a best fit within 12.5%. */
-static ab__block *take_cached(struct ab__pool *p, size_t size, bool any_fit) {
+/* Takes a cached block for a rounded size, under the lock. With `most`
+ * (the OOM path) the smallest block of `size` to `most` bytes will do,
+ * whatever its class; with 0 only the size's own class, or for the large
+ * list a best fit within 12.5%. */
+static ab__block *take_cached(struct ab__pool *p, size_t size, size_t most) {
+  const bool any_fit = most != 0;
   int c = class_index(size);
   ab__block *b = NULL, **link = NULL;
   if (c >= 0) {
     for (int i = c; i < NCLASSES && (i == c || any_fit); i++) {
       if (p->bins[i] != NULL) {
-        link = &p->bins[i];
+        if (i == c || p->bins[i]->size <= most) link = &p->bins[i];
         break;
       }
     }
   }
   if (link == NULL && (c < 0 || any_fit)) {
-    size_t best = SIZE_MAX, bound = any_fit ? SIZE_MAX : size + size / 8;
+    size_t best = SIZE_MAX, bound = any_fit ? most : size + size / 8;
     for (ab__block **l = &p->large; *l != NULL; l = &(*l)->next) {
       if ((*l)->size >= size && (*l)->size <= bound && (*l)->size < best) {
         best = (*l)->size;
@@ -1091,14 +1092,14 @@ static void count_late_hit(struct ab__pool *p) {
   p->st.cache_hits++;
 }
 
-/* Any idle block that fits, in the shared cache or in a thread's (they
- * are flushed to it first: a block a thread or a callback freed into its
- * own cache counts as cached here too), as a late hit, accounted for a
- * request of `bytes`; or NULL. */
-static ab__block *take_any_fit(struct ab__pool *p, size_t size, size_t bytes, struct tcache *own) {
+/* Any idle block of `size` to `most` bytes, in the shared cache or in a
+ * thread's (they are flushed to it first: a block a thread or a callback
+ * freed into its own cache counts as cached here too), as a late hit,
+ * accounted for a request of `bytes`; or NULL. */
+static ab__block *take_any_fit(struct ab__pool *p, size_t size, size_t most, size_t bytes, struct tcache *own) {
   flush_caches(p, false);
   pthread_mutex_lock(&p->lock);
-  ab__block *b = take_cached(p, size, true);
+  ab__block *b = take_cached(p, size, most);
   if (b != NULL) {
     count_late_hit(p);
     account_use(p, b, bytes, own);
@@ -1122,10 +1123,18 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, str
   int retries = 0, rounds = 0;
   ab_status st = AB_ERR_OUT_OF_MEMORY;
   const size_t least = own_size(bytes, size);
+  /* Where the limit refused the request, a cached block more than twice
+   * its size goes back to the driver with the rest of the cache instead
+   * of serving it: the limit counts cached blocks, so the request then
+   * fits (in use + that block was within the limit), and a small tensor
+   * does not hold a large block that the next requests need. Where the
+   * driver refused, any block that fits serves: a release may not help. */
+  const size_t most = why->over_limit && least <= SIZE_MAX / 2 ? 2 * least : SIZE_MAX;
 
   for (;;) {
-    /* A cached block that fits, whatever its class, before anything else. */
-    ab__block *b = take_any_fit(p, least, bytes, own);
+    /* A cached block that fits, whatever its class, before anything else
+     * (the first time, within `most`). */
+    ab__block *b = take_any_fit(p, least, retries == 0 ? most : SIZE_MAX, bytes, own);
     if (b != NULL) {
       *out = b;
       return AB_OK;
@@ -1139,7 +1148,7 @@ static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, str
       rounds++;
       if (freed == 0) break;
       /* What they freed may have come back to this cache: look again. */
-      b = take_any_fit(p, least, bytes, own);
+      b = take_any_fit(p, least, SIZE_MAX, bytes, own);
       if (b != NULL) {
         *out = b;
         return AB_OK;
@@ -1232,7 +1241,7 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
 
   /* The shared hit path takes the pool lock once: find, unlink, account. */
   pthread_mutex_lock(&p->lock);
-  b = take_cached(p, size, false);
+  b = take_cached(p, size, 0);
   if (b != NULL) {
     p->st.cache_hits++;
     account_use(p, b, bytes, tc);
@@ -1261,7 +1270,7 @@ ab_status ab__pool_alloc(const struct ab_backend *be, DLDevice dev, size_t bytes
    * reused), else a request whose size class alone is past it takes its
    * own size at once. */
   const size_t least = own_size(bytes, size);
-  if (st == AB_ERR_UNSUPPORTED && (b = take_any_fit(p, least, bytes, tc)) != NULL) st = AB_OK;
+  if (st == AB_ERR_UNSUPPORTED && (b = take_any_fit(p, least, SIZE_MAX, bytes, tc)) != NULL) st = AB_OK;
   else if (st == AB_ERR_UNSUPPORTED && least < size) st = grow(p, least, bytes, tc, &b, &why);
   if (st == AB_ERR_OUT_OF_MEMORY) st = oom_sequence(p, bytes, size, tc, &b, &why);
   if (st == AB_ERR_UNSUPPORTED) {

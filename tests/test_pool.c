@@ -720,6 +720,28 @@ Test(pool, a_fitting_cached_block_is_used_before_anything_fails) {
   drop(q);
 }
 
+/* Under a limit, a cached block far bigger than the request goes back to
+ * the driver rather than serving it: a 6 MiB tensor took a cached 44 MiB
+ * block under a 48 MiB limit, and the next 6 MiB request failed with 6
+ * MiB asked for in all (memory-exhaustion probe). */
+Test(pool, a_small_request_under_the_limit_does_not_take_a_much_bigger_block) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 48 * MiB), AB_OK);
+  drop(alloc_bytes(44 * MiB));
+  cr_assert_eq(get_stats().reserved_bytes.current, 44 * MiB, "the 44 MiB block is not cached");
+  DLManagedTensorVersioned *held[6];
+  for (int i = 0; i < 6; i++) {
+    ab_status st = try_alloc(6 * MiB, &held[i]);
+    cr_assert_eq(st, AB_OK, "request %d: %s (%s)", i, ab_status_name(st), ab_last_error());
+  }
+  struct ab_pool_stats s = get_stats();
+  cr_assert_eq(s.in_use_bytes.current, 36 * MiB, "in use %llu", (unsigned long long)s.in_use_bytes.current);
+  cr_assert_eq(s.oom_failures, 0);
+  for (int i = 0; i < 6; i++) drop(held[i]);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+  assert_pool_clean(CPU0);
+}
+
 Test(pool, lowering_the_limit_frees_nothing_and_zero_removes_it) {
   DLManagedTensorVersioned *a = alloc_bytes(512 * KiB);
   drop(alloc_bytes(256 * KiB));
