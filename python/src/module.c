@@ -2885,25 +2885,36 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   return place_rebuilt(mt, dev, readonly, 1);
 }
 
+/* AB_UNPICKLE_MISSING_DEVICE: 1 for "fail", 0 for "host" (the default:
+ * unset or empty alike; anything else is warned about, as the C library
+ * logs a malformed AB_* value, and the default used), -1 with the
+ * exception where that warning was made an error. */
+static int unpickle_fails(void) {
+  const char *v = getenv("AB_UNPICKLE_MISSING_DEVICE");
+  if (v == NULL || *v == '\0' || strcmp(v, "host") == 0) return 0;
+  if (strcmp(v, "fail") == 0) return 1;
+  return PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                          "AB_UNPICKLE_MISSING_DEVICE=\"%s\" ignored: want host or fail; using host", v) < 0 ? -1 : 0;
+}
+
 /* A rebuilt host tensor, flagged read-only and copied (its bytes from the
  * payload's) as said, onto the device it was pickled from, when this
- * process has it (else it stays in host memory, and its device says so). */
+ * process has it (else it stays in host memory, and its device says so),
+ * and room for it there (else the same, with a RuntimeWarning that says
+ * why: a MemoryError while Dask receives a transfer is one it cannot
+ * report, and the task waits for ever). AB_UNPICKLE_MISSING_DEVICE=fail
+ * raises instead. */
 static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly, int copied) {
   mt->flags |= (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) | (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
   PyObject *t = tensor_new_owning(mt, NULL);
   if (t == NULL || dev.device_type == kDLCPU) return t;
   if (dev.device_id >= ab_device_count(dev.device_type)) {
-    /* "host" (the default: unset or empty alike) or "fail"; anything else
-     * is warned about, as the C library logs a malformed AB_* value, and
-     * the default used. */
-    const char *v = getenv("AB_UNPICKLE_MISSING_DEVICE");
-    if (v != NULL && *v != '\0' && strcmp(v, "fail") != 0 && strcmp(v, "host") != 0 &&
-        PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                         "AB_UNPICKLE_MISSING_DEVICE=\"%s\" ignored: want host or fail; using host", v) < 0) {
+    const int fails = unpickle_fails();
+    if (fails < 0) {
       Py_DECREF(t); /* warnings made errors */
       return NULL;
     }
-    if (v != NULL && strcmp(v, "fail") == 0) {
+    if (fails) {
       Py_DECREF(t);
       struct ab_device_info info;
       ab_device_info(dev, &info); /* fails: its message says why the device is missing */
@@ -2914,6 +2925,24 @@ static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int r
     return t; /* host memory; its device says so */
   }
   PyObject *moved = import_and_convert(t, &dev, 1, NULL, NULL, LAYOUT_ANY);
+  if (moved == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    int fails = unpickle_fails();
+    if (fails == 0)
+      fails = PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                               "the unpickled tensor stays in host memory: %s:%d has no room for it (%S)",
+                               ab_device_type_name(dev.device_type), (int)dev.device_id, value) < 0 ? -1 : 0;
+    if (fails > 0) {
+      PyErr_Restore(type, value, tb); /* the MemoryError, as asked */
+    } else {
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+    }
+    if (fails == 0) return t; /* host memory; its device says so */
+  }
   Py_DECREF(t);
   if (moved != NULL && readonly) ((TensorObject *)moved)->mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   return moved;

@@ -266,6 +266,38 @@ def test_the_missing_device_rule_warns_about_a_value_it_does_not_know(monkeypatc
         rebuild(data, "float32", (4,), False, "opencl:99")
 
 
+def test_a_device_with_no_room_for_an_unpickled_tensor_leaves_it_in_host_memory(monkeypatch):
+    """A device tensor arriving where the device is full (its pool's
+    limit): a MemoryError while Dask receives a transfer left the task
+    waiting for ever (exhaustion probe). It stays in host memory, warned
+    about, as for a missing device; AB_UNPICKLE_MISSING_DEVICE=fail raises
+    the MemoryError."""
+    opencl(1)
+    a = np.arange(1 << 16, dtype=np.float32)
+    blob = pickle.dumps(ab.to_device(a, "opencl:0"), protocol=5)
+    monkeypatch.delenv("AB_UNPICKLE_MISSING_DEVICE", raising=False)
+    ab.empty_cache("opencl:0")  # the exported tensor's block, which a load would take whatever the limit
+    before = ab.memory_stats("opencl:0")["in_use_bytes"]["current"]
+    ab.set_memory_limit("opencl:0", 4096)
+    try:
+        with pytest.warns(RuntimeWarning, match="stays in host memory: opencl:0 has no room for it"):
+            u = pickle.loads(blob)
+        assert u.device == "cpu:0"
+        np.testing.assert_array_equal(np.from_dlpack(u), a)
+        monkeypatch.setenv("AB_UNPICKLE_MISSING_DEVICE", "fail")
+        with pytest.raises(MemoryError, match="opencl:0"):
+            pickle.loads(blob)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the warning made an error: raised, nothing left behind
+            monkeypatch.delenv("AB_UNPICKLE_MISSING_DEVICE")
+            with pytest.raises(RuntimeWarning):
+                pickle.loads(blob)
+    finally:
+        ab.set_memory_limit("opencl:0", 0)
+    assert ab.memory_stats("opencl:0")["in_use_bytes"]["current"] == before
+    assert pickle.loads(blob).device == "opencl:0"
+
+
 @pytest.mark.parametrize("device", ["opencl_host:0", "opencl_host:9"])
 def test_a_pickle_naming_the_staging_memory_is_refused_whatever_the_id(device):
     with pytest.raises(ValueError, match="staging memory, which no tensor is ever on"):
