@@ -1117,19 +1117,33 @@ static size_t own_size(size_t bytes, size_t size) {
   return size > GEO_MAX ? (bytes + SMALL_STEP - 1) / SMALL_STEP * SMALL_STEP : size;
 }
 
+/* Whether a request of `size` fits p's limit once every cached block is
+ * released: what is in use, and being grown, plus it within the limit
+ * (not where the limit was lowered below what is in use). */
+static bool fits_once_released(struct ab__pool *p, size_t size) {
+  struct ab_pool_stats s;
+  read_stats(p, &s, false);
+  pthread_mutex_lock(&p->lock);
+  const uint64_t used = s.in_use_bytes.current + p->pending;
+  pthread_mutex_unlock(&p->lock);
+  return s.limit_bytes != 0 && used <= s.limit_bytes && size <= s.limit_bytes - used;
+}
+
 /* Steps 1-4 of the OOM sequence (see the public header). */
 static ab_status oom_sequence(struct ab__pool *p, size_t bytes, size_t size, struct tcache *own,
                               ab__block **out, struct grow_fail *why) {
   int retries = 0, rounds = 0;
   ab_status st = AB_ERR_OUT_OF_MEMORY;
   const size_t least = own_size(bytes, size);
-  /* Where the limit refused the request, a cached block more than twice
-   * its size goes back to the driver with the rest of the cache instead
-   * of serving it: the limit counts cached blocks, so the request then
-   * fits (in use + that block was within the limit), and a small tensor
-   * does not hold a large block that the next requests need. Where the
-   * driver refused, any block that fits serves: a release may not help. */
-  const size_t most = why->over_limit && least <= SIZE_MAX / 2 ? 2 * least : SIZE_MAX;
+  /* Where the limit refused the request and releasing the cache makes
+   * room for it, a cached block more than twice its size goes back to the
+   * driver with the rest of the cache instead of serving it, so that a
+   * small tensor does not hold a large block the next requests need
+   * (another thread growing meanwhile can still take that room). Where
+   * the driver refused, or the limit was lowered below what is in use,
+   * any block that fits serves: a release may not help. */
+  const size_t most =
+      why->over_limit && least <= SIZE_MAX / 2 && fits_once_released(p, least) ? 2 * least : SIZE_MAX;
 
   for (;;) {
     /* A cached block that fits, whatever its class, before anything else

@@ -742,6 +742,23 @@ Test(pool, a_small_request_under_the_limit_does_not_take_a_much_bigger_block) {
   assert_pool_clean(CPU0);
 }
 
+/* ... but where the limit was lowered below what is in use, a release
+ * makes no room: the big cached block still serves (review). */
+Test(pool, under_a_lowered_limit_a_much_bigger_cached_block_still_serves) {
+  cr_assert_eq(ab_pool_trim(CPU0), AB_OK);
+  DLManagedTensorVersioned *live = alloc_bytes(40 * MiB);
+  drop(alloc_bytes(44 * MiB));
+  cr_assert_eq(ab_set_memory_limit(CPU0, 48 * MiB), AB_OK); /* reserved 84 MiB */
+  DLManagedTensorVersioned *r = SENTINEL_OUT;
+  ab_status st = try_alloc(10 * MiB, &r);
+  cr_assert_eq(st, AB_OK, "%s (%s)", ab_status_name(st), ab_last_error());
+  cr_assert_eq(get_stats().in_use_bytes.current, 84 * MiB, "the cached 44 MiB block did not serve");
+  drop(r);
+  drop(live);
+  cr_assert_eq(ab_set_memory_limit(CPU0, 0), AB_OK);
+  assert_pool_clean(CPU0);
+}
+
 Test(pool, lowering_the_limit_frees_nothing_and_zero_removes_it) {
   DLManagedTensorVersioned *a = alloc_bytes(512 * KiB);
   drop(alloc_bytes(256 * KiB));

@@ -630,8 +630,10 @@ AB_API ab_status ab_to_legacy(DLManagedTensorVersioned *versioned,
  * OOM sequence. See docs/pools.md.
  *
  * When an allocation fails, or would take the pool's reserved bytes past its
- * limit, the pool (1) uses any cached block big enough, (2) returns its
- * cached blocks to the driver and retries, (3) calls the registered OOM
+ * limit, the pool (1) uses any cached block big enough (where the limit
+ * refused and a release makes room, one of at most twice the request's
+ * size), (2) returns its cached blocks to the driver and retries, (3) calls
+ * the registered OOM
  * callbacks, releases what they gave back, and retries, for at most
  * AB_OOM_MAX_CALLBACK_ROUNDS rounds while they report progress, and then
  * (4) fails with AB_ERR_OUT_OF_MEMORY and a message with the numbers. A
