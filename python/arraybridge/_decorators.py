@@ -154,7 +154,7 @@ def _wrap(func, accepts, runs_on, output, gpu_id, oom_recovery, preserve_dtype, 
             except BaseException:
                 await gen.aclose()
                 raise
-    elif inspect.iscoroutinefunction(kind):
+    elif inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(kind):  # func: markcoroutinefunction
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):
             async def call():

@@ -1211,7 +1211,7 @@ def _note_drivers():
     parent), arraybridge started or not: noted, the child has no OpenCL
     devices and says why. Half imported counts (another thread importing
     it at the fork): the driver starts partway through the import."""
-    if "pyclesperanto" in sys.modules:
+    if sys.modules.get("pyclesperanto") is not None:  # None: an import blocked on purpose
         try:
             _ab._note_driver_started("opencl:0")
         except ValueError:  # a build without the OpenCL backend: nothing of ours to leave behind

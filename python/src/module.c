@@ -2834,7 +2834,7 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
   if (PyObject_GetBuffer(payload, &b, PyBUF_SIMPLE) < 0) return NULL;
   /* The payload must hold exactly the elements, checked before anything
    * is allocated: a forged pickle cannot ask for memory it does not carry.
-   * (Negative dims are left to ab_tensor_alloc's own error.) */
+   * (Negative dims are left to the library's check below.) */
   int zero = 0, negative = 0;
   for (int32_t k = 0; k < n; k++) zero |= shape[k] == 0, negative |= shape[k] < 0;
   uint64_t need = zero ? 0 : (uint64_t)(dtype.bits / 8u) * dtype.lanes;
@@ -2848,6 +2848,16 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     return PyErr_Format(PyExc_ValueError, "pickled tensor has %zd bytes, which its dtype and shape do not match",
                         b.len);
   }
+  /* The tensor described must be one by the library's rules (a dtype's
+   * code and bits, its dims), checked before either path below: the
+   * payload's memory, adopted, was taken unchecked, and so any failure of
+   * ab_tensor_alloc below is the pool's. */
+  const DLTensor described = {b.buf, {kDLCPU, 0}, n, dtype, shape, NULL, 0};
+  ab_status st = ab_tensor_validate(&described);
+  if (st != AB_OK) {
+    PyBuffer_Release(&b);
+    return raise_status(st);
+  }
   DLManagedTensorVersioned *mt;
   /* The payload's memory itself when it can be the tensor's (as NumPy's
    * unpickling does): pickle's out-of-band buffers and Dask's frames are
@@ -2860,12 +2870,12 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     PyBuffer_Release(&b);
     return NULL;
   }
-  if (!negative && (!b.readonly || (readonly && !is_bytes)) && (uintptr_t)b.buf % align == 0 &&
+  if ((!b.readonly || (readonly && !is_bytes)) && (uintptr_t)b.buf % align == 0 &&
       (mt = buffer_tensor(&b, n, shape, dtype)) != NULL)
     return place_rebuilt(mt, dev, readonly, 0);
-  ab_status st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
-  if (st != AB_OK && !negative) {
-    /* The host pool refuses the checked shape: its limit leaves no room
+  st = ab_tensor_alloc((DLDevice){kDLCPU, 0}, n, shape, dtype, &mt);
+  if (st != AB_OK) {
+    /* The host pool refuses the checked tensor: its limit leaves no room
      * (a Dask worker capped as scaling.md says), or AB_MEMORY_LIMIT is
      * malformed, which fails every pool allocation (logged, and met again
      * at the process's next one). The bytes are in this process already,
@@ -2874,10 +2884,6 @@ static PyObject *py_rebuild_tensor(PyObject *mod, PyObject *args) {
     mt = aligned_copy(&b, n, shape, dtype);
     PyBuffer_Release(&b);
     return mt == NULL ? NULL : place_rebuilt(mt, dev, readonly, 1);
-  }
-  if (st != AB_OK) {
-    PyBuffer_Release(&b);
-    return raise_status(st);
   }
   const size_t want = byte_size(&mt->dl_tensor);
   if (want > 0) memcpy(mt->dl_tensor.data, b.buf, want);
@@ -2900,10 +2906,11 @@ static int unpickle_fails(void) {
 /* A rebuilt host tensor, flagged read-only and copied (its bytes from the
  * payload's) as said, onto the device it was pickled from, when this
  * process has it (else it stays in host memory, and its device says so),
- * and room for it there (else the same, with a RuntimeWarning that says
- * why: a MemoryError while Dask receives a transfer is one it cannot
- * report, and the task waits for ever). AB_UNPICKLE_MISSING_DEVICE=fail
- * raises instead. */
+ * and it can be placed there (else the same, with a RuntimeWarning that
+ * says why: no room on the device, its staging, a malformed
+ * AB_MEMORY_LIMIT; an error while Dask receives a transfer is one it
+ * cannot report, and the task waits for ever). With
+ * AB_UNPICKLE_MISSING_DEVICE=fail the error is raised instead. */
 static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int readonly, int copied) {
   mt->flags |= (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) | (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
   PyObject *t = tensor_new_owning(mt, NULL);
@@ -2925,17 +2932,17 @@ static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int r
     return t; /* host memory; its device says so */
   }
   PyObject *moved = import_and_convert(t, &dev, 1, NULL, NULL, LAYOUT_ANY);
-  if (moved == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+  if (moved == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     int fails = unpickle_fails();
     if (fails == 0)
       fails = PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                               "the unpickled tensor stays in host memory: %s:%d has no room for it (%S)",
+                               "the unpickled tensor stays in host memory: it could not be placed on %s:%d (%S)",
                                ab_device_type_name(dev.device_type), (int)dev.device_id, value) < 0 ? -1 : 0;
     if (fails > 0) {
-      PyErr_Restore(type, value, tb); /* the MemoryError, as asked */
+      PyErr_Restore(type, value, tb); /* the error, as asked */
     } else {
       Py_XDECREF(type);
       Py_XDECREF(value);

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import arraybridge as ab
-from ab_support import addr, opencl
+from ab_support import addr, n_devices, opencl
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64", "complex64", "complex128"]
@@ -171,6 +171,33 @@ def test_a_misaligned_load_is_copied_outside_a_pool_a_malformed_limit_fails():
     assert r.returncode == 0, r.stderr
     assert "refused:" in r.stdout and 'size "lots" is not a byte count' in r.stdout, r.stdout
     assert 'size "lots" is not a byte count' in r.stderr, r.stderr  # logged
+    if n_devices("opencl") >= 1:  # a device tensor too: placed on the device it cannot be, it stays in host memory
+        code = textwrap.dedent("""
+            import pickle, sys, warnings, numpy as np, arraybridge as ab
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                u = pickle.loads(sys.stdin.buffer.read())
+            assert u.device == "cpu:0" and "could not be placed on opencl:0" in str(w[0].message), (u, w)
+            np.testing.assert_array_equal(np.from_dlpack(u), np.arange(8, dtype=np.float32))
+            print("ok")
+        """)
+        blob = pickle.dumps(ab.to_device(np.arange(8, dtype=np.float32), "opencl:0"))
+        r = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == b"ok", r.stderr.decode()[-2000:]
+
+
+def test_a_load_checks_the_dtype_whichever_memory_it_takes():
+    """A forged pickle's dtype is refused by the library's rules, whether
+    the payload is adopted or copied (an adopted one was taken unchecked,
+    and after the copy outside the pool took any refusal, so was a
+    copied one: review)."""
+    rebuild = ab._arraybridge._rebuild_tensor
+    # a code DLPack does not have, a 16-bit bool, a 24-bit float, an opaque handle
+    for dtype, kind in (((200, 64, 1), ValueError), ((6, 16, 1), ValueError), ((2, 24, 1), ValueError),
+                        ((3, 64, 1), BufferError)):
+        for make in (bytes, bytearray):  # copied, adopted
+            with pytest.raises(kind):
+                rebuild(make(2 * dtype[1] // 8), dtype, (2,), False, "cpu:0")
 
 
 def test_a_misaligned_load_the_host_has_no_room_for_says_so():
@@ -280,7 +307,7 @@ def test_a_device_with_no_room_for_an_unpickled_tensor_leaves_it_in_host_memory(
     before = ab.memory_stats("opencl:0")["in_use_bytes"]["current"]
     ab.set_memory_limit("opencl:0", 4096)
     try:
-        with pytest.warns(RuntimeWarning, match="stays in host memory: opencl:0 has no room for it"):
+        with pytest.warns(RuntimeWarning, match="stays in host memory: it could not be placed on opencl:0 .*out of memory"):
             u = pickle.loads(blob)
         assert u.device == "cpu:0"
         np.testing.assert_array_equal(np.from_dlpack(u), a)
