@@ -2947,8 +2947,8 @@ static PyObject *place_rebuilt(DLManagedTensorVersioned *mt, DLDevice dev, int r
       Py_XDECREF(type);
       Py_XDECREF(value);
       Py_XDECREF(tb);
+      if (fails == 0) return t; /* host memory; its device says so */
     }
-    if (fails == 0) return t; /* host memory; its device says so */
   }
   Py_DECREF(t);
   if (moved != NULL && readonly) ((TensorObject *)moved)->mt->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
