@@ -4,6 +4,7 @@
 #define AB_INTERNAL_H
 
 #include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -251,6 +252,13 @@ bool ab__host_hugepages(void);
 /* pthread_atfork, logged where it refuses (src/lifetime.c, "fork"); `what`
  * names the locks the handlers guard. */
 void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), const char *what);
+
+/* Blocks, in the calling thread, every signal a thread can leave to
+ * others (all but the ones a fault raises in the thread that made it),
+ * saving the mask in *old; threads started until the mask is put back
+ * (pthread_sigmask(SIG_SETMASK, old, NULL)) take it (src/lifetime.c,
+ * "signals"). */
+void ab__block_async_signals(sigset_t *old);
 
 /* ---- checked arithmetic ----------------------------------------------- */
 

@@ -5,6 +5,7 @@
  * know the others (the registry does not depend on the pools). */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "core.h"
 #include "parallel.h"
@@ -50,6 +51,29 @@ void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)
            "fork handlers for %s not registered (pthread_atfork: %s): a process forked while another thread holds "
            "it may hang in the child",
            what, e == ENOMEM ? "out of memory" : "failed");
+}
+
+/* signals. A thread the library starts (its workers) or a driver starts
+ * under its calls (PoCL starts two at the backends' start-up) takes the
+ * mask of the thread that started it. The program's threads are where
+ * its signals belong: one that blocks a signal in every thread of its own
+ * and waits for it (sigwait, signalfd) would never see it where one of
+ * ours took it; and where a driver's thread took it, LLVM's handler in
+ * PoCL swallows SIGUSR1 (the stop 80 probe: sigwait hung in 2 of 6 runs).
+ * So those threads start with every signal blocked but the ones a fault
+ * raises in the faulting thread itself: blocked, the kernel kills the
+ * process at such a fault without running any handler, and PoCL's
+ * SIGFPE handler, which lets an integer division by zero in a kernel
+ * run on as OpenCL requires, must run in its threads; so must the
+ * program's crash handlers (Python's faulthandler, a sanitizer's) in
+ * ours. SIGABRT stays open too, for abort's handlers. */
+void ab__block_async_signals(sigset_t *old) {
+  static const int fault[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+  sigset_t set;
+  sigfillset(&set);
+  for (size_t i = 0; i < sizeof fault / sizeof fault[0]; i++)
+    sigdelset(&set, fault[i]);
+  pthread_sigmask(SIG_SETMASK, &set, old);
 }
 
 void ab_shutdown(void) {

@@ -482,7 +482,8 @@ __attribute__((constructor)) static void register_atfork(void) {
 
 /* Under lock: at least `want` workers, as far as threads can be made (the
  * caller does whatever bands are left, so fewer is only slower). Workers
- * block every signal: signals stay the application's threads' business.
+ * block every signal but a fault's: signals stay the application's threads'
+ * business (src/lifetime.c, "signals").
  * They run on the process's cores (usable_cores counted them), not only on
  * those of the thread that happened to need them first: a new thread takes
  * its creator's mask, and a caller pinned to one core would otherwise leave
@@ -490,9 +491,8 @@ __attribute__((constructor)) static void register_atfork(void) {
 static void start_workers(int want) {
   if (want > MAX_THREADS - 1) want = MAX_THREADS - 1;
   if (nworkers >= want) return;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
+  sigset_t old;
+  ab__block_async_signals(&old);
   pthread_attr_t *ap = NULL;
 #ifdef __GLIBC__
   const int here = sched_getcpu();

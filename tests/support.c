@@ -4,9 +4,12 @@
 
 #include "converters/host/convert.h" /* the 16-bit roundings */
 
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void fill_pattern(void *p, size_t n, uint32_t seed) {
   unsigned char *b = p;
@@ -344,4 +347,36 @@ void cpuinfo_value(const char *key, char *out, size_t len) {
     snprintf(out, len, "%s", colon); /* an empty value: the next processor's */
   }
   fclose(f);
+}
+
+int thread_ids(int *ids, int n) {
+  DIR *d = opendir("/proc/self/task");
+  cr_assert_not_null(d, "cannot list /proc/self/task");
+  int k = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.') {
+      if (k < n) ids[k] = atoi(e->d_name);
+      k++;
+    }
+  closedir(d);
+  return k;
+}
+
+bool thread_leaves_signals_to_the_program(int tid, unsigned long long *blk) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
+  FILE *f = fopen(path, "r");
+  bool found = false;
+  while (f != NULL && !found && fgets(line, sizeof line, f) != NULL)
+    found = sscanf(line, "SigBlk: %llx", blk) == 1;
+  if (f != NULL) fclose(f);
+  cr_assert(found || access(path, F_OK) != 0, "no SigBlk line in %s", path);
+  if (!found) *blk = 0; /* gone meanwhile */
+  static const int waited[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP}, faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+  bool ok = true;
+  for (size_t i = 0; i < 4; i++) {
+    ok = ok && (*blk >> (waited[i] - 1) & 1) != 0;
+    ok = ok && (*blk >> (faults[i] - 1) & 1) == 0;
+  }
+  return !found || ok;
 }

@@ -3,6 +3,7 @@
 #ifndef AB_TEST_SUPPORT_H
 #define AB_TEST_SUPPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -147,5 +148,14 @@ void need_devices_of(DLDeviceType type, int n);
  * name", "vendor_id") into out, "" where there is none; read here, not
  * through the library, so tests can check what the library says. */
 void cpuinfo_value(const char *key, char *out, size_t len);
+/* The ids of this process's threads (/proc/self/task), at most n into
+ * ids; how many there are. */
+int thread_ids(int *ids, int n);
+/* Whether thread tid (of this process) starts with every signal a program
+ * waits for blocked (SIGINT, SIGTERM, SIGUSR1, SIGHUP) and every signal a
+ * fault raises open (SIGSEGV, SIGBUS, SIGFPE, SIGILL): the mask the
+ * library's threads and the drivers' it starts have; *blk: its SigBlk.
+ * Fails the test where it cannot be read but is still there. */
+bool thread_leaves_signals_to_the_program(int tid, unsigned long long *blk);
 
 #endif

@@ -443,6 +443,37 @@ Test(parallel, workers_started_for_a_pinned_caller_run_on_the_processs_cores) {
   cr_assert_eq(ab__parallel_started_beside_creator(), 0, "a worker first ran on its pinned creator's core");
 }
 
+/* Workers leave the program's signals to its threads, and a fault's signal
+ * open: with SIGSEGV blocked, a fault in a worker killed the process
+ * without running the program's handlers (Python's faulthandler, a
+ * sanitizer's report). */
+Test(parallel, workers_leave_signals_to_the_program_but_a_faults) {
+  static float big[1 << 20];
+  int64_t shape[2] = {1024, 1024}, strides[2] = {1, 1024};
+  DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
+  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
+  o.threads = 2;
+  DLManagedTensorVersioned *r;
+  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
+  r->deleter(r);
+  cr_assert_geq(ab__parallel_workers(), 1);
+  int ids[256], seen = 0;
+  const int n = thread_ids(ids, 256);
+  for (int i = 0; i < n && i < 256; i++) {
+    char path[64], name[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%d/comm", ids[i]);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    const bool worker = fgets(name, sizeof name, f) != NULL && strcmp(name, "arraybridge\n") == 0;
+    fclose(f);
+    unsigned long long blk;
+    if (!worker) continue;
+    seen++;
+    cr_assert(thread_leaves_signals_to_the_program(ids[i], &blk), "worker %d has SigBlk %016llx", ids[i], blk);
+  }
+  cr_assert_gt(seen, 0, "no thread named arraybridge among the process's");
+}
+
 Test(parallel, scalars_and_empty_tensors_stay_on_the_caller) {
   float x = 2.5f;
   DLTensor s = {&x, CPU0, 0, {kDLFloat, 32, 1}, NULL, NULL, 0};
