@@ -590,6 +590,7 @@ static int cmd_convert(int argc, char **argv) {
     free(buf);
     return EXIT_FILE;
   }
+  if (a.swapped) npy_swap_bytes(buf + (a.data - buf), a.nbytes, a.dtype); /* into the host's order */
   int32_t perm[NPY_MAX_NDIM];
   if (perm_s) {
     if (!parse_permute(perm_s, a.ndim, perm)) {

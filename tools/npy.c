@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,14 +19,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The host's byte order, as NumPy writes it in a descr of a type of more
+ * than one byte: files are written in it, and read in either order. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define HOST_ORDER ">"
+#else
+#define HOST_ORDER "<"
+#endif
+
 static const struct {
-  const char *descr;
+  const char *descr; /* as written: the host's order, '|' for one byte */
   uint8_t code, bits;
 } types[] = {
-  {"|b1", kDLBool, 8},   {"|i1", kDLInt, 8},    {"<i2", kDLInt, 16},   {"<i4", kDLInt, 32},
-  {"<i8", kDLInt, 64},   {"|u1", kDLUInt, 8},   {"<u2", kDLUInt, 16},  {"<u4", kDLUInt, 32},
-  {"<u8", kDLUInt, 64},  {"<f2", kDLFloat, 16}, {"<f4", kDLFloat, 32}, {"<f8", kDLFloat, 64},
-  {"<c8", kDLComplex, 64}, {"<c16", kDLComplex, 128},
+  {"|b1", kDLBool, 8},
+  {"|i1", kDLInt, 8},
+  {HOST_ORDER "i2", kDLInt, 16},
+  {HOST_ORDER "i4", kDLInt, 32},
+  {HOST_ORDER "i8", kDLInt, 64},
+  {"|u1", kDLUInt, 8},
+  {HOST_ORDER "u2", kDLUInt, 16},
+  {HOST_ORDER "u4", kDLUInt, 32},
+  {HOST_ORDER "u8", kDLUInt, 64},
+  {HOST_ORDER "f2", kDLFloat, 16},
+  {HOST_ORDER "f4", kDLFloat, 32},
+  {HOST_ORDER "f8", kDLFloat, 64},
+  {HOST_ORDER "c8", kDLComplex, 64},
+  {HOST_ORDER "c16", kDLComplex, 128},
 };
 #define NTYPES (sizeof types / sizeof types[0])
 
@@ -172,15 +191,20 @@ static int parse(const uint8_t *buf, size_t len, npy_array *out, uint64_t *total
   if (!have_descr || !have_order || !have_shape)
     return fail(err, errlen, "the header lacks '%s'", !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
 
+  /* One-byte types as NumPy writes them ('|'), the others in either byte
+   * order ('<' or '>'). */
   size_t i = 0;
-  for (; i < NTYPES && strcmp(descr, types[i].descr) != 0; i++) {
+  for (; i < NTYPES; i++) {
+    const bool ordered = types[i].bits > 8 && (descr[0] == '<' || descr[0] == '>');
+    if (ordered ? strcmp(descr + 1, types[i].descr + 1) == 0 : strcmp(descr, types[i].descr) == 0) break;
   }
-  if (i == NTYPES) {
-    if (descr[0] == '>') return fail(err, errlen, "dtype '%s' is big-endian; only little-endian data is supported", descr);
-    return fail(err, errlen, "dtype '%s' is not supported (bool, int8..64, uint8..64, float16/32/64, complex64/128)",
+  if (i == NTYPES)
+    return fail(err, errlen,
+                "dtype '%s' is not supported (bool, int8..64, uint8..64, float16/32/64, complex64/128, in either byte "
+                "order)",
                 descr);
-  }
   a.dtype = (DLDataType){types[i].code, types[i].bits, 1};
+  a.swapped = descr[0] != types[i].descr[0];
   const size_t es = types[i].bits / 8u;
   /* Element count, checked for overflow against the bytes present. */
   uint64_t n = 1;
@@ -256,6 +280,16 @@ static int write_all(int fd, const void *buf, size_t len) {
     len -= (size_t)k;
   }
   return 0;
+}
+
+void npy_swap_bytes(uint8_t *data, size_t nbytes, DLDataType d) {
+  const size_t unit = d.code == kDLComplex ? d.bits / 16u : d.bits / 8u; /* a complex number's parts apart */
+  for (size_t at = 0; unit > 1 && nbytes - at >= unit; at += unit)
+    for (size_t lo = at, hi = at + unit - 1; lo < hi; lo++, hi--) {
+      const uint8_t b = data[lo];
+      data[lo] = data[hi];
+      data[hi] = b;
+    }
 }
 
 int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {

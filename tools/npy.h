@@ -1,8 +1,9 @@
 /* NumPy .npy files (format versions 1.0, 2.0 and 3.0), read strictly and
  * written as version 1.0, for abtool. A file becomes a host DLTensor over
  * its data: C order gives compact strides, Fortran order reversed ones.
- * Little-endian data only (and single-byte types): what every machine
- * this library runs on writes. */
+ * Data of either byte order is read (npy_array.swapped says it is not
+ * the host's, for npy_swap_bytes), and written in the host's, labelled
+ * so, as NumPy does. */
 #ifndef AB_TOOLS_NPY_H
 #define AB_TOOLS_NPY_H
 
@@ -21,6 +22,7 @@ typedef struct npy_array {
   int fortran_order;
   const uint8_t *data; /* into the buffer that was parsed */
   size_t nbytes;
+  int swapped; /* data is in the other byte order than the host's */
 } npy_array;
 
 /* Parses a whole .npy file held in buf[0..len). On success fills *out
@@ -33,9 +35,14 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
  * not yet, -1 where it is complete but not one npy_parse takes. */
 int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total);
 
-/* The NumPy descr ("<f4", "|u1", ...) of a dtype, or NULL when .npy cannot
- * hold it (bfloat16, lanes > 1, ...). */
+/* The NumPy descr ("<f4" on a little-endian host, "|u1", ...) of a
+ * dtype, or NULL when .npy cannot hold it (bfloat16, lanes > 1, ...). */
 const char *npy_descr(DLDataType dtype);
+
+/* Reverses the bytes of each element of dtype d in data[0..nbytes) (of
+ * each part of a complex one): npy_array data that is `swapped` into the
+ * host's order. */
+void npy_swap_bytes(uint8_t *data, size_t nbytes, DLDataType d);
 
 /* Writes a compact host tensor as a version 1.0 .npy file; 0 or -1 with
  * the reason in err. An existing file is written in place (owner, mode,
