@@ -141,31 +141,32 @@ static void why_none(int i, char *buf, size_t len) {
     snprintf(buf, len, "%s", backend_why[i][0] ? backend_why[i] : "none found");
 }
 
-/* Drivers and signals. A driver starts threads at its start-up (PoCL:
- * two), which take the starting thread's mask: they start with the
- * program's signals blocked (ab__block_async_signals, src/lifetime.c).
- * And PoCL's LLVM installs handlers for 15 signals there, two of which
- * keep a signal from the program: SIGUSR1 (LLVM's progress report) and
- * SIGUSR2 (PoCL's object counts, to stderr), which POSIX leaves to the
- * application; the program's handler or default for those two is put
- * back (a program that had its own SIGUSR1 handler found it replaced by
- * its first arraybridge call, even a host copy's). The others stay the
- * driver's: PoCL's SIGFPE handler lets an integer division by zero in a
- * kernel run on, as OpenCL requires; LLVM's pass the signal on to the
- * program's handler after their cleanup. Under init_lock, so one start-up
- * at a time uses `saved`. */
-static const int app_signals[] = {SIGUSR1, SIGUSR2};
-#define NAPP (sizeof app_signals / sizeof app_signals[0])
-struct driver_start {
-  sigset_t mask;
-  struct sigaction app[NAPP];
-  bool have[NAPP];
-};
+void ab_preload_drivers(void) {
+  for (size_t i = 0; i < NBACKENDS; i++)
+    ab__dev_preload(backends[i]);
+}
 
-static void drivers_starting(struct driver_start *g) {
-  ab__block_async_signals(&g->mask);
-  for (size_t i = 0; i < NAPP; i++)
-    g->have[i] = sigaction(app_signals[i], NULL, &g->app[i]) == 0;
+/* Drivers and signals. A driver starts threads at its start-up (PoCL: one
+ * per core), which take the starting thread's mask: they start with the
+ * program's signals blocked (ab__block_async_signals, src/lifetime.c).
+ * And PoCL's LLVM installs handlers for 15 signals there, which keep
+ * signals from the program: SIGUSR1 (LLVM's progress report), SIGUSR2
+ * (PoCL's object counts, to stderr), SIGQUIT, SIGXCPU and SIGXFSZ were
+ * swallowed, and the first SIGHUP, SIGINT or SIGTERM, passed on, put back
+ * every handler LLVM had found, undoing any the program installed since
+ * (and PoCL's SIGFPE one). So every handler that changed during the
+ * start-up is put back but a fault's: PoCL's SIGFPE handler lets an
+ * integer division by zero in a kernel run on, as OpenCL requires, and
+ * the others only report a crash before it happens anyway. What is lost:
+ * LLVM's removal of its temporary files at an interrupt. Under init_lock:
+ * handlers are the process's, and `had` is one. */
+static struct sigaction had[AB__STD_SIGNALS];
+static bool had_ok[AB__STD_SIGNALS];
+
+static void drivers_starting(sigset_t *mask) {
+  ab__block_async_signals(mask);
+  for (int sig = 1; sig < AB__STD_SIGNALS; sig++)
+    had_ok[sig] = !ab__fault_signal(sig) && sigaction(sig, NULL, &had[sig]) == 0;
 }
 
 static bool same_action(const struct sigaction *a, const struct sigaction *b) {
@@ -173,26 +174,15 @@ static bool same_action(const struct sigaction *a, const struct sigaction *b) {
   return (a->sa_flags & SA_SIGINFO) ? a->sa_sigaction == b->sa_sigaction : a->sa_handler == b->sa_handler;
 }
 
-static void drivers_started(const struct driver_start *g) {
-  for (size_t i = 0; i < NAPP; i++) {
+static void drivers_started(const sigset_t *mask) {
+  for (int sig = 1; sig < AB__STD_SIGNALS; sig++) {
     struct sigaction now;
-    if (g->have[i] && sigaction(app_signals[i], NULL, &now) == 0 && !same_action(&now, &g->app[i])) {
-      sigaction(app_signals[i], &g->app[i], NULL);
-      AB_LOG(AB_LOG_DEBUG, "a driver's start-up installed a handler for signal %d: the program's was put back",
-             app_signals[i]);
+    if (had_ok[sig] && sigaction(sig, NULL, &now) == 0 && !same_action(&now, &had[sig])) {
+      sigaction(sig, &had[sig], NULL);
+      AB_LOG(AB_LOG_DEBUG, "a driver's start-up installed a handler for signal %d: the program's was put back", sig);
     }
   }
-  pthread_sigmask(SIG_SETMASK, &g->mask, NULL);
-}
-
-void ab_preload_drivers(void) {
-  struct driver_start g;
-  lock_registry();
-  drivers_starting(&g);
-  for (size_t i = 0; i < NBACKENDS; i++)
-    ab__dev_preload(backends[i]);
-  drivers_started(&g);
-  unlock_registry();
+  pthread_sigmask(SIG_SETMASK, mask, NULL);
 }
 
 void ab__ensure_init(void) {
@@ -203,8 +193,8 @@ void ab__ensure_init(void) {
     ab__save_error(saved);
     if (!ever_started) started_in = getpid();
     ever_started = true;
-    struct driver_start g;
-    drivers_starting(&g);
+    sigset_t mask;
+    drivers_starting(&mask);
     for (size_t i = 0; i < NBACKENDS; i++) {
       if (left_behind_at((int)i)) { /* initialised again in a forked child: stays down */
         backend_up[i] = false;
@@ -224,7 +214,7 @@ void ab__ensure_init(void) {
           ab__dev_count(backends[i]) > 0)
         atomic_store_explicit(&host_fast, backends[i], memory_order_relaxed);
     }
-    drivers_started(&g);
+    drivers_started(&mask);
     atomic_store_explicit(&inited, true, memory_order_release);
   }
   unlock_registry();

@@ -253,9 +253,15 @@ bool ab__host_hugepages(void);
  * names the locks the handlers guard. */
 void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), const char *what);
 
-/* Blocks, in the calling thread, every signal a thread can leave to
- * others (all but the ones a fault raises in the thread that made it),
- * saving the mask in *old; threads started until the mask is put back
+/* Signals 1 up to this (not included): the standard ones (Linux numbers
+ * them 1-31 on every CPU; the real-time ones above are the C library's
+ * and the program's). */
+#define AB__STD_SIGNALS 32
+/* Whether sig is one a fault raises in the thread that made it (SIGSEGV,
+ * SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS; and SIGABRT, abort's). */
+bool ab__fault_signal(int sig);
+/* Blocks, in the calling thread, every signal but a fault's, saving the
+ * mask in *old; threads started until the mask is put back
  * (pthread_sigmask(SIG_SETMASK, old, NULL)) take it (src/lifetime.c,
  * "signals"). */
 void ab__block_async_signals(sigset_t *old);

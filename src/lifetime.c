@@ -54,7 +54,7 @@ void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)
 }
 
 /* signals. A thread the library starts (its workers) or a driver starts
- * under its calls (PoCL starts two at the backends' start-up) takes the
+ * under its calls (PoCL starts one per core at the backends' start-up) takes the
  * mask of the thread that started it. The program's threads are where
  * its signals belong: one that blocks a signal in every thread of its own
  * and waits for it (sigwait, signalfd) would never see it where one of
@@ -67,12 +67,16 @@ void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)
  * run on as OpenCL requires, must run in its threads; so must the
  * program's crash handlers (Python's faulthandler, a sanitizer's) in
  * ours. SIGABRT stays open too, for abort's handlers. */
+bool ab__fault_signal(int sig) {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS ||
+         sig == SIGABRT;
+}
+
 void ab__block_async_signals(sigset_t *old) {
-  static const int fault[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
   sigset_t set;
   sigfillset(&set);
-  for (size_t i = 0; i < sizeof fault / sizeof fault[0]; i++)
-    sigdelset(&set, fault[i]);
+  for (int sig = 1; sig < AB__STD_SIGNALS; sig++)
+    if (ab__fault_signal(sig)) sigdelset(&set, sig);
   pthread_sigmask(SIG_SETMASK, &set, old);
 }
 

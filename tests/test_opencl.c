@@ -231,13 +231,19 @@ static void count_app_signal(int sig) {
 
 /* The driver's start-up leaves the program's signals to it. At the first
  * call (here a host copy's, which starts every backend), PoCL's LLVM
- * replaced the program's SIGUSR1 handler with one that swallows the
- * signal and PoCL its SIGUSR2 one, and PoCL's threads took the caller's
- * mask, so a signal the program's threads block to sigwait for could go
- * to them (the stop 80 probe: sigwait hung in 2 runs of 6). */
+ * replaced the handlers of 15 signals: SIGUSR1's swallowed the signal
+ * (so did SIGQUIT's, SIGXCPU's and SIGXFSZ's), PoCL's SIGUSR2 one printed
+ * counts, and the first SIGINT put back every handler LLVM had found,
+ * undoing those the program installed since. And PoCL's threads took the
+ * caller's mask, so a signal the program's threads block to sigwait for
+ * could go to them (the stop 80 probe: sigwait hung in 2 runs of 6). */
 Test(opencl, the_drivers_start_leaves_the_programs_signals_to_it) {
   cr_assert_neq(signal(SIGUSR1, count_app_signal), SIG_ERR);
   cr_assert_neq(signal(SIGUSR2, count_app_signal), SIG_ERR);
+  cr_assert_neq(signal(SIGINT, count_app_signal), SIG_ERR);
+  struct sigaction was[32];
+  for (int sig = 1; sig < 32; sig++)
+    cr_assert_eq(sigaction(sig, NULL, &was[sig]), 0);
   int before[256], after[256];
   const int nb = thread_ids(before, 256);
   cr_assert_leq(nb, 256);
@@ -250,14 +256,30 @@ Test(opencl, the_drivers_start_leaves_the_programs_signals_to_it) {
   cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
   r->deleter(r);
   need_devices(1);
-  struct sigaction a1, a2;
-  cr_assert_eq(sigaction(SIGUSR1, NULL, &a1), 0);
-  cr_assert_eq(sigaction(SIGUSR2, NULL, &a2), 0);
-  cr_assert(!(a1.sa_flags & SA_SIGINFO) && a1.sa_handler == count_app_signal, "SIGUSR1's handler was replaced");
-  cr_assert(!(a2.sa_flags & SA_SIGINFO) && a2.sa_handler == count_app_signal, "SIGUSR2's handler was replaced");
+  /* every handler but a fault's is the program's (or the default) still */
+  for (int sig = 1; sig < 32; sig++) {
+    struct sigaction now;
+    cr_assert_eq(sigaction(sig, NULL, &now), 0);
+    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS ||
+        sig == SIGABRT)
+      continue;
+    cr_assert(now.sa_handler == was[sig].sa_handler && (now.sa_flags & SA_SIGINFO) == (was[sig].sa_flags & SA_SIGINFO),
+              "signal %d's handler was replaced", sig);
+  }
+  /* a handler installed after the start survives a signal whose handler
+   * ran, and so does the driver's SIGFPE one */
+  struct sigaction fpe, fpe_after;
+  cr_assert_eq(sigaction(SIGFPE, NULL, &fpe), 0);
+  cr_assert_neq(signal(SIGTERM, count_app_signal), SIG_ERR);
+  raise(SIGINT);
   raise(SIGUSR1);
   raise(SIGUSR2);
-  cr_assert_eq(app_signals_seen, 2);
+  cr_assert_eq(app_signals_seen, 3);
+  struct sigaction term;
+  cr_assert_eq(sigaction(SIGTERM, NULL, &term), 0);
+  cr_assert(term.sa_handler == count_app_signal, "a SIGINT undid the SIGTERM handler installed after the start");
+  cr_assert_eq(sigaction(SIGFPE, NULL, &fpe_after), 0);
+  cr_assert(fpe_after.sa_handler == fpe.sa_handler, "a SIGINT undid the driver's SIGFPE handler");
   const int na = thread_ids(after, 256);
   int started = 0;
   for (int i = 0; i < na && i < 256; i++) {

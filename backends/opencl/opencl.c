@@ -206,7 +206,12 @@ ab_status ab__cl_get_queue(int32_t id, cl_context *ctx, cl_command_queue *q) {
     cl_device_id ids[MAX_DEVICES];
     for (int i = 0; i < p->count; i++) ids[i] = ab__cl_devices[p->first + i].id;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)p->id, 0};
+    /* threads a driver starts for its context leave the program's
+     * signals to it (src/lifetime.c, "signals") */
+    sigset_t mask;
+    ab__block_async_signals(&mask);
     p->ctx = clCreateContext(props, (cl_uint)p->count, ids, NULL, NULL, &e);
+    pthread_sigmask(SIG_SETMASK, &mask, NULL);
     if (e != CL_SUCCESS) p->ctx = NULL;
   }
   if (e == CL_SUCCESS && d->queue == NULL) {

@@ -502,12 +502,17 @@ static void defer_release(void (*release)(void *), void *arg) {
   d->arg = arg;
   pthread_mutex_lock(&deferred_lock);
   if (!deferred_thread_up) {
-    /* Detached, and with every signal blocked: Python's handlers belong
-     * to its own threads. */
+    /* Detached, and with every signal blocked but a fault's: Python's
+     * handlers belong to its own threads, and a fault in a deleter run
+     * here must still reach faulthandler (the library's own threads do
+     * the same: src/lifetime.c, "signals"). */
     pthread_attr_t attr;
     sigset_t all, was;
     pthread_t t;
     sigfillset(&all);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+      sigdelset(&all, faults[i]);
     pthread_sigmask(SIG_SETMASK, &all, &was);
     if (pthread_attr_init(&attr) == 0) {
       pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
