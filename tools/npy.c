@@ -19,32 +19,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The host's byte order, as NumPy writes it in a descr of a type of more
- * than one byte: files are written in it, and read in either order. */
+/* Whether this host is big-endian: .npy files are written little-endian
+ * whatever the host (the same bytes everywhere), and read in either
+ * order. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define HOST_ORDER ">"
+#define HOST_BIG 1
 #else
-#define HOST_ORDER "<"
+#define HOST_BIG 0
 #endif
 
 static const struct {
-  const char *descr; /* as written: the host's order, '|' for one byte */
+  const char *descr; /* as written: little-endian, '|' for one byte */
   uint8_t code, bits;
 } types[] = {
-  {"|b1", kDLBool, 8},
-  {"|i1", kDLInt, 8},
-  {HOST_ORDER "i2", kDLInt, 16},
-  {HOST_ORDER "i4", kDLInt, 32},
-  {HOST_ORDER "i8", kDLInt, 64},
-  {"|u1", kDLUInt, 8},
-  {HOST_ORDER "u2", kDLUInt, 16},
-  {HOST_ORDER "u4", kDLUInt, 32},
-  {HOST_ORDER "u8", kDLUInt, 64},
-  {HOST_ORDER "f2", kDLFloat, 16},
-  {HOST_ORDER "f4", kDLFloat, 32},
-  {HOST_ORDER "f8", kDLFloat, 64},
-  {HOST_ORDER "c8", kDLComplex, 64},
-  {HOST_ORDER "c16", kDLComplex, 128},
+  {"|b1", kDLBool, 8},   {"|i1", kDLInt, 8},    {"<i2", kDLInt, 16},   {"<i4", kDLInt, 32},
+  {"<i8", kDLInt, 64},   {"|u1", kDLUInt, 8},   {"<u2", kDLUInt, 16},  {"<u4", kDLUInt, 32},
+  {"<u8", kDLUInt, 64},  {"<f2", kDLFloat, 16}, {"<f4", kDLFloat, 32}, {"<f8", kDLFloat, 64},
+  {"<c8", kDLComplex, 64}, {"<c16", kDLComplex, 128},
 };
 #define NTYPES (sizeof types / sizeof types[0])
 
@@ -204,7 +195,7 @@ static int parse(const uint8_t *buf, size_t len, npy_array *out, uint64_t *total
                 "order)",
                 descr);
   a.dtype = (DLDataType){types[i].code, types[i].bits, 1};
-  a.swapped = descr[0] != types[i].descr[0];
+  a.swapped = types[i].bits > 8 && (descr[0] == '>') != HOST_BIG;
   const size_t es = types[i].bits / 8u;
   /* Element count, checked for overflow against the bytes present. */
   uint64_t n = 1;
@@ -313,11 +304,22 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
   hdr[n++] = '\n';
   const uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(n & 0xff), (uint8_t)(n >> 8)};
   const size_t bytes = count * (t->dtype.bits / 8u), file_bytes = sizeof pre + (size_t)n + bytes;
+  const char *data = (const char *)t->data + t->byte_offset;
+  uint8_t *swapped = NULL; /* a big-endian host's data, little-endian */
+  if (HOST_BIG && bytes > 0 && t->dtype.bits > 8) {
+    if ((swapped = malloc(bytes)) == NULL) return fail(err, errlen, "out of memory (%zu bytes)", bytes);
+    memcpy(swapped, data, bytes);
+    npy_swap_bytes(swapped, bytes, t->dtype);
+    data = (const char *)swapped;
+  }
   char made[4096];
   int e = 0;
   const int fd = out_open(path, made, sizeof made);
   const int created = made[0] != '\0';
-  if (fd < 0) return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
+  if (fd < 0) {
+    free(swapped);
+    return fail(err, errlen, "cannot create %s: %s", path, strerror(errno));
+  }
   struct stat st;
   const int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
 #if SIZE_MAX > INT64_MAX /* off_t is 64-bit (_FILE_OFFSET_BITS=64); a 32-bit size_t always fits */
@@ -337,10 +339,11 @@ int npy_write(const char *path, const DLTensor *t, char *err, size_t errlen) {
     }
   }
   if (e == 0 && (write_all(fd, pre, sizeof pre) != 0 || write_all(fd, hdr, (size_t)n) != 0 ||
-                 (bytes > 0 && write_all(fd, (const char *)t->data + t->byte_offset, bytes) != 0) ||
+                 (bytes > 0 && write_all(fd, data, bytes) != 0) ||
                  (regular && ftruncate(fd, (off_t)file_bytes) != 0))) /* an old file's longer tail */
     e = errno;
   if (close(fd) != 0 && e == 0) e = errno;
+  free(swapped);
   if (e == 0) return 0;
   if (created) unlink(made);
   return fail(err, errlen, "writing %s failed: %s", path, strerror(e));

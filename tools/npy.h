@@ -2,8 +2,8 @@
  * written as version 1.0, for abtool. A file becomes a host DLTensor over
  * its data: C order gives compact strides, Fortran order reversed ones.
  * Data of either byte order is read (npy_array.swapped says it is not
- * the host's, for npy_swap_bytes), and written in the host's, labelled
- * so, as NumPy does. */
+ * the host's, for npy_swap_bytes), and written little-endian on every
+ * host, so that a file's bytes do not depend on the machine. */
 #ifndef AB_TOOLS_NPY_H
 #define AB_TOOLS_NPY_H
 
@@ -35,8 +35,8 @@ int npy_parse(const uint8_t *buf, size_t len, npy_array *out, char *err, size_t 
  * not yet, -1 where it is complete but not one npy_parse takes. */
 int npy_file_size(const uint8_t *buf, size_t len, uint64_t *total);
 
-/* The NumPy descr ("<f4" on a little-endian host, "|u1", ...) of a
- * dtype, or NULL when .npy cannot hold it (bfloat16, lanes > 1, ...). */
+/* The NumPy descr ("<f4", "|u1", ...) of a dtype, as npy_write labels
+ * it, or NULL when .npy cannot hold it (bfloat16, lanes > 1, ...). */
 const char *npy_descr(DLDataType dtype);
 
 /* Reverses the bytes of each element of dtype d in data[0..nbytes) (of
