@@ -196,7 +196,7 @@ void fill_cast_probes(void *v, int64_t n, DLDataType t, test_rng *rng) {
       case 2: x = (t.code == kDLInt ? top >> 1 : top) - 1; break;         /* max - 1 */
       default: x = (uint64_t)ivals[rng_next(rng) % (sizeof ivals / sizeof ivals[0])]; break;
       }
-      memcpy(p, &x, es); /* little-endian: the low bytes */
+      put_low_bytes(p, x, es);
       continue;
     }
     const double x = rng_next(rng) % 8 == 0 ? (pick == 0 ? __builtin_nan("") : pick == 1 ? __builtin_inf() : -__builtin_inf())
@@ -379,4 +379,21 @@ bool thread_leaves_signals_to_the_program(int tid, unsigned long long *blk) {
     ok = ok && (*blk >> (faults[i] - 1) & 1) == 0;
   }
   return !found || ok;
+}
+
+void put_low_bytes(void *p, uint64_t v, size_t n) {
+  const uint8_t b = (uint8_t)v;
+  const uint16_t h = (uint16_t)v;
+  const uint32_t w = (uint32_t)v;
+  memcpy(p, n == 1 ? (const void *)&b : n == 2 ? (const void *)&h : n == 4 ? (const void *)&w : (const void *)&v, n);
+}
+
+uint64_t get_low_bytes(const void *p, size_t n) {
+  uint8_t b;
+  uint16_t h;
+  uint32_t w;
+  uint64_t v;
+  void *to = n == 1 ? (void *)&b : n == 2 ? (void *)&h : n == 4 ? (void *)&w : (void *)&v;
+  memcpy(to, p, n);
+  return n == 1 ? b : n == 2 ? h : n == 4 ? w : v;
 }

@@ -148,6 +148,11 @@ void need_devices_of(DLDeviceType type, int n);
  * name", "vendor_id") into out, "" where there is none; read here, not
  * through the library, so tests can check what the library says. */
 void cpuinfo_value(const char *key, char *out, size_t len);
+/* The low n bytes (1, 2, 4 or 8) of v as an n-byte integer at p, in the
+ * host's byte order; and back (zero-extended). Not memcpy of v's first n
+ * bytes, which are its high ones on a big-endian host (s390x). */
+void put_low_bytes(void *p, uint64_t v, size_t n);
+uint64_t get_low_bytes(const void *p, size_t n);
 /* The ids of this process's threads (/proc/self/task), at most n into
  * ids; how many there are. */
 int thread_ids(int *ids, int n);

@@ -201,6 +201,25 @@ static int64_t saturate(double r, enum kind k) {
   return (int64_t)r;
 }
 
+/* The low n bytes of v as an n-byte integer at p, in the host's byte
+ * order, and back: memcpy of v's first bytes takes its high ones on a
+ * big-endian host (s390x). */
+static void put_low(char *p, uint64_t v, size_t n) {
+  const uint8_t b = (uint8_t)v;
+  const uint16_t h = (uint16_t)v;
+  const uint32_t w = (uint32_t)v;
+  memcpy(p, n == 1 ? (const void *)&b : n == 2 ? (const void *)&h : n == 4 ? (const void *)&w : (const void *)&v, n);
+}
+
+static uint64_t get_low(const char *p, size_t n) {
+  uint8_t b;
+  uint16_t h;
+  uint32_t w;
+  uint64_t v;
+  memcpy(n == 1 ? (void *)&b : n == 2 ? (void *)&h : n == 4 ? (void *)&w : (void *)&v, p, n);
+  return n == 1 ? b : n == 2 ? h : n == 4 ? w : v;
+}
+
 /* Writes element `v` converted to k at p: docs/guide.md's rules. */
 static void store(enum kind k, char *p, value v) {
   if (K[k].is_int) {
@@ -212,7 +231,7 @@ static void store(enum kind k, char *p, value v) {
     } else {
       r = saturate(nearbyint(v.f), k);
     }
-    memcpy(p, &r, K[k].size); /* little-endian: the low bytes */
+    put_low(p, (uint64_t)r, K[k].size);
     return;
   }
   /* float results: from an integer, one rounding from the integer itself */
@@ -479,8 +498,8 @@ static void fill(rng *g, enum kind k, char *p, size_t bytes) {
  * its sign kept, and as much of its payload as the result holds (the top
  * bits where it narrows). False for a pair those words do not cover. */
 static bool expected_nan(enum kind from, enum kind to, const char *sp, char *want) {
-  uint64_t src = 0, sign, out;
-  memcpy(&src, sp, K[from].size);
+  uint64_t sign, out;
+  const uint64_t src = get_low(sp, K[from].size);
   if (from == F16 || from == BF16) {
     sign = src >> 15;
     const int mbits = from == F16 ? 10 : 7;
@@ -505,7 +524,7 @@ static bool expected_nan(enum kind from, enum kind to, const char *sp, char *wan
   } else {
     return false;
   }
-  memcpy(want, &out, K[to].size);
+  put_low(want, out, K[to].size);
   return true;
 }
 
