@@ -12,6 +12,14 @@
 #                                  install check) run under qemu-user, and
 #                                  the demo. Not the Criterion suites:
 #                                  Debian builds no Criterion for armhf.
+#   tools/check-cross.sh s390x     64-bit IBM Z, the one big-endian CPU
+#                                  Debian builds for: the same tests as
+#                                  armhf (no Criterion for s390x either),
+#                                  under qemu-user. Its first run found
+#                                  abtool reading .npy data as it lay
+#                                  (little-endian files misread) and the
+#                                  tests' references taking an integer's
+#                                  first bytes for its low ones.
 #
 # Why: every x86 kernel in converters/host/ sits behind __x86_64__ (but
 # F16C's float16 conversions, which 32-bit x86 runs too), and what
@@ -76,7 +84,8 @@ case "$target" in
   aarch64) triplet=aarch64-linux-gnu multiarch=aarch64-linux-gnu debarch=arm64 qemu_name=qemu-aarch64 criterion=1 ;;
   i386) triplet=i686-linux-gnu multiarch=i386-linux-gnu debarch=i386 qemu_name="" criterion=1 ;;
   armhf) triplet=arm-linux-gnueabihf multiarch=arm-linux-gnueabihf debarch=armhf qemu_name=qemu-arm criterion=0 ;;
-  *) echo "usage: tools/check-cross.sh aarch64|i386|armhf" >&2; exit 2 ;;
+  s390x) triplet=s390x-linux-gnu multiarch=s390x-linux-gnu debarch=s390x qemu_name=qemu-s390x criterion=0 ;;
+  *) echo "usage: tools/check-cross.sh aarch64|i386|armhf|s390x" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=tools/retry.sh
