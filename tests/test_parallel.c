@@ -371,18 +371,23 @@ Test(parallel, the_default_thread_count_is_the_processs_cpu_affinity, .init = NU
   cr_assert_eq(ab__num_threads(), all);
 }
 
-/* A thread pinned to one core that moves data first, on 2 threads. */
-static void *move_pinned(void *core) {
-  if (!pin_to(*(const int *)core)) return NULL;
+/* A 4 MiB transpose on 2 threads (which starts a worker): whether it
+ * succeeded. */
+static bool move_on_two_threads(void) {
   static float big[1 << 20];
   int64_t shape[2] = {1024, 1024}, strides[2] = {1, 1024};
   DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
   ab_convert_opts o = AB_CONVERT_OPTS_INIT;
   o.threads = 2;
   DLManagedTensorVersioned *r;
-  if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK) return NULL;
+  if (ab_convert_memory(&t, CPU0, &o, &r) != AB_OK) return false;
   r->deleter(r);
-  return big;
+  return true;
+}
+
+/* A thread pinned to one core that moves data first, on 2 threads. */
+static void *move_pinned(void *core) {
+  return pin_to(*(const int *)core) && move_on_two_threads() ? core : NULL;
 }
 
 /* The process's threads named "arraybridge" (the workers; a driver's
@@ -448,14 +453,7 @@ Test(parallel, workers_started_for_a_pinned_caller_run_on_the_processs_cores) {
  * without running the program's handlers (Python's faulthandler, a
  * sanitizer's report). */
 Test(parallel, workers_leave_signals_to_the_program_but_a_faults) {
-  static float big[1 << 20];
-  int64_t shape[2] = {1024, 1024}, strides[2] = {1, 1024};
-  DLTensor t = {big, CPU0, 2, {kDLFloat, 32, 1}, shape, strides, 0};
-  ab_convert_opts o = AB_CONVERT_OPTS_INIT;
-  o.threads = 2;
-  DLManagedTensorVersioned *r;
-  cr_assert_eq(ab_convert_memory(&t, CPU0, &o, &r), AB_OK, "%s", ab_last_error());
-  r->deleter(r);
+  cr_assert(move_on_two_threads(), "%s", ab_last_error());
   cr_assert_geq(ab__parallel_workers(), 1);
   int ids[256], seen = 0;
   const int n = thread_ids(ids, 256);
