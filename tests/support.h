@@ -160,7 +160,9 @@ int thread_ids(int *ids, int n);
  * waits for blocked (SIGINT, SIGTERM, SIGUSR1, SIGHUP) and every signal a
  * fault raises open (SIGSEGV, SIGBUS, SIGFPE, SIGILL): the mask the
  * library's threads and the drivers' it starts have; *blk: its SigBlk.
- * Fails the test where it cannot be read but is still there. */
+ * Waits up to 10 s for a thread that has not run yet (glibc blocks every
+ * signal in a new thread until then); true for a thread that is gone.
+ * Fails the test where its mask cannot be read but it is still there. */
 bool thread_leaves_signals_to_the_program(int tid, unsigned long long *blk);
 
 #endif
