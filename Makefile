@@ -25,7 +25,7 @@ FUZZ_CC      ?= $(shell command -v clang-15 || command -v clang)
 # SOAK_SECONDS (tools/soak.sh).
 SOAK_SECONDS ?= 600
 
-.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz soak gpu-check test-aarch64 test-i386 test-armhf test-s390x test-clang test-analyze
+.PHONY: all deps build demo test test-normal test-asan test-tsan test-valgrind test-python docs bench install clean fuzz soak gpu-check test-aarch64 test-i386 test-armhf test-s390x test-musl test-clang test-analyze
 
 all: build
 
@@ -156,13 +156,15 @@ test-analyze:
 # paths, which x86-64 never runs, what 32-bit sizes and pointers change,
 # and what the other byte order does. The suites run under qemu-user on
 # aarch64 and natively on i386; armhf and s390x run the tests that need no
-# Criterion (Debian has none for them) and the demo under qemu. Host
-# backend only; tools/check-cross.sh says what it installs. .ci/run runs
-# all four after make test.
+# Criterion (Debian has none for them) and the demo under qemu. And with
+# musl libc (Alpine's C library) through Debian's musl-gcc, the same tests
+# natively. Host backend only; tools/check-cross.sh says what it installs.
+# .ci/run runs all five after make test.
 AARCH64_BUILD ?= build-aarch64
 I386_BUILD ?= build-i386
 ARMHF_BUILD ?= build-armhf
 S390X_BUILD ?= build-s390x
+MUSL_BUILD ?= build-musl
 test-aarch64: deps
 	AB_CROSS_BUILD="$(AARCH64_BUILD)" JOBS=$(JOBS) tools/check-cross.sh aarch64
 test-i386: deps
@@ -171,6 +173,8 @@ test-armhf: deps
 	AB_CROSS_BUILD="$(ARMHF_BUILD)" JOBS=$(JOBS) tools/check-cross.sh armhf
 test-s390x: deps
 	AB_CROSS_BUILD="$(S390X_BUILD)" JOBS=$(JOBS) tools/check-cross.sh s390x
+test-musl: deps
+	AB_CROSS_BUILD="$(MUSL_BUILD)" JOBS=$(JOBS) tools/check-cross.sh musl
 
 # The API reference from the public header's comments, into
 # build-docs/html/index.html. docs/Doxyfile makes every warning an error.

@@ -55,7 +55,8 @@ static atomic_int env_spin_us; /* AB_THREAD_SPIN_US */
  * calling thread's: a thread pinned to one core must not decide for all.
  * A main thread an OpenMP runtime pinned (OMP_PROC_BIND) counts as one
  * core; AB_NUM_THREADS says otherwise (docs/performance.md). */
-#if defined(__GLIBC__) && defined(CPU_COUNT)
+#ifdef CPU_COUNT /* glibc's and musl's, with _GNU_SOURCE (on musl the test was of __GLIBC__, so a
+                    * pinned first caller's sysconf, its own mask there, set one thread for all) */
 #define HAVE_PROCESS_MASK 1
 static bool process_mask(cpu_set_t *set) {
   return sched_getaffinity(getpid(), sizeof *set, set) == 0 && CPU_COUNT(set) > 0;
@@ -395,7 +396,7 @@ int ab__parallel_started_beside_creator(void) {
 /* creator: the core its creator ran on (start_workers), or -1 */
 static void *worker_main(void *creator) {
   int us = spin_us(); /* read outside lock: env_lock is never taken under it */
-#ifdef __GLIBC__
+#ifdef AB_HAVE_SCHED_GETCPU /* CMakeLists.txt checks these three */
   if ((intptr_t)creator >= 0 && sched_getcpu() == (int)(intptr_t)creator)
     atomic_fetch_add_explicit(&started_beside_creator, 1, memory_order_relaxed);
 #else
@@ -494,19 +495,20 @@ static void start_workers(int want) {
   sigset_t old;
   ab__block_async_signals(&old);
   pthread_attr_t *ap = NULL;
-#ifdef __GLIBC__
+#ifdef AB_HAVE_SCHED_GETCPU
   const int here = sched_getcpu();
 #else
   const int here = -1;
 #endif
 #ifdef HAVE_PROCESS_MASK
-  pthread_attr_t attr;
   cpu_set_t set;
   const bool masked = process_mask(&set);
   if (masked) { /* never unset: a worker started before still widens to the last mask known */
     workers_mask = set;
     have_workers_mask = true;
   }
+#ifdef AB_HAVE_PTHREAD_ATTR_SETAFFINITY_NP /* not musl's: there a worker starts where the kernel puts it */
+  pthread_attr_t attr;
   if (masked && pthread_attr_init(&attr) == 0) {
     /* A new thread starts on a core the kernel picks, at times its
      * creator's own, and there it cannot run while its creator works
@@ -522,9 +524,10 @@ static void start_workers(int want) {
     else pthread_attr_destroy(&attr);
   }
 #endif
+#endif
   while (nworkers < want) {
     int rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
-#ifdef HAVE_PROCESS_MASK
+#ifdef AB_HAVE_PTHREAD_ATTR_SETAFFINITY_NP
     /* the cores left may all be closed to this thread (a cpuset of its
      * own that holds only its core): then the whole mask (glibc 2.34 and
      * later end and reap the thread a failed affinity made; older ones
@@ -533,7 +536,7 @@ static void start_workers(int want) {
       rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
 #endif
     if (rc != 0) break;
-#ifdef __GLIBC__
+#ifdef AB_HAVE_PTHREAD_SETNAME_NP
     /* as top, gdb and /proc name it; by its creator, so that it has its name
      * when the call that started it returns (it may not have run yet) */
     pthread_setname_np(workers[nworkers], "arraybridge");

@@ -35,8 +35,17 @@ static int lib_fail(const char *what) {
   return EXIT_LIB;
 }
 
+/* The errno of the first write to standard output that failed, for
+ * stdout_checked: a C library that writes a line at once (musl's stdout
+ * is line-buffered until its first write) leaves the flush nothing to
+ * fail on, and the error's reason only here. */
+static int stdout_errno;
+static void note_stdout(bool written) {
+  if (!written && stdout_errno == 0) stdout_errno = errno;
+}
+
 static void usage(FILE *f) {
-  fprintf(f,
+  const int n = fprintf(f,
           "usage: abtool <command> [options]\n"
           "\n"
           "commands:\n"
@@ -50,6 +59,7 @@ static void usage(FILE *f) {
           "  help [COMMAND]           this text; with a command, that command's --help\n"
           "\n"
           "exit codes: 0 success, 1 library error, 2 bad command line, 3 bad input file or unwritable output\n");
+  if (f == stdout) note_stdout(n >= 0);
 }
 
 /* ---- info --------------------------------------------------------------- */
@@ -71,7 +81,7 @@ static int cmd_info(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) json = true;
     else if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: abtool info [--json]\n");
+      note_stdout(printf("usage: abtool info [--json]\n") >= 0);
       return 0;
     } else {
       fprintf(stderr, "abtool info: unknown option %s\n", argv[i]);
@@ -95,7 +105,7 @@ static int cmd_info(int argc, char **argv) {
     fprintf(stderr, "abtool: %s\n", strerror(errno));
     return EXIT_LIB;
   }
-  if (rc == 0) fwrite(text, 1, len, stdout); /* a failed write: main's check of stdout */
+  if (rc == 0) note_stdout(fwrite(text, 1, len, stdout) == len); /* a failed write: main's check of stdout */
   free(text);
   return rc;
 }
@@ -413,10 +423,11 @@ static int cmd_bandwidth(int argc, char **argv) {
       }
       reps = (int)v;
     } else if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
-             "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is there;\n"
-             "cuda_managed only when named), median of N copies each (default 5), beside memcpy of the\n"
-             "same size on one thread.\n");
+      note_stdout(printf("usage: abtool bandwidth [--sizes 4K,1M,64M] [--devices cpu,opencl:0,...] [--reps N]\n"
+                         "Every ordered pair of the devices (default: all present, plus cuda_host when CUDA is "
+                         "there;\n"
+                         "cuda_managed only when named), median of N copies each (default 5), beside memcpy of the\n"
+                         "same size on one thread.\n") >= 0);
       return 0;
     } else {
       static const char *const valued[] = {"--sizes", "--devices", "--reps", NULL};
@@ -531,12 +542,13 @@ static int cmd_convert(int argc, char **argv) {
   int affine = 0, explain = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] [--offset O] "
-             "[--explain] --out OUT.npy\n"
-             "Reads IN.npy, moves it to DEVICE with ab_convert_memory (casting to T, permuting the axes, and\n"
-             "applying y = x * S + O on the way), brings it back to the host and writes OUT.npy.\n"
-             "--explain first prints the plan of the move (ab_explain_convert): its steps, and where the\n"
-             "conversion runs.\n");
+      note_stdout(printf("usage: abtool convert IN.npy --to DEVICE [--dtype T] [--permute 2,0,1] [--scale S] "
+                         "[--offset O] [--explain] --out OUT.npy\n"
+                         "Reads IN.npy, moves it to DEVICE with ab_convert_memory (casting to T, permuting the "
+                         "axes, and\n"
+                         "applying y = x * S + O on the way), brings it back to the host and writes OUT.npy.\n"
+                         "--explain first prints the plan of the move (ab_explain_convert): its steps, and where the\n"
+                         "conversion runs.\n") >= 0);
       return 0;
     } else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc) to = argv[++i];
     else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outp = argv[++i];
@@ -642,10 +654,10 @@ static int cmd_convert(int argc, char **argv) {
 /* rc, or EXIT_FILE where rc is a success whose output did not reach its
  * reader (a full disk, a closed pipe's EPIPE with SIGPIPE ignored). */
 static int stdout_checked(int rc) {
-  /* errno is the flush's; a write that failed earlier (a large block
-   * written straight through) left only the error flag, and its errno
-   * is long gone */
-  const int e = fflush(stdout) != 0 ? errno : 0;
+  /* errno is the flush's, else a failed write's that was noted; another
+   * write that failed earlier (a large block written straight through)
+   * left only the error flag, and its errno is long gone */
+  const int e = fflush(stdout) != 0 ? errno : stdout_errno;
   if (e != 0 || ferror(stdout)) {
     fprintf(stderr, "abtool: writing to standard output: %s\n", e != 0 ? strerror(e) : "a write failed");
     if (rc == 0) rc = EXIT_FILE;
