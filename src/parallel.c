@@ -55,8 +55,10 @@ static atomic_int env_spin_us; /* AB_THREAD_SPIN_US */
  * calling thread's: a thread pinned to one core must not decide for all.
  * A main thread an OpenMP runtime pinned (OMP_PROC_BIND) counts as one
  * core; AB_NUM_THREADS says otherwise (docs/performance.md). */
-#ifdef CPU_COUNT /* glibc's and musl's, with _GNU_SOURCE (on musl the test was of __GLIBC__, so a
-                    * pinned first caller's sysconf, its own mask there, set one thread for all) */
+/* glibc's and musl's, with _GNU_SOURCE (CMakeLists.txt checks the calls;
+ * the test was of __GLIBC__, and on musl a pinned first caller's sysconf,
+ * its own mask there, set one thread for the whole process) */
+#if defined(CPU_COUNT) && defined(AB_HAVE_SCHED_GETAFFINITY)
 #define HAVE_PROCESS_MASK 1
 static bool process_mask(cpu_set_t *set) {
   return sched_getaffinity(getpid(), sizeof *set, set) == 0 && CPU_COUNT(set) > 0;
@@ -403,9 +405,11 @@ static void *worker_main(void *creator) {
   (void)creator;
 #endif
   pthread_mutex_lock(&lock);
-#ifdef HAVE_PROCESS_MASK
-  /* started away from its creator's core (start_workers): now every core
-   * of the process's is its own again (it stays where it is) */
+#if defined(HAVE_PROCESS_MASK) && defined(AB_HAVE_PTHREAD_SETAFFINITY_NP)
+  /* started away from its creator's core (start_workers), or with its
+   * creator's mask (one core, if pinned: where a thread's start cannot
+   * be given one): now every core of the process's is its own (it stays
+   * where it is) */
   if (have_workers_mask) (void)pthread_setaffinity_np(pthread_self(), sizeof workers_mask, &workers_mask);
 #endif
   for (;;) {

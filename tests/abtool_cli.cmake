@@ -101,6 +101,12 @@ same_data("${WORK}/got.npy" "${DATA}/expect_u8_permuted_scaled.npy" 96 "abtool c
 # A Fortran-order file comes back C-ordered with the same values:
 # np.linspace(0, 11/3, 12, dtype=float32).reshape(3, 4), in C order.
 expect(0 "" convert "${DATA}/f32_fortran_3x4.npy" --to cpu --out "${WORK}/f.npy")
+# written little-endian on every host, and labelled so
+file(READ "${WORK}/f.npy" f_text OFFSET 10 LIMIT 60) # past the preamble and its NUL
+string(FIND "${f_text}" "'descr': '<f4'" f_descr)
+if(f_descr EQUAL -1)
+  message(FATAL_ERROR "abtool's float32 .npy is not labelled '<f4': ${f_text}")
+endif()
 file(READ "${WORK}/f.npy" f_hex HEX)
 string(LENGTH "${f_hex}" f_len)
 math(EXPR f_at "${f_len} - 96")

@@ -395,6 +395,7 @@ bool thread_leaves_signals_to_the_program(int tid, unsigned long long *blk) {
 }
 
 void put_low_bytes(void *p, uint64_t v, size_t n) {
+  cr_assert(n == 1 || n == 2 || n == 4 || n == 8, "put_low_bytes of %zu bytes", n);
   const uint8_t b = (uint8_t)v;
   const uint16_t h = (uint16_t)v;
   const uint32_t w = (uint32_t)v;
@@ -402,6 +403,7 @@ void put_low_bytes(void *p, uint64_t v, size_t n) {
 }
 
 uint64_t get_low_bytes(const void *p, size_t n) {
+  cr_assert(n == 1 || n == 2 || n == 4 || n == 8, "get_low_bytes of %zu bytes", n);
   uint8_t b;
   uint16_t h;
   uint32_t w;

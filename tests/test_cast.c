@@ -319,8 +319,7 @@ static bool same_result(int k, const unsigned char *want, const unsigned char *g
 
 /* "value (bits)" of one element, for failure messages. */
 static const char *describe(int k, const unsigned char *p, char *buf, size_t len) {
-  uint64_t bits = 0;
-  memcpy(&bits, p, KD[k].size);
+  const uint64_t bits = get_low_bytes(p, KD[k].size);
   const rval v = ref_load(k, p);
   if (!v.is_int)
     snprintf(buf, len, "%s %.17g (0x%0*llx)", KD[k].name, v.d, (int)(2 * KD[k].size), (unsigned long long)bits);

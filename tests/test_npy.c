@@ -124,6 +124,23 @@ Test(npy, either_byte_order_reads_and_little_endian_is_written) {
   cr_assert(memcmp(c, want, 16) == 0);
   npy_swap_bytes(c, 16, (DLDataType){kDLUInt, 8, 1});
   cr_assert(memcmp(c, want, 16) == 0);
+  /* 2- and 8-byte units; a partial element at the end is left alone */
+  uint8_t h[7] = {1, 2, 3, 4, 5, 6, 7};
+  npy_swap_bytes(h, 7, (DLDataType){kDLFloat, 16, 1});
+  cr_assert(memcmp(h, (const uint8_t[]){2, 1, 4, 3, 6, 5, 7}, 7) == 0);
+  uint8_t d[11] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  npy_swap_bytes(d, 11, (DLDataType){kDLInt, 64, 1});
+  cr_assert(memcmp(d, (const uint8_t[]){8, 7, 6, 5, 4, 3, 2, 1, 9, 10, 11}, 11) == 0);
+  /* a float32 file's descr without an order, or with the native mark,
+   * is not taken for either order */
+  b = slurp("be_f4.npy", &len);
+  for (int i = 0; i < 2; i++) {
+    uint8_t *at = memmem(b + 10, len - 10, i == 0 ? "'>f4'" : "'|f4'", 5);
+    cr_assert_not_null(at);
+    memcpy(at, i == 0 ? "'|f4'" : "'=f4'", 5);
+    parse_bad(b, len, "not supported", i == 0 ? "'|f4'" : "'=f4'");
+  }
+  free(b);
 }
 
 Test(npy, malformed_files_are_refused_with_the_reason) {
@@ -147,6 +164,9 @@ Test(npy, malformed_files_are_refused_with_the_reason) {
     {"'descr'", "'desc '", "unexpected or repeated key"},
     {"'|u1'", "'|u3'", "not supported"},
     {"'|u1'", "'<V8'", "not supported"},
+    /* one-byte types as NumPy writes them only; the others with an order */
+    {"'|u1'", "'<u1'", "not supported"},
+    {"'|u1'", "'>b1'", "not supported"},
     {"False", "Fals ", "not True or False"},
     {"(2, 3, 4)", "(2, -3,4)", "sizes"},
     {"(2, 3, 4)", "[2, 3, 4]", "not a tuple"},

@@ -41,14 +41,15 @@
 # What it does:
 #  1. installs the cross gcc and g++ (the install check compiles the header
 #     from C++ too) and C library (gcc-aarch64-linux-gnu,
-#     g++-aarch64-linux-gnu, libc6-dev-arm64-cross; the i686 and armhf
-#     ones alike), libc6-i386 for i386 (the 32-bit loader the kernel starts
-#     its programs with), and for the others qemu-user and qemu-user-binfmt
-#     from Debian, the missing ones
+#     g++-aarch64-linux-gnu, libc6-dev-arm64-cross; the i686, armhf and
+#     s390x ones alike; for musl, musl-tools and musl-dev), libc6-i386 for
+#     i386 (the 32-bit loader the kernel starts its programs with), and for
+#     the qemu targets qemu-user and qemu-user-binfmt from Debian, the
+#     missing ones
 #     (qemu-user-static, where installed, stands for the last two;
 #     qemu-user-binfmt may register qemu for every architecture it ships
 #     where systemd runs). The DLPack header comes from tools/setup-deps.sh
-#     (make test-aarch64, test-i386 and test-armhf run it first);
+#     (the make test-<target> targets run it first);
 #  2. where the Criterion suites run, downloads Criterion (the tests' framework) and
 #     the libraries it needs for the target with a private apt
 #     configuration (the system's architectures and package lists are left
@@ -56,7 +57,7 @@
 #     libraries for qemu to load (but not the C library's or the kernel's
 #     headers: the cross compiler has its own; nor, for i386, the C
 #     library, which must be libc6-i386's);
-#  3. (aarch64) makes sure the kernel runs the target's programs through
+#  3. (the qemu targets) makes sure the kernel runs the target's programs through
 #     qemu (binfmt_misc): Criterion starts each test as a new process of the test
 #     binary, which nothing else can route through qemu. Where a program of
 #     the build does not run, it mounts binfmt_misc if need be and registers
@@ -64,7 +65,8 @@
 #     registered, as qemu-user-binfmt would leave it);
 #  4. configures cmake/<triplet>.cmake into $build and builds everything
 #     (library, abtool, examples but the image one, which needs libpng;
-#     tests (armhf: the plain-program ones, AB_TESTS_CRITERION=OFF);
+#     tests (armhf, s390x and musl: the plain-program ones,
+#     AB_TESTS_CRITERION=OFF);
 #     benchmarks: built, not run), warnings as errors;
 #  5. runs ctest, 25 minutes at most a suite (i386: natively, with the
 #     sysroot's libraries). Under qemu test_parallel runs apart, without
@@ -72,8 +74,8 @@
 #     threads: qemu 7.2's user mode asserts in such a child (cpu_exec:
 #     "cpu == current_cpu"), its own error, not the library's; the other
 #     such fork tests skip themselves there (AB_TESTS_UNDER_QEMU). They
-#     run natively in every other tier, i386's included. armhf also runs
-#     the demo under qemu.
+#     run natively in every other tier, i386's included. armhf and s390x
+#     also run the demo under qemu, musl natively.
 # Where the target's programs cannot be run through binfmt_misc (no root,
 # or a container that refuses it), step 5 is replaced by the demo and
 # `abtool info` under qemu, and the script says loudly that the suites did

@@ -191,8 +191,8 @@ static int parse(const uint8_t *buf, size_t len, npy_array *out, uint64_t *total
   }
   if (i == NTYPES)
     return fail(err, errlen,
-                "dtype '%s' is not supported (bool, int8..64, uint8..64, float16/32/64, complex64/128, in either byte "
-                "order)",
+                "dtype '%s' is not supported (bool, int8..64, uint8..64, float16/32/64, complex64/128: one-byte "
+                "types as '|b1', '|i1', '|u1', the others in either byte order, '<' or '>')",
                 descr);
   a.dtype = (DLDataType){types[i].code, types[i].bits, 1};
   a.swapped = types[i].bits > 8 && (descr[0] == '>') != HOST_BIG;

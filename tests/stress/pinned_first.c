@@ -67,7 +67,7 @@ int main(void) {
   if (n < 1) {
     fprintf(stderr,
             "pinned_first: a 16 MiB transpose from a thread pinned to one core, at the default thread count, in a "
-            "process of %d cores started no worker\n",
+            "process of %d cores started no worker (or none named arraybridge: the count needs pthread_setname_np)\n",
             CPU_COUNT(&had));
     return 1;
   }

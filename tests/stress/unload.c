@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
    * (ctest's SKIP_RETURN_CODE). */
   int still = mapped(argv[1]);
 #ifndef __GLIBC__
-  if (still != 0) {
+  if (still > 0 && failures == 0) {
     fprintf(stderr, "unload: SKIP: this C library's dlclose leaves the library mapped (musl never unloads)\n");
     return 77;
   }
