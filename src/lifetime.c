@@ -54,12 +54,13 @@ void ab__atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)
 }
 
 /* signals. A thread the library starts (its workers) or a driver starts
- * under its calls (PoCL starts one per core at the backends' start-up) takes the
- * mask of the thread that started it. The program's threads are where
- * its signals belong: one that blocks a signal in every thread of its own
- * and waits for it (sigwait, signalfd) would never see it where one of
- * ours took it; and where a driver's thread took it, LLVM's handler in
- * PoCL swallows SIGUSR1 (the stop 80 probe: sigwait hung in 2 of 6 runs).
+ * under its calls (PoCL starts one per core at the backends' start-up)
+ * takes the mask of the thread that started it. The program's threads
+ * are where its signals belong: one that blocks a signal in every thread
+ * of its own and waits for it (sigwait, signalfd) would never see it
+ * where one of ours took it; and where a driver's thread took it, LLVM's
+ * handler in PoCL swallows SIGUSR1 (a probe, 2026-12-06: sigwait hung in
+ * 2 of 6 runs).
  * So those threads start with every signal blocked but the ones a fault
  * raises in the faulting thread itself: blocked, the kernel kills the
  * process at such a fault without running any handler, and PoCL's

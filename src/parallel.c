@@ -398,7 +398,7 @@ int ab__parallel_started_beside_creator(void) {
 /* creator: the core its creator ran on (start_workers), or -1 */
 static void *worker_main(void *creator) {
   int us = spin_us(); /* read outside lock: env_lock is never taken under it */
-#ifdef AB_HAVE_SCHED_GETCPU /* CMakeLists.txt checks these three */
+#ifdef AB_HAVE_SCHED_GETCPU /* CMakeLists.txt checks for these calls */
   if ((intptr_t)creator >= 0 && sched_getcpu() == (int)(intptr_t)creator)
     atomic_fetch_add_explicit(&started_beside_creator, 1, memory_order_relaxed);
 #else
@@ -531,7 +531,7 @@ static void start_workers(int want) {
 #endif
   while (nworkers < want) {
     int rc = pthread_create(&workers[nworkers], ap, worker_main, (void *)(intptr_t)here);
-#ifdef AB_HAVE_PTHREAD_ATTR_SETAFFINITY_NP
+#if defined(HAVE_PROCESS_MASK) && defined(AB_HAVE_PTHREAD_ATTR_SETAFFINITY_NP)
     /* the cores left may all be closed to this thread (a cpuset of its
      * own that holds only its core): then the whole mask (glibc 2.34 and
      * later end and reap the thread a failed affinity made; older ones

@@ -236,7 +236,7 @@ static void count_app_signal(int sig) {
  * counts, and the first SIGINT put back every handler LLVM had found,
  * undoing those the program installed since. And PoCL's threads took the
  * caller's mask, so a signal the program's threads block to sigwait for
- * could go to them (the stop 80 probe: sigwait hung in 2 runs of 6). */
+ * could go to them (a probe, 2026-12-06: sigwait hung in 2 runs of 6). */
 Test(opencl, the_drivers_start_leaves_the_programs_signals_to_it) {
   cr_assert_neq(signal(SIGUSR1, count_app_signal), SIG_ERR);
   cr_assert_neq(signal(SIGUSR2, count_app_signal), SIG_ERR);
