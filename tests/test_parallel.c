@@ -4,7 +4,6 @@
 #define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
 #include <criterion/criterion.h>
 #include <pthread.h>
-#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -390,32 +389,35 @@ static void *move_pinned(void *core) {
   return pin_to(*(const int *)core) && move_on_two_threads() ? core : NULL;
 }
 
+/* Whether thread tid of this process is named "arraybridge" (a worker);
+ * false where it is gone. */
+static bool is_worker(int tid) {
+  char path[64], name[32] = "";
+  snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return false; /* gone meanwhile */
+  const bool named = fgets(name, sizeof name, f) != NULL && strcmp(name, "arraybridge\n") == 0;
+  fclose(f);
+  return named;
+}
+
 /* The process's threads named "arraybridge" (the workers; a driver's
  * threads started from a pinned thread keep its mask, which is theirs to
  * choose) whose mask is not `want`'s count of cores, or -1 when there is
  * no worker; *id: one of them. */
 static int workers_not_on(int want, int *id) {
-  DIR *d = opendir("/proc/self/task");
-  cr_assert_not_null(d);
-  int seen = 0, off = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
-    char path[300], name[32] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) continue; /* gone meanwhile */
-    const bool named = fgets(name, sizeof name, f) != NULL && strcmp(name, "arraybridge\n") == 0;
-    fclose(f);
-    if (!named) continue;
+  int ids[256], seen = 0, off = 0;
+  const int n = thread_ids(ids, 256);
+  for (int i = 0; i < n && i < 256; i++) {
+    if (!is_worker(ids[i])) continue;
     cpu_set_t m;
-    cr_assert_eq(sched_getaffinity((pid_t)atoi(e->d_name), sizeof m, &m), 0);
+    cr_assert_eq(sched_getaffinity((pid_t)ids[i], sizeof m, &m), 0);
     seen++;
     if (CPU_COUNT(&m) != want) {
       off++;
-      *id = atoi(e->d_name);
+      *id = ids[i];
     }
   }
-  closedir(d);
   return seen > 0 ? off : -1;
 }
 
@@ -458,14 +460,8 @@ Test(parallel, workers_leave_signals_to_the_program_but_a_faults) {
   int ids[256], seen = 0;
   const int n = thread_ids(ids, 256);
   for (int i = 0; i < n && i < 256; i++) {
-    char path[64], name[32] = "";
-    snprintf(path, sizeof path, "/proc/self/task/%d/comm", ids[i]);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) continue;
-    const bool worker = fgets(name, sizeof name, f) != NULL && strcmp(name, "arraybridge\n") == 0;
-    fclose(f);
     unsigned long long blk;
-    if (!worker) continue;
+    if (!is_worker(ids[i])) continue;
     seen++;
     cr_assert(thread_leaves_signals_to_the_program(ids[i], &blk), "worker %d has SigBlk %016llx", ids[i], blk);
   }
